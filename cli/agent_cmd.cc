@@ -1,0 +1,5 @@
+// TEMPORARY scaffold: replaced by the owner of this command group.
+#include "commands.h"
+namespace polykv::cli {
+void RegisterAgentCommands(CLI::App& app) { (void)app; }
+}  // namespace polykv::cli

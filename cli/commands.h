@@ -1,0 +1,25 @@
+// Command groups of polykv-cli: one Register function per file (cli/<group>_cmd.cc).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace polykv::cli {
+
+/// `codec roundtrip` (codec_cmd.cc).
+void RegisterCodecCommands(CLI::App& app);
+/// `generate`, `ppl` (model_cmd.cc).
+void RegisterModelCommands(CLI::App& app);
+/// `tokenize` (tokenize_cmd.cc).
+void RegisterTokenizeCommands(CLI::App& app);
+/// `ping`, `pools list|show|create|evict` (pools_cmd.cc).
+void RegisterPoolsCommands(CLI::App& app);
+/// `agent` (agent_cmd.cc).
+void RegisterAgentCommands(CLI::App& app);
+
+/// Exit code a command sets when it fails; commands print "error: <message>" to stderr.
+inline int& ExitCode() {
+  static int code = 0;
+  return code;
+}
+
+}  // namespace polykv::cli

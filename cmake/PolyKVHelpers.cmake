@@ -1,0 +1,19 @@
+# polykv_add_gtest(NAME SOURCES a.cc b.cc LIBS lib... [LABELS l...] [TIMEOUT s])
+# Builds one GoogleTest binary and registers each TEST with ctest (gtest_discover_tests).
+function(polykv_add_gtest name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main)
+  target_compile_definitions(${name} PRIVATE
+    POLYKV_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+    POLYKV_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data"
+    POLYKV_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 600)
+  endif()
+  set(props TIMEOUT ${ARG_TIMEOUT})
+  if(ARG_LABELS)
+    list(APPEND props LABELS "${ARG_LABELS}")
+  endif()
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES ${props})
+endfunction()

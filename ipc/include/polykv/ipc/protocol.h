@@ -1,0 +1,130 @@
+// The polykvd control protocol: versioned JSON messages over ZeroMQ (ROUTER in polykvd,
+// DEALER in clients). One message = one frame of UTF-8 JSON (after the ROUTER identity
+// frame and an empty delimiter frame on the daemon side). Every message begins with
+// "magic": "PKV1" and "version": 1; replies echo the request's "type" and "id".
+//
+//   request  {"magic":"PKV1","version":1,"type":"ATTACH","id":7, ...fields}
+//   reply    {"magic":"PKV1","version":1,"type":"ATTACH","id":7,"ok":true, ...fields}
+//   error    {"magic":"PKV1","version":1,"type":"ATTACH","id":7,"ok":false,
+//             "code":"NOT_FOUND","error":"unknown pool 3fa2..."}
+//   progress {"magic":"PKV1","version":1,"type":"PROGRESS","id":7,"stage":"prefill",
+//             "done":512,"total":2048}   (zero or more before a CREATE_POOL reply)
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "polykv/ipc/cuda_ipc.h"
+#include "polykv/status.h"
+
+namespace polykv::ipc {
+
+inline constexpr char kProtocolMagic[] = "PKV1";
+inline constexpr int kProtocolVersion = 1;
+/// Largest accepted message (bytes); larger ones get an error reply (RESOURCE_EXHAUSTED).
+inline constexpr size_t kMaxMessageBytes = 16u << 20;
+
+enum class MessageType {
+  kCreatePool, kAttach, kRenew, kDetach, kList, kStats, kEvict, kPing, kProgress,
+};
+/// "CREATE_POOL", "ATTACH", ... ; kInvalidArgument for unknown names.
+std::string_view MessageTypeName(MessageType type);
+StatusOr<MessageType> ParseMessageType(std::string_view name);
+
+/// Where a pool's bytes live and how another process maps them.
+struct MemoryHandle {
+  std::string backend;       ///< "host" or "cuda"
+  std::string shm_name;      ///< host: POSIX shm object name ("/polykv-<id16>")
+  CudaIpcHandle cuda;        ///< cuda: 64-byte handle + offset + size + device UUID
+  uint64_t size = 0;         ///< bytes of the pool region
+};
+
+/// Description of a pool (LIST, STATS, ATTACH, CREATE_POOL replies).
+struct PoolInfo {
+  std::string id;            ///< 64 hex chars (SHA-256 content address)
+  std::string model;         ///< model path as given at create
+  std::string model_fingerprint;
+  std::string codec;         ///< "k8v3", "k8v2", "k8v4" or "none"
+  std::string backend;       ///< "host" or "cuda"
+  uint64_t tokens = 0;
+  uint32_t layers = 0, kv_heads = 0, head_dim = 0;
+  uint64_t total_bytes = 0;  ///< whole region
+  uint64_t key_codes = 0, key_scales = 0, value_codes = 0, value_norms = 0, overhead = 0;
+  uint64_t bf16_bytes = 0;   ///< the same cache held privately in bf16
+  double effective_ratio = 0;  ///< bf16_bytes / total_bytes (overhead included)
+  uint32_t leases = 0;       ///< live leases
+  int64_t created_unix_ms = 0;
+  double prefill_ms = 0, encode_ms = 0, publish_ms = 0;
+};
+
+/// A request from a client. Fields not used by `type` are ignored.
+struct Request {
+  MessageType type = MessageType::kPing;
+  uint64_t id = 0;               ///< echoed in the reply
+  // CREATE_POOL
+  std::string model;             ///< model path (resolved against the daemon's search path)
+  std::string document;          ///< text to tokenize, or empty when token_ids is given
+  std::vector<int32_t> token_ids;
+  bool add_bos = true;
+  std::string codec = "k8v3";    ///< "k8v2" | "k8v3" | "k8v4" | "none"
+  std::string key_scale = "tensor";  ///< "tensor" | "head" | "channel"
+  bool norm_correction = false;
+  bool progress = false;         ///< send PROGRESS messages
+  // ATTACH / EVICT / STATS(one pool)
+  std::string pool_id;
+  bool force = false;            ///< EVICT with live leases
+  // RENEW / DETACH
+  std::string lease_id;
+  // ATTACH
+  uint32_t client_pid = 0;
+};
+
+/// A reply (or PROGRESS message) from polykvd.
+struct Reply {
+  MessageType type = MessageType::kPing;
+  uint64_t id = 0;
+  bool ok = true;
+  std::string code;              ///< absl status code name on error ("NOT_FOUND", ...)
+  std::string error;             ///< human-readable error
+  // PROGRESS
+  std::string stage;             ///< "tokenize" | "prefill" | "encode" | "publish"
+  int64_t done = 0, total = 0;
+  // CREATE_POOL, ATTACH, STATS(one pool)
+  std::optional<PoolInfo> pool;
+  bool created = false;          ///< CREATE_POOL: false when the pool already existed
+  // LIST, STATS
+  std::vector<PoolInfo> pools;
+  // ATTACH / RENEW
+  std::string lease_id;
+  int64_t lease_expires_unix_ms = 0;
+  int64_t lease_ms = 0;          ///< lease duration granted
+  std::optional<MemoryHandle> memory;
+  // PING / STATS
+  std::string daemon_version;
+  uint32_t daemon_pid = 0;
+  uint64_t memory_used = 0, memory_cap = 0;  ///< bytes, for the active backend
+};
+
+/// Serializes to one JSON frame.
+std::string EncodeRequest(const Request& request);
+std::string EncodeReply(const Reply& reply);
+/// Parses and validates a frame: magic, version, type, field types, size <= kMaxMessageBytes.
+/// Errors: kInvalidArgument naming the bad field; kResourceExhausted when oversized;
+/// kFailedPrecondition for a version mismatch.
+StatusOr<Request> DecodeRequest(std::string_view frame);
+StatusOr<Reply> DecodeReply(std::string_view frame);
+
+/// An error reply for `request_id` carrying `status`'s code and message.
+Reply ErrorReply(MessageType type, uint64_t request_id, const Status& status);
+/// The Status carried by an error reply (OkStatus for ok replies).
+Status ReplyStatus(const Reply& reply);
+
+/// Default control endpoint: ipc:///run/polykv/control.sock when /run/polykv is writable,
+/// else ipc://$XDG_RUNTIME_DIR/polykv/control.sock, else ipc:///tmp/polykv-<uid>/control.sock.
+/// $POLYKV_ENDPOINT overrides all of them.
+std::string DefaultEndpoint();
+
+}  // namespace polykv::ipc

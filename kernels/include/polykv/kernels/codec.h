@@ -1,0 +1,137 @@
+// Public API of the PolyKV KV codec: int8 keys and b-bit TurboQuant-MSE values.
+//
+// Shapes: one layer's K or V is a dense row-major tensor [kv_heads][tokens][head_dim]
+// (GQA: the KV heads, never the repeated query heads). Inputs may be f32, f16 or bf16;
+// all arithmetic accumulates in f32.
+//
+// Math sources:
+//  - Keys: symmetric linear int8 quantization, PolyKV paper (Patel & Joshi, 2026) sec. 3.2:
+//    scale = absmax / 127, q = round(x / scale) clamped to [-127, 127], x_hat = q * scale.
+//  - Values: TurboQuant-MSE (Zandieh et al., 2025, "TurboQuant", Alg. 1) as used by
+//    PolyKV sec. 3.3: store ||v||; u = v / ||v||; y = H * D * u (D random signs from the
+//    pool's rotation seed, H the orthonormal Walsh-Hadamard transform); z = sqrt(d) * y;
+//    each z_i -> nearest Lloyd-Max level for N(0,1) at b bits; indices packed densely.
+//    Decode reverses every step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "polykv/status.h"
+
+namespace polykv::kernels {
+
+/// Element type of an uncompressed K/V tensor.
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+/// Size in bytes of one element of `dtype` (4, 2 or 2).
+size_t DTypeSize(DType dtype);
+
+/// Where a call runs. kCuda requires a build with POLYKV_HAVE_CUDA and device pointers.
+enum class Device : uint8_t { kCpu = 0, kCuda = 1 };
+
+/// Opaque stream handle: a cudaStream_t for Device::kCuda (nullptr = default stream);
+/// ignored on the CPU.
+using Stream = void*;
+
+/// Granularity of the int8 key scales.
+enum class KeyScaleMode : uint8_t {
+  kPerTensor = 0,   ///< one scale per layer tensor (the paper's default)
+  kPerHead = 1,     ///< one scale per KV head: [kv_heads]
+  kPerChannel = 2,  ///< one scale per (KV head, channel): [kv_heads][head_dim]
+};
+
+/// Shape of one layer's K or V tensor: [kv_heads][tokens][head_dim].
+struct LayerShape {
+  int32_t kv_heads = 0;
+  int64_t tokens = 0;
+  int32_t head_dim = 0;
+  /// kv_heads * tokens * head_dim.
+  int64_t elements() const { return int64_t{kv_heads} * tokens * head_dim; }
+  /// kv_heads * tokens: the number of head_dim-long vectors.
+  int64_t vectors() const { return int64_t{kv_heads} * tokens; }
+};
+
+/// Codec parameters; all of them are part of a pool's format.
+struct CodecConfig {
+  int32_t key_bits = 8;              ///< only 8 is supported
+  int32_t value_bits = 3;            ///< 2, 3 or 4
+  KeyScaleMode key_scale = KeyScaleMode::kPerTensor;
+  uint64_t rotation_seed = 0x9E3779B97F4A7C15ull;  ///< seeds the random signs D
+  bool norm_correction = false;      ///< store ||v|| / ||reconstruction of u|| instead of ||v||
+};
+
+/// Checks a shape and config; kInvalidArgument naming the bad field (kv_heads, tokens,
+/// head_dim >= 1; key_bits 8; value_bits 2, 3 or 4).
+Status ValidateConfig(const LayerShape& shape, const CodecConfig& config);
+
+// ---------------------------------------------------------------------------------------
+// Keys: int8 symmetric linear quantization.
+// ---------------------------------------------------------------------------------------
+
+/// Number of f32 scales for `mode`: 1, kv_heads, or kv_heads * head_dim.
+int64_t KeyScaleCount(const LayerShape& shape, KeyScaleMode mode);
+
+/// Quantizes K [kv_heads][tokens][head_dim] (dtype) to int8 `q` (same shape) and f32
+/// `scales` (KeyScaleCount entries). scale = absmax/127 over the scale's group; an all-zero
+/// group gets scale 1 (decodes to exact zeros).
+/// Errors: kInvalidArgument for NaN/Inf input (naming the first bad index) or a bad shape;
+/// kUnimplemented for Device::kCuda in a CPU-only build.
+[[nodiscard]] Status QuantizeKeys(const void* k, DType dtype, const LayerShape& shape,
+                                  KeyScaleMode mode, int8_t* q, float* scales,
+                                  Device device = Device::kCpu, Stream stream = nullptr);
+
+/// Inverse of QuantizeKeys: out[i] = q[i] * scale(i), written as `out_dtype`.
+/// |out - x| <= scale/2 elementwise (before rounding to out_dtype).
+[[nodiscard]] Status DequantizeKeys(const int8_t* q, const float* scales,
+                                    const LayerShape& shape, KeyScaleMode mode, void* out,
+                                    DType out_dtype, Device device = Device::kCpu,
+                                    Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------
+// Values: TurboQuant-MSE at b bits.
+// ---------------------------------------------------------------------------------------
+
+/// Bytes of one packed vector: ceil(bits * head_dim / 8).
+int64_t PackedVectorBytes(int32_t head_dim, int32_t bits);
+
+/// Lloyd-Max reconstruction levels for N(0,1) at `bits` (2^bits ascending levels),
+/// computed by Lloyd's algorithm on the Gaussian density (not tabulated).
+/// 3 bits: +-0.2451, +-0.7560, +-1.3439, +-2.1519. Errors: kInvalidArgument for bits
+/// outside 1..4.
+StatusOr<std::vector<float>> LloydMaxCodebook(int32_t bits);
+
+/// Encodes V [kv_heads][tokens][head_dim] (dtype) into `packed`
+/// ([vectors][PackedVectorBytes]) and f32 `norms` ([vectors]).
+/// Errors: kInvalidArgument for NaN/Inf input or a bad config.
+[[nodiscard]] Status EncodeValues(const void* v, DType dtype, const LayerShape& shape,
+                                  const CodecConfig& config, uint8_t* packed, float* norms,
+                                  Device device = Device::kCpu, Stream stream = nullptr);
+
+/// Decodes `packed` + `norms` back to [kv_heads][tokens][head_dim] as `out_dtype`.
+[[nodiscard]] Status DecodeValues(const uint8_t* packed, const float* norms,
+                                  const LayerShape& shape, const CodecConfig& config,
+                                  void* out, DType out_dtype, Device device = Device::kCpu,
+                                  Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------
+// Byte accounting.
+// ---------------------------------------------------------------------------------------
+
+/// Exact compressed size of one layer (K and V), in bytes.
+struct LayerBytes {
+  int64_t key_codes = 0;    ///< int8 K: elements
+  int64_t key_scales = 0;   ///< 4 * KeyScaleCount
+  int64_t value_codes = 0;  ///< vectors * PackedVectorBytes
+  int64_t value_norms = 0;  ///< 4 * vectors
+  int64_t total() const { return key_codes + key_scales + value_codes + value_norms; }
+};
+
+/// Compressed bytes of one layer, without alignment padding or pool headers.
+LayerBytes CompressedLayerBytes(const LayerShape& shape, const CodecConfig& config);
+
+/// bf16 bytes of one layer's K and V: 2 * 2 * elements.
+int64_t Bf16LayerBytes(const LayerShape& shape);
+
+}  // namespace polykv::kernels
