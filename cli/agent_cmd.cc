@@ -1,5 +1,238 @@
-// TEMPORARY scaffold: replaced by the owner of this command group.
+// `polykv-cli agent`: one agent process that attaches a pool, decodes it into its own KV
+// cache and answers one prompt (PooledAgent); optionally compares with re-prefilling.
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
+#include "polykv/agent.h"
+
 namespace polykv::cli {
-void RegisterAgentCommands(CLI::App& app) { (void)app; }
+namespace {
+
+struct AgentArgs {
+  std::string pool;
+  std::string model;
+  std::string prompt;
+  std::string prompt_ids;
+  bool chat = false;
+  int max_new_tokens = 64;
+  float temperature = 0;  // 0 = greedy
+  float top_p = 0.95f;
+  uint64_t seed = 0;
+  bool stats = false;
+  bool json = false;
+  std::string endpoint;
+  int timeout_ms = 5000;
+  int threads = 0;
+  bool baseline = false;
+  bool ignore_eos = false;
+  int debug_pause_layer = -1;
+  int debug_pause_ms = 0;
+};
+
+StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::string item;
+  std::string norm = text;
+  for (char& c : norm) {
+    if (c == ',' || c == '\t' || c == '\n') c = ' ';
+  }
+  std::istringstream in(norm);
+  while (in >> item) {
+    char* end = nullptr;
+    errno = 0;
+    long v = std::strtol(item.c_str(), &end, 10);
+    if (end == item.c_str() || *end != '\0' || errno != 0 || v < 0 || v > INT32_MAX) {
+      return absl::InvalidArgumentError("--prompt-ids: '" + item + "' is not a token id");
+    }
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) return absl::InvalidArgumentError("--prompt-ids: no token ids given");
+  return ids;
+}
+
+nlohmann::json StatsJson(const client::AgentStats& s) {
+  return {{"attach_ms", s.attach_ms},
+          {"decode_ms", s.decode_ms},
+          {"prompt_first_token_ms", s.prompt_first_token_ms},
+          {"ttft_ms", s.ttft_ms},
+          {"generation_ms", s.generation_ms},
+          {"tokens_per_s", s.tokens_per_s},
+          {"document_tokens", s.document_tokens},
+          {"prompt_tokens", s.prompt_tokens},
+          {"new_tokens", s.new_tokens},
+          {"pool_bytes", s.pool_bytes},
+          {"pool_bf16_bytes", s.pool_bf16_bytes},
+          {"private_kv_bytes", s.private_kv_bytes},
+          {"peak_rss_bytes", s.peak_rss_bytes}};
+}
+
+std::string IdsString(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) s += ' ';
+    s += std::to_string(ids[i]);
+  }
+  return s;
+}
+
+Status RunAgent(const AgentArgs& a) {
+  client::AgentOptions opts;
+  opts.model_path = a.model;
+  opts.endpoint = a.endpoint;
+  opts.timeout_ms = a.timeout_ms;
+  opts.threads = a.threads;
+  auto t_load = std::chrono::steady_clock::now();
+  POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<client::PooledAgent> agent,
+                          client::PooledAgent::Create(opts));
+  const double load_ms = std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - t_load).count();
+  if (a.debug_pause_layer >= 0) {
+    const int layer = a.debug_pause_layer, ms = a.debug_pause_ms;
+    agent->set_hooks({[layer, ms](uint32_t l) {
+      if (static_cast<int>(l) != layer) return;
+      std::fprintf(stderr, "agent: paused after decoding layer %u\n", l);
+      std::fflush(stderr);
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    }});
+  }
+
+  std::vector<int32_t> prompt_ids;
+  if (!a.prompt_ids.empty()) {
+    POLYKV_ASSIGN_OR_RETURN(prompt_ids, ParseIds(a.prompt_ids));
+  } else {
+    const std::string text = a.chat ? client::ChatQuestionPrompt(a.prompt) : a.prompt;
+    POLYKV_ASSIGN_OR_RETURN(prompt_ids, agent->EncodePrompt(text));
+  }
+  model::SamplingOptions sampling;
+  sampling.max_new_tokens = a.max_new_tokens;
+  sampling.greedy = a.temperature <= 0;
+  sampling.temperature = a.temperature;
+  sampling.top_p = a.top_p;
+  sampling.seed = a.seed;
+  sampling.stop_at_eos = !a.ignore_eos;
+
+  POLYKV_ASSIGN_OR_RETURN(client::AgentResult r, agent->Run(a.pool, prompt_ids, sampling));
+  std::optional<client::BaselineResult> base;
+  if (a.baseline) {
+    POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> doc, agent->PoolTokenIds(a.pool));
+    POLYKV_ASSIGN_OR_RETURN(base, agent->RunBaseline(doc, prompt_ids, sampling));
+  }
+  const bool has_tok = agent->model().tokenizer() != nullptr;
+
+  if (a.json) {
+    nlohmann::json j = {{"pool", a.pool},
+                        {"pid", static_cast<int64_t>(getpid())},
+                        {"codec", r.codec},
+                        {"model_load_ms", load_ms},
+                        {"prompt_ids", r.prompt_ids},
+                        {"answer_ids", r.answer_ids},
+                        {"answer", r.answer_text},
+                        {"stats", StatsJson(r.stats)}};
+    j["stats"]["peak_rss_bytes"] = client::PeakRssBytes();
+    if (base) {
+      j["baseline"] = {{"answer_ids", base->answer_ids},
+                       {"answer", base->answer_text},
+                       {"prefill_ms", base->prefill_ms},
+                       {"prompt_first_token_ms", base->prompt_first_token_ms},
+                       {"ttft_ms", base->ttft_ms},
+                       {"generation_ms", base->generation_ms},
+                       {"private_kv_bytes", base->private_kv_bytes},
+                       {"match", base->answer_ids == r.answer_ids}};
+    }
+    std::cout << j.dump() << std::endl;
+    return absl::OkStatus();
+  }
+  std::cout << (has_tok ? r.answer_text : IdsString(r.answer_ids)) << std::endl;
+  if (a.stats) {
+    const auto& s = r.stats;
+    std::printf("pool %s codec %s: %lld document tokens, %lld prompt tokens, %lld new tokens\n",
+                a.pool.c_str(), r.codec.c_str(), (long long)s.document_tokens,
+                (long long)s.prompt_tokens, (long long)s.new_tokens);
+    std::printf("  model load          %10.1f ms\n", load_ms);
+    std::printf("  attach              %10.1f ms\n", s.attach_ms);
+    std::printf("  decode pool         %10.1f ms\n", s.decode_ms);
+    std::printf("  prompt + 1st token  %10.1f ms\n", s.prompt_first_token_ms);
+    std::printf("  TTFT                %10.1f ms  (attach + decode + prompt + first token)\n",
+                s.ttft_ms);
+    std::printf("  generation          %10.1f ms  (%.1f tokens/s)\n", s.generation_ms,
+                s.tokens_per_s);
+    std::printf("  shared pool         %10.2f MiB (bf16 private equivalent %.2f MiB)\n",
+                s.pool_bytes / 1048576.0, s.pool_bf16_bytes / 1048576.0);
+    std::printf("  private KV cache    %10.2f MiB\n", s.private_kv_bytes / 1048576.0);
+    std::printf("  peak RSS            %10.1f MiB\n", client::PeakRssBytes() / 1048576.0);
+  }
+  if (base) {
+    std::printf("baseline (re-prefill the document): TTFT %.1f ms (prefill %.1f ms + prompt "
+                "%.1f ms) vs pool %.1f ms; greedy outputs %s\n",
+                base->ttft_ms, base->prefill_ms, base->prompt_first_token_ms, r.stats.ttft_ms,
+                base->answer_ids == r.answer_ids ? "match" : "differ");
+    if (base->answer_ids != r.answer_ids) {
+      std::cout << "baseline answer: "
+                << (has_tok ? base->answer_text : IdsString(base->answer_ids)) << std::endl;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterAgentCommands(CLI::App& app) {
+  auto args = std::make_shared<AgentArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "agent", "Run one agent: attach a pool, decode it into a private KV cache, answer a prompt");
+  cmd->add_option("--pool", args->pool, "pool id (64 hex)")->required();
+  cmd->add_option("--model", args->model, "the pool's model (HF folder or .gguf)")->required();
+  auto* p = cmd->add_option("--prompt", args->prompt, "prompt text (needs a tokenizer)");
+  auto* pi = cmd->add_option("--prompt-ids", args->prompt_ids, "prompt token ids: 1,2,3");
+  p->excludes(pi);
+  cmd->add_flag("--chat", args->chat,
+                "wrap --prompt as a ChatML user turn + assistant prompt (instruct models)");
+  cmd->add_option("--max-new-tokens", args->max_new_tokens, "tokens to generate")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--temperature", args->temperature, "sampling temperature (0 = greedy)")
+      ->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--top-p", args->top_p, "nucleus sampling")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--seed", args->seed, "sampling seed");
+  cmd->add_flag("--ignore-eos", args->ignore_eos, "do not stop at end-of-generation tokens");
+  cmd->add_flag("--stats", args->stats, "print timings and memory");
+  cmd->add_flag("--json", args->json, "machine-readable output");
+  cmd->add_option("--endpoint", args->endpoint, "polykvd endpoint (default: $POLYKV_ENDPOINT)");
+  cmd->add_option("--timeout-ms", args->timeout_ms, "per-request timeout")
+      ->check(CLI::Range(1, 3600000));
+  cmd->add_option("--threads", args->threads, "compute threads (0 = all cores)")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_flag("--baseline-prefill", args->baseline,
+                "also prefill document + prompt locally and compare TTFT and outputs");
+  cmd->add_option("--debug-pause-after-layer", args->debug_pause_layer)->group("");
+  cmd->add_option("--debug-pause-ms", args->debug_pause_ms)->group("");
+  cmd->callback([args] {
+    if (args->prompt.empty() && args->prompt_ids.empty()) {
+      std::cerr << "error: give --prompt TEXT or --prompt-ids IDS" << std::endl;
+      ExitCode() = 1;
+      return;
+    }
+    Status s = RunAgent(*args);
+    if (!s.ok()) {
+      std::cerr << "error: " << absl::StatusCodeToString(s.code()) << ": " << s.message()
+                << std::endl;
+      ExitCode() = 1;
+    }
+  });
+}
+
 }  // namespace polykv::cli

@@ -15,6 +15,8 @@ void RegisterTokenizeCommands(CLI::App& app);
 void RegisterPoolsCommands(CLI::App& app);
 /// `agent` (agent_cmd.cc).
 void RegisterAgentCommands(CLI::App& app);
+/// `agents run` (agents_cmd.cc).
+void RegisterAgentsCommands(CLI::App& app);
 
 /// Exit code a command sets when it fails; commands print "error: <message>" to stderr.
 inline int& ExitCode() {

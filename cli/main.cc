@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   polykv::cli::RegisterTokenizeCommands(app);
   polykv::cli::RegisterPoolsCommands(app);
   polykv::cli::RegisterAgentCommands(app);
+  polykv::cli::RegisterAgentsCommands(app);
   CLI11_PARSE(app, argc, argv);
   return polykv::cli::ExitCode();
 }

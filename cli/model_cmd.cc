@@ -1,5 +1,175 @@
-// TEMPORARY scaffold: replaced by the owner of this command group.
+// `polykv-cli generate` and `polykv-cli ppl`: run the local Llama runtime (no daemon).
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "commands.h"
+#include "polykv/model/llama.h"
+
 namespace polykv::cli {
-void RegisterModelCommands(CLI::App& app) { (void)app; }
+namespace {
+
+struct GenerateArgs {
+  std::string model;
+  std::string prompt;
+  std::string prompt_ids;
+  int max_new_tokens = 64;
+  bool greedy = false;
+  float temperature = 0.8f;
+  uint64_t seed = 0;
+  float top_p = 0.95f;
+  bool chat = false;
+  bool print_ids = false;
+  int threads = 0;
+};
+
+struct PplArgs {
+  std::string model;
+  std::string file;
+  int64_t context = 0;
+  int64_t stride = 0;
+  int64_t max_tokens = 0;
+  int threads = 0;
+};
+
+void Fail(const std::string& msg) {
+  std::cerr << "error: " << msg << std::endl;
+  ExitCode() = 1;
+}
+void Fail(const absl::Status& s) { Fail(std::string(s.message())); }
+
+StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
+  std::vector<int32_t> ids;
+  for (absl::string_view part : absl::StrSplit(text, absl::ByAnyChar(", "), absl::SkipEmpty())) {
+    int32_t v;
+    if (!absl::SimpleAtoi(part, &v))
+      return absl::InvalidArgumentError(absl::StrCat("--prompt-ids: '", part, "' is not an integer id"));
+    ids.push_back(v);
+  }
+  if (ids.empty()) return absl::InvalidArgumentError("--prompt-ids: no ids given");
+  return ids;
+}
+
+StatusOr<std::unique_ptr<model::LlamaModel>> LoadModel(const std::string& path, int threads) {
+  model::LoadOptions o;
+  o.threads = threads;
+  return model::LlamaModel::Load(path, o);
+}
+
+Status RunGenerate(const GenerateArgs& a, bool temperature_given) {
+  if (a.greedy && temperature_given)
+    return absl::InvalidArgumentError("--greedy and --temperature are mutually exclusive");
+  POLYKV_ASSIGN_OR_RETURN(auto m, LoadModel(a.model, a.threads));
+  const model::Tokenizer* tok = m->tokenizer();
+  std::vector<int32_t> ids;
+  if (!a.prompt_ids.empty()) {
+    if (a.chat) return absl::InvalidArgumentError("--chat needs --prompt (text), not --prompt-ids");
+    POLYKV_ASSIGN_OR_RETURN(ids, ParseIds(a.prompt_ids));
+  } else {
+    if (tok == nullptr)
+      return absl::InvalidArgumentError(
+          absl::StrCat(a.model, " ships no tokenizer: use --prompt-ids instead of --prompt"));
+    std::string text = a.prompt;
+    if (a.chat) {
+      const model::ChatMessage msg{"user", a.prompt};
+      POLYKV_ASSIGN_OR_RETURN(text, tok->ApplyChatTemplate(absl::MakeConstSpan(&msg, 1), true));
+    }
+    POLYKV_ASSIGN_OR_RETURN(ids, tok->Encode(text, tok->adds_bos()));
+    if (ids.empty()) return absl::InvalidArgumentError("--prompt encodes to no tokens");
+  }
+  model::SamplingOptions s;
+  s.max_new_tokens = a.max_new_tokens;
+  s.greedy = !temperature_given;
+  s.temperature = a.temperature;
+  s.top_p = a.top_p;
+  s.seed = a.seed;
+  model::KvCache cache = m->NewCache(static_cast<int64_t>(ids.size()) + a.max_new_tokens);
+  POLYKV_ASSIGN_OR_RETURN(model::GenerateResult r, m->Generate(cache, ids, s));
+  if (a.print_ids || tok == nullptr) {
+    std::cout << absl::StrJoin(r.tokens, " ") << std::endl;
+  } else {
+    POLYKV_ASSIGN_OR_RETURN(std::string out, tok->Decode(r.tokens));
+    std::cout << out << std::endl;
+  }
+  const double decode_ms = r.total_ms - r.first_token_ms;
+  std::fprintf(stderr, "[%zu prompt tokens, %zu new; first token %.1f ms; %.1f tokens/s decode]\n",
+               ids.size(), r.tokens.size(), r.first_token_ms,
+               r.tokens.size() > 1 && decode_ms > 0 ? (r.tokens.size() - 1) * 1000.0 / decode_ms : 0.0);
+  return absl::OkStatus();
+}
+
+Status RunPpl(const PplArgs& a) {
+  if (a.context < 1) return absl::InvalidArgumentError("--context must be >= 1");
+  const int64_t stride = a.stride > 0 ? a.stride : a.context;
+  if (stride > a.context) return absl::InvalidArgumentError("--stride must be <= --context");
+  std::ifstream in(a.file, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(a.file, ": cannot open"));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  POLYKV_ASSIGN_OR_RETURN(auto m, LoadModel(a.model, a.threads));
+  const model::Tokenizer* tok = m->tokenizer();
+  if (tok == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(a.model, " ships no tokenizer: cannot tokenize ", a.file));
+  std::string text = ss.str();
+  // Large files: tokenize only a prefix long enough for --max-tokens (a token is rarely
+  // more than 16 bytes), then cut to exactly max_tokens.
+  if (a.max_tokens > 0 && static_cast<int64_t>(text.size()) > a.max_tokens * 16)
+    text.resize(static_cast<size_t>(a.max_tokens * 16));
+  POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode(text, false));
+  if (a.max_tokens > 0 && static_cast<int64_t>(ids.size()) > a.max_tokens) ids.resize(a.max_tokens);
+  POLYKV_ASSIGN_OR_RETURN(model::PerplexityResult r, m->Perplexity(ids, a.context, stride));
+  std::printf("tokens scored: %lld\nmean NLL: %.6f\nperplexity: %.4f\n",
+              static_cast<long long>(r.tokens_scored), r.mean_nll, r.perplexity);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterModelCommands(CLI::App& app) {
+  auto ga = std::make_shared<GenerateArgs>();
+  CLI::App* gen = app.add_subcommand("generate", "Generate text with a local model (no daemon)");
+  gen->add_option("--model", ga->model, "Model: .gguf file or HF folder")->required();
+  auto* p = gen->add_option("--prompt", ga->prompt, "Prompt text (needs the model's tokenizer)");
+  auto* pi = gen->add_option("--prompt-ids", ga->prompt_ids, "Prompt token ids, e.g. 1,2,3");
+  p->excludes(pi);
+  gen->add_option("--max-new-tokens", ga->max_new_tokens, "Tokens to generate")
+      ->check(CLI::NonNegativeNumber);
+  gen->add_flag("--greedy", ga->greedy, "Argmax decoding (the default)");
+  auto* temp = gen->add_option("--temperature", ga->temperature, "Sampling temperature (> 0)")
+                   ->check(CLI::PositiveNumber);
+  gen->add_option("--seed", ga->seed, "Sampling seed");
+  gen->add_option("--top-p", ga->top_p, "Nucleus sampling mass in (0, 1]")->check(CLI::Range(0.0, 1.0));
+  gen->add_flag("--chat", ga->chat, "Wrap --prompt in the model's chat template as a user turn");
+  gen->add_flag("--print-ids", ga->print_ids, "Print generated token ids instead of text");
+  gen->add_option("--threads", ga->threads, "Compute threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  gen->callback([ga, p, pi, temp]() {
+    if (p->count() == 0 && pi->count() == 0) return Fail("one of --prompt or --prompt-ids is required");
+    Status s = RunGenerate(*ga, temp->count() > 0);
+    if (!s.ok()) Fail(s);
+  });
+
+  auto pa = std::make_shared<PplArgs>();
+  CLI::App* ppl = app.add_subcommand("ppl", "Sliding-window perplexity of a text file");
+  ppl->add_option("--model", pa->model, "Model: .gguf file or HF folder")->required();
+  ppl->add_option("--file", pa->file, "UTF-8 text file")->required();
+  ppl->add_option("--context", pa->context, "Window length in tokens")->required()->check(CLI::PositiveNumber);
+  ppl->add_option("--stride", pa->stride, "Window step in tokens (default: --context)")
+      ->check(CLI::PositiveNumber);
+  ppl->add_option("--max-tokens", pa->max_tokens, "Score only the first N tokens of the file")
+      ->check(CLI::PositiveNumber);
+  ppl->add_option("--threads", pa->threads, "Compute threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  ppl->callback([pa]() {
+    Status s = RunPpl(*pa);
+    if (!s.ok()) Fail(s);
+  });
+}
+
 }  // namespace polykv::cli

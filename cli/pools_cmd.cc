@@ -1,5 +1,442 @@
-// TEMPORARY scaffold: replaced by the owner of this command group.
+// `polykv-cli ping` and `polykv-cli pools list|show|create|evict`: operate polykvd's pools
+// through libpolykv_client (C++ wrapper). Human tables by default, --json for scripts.
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
+#include "polykv/client.hpp"
+
 namespace polykv::cli {
-void RegisterPoolsCommands(CLI::App& app) { (void)app; }
+namespace {
+
+namespace pc = polykv::client;
+using nlohmann::json;
+
+/// Options shared by `ping` and every `pools` command.
+struct CommonArgs {
+  std::string endpoint;  // empty: $POLYKV_ENDPOINT or the default endpoint
+  int timeout_ms = 5000;
+  bool json = false;
+};
+
+struct CreateArgs {
+  std::string model;
+  std::string document;
+  std::string token_ids;
+  std::string codec = "k8v3";
+  std::string key_scale = "tensor";
+  bool norm_correction = false;
+  bool no_bos = false;
+  int create_timeout_s = 600;
+};
+
+/// Prints "error: <STATUS_NAME>: message" and sets the exit code.
+void ReportError(const pc::Status& status) {
+  std::cerr << "error: " << status.CodeName() << ": " << status.message() << "\n";
+  ExitCode() = 1;
+}
+
+void AddCommonOptions(CLI::App* app, CommonArgs* args) {
+  app->add_option("--endpoint", args->endpoint,
+                  "polykvd control endpoint (default: $POLYKV_ENDPOINT or the standard socket)");
+  app->add_option("--timeout-ms", args->timeout_ms, "per-request timeout in ms (retried)")
+      ->check(CLI::Range(1, 3600000));
+  app->add_flag("--json", args->json, "machine-readable JSON on stdout");
+}
+
+pc::Result<pc::Client> Connect(const CommonArgs& args) {
+  return pc::Client::Connect(args.endpoint, args.timeout_ms);
+}
+
+std::string HumanBytes(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0) {
+    std::snprintf(buf, sizeof(buf), "%llu B", static_cast<unsigned long long>(bytes));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.2f %s", v, kUnits[u]);
+  }
+  return buf;
+}
+
+std::string FormatTime(int64_t unix_ms) {
+  if (unix_ms <= 0) return "-";
+  std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%SZ", &tm);
+  return buf;
+}
+
+json InfoJson(const pc::PoolInfo& p) {
+  return json{
+      {"id", p.id},
+      {"model", p.model},
+      {"model_fingerprint", p.model_fingerprint},
+      {"codec", p.codec},
+      {"backend", p.backend},
+      {"tokens", p.tokens},
+      {"layers", p.layers},
+      {"kv_heads", p.kv_heads},
+      {"head_dim", p.head_dim},
+      {"bytes",
+       {{"key_codes", p.key_codes_bytes},
+        {"key_scales", p.key_scales_bytes},
+        {"value_codes", p.value_codes_bytes},
+        {"value_norms", p.value_norms_bytes},
+        {"overhead", p.overhead_bytes},
+        {"total", p.total_bytes}}},
+      {"total_bytes", p.total_bytes},
+      {"bf16_bytes", p.bf16_bytes},
+      {"effective_ratio", p.effective_ratio},
+      {"leases", p.leases},
+      {"created_unix_ms", p.created_unix_ms},
+      {"prefill_ms", p.prefill_ms},
+      {"encode_ms", p.encode_ms},
+      {"publish_ms", p.publish_ms},
+  };
+}
+
+/// Resolves a full id or a unique prefix of one (>= 4 hex chars) to a full pool id.
+pc::Result<std::string> ResolvePoolId(pc::Client& client, const std::string& id) {
+  if (id.size() == 64) return id;
+  if (id.size() < 4) {
+    return pc::Status(pc::StatusCode::kInvalidArgument,
+                      "pool id \"" + id + "\" is too short (give 64 hex chars or a prefix of >= 4)");
+  }
+  auto pools = client.ListPools();
+  if (!pools.ok()) return pools.status();
+  std::string found;
+  for (const pc::PoolInfo& p : *pools) {
+    if (p.id.compare(0, id.size(), id) == 0) {
+      if (!found.empty()) {
+        return pc::Status(pc::StatusCode::kInvalidArgument,
+                          "pool id prefix " + id + " is ambiguous (matches " + found + " and " +
+                              p.id + ")");
+      }
+      found = p.id;
+    }
+  }
+  if (found.empty()) return pc::Status(pc::StatusCode::kNotFound, "unknown pool " + id);
+  return found;
+}
+
+pc::Result<std::vector<int32_t>> ParseTokenIds(const std::string& text) {
+  std::string norm = text;
+  for (char& c : norm) {
+    if (c == ',' || c == '\t' || c == '\n' || c == '\r') c = ' ';
+  }
+  std::istringstream in(norm);
+  std::vector<int32_t> ids;
+  std::string item;
+  while (in >> item) {
+    char* end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(item.c_str(), &end, 10);
+    if (end == item.c_str() || *end != '\0' || errno != 0 || v < 0 || v > INT32_MAX) {
+      return pc::Status(pc::StatusCode::kInvalidArgument,
+                        "--token-ids: \"" + item + "\" is not a token id (expected 1,2,3)");
+    }
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) {
+    return pc::Status(pc::StatusCode::kInvalidArgument, "--token-ids: no token ids given");
+  }
+  return ids;
+}
+
+pc::Result<std::string> ReadFile(const std::string& path) {
+  if (path == "-") {
+    std::ostringstream ss;
+    ss << std::cin.rdbuf();
+    return ss.str();
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return pc::Status(pc::StatusCode::kNotFound, "cannot read document file " + path);
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().empty()) {
+    return pc::Status(pc::StatusCode::kInvalidArgument, "document file " + path + " is empty");
+  }
+  return ss.str();
+}
+
+/// Progress on stderr: a redrawn bar on a TTY, plain lines (one per stage change or 10%)
+/// otherwise.
+class ProgressPrinter {
+ public:
+  ProgressPrinter() : tty_(isatty(STDERR_FILENO) == 1) {}
+  ~ProgressPrinter() { Finish(); }
+  void Update(const std::string& stage, int64_t done, int64_t total) {
+    if (tty_) {
+      if (!stage_.empty() && stage != stage_) std::fputc('\n', stderr);
+      constexpr int kWidth = 30;
+      int filled = total > 0 ? static_cast<int>(kWidth * std::min(done, total) / total) : 0;
+      std::string bar(filled, '#');
+      bar.resize(kWidth, ' ');
+      double pct = total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 0;
+      std::fprintf(stderr, "\r%-8s [%s] %lld/%lld (%.0f%%)", stage.c_str(), bar.c_str(),
+                   static_cast<long long>(done), static_cast<long long>(total), pct);
+      open_line_ = true;
+    } else {
+      int decile = total > 0 ? static_cast<int>(10 * std::min(done, total) / total) : 0;
+      if (stage == stage_ && decile == last_decile_) return;
+      std::fprintf(stderr, "%s %lld/%lld\n", stage.c_str(), static_cast<long long>(done),
+                   static_cast<long long>(total));
+      last_decile_ = decile;
+    }
+    stage_ = stage;
+    std::fflush(stderr);
+  }
+  void Finish() {
+    if (open_line_) std::fputc('\n', stderr);
+    open_line_ = false;
+  }
+
+ private:
+  bool tty_;
+  bool open_line_ = false;
+  std::string stage_;
+  int last_decile_ = -1;
+};
+
+void RunPing(const CommonArgs& args) {
+  auto client = Connect(args);
+  if (!client.ok()) return ReportError(client.status());
+  auto info = client->Ping();
+  if (!info.ok()) return ReportError(info.status());
+  const std::string endpoint = args.endpoint.empty() ? "(default)" : args.endpoint;
+  if (args.json) {
+    std::cout << json{{"endpoint", endpoint},
+                      {"version", info->version},
+                      {"pid", info->pid},
+                      {"memory_used", info->memory_used},
+                      {"memory_cap", info->memory_cap}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::cout << "polykvd " << info->version << " (pid " << info->pid << ") at " << endpoint
+              << ": pool memory " << HumanBytes(info->memory_used) << " used of "
+              << (info->memory_cap ? HumanBytes(info->memory_cap) : std::string("no cap"))
+              << "\n";
+  }
+}
+
+void RunList(const CommonArgs& args) {
+  auto client = Connect(args);
+  if (!client.ok()) return ReportError(client.status());
+  auto pools = client->ListPools();
+  if (!pools.ok()) return ReportError(pools.status());
+  if (args.json) {
+    json arr = json::array();
+    for (const auto& p : *pools) arr.push_back(InfoJson(p));
+    std::cout << json{{"pools", arr}}.dump(2) << "\n";
+    return;
+  }
+  if (pools->empty()) {
+    std::cout << "no pools\n";
+    return;
+  }
+  std::printf("%-64s  %-5s  %-4s  %8s  %6s  %11s  %6s  %6s\n", "ID", "CODEC", "MEM", "TOKENS",
+              "LAYERS", "SIZE", "RATIO", "LEASES");
+  for (const auto& p : *pools) {
+    std::printf("%-64s  %-5s  %-4s  %8llu  %6u  %11s  %5.2fx  %6u\n", p.id.c_str(),
+                p.codec.c_str(), p.backend.c_str(), static_cast<unsigned long long>(p.tokens),
+                p.layers, HumanBytes(p.total_bytes).c_str(), p.effective_ratio, p.leases);
+  }
+}
+
+void PrintInfoHuman(const pc::PoolInfo& p) {
+  auto row = [](const char* name, const std::string& value) {
+    std::printf("  %-18s %s\n", name, value.c_str());
+  };
+  auto bytes_row = [&](const char* name, uint64_t b) {
+    double pct = p.total_bytes ? 100.0 * static_cast<double>(b) / static_cast<double>(p.total_bytes) : 0;
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "%14llu B  %11s  %5.1f%%", static_cast<unsigned long long>(b),
+                  HumanBytes(b).c_str(), pct);
+    row(name, buf);
+  };
+  std::printf("pool %s\n", p.id.c_str());
+  row("model", p.model);
+  row("fingerprint", p.model_fingerprint);
+  row("codec", p.codec);
+  row("backend", p.backend);
+  row("tokens", std::to_string(p.tokens));
+  row("layers", std::to_string(p.layers));
+  row("kv_heads", std::to_string(p.kv_heads));
+  row("head_dim", std::to_string(p.head_dim));
+  std::printf("  bytes by part:\n");
+  bytes_row("  key codes", p.key_codes_bytes);
+  bytes_row("  key scales", p.key_scales_bytes);
+  bytes_row("  value codes", p.value_codes_bytes);
+  bytes_row("  value norms", p.value_norms_bytes);
+  bytes_row("  overhead", p.overhead_bytes);
+  bytes_row("  total", p.total_bytes);
+  bytes_row("bf16 equivalent", p.bf16_bytes);
+  char ratio[64];
+  std::snprintf(ratio, sizeof(ratio), "%.3fx (bf16 / total, overhead included)", p.effective_ratio);
+  row("effective ratio", ratio);
+  row("leases", std::to_string(p.leases));
+  row("created", FormatTime(p.created_unix_ms));
+  char times[128];
+  std::snprintf(times, sizeof(times), "prefill %.1f ms, encode %.1f ms, publish %.1f ms",
+                p.prefill_ms, p.encode_ms, p.publish_ms);
+  row("build time", times);
+}
+
+void RunShow(const CommonArgs& args, const std::string& id) {
+  auto client = Connect(args);
+  if (!client.ok()) return ReportError(client.status());
+  auto full = ResolvePoolId(*client, id);
+  if (!full.ok()) return ReportError(full.status());
+  auto info = client->GetPoolInfo(*full);
+  if (!info.ok()) return ReportError(info.status());
+  if (args.json) {
+    std::cout << InfoJson(*info).dump(2) << "\n";
+  } else {
+    PrintInfoHuman(*info);
+  }
+}
+
+void RunCreate(const CommonArgs& args, const CreateArgs& c) {
+  pc::CreateOptions opts;
+  opts.model = c.model;
+  if (!c.token_ids.empty()) {
+    auto ids = ParseTokenIds(c.token_ids);
+    if (!ids.ok()) return ReportError(ids.status());
+    opts.token_ids = std::move(*ids);
+  } else {
+    auto text = ReadFile(c.document);
+    if (!text.ok()) return ReportError(text.status());
+    opts.document = std::move(*text);
+  }
+  opts.codec = c.codec;
+  opts.key_scale = c.key_scale;
+  opts.norm_correction = c.norm_correction;
+  opts.add_bos = !c.no_bos;
+  opts.timeout_ms = c.create_timeout_s * 1000;
+  auto client = Connect(args);
+  if (!client.ok()) return ReportError(client.status());
+  ProgressPrinter printer;
+  auto created = client->CreatePool(
+      opts, [&](const std::string& stage, int64_t done, int64_t total) {
+        printer.Update(stage, done, total);
+      });
+  printer.Finish();
+  if (!created.ok()) return ReportError(created.status());
+  if (args.json) {
+    json j = InfoJson(created->info);
+    j["created"] = created->created;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    if (!created->created) std::cerr << "pool already existed\n";
+    std::cout << created->info.id << "\n";
+  }
+}
+
+void RunEvict(const CommonArgs& args, const std::string& id, bool force) {
+  auto client = Connect(args);
+  if (!client.ok()) return ReportError(client.status());
+  auto full = ResolvePoolId(*client, id);
+  if (!full.ok()) return ReportError(full.status());
+  pc::Status st = client->Evict(*full, force);
+  if (!st.ok()) return ReportError(st);
+  if (args.json) {
+    std::cout << json{{"id", *full}, {"evicted", true}, {"force", force}}.dump(2) << "\n";
+  } else {
+    std::cout << "evicted " << *full << "\n";
+  }
+}
+
+}  // namespace
+
+void RegisterPoolsCommands(CLI::App& app) {
+  // Options live as long as the App (until main returns).
+  static CommonArgs ping_args;
+  static CommonArgs pools_args;
+  static CreateArgs create_args;
+  static std::string pool_id;
+  static bool force = false;
+
+  CLI::App* ping = app.add_subcommand("ping", "Check that polykvd answers; show its version");
+  AddCommonOptions(ping, &ping_args);
+  ping->callback([] { RunPing(ping_args); });
+
+  CLI::App* pools = app.add_subcommand("pools", "List, show, create and evict shared pools");
+  pools->require_subcommand(1);
+  // Options given after the sub-subcommand (`pools list --json`) fall through to `pools`.
+  AddCommonOptions(pools, &pools_args);
+  pools->fallthrough();
+
+  CLI::App* list = pools->add_subcommand("list", "List published pools");
+  list->fallthrough();
+  list->callback([] { RunList(pools_args); });
+
+  CLI::App* show = pools->add_subcommand(
+      "show", "Shape, bytes by part, ratio, leases and build times of one pool");
+  show->fallthrough();
+  show->add_option("ID", pool_id, "pool id (64 hex chars, or a unique prefix)")->required();
+  show->callback([] { RunShow(pools_args, pool_id); });
+
+  CLI::App* create = pools->add_subcommand(
+      "create", "Prefill a document, compress its KV cache and publish it as a pool");
+  create->fallthrough();
+  create->add_option("--model", create_args.model, "model path (.gguf or HF folder)")
+      ->required();
+  auto* doc = create->add_option("--document", create_args.document,
+                                 "document text file ('-' = stdin)");
+  auto* ids = create->add_option("--token-ids", create_args.token_ids,
+                                 "explicit token ids, e.g. 1,2,3");
+  doc->excludes(ids);
+  ids->excludes(doc);
+  create->add_option("--codec", create_args.codec, "pool codec")
+      ->check(CLI::IsMember({"k8v3", "k8v2", "k8v4", "none"}));
+  create->add_option("--key-scale", create_args.key_scale, "int8 key scale granularity")
+      ->check(CLI::IsMember({"tensor", "head", "channel"}));
+  create->add_flag("--norm-correction", create_args.norm_correction,
+                   "TurboQuant norm correction for values");
+  create->add_flag("--no-bos", create_args.no_bos, "do not prepend BOS when tokenizing");
+  create->add_option("--create-timeout-s", create_args.create_timeout_s,
+                     "give up waiting for the daemon after this many seconds")
+      ->check(CLI::Range(1, 86400));
+  create->callback([] {
+    if (create_args.document.empty() && create_args.token_ids.empty()) {
+      return ReportError(pc::Status(pc::StatusCode::kInvalidArgument,
+                                    "pools create needs --document FILE or --token-ids 1,2,3"));
+    }
+    RunCreate(pools_args, create_args);
+  });
+
+  CLI::App* evict = pools->add_subcommand("evict", "Remove a pool (--force: even with leases)");
+  evict->fallthrough();
+  evict->add_option("ID", pool_id, "pool id (64 hex chars, or a unique prefix)")->required();
+  evict->add_flag("--force", force, "evict even while agents hold leases");
+  evict->callback([] { RunEvict(pools_args, pool_id, force); });
+}
+
 }  // namespace polykv::cli

@@ -17,6 +17,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#if defined(_WIN32)
+#define POLYKV_CLIENT_API
+#else
+/** Marks the exported C API (the library is built with hidden visibility). */
+#define POLYKV_CLIENT_API __attribute__((visibility("default")))
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -59,46 +66,118 @@ typedef struct polykv_pool_info_t {
   uint64_t total_bytes;    /**< the whole shared region */
   uint64_t bf16_bytes;     /**< the same KV cache held privately in bf16 */
   double effective_ratio;  /**< bf16_bytes / total_bytes */
-  uint32_t leases;
+  uint32_t leases;         /**< live leases (at the time of the reply) */
+  /* Bytes by part (sum == total_bytes). For codec "none" raw K/V count as key/value codes. */
+  uint64_t key_codes_bytes;   /**< int8 K codes [layers][kv_heads][tokens][head_dim] */
+  uint64_t key_scales_bytes;  /**< f32 K scales */
+  uint64_t value_codes_bytes; /**< packed TurboQuant-MSE V codes */
+  uint64_t value_norms_bytes; /**< f32 V norms [layers][kv_heads*tokens] */
+  uint64_t overhead_bytes;    /**< header + token ids + alignment padding */
+  int64_t created_unix_ms;    /**< when the daemon published the pool (ms since epoch) */
+  double prefill_ms, encode_ms, publish_ms; /**< daemon-side build times (ms) */
 } polykv_pool_info;
 
+/** PING reply: the daemon's identity and memory use. */
+typedef struct polykv_daemon_info_t {
+  char version[32];     /**< daemon version string, e.g. "0.1.0" */
+  uint32_t pid;         /**< daemon process id */
+  uint64_t memory_used; /**< bytes of pool memory in use (active backend) */
+  uint64_t memory_cap;  /**< configured cap in bytes (0 = none reported) */
+} polykv_daemon_info;
+
+/** Options of polykv_create_pool. Initialise with polykv_create_options_init(). Exactly one
+ *  of `document` (UTF-8 text, tokenized by the daemon) or `token_ids` (+ `token_count`) must
+ *  be given. Pointers are borrowed for the duration of the call. */
+typedef struct polykv_create_options_t {
+  uint32_t struct_version;  /**< POLYKV_CREATE_OPTIONS_VERSION (set by _init) */
+  const char* model;        /**< model path (resolved by the daemon); required */
+  const char* document;     /**< text, or NULL when token_ids is given */
+  const int32_t* token_ids; /**< token ids, or NULL when document is given */
+  size_t token_count;       /**< number of token_ids */
+  const char* codec;        /**< "k8v3" (default, NULL), "k8v2", "k8v4" or "none" */
+  const char* key_scale;    /**< "tensor" (default, NULL), "head" or "channel" */
+  int norm_correction;      /**< non-zero: TurboQuant norm correction on values */
+  int add_bos;              /**< non-zero (default): prepend BOS when tokenizing `document` */
+  int timeout_ms;           /**< bound for the whole create; <= 0: 600000 (10 min) */
+} polykv_create_options;
+
+/** Current version of polykv_create_options. */
+#define POLYKV_CREATE_OPTIONS_VERSION 1u
+
+/** Progress callback of polykv_create_pool: `stage` is "tokenize", "prefill", "encode" or
+ *  "publish"; `done` of `total` units (tokens for prefill, layers for encode). Called on the
+ *  calling thread. */
+typedef void (*polykv_progress_fn)(const char* stage, int64_t done, int64_t total, void* user);
+
 /** Name of a status ("NOT_FOUND"); never NULL. */
-const char* polykv_status_string(polykv_status status);
+POLYKV_CLIENT_API const char* polykv_status_string(polykv_status status);
 /** Detailed message of this thread's last failed call ("" if none). */
-const char* polykv_last_error(void);
+POLYKV_CLIENT_API const char* polykv_last_error(void);
 
 /** Connects to polykvd at `endpoint` (NULL = default endpoint, or $POLYKV_ENDPOINT) and
  *  PINGs it. `timeout_ms` bounds each request (Lazy Pirate: retried, then fails).
  *  Errors: POLYKV_UNAVAILABLE / POLYKV_DEADLINE_EXCEEDED when no daemon answers. */
-polykv_status polykv_connect(const char* endpoint, int timeout_ms, polykv_client** out);
+POLYKV_CLIENT_API polykv_status polykv_connect(const char* endpoint, int timeout_ms, polykv_client** out);
 /** Closes the connection (detaches nothing: detach pools first). NULL is a no-op. */
-void polykv_disconnect(polykv_client* client);
+POLYKV_CLIENT_API void polykv_disconnect(polykv_client* client);
 
 /** Number of published pools, and their infos (up to `capacity`). */
-polykv_status polykv_list_pools(polykv_client* client, polykv_pool_info* infos, size_t capacity,
+POLYKV_CLIENT_API polykv_status polykv_list_pools(polykv_client* client, polykv_pool_info* infos, size_t capacity,
                                 size_t* count);
 
 /** Attaches `pool_id`: takes a lease (renewed by a background thread until detach), maps the
  *  pool read-only, verifies the header checksum. Errors: POLYKV_NOT_FOUND (unknown pool),
  *  POLYKV_DATA_LOSS (bad header), POLYKV_UNAVAILABLE. */
-polykv_status polykv_attach(polykv_client* client, const char* pool_id, polykv_pool** out);
+POLYKV_CLIENT_API polykv_status polykv_attach(polykv_client* client, const char* pool_id, polykv_pool** out);
 /** Releases the lease, unmaps. NULL is a no-op. */
-polykv_status polykv_detach(polykv_pool* pool);
+POLYKV_CLIENT_API polykv_status polykv_detach(polykv_pool* pool);
 
 /** Info of an attached pool. */
-polykv_status polykv_pool_get_info(const polykv_pool* pool, polykv_pool_info* out);
+POLYKV_CLIENT_API polykv_status polykv_pool_get_info(const polykv_pool* pool, polykv_pool_info* out);
 /** Token ids of the pool's document: writes min(capacity, tokens) ids. */
-polykv_status polykv_pool_token_ids(const polykv_pool* pool, int32_t* ids, size_t capacity);
+POLYKV_CLIENT_API polykv_status polykv_pool_token_ids(const polykv_pool* pool, int32_t* ids, size_t capacity);
 /** Decodes layer `layer` into caller buffers k_out, v_out, each
  *  [kv_heads][tokens][head_dim] of `dtype` (host memory). Checks the lease first:
  *  POLYKV_NOT_FOUND / POLYKV_FAILED_PRECONDITION when the pool was evicted or the lease
  *  expired (never stale data). */
-polykv_status polykv_decode_layer(const polykv_pool* pool, uint32_t layer, void* k_out,
+POLYKV_CLIENT_API polykv_status polykv_decode_layer(const polykv_pool* pool, uint32_t layer, void* k_out,
                                   void* v_out, polykv_dtype dtype);
 /** Recomputes the payload checksum of the mapped pool (POLYKV_DATA_LOSS on mismatch). */
-polykv_status polykv_pool_verify(const polykv_pool* pool);
+POLYKV_CLIENT_API polykv_status polykv_pool_verify(const polykv_pool* pool);
 /** Status of the pool's lease as last seen by the renewal thread (POLYKV_OK while valid). */
-polykv_status polykv_pool_lease_status(const polykv_pool* pool);
+POLYKV_CLIENT_API polykv_status polykv_pool_lease_status(const polykv_pool* pool);
+
+/** Sets *opts to the defaults (codec "k8v3", key_scale "tensor", add_bos 1, no document). */
+POLYKV_CLIENT_API void polykv_create_options_init(polykv_create_options* opts);
+
+/** PINGs the daemon. Errors: POLYKV_UNAVAILABLE when it does not answer. */
+POLYKV_CLIENT_API polykv_status polykv_ping(polykv_client* client, polykv_daemon_info* out);
+
+/** Asks the daemon to prefill, compress and publish a pool (CREATE_POOL), streaming its
+ *  PROGRESS messages to `progress` (may be NULL) and waiting for the reply, at most
+ *  opts->timeout_ms (not retried: POLYKV_DEADLINE_EXCEEDED when it runs out). Pools are
+ *  content-addressed: when an identical pool exists, it is returned with *created = 0.
+ *  `created` may be NULL. Errors: POLYKV_INVALID_ARGUMENT (bad options, codec, ids),
+ *  POLYKV_NOT_FOUND (model), POLYKV_RESOURCE_EXHAUSTED (memory cap), POLYKV_UNAVAILABLE. */
+POLYKV_CLIENT_API polykv_status polykv_create_pool(polykv_client* client,
+                                                   const polykv_create_options* opts,
+                                                   polykv_progress_fn progress, void* user,
+                                                   polykv_pool_info* out, int* created);
+
+/** Evicts `pool_id`. Without `force` the daemon refuses while leases are live
+ *  (POLYKV_FAILED_PRECONDITION); with it, lease holders see POLYKV_NOT_FOUND on their next
+ *  renewal and decode. Errors: POLYKV_NOT_FOUND (unknown pool). */
+POLYKV_CLIENT_API polykv_status polykv_evict(polykv_client* client, const char* pool_id,
+                                             int force);
+
+/** STATS of one pool (no attach): shape, bytes by part, leases, build times.
+ *  Errors: POLYKV_NOT_FOUND ("unknown pool <id>"). */
+POLYKV_CLIENT_API polykv_status polykv_pool_info_by_id(polykv_client* client,
+                                                       const char* pool_id,
+                                                       polykv_pool_info* out);
+
+/** Elements of one of K or V of a layer: kv_heads * tokens * head_dim (0 for NULL). */
+POLYKV_CLIENT_API size_t polykv_pool_layer_elements(const polykv_pool* pool);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -37,6 +37,10 @@ class CudaArena {
   uint64_t size() const { return size_; }
   /// The handle for a pool at `offset` of `size` bytes inside this arena.
   StatusOr<CudaIpcHandle> Export(uint64_t offset, uint64_t size) const;
+  /// Copies `bytes` of host memory into the arena at `offset` (cudaMemcpy H2D), e.g. a pool
+  /// encoded on the host. Errors: kOutOfRange past the end; kUnimplemented in CPU-only
+  /// builds; kInternal with the CUDA error string.
+  [[nodiscard]] Status CopyFromHost(uint64_t offset, const void* src, uint64_t bytes);
 
  private:
   CudaArena() = default;

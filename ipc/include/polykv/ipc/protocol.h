@@ -29,6 +29,9 @@ inline constexpr size_t kMaxMessageBytes = 16u << 20;
 
 enum class MessageType {
   kCreatePool, kAttach, kRenew, kDetach, kList, kStats, kEvict, kPing, kProgress,
+  /// "ERROR": reply type used only when a frame's own type could not be read (malformed
+  /// JSON, missing/unknown "type"); always ok=false.
+  kError,
 };
 /// "CREATE_POOL", "ATTACH", ... ; kInvalidArgument for unknown names.
 std::string_view MessageTypeName(MessageType type);
@@ -119,6 +122,9 @@ StatusOr<Reply> DecodeReply(std::string_view frame);
 
 /// An error reply for `request_id` carrying `status`'s code and message.
 Reply ErrorReply(MessageType type, uint64_t request_id, const Status& status);
+/// An error reply to a frame that failed DecodeRequest: echoes the frame's "type" and "id"
+/// when they can be read, else type kError and id 0.
+Reply ErrorReplyForFrame(std::string_view frame, const Status& status);
 /// The Status carried by an error reply (OkStatus for ok replies).
 Status ReplyStatus(const Reply& reply);
 

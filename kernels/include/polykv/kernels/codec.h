@@ -12,6 +12,40 @@
 //    pool's rotation seed, H the orthonormal Walsh-Hadamard transform); z = sqrt(d) * y;
 //    each z_i -> nearest Lloyd-Max level for N(0,1) at b bits; indices packed densely.
 //    Decode reverses every step.
+//
+// Rounding: keys round to nearest, ties to EVEN (rintf). Values pick the nearest Lloyd-Max
+// level; a z exactly on a midpoint between two levels takes the lower level.
+//
+// Random signs D: D_i = -1 if bit 63 of Mix64(seed + (i + 1) * 0x9E3779B97F4A7C15) is set, else +1
+// (splitmix64, counter-based: no table, host and device agree); the same D for every vector.
+//
+// Rotation for head_dim not a power of two: H is block-diagonal, head_dim / B orthonormal
+// Walsh-Hadamard blocks of B = the largest power of two dividing head_dim (48 -> 3 x 16,
+// 80 -> 5 x 16, 96 -> 3 x 32; odd head_dim -> B = 1, i.e. no rotation, only signs).
+// Cost: a block mixes only its own B coordinates, so a vector whose energy sits in one
+// block is not spread over all head_dim coordinates and the N(0,1) codebook fits worse.
+// On i.i.d. Gaussian vectors the loss is nil (the rotation is not needed there); on
+// spiky vectors (one large channel plus noise) it is measurable. Measured relative MSE
+// (kernels_codec_test, 3 bits, 2000 vectors; Gaussian / one-outlier-channel vectors):
+//   head_dim  8 (B=8):   see VALUES.md-style table printed by ValueMseTable test
+// (the test prints the current table; figures are quoted in the project report).
+//
+// ---------------------------------------------------------------------------------------
+// Packed value layout (one vector = PackedVectorBytes(head_dim, bits) bytes)
+// ---------------------------------------------------------------------------------------
+// Codes c_0 .. c_{d-1} (each < 2^b) form one little-endian bit stream: code i occupies
+// stream bits [i*b, i*b + b), its least significant bit first, and stream bit k is bit
+// (k % 8) of byte k / 8. Unused high bits of the last byte are zero. Example, b = 3,
+// codes [1, 2, 3, 4, 5, 6, 7, 0] (8 codes -> 3 bytes):
+//
+//   stream bit:  7 6 5 4 3 2 1 0 | 15 14 13 12 11 10 9 8 | 23 22 21 20 19 18 17 16
+//   byte 0 = 0xD1:  c2[1:0] c1[2:0] c0[2:0] = 1 1 | 0 1 0 | 0 0 1
+//   byte 1 = 0x58:  c5[0] c4[2:0] c3[2:0] c2[2] = 0 | 1 0 1 | 1 0 0 | 0
+//   byte 2 = 0x1F:  c7[2:0] c6[2:0] c5[2:1] = 0 0 0 | 1 1 1 | 1 1
+//
+// i.e. c2 straddles bytes 0 and 1 and c5 straddles bytes 1 and 2. With b = 2 and b = 4 no
+// code straddles a byte. Vectors follow each other with no padding, in the order
+// [kv_heads][tokens]; norms are a separate f32 array [kv_heads][tokens].
 #pragma once
 
 #include <cstddef>
@@ -62,6 +96,13 @@ struct CodecConfig {
   bool norm_correction = false;      ///< store ||v|| / ||reconstruction of u|| instead of ||v||
 };
 
+/// Sets the number of CPU threads the codec uses (n < 1: all hardware threads, the
+/// default). Thread-safe; applies to calls that start afterwards.
+void SetCodecThreads(int n);
+
+/// Number of CPU threads the codec uses (>= 1).
+int CodecThreads();
+
 /// Checks a shape and config; kInvalidArgument naming the bad field (kv_heads, tokens,
 /// head_dim >= 1; key_bits 8; value_bits 2, 3 or 4).
 Status ValidateConfig(const LayerShape& shape, const CodecConfig& config);
@@ -81,6 +122,16 @@ int64_t KeyScaleCount(const LayerShape& shape, KeyScaleMode mode);
 [[nodiscard]] Status QuantizeKeys(const void* k, DType dtype, const LayerShape& shape,
                                   KeyScaleMode mode, int8_t* q, float* scales,
                                   Device device = Device::kCpu, Stream stream = nullptr);
+
+/// Quantizes K with caller-given `scales` (KeyScaleCount entries, each finite and > 0),
+/// e.g. scales computed once over a whole document, so that tokens appended later (or a
+/// tensor quantized token by token) give the same bytes as one batch: q = rne(x / scale)
+/// clamped to [-127, 127]. Errors: kInvalidArgument for NaN/Inf input (naming the first
+/// bad index), a bad scale or shape; kUnimplemented for Device::kCuda in a CPU-only build.
+[[nodiscard]] Status QuantizeKeysWithScales(const void* k, DType dtype, const LayerShape& shape,
+                                            KeyScaleMode mode, const float* scales, int8_t* q,
+                                            Device device = Device::kCpu,
+                                            Stream stream = nullptr);
 
 /// Inverse of QuantizeKeys: out[i] = q[i] * scale(i), written as `out_dtype`.
 /// |out - x| <= scale/2 elementwise (before rounding to out_dtype).
@@ -133,5 +184,18 @@ LayerBytes CompressedLayerBytes(const LayerShape& shape, const CodecConfig& conf
 
 /// bf16 bytes of one layer's K and V: 2 * 2 * elements.
 int64_t Bf16LayerBytes(const LayerShape& shape);
+
+/// Compression of a whole model's KV cache relative to bf16.
+struct CompressionRatio {
+  int64_t compressed_bytes = 0;  ///< layers * CompressedLayerBytes(...).total()
+  int64_t bf16_bytes = 0;        ///< layers * Bf16LayerBytes(...)
+  double effective = 0.0;        ///< bf16_bytes / compressed_bytes (scales and norms counted)
+  double nominal = 0.0;          ///< the paper's 16 / ((key_bits + value_bits) / 2): 2.91 for K8/V3
+};
+
+/// Effective and nominal compression ratio vs bf16 for `layers` layers of `shape`
+/// (e.g. SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64; Llama-3-8B: 32, 8, 128).
+CompressionRatio ModelCompressionRatio(int32_t layers, const LayerShape& shape,
+                                       const CodecConfig& config);
 
 }  // namespace polykv::kernels

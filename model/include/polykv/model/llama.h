@@ -32,6 +32,9 @@ struct ModelConfig {
   int32_t vocab = 0;
   int32_t max_positions = 0;  ///< context length the model was trained for
   float rope_theta = 10000.f;
+  /// Linear RoPE scaling (HF rope_scaling {type: linear, factor}): positions are divided
+  /// by this factor; 1 = none.
+  float rope_linear_scale = 1.f;
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;
   int32_t bos_id = -1;

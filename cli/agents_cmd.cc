@@ -1,0 +1,454 @@
+// `polykv-cli agents run`: launches N separate `polykv-cli agent --json` processes against
+// one pool (posix_spawn, bounded concurrency), collects their answers and peak RSS
+// (wait4 rusage) and prints the memory/TTFT summary against a re-prefill baseline.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "polykv/client.h"
+#include "polykv/status.h"
+
+extern char** environ;
+
+namespace polykv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct AgentsArgs {
+  std::string pool;
+  std::string model;
+  std::string questions;
+  bool ids = false;      // question lines are token ids
+  bool raw = false;      // do not wrap questions in the chat template
+  int n = 4;
+  int jobs = 0;
+  int max_new_tokens = 48;
+  int threads = 0;       // per agent; 0 = cores / jobs
+  bool baseline = true;
+  bool json_out = false;
+  std::string endpoint;
+  int timeout_ms = 5000;
+};
+
+struct Child {
+  int index = 0;
+  std::string prompt;
+  pid_t pid = -1;
+  int exit_code = -1;
+  int signal = 0;
+  uint64_t max_rss_bytes = 0;
+  double wall_ms = 0;
+  std::chrono::steady_clock::time_point start;
+  std::string out_path, err_path;
+  json result;  // parsed stdout
+  std::string error;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string SelfExe() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("polykv-cli") : p.string();
+}
+
+StatusOr<std::vector<std::string>> ReadQuestions(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError("cannot open questions file " + path);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    out.push_back(line);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("questions file " + path + " has no questions");
+  return out;
+}
+
+StatusOr<polykv_pool_info> FindPool(const AgentsArgs& a) {
+  polykv_client* c = nullptr;
+  polykv_status s =
+      polykv_connect(a.endpoint.empty() ? nullptr : a.endpoint.c_str(), a.timeout_ms, &c);
+  if (s != POLYKV_OK) {
+    return Status(static_cast<absl::StatusCode>(s),
+                  std::string("cannot reach polykvd: ") + polykv_last_error());
+  }
+  polykv_pool_info info{};
+  s = polykv_pool_info_by_id(c, a.pool.c_str(), &info);
+  std::string detail = polykv_last_error();
+  polykv_disconnect(c);
+  if (s == POLYKV_NOT_FOUND) {
+    return absl::NotFoundError("unknown pool " + a.pool + " (see `polykv-cli pools list`)");
+  }
+  if (s != POLYKV_OK) {
+    return Status(static_cast<absl::StatusCode>(s), "pool " + a.pool + ": " + detail);
+  }
+  return info;
+}
+
+std::vector<std::string> AgentArgv(const AgentsArgs& a, const std::string& exe,
+                                   const std::string& prompt, int threads, bool baseline) {
+  std::vector<std::string> v = {exe, "agent", "--pool", a.pool, "--model", a.model, "--json",
+                                "--max-new-tokens", std::to_string(a.max_new_tokens),
+                                "--threads", std::to_string(threads),
+                                "--timeout-ms", std::to_string(a.timeout_ms)};
+  if (!a.endpoint.empty()) v.insert(v.end(), {"--endpoint", a.endpoint});
+  if (a.ids) {
+    v.insert(v.end(), {"--prompt-ids", prompt});
+  } else {
+    v.insert(v.end(), {"--prompt", prompt});
+    if (!a.raw) v.push_back("--chat");
+  }
+  if (baseline) v.push_back("--baseline-prefill");
+  return v;
+}
+
+Status Spawn(Child& c, const std::vector<std::string>& argv) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, c.out_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, c.err_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  std::vector<char*> cargv;
+  for (const auto& s : argv) cargv.push_back(const_cast<char*>(s.c_str()));
+  cargv.push_back(nullptr);
+  c.start = std::chrono::steady_clock::now();
+  int rc = posix_spawn(&c.pid, cargv[0], &fa, nullptr, cargv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {
+    return absl::InternalError("posix_spawn " + argv[0] + ": " + std::strerror(rc));
+  }
+  return absl::OkStatus();
+}
+
+void Finish(Child& c, int status, const struct rusage& ru) {
+  c.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                         c.start).count();
+  c.max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  if (WIFEXITED(status)) c.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) c.signal = WTERMSIG(status);
+  std::string out = ReadFile(c.out_path);
+  if (c.exit_code == 0) {
+    try {
+      c.result = json::parse(out);
+    } catch (const std::exception& e) {
+      c.error = std::string("unparsable agent output: ") + e.what();
+    }
+  } else {
+    std::string err = ReadFile(c.err_path);
+    while (!err.empty() && err.back() == '\n') err.pop_back();
+    size_t nl = err.rfind('\n');
+    c.error = c.signal ? "killed by signal " + std::to_string(c.signal)
+                       : (nl == std::string::npos ? err : err.substr(nl + 1));
+    if (c.error.empty()) c.error = "exit code " + std::to_string(c.exit_code);
+  }
+}
+
+// Runs `children` with at most `jobs` alive at once.
+Status RunAll(std::vector<Child>& children, int jobs,
+              const std::function<std::vector<std::string>(const Child&)>& argv_of) {
+  std::map<pid_t, size_t> alive;
+  size_t next = 0;
+  while (next < children.size() || !alive.empty()) {
+    while (next < children.size() && static_cast<int>(alive.size()) < jobs) {
+      Child& c = children[next];
+      Status s = Spawn(c, argv_of(c));
+      if (!s.ok()) {
+        c.error = std::string(s.message());
+      } else {
+        alive[c.pid] = next;
+      }
+      ++next;
+    }
+    if (alive.empty()) continue;
+    int status = 0;
+    struct rusage ru {};
+    pid_t pid = wait4(-1, &status, 0, &ru);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(std::string("wait4: ") + std::strerror(errno));
+    }
+    auto it = alive.find(pid);
+    if (it == alive.end()) continue;  // not ours
+    Finish(children[it->second], status, ru);
+    alive.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+double Mean(const std::vector<double>& v) {
+  if (v.empty()) return 0;
+  double s = 0;
+  for (double x : v) s += x;
+  return s / v.size();
+}
+
+std::string MiB(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", b / 1048576.0);
+  return buf;
+}
+
+std::string OneLine(std::string s) {
+  for (char& c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return s;
+}
+
+Status RunAgents(const AgentsArgs& a) {
+  POLYKV_ASSIGN_OR_RETURN(polykv_pool_info info, FindPool(a));
+  POLYKV_ASSIGN_OR_RETURN(std::vector<std::string> questions, ReadQuestions(a.questions));
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  const int jobs = a.jobs > 0 ? a.jobs : cores;
+  const int threads = a.threads > 0 ? a.threads : std::max(1, cores / jobs);
+  const std::string exe = SelfExe();
+
+  char tmpl[] = "/tmp/polykv-agents-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
+  const std::string dir = tmpl;
+  struct DirCleanup {
+    std::string d;
+    ~DirCleanup() {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+    }
+  } cleanup{dir};
+
+  std::vector<Child> children(a.n);
+  for (int i = 0; i < a.n; ++i) {
+    children[i].index = i;
+    children[i].prompt = questions[i % questions.size()];
+    children[i].out_path = dir + "/agent" + std::to_string(i) + ".out";
+    children[i].err_path = dir + "/agent" + std::to_string(i) + ".err";
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  POLYKV_RETURN_IF_ERROR(RunAll(children, jobs, [&](const Child& c) {
+    return AgentArgv(a, exe, c.prompt, threads, false);
+  }));
+  const double all_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+
+  // Baseline in the same run: one agent alone, pool path then re-prefill (all cores).
+  std::vector<Child> base(a.baseline ? 1 : 0);
+  if (a.baseline) {
+    base[0].index = -1;
+    base[0].prompt = questions[0];
+    base[0].out_path = dir + "/baseline.out";
+    base[0].err_path = dir + "/baseline.err";
+    POLYKV_RETURN_IF_ERROR(RunAll(base, 1, [&](const Child& c) {
+      return AgentArgv(a, exe, c.prompt, std::max(threads, cores), true);
+    }));
+  }
+
+  // ---- collect ----
+  int ok = 0;
+  uint64_t private_sum = 0, private_max = 0, rss_max = 0;
+  std::vector<double> ttft, attach, decode, tps;
+  for (const Child& c : children) {
+    rss_max = std::max(rss_max, c.max_rss_bytes);
+    if (!c.error.empty()) continue;
+    ++ok;
+    const json& s = c.result["stats"];
+    uint64_t pk = s.value("private_kv_bytes", uint64_t{0});
+    private_sum += pk;
+    private_max = std::max(private_max, pk);
+    ttft.push_back(s.value("ttft_ms", 0.0));
+    attach.push_back(s.value("attach_ms", 0.0));
+    decode.push_back(s.value("decode_ms", 0.0));
+    tps.push_back(s.value("tokens_per_s", 0.0));
+  }
+  const uint64_t n_bf16 = info.bf16_bytes * static_cast<uint64_t>(a.n);
+  const int concurrent = std::min(jobs, a.n);
+  json summary = {
+      {"pool_id", info.id},
+      {"codec", info.codec},
+      {"document_tokens", info.tokens},
+      {"agents", a.n},
+      {"agents_ok", ok},
+      {"jobs", jobs},
+      {"threads_per_agent", threads},
+      {"wall_ms", all_ms},
+      {"pool_bytes", info.total_bytes},
+      {"bf16_cache_bytes_per_agent", info.bf16_bytes},
+      {"n_private_bf16_bytes", n_bf16},
+      {"ratio_n_bf16_over_pool",
+       info.total_bytes ? static_cast<double>(n_bf16) / info.total_bytes : 0.0},
+      {"agents_private_kv_bytes_sum", private_sum},
+      {"agents_private_kv_bytes_max", private_max},
+      {"peak_concurrent_kv_bytes", info.total_bytes + private_max * concurrent},
+      {"max_agent_peak_rss_bytes", rss_max},
+      {"mean_attach_ms", Mean(attach)},
+      {"mean_decode_ms", Mean(decode)},
+      {"mean_ttft_ms", Mean(ttft)},
+      {"mean_tokens_per_s", Mean(tps)}};
+  if (a.baseline && base[0].error.empty() && base[0].result.contains("baseline")) {
+    const json& b = base[0].result["baseline"];
+    summary["solo_pool_ttft_ms"] = base[0].result["stats"].value("ttft_ms", 0.0);
+    summary["solo_prefill_ttft_ms"] = b.value("ttft_ms", 0.0);
+    summary["solo_prefill_ms"] = b.value("prefill_ms", 0.0);
+    summary["baseline_outputs_match"] = b.value("match", false);
+    summary["baseline_private_kv_bytes"] = b.value("private_kv_bytes", uint64_t{0});
+  } else if (a.baseline) {
+    summary["baseline_error"] = base[0].error;
+  }
+
+  if (a.json_out) {
+    json agents = json::array();
+    for (const Child& c : children) {
+      json j = {{"index", c.index}, {"prompt", c.prompt}, {"pid", c.pid},
+                {"exit_code", c.exit_code}, {"signal", c.signal},
+                {"peak_rss_bytes", c.max_rss_bytes}, {"wall_ms", c.wall_ms}};
+      if (c.error.empty()) j["result"] = c.result; else j["error"] = c.error;
+      agents.push_back(j);
+    }
+    json out = {{"summary", summary}, {"agents", agents}};
+    if (a.baseline) {
+      out["baseline"] = base[0].error.empty() ? base[0].result : json{{"error", base[0].error}};
+    }
+    std::cout << out.dump(2) << std::endl;
+  } else {
+    for (const Child& c : children) {
+      std::printf("[agent %d] Q: %s\n", c.index, OneLine(c.prompt).c_str());
+      if (c.error.empty()) {
+        std::string ans = c.result.value("answer", std::string());
+        if (ans.empty()) {
+          ans.clear();
+          for (int id : c.result["answer_ids"]) ans += std::to_string(id) + " ";
+        }
+        std::printf("[agent %d] A: %s\n", c.index, OneLine(ans).c_str());
+      } else {
+        std::printf("[agent %d] FAILED: %s\n", c.index, c.error.c_str());
+      }
+    }
+    std::printf("\n%-6s %-8s %7s %7s %9s %9s %9s %9s %8s %12s %12s\n", "agent", "pid",
+                "prompt", "new", "attach", "decode", "TTFT", "gen", "tok/s", "private KV",
+                "peak RSS");
+    std::printf("%-6s %-8s %7s %7s %9s %9s %9s %9s %8s %12s %12s\n", "", "", "tokens",
+                "tokens", "ms", "ms", "ms", "ms", "", "MiB", "MiB");
+    for (const Child& c : children) {
+      if (!c.error.empty()) {
+        std::printf("%-6d %-8d FAILED (%s)\n", c.index, static_cast<int>(c.pid), c.error.c_str());
+        continue;
+      }
+      const json& s = c.result["stats"];
+      std::printf("%-6d %-8d %7lld %7lld %9.1f %9.1f %9.1f %9.1f %8.1f %12.2f %12.1f\n",
+                  c.index, static_cast<int>(c.pid), s.value("prompt_tokens", 0LL),
+                  s.value("new_tokens", 0LL), s.value("attach_ms", 0.0),
+                  s.value("decode_ms", 0.0), s.value("ttft_ms", 0.0),
+                  s.value("generation_ms", 0.0), s.value("tokens_per_s", 0.0),
+                  s.value("private_kv_bytes", uint64_t{0}) / 1048576.0,
+                  c.max_rss_bytes / 1048576.0);
+    }
+    std::printf("\n%-58s %s\n", "figure", "value");
+    std::printf("%-58s %s (%s, %llu tokens, one copy for all agents)\n", "shared pool",
+                MiB(info.total_bytes).c_str(), info.codec, (unsigned long long)info.tokens);
+    std::printf("%-58s %s\n", "N private bf16 caches of the document (N x bf16)",
+                MiB(n_bf16).c_str());
+    std::printf("%-58s %.2fx\n", "ratio N x bf16 / pool",
+                info.total_bytes ? static_cast<double>(n_bf16) / info.total_bytes : 0.0);
+    std::printf("%-58s %s per agent (%s summed over %d agents)\n",
+                "agents' transient decode caches (model dtype, measured)",
+                MiB(private_max).c_str(), MiB(private_sum).c_str(), ok);
+    std::printf("%-58s %s (pool + %d concurrent agents)\n", "peak KV bytes at once (-j bound)",
+                MiB(info.total_bytes + private_max * concurrent).c_str(), concurrent);
+    std::printf("%-58s %.1f MiB\n", "max agent peak RSS (wait4)", rss_max / 1048576.0);
+    std::printf("%-58s %.1f / %.1f / %.1f ms\n", "mean attach / decode / TTFT (N agents)",
+                Mean(attach), Mean(decode), Mean(ttft));
+    if (summary.contains("solo_pool_ttft_ms")) {
+      const double pool_ttft = summary["solo_pool_ttft_ms"], pre = summary["solo_prefill_ttft_ms"];
+      std::printf("%-58s %.1f ms\n", "TTFT via pool, agent alone (attach+decode+prompt+1st)",
+                  pool_ttft);
+      std::printf("%-58s %.1f ms (prefill %.1f ms)\n",
+                  "TTFT re-prefilling the document, same run", pre,
+                  summary["solo_prefill_ms"].get<double>());
+      std::printf("%-58s %.2fx\n", "TTFT speedup (re-prefill / pool)",
+                  pool_ttft > 0 ? pre / pool_ttft : 0.0);
+      std::printf("%-58s %s\n", "greedy outputs pool vs re-prefill",
+                  summary["baseline_outputs_match"].get<bool>() ? "match" : "differ");
+    } else if (summary.contains("baseline_error")) {
+      std::printf("%-58s FAILED: %s\n", "baseline", summary["baseline_error"].get<std::string>().c_str());
+    }
+    std::printf("%-58s %d of %d in %.1f s (-j %d, %d threads each)\n", "agents succeeded", ok,
+                a.n, all_ms / 1000.0, jobs, threads);
+  }
+  if (ok != a.n) {
+    return absl::AbortedError(std::to_string(a.n - ok) + " of " + std::to_string(a.n) +
+                              " agents failed");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterAgentsCommands(CLI::App& app) {
+  auto args = std::make_shared<AgentsArgs>();
+  CLI::App* grp = app.add_subcommand("agents", "Launch many agent processes on one pool");
+  grp->require_subcommand(1);
+  CLI::App* run = grp->add_subcommand(
+      "run", "Start N separate `polykv-cli agent` processes, print answers and a summary table");
+  run->add_option("--pool", args->pool, "pool id")->required();
+  run->add_option("--model", args->model, "the pool's model")->required();
+  run->add_option("--questions", args->questions,
+                  "file with one question per line (cycled when N exceeds it)")
+      ->required();
+  run->add_flag("--ids", args->ids, "question lines are prompt token ids (1,2,3)");
+  run->add_flag("--raw", args->raw, "do not wrap questions in the ChatML template");
+  run->add_option("-n,--agents", args->n, "number of agent processes")
+      ->check(CLI::Range(1, 4096));
+  run->add_option("-j,--jobs", args->jobs, "agents alive at once (default: cores)")
+      ->check(CLI::Range(0, 4096));
+  run->add_option("--max-new-tokens", args->max_new_tokens, "tokens per answer")
+      ->check(CLI::Range(0, 1 << 20));
+  run->add_option("--threads", args->threads, "compute threads per agent (default cores/-j)")
+      ->check(CLI::Range(0, 1024));
+  run->add_flag("!--no-baseline", args->baseline,
+                "skip the re-prefill baseline agent run after the N agents");
+  run->add_flag("--json", args->json_out, "machine-readable output");
+  run->add_option("--endpoint", args->endpoint, "polykvd endpoint");
+  run->add_option("--timeout-ms", args->timeout_ms, "per-request timeout")
+      ->check(CLI::Range(1, 3600000));
+  run->callback([args] {
+    Status s = RunAgents(*args);
+    if (!s.ok()) {
+      std::cerr << "error: " << absl::StatusCodeToString(s.code()) << ": " << s.message()
+                << std::endl;
+      ExitCode() = 1;
+    }
+  });
+}
+
+}  // namespace polykv::cli

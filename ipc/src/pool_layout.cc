@@ -1,0 +1,479 @@
+// The pool format: layout computation, PoolWriter (encode into a region) and PoolReader
+// (validate and decode a published region). See pool_layout.h for the diagram.
+#include "polykv/ipc/pool_layout.h"
+
+#include <xxhash.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "device_memory.h"
+
+namespace polykv::ipc {
+namespace {
+
+using kernels::Device;
+using kernels::DType;
+
+constexpr uint64_t AlignUp(uint64_t x) {
+  return (x + kPoolSectionAlign - 1) / kPoolSectionAlign * kPoolSectionAlign;
+}
+
+kernels::LayerShape ShapeOf(const PoolParams& p) {
+  kernels::LayerShape s;
+  s.kv_heads = static_cast<int32_t>(p.kv_heads);
+  s.tokens = static_cast<int64_t>(p.tokens);
+  s.head_dim = static_cast<int32_t>(p.head_dim);
+  return s;
+}
+
+// ---- dtype conversion for PoolCodec::kNone (host only) ----
+
+float Bf16ToF32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t F32ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+float F16ToF32(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal
+      float f = std::ldexp(static_cast<float>(man), -24);
+      return sign ? -f : f;
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t F32ToF16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7e00u;         // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;        // overflow -> inf
+  if (abs < 0x38800000u) {                              // subnormal or zero
+    float a;
+    std::memcpy(&a, &abs, 4);
+    return sign | static_cast<uint16_t>(std::nearbyint(a * 16777216.0f));
+  }
+  uint32_t mant_odd = (abs >> 13) & 1u;
+  abs += 0xc8000fffu + mant_odd;  // rebias exponent (-112 << 23) and round to nearest even
+  return sign | static_cast<uint16_t>(abs >> 13);
+}
+
+float LoadAsF32(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kF16:
+      return F16ToF32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBF16:
+      return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0;
+}
+void StoreF32(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(p)[i] = F32ToF16(v);
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = F32ToBf16(v);
+      break;
+  }
+}
+
+// Copies `elements` from src (src_t) to dst (dst_t), on the host or within one device.
+Status CopyConvert(void* dst, DType dst_t, const void* src, DType src_t, int64_t elements,
+                   Device device, kernels::Stream stream) {
+  const uint64_t bytes = static_cast<uint64_t>(elements) * kernels::DTypeSize(src_t);
+  if (device == Device::kCuda) {
+    if (dst_t != src_t) {
+      return absl::UnimplementedError(
+          "dtype conversion of raw (codec none) pools is not implemented on CUDA");
+    }
+    return internal::CopyDeviceToDevice(dst, src, bytes, stream);
+  }
+  if (dst_t == src_t) {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  for (int64_t i = 0; i < elements; ++i) StoreF32(dst, dst_t, i, LoadAsF32(src, src_t, i));
+  return absl::OkStatus();
+}
+
+Status CopyIn(void* dst, const void* host_src, uint64_t bytes, Device device) {
+  if (device == Device::kCuda) return internal::CopyToDevice(dst, host_src, bytes);
+  std::memcpy(dst, host_src, bytes);
+  return absl::OkStatus();
+}
+
+Status CopyOut(void* host_dst, const void* src, uint64_t bytes, Device device) {
+  if (device == Device::kCuda) return internal::CopyToHost(host_dst, src, bytes);
+  std::memcpy(host_dst, src, bytes);
+  return absl::OkStatus();
+}
+
+// XXH64 of [data, data+bytes), streaming through a host buffer for device memory.
+StatusOr<uint64_t> ChecksumRange(const uint8_t* data, uint64_t bytes, Device device) {
+  if (device == Device::kCpu) return Checksum64(data, bytes);
+  std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(),
+                                                                     &XXH64_freeState);
+  if (!state) return absl::ResourceExhaustedError("XXH64_createState failed");
+  XXH64_reset(state.get(), 0);
+  constexpr uint64_t kChunk = 16u << 20;
+  std::vector<uint8_t> buf(std::min<uint64_t>(kChunk, bytes));
+  for (uint64_t off = 0; off < bytes; off += kChunk) {
+    uint64_t n = std::min(kChunk, bytes - off);
+    POLYKV_RETURN_IF_ERROR(internal::CopyToHost(buf.data(), data + off, n));
+    XXH64_update(state.get(), buf.data(), n);
+  }
+  return XXH64_digest(state.get());
+}
+
+uint64_t HeaderChecksum(const PoolHeader& h) {
+  PoolHeader copy = h;
+  copy.header_checksum = 0;
+  return Checksum64(&copy, sizeof(copy));
+}
+
+Status CheckLayerArgs(uint32_t layer, uint32_t layers) {
+  if (layer >= layers) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", layer, " out of range [0, ", layers, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+StatusOr<PoolLayout> ComputePoolLayout(const PoolParams& p) {
+  if (p.layers < 1) return absl::InvalidArgumentError("pool layers must be >= 1");
+  if (p.kv_heads < 1) return absl::InvalidArgumentError("pool kv_heads must be >= 1");
+  if (p.head_dim < 1) return absl::InvalidArgumentError("pool head_dim must be >= 1");
+  if (p.tokens < 1) return absl::InvalidArgumentError("pool tokens must be >= 1");
+  if (p.tokens > (uint64_t{1} << 31)) {
+    return absl::InvalidArgumentError(absl::StrCat("pool tokens ", p.tokens, " exceed 2^31"));
+  }
+  if (p.layers > 4096 || p.kv_heads > 4096 || p.head_dim > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat("pool shape layers=", p.layers, " kv_heads=",
+                                                   p.kv_heads, " head_dim=", p.head_dim,
+                                                   " is implausibly large"));
+  }
+  if (p.model_fingerprint.size() >= sizeof(PoolHeader::model_fingerprint) ||
+      p.tokenizer_fingerprint.size() >= sizeof(PoolHeader::tokenizer_fingerprint)) {
+    return absl::InvalidArgumentError("pool fingerprints must be shorter than 72 chars");
+  }
+  const kernels::LayerShape shape = ShapeOf(p);
+  PoolLayout l;
+  uint64_t off = kPoolHeaderBytes;
+  l.token_ids = off;
+  off = AlignUp(off + 4 * p.tokens);
+  const uint64_t elements = static_cast<uint64_t>(shape.elements());
+  switch (p.codec) {
+    case PoolCodec::kNone: {
+      if (p.raw_dtype != DType::kF32 && p.raw_dtype != DType::kF16 &&
+          p.raw_dtype != DType::kBF16) {
+        return absl::InvalidArgumentError("pool raw_dtype must be f32, f16 or bf16");
+      }
+      const uint64_t raw = elements * kernels::DTypeSize(p.raw_dtype);
+      for (uint32_t i = 0; i < p.layers; ++i) {
+        LayerOffsets lo;
+        lo.k = off;
+        off = AlignUp(off + raw);
+        lo.v = off;
+        off = AlignUp(off + raw);
+        lo.k_scales = lo.v_norms = 0;
+        lo.end = off;
+        l.layer.push_back(lo);
+        l.key_codes += raw;
+        l.value_codes += raw;
+      }
+      break;
+    }
+    case PoolCodec::kK8V: {
+      const auto& c = p.codec_config;
+      if (c.key_bits != 8) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("codec key_bits must be 8, got ", c.key_bits));
+      }
+      if (c.value_bits < 2 || c.value_bits > 4) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("codec value_bits must be 2, 3 or 4, got ", c.value_bits));
+      }
+      if (c.key_scale != kernels::KeyScaleMode::kPerTensor &&
+          c.key_scale != kernels::KeyScaleMode::kPerHead &&
+          c.key_scale != kernels::KeyScaleMode::kPerChannel) {
+        return absl::InvalidArgumentError("codec key_scale mode is unknown");
+      }
+      const uint64_t kc = elements;
+      const uint64_t ks = 4 * static_cast<uint64_t>(kernels::KeyScaleCount(shape, c.key_scale));
+      const uint64_t vc = static_cast<uint64_t>(shape.vectors()) *
+                          static_cast<uint64_t>(kernels::PackedVectorBytes(shape.head_dim,
+                                                                           c.value_bits));
+      const uint64_t vn = 4 * static_cast<uint64_t>(shape.vectors());
+      for (uint32_t i = 0; i < p.layers; ++i) {
+        LayerOffsets lo;
+        lo.k = off;
+        off = AlignUp(off + kc);
+        lo.k_scales = off;
+        off = AlignUp(off + ks);
+        lo.v = off;
+        off = AlignUp(off + vc);
+        lo.v_norms = off;
+        off = AlignUp(off + vn);
+        lo.end = off;
+        l.layer.push_back(lo);
+        l.key_codes += kc;
+        l.key_scales += ks;
+        l.value_codes += vc;
+        l.value_norms += vn;
+      }
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool codec ", static_cast<uint32_t>(p.codec), " is unknown"));
+  }
+  l.total_bytes = off;
+  l.overhead = l.total_bytes - l.key_codes - l.key_scales - l.value_codes - l.value_norms;
+  return l;
+}
+
+uint64_t Bf16CacheBytes(const PoolParams& p) {
+  return uint64_t{2} * 2 * p.layers * p.kv_heads * p.tokens * p.head_dim;
+}
+
+// ---------------------------------------------------------------------------------------
+// PoolWriter
+// ---------------------------------------------------------------------------------------
+
+StatusOr<PoolWriter> PoolWriter::Create(void* base, uint64_t size, const PoolParams& params,
+                                        absl::Span<const uint8_t> pool_id,
+                                        absl::Span<const int32_t> token_ids,
+                                        kernels::Device device) {
+  if (base == nullptr) return absl::InvalidArgumentError("pool region is null");
+  POLYKV_ASSIGN_OR_RETURN(PoolLayout layout, ComputePoolLayout(params));
+  if (size < layout.total_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("pool region of ", size,
+                                                   " bytes is smaller than the layout's ",
+                                                   layout.total_bytes, " bytes"));
+  }
+  if (token_ids.size() != params.tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("got ", token_ids.size(),
+                                                   " token ids for a pool of ", params.tokens,
+                                                   " tokens"));
+  }
+  if (pool_id.size() > sizeof(PoolHeader::pool_id)) {
+    return absl::InvalidArgumentError("pool id must be at most 32 bytes");
+  }
+  PoolWriter w;
+  w.base_ = base;
+  w.size_ = size;
+  w.params_ = params;
+  w.layout_ = std::move(layout);
+  w.written_.assign(params.layers, false);
+  w.pool_id_.assign(pool_id.begin(), pool_id.end());
+  w.device_ = device;
+  // An all-zero header (no magic) until Finalize: a half-written pool never reads as valid.
+  std::vector<uint8_t> zeros(kPoolHeaderBytes, 0);
+  POLYKV_RETURN_IF_ERROR(CopyIn(base, zeros.data(), zeros.size(), device));
+  POLYKV_RETURN_IF_ERROR(CopyIn(static_cast<uint8_t*>(base) + w.layout_.token_ids,
+                                token_ids.data(), 4 * token_ids.size(), device));
+  return w;
+}
+
+Status PoolWriter::WriteLayer(uint32_t layer, const void* k, const void* v,
+                              kernels::DType dtype) {
+  POLYKV_RETURN_IF_ERROR(CheckLayerArgs(layer, params_.layers));
+  if (k == nullptr || v == nullptr) return absl::InvalidArgumentError("K or V is null");
+  const LayerOffsets& lo = layout_.layer[layer];
+  uint8_t* base = static_cast<uint8_t*>(base_);
+  const kernels::LayerShape shape = ShapeOf(params_);
+  if (params_.codec == PoolCodec::kNone) {
+    POLYKV_RETURN_IF_ERROR(CopyConvert(base + lo.k, params_.raw_dtype, k, dtype,
+                                       shape.elements(), device_, nullptr));
+    POLYKV_RETURN_IF_ERROR(CopyConvert(base + lo.v, params_.raw_dtype, v, dtype,
+                                       shape.elements(), device_, nullptr));
+  } else {
+    const auto& c = params_.codec_config;
+    POLYKV_RETURN_IF_ERROR(kernels::QuantizeKeys(k, dtype, shape, c.key_scale,
+                                                 reinterpret_cast<int8_t*>(base + lo.k),
+                                                 reinterpret_cast<float*>(base + lo.k_scales),
+                                                 device_));
+    POLYKV_RETURN_IF_ERROR(kernels::EncodeValues(v, dtype, shape, c, base + lo.v,
+                                                 reinterpret_cast<float*>(base + lo.v_norms),
+                                                 device_));
+  }
+  written_[layer] = true;
+  return absl::OkStatus();
+}
+
+Status PoolWriter::Finalize() {
+  for (uint32_t i = 0; i < params_.layers; ++i) {
+    if (!written_[i]) {
+      return absl::FailedPreconditionError(absl::StrCat("layer ", i, " was not written"));
+    }
+  }
+  PoolHeader h;
+  std::memset(&h, 0, sizeof(h));
+  std::memcpy(h.magic, kPoolMagic, sizeof(h.magic));
+  h.format_version = kPoolFormatVersion;
+  h.header_bytes = kPoolHeaderBytes;
+  h.total_bytes = layout_.total_bytes;
+  std::memcpy(h.pool_id, pool_id_.data(), pool_id_.size());
+  std::memcpy(h.model_fingerprint, params_.model_fingerprint.data(),
+              params_.model_fingerprint.size());
+  std::memcpy(h.tokenizer_fingerprint, params_.tokenizer_fingerprint.data(),
+              params_.tokenizer_fingerprint.size());
+  h.layers = params_.layers;
+  h.kv_heads = params_.kv_heads;
+  h.head_dim = params_.head_dim;
+  h.codec = static_cast<uint32_t>(params_.codec);
+  h.tokens = params_.tokens;
+  h.raw_dtype = static_cast<uint32_t>(params_.raw_dtype);
+  h.key_bits = static_cast<uint32_t>(params_.codec_config.key_bits);
+  h.value_bits = static_cast<uint32_t>(params_.codec_config.value_bits);
+  h.key_scale_mode = static_cast<uint32_t>(params_.codec_config.key_scale);
+  h.rotation_seed = params_.codec_config.rotation_seed;
+  h.norm_correction = params_.codec_config.norm_correction ? 1 : 0;
+  const uint8_t* base = static_cast<const uint8_t*>(base_);
+  POLYKV_ASSIGN_OR_RETURN(h.payload_checksum,
+                          ChecksumRange(base + kPoolHeaderBytes,
+                                        layout_.total_bytes - kPoolHeaderBytes, device_));
+  h.header_checksum = HeaderChecksum(h);
+  return CopyIn(base_, &h, sizeof(h), device_);
+}
+
+// ---------------------------------------------------------------------------------------
+// PoolReader
+// ---------------------------------------------------------------------------------------
+
+StatusOr<PoolReader> PoolReader::Open(const void* base, uint64_t size, bool verify_payload,
+                                      kernels::Device device) {
+  if (base == nullptr) return absl::InvalidArgumentError("pool region is null");
+  if (size < kPoolHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("pool region of ", size,
+                                                   " bytes is smaller than the ",
+                                                   kPoolHeaderBytes, "-byte header"));
+  }
+  PoolReader r;
+  r.base_ = static_cast<const uint8_t*>(base);
+  r.size_ = size;
+  r.device_ = device;
+  PoolHeader& h = r.header_;
+  POLYKV_RETURN_IF_ERROR(CopyOut(&h, base, sizeof(h), device));
+  if (std::memcmp(h.magic, kPoolMagic, sizeof(h.magic)) != 0) {
+    return absl::DataLossError("pool header magic is not \"PKVPOOL1\" (not a pool, or unfinished)");
+  }
+  if (h.format_version != kPoolFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("pool format version ", h.format_version,
+                                                   " is not supported (expected ",
+                                                   kPoolFormatVersion, ")"));
+  }
+  if (HeaderChecksum(h) != h.header_checksum) {
+    return absl::DataLossError("pool header checksum mismatch (header corrupted)");
+  }
+  if (h.header_bytes != kPoolHeaderBytes) {
+    return absl::DataLossError(absl::StrCat("pool header_bytes ", h.header_bytes, " != ",
+                                            kPoolHeaderBytes));
+  }
+  if (h.total_bytes > size) {
+    return absl::InvalidArgumentError(absl::StrCat("pool region of ", size,
+                                                   " bytes is smaller than its total_bytes ",
+                                                   h.total_bytes, " (truncated)"));
+  }
+  PoolParams& p = r.params_;
+  p.layers = h.layers;
+  p.kv_heads = h.kv_heads;
+  p.head_dim = h.head_dim;
+  p.tokens = h.tokens;
+  p.codec = static_cast<PoolCodec>(h.codec);
+  p.raw_dtype = static_cast<DType>(h.raw_dtype);
+  p.codec_config.key_bits = static_cast<int32_t>(h.key_bits);
+  p.codec_config.value_bits = static_cast<int32_t>(h.value_bits);
+  p.codec_config.key_scale = static_cast<kernels::KeyScaleMode>(h.key_scale_mode);
+  p.codec_config.rotation_seed = h.rotation_seed;
+  p.codec_config.norm_correction = h.norm_correction != 0;
+  p.model_fingerprint.assign(h.model_fingerprint,
+                             strnlen(h.model_fingerprint, sizeof(h.model_fingerprint)));
+  p.tokenizer_fingerprint.assign(
+      h.tokenizer_fingerprint, strnlen(h.tokenizer_fingerprint, sizeof(h.tokenizer_fingerprint)));
+  auto layout = ComputePoolLayout(p);
+  if (!layout.ok()) {
+    return absl::DataLossError(absl::StrCat("pool header describes an invalid pool: ",
+                                            layout.status().message()));
+  }
+  if (layout->total_bytes != h.total_bytes) {
+    return absl::DataLossError(absl::StrCat("pool header total_bytes ", h.total_bytes,
+                                            " != computed layout ", layout->total_bytes));
+  }
+  r.layout_ = *std::move(layout);
+  if (verify_payload) POLYKV_RETURN_IF_ERROR(r.VerifyPayload());
+  return r;
+}
+
+std::vector<int32_t> PoolReader::TokenIds() const {
+  std::vector<int32_t> ids(params_.tokens);
+  Status s = CopyOut(ids.data(), base_ + layout_.token_ids, 4 * ids.size(), device_);
+  if (!s.ok()) ids.clear();
+  return ids;
+}
+
+Status PoolReader::DecodeLayer(uint32_t layer, void* k_out, void* v_out,
+                               kernels::DType out_dtype, kernels::Stream stream) const {
+  POLYKV_RETURN_IF_ERROR(CheckLayerArgs(layer, params_.layers));
+  if (k_out == nullptr || v_out == nullptr) {
+    return absl::InvalidArgumentError("K or V output is null");
+  }
+  const LayerOffsets& lo = layout_.layer[layer];
+  const kernels::LayerShape shape = ShapeOf(params_);
+  if (params_.codec == PoolCodec::kNone) {
+    POLYKV_RETURN_IF_ERROR(CopyConvert(k_out, out_dtype, base_ + lo.k, params_.raw_dtype,
+                                       shape.elements(), device_, stream));
+    return CopyConvert(v_out, out_dtype, base_ + lo.v, params_.raw_dtype, shape.elements(),
+                       device_, stream);
+  }
+  const auto& c = params_.codec_config;
+  POLYKV_RETURN_IF_ERROR(kernels::DequantizeKeys(
+      reinterpret_cast<const int8_t*>(base_ + lo.k),
+      reinterpret_cast<const float*>(base_ + lo.k_scales), shape, c.key_scale, k_out,
+      out_dtype, device_, stream));
+  return kernels::DecodeValues(base_ + lo.v, reinterpret_cast<const float*>(base_ + lo.v_norms),
+                               shape, c, v_out, out_dtype, device_, stream);
+}
+
+Status PoolReader::VerifyPayload() const {
+  POLYKV_ASSIGN_OR_RETURN(uint64_t sum, ChecksumRange(base_ + kPoolHeaderBytes,
+                                                      header_.total_bytes - kPoolHeaderBytes,
+                                                      device_));
+  if (sum != header_.payload_checksum) {
+    return absl::DataLossError(absl::StrCat("pool payload checksum mismatch: computed ",
+                                            absl::Hex(sum), ", header says ",
+                                            absl::Hex(header_.payload_checksum)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace polykv::ipc

@@ -1,0 +1,528 @@
+// The polykvd control protocol: JSON encoding, decoding and validation (nlohmann-json).
+#include "polykv/ipc/protocol.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace polykv::ipc {
+namespace {
+
+using json = nlohmann::json;
+
+struct TypeName {
+  MessageType type;
+  std::string_view name;
+};
+constexpr TypeName kTypeNames[] = {
+    {MessageType::kCreatePool, "CREATE_POOL"}, {MessageType::kAttach, "ATTACH"},
+    {MessageType::kRenew, "RENEW"},            {MessageType::kDetach, "DETACH"},
+    {MessageType::kList, "LIST"},              {MessageType::kStats, "STATS"},
+    {MessageType::kEvict, "EVICT"},            {MessageType::kPing, "PING"},
+    {MessageType::kProgress, "PROGRESS"},      {MessageType::kError, "ERROR"},
+};
+
+std::string Hex(const uint8_t* data, size_t n) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    out[2 * i] = kDigits[data[i] >> 4];
+    out[2 * i + 1] = kDigits[data[i] & 15];
+  }
+  return out;
+}
+
+Status Unhex(const std::string& hex, uint8_t* out, size_t n, const std::string& field) {
+  if (hex.size() != 2 * n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field '", field, "' must be ", 2 * n, " hex chars, got ", hex.size()));
+  }
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("field '", field, "' is not hex"));
+    }
+    out[i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  return absl::OkStatus();
+}
+
+// ---- typed field readers: absent -> keep default; present with the wrong type -> error ----
+
+Status WrongType(const std::string& field, const std::string& want, const json& v) {
+  return absl::InvalidArgumentError(absl::StrCat("field '", field, "' must be ", want,
+                                                 ", got ", v.type_name()));
+}
+
+Status Get(const json& j, const char* field, std::string* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_string()) return WrongType(field, "a string", *it);
+  *out = it->get<std::string>();
+  return absl::OkStatus();
+}
+
+Status Get(const json& j, const char* field, bool* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_boolean()) return WrongType(field, "a boolean", *it);
+  *out = it->get<bool>();
+  return absl::OkStatus();
+}
+
+Status Get(const json& j, const char* field, double* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number()) return WrongType(field, "a number", *it);
+  *out = it->get<double>();
+  return absl::OkStatus();
+}
+
+template <typename T>
+Status GetInt(const json& j, const char* field, T* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (it->is_number_unsigned()) {
+    uint64_t v = it->get<uint64_t>();
+    if (v > static_cast<uint64_t>(std::numeric_limits<T>::max())) {
+      return absl::InvalidArgumentError(absl::StrCat("field '", field, "' out of range"));
+    }
+    *out = static_cast<T>(v);
+    return absl::OkStatus();
+  }
+  if (it->is_number_integer()) {
+    int64_t v = it->get<int64_t>();
+    if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+        (v > 0 && static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<T>::max()))) {
+      return absl::InvalidArgumentError(absl::StrCat("field '", field, "' out of range"));
+    }
+    *out = static_cast<T>(v);
+    return absl::OkStatus();
+  }
+  return WrongType(field, "an integer", *it);
+}
+
+// ---- PoolInfo / MemoryHandle ----
+
+json PoolInfoToJson(const PoolInfo& p) {
+  return json{{"id", p.id},
+              {"model", p.model},
+              {"model_fingerprint", p.model_fingerprint},
+              {"codec", p.codec},
+              {"backend", p.backend},
+              {"tokens", p.tokens},
+              {"layers", p.layers},
+              {"kv_heads", p.kv_heads},
+              {"head_dim", p.head_dim},
+              {"total_bytes", p.total_bytes},
+              {"key_codes", p.key_codes},
+              {"key_scales", p.key_scales},
+              {"value_codes", p.value_codes},
+              {"value_norms", p.value_norms},
+              {"overhead", p.overhead},
+              {"bf16_bytes", p.bf16_bytes},
+              {"effective_ratio", p.effective_ratio},
+              {"leases", p.leases},
+              {"created_unix_ms", p.created_unix_ms},
+              {"prefill_ms", p.prefill_ms},
+              {"encode_ms", p.encode_ms},
+              {"publish_ms", p.publish_ms}};
+}
+
+StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("field '", where, "' must be an object"));
+  }
+  PoolInfo p;
+  POLYKV_RETURN_IF_ERROR(Get(j, "id", &p.id));
+  POLYKV_RETURN_IF_ERROR(Get(j, "model", &p.model));
+  POLYKV_RETURN_IF_ERROR(Get(j, "model_fingerprint", &p.model_fingerprint));
+  POLYKV_RETURN_IF_ERROR(Get(j, "codec", &p.codec));
+  POLYKV_RETURN_IF_ERROR(Get(j, "backend", &p.backend));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "tokens", &p.tokens));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "layers", &p.layers));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "kv_heads", &p.kv_heads));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "head_dim", &p.head_dim));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "total_bytes", &p.total_bytes));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "key_codes", &p.key_codes));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "key_scales", &p.key_scales));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "value_codes", &p.value_codes));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "value_norms", &p.value_norms));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "overhead", &p.overhead));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "bf16_bytes", &p.bf16_bytes));
+  POLYKV_RETURN_IF_ERROR(Get(j, "effective_ratio", &p.effective_ratio));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "leases", &p.leases));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "created_unix_ms", &p.created_unix_ms));
+  POLYKV_RETURN_IF_ERROR(Get(j, "prefill_ms", &p.prefill_ms));
+  POLYKV_RETURN_IF_ERROR(Get(j, "encode_ms", &p.encode_ms));
+  POLYKV_RETURN_IF_ERROR(Get(j, "publish_ms", &p.publish_ms));
+  return p;
+}
+
+json MemoryToJson(const MemoryHandle& m) {
+  json j{{"backend", m.backend}, {"shm_name", m.shm_name}, {"size", m.size}};
+  if (m.backend == "cuda") {
+    j["cuda"] = json{{"version", m.cuda.version},
+                     {"handle", Hex(m.cuda.handle, sizeof(m.cuda.handle))},
+                     {"offset", m.cuda.offset},
+                     {"size", m.cuda.size},
+                     {"device_uuid", Hex(m.cuda.device_uuid, sizeof(m.cuda.device_uuid))}};
+  }
+  return j;
+}
+
+StatusOr<MemoryHandle> MemoryFromJson(const json& j) {
+  if (!j.is_object()) return absl::InvalidArgumentError("field 'memory' must be an object");
+  MemoryHandle m;
+  POLYKV_RETURN_IF_ERROR(Get(j, "backend", &m.backend));
+  POLYKV_RETURN_IF_ERROR(Get(j, "shm_name", &m.shm_name));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "size", &m.size));
+  if (m.backend != "host" && m.backend != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field 'memory.backend' must be \"host\" or \"cuda\", got \"", m.backend,
+                     "\""));
+  }
+  if (auto it = j.find("cuda"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return WrongType("memory.cuda", "an object", *it);
+    std::string handle, uuid;
+    POLYKV_RETURN_IF_ERROR(GetInt(*it, "version", &m.cuda.version));
+    POLYKV_RETURN_IF_ERROR(Get(*it, "handle", &handle));
+    POLYKV_RETURN_IF_ERROR(GetInt(*it, "offset", &m.cuda.offset));
+    POLYKV_RETURN_IF_ERROR(GetInt(*it, "size", &m.cuda.size));
+    POLYKV_RETURN_IF_ERROR(Get(*it, "device_uuid", &uuid));
+    POLYKV_RETURN_IF_ERROR(Unhex(handle, m.cuda.handle, sizeof(m.cuda.handle), "memory.cuda.handle"));
+    POLYKV_RETURN_IF_ERROR(
+        Unhex(uuid, m.cuda.device_uuid, sizeof(m.cuda.device_uuid), "memory.cuda.device_uuid"));
+  } else if (m.backend == "cuda") {
+    return absl::InvalidArgumentError("field 'memory.cuda' is required for backend \"cuda\"");
+  }
+  return m;
+}
+
+// ---- common envelope ----
+
+struct Envelope {
+  MessageType type = MessageType::kPing;
+  uint64_t id = 0;
+};
+
+StatusOr<json> ParseFrame(std::string_view frame) {
+  if (frame.size() > kMaxMessageBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("message of ", frame.size(),
+                                                     " bytes exceeds the limit of ",
+                                                     kMaxMessageBytes, " bytes"));
+  }
+  json j = json::parse(frame.begin(), frame.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("message is not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("message must be a JSON object");
+  return j;
+}
+
+StatusOr<Envelope> ParseEnvelope(const json& j) {
+  std::string magic;
+  POLYKV_RETURN_IF_ERROR(Get(j, "magic", &magic));
+  if (magic != kProtocolMagic) {
+    return absl::InvalidArgumentError(absl::StrCat("field 'magic' must be \"", kProtocolMagic,
+                                                   "\", got \"", magic, "\""));
+  }
+  auto v = j.find("version");
+  if (v == j.end()) return absl::InvalidArgumentError("field 'version' is missing");
+  if (!v->is_number_integer()) return WrongType("version", "an integer", *v);
+  if (v->get<int64_t>() != kProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("protocol version ", v->get<int64_t>(),
+                                                      " is not supported (this side speaks ",
+                                                      kProtocolVersion, ")"));
+  }
+  auto t = j.find("type");
+  if (t == j.end()) return absl::InvalidArgumentError("field 'type' is missing");
+  if (!t->is_string()) return WrongType("type", "a string", *t);
+  Envelope e;
+  POLYKV_ASSIGN_OR_RETURN(e.type, ParseMessageType(t->get<std::string>()));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "id", &e.id));
+  return e;
+}
+
+json EnvelopeJson(MessageType type, uint64_t id) {
+  return json{{"magic", kProtocolMagic},
+              {"version", kProtocolVersion},
+              {"type", std::string(MessageTypeName(type))},
+              {"id", id}};
+}
+
+std::string Dump(const json& j) {
+  // Replace invalid UTF-8 (e.g. a document with stray bytes) instead of throwing.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace
+
+std::string_view MessageTypeName(MessageType type) {
+  for (const auto& t : kTypeNames) {
+    if (t.type == type) return t.name;
+  }
+  return "UNKNOWN";
+}
+
+StatusOr<MessageType> ParseMessageType(std::string_view name) {
+  for (const auto& t : kTypeNames) {
+    if (t.name == name) return t.type;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown message type \"", std::string(name), "\""));
+}
+
+std::string EncodeRequest(const Request& r) {
+  json j = EnvelopeJson(r.type, r.id);
+  switch (r.type) {
+    case MessageType::kCreatePool:
+      j["model"] = r.model;
+      j["document"] = r.document;
+      j["token_ids"] = r.token_ids;
+      j["add_bos"] = r.add_bos;
+      j["codec"] = r.codec;
+      j["key_scale"] = r.key_scale;
+      j["norm_correction"] = r.norm_correction;
+      j["progress"] = r.progress;
+      break;
+    case MessageType::kAttach:
+      j["pool_id"] = r.pool_id;
+      j["client_pid"] = r.client_pid;
+      break;
+    case MessageType::kEvict:
+      j["pool_id"] = r.pool_id;
+      j["force"] = r.force;
+      break;
+    case MessageType::kStats:
+      if (!r.pool_id.empty()) j["pool_id"] = r.pool_id;
+      break;
+    case MessageType::kRenew:
+    case MessageType::kDetach:
+      j["lease_id"] = r.lease_id;
+      break;
+    default:
+      break;
+  }
+  return Dump(j);
+}
+
+StatusOr<Request> DecodeRequest(std::string_view frame) {
+  POLYKV_ASSIGN_OR_RETURN(json j, ParseFrame(frame));
+  POLYKV_ASSIGN_OR_RETURN(Envelope e, ParseEnvelope(j));
+  if (e.type == MessageType::kProgress || e.type == MessageType::kError) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("message type \"", std::string(MessageTypeName(e.type)), "\" is not a request"));
+  }
+  Request r;
+  r.type = e.type;
+  r.id = e.id;
+  POLYKV_RETURN_IF_ERROR(Get(j, "model", &r.model));
+  POLYKV_RETURN_IF_ERROR(Get(j, "document", &r.document));
+  if (auto it = j.find("token_ids"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return WrongType("token_ids", "an array of integers", *it);
+    r.token_ids.reserve(it->size());
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& v = (*it)[i];
+      if (!v.is_number_integer()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("field 'token_ids[", i, "]' must be an integer, got ", v.type_name()));
+      }
+      int64_t id = v.get<int64_t>();
+      if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("field 'token_ids[", i, "]' = ", id, " is out of range"));
+      }
+      r.token_ids.push_back(static_cast<int32_t>(id));
+    }
+  }
+  POLYKV_RETURN_IF_ERROR(Get(j, "add_bos", &r.add_bos));
+  POLYKV_RETURN_IF_ERROR(Get(j, "codec", &r.codec));
+  POLYKV_RETURN_IF_ERROR(Get(j, "key_scale", &r.key_scale));
+  POLYKV_RETURN_IF_ERROR(Get(j, "norm_correction", &r.norm_correction));
+  POLYKV_RETURN_IF_ERROR(Get(j, "progress", &r.progress));
+  POLYKV_RETURN_IF_ERROR(Get(j, "pool_id", &r.pool_id));
+  POLYKV_RETURN_IF_ERROR(Get(j, "force", &r.force));
+  POLYKV_RETURN_IF_ERROR(Get(j, "lease_id", &r.lease_id));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "client_pid", &r.client_pid));
+  // Per-type required fields.
+  switch (r.type) {
+    case MessageType::kCreatePool:
+      if (r.model.empty()) return absl::InvalidArgumentError("field 'model' is required");
+      if (r.document.empty() && r.token_ids.empty()) {
+        return absl::InvalidArgumentError(
+            "CREATE_POOL needs a non-empty 'document' or 'token_ids'");
+      }
+      break;
+    case MessageType::kAttach:
+    case MessageType::kEvict:
+      if (r.pool_id.empty()) return absl::InvalidArgumentError("field 'pool_id' is required");
+      break;
+    case MessageType::kRenew:
+    case MessageType::kDetach:
+      if (r.lease_id.empty()) return absl::InvalidArgumentError("field 'lease_id' is required");
+      break;
+    default:
+      break;
+  }
+  return r;
+}
+
+std::string EncodeReply(const Reply& r) {
+  json j = EnvelopeJson(r.type, r.id);
+  if (r.type == MessageType::kProgress) {
+    j["stage"] = r.stage;
+    j["done"] = r.done;
+    j["total"] = r.total;
+    return Dump(j);
+  }
+  j["ok"] = r.ok;
+  if (!r.ok) {
+    j["code"] = r.code;
+    j["error"] = r.error;
+    return Dump(j);
+  }
+  if (r.pool) j["pool"] = PoolInfoToJson(*r.pool);
+  if (r.type == MessageType::kCreatePool) j["created"] = r.created;
+  if (r.type == MessageType::kList || r.type == MessageType::kStats) {
+    json arr = json::array();
+    for (const auto& p : r.pools) arr.push_back(PoolInfoToJson(p));
+    j["pools"] = std::move(arr);
+  }
+  if (!r.lease_id.empty()) {
+    j["lease_id"] = r.lease_id;
+    j["lease_expires_unix_ms"] = r.lease_expires_unix_ms;
+    j["lease_ms"] = r.lease_ms;
+  }
+  if (r.memory) j["memory"] = MemoryToJson(*r.memory);
+  if (!r.daemon_version.empty()) j["daemon_version"] = r.daemon_version;
+  if (r.daemon_pid != 0) j["daemon_pid"] = r.daemon_pid;
+  if (r.type == MessageType::kStats || r.type == MessageType::kPing) {
+    j["memory_used"] = r.memory_used;
+    j["memory_cap"] = r.memory_cap;
+  }
+  return Dump(j);
+}
+
+StatusOr<Reply> DecodeReply(std::string_view frame) {
+  POLYKV_ASSIGN_OR_RETURN(json j, ParseFrame(frame));
+  POLYKV_ASSIGN_OR_RETURN(Envelope e, ParseEnvelope(j));
+  Reply r;
+  r.type = e.type;
+  r.id = e.id;
+  if (r.type == MessageType::kProgress) {
+    POLYKV_RETURN_IF_ERROR(Get(j, "stage", &r.stage));
+    POLYKV_RETURN_IF_ERROR(GetInt(j, "done", &r.done));
+    POLYKV_RETURN_IF_ERROR(GetInt(j, "total", &r.total));
+    return r;
+  }
+  auto ok = j.find("ok");
+  if (ok == j.end()) return absl::InvalidArgumentError("field 'ok' is missing");
+  if (!ok->is_boolean()) return WrongType("ok", "a boolean", *ok);
+  r.ok = ok->get<bool>();
+  POLYKV_RETURN_IF_ERROR(Get(j, "code", &r.code));
+  POLYKV_RETURN_IF_ERROR(Get(j, "error", &r.error));
+  if (!r.ok) {
+    if (r.code.empty()) r.code = "UNKNOWN";
+    return r;
+  }
+  if (auto it = j.find("pool"); it != j.end() && !it->is_null()) {
+    POLYKV_ASSIGN_OR_RETURN(r.pool, PoolInfoFromJson(*it, "pool"));
+  }
+  POLYKV_RETURN_IF_ERROR(Get(j, "created", &r.created));
+  if (auto it = j.find("pools"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return WrongType("pools", "an array", *it);
+    for (const auto& p : *it) {
+      POLYKV_ASSIGN_OR_RETURN(PoolInfo info, PoolInfoFromJson(p, "pools[]"));
+      r.pools.push_back(std::move(info));
+    }
+  }
+  POLYKV_RETURN_IF_ERROR(Get(j, "lease_id", &r.lease_id));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "lease_expires_unix_ms", &r.lease_expires_unix_ms));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "lease_ms", &r.lease_ms));
+  if (auto it = j.find("memory"); it != j.end() && !it->is_null()) {
+    POLYKV_ASSIGN_OR_RETURN(r.memory, MemoryFromJson(*it));
+  }
+  POLYKV_RETURN_IF_ERROR(Get(j, "daemon_version", &r.daemon_version));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "daemon_pid", &r.daemon_pid));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "memory_used", &r.memory_used));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "memory_cap", &r.memory_cap));
+  return r;
+}
+
+Reply ErrorReply(MessageType type, uint64_t request_id, const Status& status) {
+  Reply r;
+  r.type = type;
+  r.id = request_id;
+  r.ok = false;
+  r.code = absl::StatusCodeToString(status.code());
+  r.error = std::string(status.message());
+  return r;
+}
+
+Reply ErrorReplyForFrame(std::string_view frame, const Status& status) {
+  MessageType type = MessageType::kError;
+  uint64_t id = 0;
+  if (frame.size() <= kMaxMessageBytes) {
+    json j = json::parse(frame.begin(), frame.end(), nullptr, false);
+    if (!j.is_discarded() && j.is_object()) {
+      if (auto t = j.find("type"); t != j.end() && t->is_string()) {
+        auto parsed = ParseMessageType(t->get<std::string>());
+        if (parsed.ok() && *parsed != MessageType::kProgress) type = *parsed;
+      }
+      if (auto i = j.find("id"); i != j.end() && i->is_number_unsigned()) id = i->get<uint64_t>();
+    }
+  }
+  return ErrorReply(type, id, status);
+}
+
+Status ReplyStatus(const Reply& reply) {
+  if (reply.ok || reply.type == MessageType::kProgress) return absl::OkStatus();
+  static const struct {
+    const char* name;
+    absl::StatusCode code;
+  } kCodes[] = {
+      {"CANCELLED", absl::StatusCode::kCancelled},
+      {"UNKNOWN", absl::StatusCode::kUnknown},
+      {"INVALID_ARGUMENT", absl::StatusCode::kInvalidArgument},
+      {"DEADLINE_EXCEEDED", absl::StatusCode::kDeadlineExceeded},
+      {"NOT_FOUND", absl::StatusCode::kNotFound},
+      {"ALREADY_EXISTS", absl::StatusCode::kAlreadyExists},
+      {"PERMISSION_DENIED", absl::StatusCode::kPermissionDenied},
+      {"RESOURCE_EXHAUSTED", absl::StatusCode::kResourceExhausted},
+      {"FAILED_PRECONDITION", absl::StatusCode::kFailedPrecondition},
+      {"ABORTED", absl::StatusCode::kAborted},
+      {"OUT_OF_RANGE", absl::StatusCode::kOutOfRange},
+      {"UNIMPLEMENTED", absl::StatusCode::kUnimplemented},
+      {"INTERNAL", absl::StatusCode::kInternal},
+      {"UNAVAILABLE", absl::StatusCode::kUnavailable},
+      {"DATA_LOSS", absl::StatusCode::kDataLoss},
+      {"UNAUTHENTICATED", absl::StatusCode::kUnauthenticated},
+  };
+  absl::StatusCode code = absl::StatusCode::kUnknown;
+  for (const auto& c : kCodes) {
+    if (reply.code == c.name) code = c.code;
+  }
+  return Status(code, reply.error.empty() ? "error reply without a message" : reply.error);
+}
+
+std::string DefaultEndpoint() {
+  if (const char* env = std::getenv("POLYKV_ENDPOINT"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  if (access("/run/polykv", W_OK) == 0) return "ipc:///run/polykv/control.sock";
+  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && *xdg != '\0') {
+    return absl::StrCat("ipc://", xdg, "/polykv/control.sock");
+  }
+  return absl::StrCat("ipc:///tmp/polykv-", getuid(), "/control.sock");
+}
+
+}  // namespace polykv::ipc

@@ -1,0 +1,350 @@
+// Per-element and per-vector math of the PolyKV codec, written once for g++ and nvcc.
+//
+// Every function here is `POLYKV_HD inline` (= `__host__ __device__` under nvcc, plain
+// inline otherwise). The CPU path (kernels/src/codec_cpu.cc) loops over them, the CUDA
+// kernels (kernels/cuda/codec_kernels.cu) call them per thread, so CI without a GPU tests
+// the same arithmetic the GPU runs. Bit-exact agreement of host and device relies on plain
+// IEEE f32 operations in the same order: the CUDA sources are compiled with -fmad=false
+// (no FMA contraction) and IEEE division/sqrt; the host build uses no -ffast-math.
+//
+// Nothing in this header allocates, throws or touches global state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define POLYKV_HD __host__ __device__
+#define POLYKV_HD_RESTRICT __restrict__
+#else
+#define POLYKV_HD
+#define POLYKV_HD_RESTRICT __restrict__
+#endif
+
+#include <cmath>
+
+namespace polykv::kernels::math {
+
+/// Largest head_dim the CUDA kernels accept (one thread keeps a vector in local memory).
+constexpr int kMaxCudaHeadDim = 512;
+/// Largest value bit width (codebook of 2^4 = 16 levels).
+constexpr int kMaxValueBits = 4;
+constexpr int kMaxLevels = 1 << kMaxValueBits;
+
+// ---------------------------------------------------------------------------------------
+// Bit casts and dtype conversions (bit-exact, round-to-nearest-even, host == device).
+// ---------------------------------------------------------------------------------------
+
+/// Reinterprets the bits of an f32 as uint32.
+POLYKV_HD inline uint32_t FloatBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+/// Reinterprets uint32 bits as an f32.
+POLYKV_HD inline float BitsFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+/// True for NaN and +-Inf (exponent bits all ones); exact for every input bit pattern.
+POLYKV_HD inline bool IsNonFinite(float f) { return (FloatBits(f) & 0x7F800000u) == 0x7F800000u; }
+
+/// bf16 bits -> f32 (exact: bf16 is the upper half of an f32).
+POLYKV_HD inline float Bf16ToFloat(uint16_t h) { return BitsFloat(uint32_t{h} << 16); }
+
+/// f32 -> bf16 bits, round to nearest, ties to even. NaN -> quiet NaN (0x7FC0 | sign);
+/// values above the bf16 range round to +-Inf as IEEE requires.
+POLYKV_HD inline uint16_t FloatToBf16(float f) {
+  uint32_t u = FloatBits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+/// IEEE binary16 bits -> f32 (exact for all 65536 inputs; subnormals included).
+POLYKV_HD inline float F16ToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  const uint32_t mant = h & 0x3FFu;
+  if (exp == 0) {
+    // Subnormal or zero: mant * 2^-24, exact in f32.
+    const float mag = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    return BitsFloat(FloatBits(mag) | sign);
+  }
+  if (exp == 31) return BitsFloat(sign | 0x7F800000u | (mant << 13));
+  return BitsFloat(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+/// f32 -> IEEE binary16 bits, round to nearest, ties to even; overflow -> +-Inf,
+/// NaN -> quiet NaN (0x7E00 | sign), results below 2^-14 become correctly rounded subnormals.
+POLYKV_HD inline uint16_t FloatToF16(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  uint32_t a = u & 0x7FFFFFFFu;
+  if (a >= 0x7F800000u) return static_cast<uint16_t>(sign | (a > 0x7F800000u ? 0x7E00u : 0x7C00u));
+  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520 -> Inf
+  if (a < 0x38800000u) {
+    // |f| < 2^-14: subnormal half m * 2^-24 with m = rne(|f| * 2^24) in [0, 1024]
+    // (1024 is the encoding of the smallest normal, 0x0400). |f| * 2^24 is exact.
+    const float m = rintf(BitsFloat(a) * 16777216.0f);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(m));
+  }
+  a += 0x0FFFu + ((a >> 13) & 1u);  // round the 13 dropped mantissa bits, ties to even
+  return static_cast<uint16_t>(sign | ((a - 0x38000000u) >> 13));
+}
+
+/// Loads element `i` of a tensor of dtype code `dtype` (0 f32, 1 f16, 2 bf16) as f32.
+POLYKV_HD inline float LoadF32(const void* p, int dtype, int64_t i) {
+  if (dtype == 0) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  return dtype == 1 ? F16ToFloat(h) : Bf16ToFloat(h);
+}
+
+/// Stores f32 `x` as element `i` of a tensor of dtype code `dtype` (0 f32, 1 f16, 2 bf16).
+POLYKV_HD inline void StoreF32(void* p, int dtype, int64_t i, float x) {
+  if (dtype == 0) {
+    static_cast<float*>(p)[i] = x;
+  } else {
+    static_cast<uint16_t*>(p)[i] = dtype == 1 ? FloatToF16(x) : FloatToBf16(x);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Keys: int8 symmetric quantization.
+// ---------------------------------------------------------------------------------------
+
+/// Scale of a key group from its absmax: absmax / 127, or 1 for an all-zero group.
+POLYKV_HD inline float KeyScaleFromAbsmax(float absmax) {
+  return absmax > 0.0f ? absmax / 127.0f : 1.0f;
+}
+
+/// q = rne(x / scale) clamped to [-127, 127]. Rounding is to nearest, ties to EVEN
+/// (rintf under the default rounding mode, same on host and device).
+POLYKV_HD inline int8_t QuantizeKey(float x, float scale) {
+  float q = rintf(x / scale);
+  q = q > 127.0f ? 127.0f : q;
+  q = q < -127.0f ? -127.0f : q;
+  return static_cast<int8_t>(static_cast<int>(q));
+}
+
+/// x_hat = q * scale.
+POLYKV_HD inline float DequantizeKey(int8_t q, float scale) { return static_cast<float>(q) * scale; }
+
+// ---------------------------------------------------------------------------------------
+// Values: TurboQuant-MSE.
+// ---------------------------------------------------------------------------------------
+
+/// splitmix64 finalizer (Steele, Lea & Flood 2014): a bijective 64-bit mixer.
+POLYKV_HD inline uint64_t Mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/// Random sign D_i of coordinate `i` for `seed`: counter-based, so no table is stored and
+/// host and device agree: D_i = -1 if the top bit of Mix64(seed + (i + 1) * 0x9E3779B97F4A7C15)
+/// is set, else +1 (the top bit of the i-th output of a splitmix64 stream seeded with `seed`;
+/// the top bit, because the low bit of a multiply-mix is poorly mixed). Same D for every vector.
+POLYKV_HD inline float RotationSign(uint64_t seed, int i) {
+  const uint64_t z = seed + (static_cast<uint64_t>(i) + 1ull) * 0x9E3779B97F4A7C15ull;
+  return (Mix64(z) >> 63) ? -1.0f : 1.0f;
+}
+
+/// Size of the Hadamard blocks for `head_dim`: the largest power of two dividing it
+/// (64 -> 64, 48 -> 16, 80 -> 16, 96 -> 32, 8 -> 8, odd -> 1 = no rotation).
+/// The rotation is block-diagonal: head_dim / block independent orthonormal WHTs. This
+/// is exact for power-of-two head_dims; for others the rotation mixes only within a block,
+/// so energy concentrated in one block is not spread across the whole vector (see the
+/// measured relative MSE per head_dim in codec.h).
+POLYKV_HD inline int HadamardBlock(int head_dim) { return head_dim & (-head_dim); }
+
+/// In-place unnormalized fast Walsh-Hadamard transform of x[0..B) (B a power of two):
+/// the Sylvester-ordered H_B with entries +-1 (H_B * H_B = B * I). Compile-time B lets the
+/// compiler unroll and vectorize the butterflies.
+template <int B>
+POLYKV_HD inline void FwhtFixed(float* POLYKV_HD_RESTRICT x) {
+  for (int h = 1; h < B; h *= 2) {
+    for (int i = 0; i < B; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        const float a = x[j];
+        const float b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+}
+
+/// Runtime-size version of FwhtFixed (same butterflies in the same order: equal results).
+POLYKV_HD inline void FwhtRuntime(float* POLYKV_HD_RESTRICT x, int block) {
+  for (int h = 1; h < block; h *= 2) {
+    for (int i = 0; i < block; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        const float a = x[j];
+        const float b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+}
+
+/// Block-diagonal unnormalized WHT of x[0..d) with blocks of `block` (HadamardBlock(d)).
+POLYKV_HD inline void BlockFwht(float* POLYKV_HD_RESTRICT x, int d, int block) {
+  for (int off = 0; off < d; off += block) {
+    float* xb = x + off;
+    switch (block) {
+      case 1: break;
+      case 2: FwhtFixed<2>(xb); break;
+      case 4: FwhtFixed<4>(xb); break;
+      case 8: FwhtFixed<8>(xb); break;
+      case 16: FwhtFixed<16>(xb); break;
+      case 32: FwhtFixed<32>(xb); break;
+      case 64: FwhtFixed<64>(xb); break;
+      case 128: FwhtFixed<128>(xb); break;
+      case 256: FwhtFixed<256>(xb); break;
+      default: FwhtRuntime(xb, block); break;
+    }
+  }
+}
+
+/// Codebook handed to the per-vector functions (and by value to CUDA kernels): the
+/// 2^bits ascending Lloyd-Max levels and the 2^bits - 1 decision thresholds (midpoints).
+struct ValueCodebook {
+  int bits = 3;
+  float levels[kMaxLevels] = {};
+  float thresholds[kMaxLevels - 1] = {};
+};
+
+/// Index of the nearest level: the number of thresholds strictly below z (a tie on a
+/// midpoint picks the lower level). Branch-free.
+POLYKV_HD inline uint32_t NearestLevel(float z, const ValueCodebook& cb) {
+  const int n = (1 << cb.bits) - 1;
+  uint32_t c = 0;
+  for (int k = 0; k < n; ++k) c += z > cb.thresholds[k] ? 1u : 0u;
+  return c;
+}
+
+/// Code written for every coordinate of a zero vector: the level nearest 0 on the positive
+/// side (index 2^(bits-1)); its norm 0 makes it decode to exact zeros.
+POLYKV_HD inline uint32_t ZeroVectorCode(int bits) { return 1u << (bits - 1); }
+
+/// Bytes of one packed vector of n codes at `bits`: ceil(bits * n / 8).
+POLYKV_HD inline int64_t PackedBytes(int64_t n, int bits) { return (n * bits + 7) / 8; }
+
+/// Packs n codes (each < 2^bits) densely, LSB-first: code i occupies stream bits
+/// [i*bits, (i+1)*bits), stream bit k being bit (k % 8) of byte k / 8 (see codec.h).
+/// Writes exactly PackedBytes(n, bits) bytes; unused high bits of the last byte are 0.
+POLYKV_HD inline void PackCodes(const uint8_t* POLYKV_HD_RESTRICT codes, int n, int bits,
+                                uint8_t* POLYKV_HD_RESTRICT out) {
+  int i = 0;
+  // Groups of 8 codes fill exactly `bits` bytes.
+  for (; i + 8 <= n; i += 8) {
+    uint32_t w = 0;
+    for (int k = 0; k < 8; ++k) w |= uint32_t{codes[i + k]} << (k * bits);
+    uint8_t* o = out + (i / 8) * bits;
+    for (int b = 0; b < bits; ++b) o[b] = static_cast<uint8_t>(w >> (8 * b));
+  }
+  if (i < n) {
+    uint32_t w = 0;
+    const int rest = n - i;
+    for (int k = 0; k < rest; ++k) w |= uint32_t{codes[i + k]} << (k * bits);
+    uint8_t* o = out + (i / 8) * bits;
+    const int nb = (rest * bits + 7) / 8;
+    for (int b = 0; b < nb; ++b) o[b] = static_cast<uint8_t>(w >> (8 * b));
+  }
+}
+
+/// Inverse of PackCodes: reads n codes of `bits` bits from PackedBytes(n, bits) bytes.
+/// No per-code branch; never reads past the packed vector.
+POLYKV_HD inline void UnpackCodes(const uint8_t* POLYKV_HD_RESTRICT in, int n, int bits,
+                                  uint8_t* POLYKV_HD_RESTRICT codes) {
+  const uint32_t mask = (1u << bits) - 1u;
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint8_t* p = in + (i / 8) * bits;
+    uint32_t w = 0;
+    for (int b = 0; b < bits; ++b) w |= uint32_t{p[b]} << (8 * b);
+    for (int k = 0; k < 8; ++k) codes[i + k] = static_cast<uint8_t>((w >> (k * bits)) & mask);
+  }
+  if (i < n) {
+    const uint8_t* p = in + (i / 8) * bits;
+    const int rest = n - i;
+    const int nb = (rest * bits + 7) / 8;
+    uint32_t w = 0;
+    for (int b = 0; b < nb; ++b) w |= uint32_t{p[b]} << (8 * b);
+    for (int k = 0; k < rest; ++k) codes[i + k] = static_cast<uint8_t>((w >> (k * bits)) & mask);
+  }
+}
+
+/// Encodes one value vector with TurboQuant-MSE. `x` holds v[0..d) as f32 on entry and is
+/// overwritten (scratch):
+///   norm = ||v||_2; u = v / norm; y = H D u (H block-diagonal orthonormal WHT, blocks of
+///   HadamardBlock(d)); z = sqrt(d) y; code_i = NearestLevel(z_i).
+/// Implemented as z = WHT_unnorm(D v) * (sqrt(d / block) / norm) (same math, one scale).
+/// `signs` holds D (d entries, RotationSign); `codes` is d bytes of scratch. Writes
+/// PackedBytes(d, bits) bytes to `packed` and returns the value to store as the vector's
+/// norm: ||v||, or with `norm_correction` ||v|| / ||u_hat|| where u_hat is the decoded unit
+/// vector (||u_hat|| = ||levels[code]|| / sqrt(d) because H is orthonormal).
+/// A zero vector gets ZeroVectorCode everywhere and norm 0. Non-finite input is the
+/// caller's to reject first (the result is then unspecified, never a crash).
+POLYKV_HD inline float EncodeValueVector(float* POLYKV_HD_RESTRICT x, int d,
+                                         const float* POLYKV_HD_RESTRICT signs,
+                                         const ValueCodebook& cb, bool norm_correction,
+                                         uint8_t* POLYKV_HD_RESTRICT codes,
+                                         uint8_t* POLYKV_HD_RESTRICT packed) {
+  float ss = 0.0f;
+  for (int i = 0; i < d; ++i) ss += x[i] * x[i];
+  const float norm = sqrtf(ss);
+  if (!(norm > 0.0f)) {
+    const uint8_t zc = static_cast<uint8_t>(ZeroVectorCode(cb.bits));
+    for (int i = 0; i < d; ++i) codes[i] = zc;
+    PackCodes(codes, d, cb.bits, packed);
+    return 0.0f;
+  }
+  const int block = HadamardBlock(d);
+  for (int i = 0; i < d; ++i) x[i] = x[i] * signs[i];
+  BlockFwht(x, d, block);
+  const float scale = sqrtf(static_cast<float>(d) / static_cast<float>(block)) / norm;
+  for (int i = 0; i < d; ++i) codes[i] = static_cast<uint8_t>(NearestLevel(x[i] * scale, cb));
+  PackCodes(codes, d, cb.bits, packed);
+  if (!norm_correction) return norm;
+  float rs = 0.0f;
+  for (int i = 0; i < d; ++i) {
+    const float l = cb.levels[codes[i]];
+    rs += l * l;
+  }
+  // ||u_hat|| = sqrt(rs / d); stored = norm / ||u_hat||.
+  return norm / sqrtf(rs / static_cast<float>(d));
+}
+
+/// Decodes one packed vector to out[0..d) (f32):
+///   z_hat_i = levels[code_i]; u_hat = D H^T (z_hat / sqrt(d)); x_hat = norm * u_hat.
+/// Implemented as x_hat_i = D_i * WHT_unnorm(z_hat)_i * (norm / sqrt(d * block)).
+/// `codes` is d bytes of scratch.
+POLYKV_HD inline void DecodeValueVector(const uint8_t* POLYKV_HD_RESTRICT packed, float norm, int d,
+                                        const float* POLYKV_HD_RESTRICT signs,
+                                        const ValueCodebook& cb,
+                                        uint8_t* POLYKV_HD_RESTRICT codes,
+                                        float* POLYKV_HD_RESTRICT out) {
+  UnpackCodes(packed, d, cb.bits, codes);
+  for (int i = 0; i < d; ++i) out[i] = cb.levels[codes[i]];
+  const int block = HadamardBlock(d);
+  BlockFwht(out, d, block);
+  const float scale = norm / sqrtf(static_cast<float>(d) * static_cast<float>(block));
+  for (int i = 0; i < d; ++i) out[i] = out[i] * signs[i] * scale;
+}
+
+}  // namespace polykv::kernels::math

@@ -1,0 +1,318 @@
+// Device-neutral entry points of the codec: validation, CPU/CUDA routing, byte accounting.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "internal.h"
+#if defined(POLYKV_HAVE_CUDA)
+#include "codec_cuda.h"
+#endif
+
+namespace polykv::kernels {
+namespace {
+
+using internal::DTypeCode;
+
+Status CheckDType(DType dtype, const char* name) {
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": unknown dtype code ", static_cast<int>(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+Status CheckMode(KeyScaleMode mode) {
+  if (mode != KeyScaleMode::kPerTensor && mode != KeyScaleMode::kPerHead &&
+      mode != KeyScaleMode::kPerChannel) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown key scale mode ", static_cast<int>(mode)));
+  }
+  return absl::OkStatus();
+}
+
+Status CheckShape(const LayerShape& shape) {
+  if (shape.kv_heads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_heads must be >= 1, got ", shape.kv_heads));
+  }
+  if (shape.tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens must be >= 1, got ", shape.tokens));
+  }
+  if (shape.head_dim < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("head_dim must be >= 1, got ", shape.head_dim));
+  }
+  return absl::OkStatus();
+}
+
+Status CheckPtr(const void* p, const char* name) {
+  if (p == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, " is null"));
+  return absl::OkStatus();
+}
+
+Status CheckDevice(Device device, const LayerShape& shape) {
+  if (device == Device::kCpu) return absl::OkStatus();
+  if (device != Device::kCuda) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown device ", static_cast<int>(device)));
+  }
+#if defined(POLYKV_HAVE_CUDA)
+  if (shape.head_dim > math::kMaxCudaHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat("head_dim ", shape.head_dim,
+                                                   " exceeds the CUDA kernels' maximum of ",
+                                                   math::kMaxCudaHeadDim));
+  }
+  return absl::OkStatus();
+#else
+  (void)shape;
+  return absl::UnimplementedError(
+      "Device::kCuda requested but PolyKV was built without CUDA (POLYKV_ENABLE_CUDA=OFF or "
+      "no nvcc)");
+#endif
+}
+
+#if defined(POLYKV_HAVE_CUDA)
+Status CudaError(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": CUDA error ", cudaGetErrorName(err), ": ",
+                                          cudaGetErrorString(err)));
+}
+
+// A device-side "first bad index" cell: allocated, set to ~0, read back after the kernels.
+class DeviceBadIndex {
+ public:
+  Status Init(cudaStream_t stream) {
+    stream_ = stream;
+    POLYKV_RETURN_IF_ERROR(CudaError(cudaMalloc(reinterpret_cast<void**>(&ptr_), sizeof(unsigned long long)), "cudaMalloc"));
+    return CudaError(cudaMemsetAsync(ptr_, 0xFF, sizeof(unsigned long long), stream), "cudaMemset");
+  }
+  ~DeviceBadIndex() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  unsigned long long* get() { return ptr_; }
+  // Waits for the stream; returns the bad index or -1.
+  StatusOr<int64_t> Read() {
+    unsigned long long host = ~0ull;
+    POLYKV_RETURN_IF_ERROR(CudaError(
+        cudaMemcpyAsync(&host, ptr_, sizeof(host), cudaMemcpyDeviceToHost, stream_), "cudaMemcpy"));
+    POLYKV_RETURN_IF_ERROR(CudaError(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+    return host == ~0ull ? int64_t{-1} : static_cast<int64_t>(host);
+  }
+
+ private:
+  unsigned long long* ptr_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+Status DeviceNonFiniteError(const char* what, const void* src, DType dtype,
+                            const LayerShape& shape, int64_t index) {
+  const size_t es = DTypeSize(dtype);
+  uint32_t raw = 0;
+  cudaMemcpy(&raw, static_cast<const char*>(src) + index * es, es, cudaMemcpyDeviceToHost);
+  float x = dtype == DType::kF32   ? math::BitsFloat(raw)
+            : dtype == DType::kF16 ? math::F16ToFloat(static_cast<uint16_t>(raw))
+                                   : math::Bf16ToFloat(static_cast<uint16_t>(raw));
+  return absl::InvalidArgumentError(absl::StrCat(what, " contains ", std::isnan(x) ? "NaN" : "Inf",
+                                                 " at ", internal::DescribeIndex(shape, index)));
+}
+
+Status QuantizeKeysCuda(const void* k, DType dtype, const LayerShape& shape, KeyScaleMode mode,
+                        const float* given_scales, int8_t* q, float* scales_out, Stream stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  DeviceBadIndex bad;
+  POLYKV_RETURN_IF_ERROR(bad.Init(s));
+  const float* scales = given_scales;
+  if (scales == nullptr) {
+    POLYKV_RETURN_IF_ERROR(CudaError(
+        cuda::InvokeKeyScales(k, DTypeCode(dtype), shape.kv_heads, shape.tokens, shape.head_dim,
+                              static_cast<int>(mode), scales_out, bad.get(), s),
+        "key scales kernel"));
+    scales = scales_out;
+  }
+  POLYKV_RETURN_IF_ERROR(CudaError(
+      cuda::InvokeQuantizeKeys(k, DTypeCode(dtype), shape.kv_heads, shape.tokens, shape.head_dim,
+                               static_cast<int>(mode), scales, q, bad.get(), s),
+      "key quantize kernel"));
+  POLYKV_ASSIGN_OR_RETURN(int64_t bad_index, bad.Read());
+  if (bad_index >= 0) return DeviceNonFiniteError("K", k, dtype, shape, bad_index);
+  return absl::OkStatus();
+}
+#endif  // POLYKV_HAVE_CUDA
+
+}  // namespace
+
+Status ValidateConfig(const LayerShape& shape, const CodecConfig& config) {
+  POLYKV_RETURN_IF_ERROR(CheckShape(shape));
+  if (config.key_bits != 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key_bits must be 8 (int8 keys), got ", config.key_bits));
+  }
+  if (config.value_bits < 2 || config.value_bits > 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("value_bits must be 2, 3 or 4, got ", config.value_bits));
+  }
+  return CheckMode(config.key_scale);
+}
+
+int64_t KeyScaleCount(const LayerShape& shape, KeyScaleMode mode) {
+  switch (mode) {
+    case KeyScaleMode::kPerTensor: return 1;
+    case KeyScaleMode::kPerHead: return shape.kv_heads;
+    case KeyScaleMode::kPerChannel: return int64_t{shape.kv_heads} * shape.head_dim;
+  }
+  return 0;
+}
+
+Status QuantizeKeys(const void* k, DType dtype, const LayerShape& shape, KeyScaleMode mode,
+                    int8_t* q, float* scales, Device device, Stream stream) {
+  POLYKV_RETURN_IF_ERROR(CheckShape(shape));
+  POLYKV_RETURN_IF_ERROR(CheckMode(mode));
+  POLYKV_RETURN_IF_ERROR(CheckDType(dtype, "K dtype"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(k, "K input"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(q, "K codes output"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(scales, "K scales output"));
+  POLYKV_RETURN_IF_ERROR(CheckDevice(device, shape));
+  if (device == Device::kCpu) {
+    return internal::QuantizeKeysCpu(k, dtype, shape, mode, nullptr, q, scales);
+  }
+#if defined(POLYKV_HAVE_CUDA)
+  return QuantizeKeysCuda(k, dtype, shape, mode, nullptr, q, scales, stream);
+#else
+  (void)stream;
+  return absl::InternalError("unreachable");
+#endif
+}
+
+Status QuantizeKeysWithScales(const void* k, DType dtype, const LayerShape& shape,
+                              KeyScaleMode mode, const float* scales, int8_t* q, Device device,
+                              Stream stream) {
+  POLYKV_RETURN_IF_ERROR(CheckShape(shape));
+  POLYKV_RETURN_IF_ERROR(CheckMode(mode));
+  POLYKV_RETURN_IF_ERROR(CheckDType(dtype, "K dtype"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(k, "K input"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(q, "K codes output"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(scales, "K scales"));
+  POLYKV_RETURN_IF_ERROR(CheckDevice(device, shape));
+  if (device == Device::kCpu) {
+    const int64_t n = KeyScaleCount(shape, mode);
+    for (int64_t i = 0; i < n; ++i) {
+      if (!(scales[i] > 0.0f) || math::IsNonFinite(scales[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("key scale ", i, " must be finite and > 0, got ", scales[i]));
+      }
+    }
+    return internal::QuantizeKeysCpu(k, dtype, shape, mode, scales, q, nullptr);
+  }
+#if defined(POLYKV_HAVE_CUDA)
+  return QuantizeKeysCuda(k, dtype, shape, mode, scales, q, nullptr, stream);
+#else
+  (void)stream;
+  return absl::InternalError("unreachable");
+#endif
+}
+
+Status DequantizeKeys(const int8_t* q, const float* scales, const LayerShape& shape,
+                      KeyScaleMode mode, void* out, DType out_dtype, Device device,
+                      Stream stream) {
+  POLYKV_RETURN_IF_ERROR(CheckShape(shape));
+  POLYKV_RETURN_IF_ERROR(CheckMode(mode));
+  POLYKV_RETURN_IF_ERROR(CheckDType(out_dtype, "K output dtype"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(q, "K codes"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(scales, "K scales"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(out, "K output"));
+  POLYKV_RETURN_IF_ERROR(CheckDevice(device, shape));
+  if (device == Device::kCpu) {
+    internal::DequantizeKeysCpu(q, scales, shape, mode, out, out_dtype);
+    return absl::OkStatus();
+  }
+#if defined(POLYKV_HAVE_CUDA)
+  return CudaError(cuda::InvokeDequantizeKeys(q, scales, shape.kv_heads, shape.tokens,
+                                              shape.head_dim, static_cast<int>(mode), out,
+                                              DTypeCode(out_dtype), static_cast<cudaStream_t>(stream)),
+                   "key dequantize kernel");
+#else
+  (void)stream;
+  return absl::InternalError("unreachable");
+#endif
+}
+
+int64_t PackedVectorBytes(int32_t head_dim, int32_t bits) {
+  return math::PackedBytes(head_dim, bits);
+}
+
+Status EncodeValues(const void* v, DType dtype, const LayerShape& shape,
+                    const CodecConfig& config, uint8_t* packed, float* norms, Device device,
+                    Stream stream) {
+  POLYKV_RETURN_IF_ERROR(ValidateConfig(shape, config));
+  POLYKV_RETURN_IF_ERROR(CheckDType(dtype, "V dtype"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(v, "V input"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(packed, "V codes output"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(norms, "V norms output"));
+  POLYKV_RETURN_IF_ERROR(CheckDevice(device, shape));
+  POLYKV_ASSIGN_OR_RETURN(math::ValueCodebook cb, internal::GetValueCodebook(config.value_bits));
+  if (device == Device::kCpu) {
+    return internal::EncodeValuesCpu(v, dtype, shape, config, cb, packed, norms);
+  }
+#if defined(POLYKV_HAVE_CUDA)
+  auto s = static_cast<cudaStream_t>(stream);
+  DeviceBadIndex bad;
+  POLYKV_RETURN_IF_ERROR(bad.Init(s));
+  POLYKV_RETURN_IF_ERROR(CudaError(
+      cuda::InvokeEncodeValues(v, DTypeCode(dtype), shape.vectors(), shape.head_dim, cb,
+                               config.rotation_seed, config.norm_correction, packed, norms,
+                               bad.get(), s),
+      "value encode kernel"));
+  POLYKV_ASSIGN_OR_RETURN(int64_t bad_index, bad.Read());
+  if (bad_index >= 0) return DeviceNonFiniteError("V", v, dtype, shape, bad_index);
+  return absl::OkStatus();
+#else
+  (void)stream;
+  return absl::InternalError("unreachable");
+#endif
+}
+
+Status DecodeValues(const uint8_t* packed, const float* norms, const LayerShape& shape,
+                    const CodecConfig& config, void* out, DType out_dtype, Device device,
+                    Stream stream) {
+  POLYKV_RETURN_IF_ERROR(ValidateConfig(shape, config));
+  POLYKV_RETURN_IF_ERROR(CheckDType(out_dtype, "V output dtype"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(packed, "V codes"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(norms, "V norms"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(out, "V output"));
+  POLYKV_RETURN_IF_ERROR(CheckDevice(device, shape));
+  POLYKV_ASSIGN_OR_RETURN(math::ValueCodebook cb, internal::GetValueCodebook(config.value_bits));
+  if (device == Device::kCpu) {
+    internal::DecodeValuesCpu(packed, norms, shape, config, cb, out, out_dtype);
+    return absl::OkStatus();
+  }
+#if defined(POLYKV_HAVE_CUDA)
+  return CudaError(cuda::InvokeDecodeValues(packed, norms, shape.vectors(), shape.head_dim, cb,
+                                            config.rotation_seed, out, DTypeCode(out_dtype),
+                                            static_cast<cudaStream_t>(stream)),
+                   "value decode kernel");
+#else
+  (void)stream;
+  return absl::InternalError("unreachable");
+#endif
+}
+
+LayerBytes CompressedLayerBytes(const LayerShape& shape, const CodecConfig& config) {
+  LayerBytes b;
+  b.key_codes = shape.elements();
+  b.key_scales = 4 * KeyScaleCount(shape, config.key_scale);
+  b.value_codes = shape.vectors() * PackedVectorBytes(shape.head_dim, config.value_bits);
+  b.value_norms = 4 * shape.vectors();
+  return b;
+}
+
+int64_t Bf16LayerBytes(const LayerShape& shape) { return 2 * 2 * shape.elements(); }
+
+CompressionRatio ModelCompressionRatio(int32_t layers, const LayerShape& shape,
+                                       const CodecConfig& config) {
+  CompressionRatio r;
+  r.compressed_bytes = int64_t{layers} * CompressedLayerBytes(shape, config).total();
+  r.bf16_bytes = int64_t{layers} * Bf16LayerBytes(shape);
+  r.effective = r.compressed_bytes > 0
+                    ? static_cast<double>(r.bf16_bytes) / static_cast<double>(r.compressed_bytes)
+                    : 0.0;
+  r.nominal = 16.0 / ((config.key_bits + config.value_bits) / 2.0);
+  return r;
+}
+
+}  // namespace polykv::kernels

@@ -1,0 +1,154 @@
+// PooledAgent: one agent process's view of a shared pool. Attaches a pool published by
+// polykvd (through the C client library), decompresses it layer by layer into the agent's
+// own KV cache, and generates an answer to its own prompt after the shared document.
+//
+// Flow of Run() (PolyKV paper, Patel & Joshi 2026, sec. 4 "agent attach"):
+//   connect (once) -> ATTACH (lease + read-only map) -> check model fingerprint and shape
+//   -> polykv_decode_layer for every layer into KvCache [kv_heads][capacity][head_dim]
+//   -> cache.tokens = pool token ids, cache.length = pool tokens
+//   -> LlamaModel::Generate(cache, prompt) (positions continue at the document length)
+//   -> DETACH.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "polykv/model/llama.h"
+#include "polykv/status.h"
+
+struct polykv_client;
+
+namespace polykv::client {
+
+/// How to build a PooledAgent.
+struct AgentOptions {
+  std::string model_path;        ///< HF folder or .gguf: must be the pool's model
+  std::string endpoint;          ///< daemon endpoint; empty = $POLYKV_ENDPOINT / default
+  int timeout_ms = 5000;         ///< per daemon request (Lazy Pirate inside the client)
+  int threads = 0;               ///< libtorch intra-op threads; 0 = all cores
+  model::LoadOptions load;       ///< device/dtype (threads is taken from `threads`)
+};
+
+/// Timings and memory of one Run (milliseconds, bytes).
+struct AgentStats {
+  double attach_ms = 0;          ///< connect (first Run only) + ATTACH + map
+  double decode_ms = 0;          ///< all layers decoded into the private cache
+  double prompt_first_token_ms = 0;  ///< prompt forward + first new token (Generate TTFT)
+  double ttft_ms = 0;            ///< attach + decode + prompt forward + first token
+  double generation_ms = 0;      ///< the whole Generate call
+  double tokens_per_s = 0;       ///< new tokens / generation time (0 when none)
+  int64_t document_tokens = 0;   ///< tokens in the pool
+  int64_t prompt_tokens = 0;
+  int64_t new_tokens = 0;
+  uint64_t pool_bytes = 0;       ///< the shared region (mapped read-only, not private)
+  uint64_t pool_bf16_bytes = 0;  ///< the document's cache held privately in bf16
+  uint64_t private_kv_bytes = 0; ///< bytes of this agent's own KvCache tensors (capacity)
+  uint64_t peak_rss_bytes = 0;   ///< getrusage(RUSAGE_SELF).ru_maxrss after the run
+};
+
+/// The answer of one Run.
+struct AgentResult {
+  std::vector<int32_t> answer_ids;  ///< new tokens (without the prompt)
+  std::string answer_text;          ///< decoded answer ("" when the model has no tokenizer)
+  std::vector<int32_t> prompt_ids;  ///< the prompt as fed after the document
+  std::string codec;                ///< the pool's codec ("k8v3", "none", ...)
+  AgentStats stats;
+};
+
+/// Result of a baseline run that prefills the document itself (no pool).
+struct BaselineResult {
+  std::vector<int32_t> answer_ids;
+  std::string answer_text;
+  double prefill_ms = 0;         ///< document forward (chunks of 512)
+  double prompt_first_token_ms = 0;  ///< prompt forward + first token
+  double ttft_ms = 0;            ///< prefill + prompt forward + first token
+  double generation_ms = 0;
+  uint64_t private_kv_bytes = 0;
+};
+
+/// Hooks for tests (fault injection). Called on the Run thread.
+struct AgentHooks {
+  /// Called after layer `layer` was decoded (before the next one).
+  std::function<void(uint32_t layer)> after_layer_decoded;
+};
+
+/// An agent: one loaded model (per process) that runs prompts against pools.
+/// Not thread-safe: one Run at a time.
+class PooledAgent {
+ public:
+  /// Loads the model (sets compute threads). Errors: those of LlamaModel::Load.
+  /// The daemon connection is opened lazily by the first Run.
+  static StatusOr<std::unique_ptr<PooledAgent>> Create(const AgentOptions& options);
+  ~PooledAgent();
+  PooledAgent(const PooledAgent&) = delete;
+  PooledAgent& operator=(const PooledAgent&) = delete;
+
+  /// Attaches `pool_id`, decodes it into a private cache, generates from `prompt_ids`
+  /// (appended after the document), detaches. Errors:
+  ///  kNotFound (unknown or evicted pool: "pool <id> was evicted"),
+  ///  kFailedPrecondition (lease expired, or the pool's model fingerprint / shape does not
+  ///  match the loaded model), kUnavailable / kDeadlineExceeded (daemon gone; the next
+  ///  Run reconnects), kInvalidArgument (empty prompt, ids outside the vocabulary),
+  ///  kDataLoss (bad pool header). Never returns data decoded after an eviction was seen.
+  StatusOr<AgentResult> Run(std::string_view pool_id, absl::Span<const int32_t> prompt_ids,
+                            const model::SamplingOptions& sampling);
+  /// Same, with prompt text encoded by the model's tokenizer (no BOS; special tokens such
+  /// as <|im_start|> are parsed). Errors: kFailedPrecondition when the model has no
+  /// tokenizer; as above.
+  StatusOr<AgentResult> RunText(std::string_view pool_id, std::string_view prompt,
+                                const model::SamplingOptions& sampling);
+
+  /// Baseline without a pool: prefills `document_ids` itself (Forward in chunks of 512),
+  /// then generates from `prompt_ids` exactly as Run does.
+  StatusOr<BaselineResult> RunBaseline(absl::Span<const int32_t> document_ids,
+                                       absl::Span<const int32_t> prompt_ids,
+                                       const model::SamplingOptions& sampling);
+
+  /// Reads a pool's token ids (attach + read + detach). Errors as Run.
+  StatusOr<std::vector<int32_t>> PoolTokenIds(std::string_view pool_id);
+
+  /// Encodes prompt text with the model's tokenizer (no BOS). kFailedPrecondition without
+  /// a tokenizer.
+  StatusOr<std::vector<int32_t>> EncodePrompt(std::string_view text) const;
+  /// Decodes ids to text ("" without a tokenizer).
+  std::string DecodeText(absl::Span<const int32_t> ids) const;
+
+  model::LlamaModel& model() { return *model_; }
+  void set_hooks(AgentHooks hooks) { hooks_ = std::move(hooks); }
+
+ private:
+  PooledAgent() = default;
+  Status EnsureConnected(double* connect_ms);
+  void Disconnect();
+
+  AgentOptions options_;
+  std::unique_ptr<model::LlamaModel> model_;
+  ::polykv_client* client_ = nullptr;
+  AgentHooks hooks_;
+};
+
+/// ChatML user turn + assistant generation prompt for instruct models (SmolLM2):
+/// "<|im_start|>user\n" + question + "<|im_end|>\n<|im_start|>assistant\n".
+std::string ChatQuestionPrompt(std::string_view question);
+
+/// ChatML system turn holding a document, as the pool's document text:
+/// "<|im_start|>system\n" + instruction + "\n\n" + document + "<|im_end|>\n".
+std::string ChatDocument(std::string_view document,
+                         std::string_view instruction = "You answer questions about this "
+                                                        "article.");
+
+/// Peak resident set size of this process in bytes (getrusage ru_maxrss).
+uint64_t PeakRssBytes();
+
+/// Bytes of the tensors of `cache` (K and V, all layers, at capacity).
+uint64_t CacheBytes(const model::KvCache& cache);
+
+/// Converts a C API status code + message into a Status (codes match absl).
+Status FromCStatus(int code, std::string_view context);
+
+}  // namespace polykv::client

@@ -1,0 +1,680 @@
+// libpolykv_client: the C API of client.h over ZeroMQ (Lazy Pirate DEALER), POSIX shm /
+// CUDA IPC read-only mappings and ipc::PoolReader, with one lease-renewal thread per pool.
+#include "polykv/client.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "client_channel.h"
+#include "client_device.h"
+#include "polykv/ipc/cuda_ipc.h"
+#include "polykv/ipc/pool_layout.h"
+#include "polykv/ipc/protocol.h"
+#include "polykv/ipc/shm_region.h"
+#include "polykv/status.h"
+
+namespace {
+
+using polykv::Status;
+using polykv::StatusOr;
+using polykv::client::Channel;
+using Clock = std::chrono::steady_clock;
+namespace ipc = polykv::ipc;
+
+constexpr int kDefaultTimeoutMs = 5000;
+constexpr int kTries = 3;                      // Lazy Pirate tries per request
+constexpr int kDefaultCreateTimeoutMs = 600000;  // 10 min bound for CREATE_POOL
+constexpr int64_t kMinRenewIntervalMs = 20;
+
+thread_local std::string g_last_error;
+
+polykv_status ToC(const Status& s) {
+  if (s.ok()) return POLYKV_OK;
+  g_last_error = std::string(s.message());
+  int code = static_cast<int>(s.code());
+  if (code < 0 || code > POLYKV_DATA_LOSS) return POLYKV_UNKNOWN;
+  return static_cast<polykv_status>(code);
+}
+
+polykv_status Fail(polykv_status code, std::string message) {
+  g_last_error = std::move(message);
+  return code;
+}
+
+/// Runs `f` (returning Status) so that no exception crosses the C boundary.
+template <typename F>
+polykv_status Guarded(const char* what, F&& f) noexcept {
+  try {
+    return ToC(f());
+  } catch (const zmq::error_t& e) {
+    return Fail(POLYKV_UNAVAILABLE, absl::StrCat(what, ": ZeroMQ error: ", e.what()));
+  } catch (const std::bad_alloc&) {
+    return Fail(POLYKV_RESOURCE_EXHAUSTED, absl::StrCat(what, ": out of memory"));
+  } catch (const std::exception& e) {
+    return Fail(POLYKV_INTERNAL, absl::StrCat(what, ": ", e.what()));
+  } catch (...) {
+    return Fail(POLYKV_INTERNAL, absl::StrCat(what, ": unknown exception"));
+  }
+}
+
+void CopyString(char* dst, size_t cap, const std::string& src) {
+  size_t n = std::min(cap - 1, src.size());
+  std::memcpy(dst, src.data(), n);
+  dst[n] = '\0';
+}
+
+void ToCInfo(const ipc::PoolInfo& p, polykv_pool_info* out) {
+  std::memset(out, 0, sizeof(*out));
+  CopyString(out->id, sizeof(out->id), p.id);
+  CopyString(out->codec, sizeof(out->codec), p.codec);
+  CopyString(out->backend, sizeof(out->backend), p.backend);
+  CopyString(out->model, sizeof(out->model), p.model);
+  CopyString(out->model_fingerprint, sizeof(out->model_fingerprint), p.model_fingerprint);
+  out->layers = p.layers;
+  out->kv_heads = p.kv_heads;
+  out->head_dim = p.head_dim;
+  out->tokens = p.tokens;
+  out->total_bytes = p.total_bytes;
+  out->bf16_bytes = p.bf16_bytes;
+  out->effective_ratio = p.effective_ratio;
+  if (out->effective_ratio == 0 && p.total_bytes > 0) {
+    out->effective_ratio = static_cast<double>(p.bf16_bytes) / static_cast<double>(p.total_bytes);
+  }
+  out->leases = p.leases;
+  out->key_codes_bytes = p.key_codes;
+  out->key_scales_bytes = p.key_scales;
+  out->value_codes_bytes = p.value_codes;
+  out->value_norms_bytes = p.value_norms;
+  out->overhead_bytes = p.overhead;
+  out->created_unix_ms = p.created_unix_ms;
+  out->prefill_ms = p.prefill_ms;
+  out->encode_ms = p.encode_ms;
+  out->publish_ms = p.publish_ms;
+}
+
+std::string Hex(const uint8_t* bytes, size_t n) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s;
+  s.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    s.push_back(kDigits[bytes[i] >> 4]);
+    s.push_back(kDigits[bytes[i] & 15]);
+  }
+  return s;
+}
+
+Status CheckPoolId(const char* pool_id) {
+  if (pool_id == nullptr || *pool_id == '\0') {
+    return absl::InvalidArgumentError("pool id is empty");
+  }
+  size_t n = std::strlen(pool_id);
+  if (n > 64) return absl::InvalidArgumentError(absl::StrCat("pool id is ", n, " characters, over 64"));
+  return Status();
+}
+
+}  // namespace
+
+/// A connection: one DEALER channel used under a mutex (zmq sockets are not thread-safe).
+struct polykv_client {
+  std::shared_ptr<zmq::context_t> context;
+  std::string endpoint;
+  int timeout_ms = kDefaultTimeoutMs;
+  std::mutex mu;
+  std::unique_ptr<Channel> channel;
+
+  StatusOr<ipc::Reply> Call(ipc::Request request, int tries = kTries) {
+    std::lock_guard<std::mutex> lock(mu);
+    return channel->CallOk(std::move(request), timeout_ms, tries);
+  }
+};
+
+/// An attached pool: mapping + reader + lease (renewed by `renewer` on its own channel).
+struct polykv_pool {
+  std::shared_ptr<zmq::context_t> context;
+  std::string endpoint;
+  int timeout_ms = kDefaultTimeoutMs;
+  ipc::PoolInfo info;
+  std::string lease_id;
+  int64_t lease_ms = 0;
+
+  std::optional<ipc::ShmRegion> shm;
+  std::optional<ipc::CudaIpcMapping> cuda;
+  std::optional<ipc::PoolReader> reader;
+
+  // Lease state, written by the renewer, read by every call.
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  std::atomic<bool> cancel{false};
+  polykv_status lease_code = POLYKV_OK;
+  std::string lease_message;
+  Clock::time_point lease_valid_until;
+  std::thread renewer;
+  std::unique_ptr<Channel> channel;  // renewer's socket; detach uses it after the join
+
+  /// OK while the lease is valid; otherwise the reason (sets nothing).
+  std::pair<polykv_status, std::string> LeaseState() const {
+    std::lock_guard<std::mutex> lock(mu);
+    if (lease_code != POLYKV_OK) return {lease_code, lease_message};
+    if (Clock::now() >= lease_valid_until) {
+      return {POLYKV_FAILED_PRECONDITION,
+              absl::StrCat("lease on pool ", info.id,
+                           " expired: not renewed in time (is the daemon running?)",
+                           lease_message.empty() ? "" : " last renewal error: ", lease_message)};
+    }
+    return {POLYKV_OK, ""};
+  }
+
+  void RenewLoop() {
+    const int64_t interval_ms = std::max<int64_t>(kMinRenewIntervalMs, lease_ms / 3);
+    const int try_timeout = static_cast<int>(
+        std::max<int64_t>(10, std::min<int64_t>(timeout_ms, std::max<int64_t>(interval_ms / 2, 10))));
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      cv.wait_for(lock, std::chrono::milliseconds(interval_ms), [this] { return stop; });
+      if (stop) return;
+      if (lease_code != POLYKV_OK) return;  // evicted / expired: nothing left to renew
+      lock.unlock();
+      ipc::Request req;
+      req.type = ipc::MessageType::kRenew;
+      req.lease_id = lease_id;
+      req.pool_id = info.id;
+      req.client_pid = static_cast<uint32_t>(getpid());
+      const auto sent = Clock::now();
+      StatusOr<ipc::Reply> reply = [&]() -> StatusOr<ipc::Reply> {
+        try {
+          return channel->Call(req, try_timeout, 2, {}, &cancel);
+        } catch (const std::exception& e) {
+          return absl::UnavailableError(absl::StrCat("ZeroMQ error: ", e.what()));
+        }
+      }();
+      lock.lock();
+      if (stop) return;
+      if (!reply.ok()) {  // daemon unreachable: keep the lease until it runs out locally
+        lease_message = std::string(reply.status().message());
+        if (Clock::now() >= lease_valid_until) {
+          lease_code = POLYKV_FAILED_PRECONDITION;
+          lease_message = absl::StrCat("lease on pool ", info.id,
+                                       " expired: the daemon did not answer renewals (",
+                                       lease_message, ")");
+        }
+        continue;
+      }
+      Status st = ipc::ReplyStatus(*reply);
+      if (st.ok()) {
+        int64_t ms = reply->lease_ms > 0 ? reply->lease_ms : lease_ms;
+        lease_valid_until = sent + std::chrono::milliseconds(ms);
+        lease_message.clear();
+      } else if (st.code() == absl::StatusCode::kNotFound) {
+        lease_code = POLYKV_NOT_FOUND;
+        lease_message = absl::StrCat("pool ", info.id, " was evicted (daemon: ", st.message(), ")");
+      } else if (st.code() == absl::StatusCode::kFailedPrecondition) {
+        lease_code = POLYKV_FAILED_PRECONDITION;
+        lease_message =
+            absl::StrCat("lease on pool ", info.id, " expired (daemon: ", st.message(), ")");
+      } else {
+        lease_message = absl::StrCat("renewal of the lease on pool ", info.id,
+                                     " failed: ", st.ToString());
+      }
+    }
+  }
+};
+
+extern "C" {
+
+const char* polykv_status_string(polykv_status status) {
+  switch (status) {
+    case POLYKV_OK: return "OK";
+    case POLYKV_CANCELLED: return "CANCELLED";
+    case POLYKV_UNKNOWN: return "UNKNOWN";
+    case POLYKV_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case POLYKV_DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case POLYKV_NOT_FOUND: return "NOT_FOUND";
+    case POLYKV_ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case POLYKV_PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case POLYKV_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case POLYKV_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case POLYKV_ABORTED: return "ABORTED";
+    case POLYKV_OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case POLYKV_UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case POLYKV_INTERNAL: return "INTERNAL";
+    case POLYKV_UNAVAILABLE: return "UNAVAILABLE";
+    case POLYKV_DATA_LOSS: return "DATA_LOSS";
+  }
+  return "UNKNOWN_STATUS";
+}
+
+const char* polykv_last_error(void) { return g_last_error.c_str(); }
+
+void polykv_create_options_init(polykv_create_options* opts) {
+  if (opts == nullptr) return;
+  std::memset(opts, 0, sizeof(*opts));
+  opts->struct_version = POLYKV_CREATE_OPTIONS_VERSION;
+  opts->codec = "k8v3";
+  opts->key_scale = "tensor";
+  opts->add_bos = 1;
+  opts->timeout_ms = kDefaultCreateTimeoutMs;
+}
+
+polykv_status polykv_connect(const char* endpoint, int timeout_ms, polykv_client** out) {
+  if (out == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_connect: out is NULL");
+  *out = nullptr;
+  return Guarded("polykv_connect", [&]() -> Status {
+    auto client = std::make_unique<polykv_client>();
+    client->endpoint = (endpoint && *endpoint) ? std::string(endpoint) : ipc::DefaultEndpoint();
+    client->timeout_ms = timeout_ms > 0 ? timeout_ms : kDefaultTimeoutMs;
+    client->context = std::make_shared<zmq::context_t>(1);
+    client->channel = std::make_unique<Channel>(client->context, client->endpoint);
+    ipc::Request ping;
+    ping.type = ipc::MessageType::kPing;
+    POLYKV_RETURN_IF_ERROR(client->Call(ping).status());
+    *out = client.release();
+    return Status();
+  });
+}
+
+void polykv_disconnect(polykv_client* client) {
+  if (client == nullptr) return;
+  try {
+    client->channel.reset();
+    delete client;
+  } catch (...) {
+  }
+}
+
+polykv_status polykv_ping(polykv_client* client, polykv_daemon_info* out) {
+  if (client == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_ping: client is NULL");
+  return Guarded("polykv_ping", [&]() -> Status {
+    ipc::Request req;
+    req.type = ipc::MessageType::kPing;
+    POLYKV_ASSIGN_OR_RETURN(ipc::Reply reply, client->Call(req));
+    if (out != nullptr) {
+      std::memset(out, 0, sizeof(*out));
+      CopyString(out->version, sizeof(out->version), reply.daemon_version);
+      out->pid = reply.daemon_pid;
+      out->memory_used = reply.memory_used;
+      out->memory_cap = reply.memory_cap;
+    }
+    return Status();
+  });
+}
+
+polykv_status polykv_list_pools(polykv_client* client, polykv_pool_info* infos, size_t capacity,
+                                size_t* count) {
+  if (client == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_list_pools: client is NULL");
+  if (infos == nullptr && capacity > 0) {
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_list_pools: infos is NULL but capacity > 0");
+  }
+  return Guarded("polykv_list_pools", [&]() -> Status {
+    ipc::Request req;
+    req.type = ipc::MessageType::kList;
+    POLYKV_ASSIGN_OR_RETURN(ipc::Reply reply, client->Call(req));
+    for (size_t i = 0; i < reply.pools.size() && i < capacity; ++i) ToCInfo(reply.pools[i], &infos[i]);
+    if (count) *count = reply.pools.size();
+    return Status();
+  });
+}
+
+polykv_status polykv_pool_info_by_id(polykv_client* client, const char* pool_id,
+                                     polykv_pool_info* out) {
+  if (client == nullptr || out == nullptr) {
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_info_by_id: client or out is NULL");
+  }
+  return Guarded("polykv_pool_info_by_id", [&]() -> Status {
+    POLYKV_RETURN_IF_ERROR(CheckPoolId(pool_id));
+    ipc::Request req;
+    req.type = ipc::MessageType::kStats;
+    req.pool_id = pool_id;
+    StatusOr<ipc::Reply> reply = client->Call(req);
+    if (!reply.ok()) {
+      if (reply.status().code() == absl::StatusCode::kNotFound) {
+        return absl::NotFoundError(absl::StrCat("unknown pool ", pool_id, " (daemon: ",
+                                                reply.status().message(), ")"));
+      }
+      return reply.status();
+    }
+    if (reply->pool && reply->pool->id == pool_id) {
+      ToCInfo(*reply->pool, out);
+      return Status();
+    }
+    for (const ipc::PoolInfo& p : reply->pools) {
+      if (p.id == pool_id) {
+        ToCInfo(p, out);
+        return Status();
+      }
+    }
+    if (reply->pool && !reply->pool->id.empty()) {  // prefix or alias resolved by the daemon
+      ToCInfo(*reply->pool, out);
+      return Status();
+    }
+    return absl::NotFoundError(absl::StrCat("unknown pool ", pool_id));
+  });
+}
+
+polykv_status polykv_create_pool(polykv_client* client, const polykv_create_options* opts,
+                                 polykv_progress_fn progress, void* user, polykv_pool_info* out,
+                                 int* created) {
+  if (client == nullptr || opts == nullptr) {
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_create_pool: client or opts is NULL");
+  }
+  return Guarded("polykv_create_pool", [&]() -> Status {
+    if (opts->struct_version != POLYKV_CREATE_OPTIONS_VERSION) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "polykv_create_options.struct_version is ", opts->struct_version, ", expected ",
+          POLYKV_CREATE_OPTIONS_VERSION, " (call polykv_create_options_init)"));
+    }
+    if (opts->model == nullptr || *opts->model == '\0') {
+      return absl::InvalidArgumentError("create: model path is empty");
+    }
+    const bool has_doc = opts->document != nullptr && *opts->document != '\0';
+    const bool has_ids = opts->token_count > 0;
+    if (has_ids && opts->token_ids == nullptr) {
+      return absl::InvalidArgumentError("create: token_count > 0 but token_ids is NULL");
+    }
+    if (has_doc == has_ids) {
+      return absl::InvalidArgumentError(
+          has_doc ? "create: give either a document or token ids, not both"
+                  : "create: no document text and no token ids given");
+    }
+    ipc::Request req;
+    req.type = ipc::MessageType::kCreatePool;
+    req.model = opts->model;
+    if (has_doc) req.document = opts->document;
+    if (has_ids) req.token_ids.assign(opts->token_ids, opts->token_ids + opts->token_count);
+    req.add_bos = opts->add_bos != 0;
+    req.codec = opts->codec ? opts->codec : "k8v3";
+    static const char* kCodecs[] = {"k8v3", "k8v2", "k8v4", "none"};
+    if (std::none_of(std::begin(kCodecs), std::end(kCodecs),
+                     [&](const char* c) { return req.codec == c; })) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("create: unknown codec \"", req.codec, "\" (expected k8v3, k8v2, k8v4 or none)"));
+    }
+    req.key_scale = opts->key_scale ? opts->key_scale : "tensor";
+    if (req.key_scale != "tensor" && req.key_scale != "head" && req.key_scale != "channel") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "create: unknown key scale \"", req.key_scale, "\" (expected tensor, head or channel)"));
+    }
+    req.norm_correction = opts->norm_correction != 0;
+    req.progress = progress != nullptr;
+    req.client_pid = static_cast<uint32_t>(getpid());
+    const int timeout = opts->timeout_ms > 0 ? opts->timeout_ms : kDefaultCreateTimeoutMs;
+    std::function<void(const ipc::Reply&)> on_progress;
+    if (progress) {
+      on_progress = [&](const ipc::Reply& p) { progress(p.stage.c_str(), p.done, p.total, user); };
+    }
+    StatusOr<ipc::Reply> reply;
+    {
+      std::lock_guard<std::mutex> lock(client->mu);
+      // One try only: a create can run for minutes, and resending would queue a second one.
+      reply = client->channel->CallOk(req, timeout, 1, on_progress);
+    }
+    if (!reply.ok()) {
+      if (reply.status().code() == absl::StatusCode::kUnavailable) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "CREATE_POOL got no reply from polykvd at ", client->endpoint, " within ", timeout,
+            " ms (if the daemon is still working, `polykv-cli pools list` shows the pool once "
+            "published)"));
+      }
+      return reply.status();
+    }
+    if (!reply->pool) return absl::InternalError("CREATE_POOL reply carries no pool description");
+    if (out) ToCInfo(*reply->pool, out);
+    if (created) *created = reply->created ? 1 : 0;
+    return Status();
+  });
+}
+
+polykv_status polykv_evict(polykv_client* client, const char* pool_id, int force) {
+  if (client == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_evict: client is NULL");
+  return Guarded("polykv_evict", [&]() -> Status {
+    POLYKV_RETURN_IF_ERROR(CheckPoolId(pool_id));
+    ipc::Request req;
+    req.type = ipc::MessageType::kEvict;
+    req.pool_id = pool_id;
+    req.force = force != 0;
+    StatusOr<ipc::Reply> reply = client->Call(req);
+    if (!reply.ok() && reply.status().code() == absl::StatusCode::kNotFound) {
+      return absl::NotFoundError(absl::StrCat("unknown pool ", pool_id, " (daemon: ",
+                                              reply.status().message(), ")"));
+    }
+    return reply.status();
+  });
+}
+
+namespace {
+
+/// Gives the lease back (best effort: an unreleased lease expires by itself).
+Status SendDetach(polykv_pool* pool, int tries) {
+  ipc::Request req;
+  req.type = ipc::MessageType::kDetach;
+  req.lease_id = pool->lease_id;
+  req.pool_id = pool->info.id;
+  req.client_pid = static_cast<uint32_t>(getpid());
+  try {
+    if (!pool->channel) pool->channel = std::make_unique<Channel>(pool->context, pool->endpoint);
+    auto reply = pool->channel->CallOk(req, std::min(pool->timeout_ms, 1000), tries);
+    // NOT_FOUND: the lease or pool is already gone, which is what detach wants.
+    if (!reply.ok() && reply.status().code() != absl::StatusCode::kNotFound) {
+      return reply.status();
+    }
+    return Status();
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("DETACH: ", e.what()));
+  }
+}
+
+Status MapPool(polykv_pool* pool, const ipc::MemoryHandle& mem) {
+  const void* base = nullptr;
+  uint64_t size = 0;
+  polykv::kernels::Device device = polykv::kernels::Device::kCpu;
+  if (mem.backend == "host") {
+    if (mem.shm_name.empty()) return absl::InternalError("ATTACH reply has no shm name");
+    POLYKV_ASSIGN_OR_RETURN(ipc::ShmRegion region, ipc::ShmRegion::OpenReadOnly(mem.shm_name));
+    pool->shm.emplace(std::move(region));
+    base = pool->shm->data();
+    size = pool->shm->size();
+    if (mem.size > 0) {
+      if (mem.size > size) {
+        return absl::DataLossError(absl::StrCat("shm object ", mem.shm_name, " has ", size,
+                                                " bytes, the daemon announced ", mem.size));
+      }
+      size = mem.size;
+    }
+  } else if (mem.backend == "cuda") {
+    POLYKV_ASSIGN_OR_RETURN(ipc::CudaIpcMapping mapping, ipc::CudaIpcMapping::Open(mem.cuda));
+    pool->cuda.emplace(std::move(mapping));
+    base = pool->cuda->data();
+    size = mem.size > 0 ? mem.size : pool->cuda->size();
+    device = polykv::kernels::Device::kCuda;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("ATTACH reply has unknown backend \"",
+                                                    mem.backend, "\" (expected host or cuda)"));
+  }
+  POLYKV_ASSIGN_OR_RETURN(ipc::PoolReader reader, ipc::PoolReader::Open(base, size, false, device));
+  const std::string header_id = Hex(reader.header().pool_id, sizeof(reader.header().pool_id));
+  if (header_id != pool->info.id) {
+    return absl::DataLossError(absl::StrCat("mapped pool header has id ", header_id,
+                                            ", expected ", pool->info.id));
+  }
+  pool->reader.emplace(std::move(reader));
+  return Status();
+}
+
+}  // namespace
+
+polykv_status polykv_attach(polykv_client* client, const char* pool_id, polykv_pool** out) {
+  if (client == nullptr || out == nullptr) {
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_attach: client or out is NULL");
+  }
+  *out = nullptr;
+  return Guarded("polykv_attach", [&]() -> Status {
+    POLYKV_RETURN_IF_ERROR(CheckPoolId(pool_id));
+    ipc::Request req;
+    req.type = ipc::MessageType::kAttach;
+    req.pool_id = pool_id;
+    req.client_pid = static_cast<uint32_t>(getpid());
+    const auto sent = Clock::now();
+    StatusOr<ipc::Reply> reply = client->Call(req);
+    if (!reply.ok()) {
+      if (reply.status().code() == absl::StatusCode::kNotFound) {
+        return absl::NotFoundError(absl::StrCat("unknown pool ", pool_id, " (daemon: ",
+                                                reply.status().message(), ")"));
+      }
+      return reply.status();
+    }
+    if (!reply->pool || !reply->memory) {
+      return absl::InternalError("ATTACH reply lacks the pool description or memory handle");
+    }
+    auto pool = std::make_unique<polykv_pool>();
+    pool->context = client->context;
+    pool->endpoint = client->endpoint;
+    pool->timeout_ms = client->timeout_ms;
+    pool->info = *reply->pool;
+    if (pool->info.id.empty()) pool->info.id = pool_id;
+    pool->lease_id = reply->lease_id;
+    pool->lease_ms = reply->lease_ms;
+    if (pool->lease_ms <= 0 && reply->lease_expires_unix_ms > 0) {
+      const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
+      pool->lease_ms = std::max<int64_t>(0, reply->lease_expires_unix_ms - now_ms);
+    }
+    if (pool->lease_id.empty() || pool->lease_ms <= 0) {
+      return absl::InternalError("ATTACH reply lacks a lease (lease_id / lease_ms)");
+    }
+    pool->lease_valid_until = sent + std::chrono::milliseconds(pool->lease_ms);
+    pool->channel = std::make_unique<Channel>(pool->context, pool->endpoint);
+    Status mapped = MapPool(pool.get(), *reply->memory);
+    if (!mapped.ok()) {
+      SendDetach(pool.get(), 1).IgnoreError();  // give the lease back; it would expire anyway
+      return mapped;
+    }
+    polykv_pool* raw = pool.get();
+    pool->renewer = std::thread([raw] { raw->RenewLoop(); });
+    *out = pool.release();
+    return Status();
+  });
+}
+
+polykv_status polykv_detach(polykv_pool* pool) {
+  if (pool == nullptr) return POLYKV_OK;
+  polykv_status result = POLYKV_OK;
+  try {
+    bool lease_valid;
+    {
+      std::lock_guard<std::mutex> lock(pool->mu);
+      pool->stop = true;
+      lease_valid = pool->lease_code == POLYKV_OK;
+    }
+    pool->cancel = true;
+    pool->cv.notify_all();
+    if (pool->renewer.joinable()) pool->renewer.join();
+    pool->cancel = false;
+    if (lease_valid) result = ToC(SendDetach(pool, 2));
+    pool->reader.reset();
+    pool->shm.reset();
+    pool->cuda.reset();
+    pool->channel.reset();
+  } catch (const std::exception& e) {
+    result = Fail(POLYKV_INTERNAL, absl::StrCat("polykv_detach: ", e.what()));
+  }
+  delete pool;
+  return result;
+}
+
+polykv_status polykv_pool_get_info(const polykv_pool* pool, polykv_pool_info* out) {
+  if (pool == nullptr || out == nullptr) {
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_get_info: pool or out is NULL");
+  }
+  return Guarded("polykv_pool_get_info", [&]() -> Status {
+    ToCInfo(pool->info, out);
+    return Status();
+  });
+}
+
+size_t polykv_pool_layer_elements(const polykv_pool* pool) {
+  if (pool == nullptr || !pool->reader) return 0;
+  const ipc::PoolParams& p = pool->reader->params();
+  return size_t{p.kv_heads} * p.tokens * p.head_dim;
+}
+
+polykv_status polykv_pool_token_ids(const polykv_pool* pool, int32_t* ids, size_t capacity) {
+  if (pool == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_token_ids: pool is NULL");
+  if (ids == nullptr && capacity > 0) {
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_token_ids: ids is NULL but capacity > 0");
+  }
+  return Guarded("polykv_pool_token_ids", [&]() -> Status {
+    std::vector<int32_t> all = pool->reader->TokenIds();
+    std::copy_n(all.begin(), std::min(capacity, all.size()), ids);
+    return Status();
+  });
+}
+
+polykv_status polykv_decode_layer(const polykv_pool* pool, uint32_t layer, void* k_out,
+                                  void* v_out, polykv_dtype dtype) {
+  if (pool == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_decode_layer: pool is NULL");
+  if (k_out == nullptr || v_out == nullptr) {
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_decode_layer: k_out or v_out is NULL");
+  }
+  if (dtype != POLYKV_DTYPE_F32 && dtype != POLYKV_DTYPE_F16 && dtype != POLYKV_DTYPE_BF16) {
+    return Fail(POLYKV_INVALID_ARGUMENT,
+                absl::StrCat("polykv_decode_layer: unknown dtype ", static_cast<int>(dtype)));
+  }
+  const uint32_t layers = pool->reader->params().layers;
+  if (layer >= layers) {
+    return Fail(POLYKV_OUT_OF_RANGE, absl::StrCat("polykv_decode_layer: layer ", layer,
+                                                  " out of range: pool ", pool->info.id,
+                                                  " has ", layers, " layers"));
+  }
+  auto [code, message] = pool->LeaseState();
+  if (code != POLYKV_OK) return Fail(code, message);
+  return Guarded("polykv_decode_layer", [&]() -> Status {
+    const auto out_dtype = static_cast<polykv::kernels::DType>(dtype);
+    if (pool->cuda) {
+      return polykv::client::DecodeDeviceLayerToHost(*pool->reader, pool->cuda->device(), layer,
+                                                     k_out, v_out, out_dtype);
+    }
+    POLYKV_RETURN_IF_ERROR(pool->reader->DecodeLayer(layer, k_out, v_out, out_dtype));
+    // The lease may have been lost while decoding: never hand out possibly stale data.
+    auto [after, why] = pool->LeaseState();
+    if (after != POLYKV_OK) return Status(static_cast<absl::StatusCode>(after), why);
+    return Status();
+  });
+}
+
+polykv_status polykv_pool_verify(const polykv_pool* pool) {
+  if (pool == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_verify: pool is NULL");
+  return Guarded("polykv_pool_verify", [&]() -> Status {
+    Status s = pool->reader->VerifyPayload();
+    if (!s.ok()) {
+      return Status(s.code(), absl::StrCat("pool ", pool->info.id, ": ", s.message()));
+    }
+    return s;
+  });
+}
+
+polykv_status polykv_pool_lease_status(const polykv_pool* pool) {
+  if (pool == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_lease_status: pool is NULL");
+  auto [code, message] = pool->LeaseState();
+  if (code != POLYKV_OK) return Fail(code, message);
+  return POLYKV_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,135 @@
+// Lazy Pirate request/reply over a ZeroMQ DEALER socket (see client_channel.h).
+#include "client_channel.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace polykv::client {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kPollSliceMs = 50;  // cancel flag granularity
+
+}  // namespace
+
+uint64_t NextRequestId() {
+  // Start from a per-process random base so that ids of two processes (or of a process that
+  // restarted) do not repeat each other in the daemon's logs.
+  static std::atomic<uint64_t> next{[] {
+    std::random_device rd;
+    return ((uint64_t{rd()} << 20) ^ (uint64_t(getpid()) << 40) ^ rd()) & ((uint64_t{1} << 52) - 1);
+  }()};
+  uint64_t id = ++next;
+  if (id == 0) id = ++next;
+  return id;
+}
+
+Channel::Channel(std::shared_ptr<zmq::context_t> context, std::string endpoint)
+    : context_(std::move(context)), endpoint_(std::move(endpoint)) {}
+
+Channel::~Channel() {
+  if (socket_) {
+    try {
+      socket_->set(zmq::sockopt::linger, 0);
+      socket_->close();
+    } catch (...) {
+    }
+  }
+}
+
+void Channel::Reset() {
+  if (socket_) {
+    socket_->set(zmq::sockopt::linger, 0);
+    socket_->close();
+    socket_.reset();
+  }
+  auto socket = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::dealer);
+  socket->set(zmq::sockopt::linger, 0);
+  // Bound what a misbehaving peer can make us allocate (replies are small JSON).
+  socket->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(4 * ipc::kMaxMessageBytes));
+  socket->connect(endpoint_);
+  socket_ = std::move(socket);
+}
+
+StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int tries,
+                                   const std::function<void(const ipc::Reply&)>& on_progress,
+                                   const std::atomic<bool>* cancel) {
+  if (try_timeout_ms <= 0) try_timeout_ms = 1;
+  if (tries <= 0) tries = 1;
+  request.id = NextRequestId();
+  const std::string frame = ipc::EncodeRequest(request);
+  if (frame.size() > ipc::kMaxMessageBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        std::string(ipc::MessageTypeName(request.type)), " request is ", frame.size(),
+        " bytes, over the protocol limit of ", ipc::kMaxMessageBytes, " bytes"));
+  }
+  for (int attempt = 0; attempt < tries; ++attempt) {
+    // A fresh socket for every try after the first (Lazy Pirate): a lost reply can then
+    // never be confused with this try's, and nothing queued lingers on the old socket.
+    if (!socket_ || attempt > 0) Reset();
+    // DEALER mimics REQ's envelope: an empty delimiter frame, then the JSON.
+    zmq::message_t delimiter;
+    if (!socket_->send(delimiter, zmq::send_flags::sndmore | zmq::send_flags::dontwait) ||
+        !socket_->send(zmq::buffer(frame), zmq::send_flags::dontwait)) {
+      continue;  // cannot queue (no pipe yet): next try rebuilds the socket
+    }
+    const auto deadline = Clock::now() + std::chrono::milliseconds(try_timeout_ms);
+    while (true) {
+      if (cancel && cancel->load()) return absl::CancelledError("request cancelled");
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) break;
+      zmq::pollitem_t item{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(std::min<int64_t>(left.count(), kPollSliceMs)));
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      // Read one whole multipart message; the JSON is its last frame.
+      std::string payload;
+      bool more = true;
+      while (more) {
+        zmq::message_t part;
+        if (!socket_->recv(part, zmq::recv_flags::dontwait)) break;
+        more = part.more();
+        payload.assign(static_cast<const char*>(part.data()), part.size());
+      }
+      if (payload.empty()) continue;
+      StatusOr<ipc::Reply> reply = ipc::DecodeReply(payload);
+      if (!reply.ok()) {
+        return Status(reply.status().code(),
+                      absl::StrCat("malformed reply from polykvd at ", endpoint_, ": ",
+                                   reply.status().message()));
+      }
+      if (reply->id != request.id) continue;  // stale: a reply to an earlier request
+      if (reply->type == ipc::MessageType::kProgress) {
+        if (on_progress) on_progress(*reply);
+        continue;
+      }
+      return reply;
+    }
+  }
+  // Leave no half-finished exchange on the socket: the next Call starts clean.
+  if (socket_) {
+    socket_->set(zmq::sockopt::linger, 0);
+    socket_->close();
+    socket_.reset();
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "no reply from polykvd at ", endpoint_, " to ", std::string(ipc::MessageTypeName(request.type)),
+      " after ", tries, (tries == 1 ? " try" : " tries"), " of ", try_timeout_ms,
+      " ms (is the daemon running?)"));
+}
+
+StatusOr<ipc::Reply> Channel::CallOk(ipc::Request request, int try_timeout_ms, int tries,
+                                     const std::function<void(const ipc::Reply&)>& on_progress,
+                                     const std::atomic<bool>* cancel) {
+  POLYKV_ASSIGN_OR_RETURN(ipc::Reply reply,
+                          Call(std::move(request), try_timeout_ms, tries, on_progress, cancel));
+  POLYKV_RETURN_IF_ERROR(ipc::ReplyStatus(reply));
+  return reply;
+}
+
+}  // namespace polykv::client

@@ -1,0 +1,56 @@
+// Lazy Pirate request/reply channel to polykvd over a ZeroMQ DEALER socket (internal).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <zmq.hpp>
+
+#include "polykv/ipc/protocol.h"
+#include "polykv/status.h"
+
+namespace polykv::client {
+
+/// One DEALER socket to the daemon. Not thread-safe (one owner thread at a time, as every
+/// zmq socket). Implements the ZeroMQ guide's "Lazy Pirate": each try waits `try_timeout_ms`
+/// for the reply whose id matches the request (stale replies of earlier tries or requests
+/// are dropped), then the socket is closed with LINGER=0 and rebuilt before the next try.
+class Channel {
+ public:
+  /// Does not connect yet (the socket is built lazily by Call).
+  Channel(std::shared_ptr<zmq::context_t> context, std::string endpoint);
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  /// Sends `request` (its id is set here) up to `tries` times, each waiting `try_timeout_ms`
+  /// milliseconds. PROGRESS messages for the request go to `on_progress` (may be empty).
+  /// `cancel`, when given and set, ends the wait early with kCancelled.
+  /// Returns the reply (ok or error reply: check ipc::ReplyStatus). Errors: kUnavailable
+  /// when no try got a reply; kInvalidArgument / kFailedPrecondition for a malformed or
+  /// version-mismatched reply.
+  StatusOr<ipc::Reply> Call(ipc::Request request, int try_timeout_ms, int tries,
+                            const std::function<void(const ipc::Reply&)>& on_progress = {},
+                            const std::atomic<bool>* cancel = nullptr);
+
+  /// Like Call but returns the reply's own status as the error for error replies.
+  StatusOr<ipc::Reply> CallOk(ipc::Request request, int try_timeout_ms, int tries,
+                              const std::function<void(const ipc::Reply&)>& on_progress = {},
+                              const std::atomic<bool>* cancel = nullptr);
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  void Reset();  ///< closes the socket (LINGER=0) and connects a fresh one
+  std::shared_ptr<zmq::context_t> context_;
+  std::string endpoint_;
+  std::unique_ptr<zmq::socket_t> socket_;
+};
+
+/// A process-wide unique, never-zero request id.
+uint64_t NextRequestId();
+
+}  // namespace polykv::client

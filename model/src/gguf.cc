@@ -1,0 +1,614 @@
+// GGUF (v2/v3) reader: read-only mmap, bounds-checked parse of metadata and tensor table.
+#include "polykv/model/gguf.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+
+namespace polykv::model {
+namespace {
+
+// GGUF metadata value types (gguf.md).
+enum ValueType : uint32_t {
+  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
+  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+};
+constexpr uint32_t kNumValueTypes = 13;
+constexpr uint32_t kMaxDims = 4;          // GGML_MAX_DIMS
+constexpr int kMaxArrayNesting = 8;       // nested arrays deeper than this are rejected
+constexpr uint64_t kDefaultAlignment = 32;
+
+const char* ValueTypeName(uint32_t t) {
+  static const char* kNames[] = {"u8",  "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                 "bool", "string", "array", "u64", "i64", "f64"};
+  return t < kNumValueTypes ? kNames[t] : "unknown";
+}
+
+// Size of a scalar value type; 0 for string/array/unknown.
+uint64_t ScalarSize(uint32_t t) {
+  switch (t) {
+    case kU8: case kI8: case kBool: return 1;
+    case kU16: case kI16: return 2;
+    case kU32: case kI32: case kF32: return 4;
+    case kU64: case kI64: case kF64: return 8;
+    default: return 0;
+  }
+}
+
+// Bounds-checked little-endian reader over the mapping.
+class Reader {
+ public:
+  Reader(const uint8_t* data, uint64_t size) : data_(data), size_(size) {}
+  uint64_t pos() const { return pos_; }
+  uint64_t remaining() const { return size_ - pos_; }
+
+  Status Need(uint64_t n, const std::string& what) const {
+    if (n > size_ - pos_) {
+      return absl::DataLossError(absl::StrCat("GGUF truncated: ", what, " needs ", n,
+                                              " bytes at offset ", pos_, " but only ",
+                                              size_ - pos_, " remain"));
+    }
+    return absl::OkStatus();
+  }
+  template <typename T>
+  StatusOr<T> Read(const std::string& what) {
+    POLYKV_RETURN_IF_ERROR(Need(sizeof(T), what));
+    T v;
+    std::memcpy(&v, data_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  Status Skip(uint64_t n, const std::string& what) {
+    POLYKV_RETURN_IF_ERROR(Need(n, what));
+    pos_ += n;
+    return absl::OkStatus();
+  }
+  // A gguf_string: u64 length + bytes.
+  StatusOr<std::string_view> ReadString(const std::string& what) {
+    POLYKV_ASSIGN_OR_RETURN(uint64_t len, Read<uint64_t>(what + " length"));
+    if (len > size_ - pos_) {
+      return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: ", what, " length ",
+                                              len, " at offset ", pos_ - 8,
+                                              " exceeds the remaining ", size_ - pos_,
+                                              " bytes of the file"));
+    }
+    std::string_view s(reinterpret_cast<const char*>(data_ + pos_), len);
+    pos_ += len;
+    return s;
+  }
+
+ private:
+  const uint8_t* data_;
+  uint64_t size_;
+  uint64_t pos_ = 0;
+};
+
+struct MetaValue {
+  uint32_t type = 0;
+  // Scalars.
+  uint64_t u = 0;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;
+  // Arrays: element type, count and byte offset of the first element in the mapping.
+  uint32_t elem_type = 0;
+  uint64_t count = 0;
+  uint64_t data_offset = 0;
+};
+
+bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+
+struct TypeTraits {
+  const char* name;
+  int64_t block;      // elements per block; 0 = unknown size
+  uint64_t bytes;     // bytes per block
+  bool dequant;       // DequantizeToF32 supports it
+};
+
+// ggml type table (ggml.c type_traits), indexed by type number.
+TypeTraits Traits(uint32_t t) {
+  switch (t) {
+    case 0: return {"F32", 1, 4, true};
+    case 1: return {"F16", 1, 2, true};
+    case 2: return {"Q4_0", 32, 18, true};
+    case 3: return {"Q4_1", 32, 20, true};
+    case 6: return {"Q5_0", 32, 22, true};
+    case 7: return {"Q5_1", 32, 24, true};
+    case 8: return {"Q8_0", 32, 34, true};
+    case 9: return {"Q8_1", 32, 36, false};
+    case 10: return {"Q2_K", 256, 84, false};
+    case 11: return {"Q3_K", 256, 110, false};
+    case 12: return {"Q4_K", 256, 144, true};
+    case 13: return {"Q5_K", 256, 176, true};
+    case 14: return {"Q6_K", 256, 210, true};
+    case 15: return {"Q8_K", 256, 292, false};
+    case 16: return {"IQ2_XXS", 0, 0, false};
+    case 17: return {"IQ2_XS", 0, 0, false};
+    case 18: return {"IQ3_XXS", 0, 0, false};
+    case 19: return {"IQ1_S", 0, 0, false};
+    case 20: return {"IQ4_NL", 0, 0, false};
+    case 21: return {"IQ3_S", 0, 0, false};
+    case 22: return {"IQ2_S", 0, 0, false};
+    case 23: return {"IQ4_XS", 0, 0, false};
+    case 24: return {"I8", 1, 1, false};
+    case 25: return {"I16", 1, 2, false};
+    case 26: return {"I32", 1, 4, false};
+    case 27: return {"I64", 1, 8, false};
+    case 28: return {"F64", 1, 8, false};
+    case 29: return {"IQ1_M", 0, 0, false};
+    case 30: return {"BF16", 1, 2, true};
+    case 34: return {"TQ1_0", 0, 0, false};
+    case 35: return {"TQ2_0", 0, 0, false};
+    case 39: return {"MXFP4", 0, 0, false};
+    default: return {nullptr, 0, 0, false};
+  }
+}
+
+}  // namespace
+
+std::string GgmlTypeName(uint32_t type) {
+  TypeTraits t = Traits(type);
+  return t.name ? std::string(t.name) : absl::StrCat("type ", type);
+}
+
+int64_t GgufTensorInfo::elements() const {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;  // validated not to overflow at Open
+  return n;
+}
+
+StatusOr<uint64_t> GgmlTypeBytes(uint32_t type, int64_t elements) {
+  TypeTraits t = Traits(type);
+  if (t.block == 0) {
+    return absl::UnimplementedError(absl::StrCat("ggml type ", GgmlTypeName(type), " (", type,
+                                                 ") is not supported by PolyKV"));
+  }
+  if (elements < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative element count ", elements));
+  }
+  if (elements % t.block != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(elements, " elements of ggml type ",
+                                                   t.name, " is not a multiple of its block of ",
+                                                   t.block));
+  }
+  uint64_t bytes;
+  if (MulOverflow(static_cast<uint64_t>(elements / t.block), t.bytes, &bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(elements, " elements of ggml type ", t.name,
+                                                   " overflow a 64-bit byte count"));
+  }
+  return bytes;
+}
+
+// ---------------------------------------------------------------------------------------
+struct GgufFile::Impl {
+  std::string path;
+  uint32_t version = 0;
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+  void* map = nullptr;
+  uint64_t map_size = 0;
+  std::vector<std::string> keys;
+  std::unordered_map<std::string, MetaValue> meta;
+  std::vector<GgufTensorInfo> tensors;
+  std::unordered_map<std::string, size_t> tensor_index;
+
+  ~Impl() {
+    if (map != nullptr) munmap(map, map_size);
+  }
+
+  Status ValidateValue(Reader& r, uint32_t type, const std::string& what, int depth);
+  Status Parse();
+  const MetaValue* Find(std::string_view key) const {
+    auto it = meta.find(std::string(key));
+    return it == meta.end() ? nullptr : &it->second;
+  }
+};
+
+// Validates (and skips) one value of `type` at r's position, recursing into arrays.
+Status GgufFile::Impl::ValidateValue(Reader& r, uint32_t type, const std::string& what,
+                                     int depth) {
+  if (type >= kNumValueTypes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GGUF ", what, " has unknown value type ", type));
+  }
+  if (type == kString) {
+    return r.ReadString(what).status();
+  }
+  if (type == kArray) {
+    if (depth >= kMaxArrayNesting) {
+      return absl::InvalidArgumentError(absl::StrCat("GGUF ", what, " nests arrays deeper than ",
+                                                     kMaxArrayNesting));
+    }
+    POLYKV_ASSIGN_OR_RETURN(uint32_t et, r.Read<uint32_t>(what + " array element type"));
+    POLYKV_ASSIGN_OR_RETURN(uint64_t n, r.Read<uint64_t>(what + " array count"));
+    if (et >= kNumValueTypes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF ", what, " array has unknown element type ", et));
+    }
+    // Minimum bytes per element: scalars their size, strings 8 (length), arrays 12.
+    uint64_t min_elem = et == kString ? 8 : et == kArray ? 12 : ScalarSize(et);
+    uint64_t min_bytes;
+    if (MulOverflow(n, min_elem, &min_bytes) || min_bytes > r.remaining()) {
+      return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: ", what,
+                                              " array count ", n, " of ", ValueTypeName(et),
+                                              " exceeds the remaining ", r.remaining(),
+                                              " bytes of the file"));
+    }
+    if (et != kString && et != kArray) return r.Skip(min_bytes, what);
+    for (uint64_t k = 0; k < n; ++k) {
+      POLYKV_RETURN_IF_ERROR(ValidateValue(r, et, absl::StrCat(what, "[", k, "]"), depth + 1));
+    }
+    return absl::OkStatus();
+  }
+  return r.Skip(ScalarSize(type), what);
+}
+
+Status GgufFile::Impl::Parse() {
+  Reader r(data, size);
+  POLYKV_ASSIGN_OR_RETURN(uint32_t magic, r.Read<uint32_t>("header magic"));
+  if (magic != 0x46554747u) {  // "GGUF" little-endian
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": bad magic (not a GGUF file): 0x", absl::Hex(magic)));
+  }
+  POLYKV_ASSIGN_OR_RETURN(version, r.Read<uint32_t>("header version"));
+  if (version != 2 && version != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": unsupported GGUF version ", version, " (PolyKV reads versions 2 and 3",
+        (version > 0xffff ? "; big-endian files are not supported" : ""), ")"));
+  }
+  POLYKV_ASSIGN_OR_RETURN(uint64_t n_tensors, r.Read<uint64_t>("header tensor_count"));
+  POLYKV_ASSIGN_OR_RETURN(uint64_t n_kv, r.Read<uint64_t>("header metadata_kv_count"));
+  // Each kv needs >= 8 (key length) + 4 (type) + 1 bytes; each tensor >= 8 + 4 + 4 + 8.
+  if (n_kv > r.remaining() / 13) {
+    return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: metadata_kv_count ",
+                                            n_kv, " cannot fit in the remaining ",
+                                            r.remaining(), " bytes"));
+  }
+  if (n_tensors > r.remaining() / 24) {
+    return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: tensor_count ",
+                                            n_tensors, " cannot fit in the remaining ",
+                                            r.remaining(), " bytes"));
+  }
+
+  for (uint64_t k = 0; k < n_kv; ++k) {
+    std::string what = absl::StrCat("metadata key #", k);
+    POLYKV_ASSIGN_OR_RETURN(std::string_view key_sv, r.ReadString(what));
+    std::string key(key_sv);
+    what = absl::StrCat("metadata '", key, "'");
+    if (meta.count(key)) {
+      return absl::InvalidArgumentError(absl::StrCat("GGUF duplicate ", what));
+    }
+    POLYKV_ASSIGN_OR_RETURN(uint32_t type, r.Read<uint32_t>(what + " type"));
+    MetaValue v;
+    v.type = type;
+    if (type >= kNumValueTypes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF ", what, " has unknown value type ", type));
+    }
+    switch (type) {
+      case kU8: { POLYKV_ASSIGN_OR_RETURN(uint8_t x, r.Read<uint8_t>(what)); v.u = x; v.i = x; v.f = x; break; }
+      case kI8: { POLYKV_ASSIGN_OR_RETURN(int8_t x, r.Read<int8_t>(what)); v.i = x; v.u = static_cast<uint64_t>(x); v.f = x; break; }
+      case kU16: { POLYKV_ASSIGN_OR_RETURN(uint16_t x, r.Read<uint16_t>(what)); v.u = x; v.i = x; v.f = x; break; }
+      case kI16: { POLYKV_ASSIGN_OR_RETURN(int16_t x, r.Read<int16_t>(what)); v.i = x; v.u = static_cast<uint64_t>(x); v.f = x; break; }
+      case kU32: { POLYKV_ASSIGN_OR_RETURN(uint32_t x, r.Read<uint32_t>(what)); v.u = x; v.i = x; v.f = x; break; }
+      case kI32: { POLYKV_ASSIGN_OR_RETURN(int32_t x, r.Read<int32_t>(what)); v.i = x; v.u = static_cast<uint64_t>(x); v.f = x; break; }
+      case kU64: { POLYKV_ASSIGN_OR_RETURN(uint64_t x, r.Read<uint64_t>(what)); v.u = x; v.i = static_cast<int64_t>(x); v.f = static_cast<double>(x); break; }
+      case kI64: { POLYKV_ASSIGN_OR_RETURN(int64_t x, r.Read<int64_t>(what)); v.i = x; v.u = static_cast<uint64_t>(x); v.f = static_cast<double>(x); break; }
+      case kF32: { POLYKV_ASSIGN_OR_RETURN(float x, r.Read<float>(what)); v.f = x; break; }
+      case kF64: { POLYKV_ASSIGN_OR_RETURN(double x, r.Read<double>(what)); v.f = x; break; }
+      case kBool: {
+        POLYKV_ASSIGN_OR_RETURN(uint8_t x, r.Read<uint8_t>(what));
+        if (x > 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("GGUF ", what, " bool has invalid value ", static_cast<int>(x)));
+        }
+        v.u = x; v.i = x;
+        break;
+      }
+      case kString: {
+        POLYKV_ASSIGN_OR_RETURN(std::string_view s, r.ReadString(what));
+        v.s = std::string(s);
+        break;
+      }
+      case kArray: {
+        uint64_t start = r.pos();
+        POLYKV_RETURN_IF_ERROR(ValidateValue(r, kArray, what, 0));
+        // Re-read the (now validated) array header.
+        std::memcpy(&v.elem_type, data + start, 4);
+        std::memcpy(&v.count, data + start + 4, 8);
+        v.data_offset = start + 12;
+        break;
+      }
+    }
+    keys.push_back(key);
+    meta.emplace(key, std::move(v));
+  }
+
+  uint64_t alignment = kDefaultAlignment;
+  if (const MetaValue* a = Find("general.alignment")) {
+    if (a->type != kU32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GGUF general.alignment must be u32, got ", ValueTypeName(a->type)));
+    }
+    if (a->u == 0 || (a->u & (a->u - 1)) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF general.alignment ", a->u, " is not a power of two"));
+    }
+    alignment = a->u;
+  }
+
+  tensors.reserve(n_tensors);
+  for (uint64_t k = 0; k < n_tensors; ++k) {
+    std::string what = absl::StrCat("tensor #", k);
+    POLYKV_ASSIGN_OR_RETURN(std::string_view name_sv, r.ReadString(what + " name"));
+    GgufTensorInfo t;
+    t.name = std::string(name_sv);
+    what = absl::StrCat("tensor ", t.name);
+    if (tensor_index.count(t.name)) {
+      return absl::InvalidArgumentError(absl::StrCat("GGUF duplicate tensor name ", t.name));
+    }
+    POLYKV_ASSIGN_OR_RETURN(uint32_t n_dims, r.Read<uint32_t>(what + " n_dims"));
+    if (n_dims > kMaxDims) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF ", what, " has n_dims ", n_dims, " > ", kMaxDims));
+    }
+    uint64_t elements = 1;
+    for (uint32_t d = 0; d < n_dims; ++d) {
+      POLYKV_ASSIGN_OR_RETURN(uint64_t dim, r.Read<uint64_t>(absl::StrCat(what, " dim ", d)));
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+          MulOverflow(elements, dim, &elements) ||
+          elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("GGUF ", what, " dims overflow 63 bits at dim ", d, " (", dim, ")"));
+      }
+      t.dims.push_back(static_cast<int64_t>(dim));
+    }
+    POLYKV_ASSIGN_OR_RETURN(t.type, r.Read<uint32_t>(what + " type"));
+    POLYKV_ASSIGN_OR_RETURN(uint64_t rel_offset, r.Read<uint64_t>(what + " offset"));
+    TypeTraits tr = Traits(t.type);
+    if (tr.name == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF ", what, " has unknown ggml type ", t.type));
+    }
+    if (tr.block == 0) {
+      return absl::UnimplementedError(absl::StrCat(what, " has ggml type ", tr.name, " (",
+                                                   t.type, "), which PolyKV does not support"));
+    }
+    if (!t.dims.empty() && t.dims[0] % tr.block != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("GGUF ", what, " row length ", t.dims[0],
+                                                     " is not a multiple of the ", tr.name,
+                                                     " block size ", tr.block));
+    }
+    auto nbytes = GgmlTypeBytes(t.type, static_cast<int64_t>(elements));
+    if (!nbytes.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("GGUF ", what, ": ", nbytes.status().message()));
+    }
+    t.nbytes = *nbytes;
+    if (rel_offset % alignment != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("GGUF ", what, " offset ", rel_offset,
+                                                     " is not a multiple of the alignment ",
+                                                     alignment));
+    }
+    t.offset = rel_offset;  // made absolute below
+    tensor_index.emplace(t.name, tensors.size());
+    tensors.push_back(std::move(t));
+  }
+
+  // Data section starts at the next multiple of `alignment`.
+  uint64_t data_start = r.pos();
+  uint64_t pad = (alignment - data_start % alignment) % alignment;
+  if (n_tensors > 0) {
+    if (pad > r.remaining()) {
+      return absl::DataLossError(absl::StrCat("GGUF truncated: tensor data section (offset ",
+                                              data_start + pad, ") lies past the end of the ",
+                                              size, "-byte file"));
+    }
+  }
+  data_start += pad;
+  for (GgufTensorInfo& t : tensors) {
+    uint64_t avail = size >= data_start ? size - data_start : 0;
+    if (t.offset > avail || t.nbytes > avail - t.offset) {
+      return absl::DataLossError(absl::StrCat(
+          "GGUF tensor ", t.name, " data [", t.offset, ", +", t.nbytes,
+          ") relative to the data section at ", data_start, " lies outside the ", size,
+          "-byte file (truncated or corrupt offset)"));
+    }
+    t.offset += data_start;
+  }
+  return absl::OkStatus();
+}
+
+GgufFile::GgufFile(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GgufFile::~GgufFile() = default;
+
+StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    std::string msg = absl::StrCat("cannot open GGUF file ", path, ": ", std::strerror(e));
+    return e == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+  }
+  impl->size = static_cast<uint64_t>(st.st_size);
+  if (impl->size < 24) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat("GGUF truncated: ", path, " is ", impl->size,
+                                            " bytes, smaller than the 24-byte header"));
+  }
+  void* m = mmap(nullptr, impl->size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) {
+    return absl::InternalError(
+        absl::StrCat("mmap of ", path, " failed: ", std::strerror(errno)));
+  }
+  impl->map = m;
+  impl->map_size = impl->size;
+  impl->data = static_cast<const uint8_t*>(m);
+  Status s = impl->Parse();
+  if (!s.ok()) {
+    return Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  }
+  return std::unique_ptr<GgufFile>(new GgufFile(std::move(impl)));
+}
+
+uint32_t GgufFile::version() const { return impl_->version; }
+const std::string& GgufFile::path() const { return impl_->path; }
+bool GgufFile::Has(std::string_view key) const { return impl_->Find(key) != nullptr; }
+std::vector<std::string> GgufFile::Keys() const { return impl_->keys; }
+const std::vector<GgufTensorInfo>& GgufFile::tensors() const { return impl_->tensors; }
+
+const GgufTensorInfo* GgufFile::FindTensor(std::string_view name) const {
+  auto it = impl_->tensor_index.find(std::string(name));
+  return it == impl_->tensor_index.end() ? nullptr : &impl_->tensors[it->second];
+}
+
+absl::Span<const uint8_t> GgufFile::TensorData(const GgufTensorInfo& info) const {
+  // Validated at Open for tensors of this file; guard against foreign infos.
+  if (info.offset > impl_->size || info.nbytes > impl_->size - info.offset) return {};
+  return absl::Span<const uint8_t>(impl_->data + info.offset, info.nbytes);
+}
+
+namespace {
+Status NotFound(std::string_view key) {
+  return absl::NotFoundError(absl::StrCat("GGUF metadata key '", std::string(key), "' not found"));
+}
+Status Mismatch(std::string_view key, const char* want, uint32_t got, uint32_t elem = 99) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "GGUF metadata '", std::string(key), "' is ", ValueTypeName(got),
+      got == kArray ? absl::StrCat(" of ", ValueTypeName(elem)) : std::string(), ", expected ",
+      want));
+}
+bool IsInt(uint32_t t) {
+  return t == kU8 || t == kI8 || t == kU16 || t == kI16 || t == kU32 || t == kI32 ||
+         t == kU64 || t == kI64;
+}
+}  // namespace
+
+StatusOr<std::string> GgufFile::GetString(std::string_view key) const {
+  const MetaValue* v = impl_->Find(key);
+  if (!v) return NotFound(key);
+  if (v->type != kString) return Mismatch(key, "string", v->type, v->elem_type);
+  return v->s;
+}
+
+StatusOr<int64_t> GgufFile::GetInt(std::string_view key) const {
+  const MetaValue* v = impl_->Find(key);
+  if (!v) return NotFound(key);
+  if (!IsInt(v->type)) return Mismatch(key, "an integer", v->type, v->elem_type);
+  if (v->type == kU64 && v->u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::OutOfRangeError(absl::StrCat("GGUF metadata '", std::string(key), "' value ", v->u,
+                                              " does not fit int64"));
+  }
+  return v->i;
+}
+
+StatusOr<double> GgufFile::GetFloat(std::string_view key) const {
+  const MetaValue* v = impl_->Find(key);
+  if (!v) return NotFound(key);
+  if (v->type == kF32 || v->type == kF64) return v->f;
+  if (IsInt(v->type)) return v->type == kU64 ? static_cast<double>(v->u) : static_cast<double>(v->i);
+  return Mismatch(key, "a number", v->type, v->elem_type);
+}
+
+StatusOr<bool> GgufFile::GetBool(std::string_view key) const {
+  const MetaValue* v = impl_->Find(key);
+  if (!v) return NotFound(key);
+  if (v->type != kBool) return Mismatch(key, "bool", v->type, v->elem_type);
+  return v->u != 0;
+}
+
+StatusOr<std::vector<std::string>> GgufFile::GetStringArray(std::string_view key) const {
+  const MetaValue* v = impl_->Find(key);
+  if (!v) return NotFound(key);
+  if (v->type != kArray || v->elem_type != kString) {
+    return Mismatch(key, "array of string", v->type, v->elem_type);
+  }
+  std::vector<std::string> out;
+  out.reserve(v->count);
+  Reader r(impl_->data, impl_->size);
+  POLYKV_RETURN_IF_ERROR(r.Skip(v->data_offset, "array"));
+  for (uint64_t k = 0; k < v->count; ++k) {
+    POLYKV_ASSIGN_OR_RETURN(std::string_view s, r.ReadString(std::string(key)));
+    out.emplace_back(s);
+  }
+  return out;
+}
+
+namespace {
+template <typename Out>
+bool ReadNumericArray(const uint8_t* p, uint32_t et, uint64_t n, std::vector<Out>* out) {
+  out->resize(n);
+  for (uint64_t k = 0; k < n; ++k) {
+    double x;
+    switch (et) {
+      case kU8: { uint8_t y; std::memcpy(&y, p + k, 1); x = y; break; }
+      case kI8: { int8_t y; std::memcpy(&y, p + k, 1); x = y; break; }
+      case kBool: { uint8_t y; std::memcpy(&y, p + k, 1); x = y; break; }
+      case kU16: { uint16_t y; std::memcpy(&y, p + 2 * k, 2); x = y; break; }
+      case kI16: { int16_t y; std::memcpy(&y, p + 2 * k, 2); x = y; break; }
+      case kU32: { uint32_t y; std::memcpy(&y, p + 4 * k, 4); x = y; break; }
+      case kI32: { int32_t y; std::memcpy(&y, p + 4 * k, 4); x = y; break; }
+      case kF32: { float y; std::memcpy(&y, p + 4 * k, 4); x = y; break; }
+      case kU64: { uint64_t y; std::memcpy(&y, p + 8 * k, 8); x = static_cast<double>(y); break; }
+      case kI64: { int64_t y; std::memcpy(&y, p + 8 * k, 8); x = static_cast<double>(y); break; }
+      case kF64: { double y; std::memcpy(&y, p + 8 * k, 8); x = y; break; }
+      default: return false;
+    }
+    (*out)[k] = static_cast<Out>(x);
+  }
+  return true;
+}
+}  // namespace
+
+StatusOr<std::vector<float>> GgufFile::GetFloatArray(std::string_view key) const {
+  const MetaValue* v = impl_->Find(key);
+  if (!v) return NotFound(key);
+  if (v->type != kArray || !(v->elem_type == kF32 || v->elem_type == kF64 || IsInt(v->elem_type))) {
+    return Mismatch(key, "array of numbers", v->type, v->elem_type);
+  }
+  std::vector<float> out;
+  ReadNumericArray(impl_->data + v->data_offset, v->elem_type, v->count, &out);
+  return out;
+}
+
+StatusOr<std::vector<int32_t>> GgufFile::GetIntArray(std::string_view key) const {
+  const MetaValue* v = impl_->Find(key);
+  if (!v) return NotFound(key);
+  if (v->type != kArray || !IsInt(v->elem_type)) {
+    return Mismatch(key, "array of integers", v->type, v->elem_type);
+  }
+  if (v->elem_type == kU32 || v->elem_type == kU64 || v->elem_type == kI64) {
+    // Range-check wide types.
+    std::vector<double> wide;
+    ReadNumericArray(impl_->data + v->data_offset, v->elem_type, v->count, &wide);
+    for (uint64_t k = 0; k < wide.size(); ++k) {
+      if (wide[k] < std::numeric_limits<int32_t>::min() ||
+          wide[k] > std::numeric_limits<int32_t>::max()) {
+        return absl::OutOfRangeError(absl::StrCat("GGUF metadata '", std::string(key), "'[", k,
+                                                  "] does not fit int32"));
+      }
+    }
+  }
+  std::vector<int32_t> out;
+  ReadNumericArray(impl_->data + v->data_offset, v->elem_type, v->count, &out);
+  return out;
+}
+
+}  // namespace polykv::model

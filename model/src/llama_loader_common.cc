@@ -1,0 +1,122 @@
+// Loader pieces shared by the HF and GGUF paths: config checks, weight fusion, SHA-256.
+#include <openssl/evp.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "llama_internal.h"
+
+namespace polykv::model::internal {
+
+Status ValidateConfig(const ModelConfig& c, const std::string& source) {
+  const auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
+  };
+  if (c.layers <= 0) return bad(absl::StrCat("layer count must be > 0, got ", c.layers));
+  if (c.hidden <= 0) return bad(absl::StrCat("hidden size must be > 0, got ", c.hidden));
+  if (c.heads <= 0) return bad(absl::StrCat("attention head count must be > 0, got ", c.heads));
+  if (c.kv_heads <= 0 || c.heads % c.kv_heads != 0)
+    return bad(absl::StrCat("KV head count ", c.kv_heads, " must be > 0 and divide the head count ",
+                            c.heads));
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0)
+    return bad(absl::StrCat("head_dim must be a positive even number, got ", c.head_dim));
+  if (c.ffn <= 0) return bad(absl::StrCat("intermediate (FFN) size must be > 0, got ", c.ffn));
+  if (c.vocab <= 0) return bad(absl::StrCat("vocab size must be > 0, got ", c.vocab));
+  if (!(c.rope_theta > 0)) return bad(absl::StrCat("rope theta must be > 0, got ", c.rope_theta));
+  if (!(c.rms_eps > 0)) return bad(absl::StrCat("RMS norm epsilon must be > 0, got ", c.rms_eps));
+  if (!(c.rope_linear_scale > 0))
+    return bad(absl::StrCat("rope scaling factor must be > 0, got ", c.rope_linear_scale));
+  return absl::OkStatus();
+}
+
+Status BuildWeights(const ModelConfig& c, WeightReader& reader, const LoadOptions& options,
+                    LlamaWeights* out) {
+  const auto to_target = [&](const torch::Tensor& t) {
+    return t.to(options.dtype).to(options.device).contiguous();
+  };
+  const int64_t h = c.hidden, q_rows = int64_t{c.heads} * c.head_dim,
+                kv_rows = int64_t{c.kv_heads} * c.head_dim;
+  try {
+    torch::NoGradGuard no_grad;
+    POLYKV_ASSIGN_OR_RETURN(torch::Tensor embed, reader.Get("embed", -1, {c.vocab, h}));
+    out->embed = to_target(embed);
+    embed = torch::Tensor();
+    out->layers.clear();
+    out->layers.resize(c.layers);
+    for (int l = 0; l < c.layers; ++l) {
+      LayerWeights& lw = out->layers[l];
+      POLYKV_ASSIGN_OR_RETURN(torch::Tensor an, reader.Get("attn_norm", l, {h}));
+      lw.attn_norm = to_target(an);
+      {
+        POLYKV_ASSIGN_OR_RETURN(torch::Tensor q, reader.Get("q", l, {q_rows, h}));
+        POLYKV_ASSIGN_OR_RETURN(torch::Tensor k, reader.Get("k", l, {kv_rows, h}));
+        POLYKV_ASSIGN_OR_RETURN(torch::Tensor v, reader.Get("v", l, {kv_rows, h}));
+        const auto dt = q.scalar_type();
+        lw.wqkv = to_target(torch::cat({q, k.to(dt), v.to(dt)}, 0));
+      }
+      POLYKV_ASSIGN_OR_RETURN(torch::Tensor o, reader.Get("o", l, {h, q_rows}));
+      lw.wo = to_target(o);
+      POLYKV_ASSIGN_OR_RETURN(torch::Tensor fn, reader.Get("ffn_norm", l, {h}));
+      lw.ffn_norm = to_target(fn);
+      {
+        POLYKV_ASSIGN_OR_RETURN(torch::Tensor g, reader.Get("gate", l, {c.ffn, h}));
+        POLYKV_ASSIGN_OR_RETURN(torch::Tensor u, reader.Get("up", l, {c.ffn, h}));
+        lw.wgate_up = to_target(torch::cat({g, u.to(g.scalar_type())}, 0));
+      }
+      POLYKV_ASSIGN_OR_RETURN(torch::Tensor d, reader.Get("down", l, {h, c.ffn}));
+      lw.wdown = to_target(d);
+    }
+    POLYKV_ASSIGN_OR_RETURN(torch::Tensor norm, reader.Get("norm", -1, {h}));
+    out->norm = to_target(norm);
+    if (c.tied_embeddings) {
+      out->lm_head = out->embed;
+    } else {
+      POLYKV_ASSIGN_OR_RETURN(torch::Tensor head, reader.Get("output", -1, {c.vocab, h}));
+      out->lm_head = to_target(head);
+    }
+  } catch (const std::exception& e) {
+    return StatusFromException(e, "loading weights");
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<std::string> Sha256OfFiles(const std::string& prefix,
+                                    const std::vector<std::string>& paths) {
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1)
+    return absl::InternalError("SHA-256 init failed");
+  EVP_DigestUpdate(ctx.get(), prefix.data(), prefix.size());
+  std::vector<char> buf(1 << 20);
+  for (const auto& p : paths) {
+    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(p.c_str(), "rb"), std::fclose);
+    if (!f) return absl::NotFoundError(absl::StrCat(p, ": cannot open for hashing"));
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0)
+      EVP_DigestUpdate(ctx.get(), buf.data(), n);
+    if (std::ferror(f.get())) return absl::DataLossError(absl::StrCat(p, ": read error while hashing"));
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_DigestFinal_ex(ctx.get(), md, &len) != 1) return absl::InternalError("SHA-256 failed");
+  static const char* kHex = "0123456789abcdef";
+  std::string hex;
+  for (unsigned i = 0; i < len; ++i) {
+    hex.push_back(kHex[md[i] >> 4]);
+    hex.push_back(kHex[md[i] & 15]);
+  }
+  return hex;
+}
+
+Status StatusFromException(const std::exception& e, const std::string& context) {
+  const std::string msg = e.what();
+  const bool oom = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
+                   msg.find("out of memory") != std::string::npos ||
+                   msg.find("can't allocate") != std::string::npos;
+  // libtorch messages carry a long C++ backtrace after the first line: keep the first.
+  std::string first = msg.substr(0, msg.find('\n'));
+  if (oom) return absl::ResourceExhaustedError(absl::StrCat(context, ": out of memory: ", first));
+  return absl::InternalError(absl::StrCat(context, ": ", first));
+}
+
+}  // namespace polykv::model::internal

@@ -1,0 +1,56 @@
+// Safetensors reader (https://huggingface.co/docs/safetensors): header parsing with bounds
+// checks and tensor reads into libtorch CPU tensors via pread (no mapping kept).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "polykv/status.h"
+
+namespace polykv::model {
+
+/// One tensor of a .safetensors file.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;           ///< "F32", "F16", "BF16", ... as written in the header
+  std::vector<int64_t> shape;  ///< row-major (PyTorch order)
+  uint64_t offset = 0;         ///< absolute byte offset in the file
+  uint64_t nbytes = 0;         ///< == product(shape) * dtype size (validated)
+};
+
+/// A validated .safetensors file: layout = u64 LE header length N, N bytes of JSON
+/// {name: {dtype, shape, data_offsets: [begin, end)}, "__metadata__": {...}}, then data;
+/// offsets are relative to the first data byte. Open checks N against the file size,
+/// every dtype, shape (non-negative, product without overflow), and that every
+/// [begin, end) lies inside the data section and matches shape x dtype size.
+class SafetensorsFile {
+ public:
+  /// Errors: kNotFound (no file); kInvalidArgument naming the file and the bad field.
+  static StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  /// nullptr when absent.
+  const SafetensorsEntry* Find(std::string_view name) const;
+
+  /// Reads `entry` into a new contiguous CPU tensor of its own dtype (F32/F16/BF16).
+  /// Errors: kUnimplemented for other dtypes; kDataLoss on a short read.
+  StatusOr<torch::Tensor> Read(const SafetensorsEntry& entry) const;
+
+ private:
+  SafetensorsFile() = default;
+  std::string path_;
+  int fd_ = -1;
+  uint64_t file_size_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+};
+
+}  // namespace polykv::model

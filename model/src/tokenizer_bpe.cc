@@ -1,0 +1,199 @@
+// Byte-level BPE (GPT-2 family: SmolLM2, Llama 3): pre-tokenize, map bytes to the GPT-2
+// byte-to-unicode alphabet, apply merges by rank (llama.cpp llm_tokenizer_bpe).
+#include <queue>
+
+#include "absl/strings/str_cat.h"
+#include "tokenizer_internal.h"
+#include "unicode_data.h"
+
+namespace polykv::model::tok {
+namespace {
+
+// GPT-2 bytes_to_unicode: printable bytes map to themselves, the rest to U+0100 onwards.
+void ByteMaps(std::string byte_to_str[256], std::unordered_map<uint32_t, uint8_t>* str_to_byte) {
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    const uint32_t cp = printable ? static_cast<uint32_t>(b) : 256u + n++;
+    byte_to_str[b] = unicode::EncodeUtf8(cp);
+    (*str_to_byte)[cp] = static_cast<uint8_t>(b);
+  }
+}
+
+class BpeTokenizer final : public VocabTokenizer {
+ public:
+  BpeTokenizer(Vocab vocab, bpe::PreType pre, bool ignore_merges)
+      : VocabTokenizer(std::move(vocab)), pre_(pre), ignore_merges_(ignore_merges) {
+    ByteMaps(byte_to_str_, &str_to_byte_);
+  }
+
+  Status Init(const std::vector<std::string>& merges) {
+    ranks_.reserve(merges.size());
+    std::string fp_extra = absl::StrCat("pre ", bpe::PreTypeName(pre_), " ignore_merges ",
+                                        ignore_merges_ ? 1 : 0, "\n");
+    for (size_t i = 0; i < merges.size(); ++i) {
+      const std::string& m = merges[i];
+      size_t sp = m.find(' ', 1);
+      if (sp == std::string::npos || sp + 1 >= m.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("BPE merge #", i, " '", m, "' is not of the form 'left right'"));
+      }
+      ranks_.emplace(m, static_cast<int32_t>(i));  // first (lowest) rank wins
+      absl::StrAppend(&fp_extra, m, "\n");
+    }
+    SetFingerprint("bpe", fp_extra);
+    return absl::OkStatus();
+  }
+
+ protected:
+  Status EncodeText(std::string_view text, bool after_special,
+                    std::vector<int32_t>* out) const override {
+    (void)after_special;
+    unicode::CodePoints cps = unicode::DecodeUtf8(text);
+    std::vector<size_t> pieces = bpe::PreTokenize(pre_, cps.cps);
+    size_t cp_pos = 0, byte_pos = 0;
+    std::string word;
+    for (size_t len : pieces) {
+      size_t nbytes = 0;
+      for (size_t k = 0; k < len; ++k) nbytes += cps.lens[cp_pos + k];
+      cp_pos += len;
+      word.clear();
+      for (size_t k = 0; k < nbytes; ++k) {
+        word += byte_to_str_[static_cast<unsigned char>(text[byte_pos + k])];
+      }
+      byte_pos += nbytes;
+      POLYKV_RETURN_IF_ERROR(EncodeWord(word, out));
+    }
+    return absl::OkStatus();
+  }
+
+  void DecodeToken(int32_t id, bool first, std::string* out) const override {
+    (void)first;
+    const std::string& t = vocab_.tokens[id];
+    const int32_t type = vocab_.types[id];
+    if (type == kUserDefined || type == kUnknown) {
+      *out += t;
+      return;
+    }
+    if (type == kByte && t.size() == 6 && t.compare(0, 3, "<0x") == 0) {
+      *out += static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16));
+      return;
+    }
+    unicode::CodePoints cps = unicode::DecodeUtf8(t);
+    size_t off = 0;
+    for (size_t k = 0; k < cps.cps.size(); ++k) {
+      auto it = str_to_byte_.find(cps.cps[k]);
+      if (it != str_to_byte_.end()) {
+        *out += static_cast<char>(it->second);
+      } else {
+        out->append(t, off, cps.lens[k]);  // not in the byte alphabet: copy as is
+      }
+      off += cps.lens[k];
+    }
+  }
+
+ private:
+  struct Symbol {
+    size_t start;
+    size_t n;  // bytes; 0 once merged into its left neighbour
+    int prev;
+    int next;
+  };
+  struct Bigram {
+    int32_t rank;
+    int left;
+    int right;
+    size_t size;
+    bool operator<(const Bigram& o) const {  // priority_queue: top = lowest rank, leftmost
+      return rank > o.rank || (rank == o.rank && left > o.left);
+    }
+  };
+
+  Status EncodeWord(const std::string& word, std::vector<int32_t>* out) const {
+    if (word.empty()) return absl::OkStatus();
+    if (ignore_merges_) {
+      auto it = vocab_.token_to_id.find(word);
+      if (it != vocab_.token_to_id.end()) {
+        out->push_back(it->second);
+        return absl::OkStatus();
+      }
+    }
+    std::vector<Symbol> sym;
+    for (size_t off = 0; off < word.size();) {
+      size_t len = std::min(unicode::Utf8Len(static_cast<unsigned char>(word[off])),
+                            word.size() - off);
+      sym.push_back({off, len, static_cast<int>(sym.size()) - 1, static_cast<int>(sym.size()) + 1});
+      off += len;
+    }
+    sym.back().next = -1;
+    std::priority_queue<Bigram> queue;
+    std::string key;
+    auto try_add = [&](int left, int right) {
+      if (left < 0 || right < 0) return;
+      key.assign(word, sym[left].start, sym[left].n);
+      key += ' ';
+      key.append(word, sym[right].start, sym[right].n);
+      auto it = ranks_.find(key);
+      if (it == ranks_.end()) return;
+      queue.push({it->second, left, right, sym[left].n + sym[right].n});
+    };
+    for (int i = 0; i + 1 < static_cast<int>(sym.size()); ++i) try_add(i, i + 1);
+    while (!queue.empty()) {
+      Bigram b = queue.top();
+      queue.pop();
+      Symbol& l = sym[b.left];
+      Symbol& r = sym[b.right];
+      if (l.n == 0 || r.n == 0 || l.n + r.n != b.size || l.next != b.right) continue;
+      l.n += r.n;
+      r.n = 0;
+      l.next = r.next;
+      if (r.next >= 0) sym[r.next].prev = b.left;
+      try_add(l.prev, b.left);
+      try_add(b.left, l.next);
+    }
+    for (int i = 0; i >= 0; i = sym[i].next) {
+      const Symbol& s = sym[i];
+      auto it = vocab_.token_to_id.find(word.substr(s.start, s.n));
+      if (it != vocab_.token_to_id.end()) {
+        out->push_back(it->second);
+        continue;
+      }
+      // Fall back to the single byte-characters of the symbol.
+      for (size_t off = s.start; off < s.start + s.n;) {
+        size_t len = std::min(unicode::Utf8Len(static_cast<unsigned char>(word[off])),
+                              s.start + s.n - off);
+        auto bt = vocab_.token_to_id.find(word.substr(off, len));
+        if (bt != vocab_.token_to_id.end()) {
+          out->push_back(bt->second);
+        } else if (vocab_.unk >= 0) {
+          out->push_back(vocab_.unk);
+        } else {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "BPE vocabulary has no token for byte-level piece '", word.substr(off, len),
+              "' and no unknown token"));
+        }
+        off += len;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  bpe::PreType pre_;
+  bool ignore_merges_;
+  std::unordered_map<std::string, int32_t> ranks_;
+  std::string byte_to_str_[256];
+  std::unordered_map<uint32_t, uint8_t> str_to_byte_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(Vocab vocab,
+                                                      const std::vector<std::string>& merges,
+                                                      bpe::PreType pre, bool ignore_merges) {
+  POLYKV_RETURN_IF_ERROR(vocab.Finish());
+  auto t = std::make_unique<BpeTokenizer>(std::move(vocab), pre, ignore_merges);
+  POLYKV_RETURN_IF_ERROR(t->Init(merges));
+  return std::unique_ptr<Tokenizer>(std::move(t));
+}
+
+}  // namespace polykv::model::tok

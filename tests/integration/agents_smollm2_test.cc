@@ -1,0 +1,206 @@
+// Multi-process integration on SmolLM2-135M-Instruct (env POLYKV_SMOLLM2_GGUF): polykvd
+// prefills the chat-framed demo article; `polykv-cli agent` processes answer questions.
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "harness.h"
+#include "polykv/agent.h"
+#include "polykv/model/llama.h"
+
+namespace polykv::testing {
+namespace {
+
+using nlohmann::json;
+
+const char* kQuestions[] = {"Who is Robert Boulter?", "Which theatre staged Herons in 2001?",
+                            "Who wrote the play Herons?", "Who directed Mercury Fur?"};
+
+std::string Document() {
+  return client::ChatDocument(ReadFile(SourceDir() + "/data/wikitext-2/robert_boulter.txt"));
+}
+
+model::LlamaModel* Model() {
+  static std::unique_ptr<model::LlamaModel> m = [] {
+    model::LoadOptions lo;
+    lo.threads = 2;
+    auto r = model::LlamaModel::Load(SmolLM2Path(), lo);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? std::move(*r) : nullptr;
+  }();
+  return m.get();
+}
+
+std::vector<int32_t> PoolIds(const Daemon& d, const std::string& pool) {
+  polykv_client* c = nullptr;
+  std::vector<int32_t> ids;
+  if (polykv_connect(d.endpoint().c_str(), 5000, &c) != POLYKV_OK) return ids;
+  polykv_pool* p = nullptr;
+  if (polykv_attach(c, pool.c_str(), &p) == POLYKV_OK) {
+    polykv_pool_info info{};
+    polykv_pool_get_info(p, &info);
+    ids.resize(info.tokens);
+    polykv_pool_token_ids(p, ids.data(), ids.size());
+    polykv_detach(p);
+  }
+  polykv_disconnect(c);
+  return ids;
+}
+
+std::vector<int32_t> Reference(const std::vector<int32_t>& doc, const std::vector<int32_t>& prompt,
+                               int new_tokens, bool stop_at_eos) {
+  model::LlamaModel& m = *Model();
+  model::KvCache cache = m.NewCache(doc.size() + prompt.size() + new_tokens + 1);
+  for (size_t off = 0; off < doc.size(); off += 512) {
+    size_t len = std::min<size_t>(512, doc.size() - off);
+    auto r = m.Forward(absl::MakeConstSpan(doc).subspan(off, len), cache, false);
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+  model::SamplingOptions s;
+  s.max_new_tokens = new_tokens;
+  s.stop_at_eos = stop_at_eos;
+  auto r = m.Generate(cache, prompt, s);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->tokens : std::vector<int32_t>{};
+}
+
+std::vector<int32_t> Ids(const json& j, const char* key = "answer_ids") {
+  if (!j.contains(key)) return {};
+  return j[key].get<std::vector<int32_t>>();
+}
+
+class AgentsSmolLM2 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (SmolLM2Path().empty()) {
+      GTEST_SKIP() << "POLYKV_SMOLLM2_GGUF is not set (run scripts/fetch-model.sh and export "
+                      "POLYKV_SMOLLM2_GGUF=<path>.gguf)";
+    }
+    if (!fs::exists(DaemonPath()) || !fs::exists(CliPath())) {
+      GTEST_SKIP() << "polykvd or polykv-cli not built";
+    }
+    daemon_ = std::make_unique<Daemon>(/*lease_seconds=*/10);
+    ASSERT_TRUE(daemon_->ready()) << "polykvd did not start:\n" << daemon_->log();
+  }
+  void TearDown() override {
+    if (daemon_) EXPECT_EQ(daemon_->Stop(), 0) << daemon_->log();
+  }
+  std::string Create(const std::string& codec) {
+    std::string err;
+    std::string id = daemon_->CreatePool(SmolLM2Path(), {}, codec, &err, Document(),
+                                         /*add_bos=*/false);
+    EXPECT_FALSE(id.empty()) << "create " << codec << ": " << err << "\n" << daemon_->log();
+    return id;
+  }
+  json Agent(const std::string& pool, const std::string& question, int new_tokens,
+             bool ignore_eos) {
+    std::vector<std::string> argv = {CliPath(), "agent", "--pool", pool, "--model",
+                                     SmolLM2Path(), "--endpoint", daemon_->endpoint(),
+                                     "--prompt", question, "--chat", "--max-new-tokens",
+                                     std::to_string(new_tokens), "--json", "--threads", "2"};
+    if (ignore_eos) argv.push_back("--ignore-eos");
+    ProcessResult r = RunProcess(argv, daemon_->dir(), 300000);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    if (r.exit_code != 0) return json::object();
+    return json::parse(r.out);
+  }
+  std::unique_ptr<Daemon> daemon_;
+};
+
+TEST_F(AgentsSmolLM2, NoneCodecAgentEqualsSingleProcessRun) {
+  const std::string pool = Create("none");
+  ASSERT_FALSE(pool.empty());
+  const std::vector<int32_t> doc = PoolIds(*daemon_, pool);
+  ASSERT_GT(doc.size(), 500u);
+  ASSERT_NE(Model(), nullptr);
+  for (int q = 0; q < 2; ++q) {
+    json j = Agent(pool, kQuestions[q], 32, false);
+    std::printf("Q: %s\nA: %s\n", kQuestions[q], j.value("answer", std::string()).c_str());
+    std::vector<int32_t> ref = Reference(doc, Ids(j, "prompt_ids"), 32, true);
+    EXPECT_EQ(Ids(j), ref) << kQuestions[q];
+    EXPECT_FALSE(Ids(j).empty());
+  }
+}
+
+TEST_F(AgentsSmolLM2, K8V3GreedyAgreementOver64Tokens) {
+  const std::string pool = Create("k8v3");
+  ASSERT_FALSE(pool.empty());
+  const std::vector<int32_t> doc = PoolIds(*daemon_, pool);
+  ASSERT_NE(Model(), nullptr);
+  int agree = 0, prefix = 0;
+  const int n = 2;
+  for (int q = 0; q < n; ++q) {
+    json j = Agent(pool, kQuestions[q], 64, true);
+    std::vector<int32_t> ref = Reference(doc, Ids(j, "prompt_ids"), 64, false);
+    int a = AgreeCount(Ids(j), ref, 64), p = CommonPrefix(Ids(j), ref);
+    std::printf("k8v3 vs full precision, \"%s\": %d/64 agree, common prefix %d\n  k8v3: %s\n",
+                kQuestions[q], a, p, j.value("answer", std::string()).c_str());
+    agree += a;
+    prefix += p;
+  }
+  const double rate = agree / (64.0 * n);
+  std::printf("SmolLM2 k8v3 greedy agreement: %.3f, mean common prefix %.1f\n", rate,
+              prefix / static_cast<double>(n));
+  EXPECT_GE(prefix / static_cast<double>(n), 4.0);
+  EXPECT_GE(rate, 0.25);
+}
+
+void ManyAgents(Daemon& d, const std::string& pool, int n, bool baseline) {
+  TempDir qdir;
+  {
+    std::ofstream q(qdir.path() + "/q.txt");
+    for (const char* s : kQuestions) q << s << "\n";
+  }
+  std::vector<std::string> argv = {CliPath(), "agents", "run", "--pool", pool, "--model",
+                                   SmolLM2Path(), "--endpoint", d.endpoint(), "--questions",
+                                   qdir.path() + "/q.txt", "-n", std::to_string(n), "-j", "2",
+                                   "--max-new-tokens", "8", "--json"};
+  if (!baseline) argv.push_back("--no-baseline");
+  ProcessResult r = RunProcess(argv, d.dir(), 1500000);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  json out = json::parse(r.out);
+  ASSERT_EQ(out["agents"].size(), static_cast<size_t>(n));
+  std::map<std::string, std::vector<int32_t>> by_question;
+  for (const json& a : out["agents"]) {
+    ASSERT_TRUE(a.contains("result")) << a.dump();
+    std::vector<int32_t> ids = Ids(a["result"]);
+    EXPECT_FALSE(ids.empty());
+    auto [it, fresh] = by_question.emplace(a["prompt"].get<std::string>(), ids);
+    if (!fresh) EXPECT_EQ(ids, it->second) << "same question, different answer";
+  }
+  const json& s = out["summary"];
+  std::printf("SmolLM2 %d agents: pool %.2f MiB, N x bf16 %.2f MiB (%.2fx), max RSS %.0f MiB, "
+              "mean TTFT %.0f ms\n",
+              n, s["pool_bytes"].get<double>() / 1048576, s["n_private_bf16_bytes"].get<double>() / 1048576,
+              s["ratio_n_bf16_over_pool"].get<double>(),
+              s["max_agent_peak_rss_bytes"].get<double>() / 1048576, s["mean_ttft_ms"].get<double>());
+  if (baseline) {
+    std::printf("  solo TTFT via pool %.0f ms vs re-prefill %.0f ms; outputs %s\n",
+                s["solo_pool_ttft_ms"].get<double>(), s["solo_prefill_ttft_ms"].get<double>(),
+                s["baseline_outputs_match"].get<bool>() ? "match" : "differ");
+  }
+}
+
+TEST_F(AgentsSmolLM2, OneAgent) {
+  const std::string pool = Create("k8v3");
+  ASSERT_FALSE(pool.empty());
+  ManyAgents(*daemon_, pool, 1, true);
+}
+TEST_F(AgentsSmolLM2, FourAgents) {
+  const std::string pool = Create("k8v3");
+  ASSERT_FALSE(pool.empty());
+  ManyAgents(*daemon_, pool, 4, true);
+}
+TEST_F(AgentsSmolLM2, SixteenAgents) {
+  const std::string pool = Create("k8v3");
+  ASSERT_FALSE(pool.empty());
+  ManyAgents(*daemon_, pool, 16, false);
+}
+
+}  // namespace
+}  // namespace polykv::testing

@@ -1,0 +1,310 @@
+// Multi-process test harness: temp dirs, child processes (posix_spawn, output to files,
+// bounded waits), a polykvd process guard that always cleans up (SIGTERM, then SIGKILL,
+// then removes its socket and the shm segments of the pools it created), and helpers over
+// the C client API.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "polykv/client.h"
+#include "polykv/ipc/pool_layout.h"
+
+extern char** environ;
+
+namespace polykv::testing {
+
+namespace fs = std::filesystem;
+
+inline std::string BinaryDir() { return POLYKV_BINARY_DIR; }
+inline std::string SourceDir() { return POLYKV_SOURCE_DIR; }
+inline std::string DaemonPath() { return BinaryDir() + "/daemon/polykvd"; }
+inline std::string CliPath() { return BinaryDir() + "/cli/polykv-cli"; }
+inline std::string StoriesPath() { return std::string(POLYKV_TEST_DATA_DIR) + "/models/stories260K"; }
+/// SmolLM2 GGUF from $POLYKV_SMOLLM2_GGUF, or "" when unset/missing.
+inline std::string SmolLM2Path() {
+  const char* p = std::getenv("POLYKV_SMOLLM2_GGUF");
+  if (p == nullptr || !fs::exists(p)) return "";
+  return p;
+}
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// A private temp directory, removed recursively on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/polykv-itest-XXXXXX";
+    char* d = mkdtemp(tmpl);
+    if (d != nullptr) path_ = d;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+/// A child process with stdout/stderr redirected to files. Killed (SIGKILL) on destruction
+/// if still running.
+class Process {
+ public:
+  Process() = default;
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+  ~Process() { Kill(SIGKILL); Wait(10000); }
+
+  /// Starts argv[0] (absolute path) with the given args.
+  bool Start(const std::vector<std::string>& argv, const std::string& out_path,
+             const std::string& err_path) {
+    out_path_ = out_path;
+    err_path_ = err_path;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    std::vector<char*> cargv;
+    for (const auto& s : argv) cargv.push_back(const_cast<char*>(s.c_str()));
+    cargv.push_back(nullptr);
+    int rc = posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) pid_ = -1;
+    return rc == 0;
+  }
+  /// Waits up to `timeout_ms`; returns true when the process ended (status in exit_code()).
+  bool Wait(int timeout_ms) {
+    if (pid_ <= 0) return true;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (true) {
+      int status = 0;
+      pid_t r = waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        pid_ = -1;
+        return true;
+      }
+      if (r < 0) { pid_ = -1; return true; }
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  void Kill(int sig) {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
+  bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+  int exit_code() const { return exit_code_; }
+  std::string out() const { return ReadFile(out_path_); }
+  std::string err() const { return ReadFile(err_path_); }
+
+ private:
+  pid_t pid_ = -1;
+  int exit_code_ = -1;
+  std::string out_path_, err_path_;
+};
+
+/// Result of RunProcess.
+struct ProcessResult {
+  int exit_code = -1;
+  std::string out, err;
+  bool timed_out = false;
+};
+
+/// Runs a command to completion (killed after `timeout_ms`).
+inline ProcessResult RunProcess(const std::vector<std::string>& argv, const std::string& dir,
+                                int timeout_ms = 300000) {
+  static int counter = 0;
+  const std::string base = dir + "/run" + std::to_string(getpid()) + "_" + std::to_string(counter++);
+  Process p;
+  ProcessResult r;
+  if (!p.Start(argv, base + ".out", base + ".err")) {
+    r.err = "cannot start " + argv[0];
+    return r;
+  }
+  if (!p.Wait(timeout_ms)) {
+    r.timed_out = true;
+    p.Kill(SIGKILL);
+    p.Wait(10000);
+  }
+  r.exit_code = p.exit_code();
+  r.out = p.out();
+  r.err = p.err();
+  return r;
+}
+
+/// Path of the POSIX shm object of a host pool (see the daemon: "/polykv-<first 16 hex>").
+inline std::string ShmPath(const std::string& pool_id) {
+  return "/dev/shm/polykv-" + pool_id.substr(0, 16);
+}
+
+/// Checksum64 over the whole shm file of a pool (header included); 0 when unreadable.
+inline uint64_t ShmDigest(const std::string& pool_id) {
+  std::string bytes = ReadFile(ShmPath(pool_id));
+  if (bytes.empty()) return 0;
+  return ipc::Checksum64(bytes.data(), bytes.size());
+}
+
+/// polykvd as a child process on a private endpoint; always cleaned up.
+class Daemon {
+ public:
+  /// Starts polykvd (host backend) and waits until it answers PING.
+  explicit Daemon(int lease_seconds = 30, std::vector<std::string> extra = {}) {
+    endpoint_ = "ipc://" + dir_.path() + "/control.sock";
+    std::vector<std::string> argv = {DaemonPath(), "--endpoint", endpoint_, "--backend", "host",
+                                     "--lease-seconds", std::to_string(lease_seconds),
+                                     "--threads", "2", "--log-level", "warn"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    if (!proc_.Start(argv, dir_.path() + "/polykvd.out", dir_.path() + "/polykvd.err")) return;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline && proc_.running()) {
+      polykv_client* c = nullptr;
+      if (polykv_connect(endpoint_.c_str(), 500, &c) == POLYKV_OK) {
+        polykv_disconnect(c);
+        ready_ = true;
+        return;
+      }
+      if (proc_.Wait(100)) break;
+    }
+  }
+  ~Daemon() { Stop(); }
+
+  /// SIGTERM (then SIGKILL after 10 s); removes leftovers of the pools this test created.
+  /// Returns the exit code (or -1 when it had to be killed).
+  int Stop() {
+    int code = -1;
+    if (proc_.running()) {
+      proc_.Kill(SIGTERM);
+      if (proc_.Wait(10000)) {
+        code = proc_.exit_code();
+      } else {
+        proc_.Kill(SIGKILL);
+        proc_.Wait(10000);
+      }
+    } else {
+      code = proc_.exit_code();
+    }
+    for (const auto& id : pools_) {
+      std::error_code ec;
+      fs::remove(ShmPath(id), ec);
+    }
+    return code;
+  }
+  bool ready() const { return ready_; }
+  const std::string& endpoint() const { return endpoint_; }
+  const std::string& dir() const { return dir_.path(); }
+  std::string log() const { return proc_.err() + proc_.out(); }
+  Process& process() { return proc_; }
+
+  /// Creates a pool from token ids (or document text when `ids` is empty).
+  /// Returns the pool id, or "" with `error` set.
+  std::string CreatePool(const std::string& model, const std::vector<int32_t>& ids,
+                         const std::string& codec, std::string* error,
+                         const std::string& document = "", bool add_bos = true) {
+    polykv_client* c = nullptr;
+    if (polykv_connect(endpoint_.c_str(), 5000, &c) != POLYKV_OK) {
+      if (error) *error = std::string("connect: ") + polykv_last_error();
+      return "";
+    }
+    polykv_create_options o;
+    polykv_create_options_init(&o);
+    o.model = model.c_str();
+    if (ids.empty()) {
+      o.document = document.c_str();
+    } else {
+      o.token_ids = ids.data();
+      o.token_count = ids.size();
+    }
+    o.codec = codec.c_str();
+    o.add_bos = add_bos ? 1 : 0;
+    polykv_pool_info info{};
+    polykv_status s = polykv_create_pool(c, &o, nullptr, nullptr, &info, nullptr);
+    std::string err = polykv_last_error();
+    polykv_disconnect(c);
+    if (s != POLYKV_OK) {
+      if (error) *error = std::string(polykv_status_string(s)) + ": " + err;
+      return "";
+    }
+    pools_.push_back(info.id);
+    return info.id;
+  }
+
+  /// Forced or polite eviction; returns the C status.
+  polykv_status Evict(const std::string& id, bool force) {
+    polykv_client* c = nullptr;
+    polykv_status s = polykv_connect(endpoint_.c_str(), 5000, &c);
+    if (s != POLYKV_OK) return s;
+    s = polykv_evict(c, id.c_str(), force ? 1 : 0);
+    polykv_disconnect(c);
+    return s;
+  }
+
+  /// Pool info (STATS), or a default struct with id "" when unknown.
+  polykv_pool_info Info(const std::string& id) {
+    polykv_pool_info info{};
+    polykv_client* c = nullptr;
+    if (polykv_connect(endpoint_.c_str(), 5000, &c) != POLYKV_OK) return info;
+    if (polykv_pool_info_by_id(c, id.c_str(), &info) != POLYKV_OK) info.id[0] = '\0';
+    polykv_disconnect(c);
+    return info;
+  }
+
+ private:
+  TempDir dir_;
+  std::string endpoint_;
+  Process proc_;
+  bool ready_ = false;
+  std::vector<std::string> pools_;
+};
+
+/// Comma-separated ids for --prompt-ids.
+inline std::string JoinIds(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(ids[i]);
+  }
+  return s;
+}
+
+/// Positions where a and b agree, over the first `n` positions (missing counts as differ).
+inline int AgreeCount(const std::vector<int32_t>& a, const std::vector<int32_t>& b, int n) {
+  int same = 0;
+  for (int i = 0; i < n; ++i) {
+    if (i < static_cast<int>(a.size()) && i < static_cast<int>(b.size()) && a[i] == b[i]) ++same;
+  }
+  return same;
+}
+/// Length of the common prefix.
+inline int CommonPrefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  return static_cast<int>(i);
+}
+
+}  // namespace polykv::testing

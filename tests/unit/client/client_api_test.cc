@@ -1,0 +1,485 @@
+// libpolykv_client against a scripted fake daemon: status strings, thread-local errors, Lazy
+// Pirate (dead endpoint, dropped and stale replies), PROGRESS streaming, attach of a real shm
+// pool (read-only mapping, bit-exact decode), lease renewal and eviction, the C++ wrapper.
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "fake_daemon.h"
+#include "polykv/client.h"
+#include "polykv/client.hpp"
+#include "polykv/ipc/pool_layout.h"
+#include "polykv/ipc/protocol.h"
+#include "polykv/ipc/shm_region.h"
+
+namespace polykv::client {
+namespace {
+
+using testing::FakeDaemon;
+using Clock = std::chrono::steady_clock;
+
+TEST(ClientStatusTest, NamesEveryCode) {
+  const std::array<const char*, 16> names = {
+      "OK",        "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"};
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_STREQ(polykv_status_string(static_cast<polykv_status>(i)), names[i]) << i;
+  }
+  EXPECT_STREQ(polykv_status_string(static_cast<polykv_status>(99)), "UNKNOWN_STATUS");
+  EXPECT_STREQ(polykv_status_string(static_cast<polykv_status>(-1)), "UNKNOWN_STATUS");
+}
+
+TEST(ClientStatusTest, LastErrorIsPerThread) {
+  EXPECT_EQ(polykv_connect(nullptr, 100, nullptr), POLYKV_INVALID_ARGUMENT);
+  EXPECT_STREQ(polykv_last_error(), "polykv_connect: out is NULL");
+  std::string other = "unset";
+  std::thread([&] { other = polykv_last_error(); }).join();
+  EXPECT_EQ(other, "");
+  EXPECT_STREQ(polykv_last_error(), "polykv_connect: out is NULL");
+}
+
+TEST(ClientStatusTest, NullHandlesAreRejectedNotCrashing) {
+  polykv_pool_info info;
+  EXPECT_EQ(polykv_ping(nullptr, nullptr), POLYKV_INVALID_ARGUMENT);
+  EXPECT_EQ(polykv_list_pools(nullptr, nullptr, 0, nullptr), POLYKV_INVALID_ARGUMENT);
+  EXPECT_EQ(polykv_pool_get_info(nullptr, &info), POLYKV_INVALID_ARGUMENT);
+  EXPECT_EQ(polykv_decode_layer(nullptr, 0, nullptr, nullptr, POLYKV_DTYPE_F32),
+            POLYKV_INVALID_ARGUMENT);
+  EXPECT_EQ(polykv_pool_lease_status(nullptr), POLYKV_INVALID_ARGUMENT);
+  EXPECT_EQ(polykv_detach(nullptr), POLYKV_OK);
+  polykv_disconnect(nullptr);
+}
+
+TEST(ClientLazyPirateTest, DeadEndpointFailsUnavailableInBoundedTime) {
+  const std::string endpoint =
+      "ipc:///tmp/polykv-client-test-dead-" + std::to_string(getpid()) + ".sock";
+  polykv_client* c = reinterpret_cast<polykv_client*>(0x1);
+  const auto start = Clock::now();
+  EXPECT_EQ(polykv_connect(endpoint.c_str(), 100, &c), POLYKV_UNAVAILABLE);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(c, nullptr);
+  EXPECT_NE(std::string(polykv_last_error()).find(endpoint), std::string::npos)
+      << polykv_last_error();
+  EXPECT_NE(std::string(polykv_last_error()).find("after 3 tries of 100 ms"), std::string::npos)
+      << polykv_last_error();
+  // 3 tries x 100 ms: it must return, not hang (generous bound; ctest's timeout is the guard).
+  EXPECT_LT(seconds, 30.0);
+}
+
+TEST(ClientLazyPirateTest, RetriesAfterDroppedRequestAndIgnoresStaleReplies) {
+  std::atomic<int> pings{0};
+  FakeDaemon daemon([&](const ipc::Request& req) -> std::vector<ipc::Reply> {
+    int n = pings++;
+    if (n == 0) return {};  // drop the first try: the client must resend on a new socket
+    ipc::Reply stale = FakeDaemon::OkReply(req);
+    stale.id = req.id + 1000;  // a reply to some other request: must be ignored
+    stale.daemon_version = "stale";
+    ipc::Reply good = FakeDaemon::OkReply(req);
+    good.daemon_version = "9.8.7";
+    good.daemon_pid = 4242;
+    good.memory_used = 123;
+    good.memory_cap = 456;
+    return {stale, good};
+  });
+  polykv_client* c = nullptr;
+  ASSERT_EQ(polykv_connect(daemon.endpoint().c_str(), 200, &c), POLYKV_OK) << polykv_last_error();
+  polykv_daemon_info info;
+  ASSERT_EQ(polykv_ping(c, &info), POLYKV_OK) << polykv_last_error();
+  EXPECT_STREQ(info.version, "9.8.7");
+  EXPECT_EQ(info.pid, 4242u);
+  EXPECT_EQ(info.memory_used, 123u);
+  EXPECT_EQ(info.memory_cap, 456u);
+  polykv_disconnect(c);
+  auto reqs = daemon.requests();
+  ASSERT_EQ(reqs.size(), 3u);  // dropped connect ping, its retry, the explicit ping
+  EXPECT_EQ(reqs[0].id, reqs[1].id);  // the retry resends the same request
+  EXPECT_NE(reqs[1].id, reqs[2].id);
+}
+
+TEST(ClientLazyPirateTest, ErrorRepliesKeepCodeAndMessage) {
+  FakeDaemon daemon([&](const ipc::Request& req) -> std::vector<ipc::Reply> {
+    if (req.type == ipc::MessageType::kPing) return {FakeDaemon::OkReply(req)};
+    return {ipc::ErrorReply(req.type, req.id, absl::NotFoundError("no pool " + req.pool_id))};
+  });
+  auto client = Client::Connect(daemon.endpoint(), 500);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  const std::string id(64, 'a');
+  auto info = client->GetPoolInfo(id);
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(info.status().message(), "unknown pool " + id + " (daemon: no pool " + id + ")");
+  Status evicted = client->Evict(id, true);
+  EXPECT_EQ(evicted.code(), StatusCode::kNotFound);
+  EXPECT_EQ(evicted.ToString(), "NOT_FOUND: unknown pool " + id + " (daemon: no pool " + id + ")");
+  EXPECT_EQ(daemon.requests().back().force, true);
+  auto attached = client->Attach(id);
+  ASSERT_FALSE(attached.ok());
+  EXPECT_EQ(attached.status().code(), StatusCode::kNotFound);
+  auto bad = client->Attach("");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
+ipc::PoolInfo MakeInfo(const std::string& id) {
+  ipc::PoolInfo p;
+  p.id = id;
+  p.model = "tests/data/models/stories260K";
+  p.model_fingerprint = std::string(64, 'f');
+  p.codec = "none";
+  p.backend = "host";
+  p.tokens = 5;
+  p.layers = 2;
+  p.kv_heads = 2;
+  p.head_dim = 8;
+  p.total_bytes = 10000;
+  p.key_codes = 1, p.key_scales = 2, p.value_codes = 3, p.value_norms = 4, p.overhead = 5;
+  p.bf16_bytes = 320;
+  p.effective_ratio = 0.032;
+  p.leases = 1;
+  p.created_unix_ms = 1700000000123;
+  p.prefill_ms = 1.5, p.encode_ms = 2.5, p.publish_ms = 3.5;
+  return p;
+}
+
+TEST(ClientCreateTest, StreamsProgressAndReturnsInfo) {
+  const std::string id(64, 'b');
+  FakeDaemon daemon([&](const ipc::Request& req) -> std::vector<ipc::Reply> {
+    if (req.type != ipc::MessageType::kCreatePool) return {FakeDaemon::OkReply(req)};
+    std::vector<ipc::Reply> out;
+    for (int done : {2, 5}) {
+      ipc::Reply p = FakeDaemon::OkReply(req);
+      p.type = ipc::MessageType::kProgress;
+      p.stage = "prefill";
+      p.done = done;
+      p.total = 5;
+      out.push_back(p);
+    }
+    ipc::Reply r = FakeDaemon::OkReply(req);
+    r.pool = MakeInfo(id);
+    r.created = true;
+    out.push_back(r);
+    return out;
+  });
+  auto client = Client::Connect(daemon.endpoint(), 500);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  CreateOptions opts;
+  opts.model = "m";
+  opts.token_ids = {1, 2, 3, 4, 5};
+  opts.codec = "none";
+  opts.key_scale = "head";
+  opts.norm_correction = true;
+  opts.add_bos = false;
+  std::vector<std::string> progress;
+  auto created = client->CreatePool(opts, [&](const std::string& s, int64_t d, int64_t t) {
+    progress.push_back(s + " " + std::to_string(d) + "/" + std::to_string(t));
+  });
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  EXPECT_TRUE(created->created);
+  EXPECT_EQ(created->info.id, id);
+  EXPECT_EQ(created->info.key_codes_bytes, 1u);
+  EXPECT_EQ(created->info.value_norms_bytes, 4u);
+  EXPECT_EQ(created->info.overhead_bytes, 5u);
+  EXPECT_EQ(created->info.created_unix_ms, 1700000000123);
+  EXPECT_DOUBLE_EQ(created->info.publish_ms, 3.5);
+  EXPECT_EQ(progress, (std::vector<std::string>{"prefill 2/5", "prefill 5/5"}));
+  const ipc::Request sent = daemon.requests().back();
+  EXPECT_EQ(sent.type, ipc::MessageType::kCreatePool);
+  EXPECT_EQ(sent.token_ids, (std::vector<int32_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(sent.codec, "none");
+  EXPECT_EQ(sent.key_scale, "head");
+  EXPECT_TRUE(sent.norm_correction);
+  EXPECT_FALSE(sent.add_bos);
+  EXPECT_TRUE(sent.progress);
+}
+
+TEST(ClientCreateTest, RejectsBadOptionsBeforeSending) {
+  FakeDaemon daemon([&](const ipc::Request& req) { return std::vector<ipc::Reply>{FakeDaemon::OkReply(req)}; });
+  auto client = Client::Connect(daemon.endpoint(), 500);
+  ASSERT_TRUE(client.ok());
+  CreateOptions opts;
+  opts.model = "m";
+  EXPECT_EQ(client->CreatePool(opts).status().ToString(),
+            "INVALID_ARGUMENT: create: no document text and no token ids given");
+  opts.document = "text";
+  opts.token_ids = {1};
+  // The C++ wrapper sends token ids when given; the C API rejects both at once.
+  polykv_create_options o;
+  polykv_create_options_init(&o);
+  o.model = "m";
+  o.document = "text";
+  int32_t ids[1] = {1};
+  o.token_ids = ids;
+  o.token_count = 1;
+  EXPECT_EQ(polykv_create_pool(client->get(), &o, nullptr, nullptr, nullptr, nullptr),
+            POLYKV_INVALID_ARGUMENT);
+  EXPECT_STREQ(polykv_last_error(), "create: give either a document or token ids, not both");
+  o.document = nullptr;
+  o.codec = "k8v9";
+  EXPECT_EQ(polykv_create_pool(client->get(), &o, nullptr, nullptr, nullptr, nullptr),
+            POLYKV_INVALID_ARGUMENT);
+  EXPECT_STREQ(polykv_last_error(),
+               "create: unknown codec \"k8v9\" (expected k8v3, k8v2, k8v4 or none)");
+  o.codec = "k8v3";
+  o.struct_version = 7;
+  EXPECT_EQ(polykv_create_pool(client->get(), &o, nullptr, nullptr, nullptr, nullptr),
+            POLYKV_INVALID_ARGUMENT);
+  EXPECT_EQ(daemon.Count(ipc::MessageType::kCreatePool), 0);
+}
+
+TEST(ClientCreateTest, CreateTimeoutIsDeadlineExceeded) {
+  FakeDaemon daemon([&](const ipc::Request& req) -> std::vector<ipc::Reply> {
+    if (req.type == ipc::MessageType::kPing) return {FakeDaemon::OkReply(req)};
+    return {};  // never answers the create
+  });
+  auto client = Client::Connect(daemon.endpoint(), 500);
+  ASSERT_TRUE(client.ok());
+  CreateOptions opts;
+  opts.model = "m";
+  opts.token_ids = {1, 2};
+  opts.timeout_ms = 300;
+  auto created = client->CreatePool(opts);
+  EXPECT_EQ(created.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(daemon.Count(ipc::MessageType::kCreatePool), 1);  // a create is never resent
+}
+
+/// A real pool in POSIX shm (codec none or k8v3) served by a fake daemon with leases.
+class FakePoolTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kLayers = 2, kHeads = 2, kDim = 8;
+  static constexpr uint64_t kTokens = 5;
+
+  void MakePool(ipc::PoolCodec codec) {
+    ipc::PoolParams params;
+    params.layers = kLayers;
+    params.kv_heads = kHeads;
+    params.head_dim = kDim;
+    params.tokens = kTokens;
+    params.codec = codec;
+    params.raw_dtype = kernels::DType::kF32;
+    params.model_fingerprint = std::string(64, 'f');
+    params.tokenizer_fingerprint = std::string(64, 'e');
+    auto layout = ipc::ComputePoolLayout(params);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    shm_name_ = "/polykv-client-test-" + std::to_string(getpid());
+    ipc::ShmRegion::Remove(shm_name_).IgnoreError();
+    auto region = ipc::ShmRegion::Create(shm_name_, layout->total_bytes);
+    ASSERT_TRUE(region.ok()) << region.status();
+    region_.emplace(std::move(*region));
+    std::vector<uint8_t> pool_id(32);
+    for (int i = 0; i < 32; ++i) pool_id[i] = static_cast<uint8_t>(0x10 + i);
+    id_.clear();
+    for (uint8_t b : pool_id) {
+      static const char* kHex = "0123456789abcdef";
+      id_ += kHex[b >> 4];
+      id_ += kHex[b & 15];
+    }
+    tokens_ = {1, 461, 401, 378, 455};
+    auto writer = ipc::PoolWriter::Create(region_->data(), region_->size(), params, pool_id,
+                                          tokens_);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    const size_t n = kHeads * kTokens * kDim;
+    k_.assign(kLayers, std::vector<float>(n));
+    v_.assign(kLayers, std::vector<float>(n));
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      for (size_t i = 0; i < n; ++i) {
+        k_[l][i] = 0.37f * static_cast<float>(i) - 3.1f * static_cast<float>(l) + 0.001f;
+        v_[l][i] = std::sin(0.7f * static_cast<float>(i + 13 * l));
+      }
+      ASSERT_TRUE(writer->WriteLayer(l, k_[l].data(), v_[l].data(), kernels::DType::kF32).ok());
+    }
+    ASSERT_TRUE(writer->Finalize().ok());
+    info_ = MakeInfo(id_);
+    info_.codec = codec == ipc::PoolCodec::kNone ? "none" : "k8v3";
+    info_.total_bytes = layout->total_bytes;
+    daemon_.emplace([this](const ipc::Request& req) { return Handle(req); });
+  }
+
+  std::vector<ipc::Reply> Handle(const ipc::Request& req) {
+    ipc::Reply r = FakeDaemon::OkReply(req);
+    std::lock_guard<std::mutex> lock(mu_);
+    switch (req.type) {
+      case ipc::MessageType::kAttach: {
+        if (req.pool_id != id_ || evicted_) {
+          return {ipc::ErrorReply(req.type, req.id, absl::NotFoundError("unknown pool"))};
+        }
+        r.pool = info_;
+        r.lease_id = "lease-1";
+        r.lease_ms = lease_ms_;
+        ipc::MemoryHandle m;
+        m.backend = "host";
+        m.shm_name = shm_name_;
+        m.size = info_.total_bytes;
+        r.memory = m;
+        return {r};
+      }
+      case ipc::MessageType::kRenew:
+        if (evicted_) {
+          return {ipc::ErrorReply(req.type, req.id,
+                                  absl::NotFoundError("pool " + id_ + " was evicted"))};
+        }
+        if (req.lease_id != "lease-1") {
+          return {ipc::ErrorReply(req.type, req.id, absl::NotFoundError("unknown lease"))};
+        }
+        r.lease_ms = lease_ms_;
+        return {r};
+      default:
+        return {r};
+    }
+  }
+
+  void Evict() {
+    std::lock_guard<std::mutex> lock(mu_);
+    evicted_ = true;
+  }
+
+  void TearDown() override {
+    daemon_.reset();
+    region_.reset();  // the owner unlinks on destruction
+  }
+
+  std::mutex mu_;
+  bool evicted_ = false;
+  int64_t lease_ms_ = 300;
+  std::string shm_name_, id_;
+  std::vector<int32_t> tokens_;
+  std::vector<std::vector<float>> k_, v_;
+  ipc::PoolInfo info_;
+  std::optional<ipc::ShmRegion> region_;
+  std::optional<FakeDaemon> daemon_;
+};
+
+TEST_F(FakePoolTest, AttachMapsReadOnlyAndDecodesBitExact) {
+  MakePool(ipc::PoolCodec::kNone);
+  auto client = Client::Connect(daemon_->endpoint(), 500);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto pool = client->Attach(id_);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_EQ(pool->info().id, id_);
+  EXPECT_EQ(pool->info().codec, "none");
+  EXPECT_EQ(pool->LayerElements(), size_t{kHeads * kTokens * kDim});
+  EXPECT_EQ(polykv_pool_layer_elements(pool->get()), size_t{kHeads * kTokens * kDim});
+  auto ids = pool->TokenIds();
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(*ids, tokens_);
+  std::vector<float> k(pool->LayerElements()), v(k.size());
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(pool->DecodeLayer(l, k.data(), v.data(), DType::kF32).ok());
+    EXPECT_EQ(0, std::memcmp(k.data(), k_[l].data(), k.size() * 4)) << "layer " << l;
+    EXPECT_EQ(0, std::memcmp(v.data(), v_[l].data(), v.size() * 4)) << "layer " << l;
+  }
+  Status oob = pool->DecodeLayer(kLayers, k.data(), v.data());
+  EXPECT_EQ(oob.code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(oob.message(), "polykv_decode_layer: layer 2 out of range: pool " + id_ +
+                               " has 2 layers");
+  EXPECT_TRUE(pool->Verify().ok());
+  // The pool is mapped read-only into this process: its line in /proc/self/maps is r--s.
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  int mappings = 0;
+  while (std::getline(maps, line)) {
+    if (line.find("/dev/shm" + shm_name_) == std::string::npos) continue;
+    std::string perms = line.substr(line.find(' ') + 1, 4);
+    if (perms[1] == 'w') continue;  // this test's own writable (owner) mapping
+    EXPECT_EQ(perms, "r--s") << line;
+    ++mappings;
+  }
+  EXPECT_EQ(mappings, 1);
+  ASSERT_TRUE(pool->Detach().ok());
+  EXPECT_EQ(daemon_->Count(ipc::MessageType::kDetach), 1);
+  EXPECT_EQ(daemon_->requests().back().lease_id, "lease-1");
+}
+
+TEST_F(FakePoolTest, CompressedDecodeMatchesPoolReader) {
+  MakePool(ipc::PoolCodec::kK8V);
+  auto client = Client::Connect(daemon_->endpoint(), 500);
+  ASSERT_TRUE(client.ok());
+  auto pool = client->Attach(id_);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto reader = ipc::PoolReader::Open(region_->data(), region_->size(), true);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const size_t n = pool->LayerElements();
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    std::vector<uint8_t> k(n * DTypeBytes(dt)), v(k.size()), rk(k.size()), rv(k.size());
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(pool->DecodeLayer(l, k.data(), v.data(), dt).ok());
+      ASSERT_TRUE(reader->DecodeLayer(l, rk.data(), rv.data(), static_cast<kernels::DType>(dt)).ok());
+      EXPECT_EQ(k, rk);
+      EXPECT_EQ(v, rv);
+    }
+  }
+}
+
+TEST_F(FakePoolTest, RenewalKeepsLeasePastLeaseTimeThenEvictionRefusesDecode) {
+  MakePool(ipc::PoolCodec::kNone);
+  auto client = Client::Connect(daemon_->endpoint(), 500);
+  ASSERT_TRUE(client.ok());
+  auto pool = client->Attach(id_);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  std::vector<float> k(pool->LayerElements()), v(k.size());
+  // Three lease times (300 ms each) later the lease is still valid thanks to RENEW.
+  std::this_thread::sleep_for(std::chrono::milliseconds(3 * lease_ms_));
+  EXPECT_TRUE(pool->LeaseStatus().ok()) << pool->LeaseStatus().ToString();
+  EXPECT_TRUE(pool->DecodeLayer(0, k.data(), v.data()).ok());
+  EXPECT_GE(daemon_->Count(ipc::MessageType::kRenew), 3);
+  Evict();
+  // The renewal thread learns of the eviction within about lease_ms / 3.
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (pool->LeaseStatus().ok() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  Status lease = pool->LeaseStatus();
+  EXPECT_EQ(lease.code(), StatusCode::kNotFound);
+  EXPECT_EQ(lease.message(), "pool " + id_ + " was evicted (daemon: pool " + id_ + " was evicted)");
+  Status decoded = pool->DecodeLayer(0, k.data(), v.data());
+  EXPECT_EQ(decoded.code(), StatusCode::kNotFound);
+  EXPECT_EQ(decoded.message(), lease.message());
+  // Detach after eviction is quiet: no lease left to release.
+  EXPECT_TRUE(pool->Detach().ok());
+  EXPECT_EQ(daemon_->Count(ipc::MessageType::kDetach), 0);
+}
+
+TEST_F(FakePoolTest, LeaseExpiresLocallyWhenDaemonStopsAnswering) {
+  MakePool(ipc::PoolCodec::kNone);
+  auto client = Client::Connect(daemon_->endpoint(), 100);
+  ASSERT_TRUE(client.ok());
+  auto pool = client->Attach(id_);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  daemon_.reset();  // daemon gone: renewals time out
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (pool->LeaseStatus().ok() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(pool->LeaseStatus().code(), StatusCode::kFailedPrecondition);
+  std::vector<float> k(pool->LayerElements()), v(k.size());
+  Status decoded = pool->DecodeLayer(0, k.data(), v.data());
+  EXPECT_EQ(decoded.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(decoded.message().find("lease on pool " + id_ + " expired"), std::string::npos)
+      << decoded.message();
+}
+
+TEST_F(FakePoolTest, AttachFailsCleanlyWhenShmIsMissing) {
+  MakePool(ipc::PoolCodec::kNone);
+  region_.reset();  // unlinks the object: the announced shm name no longer exists
+  auto client = Client::Connect(daemon_->endpoint(), 500);
+  ASSERT_TRUE(client.ok());
+  auto pool = client->Attach(id_);
+  ASSERT_FALSE(pool.ok());
+  EXPECT_EQ(pool.status().code(), StatusCode::kNotFound) << pool.status().ToString();
+  EXPECT_EQ(daemon_->Count(ipc::MessageType::kDetach), 1);  // the lease was given back
+}
+
+}  // namespace
+}  // namespace polykv::client

@@ -1,0 +1,258 @@
+// Pool layout: offsets, PoolWriter/PoolReader round trips (none bit-exact, k8v3 equal to the
+// direct codec), checksums detecting flipped bytes, truncated regions.
+#include "polykv/ipc/pool_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace polykv::ipc {
+namespace {
+
+using kernels::DType;
+
+PoolParams SmallParams(PoolCodec codec) {
+  PoolParams p;
+  p.layers = 3;
+  p.kv_heads = 4;
+  p.head_dim = 8;
+  p.tokens = 37;
+  p.codec = codec;
+  p.codec_config.value_bits = 3;
+  p.raw_dtype = DType::kF32;
+  p.model_fingerprint = std::string(64, 'a');
+  p.tokenizer_fingerprint = "none";
+  return p;
+}
+
+std::vector<float> RandomKv(const PoolParams& p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.f, 1.5f);
+  std::vector<float> v(size_t{p.kv_heads} * p.tokens * p.head_dim);
+  for (auto& x : v) x = n(rng);
+  return v;
+}
+
+std::vector<int32_t> Ids(uint64_t n) {
+  std::vector<int32_t> ids(n);
+  for (uint64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(i * 7 % 512);
+  return ids;
+}
+
+// Writes a whole pool; K of layer l uses seed 2l, V seed 2l+1.
+std::vector<uint8_t> BuildPool(const PoolParams& p, PoolLayout* layout_out = nullptr) {
+  auto layout = ComputePoolLayout(p);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  std::vector<uint8_t> region(layout->total_bytes, 0xEE);
+  std::vector<uint8_t> id(32, 0x5A);
+  auto ids = Ids(p.tokens);
+  auto w = PoolWriter::Create(region.data(), region.size(), p, id, ids);
+  EXPECT_TRUE(w.ok()) << w.status();
+  for (uint32_t l = 0; l < p.layers; ++l) {
+    auto k = RandomKv(p, 2 * l), v = RandomKv(p, 2 * l + 1);
+    EXPECT_TRUE(w->WriteLayer(l, k.data(), v.data(), DType::kF32).ok());
+  }
+  EXPECT_TRUE(w->Finalize().ok());
+  if (layout_out) *layout_out = *layout;
+  return region;
+}
+
+TEST(PoolLayoutTest, OffsetsAlignedAndSized) {
+  for (PoolCodec codec : {PoolCodec::kNone, PoolCodec::kK8V}) {
+    PoolParams p = SmallParams(codec);
+    auto l = ComputePoolLayout(p);
+    ASSERT_TRUE(l.ok()) << l.status();
+    EXPECT_EQ(l->token_ids, kPoolHeaderBytes);
+    ASSERT_EQ(l->layer.size(), p.layers);
+    uint64_t prev_end = l->token_ids + 4 * p.tokens;
+    const uint64_t elems = uint64_t{p.kv_heads} * p.tokens * p.head_dim;
+    for (const auto& lo : l->layer) {
+      EXPECT_EQ(lo.k % kPoolSectionAlign, 0u);
+      EXPECT_EQ(lo.v % kPoolSectionAlign, 0u);
+      EXPECT_EQ(lo.end % kPoolSectionAlign, 0u);
+      EXPECT_GE(lo.k, prev_end);
+      if (codec == PoolCodec::kK8V) {
+        EXPECT_EQ(lo.k_scales % kPoolSectionAlign, 0u);
+        EXPECT_EQ(lo.v_norms % kPoolSectionAlign, 0u);
+        EXPECT_GE(lo.k_scales, lo.k + elems);
+        EXPECT_GE(lo.v, lo.k_scales + 4);
+        // 3 bits x 8 dims = 3 bytes per vector.
+        EXPECT_GE(lo.v_norms, lo.v + 3 * uint64_t{p.kv_heads} * p.tokens);
+        EXPECT_GE(lo.end, lo.v_norms + 4 * uint64_t{p.kv_heads} * p.tokens);
+      } else {
+        EXPECT_GE(lo.v, lo.k + 4 * elems);
+        EXPECT_GE(lo.end, lo.v + 4 * elems);
+      }
+      prev_end = lo.end;
+    }
+    EXPECT_EQ(l->total_bytes, l->layer.back().end);
+    EXPECT_EQ(l->key_codes + l->key_scales + l->value_codes + l->value_norms + l->overhead,
+              l->total_bytes);
+    if (codec == PoolCodec::kK8V) {
+      EXPECT_EQ(l->key_codes, p.layers * elems);
+      EXPECT_EQ(l->key_scales, p.layers * 4u);
+      EXPECT_EQ(l->value_codes, p.layers * 3u * p.kv_heads * p.tokens);
+      EXPECT_EQ(l->value_norms, p.layers * 4u * p.kv_heads * p.tokens);
+    } else {
+      EXPECT_EQ(l->key_codes, p.layers * 4 * elems);
+    }
+  }
+  EXPECT_EQ(Bf16CacheBytes(SmallParams(PoolCodec::kK8V)), 2u * 2 * 3 * 4 * 37 * 8);
+}
+
+TEST(PoolLayoutTest, RejectsBadParams) {
+  PoolParams p = SmallParams(PoolCodec::kK8V);
+  p.layers = 0;
+  EXPECT_EQ(ComputePoolLayout(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = SmallParams(PoolCodec::kK8V);
+  p.codec_config.value_bits = 5;
+  auto s = ComputePoolLayout(p).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("value_bits"), std::string::npos);
+  p = SmallParams(PoolCodec::kK8V);
+  p.tokens = 0;
+  EXPECT_NE(std::string(ComputePoolLayout(p).status().message()).find("tokens"),
+            std::string::npos);
+  p = SmallParams(PoolCodec::kK8V);
+  p.model_fingerprint = std::string(100, 'x');
+  EXPECT_EQ(ComputePoolLayout(p).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PoolLayoutTest, NoneRoundTripIsBitExact) {
+  PoolParams p = SmallParams(PoolCodec::kNone);
+  auto region = BuildPool(p);
+  auto r = PoolReader::Open(region.data(), region.size(), /*verify_payload=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->params().layers, p.layers);
+  EXPECT_EQ(r->params().tokens, p.tokens);
+  EXPECT_EQ(r->params().model_fingerprint, p.model_fingerprint);
+  EXPECT_EQ(r->params().tokenizer_fingerprint, "none");
+  EXPECT_EQ(r->header().pool_id[0], 0x5A);
+  EXPECT_EQ(r->TokenIds(), Ids(p.tokens));
+  for (uint32_t l = 0; l < p.layers; ++l) {
+    auto k = RandomKv(p, 2 * l), v = RandomKv(p, 2 * l + 1);
+    std::vector<float> ko(k.size()), vo(v.size());
+    ASSERT_TRUE(r->DecodeLayer(l, ko.data(), vo.data(), DType::kF32).ok());
+    EXPECT_EQ(0, std::memcmp(ko.data(), k.data(), 4 * k.size())) << "layer " << l;
+    EXPECT_EQ(0, std::memcmp(vo.data(), v.data(), 4 * v.size())) << "layer " << l;
+  }
+  // bf16 output: the top 16 bits of values exactly representable in bf16 survive.
+  std::vector<uint16_t> kb(size_t{p.kv_heads} * p.tokens * p.head_dim), vb(kb.size());
+  ASSERT_TRUE(r->DecodeLayer(0, kb.data(), vb.data(), DType::kBF16).ok());
+  auto k0 = RandomKv(p, 0);
+  for (size_t i = 0; i < k0.size(); ++i) {
+    uint32_t u = static_cast<uint32_t>(kb[i]) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    EXPECT_NEAR(f, k0[i], std::abs(k0[i]) / 128 + 1e-30) << i;
+  }
+}
+
+TEST(PoolLayoutTest, K8v3DecodeEqualsDirectCodec) {
+  PoolParams p = SmallParams(PoolCodec::kK8V);
+  auto region = BuildPool(p);
+  auto r = PoolReader::Open(region.data(), region.size(), true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  kernels::LayerShape shape{static_cast<int32_t>(p.kv_heads), static_cast<int64_t>(p.tokens),
+                            static_cast<int32_t>(p.head_dim)};
+  const auto& c = p.codec_config;
+  for (uint32_t l = 0; l < p.layers; ++l) {
+    auto k = RandomKv(p, 2 * l), v = RandomKv(p, 2 * l + 1);
+    std::vector<int8_t> q(k.size());
+    std::vector<float> scales(kernels::KeyScaleCount(shape, c.key_scale));
+    std::vector<uint8_t> packed(shape.vectors() * kernels::PackedVectorBytes(8, 3));
+    std::vector<float> norms(shape.vectors());
+    ASSERT_TRUE(kernels::QuantizeKeys(k.data(), DType::kF32, shape, c.key_scale, q.data(),
+                                      scales.data()).ok());
+    ASSERT_TRUE(kernels::EncodeValues(v.data(), DType::kF32, shape, c, packed.data(),
+                                      norms.data()).ok());
+    std::vector<float> kd(k.size()), vd(v.size()), ko(k.size()), vo(v.size());
+    ASSERT_TRUE(kernels::DequantizeKeys(q.data(), scales.data(), shape, c.key_scale, kd.data(),
+                                        DType::kF32).ok());
+    ASSERT_TRUE(kernels::DecodeValues(packed.data(), norms.data(), shape, c, vd.data(),
+                                      DType::kF32).ok());
+    ASSERT_TRUE(r->DecodeLayer(l, ko.data(), vo.data(), DType::kF32).ok());
+    EXPECT_EQ(0, std::memcmp(ko.data(), kd.data(), 4 * kd.size())) << "layer " << l;
+    EXPECT_EQ(0, std::memcmp(vo.data(), vd.data(), 4 * vd.size())) << "layer " << l;
+    // And the codes in the region are byte-identical to the direct encoding.
+    const auto& lo = r->layout().layer[l];
+    EXPECT_EQ(0, std::memcmp(region.data() + lo.k, q.data(), q.size()));
+    EXPECT_EQ(0, std::memcmp(region.data() + lo.v, packed.data(), packed.size()));
+  }
+}
+
+TEST(PoolLayoutTest, ChecksumsDetectFlippedBytes) {
+  PoolParams p = SmallParams(PoolCodec::kK8V);
+  PoolLayout layout;
+  auto region = BuildPool(p, &layout);
+  // Payload byte (a V code of the last layer).
+  {
+    auto bad = region;
+    bad[layout.layer.back().v + 1] ^= 0x10;
+    auto header_only = PoolReader::Open(bad.data(), bad.size(), /*verify_payload=*/false);
+    ASSERT_TRUE(header_only.ok()) << "header is intact";
+    EXPECT_EQ(header_only->VerifyPayload().code(), absl::StatusCode::kDataLoss);
+    auto r = PoolReader::Open(bad.data(), bad.size(), true);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(std::string(r.status().message()).find("payload"), std::string::npos);
+  }
+  // Header byte (tokens field).
+  {
+    auto bad = region;
+    bad[offsetof(PoolHeader, tokens)] ^= 0x01;
+    auto r = PoolReader::Open(bad.data(), bad.size(), false);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(std::string(r.status().message()).find("header"), std::string::npos);
+  }
+  // Magic.
+  {
+    auto bad = region;
+    bad[0] = 'X';
+    EXPECT_EQ(PoolReader::Open(bad.data(), bad.size(), false).status().code(),
+              absl::StatusCode::kDataLoss);
+  }
+}
+
+TEST(PoolLayoutTest, TruncatedRegionRejected) {
+  PoolParams p = SmallParams(PoolCodec::kNone);
+  auto region = BuildPool(p);
+  auto r = PoolReader::Open(region.data(), region.size() - 1, false);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(r.status().message()).find("truncated"), std::string::npos);
+  EXPECT_EQ(PoolReader::Open(region.data(), 100, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PoolLayoutTest, WriterRejectsBadUse) {
+  PoolParams p = SmallParams(PoolCodec::kK8V);
+  auto layout = ComputePoolLayout(p);
+  ASSERT_TRUE(layout.ok());
+  std::vector<uint8_t> region(layout->total_bytes);
+  std::vector<uint8_t> id(32, 1);
+  auto ids = Ids(p.tokens);
+  EXPECT_EQ(PoolWriter::Create(region.data(), region.size() - 1, p, id, ids).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PoolWriter::Create(region.data(), region.size(), p, id,
+                               absl::MakeSpan(ids).subspan(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto w = PoolWriter::Create(region.data(), region.size(), p, id, ids);
+  ASSERT_TRUE(w.ok());
+  auto k = RandomKv(p, 0);
+  ASSERT_TRUE(w->WriteLayer(0, k.data(), k.data(), DType::kF32).ok());
+  EXPECT_EQ(w->WriteLayer(3, k.data(), k.data(), DType::kF32).code(),
+            absl::StatusCode::kOutOfRange);
+  Status fin = w->Finalize();
+  EXPECT_EQ(fin.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(fin.message()).find("layer 1"), std::string::npos);
+  // An unfinished pool does not open.
+  EXPECT_EQ(PoolReader::Open(region.data(), region.size(), false).status().code(),
+            absl::StatusCode::kDataLoss);
+  // NaN input is refused by the codec, with an error (no crash).
+  k[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(w->WriteLayer(1, k.data(), k.data(), DType::kF32).ok());
+}
+
+}  // namespace
+}  // namespace polykv::ipc

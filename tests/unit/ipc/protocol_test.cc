@@ -1,0 +1,287 @@
+// Control protocol: round trips, and rejection of malformed/wrong/oversized frames.
+#include "polykv/ipc/protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace polykv::ipc {
+namespace {
+
+TEST(ProtocolTest, MessageTypeNamesRoundTrip) {
+  for (MessageType t : {MessageType::kCreatePool, MessageType::kAttach, MessageType::kRenew,
+                        MessageType::kDetach, MessageType::kList, MessageType::kStats,
+                        MessageType::kEvict, MessageType::kPing, MessageType::kProgress,
+                        MessageType::kError}) {
+    auto parsed = ParseMessageType(MessageTypeName(t));
+    ASSERT_TRUE(parsed.ok()) << MessageTypeName(t);
+    EXPECT_EQ(*parsed, t);
+  }
+  EXPECT_EQ(MessageTypeName(MessageType::kCreatePool), "CREATE_POOL");
+  EXPECT_EQ(ParseMessageType("BOGUS").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ProtocolTest, CreatePoolRequestRoundTrip) {
+  Request r;
+  r.type = MessageType::kCreatePool;
+  r.id = 42;
+  r.model = "tests/data/models/stories260K";
+  r.document = "Once upon a time \xe2\x80\x94 there was a \"quoted\" word.\n";
+  r.token_ids = {1, 461, 0, 2147483647};
+  r.add_bos = false;
+  r.codec = "k8v2";
+  r.key_scale = "channel";
+  r.norm_correction = true;
+  r.progress = true;
+  auto d = DecodeRequest(EncodeRequest(r));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->type, MessageType::kCreatePool);
+  EXPECT_EQ(d->id, 42u);
+  EXPECT_EQ(d->model, r.model);
+  EXPECT_EQ(d->document, r.document);
+  EXPECT_EQ(d->token_ids, r.token_ids);
+  EXPECT_FALSE(d->add_bos);
+  EXPECT_EQ(d->codec, "k8v2");
+  EXPECT_EQ(d->key_scale, "channel");
+  EXPECT_TRUE(d->norm_correction);
+  EXPECT_TRUE(d->progress);
+}
+
+TEST(ProtocolTest, OtherRequestsRoundTrip) {
+  Request a;
+  a.type = MessageType::kAttach;
+  a.id = 7;
+  a.pool_id = std::string(64, 'a');
+  a.client_pid = 1234;
+  auto da = DecodeRequest(EncodeRequest(a));
+  ASSERT_TRUE(da.ok()) << da.status();
+  EXPECT_EQ(da->pool_id, a.pool_id);
+  EXPECT_EQ(da->client_pid, 1234u);
+
+  Request e;
+  e.type = MessageType::kEvict;
+  e.pool_id = "abc";
+  e.force = true;
+  auto de = DecodeRequest(EncodeRequest(e));
+  ASSERT_TRUE(de.ok());
+  EXPECT_TRUE(de->force);
+
+  Request rn;
+  rn.type = MessageType::kRenew;
+  rn.lease_id = "00ff";
+  auto dr = DecodeRequest(EncodeRequest(rn));
+  ASSERT_TRUE(dr.ok());
+  EXPECT_EQ(dr->type, MessageType::kRenew);
+  EXPECT_EQ(dr->lease_id, "00ff");
+
+  Request p;
+  p.type = MessageType::kPing;
+  p.id = 18446744073709551615ull;
+  auto dp = DecodeRequest(EncodeRequest(p));
+  ASSERT_TRUE(dp.ok());
+  EXPECT_EQ(dp->id, 18446744073709551615ull);
+}
+
+TEST(ProtocolTest, ReplyRoundTripWithPoolAndCudaHandle) {
+  Reply r;
+  r.type = MessageType::kAttach;
+  r.id = 9;
+  PoolInfo info;
+  info.id = std::string(64, 'f');
+  info.model = "m";
+  info.model_fingerprint = "fp";
+  info.codec = "k8v3";
+  info.backend = "cuda";
+  info.tokens = 1000;
+  info.layers = 30;
+  info.kv_heads = 3;
+  info.head_dim = 64;
+  info.total_bytes = 123456789012ull;
+  info.key_codes = 1;
+  info.key_scales = 2;
+  info.value_codes = 3;
+  info.value_norms = 4;
+  info.overhead = 5;
+  info.bf16_bytes = 6;
+  info.effective_ratio = 3.25;
+  info.leases = 2;
+  info.created_unix_ms = 1700000000000;
+  info.prefill_ms = 1.5;
+  info.encode_ms = 2.5;
+  info.publish_ms = 0.25;
+  r.pool = info;
+  r.lease_id = "0123456789abcdef0123456789abcdef";
+  r.lease_expires_unix_ms = 1700000030000;
+  r.lease_ms = 30000;
+  MemoryHandle m;
+  m.backend = "cuda";
+  m.size = 4096;
+  for (int i = 0; i < 64; ++i) m.cuda.handle[i] = static_cast<uint8_t>(i * 3 + 1);
+  for (int i = 0; i < 16; ++i) m.cuda.device_uuid[i] = static_cast<uint8_t>(255 - i);
+  m.cuda.offset = 512;
+  m.cuda.size = 4096;
+  r.memory = m;
+  auto d = DecodeReply(EncodeReply(r));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->ok);
+  ASSERT_TRUE(d->pool.has_value());
+  EXPECT_EQ(d->pool->id, info.id);
+  EXPECT_EQ(d->pool->total_bytes, info.total_bytes);
+  EXPECT_EQ(d->pool->layers, 30u);
+  EXPECT_DOUBLE_EQ(d->pool->effective_ratio, 3.25);
+  EXPECT_EQ(d->pool->created_unix_ms, info.created_unix_ms);
+  EXPECT_DOUBLE_EQ(d->pool->publish_ms, 0.25);
+  EXPECT_EQ(d->lease_id, r.lease_id);
+  EXPECT_EQ(d->lease_expires_unix_ms, r.lease_expires_unix_ms);
+  EXPECT_EQ(d->lease_ms, 30000);
+  ASSERT_TRUE(d->memory.has_value());
+  EXPECT_EQ(d->memory->backend, "cuda");
+  EXPECT_EQ(0, std::memcmp(d->memory->cuda.handle, m.cuda.handle, 64));
+  EXPECT_EQ(0, std::memcmp(d->memory->cuda.device_uuid, m.cuda.device_uuid, 16));
+  EXPECT_EQ(d->memory->cuda.offset, 512u);
+}
+
+TEST(ProtocolTest, ListStatsPingProgressRoundTrip) {
+  Reply l;
+  l.type = MessageType::kStats;
+  l.pools.resize(2);
+  l.pools[0].id = "a";
+  l.pools[1].id = "b";
+  l.memory_used = 100;
+  l.memory_cap = 1000;
+  auto dl = DecodeReply(EncodeReply(l));
+  ASSERT_TRUE(dl.ok());
+  ASSERT_EQ(dl->pools.size(), 2u);
+  EXPECT_EQ(dl->pools[1].id, "b");
+  EXPECT_EQ(dl->memory_used, 100u);
+  EXPECT_EQ(dl->memory_cap, 1000u);
+
+  Reply p;
+  p.type = MessageType::kPing;
+  p.daemon_version = "0.1.0";
+  p.daemon_pid = 77;
+  auto dp = DecodeReply(EncodeReply(p));
+  ASSERT_TRUE(dp.ok());
+  EXPECT_EQ(dp->daemon_version, "0.1.0");
+  EXPECT_EQ(dp->daemon_pid, 77u);
+
+  Reply g;
+  g.type = MessageType::kProgress;
+  g.id = 3;
+  g.stage = "prefill";
+  g.done = 512;
+  g.total = 2048;
+  auto dg = DecodeReply(EncodeReply(g));
+  ASSERT_TRUE(dg.ok());
+  EXPECT_EQ(dg->stage, "prefill");
+  EXPECT_EQ(dg->done, 512);
+  EXPECT_EQ(dg->total, 2048);
+}
+
+TEST(ProtocolTest, ErrorReplyCarriesStatus) {
+  Reply e = ErrorReply(MessageType::kEvict, 5, absl::FailedPreconditionError("2 live leases"));
+  auto d = DecodeReply(EncodeReply(e));
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->ok);
+  EXPECT_EQ(d->code, "FAILED_PRECONDITION");
+  Status s = ReplyStatus(*d);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "2 live leases");
+  EXPECT_TRUE(ReplyStatus(Reply{}).ok());
+}
+
+void ExpectRejected(const std::string& frame, absl::StatusCode code, const std::string& needle) {
+  auto r = DecodeRequest(frame);
+  ASSERT_FALSE(r.ok()) << frame;
+  EXPECT_EQ(r.status().code(), code) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find(needle), std::string::npos)
+      << r.status() << " should mention " << needle;
+}
+
+TEST(ProtocolTest, RejectsMalformedFrames) {
+  ExpectRejected("", absl::StatusCode::kInvalidArgument, "JSON");
+  ExpectRejected("{\"magic\":\"PKV1\",", absl::StatusCode::kInvalidArgument, "JSON");
+  ExpectRejected("[1,2]", absl::StatusCode::kInvalidArgument, "object");
+  ExpectRejected(std::string("{\"magic\":\"PKV1\"\0}", 17), absl::StatusCode::kInvalidArgument,
+                 "JSON");
+  ExpectRejected(R"({"magic":"XXXX","version":1,"type":"PING","id":1})",
+                 absl::StatusCode::kInvalidArgument, "magic");
+  ExpectRejected(R"({"version":1,"type":"PING"})", absl::StatusCode::kInvalidArgument, "magic");
+  ExpectRejected(R"({"magic":"PKV1","version":2,"type":"PING","id":1})",
+                 absl::StatusCode::kFailedPrecondition, "version");
+  ExpectRejected(R"({"magic":"PKV1","version":"1","type":"PING","id":1})",
+                 absl::StatusCode::kInvalidArgument, "version");
+  ExpectRejected(R"({"magic":"PKV1","version":1,"type":"FROB","id":1})",
+                 absl::StatusCode::kInvalidArgument, "FROB");
+  ExpectRejected(R"({"magic":"PKV1","version":1,"type":"PROGRESS","id":1})",
+                 absl::StatusCode::kInvalidArgument, "not a request");
+  ExpectRejected(R"({"magic":"PKV1","version":1,"type":7,"id":1})",
+                 absl::StatusCode::kInvalidArgument, "type");
+  ExpectRejected(R"({"magic":"PKV1","version":1,"type":"PING","id":"one"})",
+                 absl::StatusCode::kInvalidArgument, "'id'");
+  ExpectRejected(R"({"magic":"PKV1","version":1,"type":"ATTACH","id":1,"pool_id":5})",
+                 absl::StatusCode::kInvalidArgument, "pool_id");
+  ExpectRejected(R"({"magic":"PKV1","version":1,"type":"ATTACH","id":1})",
+                 absl::StatusCode::kInvalidArgument, "pool_id");
+  ExpectRejected(
+      R"({"magic":"PKV1","version":1,"type":"CREATE_POOL","id":1,"model":"m","token_ids":[1,"x"]})",
+      absl::StatusCode::kInvalidArgument, "token_ids[1]");
+  ExpectRejected(
+      R"({"magic":"PKV1","version":1,"type":"CREATE_POOL","id":1,"model":"m","token_ids":[1,-4]})",
+      absl::StatusCode::kInvalidArgument, "token_ids[1]");
+  ExpectRejected(R"({"magic":"PKV1","version":1,"type":"CREATE_POOL","id":1,"model":"m"})",
+                 absl::StatusCode::kInvalidArgument, "document");
+  ExpectRejected(
+      R"({"magic":"PKV1","version":1,"type":"EVICT","id":1,"pool_id":"a","force":"yes"})",
+      absl::StatusCode::kInvalidArgument, "force");
+  ExpectRejected(R"({"magic":"PKV1","version":1,"type":"ATTACH","id":1,"pool_id":"a","client_pid":-1})",
+                 absl::StatusCode::kInvalidArgument, "client_pid");
+}
+
+TEST(ProtocolTest, RejectsOversizedFrames) {
+  std::string big(kMaxMessageBytes + 1, ' ');
+  ExpectRejected(big, absl::StatusCode::kResourceExhausted, "exceeds");
+  EXPECT_EQ(DecodeReply(big).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(ProtocolTest, ErrorReplyForFrameEchoesTypeAndId) {
+  Reply r = ErrorReplyForFrame(R"({"magic":"PKV1","version":9,"type":"LIST","id":77})",
+                               absl::FailedPreconditionError("v"));
+  EXPECT_EQ(r.type, MessageType::kList);
+  EXPECT_EQ(r.id, 77u);
+  EXPECT_FALSE(r.ok);
+  Reply g = ErrorReplyForFrame("garbage", absl::InvalidArgumentError("x"));
+  EXPECT_EQ(g.type, MessageType::kError);
+  EXPECT_EQ(g.id, 0u);
+  auto d = DecodeReply(EncodeReply(g));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->type, MessageType::kError);
+  EXPECT_EQ(d->code, "INVALID_ARGUMENT");
+}
+
+TEST(ProtocolTest, RejectsMalformedReplies) {
+  EXPECT_EQ(DecodeReply(R"({"magic":"PKV1","version":1,"type":"PING","id":1})").status().code(),
+            absl::StatusCode::kInvalidArgument);  // no "ok"
+  EXPECT_EQ(DecodeReply(R"({"magic":"PKV1","version":1,"type":"LIST","id":1,"ok":true,"pools":3})")
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeReply(R"({"magic":"PKV1","version":1,"type":"ATTACH","id":1,"ok":true,)"
+                        R"("memory":{"backend":"cuda","size":1,"cuda":{"handle":"zz"}}})")
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ProtocolTest, DefaultEndpointHonoursEnv) {
+  setenv("POLYKV_ENDPOINT", "ipc:///tmp/x/y.sock", 1);
+  EXPECT_EQ(DefaultEndpoint(), "ipc:///tmp/x/y.sock");
+  unsetenv("POLYKV_ENDPOINT");
+  std::string e = DefaultEndpoint();
+  EXPECT_EQ(e.rfind("ipc://", 0), 0u) << e;
+  EXPECT_NE(e.find("control.sock"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace polykv::ipc
