@@ -276,8 +276,7 @@ void Daemon::Impl::ZapLoop(zmq::socket_t zap) {
 void Daemon::Impl::Send(const zmq::message_t& identity, bool delimiter,
                         const std::string& payload) {
   try {
-    zmq::message_t id;
-    id.copy(identity);
+    zmq::message_t id(identity.data(), identity.size());
     router->send(id, zmq::send_flags::sndmore);
     if (delimiter) router->send(zmq::message_t(), zmq::send_flags::sndmore);
     router->send(zmq::buffer(payload), zmq::send_flags::none);

@@ -131,9 +131,7 @@ __global__ void DecodeValuesKernel(const uint8_t* packed, const float* norms, in
   const int64_t vi = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (vi >= vectors) return;
   float x[m::kMaxCudaHeadDim];
-  uint8_t codes[m::kMaxCudaHeadDim];
-  m::DecodeValueVector(packed + vi * m::PackedBytes(d, cb.bits), norms[vi], d, signs, cb, codes,
-                       x);
+  m::DecodeValueVector(packed + vi * m::PackedBytes(d, cb.bits), norms[vi], d, signs, cb, x);
   const int64_t off = vi * d;
   for (int i = 0; i < d; ++i) m::StoreF32(out, out_dtype, off + i, x[i]);
 }

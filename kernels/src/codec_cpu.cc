@@ -79,6 +79,25 @@ Status NonFiniteError(const char* what, const void* src, DType dtype, const Laye
                                                  " at ", DescribeIndex(shape, index)));
 }
 
+// Row kernels as separate functions with __restrict parameters (int8_t may alias anything,
+// so without this the compiler cannot vectorize).
+void QuantizeRow(const float* __restrict x, const float* __restrict s, int d,
+                 int8_t* __restrict out) {
+  for (int i = 0; i < d; ++i) out[i] = math::QuantizeKey(x[i], s[i]);
+}
+
+void DequantizeRow(const int8_t* __restrict q, const float* __restrict s, int d,
+                   float* __restrict out) {
+  for (int i = 0; i < d; ++i) out[i] = math::DequantizeKey(q[i], s[i]);
+}
+
+void AbsmaxRow(const float* __restrict x, int d, float* __restrict mx) {
+  for (int i = 0; i < d; ++i) {
+    const float a = std::fabs(x[i]);
+    mx[i] = mx[i] < a ? a : mx[i];
+  }
+}
+
 // Fills `row` (d entries) with the scale of each channel of head h.
 void ScaleRow(const float* scales, const LayerShape& shape, KeyScaleMode mode, int64_t h,
               float* row) {
@@ -125,7 +144,7 @@ Status QuantizeKeysCpu(const void* k, DType dtype, const LayerShape& shape, KeyS
             AtomicMin(bad, off + badi);
             break;
           }
-          for (int i = 0; i < d; ++i) mx[i] = std::max(mx[i], std::fabs(row[i]));
+          AbsmaxRow(row.data(), d, mx);
         }
       }
     });
@@ -166,10 +185,7 @@ Status QuantizeKeysCpu(const void* k, DType dtype, const LayerShape& shape, KeyS
           return;
         }
       }
-      int8_t* __restrict out = q + off;
-      const float* __restrict x = row.data();
-      const float* __restrict s = srow.data();
-      for (int i = 0; i < d; ++i) out[i] = math::QuantizeKey(x[i], s[i]);
+      QuantizeRow(row.data(), srow.data(), d, q + off);
     }
   });
   if (bad.load() != kNoBadIndex) return NonFiniteError("K", k, dtype, shape, bad.load());
@@ -189,11 +205,12 @@ void DequantizeKeysCpu(const int8_t* q, const float* scales, const LayerShape& s
         ScaleRow(scales, shape, mode, h, srow.data());
         cur_head = h;
       }
-      const int8_t* __restrict in = q + v * d;
-      float* __restrict x = row.data();
-      const float* __restrict s = srow.data();
-      for (int i = 0; i < d; ++i) x[i] = math::DequantizeKey(in[i], s[i]);
-      StoreRow(x, d, out, out_dtype, v * d);
+      if (out_dtype == DType::kF32) {
+        DequantizeRow(q + v * d, srow.data(), d, static_cast<float*>(out) + v * d);
+      } else {
+        DequantizeRow(q + v * d, srow.data(), d, row.data());
+        StoreRow(row.data(), d, out, out_dtype, v * d);
+      }
     }
   });
 }
@@ -234,11 +251,9 @@ void DecodeValuesCpu(const uint8_t* packed, const float* norms, const LayerShape
   for (int i = 0; i < d; ++i) signs[i] = math::RotationSign(config.rotation_seed, i);
   ParallelFor(shape.vectors(), 64, [&](int64_t b, int64_t e) {
     std::vector<float> x(d);
-    std::vector<uint8_t> codes(d);
     for (int64_t vi = b; vi < e; ++vi) {
       float* dst = out_dtype == DType::kF32 ? static_cast<float*>(out) + vi * d : x.data();
-      math::DecodeValueVector(packed + vi * vec_bytes, norms[vi], d, signs.data(), cb,
-                              codes.data(), dst);
+      math::DecodeValueVector(packed + vi * vec_bytes, norms[vi], d, signs.data(), cb, dst);
       if (out_dtype != DType::kF32) StoreRow(dst, d, out, out_dtype, vi * d);
     }
   });

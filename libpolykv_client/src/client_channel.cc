@@ -3,8 +3,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -77,7 +79,9 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
     zmq::message_t delimiter;
     if (!socket_->send(delimiter, zmq::send_flags::sndmore | zmq::send_flags::dontwait) ||
         !socket_->send(zmq::buffer(frame), zmq::send_flags::dontwait)) {
-      continue;  // cannot queue (no pipe yet): next try rebuilds the socket
+      // Cannot queue (no pipe yet): wait out this try, then rebuild the socket.
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(try_timeout_ms, 100)));
+      continue;
     }
     const auto deadline = Clock::now() + std::chrono::milliseconds(try_timeout_ms);
     while (true) {

@@ -101,7 +101,8 @@ class LlamaModelImpl final : public LlamaModel {
                                                        options.top_p));
     }
     std::vector<int32_t> feed(prompt.begin(), prompt.end());
-    if (feed.empty()) {
+    const bool recompute = feed.empty();
+    if (recompute) {
       if (cache.length == 0 || cache.tokens.empty())
         return absl::InvalidArgumentError("Generate: empty prompt and an empty cache (nothing to continue)");
       POLYKV_RETURN_IF_ERROR(CheckCache(cache));
@@ -111,8 +112,15 @@ class LlamaModelImpl final : public LlamaModel {
     }
     GenerateResult r;
     std::mt19937_64 rng(options.seed);
-    POLYKV_ASSIGN_OR_RETURN(torch::Tensor logits,
-                            ForwardImpl(feed, cache, static_cast<int64_t>(feed.size()) - 1));
+    StatusOr<torch::Tensor> first = ForwardImpl(feed, cache, static_cast<int64_t>(feed.size()) - 1);
+    if (!first.ok()) {
+      if (recompute) {  // leave the cache as it was
+        cache.tokens.push_back(feed[0]);
+        cache.length += 1;
+      }
+      return first.status();
+    }
+    torch::Tensor logits = std::move(first).value();
     for (int32_t i = 0; i < options.max_new_tokens; ++i) {
       POLYKV_ASSIGN_OR_RETURN(int32_t tok, Sample(logits[0], options, rng));
       if (i == 0) r.first_token_ms = MsSince(t0);

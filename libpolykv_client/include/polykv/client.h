@@ -115,21 +115,28 @@ POLYKV_CLIENT_API const char* polykv_status_string(polykv_status status);
 POLYKV_CLIENT_API const char* polykv_last_error(void);
 
 /** Connects to polykvd at `endpoint` (NULL = default endpoint, or $POLYKV_ENDPOINT) and
- *  PINGs it. `timeout_ms` bounds each request (Lazy Pirate: retried, then fails).
+ *  PINGs it. `timeout_ms` (<= 0: 5000) bounds each try of a request; a request is tried 3
+ *  times, each on a fresh DEALER socket (Lazy Pirate), so a call fails after ~3 x timeout_ms.
+ *  A client may be used from several threads (calls are serialised).
  *  Errors: POLYKV_UNAVAILABLE / POLYKV_DEADLINE_EXCEEDED when no daemon answers. */
 POLYKV_CLIENT_API polykv_status polykv_connect(const char* endpoint, int timeout_ms, polykv_client** out);
 /** Closes the connection (detaches nothing: detach pools first). NULL is a no-op. */
 POLYKV_CLIENT_API void polykv_disconnect(polykv_client* client);
 
-/** Number of published pools, and their infos (up to `capacity`). */
+/** Lists published pools: *count = their number; the first min(capacity, *count) are written
+ *  to `infos` (which may be NULL when capacity is 0, to ask for the count). */
 POLYKV_CLIENT_API polykv_status polykv_list_pools(polykv_client* client, polykv_pool_info* infos, size_t capacity,
                                 size_t* count);
 
-/** Attaches `pool_id`: takes a lease (renewed by a background thread until detach), maps the
- *  pool read-only, verifies the header checksum. Errors: POLYKV_NOT_FOUND (unknown pool),
+/** Attaches `pool_id`: takes a lease (renewed by a background thread with its own socket
+ *  until detach), maps the pool read-only (POSIX shm, or CUDA IPC for cuda pools), verifies
+ *  the header checksum and that the header's id is `pool_id`. The pool stays usable after
+ *  polykv_disconnect of its client. Errors: POLYKV_NOT_FOUND (unknown pool),
  *  POLYKV_DATA_LOSS (bad header), POLYKV_UNAVAILABLE. */
 POLYKV_CLIENT_API polykv_status polykv_attach(polykv_client* client, const char* pool_id, polykv_pool** out);
-/** Releases the lease, unmaps. NULL is a no-op. */
+/** Stops renewal, releases the lease (DETACH; skipped when the lease is already gone),
+ *  unmaps and frees `pool` in every case. Returns POLYKV_UNAVAILABLE when the daemon did not
+ *  answer the DETACH (the lease then expires by itself). NULL is a no-op. */
 POLYKV_CLIENT_API polykv_status polykv_detach(polykv_pool* pool);
 
 /** Info of an attached pool. */
@@ -137,9 +144,13 @@ POLYKV_CLIENT_API polykv_status polykv_pool_get_info(const polykv_pool* pool, po
 /** Token ids of the pool's document: writes min(capacity, tokens) ids. */
 POLYKV_CLIENT_API polykv_status polykv_pool_token_ids(const polykv_pool* pool, int32_t* ids, size_t capacity);
 /** Decodes layer `layer` into caller buffers k_out, v_out, each
- *  [kv_heads][tokens][head_dim] of `dtype` (host memory). Checks the lease first:
- *  POLYKV_NOT_FOUND / POLYKV_FAILED_PRECONDITION when the pool was evicted or the lease
- *  expired (never stale data). */
+ *  [kv_heads][tokens][head_dim] of `dtype` (host memory; polykv_pool_layer_elements()
+ *  elements each). A cuda pool is decoded on its device, then copied to host. Checks the
+ *  lease before and after decoding: POLYKV_NOT_FOUND ("pool <id> was evicted") /
+ *  POLYKV_FAILED_PRECONDITION ("lease on pool <id> expired") when the renewal thread has
+ *  learnt that the lease is gone (it renews every lease_ms/3), so a forced eviction is seen
+ *  within about a third of the lease time. POLYKV_OUT_OF_RANGE for a bad layer.
+ *  Thread-safe (the mapping is read-only). */
 POLYKV_CLIENT_API polykv_status polykv_decode_layer(const polykv_pool* pool, uint32_t layer, void* k_out,
                                   void* v_out, polykv_dtype dtype);
 /** Recomputes the payload checksum of the mapped pool (POLYKV_DATA_LOSS on mismatch). */

@@ -279,3 +279,56 @@ TEST(KeyRounding, TiesGoToEven) {
 
 }  // namespace
 }  // namespace polykv::kernels
+
+namespace polykv::kernels {
+namespace {
+
+// Every FWHT implementation (host SIMD first stages, fixed-size stages) must equal the plain
+// runtime butterfly network bit for bit: the CUDA kernels run the portable one.
+TEST(Fwht, AllImplementationsAreBitIdentical) {
+  for (int block : {2, 4, 8, 16, 32, 64, 128, 256}) {
+    auto x = testing::Gaussian(block * 3, 40 + block, 3.0f);
+    auto y = x;
+    for (int g = 0; g < 3; ++g) {
+      math::BlockFwht(x.data() + g * block, block, block);
+      math::FwhtRuntime(y.data() + g * block, block);
+    }
+    for (size_t i = 0; i < x.size(); ++i) {
+      uint32_t a, b;
+      std::memcpy(&a, &x[i], 4);
+      std::memcpy(&b, &y[i], 4);
+      ASSERT_EQ(a, b) << "block " << block << " i " << i;
+    }
+  }
+  // H_B * H_B = B * I on a unit vector (exact in f32 for these sizes).
+  std::vector<float> e(64, 0.0f);
+  e[5] = 1.0f;
+  math::BlockFwht(e.data(), 64, 64);
+  for (float v : e) EXPECT_EQ(std::fabs(v), 1.0f);
+  math::BlockFwht(e.data(), 64, 64);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(e[i], i == 5 ? 64.0f : 0.0f);
+}
+
+TEST(KeyRounding, MagicConstantEqualsRint) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-140.0f, 140.0f);
+  for (int i = 0; i < 200000; ++i) {
+    const float v = i < 1000 ? (i - 500) * 0.5f : u(rng);  // includes every .5 tie in range
+    const float c = std::max(-127.0f, std::min(127.0f, std::rint(v)));
+    ASSERT_EQ(m::QuantizeKey(v, 1.0f), static_cast<int>(c)) << v;
+  }
+}
+
+TEST(SumSquares, FixedLaneOrder) {
+  // d = 11: lanes 0..2 get two terms, 3..7 one; result = (t0 + t2) + (t1 + t3).
+  std::vector<float> x(11);
+  for (int i = 0; i < 11; ++i) x[i] = 0.1f * (i + 1);
+  float lane[8] = {};
+  for (int i = 0; i < 11; ++i) lane[i % 8] += x[i] * x[i];
+  const float expect = ((lane[0] + lane[4]) + (lane[2] + lane[6])) +
+                       ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  EXPECT_EQ(m::SumSquares(x.data(), 11), expect);
+}
+
+}  // namespace
+}  // namespace polykv::kernels

@@ -267,7 +267,9 @@ TEST_F(LoaderErrorsTest, F16AndBf16CheckpointsLoad) {
     const torch::Tensor lh = logits(**half);
     EXPECT_LT((lh - logits(**rounded)).abs().max().item<float>(), 1e-5f) << name;
     EXPECT_GT((lh - rl).abs().max().item<float>(), 0.f) << name << ": rounding had no effect?";
-    if (st == torch::kFloat16) EXPECT_TRUE(torch::equal(lh.argmax(-1), rl.argmax(-1)));
+    if (st == torch::kFloat16) {
+      EXPECT_TRUE(torch::equal(lh.argmax(-1), rl.argmax(-1)));
+    }
   }
 }
 

@@ -296,7 +296,7 @@ TEST(GgufFileTest, DuplicateKeyAndTensor) {
 // ---------------------------------------------------------------------------------------
 // DequantizeToF32 on hand-built blocks.
 
-TEST(DequantizeTest, GgmlTypeBytesAndNames) {
+TEST(GgufDequantizeTest, GgmlTypeBytesAndNames) {
   EXPECT_EQ(*GgmlTypeBytes(0, 10), 40u);
   EXPECT_EQ(*GgmlTypeBytes(1, 10), 20u);
   EXPECT_EQ(*GgmlTypeBytes(2, 64), 36u);
@@ -315,7 +315,7 @@ TEST(DequantizeTest, GgmlTypeBytesAndNames) {
   EXPECT_EQ(GgmlTypeName(250), "type 250");
 }
 
-TEST(DequantizeTest, F16AndBF16) {
+TEST(GgufDequantizeTest, F16AndBF16) {
   const uint16_t h[] = {0x3C00, 0xC000, 0x0001, 0x7C00, 0x3555, 0x0000, 0x8000, 0x03FF};
   float out[8];
   ASSERT_TRUE(DequantizeToF32(1, reinterpret_cast<const uint8_t*>(h), 16, 8, out).ok());
@@ -334,7 +334,7 @@ TEST(DequantizeTest, F16AndBF16) {
   EXPECT_EQ(out[2], 3.140625f);
 }
 
-TEST(DequantizeTest, Q4_0) {
+TEST(GgufDequantizeTest, Q4_0) {
   std::string b(18, '\0');
   PutU16(&b, 0, 0x3800);  // d = 0.5
   for (int j = 0; j < 16; ++j) b[2 + j] = static_cast<char>(j | ((15 - j) << 4));
@@ -346,7 +346,7 @@ TEST(DequantizeTest, Q4_0) {
   }
 }
 
-TEST(DequantizeTest, Q4_1) {
+TEST(GgufDequantizeTest, Q4_1) {
   std::string b(20, '\0');
   PutU16(&b, 0, 0x3400);  // d = 0.25
   PutU16(&b, 2, 0xBC00);  // m = -1
@@ -363,7 +363,7 @@ TEST(DequantizeTest, Q4_1) {
   EXPECT_EQ(y[16], 2.75f);
 }
 
-TEST(DequantizeTest, Q5_0AndQ5_1) {
+TEST(GgufDequantizeTest, Q5_0AndQ5_1) {
   // qh bit i is the 5th bit of value i (values 0..15 from low nibbles, 16..31 from high).
   const uint32_t qh = 0xF0F0A5A5u;
   std::string b0(22, '\0');
@@ -393,7 +393,7 @@ TEST(DequantizeTest, Q5_0AndQ5_1) {
   EXPECT_EQ(y[31], 2.0f * (0 + 16) + 0.5f);  // bit 31 set, nibble 0
 }
 
-TEST(DequantizeTest, Q8_0) {
+TEST(GgufDequantizeTest, Q8_0) {
   std::string b = Q8Block();
   PutU16(&b, 0, 0x4000);  // d = 2
   float y[32];
@@ -411,7 +411,7 @@ void KScales(uint8_t* s, const int sc[8], const int mn[8]) {
   }
 }
 
-TEST(DequantizeTest, Q4_K) {
+TEST(GgufDequantizeTest, Q4_K) {
   const int sc[8] = {1, 2, 63, 4, 17, 33, 6, 50};
   const int mn[8] = {5, 0, 7, 8, 40, 1, 63, 2};
   std::string b(144, '\0');
@@ -429,7 +429,7 @@ TEST(DequantizeTest, Q4_K) {
   }
 }
 
-TEST(DequantizeTest, Q5_K) {
+TEST(GgufDequantizeTest, Q5_K) {
   const int sc[8] = {3, 9, 27, 60, 16, 32, 48, 1};
   const int mn[8] = {0, 1, 2, 3, 20, 40, 60, 17};
   std::string b(176, '\0');
@@ -449,7 +449,7 @@ TEST(DequantizeTest, Q5_K) {
   }
 }
 
-TEST(DequantizeTest, Q6_K) {
+TEST(GgufDequantizeTest, Q6_K) {
   std::string b(210, '\0');
   for (int i = 0; i < 128; ++i) b[i] = static_cast<char>((i * 29 + 3) & 0xff);      // ql
   for (int i = 0; i < 64; ++i) b[128 + i] = static_cast<char>((i * 53 + 7) & 0xff);  // qh
@@ -469,7 +469,7 @@ TEST(DequantizeTest, Q6_K) {
   }
 }
 
-TEST(DequantizeTest, Errors) {
+TEST(GgufDequantizeTest, Errors) {
   std::string b(64, '\0');
   float y[256];
   auto p = reinterpret_cast<const uint8_t*>(b.data());

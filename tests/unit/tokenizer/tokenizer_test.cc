@@ -252,5 +252,27 @@ TEST(TokenizerSmolLm2Test, ChatTemplateAndSpecialTokens) {
   EXPECT_EQ(d->size(), 4u);
 }
 
+// Reference ids from Hugging Face `tokenizers` 0.23.3 (Digits(individual) + ByteLevel BPE over
+// the same vocabulary and merges), which matched PolyKV on 52 strings incl. 60 kB of
+// wikitext during development.
+TEST(TokenizerSmolLm2Test, MatchesHuggingFaceReference) {
+  if (!SmolPath()) GTEST_SKIP() << "POLYKV_SMOLLM2_GGUF is not set (scripts/fetch-model.sh)";
+  auto tok = Load(SmolPath());
+  ASSERT_NE(tok, nullptr);
+  const std::vector<std::pair<std::string, std::vector<int32_t>>> cases = {
+      {"Hello, world! 12345", {19556, 28, 905, 17, 216, 33, 34, 35, 36, 37}},
+      {"Robert Boulter is an English film, television and theatre actor.",
+       {25268, 389, 9226, 352, 314, 354, 2321, 4771, 28, 8552, 284, 16984, 17523, 30}},
+      {" na\xc3\xafve caf\xc3\xa9 \xf0\x9f\xa6\x99\n\n  x",
+       {15486, 46494, 37366, 15107, 116, 243, 8866, 1792}},
+      {"<|im_start|>user\nHi<|im_end|>\n", {1, 4093, 198, 26843, 2, 198}},
+  };
+  for (const auto& [text, want] : cases) {
+    auto ids = tok->Encode(text, false);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    EXPECT_EQ(*ids, want) << "for '" << Escape(text) << "'";
+  }
+}
+
 }  // namespace
 }  // namespace polykv::model

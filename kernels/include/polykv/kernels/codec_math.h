@@ -24,6 +24,10 @@
 
 #include <cmath>
 
+#if defined(__SSE2__) && !defined(__CUDACC__)
+#include <emmintrin.h>
+#endif
+
 namespace polykv::kernels::math {
 
 /// Largest head_dim the CUDA kernels accept (one thread keeps a vector in local memory).
@@ -67,10 +71,12 @@ POLYKV_HD inline float Bf16ToFloat(uint16_t h) { return BitsFloat(uint32_t{h} <<
 /// f32 -> bf16 bits, round to nearest, ties to even. NaN -> quiet NaN (0x7FC0 | sign);
 /// values above the bf16 range round to +-Inf as IEEE requires.
 POLYKV_HD inline uint16_t FloatToBf16(float f) {
-  uint32_t u = FloatBits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  const uint32_t u = FloatBits(f);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+  // Branch-free select (vectorizes); the magnitude fits a signed compare.
+  return static_cast<uint16_t>(static_cast<int32_t>(u & 0x7FFFFFFFu) > 0x7F800000 ? quiet_nan
+                                                                                  : rounded);
 }
 
 /// IEEE binary16 bits -> f32 (exact for all 65536 inputs; subnormals included).
@@ -130,13 +136,16 @@ POLYKV_HD inline float KeyScaleFromAbsmax(float absmax) {
   return absmax > 0.0f ? absmax / 127.0f : 1.0f;
 }
 
-/// q = rne(x / scale) clamped to [-127, 127]. Rounding is to nearest, ties to EVEN
-/// (rintf under the default rounding mode, same on host and device).
+/// q = rne(x / scale) clamped to [-127, 127]. Rounding is to nearest, ties to EVEN: the
+/// quotient is clamped first, then rounded with the 1.5 * 2^23 magic constant (exact RNE
+/// for |v| <= 2^22 under the default rounding mode; vectorizes without SSE4.1, same on the
+/// device, where -fmad=false keeps the add and subtract separate).
 POLYKV_HD inline int8_t QuantizeKey(float x, float scale) {
-  float q = rintf(x / scale);
-  q = q > 127.0f ? 127.0f : q;
-  q = q < -127.0f ? -127.0f : q;
-  return static_cast<int8_t>(static_cast<int>(q));
+  float v = x / scale;
+  v = v < 127.0f ? v : 127.0f;    // minps form
+  v = v > -127.0f ? v : -127.0f;  // maxps form
+  const float r = (v + 12582912.0f) - 12582912.0f;
+  return static_cast<int8_t>(static_cast<int>(r));
 }
 
 /// x_hat = q * scale.
@@ -170,24 +179,47 @@ POLYKV_HD inline float RotationSign(uint64_t seed, int i) {
 /// measured relative MSE per head_dim in codec.h).
 POLYKV_HD inline int HadamardBlock(int head_dim) { return head_dim & (-head_dim); }
 
-/// In-place unnormalized fast Walsh-Hadamard transform of x[0..B) (B a power of two):
-/// the Sylvester-ordered H_B with entries +-1 (H_B * H_B = B * I). Compile-time B lets the
-/// compiler unroll and vectorize the butterflies.
-template <int B>
-POLYKV_HD inline void FwhtFixed(float* POLYKV_HD_RESTRICT x) {
-  for (int h = 1; h < B; h *= 2) {
-    for (int i = 0; i < B; i += 2 * h) {
-      for (int j = i; j < i + h; ++j) {
-        const float a = x[j];
-        const float b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
-      }
+/// Sum of squares of x[0..d) in a FIXED order, so host and device agree bit for bit:
+/// lane j (0..7) accumulates x[i]^2 for i = j, j + 8, j + 16, ... in increasing i; then
+/// t_j = lane_j + lane_{j+4}; result = (t_0 + t_2) + (t_1 + t_3). (Eight independent
+/// lanes let the host compiler vectorize without reassociating.)
+POLYKV_HD inline float SumSquares(const float* POLYKV_HD_RESTRICT x, int d) {
+  float lane[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  int i = 0;
+  for (; i + 8 <= d; i += 8) {
+    for (int j = 0; j < 8; ++j) lane[j] += x[i + j] * x[i + j];
+  }
+  for (int j = 0; i + j < d; ++j) lane[j] += x[i + j] * x[i + j];
+  const float t0 = lane[0] + lane[4], t1 = lane[1] + lane[5];
+  const float t2 = lane[2] + lane[6], t3 = lane[3] + lane[7];
+  return (t0 + t2) + (t1 + t3);
+}
+
+/// One butterfly stage of the unnormalized Walsh-Hadamard transform on a block of B:
+/// for every pair (j, j + H) inside each 2H group: (a, b) -> (a + b, a - b).
+template <int B, int H>
+POLYKV_HD inline void FwhtStage(float* POLYKV_HD_RESTRICT x) {
+  for (int i = 0; i < B; i += 2 * H) {
+    for (int j = i; j < i + H; ++j) {
+      const float a = x[j];
+      const float b = x[j + H];
+      x[j] = a + b;
+      x[j + H] = a - b;
     }
   }
 }
 
-/// Runtime-size version of FwhtFixed (same butterflies in the same order: equal results).
+template <int B, int H>
+POLYKV_HD inline void FwhtStagesFrom(float* POLYKV_HD_RESTRICT x) {
+  if constexpr (H < B) {
+    FwhtStage<B, H>(x);
+    FwhtStagesFrom<B, 2 * H>(x);
+  }
+}
+
+/// Runtime-size unnormalized WHT (stages h = 1, 2, 4, ...): the reference butterfly network.
+/// Every implementation below computes exactly these a + b / a - b expressions, so all
+/// of them (host SIMD, fixed-size, device) give bit-identical results.
 POLYKV_HD inline void FwhtRuntime(float* POLYKV_HD_RESTRICT x, int block) {
   for (int h = 1; h < block; h *= 2) {
     for (int i = 0; i < block; i += 2 * h) {
@@ -199,6 +231,51 @@ POLYKV_HD inline void FwhtRuntime(float* POLYKV_HD_RESTRICT x, int block) {
       }
     }
   }
+}
+
+#if defined(__SSE2__) && !defined(__CUDACC__)
+/// Host SIMD for the first four stages (h = 1, 2, 4, 8) of every 16-element group, kept in
+/// four SSE registers (one load and one store instead of four passes). Same butterflies.
+inline void FwhtFirst16Sse(float* POLYKV_HD_RESTRICT x, int n) {
+  for (int g = 0; g < n; g += 16) {
+    __m128 r[4];
+    for (int k = 0; k < 4; ++k) {
+      __m128 v = _mm_loadu_ps(x + g + 4 * k);  // [a b c d]
+      // h = 1: [a+b, a-b, c+d, c-d]  (p - v at odd lanes: a - b, c - d)
+      __m128 p = _mm_shuffle_ps(v, v, _MM_SHUFFLE(2, 3, 0, 1));  // [b a d c]
+      __m128 s = _mm_add_ps(v, p);                               // [a+b b+a c+d d+c]
+      __m128 t = _mm_sub_ps(p, v);                               // [b-a a-b d-c c-d]
+      __m128 m = _mm_shuffle_ps(s, t, _MM_SHUFFLE(3, 1, 2, 0));  // [s0 s2 t1 t3]
+      v = _mm_shuffle_ps(m, m, _MM_SHUFFLE(3, 1, 2, 0));         // [s0 t1 s2 t3]
+      // h = 2: [A+C, B+D, A-C, B-D]
+      p = _mm_shuffle_ps(v, v, _MM_SHUFFLE(1, 0, 3, 2));  // [C D A B]
+      s = _mm_add_ps(v, p);                               // [A+C B+D C+A D+B]
+      t = _mm_sub_ps(p, v);                               // [C-A D-B A-C B-D]
+      r[k] = _mm_shuffle_ps(s, t, _MM_SHUFFLE(3, 2, 1, 0));
+    }
+    // h = 4: (r0, r1), (r2, r3); h = 8: (r0, r2), (r1, r3).
+    __m128 a0 = _mm_add_ps(r[0], r[1]), a1 = _mm_sub_ps(r[0], r[1]);
+    __m128 a2 = _mm_add_ps(r[2], r[3]), a3 = _mm_sub_ps(r[2], r[3]);
+    _mm_storeu_ps(x + g + 0, _mm_add_ps(a0, a2));
+    _mm_storeu_ps(x + g + 4, _mm_add_ps(a1, a3));
+    _mm_storeu_ps(x + g + 8, _mm_sub_ps(a0, a2));
+    _mm_storeu_ps(x + g + 12, _mm_sub_ps(a1, a3));
+  }
+}
+#endif
+
+/// Unnormalized WHT of one block of compile-time size B (a power of two): the Sylvester
+/// H_B with entries +-1 (H_B * H_B = B * I).
+template <int B>
+POLYKV_HD inline void FwhtFixed(float* POLYKV_HD_RESTRICT x) {
+#if defined(__SSE2__) && !defined(__CUDACC__)
+  if constexpr (B >= 16) {
+    FwhtFirst16Sse(x, B);
+    FwhtStagesFrom<B, 16>(x);
+    return;
+  }
+#endif
+  FwhtStagesFrom<B, 1>(x);
 }
 
 /// Block-diagonal unnormalized WHT of x[0..d) with blocks of `block` (HadamardBlock(d)).
@@ -244,26 +321,38 @@ POLYKV_HD inline uint32_t ZeroVectorCode(int bits) { return 1u << (bits - 1); }
 /// Bytes of one packed vector of n codes at `bits`: ceil(bits * n / 8).
 POLYKV_HD inline int64_t PackedBytes(int64_t n, int bits) { return (n * bits + 7) / 8; }
 
-/// Packs n codes (each < 2^bits) densely, LSB-first: code i occupies stream bits
-/// [i*bits, (i+1)*bits), stream bit k being bit (k % 8) of byte k / 8 (see codec.h).
-/// Writes exactly PackedBytes(n, bits) bytes; unused high bits of the last byte are 0.
-POLYKV_HD inline void PackCodes(const uint8_t* POLYKV_HD_RESTRICT codes, int n, int bits,
-                                uint8_t* POLYKV_HD_RESTRICT out) {
+/// PackCodes for a compile-time bit width (constant shifts).
+template <int kBits>
+POLYKV_HD inline void PackCodesT(const uint8_t* POLYKV_HD_RESTRICT codes, int n,
+                                 uint8_t* POLYKV_HD_RESTRICT out) {
   int i = 0;
-  // Groups of 8 codes fill exactly `bits` bytes.
+  // Groups of 8 codes fill exactly kBits bytes.
   for (; i + 8 <= n; i += 8) {
     uint32_t w = 0;
-    for (int k = 0; k < 8; ++k) w |= uint32_t{codes[i + k]} << (k * bits);
-    uint8_t* o = out + (i / 8) * bits;
-    for (int b = 0; b < bits; ++b) o[b] = static_cast<uint8_t>(w >> (8 * b));
+    for (int k = 0; k < 8; ++k) w |= uint32_t{codes[i + k]} << (k * kBits);
+    uint8_t* o = out + (i / 8) * kBits;
+    for (int b = 0; b < kBits; ++b) o[b] = static_cast<uint8_t>(w >> (8 * b));
   }
   if (i < n) {
     uint32_t w = 0;
     const int rest = n - i;
-    for (int k = 0; k < rest; ++k) w |= uint32_t{codes[i + k]} << (k * bits);
-    uint8_t* o = out + (i / 8) * bits;
-    const int nb = (rest * bits + 7) / 8;
+    for (int k = 0; k < rest; ++k) w |= uint32_t{codes[i + k]} << (k * kBits);
+    uint8_t* o = out + (i / 8) * kBits;
+    const int nb = (rest * kBits + 7) / 8;
     for (int b = 0; b < nb; ++b) o[b] = static_cast<uint8_t>(w >> (8 * b));
+  }
+}
+
+/// Packs n codes (each < 2^bits, bits 1..4) densely, LSB-first: code i occupies stream bits
+/// [i*bits, (i+1)*bits), stream bit k being bit (k % 8) of byte k / 8 (see codec.h).
+/// Writes exactly PackedBytes(n, bits) bytes; unused high bits of the last byte are 0.
+POLYKV_HD inline void PackCodes(const uint8_t* POLYKV_HD_RESTRICT codes, int n, int bits,
+                                uint8_t* POLYKV_HD_RESTRICT out) {
+  switch (bits) {
+    case 1: PackCodesT<1>(codes, n, out); break;
+    case 2: PackCodesT<2>(codes, n, out); break;
+    case 3: PackCodesT<3>(codes, n, out); break;
+    default: PackCodesT<4>(codes, n, out); break;
   }
 }
 
@@ -289,10 +378,50 @@ POLYKV_HD inline void UnpackCodes(const uint8_t* POLYKV_HD_RESTRICT in, int n, i
   }
 }
 
+/// code_i = NearestLevel(x[i] * scale, cb) for i < d, with the thresholds a compile-time
+/// count so that the host compiler vectorizes the compares.
+template <int kBits>
+POLYKV_HD inline void QuantizeToCodes(const float* POLYKV_HD_RESTRICT x, int d, float scale,
+                                      const ValueCodebook& cb, uint8_t* POLYKV_HD_RESTRICT codes) {
+  constexpr int kN = (1 << kBits) - 1;
+  float thr[kN];
+  for (int k = 0; k < kN; ++k) thr[k] = cb.thresholds[k];
+  for (int i = 0; i < d; ++i) {
+    const float z = x[i] * scale;
+    int c = 0;
+    for (int k = 0; k < kN; ++k) c += z > thr[k] ? 1 : 0;
+    codes[i] = static_cast<uint8_t>(c);
+  }
+}
+
+/// out[i] = levels[code_i] for the d codes packed in `in` (layout of PackCodes).
+template <int kBits>
+POLYKV_HD inline void UnpackLevels(const uint8_t* POLYKV_HD_RESTRICT in, int d,
+                                   const ValueCodebook& cb, float* POLYKV_HD_RESTRICT out) {
+  constexpr uint32_t kMask = (1u << kBits) - 1u;
+  float lv[1 << kBits];
+  for (int k = 0; k < (1 << kBits); ++k) lv[k] = cb.levels[k];
+  int i = 0;
+  for (; i + 8 <= d; i += 8) {
+    const uint8_t* p = in + (i / 8) * kBits;
+    uint32_t w = 0;
+    for (int b = 0; b < kBits; ++b) w |= uint32_t{p[b]} << (8 * b);
+    for (int k = 0; k < 8; ++k) out[i + k] = lv[(w >> (k * kBits)) & kMask];
+  }
+  if (i < d) {
+    const uint8_t* p = in + (i / 8) * kBits;
+    const int rest = d - i;
+    const int nb = (rest * kBits + 7) / 8;
+    uint32_t w = 0;
+    for (int b = 0; b < nb; ++b) w |= uint32_t{p[b]} << (8 * b);
+    for (int k = 0; k < rest; ++k) out[i + k] = lv[(w >> (k * kBits)) & kMask];
+  }
+}
+
 /// Encodes one value vector with TurboQuant-MSE. `x` holds v[0..d) as f32 on entry and is
 /// overwritten (scratch):
-///   norm = ||v||_2; u = v / norm; y = H D u (H block-diagonal orthonormal WHT, blocks of
-///   HadamardBlock(d)); z = sqrt(d) y; code_i = NearestLevel(z_i).
+///   norm = ||v||_2 (SumSquares order); u = v / norm; y = H D u (H block-diagonal
+///   orthonormal WHT, blocks of HadamardBlock(d)); z = sqrt(d) y; code_i = NearestLevel(z_i).
 /// Implemented as z = WHT_unnorm(D v) * (sqrt(d / block) / norm) (same math, one scale).
 /// `signs` holds D (d entries, RotationSign); `codes` is d bytes of scratch. Writes
 /// PackedBytes(d, bits) bytes to `packed` and returns the value to store as the vector's
@@ -305,9 +434,7 @@ POLYKV_HD inline float EncodeValueVector(float* POLYKV_HD_RESTRICT x, int d,
                                          const ValueCodebook& cb, bool norm_correction,
                                          uint8_t* POLYKV_HD_RESTRICT codes,
                                          uint8_t* POLYKV_HD_RESTRICT packed) {
-  float ss = 0.0f;
-  for (int i = 0; i < d; ++i) ss += x[i] * x[i];
-  const float norm = sqrtf(ss);
+  const float norm = sqrtf(SumSquares(x, d));
   if (!(norm > 0.0f)) {
     const uint8_t zc = static_cast<uint8_t>(ZeroVectorCode(cb.bits));
     for (int i = 0; i < d; ++i) codes[i] = zc;
@@ -318,29 +445,31 @@ POLYKV_HD inline float EncodeValueVector(float* POLYKV_HD_RESTRICT x, int d,
   for (int i = 0; i < d; ++i) x[i] = x[i] * signs[i];
   BlockFwht(x, d, block);
   const float scale = sqrtf(static_cast<float>(d) / static_cast<float>(block)) / norm;
-  for (int i = 0; i < d; ++i) codes[i] = static_cast<uint8_t>(NearestLevel(x[i] * scale, cb));
+  switch (cb.bits) {
+    case 1: QuantizeToCodes<1>(x, d, scale, cb, codes); break;
+    case 2: QuantizeToCodes<2>(x, d, scale, cb, codes); break;
+    case 3: QuantizeToCodes<3>(x, d, scale, cb, codes); break;
+    default: QuantizeToCodes<4>(x, d, scale, cb, codes); break;
+  }
   PackCodes(codes, d, cb.bits, packed);
   if (!norm_correction) return norm;
-  float rs = 0.0f;
-  for (int i = 0; i < d; ++i) {
-    const float l = cb.levels[codes[i]];
-    rs += l * l;
-  }
-  // ||u_hat|| = sqrt(rs / d); stored = norm / ||u_hat||.
-  return norm / sqrtf(rs / static_cast<float>(d));
+  for (int i = 0; i < d; ++i) x[i] = cb.levels[codes[i]];
+  // ||u_hat|| = sqrt(sum levels^2 / d); stored = norm / ||u_hat||.
+  return norm / sqrtf(SumSquares(x, d) / static_cast<float>(d));
 }
 
 /// Decodes one packed vector to out[0..d) (f32):
 ///   z_hat_i = levels[code_i]; u_hat = D H^T (z_hat / sqrt(d)); x_hat = norm * u_hat.
-/// Implemented as x_hat_i = D_i * WHT_unnorm(z_hat)_i * (norm / sqrt(d * block)).
-/// `codes` is d bytes of scratch.
+/// Implemented as x_hat_i = (WHT_unnorm(z_hat)_i * D_i) * (norm / sqrt(d * block)).
 POLYKV_HD inline void DecodeValueVector(const uint8_t* POLYKV_HD_RESTRICT packed, float norm, int d,
                                         const float* POLYKV_HD_RESTRICT signs,
-                                        const ValueCodebook& cb,
-                                        uint8_t* POLYKV_HD_RESTRICT codes,
-                                        float* POLYKV_HD_RESTRICT out) {
-  UnpackCodes(packed, d, cb.bits, codes);
-  for (int i = 0; i < d; ++i) out[i] = cb.levels[codes[i]];
+                                        const ValueCodebook& cb, float* POLYKV_HD_RESTRICT out) {
+  switch (cb.bits) {
+    case 1: UnpackLevels<1>(packed, d, cb, out); break;
+    case 2: UnpackLevels<2>(packed, d, cb, out); break;
+    case 3: UnpackLevels<3>(packed, d, cb, out); break;
+    default: UnpackLevels<4>(packed, d, cb, out); break;
+  }
   const int block = HadamardBlock(d);
   BlockFwht(out, d, block);
   const float scale = norm / sqrtf(static_cast<float>(d) * static_cast<float>(block));

@@ -38,8 +38,14 @@ class GgufFile {
  public:
   /// Opens and validates `path`: magic, version (2 or 3), counts, every string/array
   /// length, tensor dims x type size and offsets against the file size, alignment.
-  /// Errors: kNotFound (no file), kInvalidArgument / kDataLoss naming the bad field for
-  /// malformed or truncated files.
+  /// The file is mapped read-only (MAP_SHARED) for the lifetime of the object.
+  /// Errors: kNotFound (no file); kDataLoss naming the field for truncated files and
+  /// lengths/counts/offsets that point past the end of the file; kInvalidArgument naming the
+  /// field for bad magic, unsupported version, unknown value or ggml types, n_dims > 4, dims
+  /// overflowing int64, misaligned tensor offsets, duplicate keys or tensor names, arrays
+  /// nested deeper than 8; kUnimplemented for a tensor of a ggml type whose size PolyKV does
+  /// not know (e.g. "tensor blk.0.attn_q.weight has ggml type IQ2_XXS (16), which PolyKV does
+  /// not support").
   static StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
@@ -48,7 +54,9 @@ class GgufFile {
   uint32_t version() const;
   const std::string& path() const;
   bool Has(std::string_view key) const;
-  /// Typed metadata getters; kNotFound if absent, kInvalidArgument on a type mismatch.
+  /// Typed metadata getters; kNotFound if absent, kInvalidArgument on a type mismatch
+  /// (a nested array is a mismatch for every array getter), kOutOfRange when an integer
+  /// does not fit the result type.
   StatusOr<std::string> GetString(std::string_view key) const;
   StatusOr<int64_t> GetInt(std::string_view key) const;    ///< any integer type
   StatusOr<double> GetFloat(std::string_view key) const;   ///< f32/f64 (or integer)
@@ -62,7 +70,8 @@ class GgufFile {
   const std::vector<GgufTensorInfo>& tensors() const;
   /// nullptr when no tensor has that name.
   const GgufTensorInfo* FindTensor(std::string_view name) const;
-  /// The raw bytes of a tensor (inside the mapping).
+  /// The raw bytes of a tensor (inside the mapping, valid while this object lives); empty
+  /// for an info that does not lie inside this file.
   absl::Span<const uint8_t> TensorData(const GgufTensorInfo& info) const;
 
  private:
@@ -72,6 +81,7 @@ class GgufFile {
 };
 
 /// Bytes needed for `elements` values of `type` (block-quantized types need whole blocks).
+/// Known sizes: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K..Q8_K, I8..I64, F64.
 /// Errors: kUnimplemented naming the type when unsupported; kInvalidArgument when
 /// `elements` is not a multiple of the block size.
 StatusOr<uint64_t> GgmlTypeBytes(uint32_t type, int64_t elements);

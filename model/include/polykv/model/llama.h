@@ -115,7 +115,10 @@ class LlamaModel {
   virtual KvCache NewCache(int64_t capacity) const = 0;
 
   /// Runs `tokens` at positions cache.length .. cache.length+n-1, appending their K/V
-  /// (grows capacity if needed). Returns logits f32 [n][vocab] when `all_logits`, else
+  /// (grows capacity if needed: reallocation to max(needed, 2 x capacity), so tensors held
+  /// elsewhere stop aliasing the cache). A default-constructed (empty) KvCache is allocated
+  /// on first use. The cache must match the model: [layers] tensors of
+  /// [kv_heads][capacity][head_dim] in dtype()/device(), tokens.size() == length. Returns logits f32 [n][vocab] when `all_logits`, else
   /// [1][vocab] for the last position. Errors: kInvalidArgument for ids outside the vocab
   /// or an empty `tokens`; kResourceExhausted when out of memory.
   virtual StatusOr<torch::Tensor> Forward(absl::Span<const int32_t> tokens, KvCache& cache,
@@ -130,14 +133,25 @@ class LlamaModel {
   /// Continues from `cache` (e.g. decompressed from a pool): feeds `prompt` at positions
   /// cache.length.. (no gap), then samples up to max_new_tokens. An empty `prompt`
   /// recomputes the last cached token (cache.length - 1) to get its logits.
-  /// Errors: kInvalidArgument for an empty cache with an empty prompt.
+  /// On return the cache holds the prompt and every returned token except the last one
+  /// (its K/V were never needed); an end-of-generation token stops the loop and is not
+  /// returned. Sampling: greedy = argmax (lowest id on ties); otherwise softmax(logits / T),
+  /// the smallest set of most likely tokens whose mass reaches top_p, and a draw from a
+  /// std::mt19937_64 seeded with `seed`: the same seed gives the same tokens.
+  /// Errors: kInvalidArgument for an empty cache with an empty prompt, max_new_tokens < 0,
+  /// temperature <= 0 or top_p outside (0, 1] when sampling, a malformed cache.
   virtual StatusOr<GenerateResult> Generate(KvCache& cache, absl::Span<const int32_t> prompt,
                                             const SamplingOptions& options) = 0;
 
   /// Sliding-window perplexity: windows of `context` tokens advancing by `stride`; every
   /// target token is scored exactly once (the first window scores all its positions, later
   /// windows only their last `stride`). Each window starts without BOS (as HF's recipe).
-  /// Errors: kInvalidArgument for fewer than 2 tokens or stride > context.
+  /// Precisely: position p predicts token p+1, for p in [0, n-1). Window w feeds tokens
+  /// [b, e) with b = w*stride, e = min(b + context, n-1), on a fresh cache (positions
+  /// restart at 0), and scores positions [max(b, e_prev), e). So tokens_scored == n-1 for
+  /// any context/stride, and token 0 is only ever context. Windows stop once e == n-1.
+  /// Errors: kInvalidArgument for fewer than 2 tokens, context < 1, stride outside
+  /// [1, context].
   virtual StatusOr<PerplexityResult> Perplexity(absl::Span<const int32_t> tokens,
                                                 int64_t context, int64_t stride) = 0;
 };

@@ -27,12 +27,18 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  /// Token ids of `text`, with BOS first when `add_bos` and the model uses one.
-  /// Errors: kInvalidArgument for text that cannot be encoded (invalid UTF-8 is encoded
-  /// byte-wise where the vocabulary allows it).
+  /// Token ids of `text`, with BOS first when `add_bos` and the model uses one
+  /// (adds_bos()). Special tokens written in the text (control, user-defined and unknown
+  /// tokens such as "<|im_start|>") become single ids, as llama.cpp's parse_special, so the
+  /// output of ApplyChatTemplate encodes correctly; the rest follows llama.cpp (byte-level
+  /// BPE: pre-tokenizer regex set + merges; SentencePiece: U+2581 escape, space prefix,
+  /// byte fallback). Errors: kInvalidArgument for text that cannot be encoded (invalid UTF-8
+  /// is encoded byte-wise where the vocabulary allows it).
   virtual StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_bos) const = 0;
 
-  /// Text of `ids`. Errors: kOutOfRange naming an id >= vocab_size.
+  /// Text of `ids`: control tokens are rendered as their text ("<|im_end|>"), except a
+  /// leading BOS when adds_bos(); SentencePiece drops the prefix space it added, so
+  /// Decode(Encode(t, b)) == t. Errors: kOutOfRange naming an id < 0 or >= vocab_size.
   virtual StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const = 0;
 
   virtual int32_t vocab_size() const = 0;
@@ -50,18 +56,29 @@ class Tokenizer {
   virtual StatusOr<std::string> ApplyChatTemplate(absl::Span<const ChatMessage> messages,
                                                   bool add_generation_prompt) const = 0;
 
-  /// Hex SHA-256 over the vocabulary, merges/scores and pre-tokenizer: part of a pool id.
+  /// Hex SHA-256 (64 lowercase hex digits) over the tokenizer kind, token texts and types,
+  /// BOS/EOS, merges or scores and the pre-tokenizer: part of a pool id. Equal for the same
+  /// vocabulary loaded twice; any change to tokens/merges/scores changes it.
   virtual std::string Fingerprint() const = 0;
 };
 
-/// Tokenizer from a GGUF file's metadata (tokenizer.ggml.*). The pre-tokenizer is chosen
-/// from tokenizer.ggml.pre. Errors: kUnimplemented naming an unknown tokenizer.ggml.model
-/// or tokenizer.ggml.pre; kInvalidArgument for inconsistent arrays.
+/// Tokenizer from a GGUF file's metadata (tokenizer.ggml.*). tokenizer.ggml.model "gpt2" is
+/// byte-level BPE with the pre-tokenizer chosen from tokenizer.ggml.pre ("default", "gpt-2",
+/// "smollm", "llama3"/"llama-bpe"); "llama" is SentencePiece BPE (scores, byte fallback,
+/// tokenizer.ggml.add_space_prefix). The tokenizer copies what it needs: `gguf` may be
+/// closed afterwards. Errors: kNotFound when the file has no tokenizer.ggml.model;
+/// kUnimplemented naming an unknown tokenizer.ggml.model or tokenizer.ggml.pre;
+/// kInvalidArgument for inconsistent arrays, malformed merges or special ids outside the
+/// vocabulary.
 StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& gguf);
 
-/// Tokenizer from a path: a .gguf file (vocabulary-only GGUF is fine), a tokenizer.json,
-/// a tokenizer.model, or a folder holding one of those.
-/// Errors: kNotFound when there is none; other codes as above.
+/// Tokenizer from a path: a .gguf file (vocabulary-only GGUF is fine; recognized by its
+/// magic), a tokenizer.json (HF tokenizers BPE with a ByteLevel, Digits+ByteLevel or Llama 3
+/// Split+ByteLevel pre-tokenizer; ids, BOS/EOS and chat template from a
+/// tokenizer_config.json beside it), a tokenizer.model (libsentencepiece), or a folder
+/// holding tokenizer.json or tokenizer.model (in that order of preference).
+/// Errors: kNotFound when there is none; kUnimplemented naming an unsupported model type,
+/// normalizer or pre_tokenizer; kInvalidArgument for malformed files.
 StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path);
 
 }  // namespace polykv::model

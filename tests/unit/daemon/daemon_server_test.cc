@@ -1,0 +1,414 @@
+// polykvd in-process: the control protocol over a real ipc:// ROUTER (CREATE_POOL with
+// progress, LIST/STATS, dedup, ATTACH/RENEW/DETACH, lease expiry, EVICT, memory cap,
+// malformed/truncated/oversized frames), flags/config parsing, and uid refusal.
+#include "daemon.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include "test_util.h"
+
+namespace polykv::daemon {
+namespace {
+
+using testing::CreateRequest;
+using testing::RawClient;
+using testing::ShmObjects;
+using testing::TempDir;
+
+TEST(ParseByteSizeTest, Suffixes) {
+  EXPECT_EQ(*ParseByteSize("0"), 0u);
+  EXPECT_EQ(*ParseByteSize("1234"), 1234u);
+  EXPECT_EQ(*ParseByteSize("4G"), 4ull << 30);
+  EXPECT_EQ(*ParseByteSize("4GiB"), 4ull << 30);
+  EXPECT_EQ(*ParseByteSize("512m"), 512ull << 20);
+  EXPECT_EQ(*ParseByteSize("1.5K"), 1536u);
+  EXPECT_EQ(*ParseByteSize("2GB"), 2000000000u);
+  EXPECT_EQ(*ParseByteSize("1T"), 1ull << 40);
+  EXPECT_EQ(ParseByteSize("4X").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseByteSize("").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseByteSize("-1G").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseByteSize("G").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DaemonFlagsTest, FlagsAndConfigFile) {
+  TempDir dir;
+  const std::string conf = dir.path() + "/polykvd.conf";
+  {
+    std::ofstream f(conf);
+    f << "endpoint = \"ipc:///tmp/x/control.sock\"\n"
+         "backend = \"host\"\n"
+         "memory-cap = \"4G\"\n"
+         "lease-seconds = 12.5\n"
+         "allow-uid = [1000, 1001]\n"
+         "model-path = [\"/models\", \"/opt/models\"]\n"
+         "threads = 2\n"
+         "log-level = \"debug\"\n";
+  }
+  {
+    DaemonOptions o;
+    CLI::App app;
+    AddDaemonFlags(app, o);
+    std::vector<std::string> args = {"polykvd", "--config", conf};
+    std::vector<const char*> argv;
+    for (auto& a : args) argv.push_back(a.c_str());
+    ASSERT_NO_THROW(app.parse(static_cast<int>(argv.size()), argv.data()));
+    EXPECT_EQ(o.endpoint, "ipc:///tmp/x/control.sock");
+    EXPECT_EQ(o.backend, "host");
+    EXPECT_EQ(o.memory_cap, 4ull << 30);
+    EXPECT_DOUBLE_EQ(o.lease_seconds, 12.5);
+    EXPECT_EQ(o.allow_uids, (std::vector<uint32_t>{1000, 1001}));
+    EXPECT_EQ(o.model_path, (std::vector<std::string>{"/models", "/opt/models"}));
+    EXPECT_EQ(o.threads, 2);
+    EXPECT_EQ(o.log_level, "debug");
+  }
+  {  // Command-line flags override the file.
+    DaemonOptions o;
+    CLI::App app;
+    AddDaemonFlags(app, o);
+    ASSERT_NO_THROW(app.parse(std::vector<std::string>{"--memory-cap=512M", "--backend=auto",
+                                                       "--config=" + conf}));
+    EXPECT_EQ(o.memory_cap, 512ull << 20);
+    EXPECT_EQ(o.backend, "auto");
+  }
+  {
+    DaemonOptions o;
+    CLI::App app;
+    AddDaemonFlags(app, o);
+    EXPECT_THROW(app.parse(std::vector<std::string>{"--memory-cap=4X"}), CLI::ValidationError);
+  }
+  {
+    DaemonOptions o;
+    CLI::App app;
+    AddDaemonFlags(app, o);
+    EXPECT_THROW(app.parse(std::vector<std::string>{"--backend=tpu"}), CLI::ValidationError);
+  }
+}
+
+// A daemon serving on a temp-dir endpoint from a background thread.
+class DaemonServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prefix_ = "/polykv-ds" + std::to_string(getpid()) + "-";
+    testing::RemoveShmObjects(prefix_);
+  }
+  void TearDown() override {
+    StopDaemon();
+    testing::RemoveShmObjects(prefix_);
+  }
+  void StartDaemon(uint64_t cap = 0, double lease_s = 30,
+                   std::vector<uint32_t> allow = {}) {
+    DaemonOptions o;
+    o.endpoint = dir_.endpoint();
+    o.backend = "host";
+    o.memory_cap = cap;
+    o.lease_seconds = lease_s;
+    o.shm_prefix = prefix_;
+    o.allow_uids = std::move(allow);
+    o.sweep_seconds = 0.05;
+    auto d = Daemon::Start(o);
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+    thread_ = std::thread([this] { (void)daemon_->Run(); });
+  }
+  void StopDaemon() {
+    if (daemon_) daemon_->Stop();
+    if (thread_.joinable()) thread_.join();
+    daemon_.reset();
+  }
+  TempDir dir_;
+  std::string prefix_;
+  std::unique_ptr<Daemon> daemon_;
+  std::thread thread_;
+};
+
+TEST_F(DaemonServerTest, PingListStats) {
+  StartDaemon(1 << 30);
+  struct stat st;
+  ASSERT_EQ(stat(dir_.socket().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  RawClient c(dir_.endpoint());
+  auto pong = c.Ping();
+  ASSERT_TRUE(pong.ok()) << pong.status();
+  EXPECT_TRUE(pong->ok);
+  EXPECT_EQ(pong->daemon_pid, static_cast<uint32_t>(getpid()));
+  EXPECT_FALSE(pong->daemon_version.empty());
+  EXPECT_EQ(pong->memory_cap, 1u << 30);
+  ipc::Request list;
+  list.type = ipc::MessageType::kList;
+  auto l = c.Call(list);
+  ASSERT_TRUE(l.ok());
+  EXPECT_TRUE(l->ok);
+  EXPECT_TRUE(l->pools.empty());
+}
+
+TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
+  StartDaemon();
+  RawClient c(dir_.endpoint());
+  for (const char* codec : {"none", "k8v3"}) {
+    auto req = CreateRequest(codec);
+    req.progress = true;
+    std::vector<ipc::Reply> progress;
+    auto r = c.Call(req, 60000, &progress);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->ok) << r->code << ": " << r->error;
+    EXPECT_TRUE(r->created);
+    ASSERT_TRUE(r->pool.has_value());
+    EXPECT_EQ(r->pool->codec, codec);
+    EXPECT_EQ(r->pool->tokens, 40u);
+    ASSERT_FALSE(progress.empty());
+    EXPECT_EQ(progress.front().stage, "prefill");
+    EXPECT_EQ(progress.back().stage, "publish");
+    EXPECT_EQ(progress.back().done, progress.back().total);
+  }
+  ipc::Request stats;
+  stats.type = ipc::MessageType::kStats;
+  auto s = c.Call(stats);
+  ASSERT_TRUE(s.ok() && s->ok);
+  ASSERT_EQ(s->pools.size(), 2u);
+  EXPECT_EQ(s->memory_used, s->pools[0].total_bytes + s->pools[1].total_bytes);
+  EXPECT_EQ(ShmObjects(prefix_).size(), 2u);
+
+  // Same create again -> same pool, created=false.
+  auto again = c.Call(CreateRequest("k8v3"), 60000);
+  ASSERT_TRUE(again.ok() && again->ok);
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(again->pool->id, s->pools[1].id);
+
+  ipc::Request attach;
+  attach.type = ipc::MessageType::kAttach;
+  attach.pool_id = s->pools[1].id;
+  auto a = c.Call(attach);
+  ASSERT_TRUE(a.ok() && a->ok) << a->error;
+  EXPECT_EQ(a->lease_id.size(), 32u);
+  EXPECT_EQ(a->lease_ms, 30000);
+  ASSERT_TRUE(a->memory.has_value());
+  EXPECT_EQ(a->memory->backend, "host");
+  EXPECT_EQ(a->memory->shm_name, prefix_ + attach.pool_id.substr(0, 16));
+  EXPECT_EQ(a->pool->leases, 1u);
+  auto shm = ipc::ShmRegion::OpenReadOnly(a->memory->shm_name);
+  ASSERT_TRUE(shm.ok());
+  EXPECT_TRUE(ipc::PoolReader::Open(shm->data(), shm->size(), true).ok());
+
+  ipc::Request renew;
+  renew.type = ipc::MessageType::kRenew;
+  renew.lease_id = a->lease_id;
+  auto rn = c.Call(renew);
+  ASSERT_TRUE(rn.ok() && rn->ok);
+  EXPECT_GE(rn->lease_expires_unix_ms, a->lease_expires_unix_ms);
+
+  ipc::Request evict;
+  evict.type = ipc::MessageType::kEvict;
+  evict.pool_id = attach.pool_id;
+  auto ev = c.Call(evict);
+  ASSERT_TRUE(ev.ok());
+  EXPECT_FALSE(ev->ok);
+  EXPECT_EQ(ev->code, "FAILED_PRECONDITION");
+
+  ipc::Request detach;
+  detach.type = ipc::MessageType::kDetach;
+  detach.lease_id = a->lease_id;
+  auto dt = c.Call(detach);
+  ASSERT_TRUE(dt.ok() && dt->ok);
+  auto ev2 = c.Call(evict);
+  ASSERT_TRUE(ev2.ok() && ev2->ok) << ev2->error;
+  auto rn2 = c.Call(renew);
+  ASSERT_TRUE(rn2.ok());
+  EXPECT_EQ(rn2->code, "NOT_FOUND");
+  EXPECT_EQ(ShmObjects(prefix_).size(), 1u);
+}
+
+TEST_F(DaemonServerTest, ConcurrentCreatesFromTwoClientsYieldOnePool) {
+  StartDaemon();
+  StatusOr<ipc::Reply> r1 = absl::UnknownError(""), r2 = absl::UnknownError("");
+  std::thread t1([&] {
+    RawClient c(dir_.endpoint());
+    r1 = c.Call(CreateRequest("k8v2"), 60000);
+  });
+  std::thread t2([&] {
+    RawClient c(dir_.endpoint());
+    r2 = c.Call(CreateRequest("k8v2"), 60000);
+  });
+  t1.join();
+  t2.join();
+  ASSERT_TRUE(r1.ok() && r2.ok());
+  ASSERT_TRUE(r1->ok && r2->ok) << r1->error << r2->error;
+  EXPECT_EQ(r1->pool->id, r2->pool->id);
+  EXPECT_EQ(r1->created + r2->created, 1);
+  EXPECT_EQ(ShmObjects(prefix_).size(), 1u);
+}
+
+TEST_F(DaemonServerTest, ForcedEvictInvalidatesLeasesAndPingAnswersDuringCreate) {
+  StartDaemon();
+  RawClient c(dir_.endpoint());
+  auto created = c.Call(CreateRequest("k8v3"), 60000);
+  ASSERT_TRUE(created.ok() && created->ok);
+  ipc::Request attach;
+  attach.type = ipc::MessageType::kAttach;
+  attach.pool_id = created->pool->id;
+  auto a = c.Call(attach);
+  ASSERT_TRUE(a.ok() && a->ok);
+  ipc::Request evict;
+  evict.type = ipc::MessageType::kEvict;
+  evict.pool_id = created->pool->id;
+  evict.force = true;
+  auto ev = c.Call(evict);
+  ASSERT_TRUE(ev.ok() && ev->ok) << ev->error;
+  ipc::Request renew;
+  renew.type = ipc::MessageType::kRenew;
+  renew.lease_id = a->lease_id;
+  auto rn = c.Call(renew);
+  ASSERT_TRUE(rn.ok());
+  EXPECT_FALSE(rn->ok);
+  EXPECT_EQ(rn->code, "NOT_FOUND");
+  EXPECT_NE(rn->error.find("pool evicted"), std::string::npos) << rn->error;
+  EXPECT_TRUE(ShmObjects(prefix_).empty());
+  auto again = c.Call(attach);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->code, "NOT_FOUND");
+}
+
+TEST_F(DaemonServerTest, LeaseExpiresWithoutRenew) {
+  StartDaemon(0, /*lease_s=*/1.0);
+  RawClient c(dir_.endpoint());
+  auto created = c.Call(CreateRequest("k8v3"), 60000);
+  ASSERT_TRUE(created.ok() && created->ok);
+  ipc::Request attach;
+  attach.type = ipc::MessageType::kAttach;
+  attach.pool_id = created->pool->id;
+  auto a = c.Call(attach);
+  ASSERT_TRUE(a.ok() && a->ok);
+  EXPECT_EQ(a->lease_ms, 1000);
+  ipc::Request evict;
+  evict.type = ipc::MessageType::kEvict;
+  evict.pool_id = created->pool->id;
+  EXPECT_EQ(c.Call(evict)->code, "FAILED_PRECONDITION");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1400));
+  ipc::Request list;
+  list.type = ipc::MessageType::kList;
+  auto l = c.Call(list);
+  ASSERT_TRUE(l.ok() && l->ok);
+  ASSERT_EQ(l->pools.size(), 1u);
+  EXPECT_EQ(l->pools[0].leases, 0u);
+  ipc::Request renew;
+  renew.type = ipc::MessageType::kRenew;
+  renew.lease_id = a->lease_id;
+  EXPECT_EQ(c.Call(renew)->code, "NOT_FOUND");
+  auto ev = c.Call(evict);
+  EXPECT_TRUE(ev.ok() && ev->ok) << "an expired lease no longer blocks eviction";
+}
+
+TEST_F(DaemonServerTest, MemoryCapExceededIsAnErrorAndLeavesNothing) {
+  StartDaemon(/*cap=*/4096 * 2);
+  RawClient c(dir_.endpoint());
+  auto r = c.Call(CreateRequest("none"), 60000);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->ok);
+  EXPECT_EQ(r->code, "RESOURCE_EXHAUSTED");
+  EXPECT_NE(r->error.find("cap 8192"), std::string::npos) << r->error;
+  ipc::Request list;
+  list.type = ipc::MessageType::kList;
+  EXPECT_TRUE(c.Call(list)->pools.empty());
+  EXPECT_TRUE(ShmObjects(prefix_).empty());
+}
+
+TEST_F(DaemonServerTest, BadFramesGetErrorsAndDaemonKeepsServing) {
+  StartDaemon();
+  RawClient c(dir_.endpoint());
+  struct Case {
+    std::string frame;
+    std::string code;
+  } cases[] = {
+      {"not json at all", "INVALID_ARGUMENT"},
+      {R"({"magic":"PKV1","version":1,"type":"PING","id":3)", "INVALID_ARGUMENT"},  // truncated
+      {R"({"magic":"PKV1","version":7,"type":"PING","id":3})", "FAILED_PRECONDITION"},
+      {R"({"magic":"NOPE","version":1,"type":"PING","id":3})", "INVALID_ARGUMENT"},
+      {R"({"magic":"PKV1","version":1,"type":"FLY","id":3})", "INVALID_ARGUMENT"},
+      {R"({"magic":"PKV1","version":1,"type":"ATTACH","id":3,"pool_id":[1]})", "INVALID_ARGUMENT"},
+      {std::string("\xff\xfe\x00\x01", 4), "INVALID_ARGUMENT"},
+      {std::string(ipc::kMaxMessageBytes + 100, ' '), "RESOURCE_EXHAUSTED"},
+  };
+  for (const auto& tc : cases) {
+    c.SendFrame(tc.frame);
+    auto f = c.RecvFrame(10000);
+    ASSERT_TRUE(f.has_value()) << "no reply to " << tc.frame.substr(0, 60);
+    auto r = ipc::DecodeReply(*f);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->ok);
+    EXPECT_EQ(r->code, tc.code) << tc.frame.substr(0, 60) << " -> " << r->error;
+    EXPECT_FALSE(r->error.empty());
+  }
+  // Wrong envelope: two JSON frames.
+  c.SendRaw({"", "{}", "{}"});
+  auto f = c.RecvFrame(5000);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(ipc::DecodeReply(*f)->code, "INVALID_ARGUMENT");
+  // The same request id and type are echoed where readable.
+  c.SendFrame(R"({"magic":"PKV1","version":1,"type":"EVICT","id":99})");
+  f = c.RecvFrame(5000);
+  ASSERT_TRUE(f.has_value());
+  auto r = ipc::DecodeReply(*f);
+  EXPECT_EQ(r->type, ipc::MessageType::kEvict);
+  EXPECT_EQ(r->id, 99u);
+  EXPECT_NE(r->error.find("pool_id"), std::string::npos);
+
+  // 64 MiB: zmq drops it (over ZMQ_MAXMSGSIZE) or we reject it; either way keep serving.
+  {
+    RawClient big(dir_.endpoint());
+    big.SendFrame(std::string(64u << 20, 'x'));
+    auto reply = big.RecvFrame(3000);
+    if (reply) EXPECT_EQ(ipc::DecodeReply(*reply)->code, "RESOURCE_EXHAUSTED");
+  }
+  auto pong = c.Ping();
+  ASSERT_TRUE(pong.ok()) << pong.status();
+  EXPECT_TRUE(pong->ok);
+  RawClient fresh(dir_.endpoint());
+  EXPECT_TRUE(fresh.Ping().ok());
+}
+
+TEST_F(DaemonServerTest, SecondDaemonOnLiveEndpointRefuses) {
+  StartDaemon();
+  DaemonOptions o;
+  o.endpoint = dir_.endpoint();
+  o.backend = "host";
+  o.shm_prefix = prefix_;
+  auto second = Daemon::Start(o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(std::string(second.status().message()).find("another polykvd"), std::string::npos);
+  RawClient c(dir_.endpoint());
+  EXPECT_TRUE(c.Ping().ok()) << "the first daemon is unaffected";
+}
+
+TEST_F(DaemonServerTest, StopRemovesSocketPidAndSegments) {
+  StartDaemon();
+  {
+    RawClient c(dir_.endpoint());
+    ASSERT_TRUE(c.Call(CreateRequest("k8v3"), 60000)->ok);
+  }
+  EXPECT_EQ(ShmObjects(prefix_).size(), 1u);
+  EXPECT_EQ(access((dir_.socket() + ".pid").c_str(), F_OK), 0);
+  StopDaemon();
+  EXPECT_TRUE(ShmObjects(prefix_).empty());
+  EXPECT_NE(access(dir_.socket().c_str(), F_OK), 0);
+  EXPECT_NE(access((dir_.socket() + ".pid").c_str(), F_OK), 0);
+}
+
+TEST_F(DaemonServerTest, UidNotAllowedGetsPermissionDenied) {
+  // Allow only a uid that is not ours: our own requests must be refused with a clear error.
+  const uint32_t other = getuid() == 4242 ? 4243 : 4242;
+  StartDaemon(0, 30, {other});
+  RawClient c(dir_.endpoint());
+  auto r = c.Ping();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->ok);
+  EXPECT_EQ(r->code, "PERMISSION_DENIED");
+  EXPECT_NE(r->error.find("uid " + std::to_string(getuid())), std::string::npos) << r->error;
+}
+
+}  // namespace
+}  // namespace polykv::daemon

@@ -1,0 +1,299 @@
+// PoolManager with the real stories260K model: content-addressed creates (none, k8v3),
+// dedup (sequential and concurrent), leases, expiry, eviction, memory cap.
+#include "pool_manager.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "polykv/ipc/shm_region.h"
+#include "test_util.h"
+
+namespace polykv::daemon {
+namespace {
+
+using testing::CreateRequest;
+using testing::ShmObjects;
+
+class PoolManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prefix_ = "/polykv-pm" + std::to_string(getpid()) + "-";
+    testing::RemoveShmObjects(prefix_);
+  }
+  void TearDown() override {
+    manager_.reset();
+    testing::RemoveShmObjects(prefix_);
+  }
+  PoolManager& Make(uint64_t cap = 0, int64_t lease_ms = 30000) {
+    PoolManagerOptions o;
+    o.backend = "host";
+    o.memory_cap = cap;
+    o.lease_ms = lease_ms;
+    o.shm_prefix = prefix_;
+    manager_ = std::make_unique<PoolManager>(std::move(o));
+    return *manager_;
+  }
+  std::string prefix_;
+  std::unique_ptr<PoolManager> manager_;
+};
+
+TEST_F(PoolManagerTest, CodecNames) {
+  EXPECT_EQ(ParseCodecName("k8v3")->value_bits, 3);
+  EXPECT_EQ(ParseCodecName("k8v2")->value_bits, 2);
+  EXPECT_EQ(ParseCodecName("k8v4")->value_bits, 4);
+  EXPECT_EQ(ParseCodecName("none")->codec, ipc::PoolCodec::kNone);
+  auto bad = ParseCodecName("k4v4");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.status().message()).find("k8v3"), std::string::npos);
+  EXPECT_EQ(*ParseKeyScale("channel"), kernels::KeyScaleMode::kPerChannel);
+  EXPECT_FALSE(ParseKeyScale("row").ok());
+}
+
+TEST_F(PoolManagerTest, PoolIdIsContentAddressed) {
+  ipc::PoolParams p;
+  p.codec_config.value_bits = 3;
+  std::vector<int32_t> ids = {1, 2, 3};
+  std::string a = ComputePoolId("m", "t", p, ids);
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_EQ(a, ComputePoolId("m", "t", p, ids));
+  EXPECT_NE(a, ComputePoolId("m2", "t", p, ids));
+  EXPECT_NE(a, ComputePoolId("m", "t2", p, ids));
+  EXPECT_NE(a, ComputePoolId("m", "t", p, {1, 2, 4}));
+  auto q = p;
+  q.codec_config.value_bits = 4;
+  EXPECT_NE(a, ComputePoolId("m", "t", q, ids));
+  q = p;
+  q.codec_config.rotation_seed ^= 1;
+  EXPECT_NE(a, ComputePoolId("m", "t", q, ids));
+  q = p;
+  q.codec_config.norm_correction = true;
+  EXPECT_NE(a, ComputePoolId("m", "t", q, ids));
+}
+
+TEST_F(PoolManagerTest, CreateNoneAndK8v3PublishReadablePools) {
+  PoolManager& m = Make();
+  for (const char* codec : {"none", "k8v3"}) {
+    std::vector<std::string> stages;
+    auto r = m.CreatePool(CreateRequest(codec),
+                          [&](const std::string& s, int64_t, int64_t) {
+                            if (stages.empty() || stages.back() != s) stages.push_back(s);
+                          });
+    ASSERT_TRUE(r.ok()) << codec << ": " << r.status();
+    EXPECT_TRUE(r->created);
+    EXPECT_EQ(stages, (std::vector<std::string>{"prefill", "encode", "publish"}));
+    const ipc::PoolInfo& info = r->info;
+    EXPECT_EQ(info.codec, codec);
+    EXPECT_EQ(info.backend, "host");
+    EXPECT_EQ(info.tokens, 40u);
+    EXPECT_EQ(info.layers, 5u);  // stories260K: 5 layers, 4 KV heads, head_dim 8
+    EXPECT_EQ(info.kv_heads, 4u);
+    EXPECT_EQ(info.head_dim, 8u);
+    EXPECT_EQ(info.bf16_bytes, 2u * 2 * 5 * 4 * 40 * 8);
+    EXPECT_EQ(info.leases, 0u);
+
+    auto g = m.Attach(info.id, 123);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(g->memory.backend, "host");
+    EXPECT_EQ(g->memory.shm_name, prefix_ + info.id.substr(0, 16));
+    auto shm = ipc::ShmRegion::OpenReadOnly(g->memory.shm_name);
+    ASSERT_TRUE(shm.ok()) << shm.status();
+    auto reader = ipc::PoolReader::Open(shm->data(), shm->size(), /*verify_payload=*/true);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    EXPECT_EQ(reader->TokenIds(), testing::StoryIds());
+    EXPECT_EQ(reader->header().total_bytes, info.total_bytes);
+    EXPECT_EQ(reader->params().codec,
+              std::string(codec) == "none" ? ipc::PoolCodec::kNone : ipc::PoolCodec::kK8V);
+    std::vector<float> k(4 * 40 * 8), v(k.size());
+    ASSERT_TRUE(reader->DecodeLayer(4, k.data(), v.data(), kernels::DType::kF32).ok());
+    double norm = 0;
+    for (float x : v) norm += std::abs(x);
+    EXPECT_GT(norm, 0) << "decoded V must not be all zero";
+    ASSERT_TRUE(m.Detach(g->lease_id).ok());
+  }
+  auto list = m.List();
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].codec, "none");
+  EXPECT_EQ(list[1].codec, "k8v3");
+  EXPECT_NE(list[0].id, list[1].id);
+  EXPECT_GT(list[0].total_bytes, list[1].total_bytes);
+  EXPECT_EQ(m.memory_used(), list[0].total_bytes + list[1].total_bytes);
+  EXPECT_EQ(ShmObjects(prefix_).size(), 2u);
+}
+
+TEST_F(PoolManagerTest, NoneMatchesThePrefillBitExactly) {
+  PoolManager& m = Make();
+  auto r = m.CreatePool(CreateRequest("none"), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto model = model::LlamaModel::Load(testing::Stories260K());
+  ASSERT_TRUE(model.ok());
+  auto ids = testing::StoryIds();
+  auto pre = (*model)->Prefill(ids);
+  ASSERT_TRUE(pre.ok());
+  auto g = m.Attach(r->info.id, 0);
+  ASSERT_TRUE(g.ok());
+  auto shm = ipc::ShmRegion::OpenReadOnly(g->memory.shm_name);
+  ASSERT_TRUE(shm.ok());
+  auto reader = ipc::PoolReader::Open(shm->data(), shm->size(), true);
+  ASSERT_TRUE(reader.ok());
+  for (uint32_t l = 0; l < 5; ++l) {
+    torch::Tensor k = pre->k[l].contiguous(), v = pre->v[l].contiguous();
+    std::vector<float> ko(k.numel()), vo(v.numel());
+    ASSERT_TRUE(reader->DecodeLayer(l, ko.data(), vo.data(), kernels::DType::kF32).ok());
+    EXPECT_EQ(0, std::memcmp(ko.data(), k.data_ptr<float>(), 4 * ko.size())) << l;
+    EXPECT_EQ(0, std::memcmp(vo.data(), v.data_ptr<float>(), 4 * vo.size())) << l;
+  }
+}
+
+TEST_F(PoolManagerTest, SameCreateTwiceYieldsOnePool) {
+  PoolManager& m = Make();
+  auto a = m.CreatePool(CreateRequest("k8v3"), nullptr);
+  auto b = m.CreatePool(CreateRequest("k8v3"), nullptr);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->created);
+  EXPECT_FALSE(b->created);
+  EXPECT_EQ(a->info.id, b->info.id);
+  EXPECT_EQ(m.List().size(), 1u);
+  // Different content -> another pool.
+  auto c = m.CreatePool(CreateRequest("k8v3", /*salt=*/1), nullptr);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(c->info.id, a->info.id);
+  EXPECT_EQ(m.List().size(), 2u);
+}
+
+TEST_F(PoolManagerTest, ConcurrentCreatesJoin) {
+  PoolManager& m = Make();
+  constexpr int kThreads = 4;
+  std::vector<StatusOr<CreateResult>> results(kThreads, absl::UnknownError("unset"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] { results[i] = m.CreatePool(CreateRequest("k8v4"), nullptr); });
+  }
+  for (auto& t : threads) t.join();
+  int created = 0;
+  for (auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    created += r->created;
+    EXPECT_EQ(r->info.id, results[0]->info.id);
+  }
+  EXPECT_EQ(created, 1);
+  EXPECT_EQ(m.List().size(), 1u);
+  EXPECT_EQ(ShmObjects(prefix_).size(), 1u);
+}
+
+TEST_F(PoolManagerTest, LeasesRenewDetachAndExpire) {
+  PoolManager& m = Make(0, /*lease_ms=*/300);
+  auto r = m.CreatePool(CreateRequest("k8v3"), nullptr);
+  ASSERT_TRUE(r.ok());
+  const std::string id = r->info.id;
+  auto g1 = m.Attach(id, 1);
+  auto g2 = m.Attach(id.substr(0, 12), 2);  // unique prefix
+  ASSERT_TRUE(g1.ok() && g2.ok());
+  EXPECT_EQ(g1->lease_id.size(), 32u);
+  EXPECT_NE(g1->lease_id, g2->lease_id);
+  EXPECT_EQ(g1->lease_ms, 300);
+  EXPECT_EQ(m.Info(id)->leases, 2u);
+  ASSERT_TRUE(m.Detach(g2->lease_id).ok());
+  EXPECT_EQ(m.Detach(g2->lease_id).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(m.Info(id)->leases, 1u);
+  // Renew keeps g1 alive past its first expiry.
+  for (int i = 0; i < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    ASSERT_TRUE(m.Renew(g1->lease_id).ok()) << i;
+  }
+  EXPECT_EQ(m.Info(id)->leases, 1u);
+  // Stop renewing: expires, is swept, and cannot be renewed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_EQ(m.Info(id)->leases, 0u);
+  EXPECT_EQ(m.SweepExpiredLeases(), 1);
+  auto late = m.Renew(g1->lease_id);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(m.Attach("ffffffffffff", 0).status().code(), absl::StatusCode::kNotFound);
+  // With no live lease, a plain evict works.
+  EXPECT_TRUE(m.Evict(id, false).ok());
+  EXPECT_TRUE(m.List().empty());
+}
+
+TEST_F(PoolManagerTest, EvictRefusedWithLeasesForcedInvalidates) {
+  PoolManager& m = Make();
+  auto r = m.CreatePool(CreateRequest("k8v3"), nullptr);
+  ASSERT_TRUE(r.ok());
+  auto g = m.Attach(r->info.id, 1);
+  ASSERT_TRUE(g.ok());
+  auto shm = ipc::ShmRegion::OpenReadOnly(g->memory.shm_name);  // a mapped reader
+  ASSERT_TRUE(shm.ok());
+  Status refused = m.Evict(r->info.id, false);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(refused.message()).find("1 live lease"), std::string::npos) << refused;
+  EXPECT_EQ(m.List().size(), 1u);
+  ASSERT_TRUE(m.Evict(r->info.id, true).ok());
+  EXPECT_TRUE(m.List().empty());
+  EXPECT_EQ(m.memory_used(), 0u);
+  EXPECT_TRUE(ShmObjects(prefix_).empty()) << "shm object unlinked";
+  // The mapped reader's pages stay valid (POSIX), and the header still checks out.
+  EXPECT_TRUE(ipc::PoolReader::Open(shm->data(), shm->size(), true).ok());
+  auto renew = m.Renew(g->lease_id);
+  EXPECT_EQ(renew.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(std::string(renew.status().message()).find("pool evicted"), std::string::npos);
+  EXPECT_EQ(m.Attach(r->info.id, 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(m.Evict(r->info.id, true).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(PoolManagerTest, MemoryCapExceededLeavesNothingBehind) {
+  // First learn the size of one k8v3 pool, then cap just below two of them.
+  uint64_t one = 0;
+  {
+    PoolManager& m = Make();
+    auto r = m.CreatePool(CreateRequest("k8v3"), nullptr);
+    ASSERT_TRUE(r.ok());
+    one = r->info.total_bytes;
+  }
+  manager_.reset();
+  EXPECT_TRUE(ShmObjects(prefix_).empty()) << "destruction releases pools";
+  PoolManager& m = Make(2 * one - 1);
+  ASSERT_TRUE(m.CreatePool(CreateRequest("k8v3"), nullptr).ok());
+  auto r = m.CreatePool(CreateRequest("k8v3", /*salt=*/2), nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string msg(r.status().message());
+  EXPECT_NE(msg.find("used " + std::to_string(one)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cap " + std::to_string(2 * one - 1)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("needs " + std::to_string(one)), std::string::npos) << msg;
+  EXPECT_EQ(m.List().size(), 1u);
+  EXPECT_EQ(m.memory_used(), one);
+  EXPECT_EQ(ShmObjects(prefix_).size(), 1u);
+  // A cap smaller than one pool: nothing at all.
+  manager_.reset();
+  PoolManager& tiny = Make(1000);
+  EXPECT_EQ(tiny.CreatePool(CreateRequest("none"), nullptr).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(tiny.List().empty());
+  EXPECT_TRUE(ShmObjects(prefix_).empty());
+}
+
+TEST_F(PoolManagerTest, BadRequestsAreErrors) {
+  PoolManager& m = Make();
+  auto req = CreateRequest("k8v9");
+  EXPECT_EQ(m.CreatePool(req, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  req = CreateRequest("k8v3");
+  req.model = "/nonexistent/model";
+  EXPECT_EQ(m.CreatePool(req, nullptr).status().code(), absl::StatusCode::kNotFound);
+  req = CreateRequest("k8v3");
+  req.token_ids[3] = 100000;
+  auto s = m.CreatePool(req, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("token_ids[3]"), std::string::npos) << s;
+  req = CreateRequest("k8v3");
+  req.token_ids.clear();
+  req.document = "text for a model without tokenizer";
+  s = m.CreatePool(req, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("tokenizer"), std::string::npos) << s;
+  EXPECT_TRUE(m.List().empty());
+  EXPECT_TRUE(ShmObjects(prefix_).empty());
+}
+
+}  // namespace
+}  // namespace polykv::daemon

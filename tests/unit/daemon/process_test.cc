@@ -1,0 +1,248 @@
+// polykvd as a separate process: create/list over the wire, SIGTERM (exit 0, files and
+// segments gone), a second daemon refusing a live endpoint, SIGKILL + restart cleaning the
+// stale socket and segments, and a client under another uid (setpriv) being refused.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "test_util.h"
+
+extern char** environ;
+
+namespace polykv::daemon {
+namespace {
+
+using testing::CreateRequest;
+using testing::RawClient;
+using testing::ShmObjects;
+using testing::TempDir;
+
+std::string DaemonBinary() { return std::string(POLYKV_BINARY_DIR) + "/daemon/polykvd"; }
+
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+// Exit status, or -1 on timeout (the process is then killed).
+int WaitExit(pid_t pid, int timeout_ms) {
+  for (int waited = 0; waited < timeout_ms; waited += 20) {
+    int status = 0;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+class ProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prefix_ = "/polykv-pt" + std::to_string(getpid()) + "-";
+    testing::RemoveShmObjects(prefix_);
+    log_ = dir_.path() + "/polykvd.log";
+    ASSERT_TRUE(Exists(DaemonBinary())) << DaemonBinary();
+  }
+  void TearDown() override {
+    for (pid_t p : pids_) {
+      if (kill(p, 0) == 0) {
+        kill(p, SIGKILL);
+        waitpid(p, nullptr, 0);
+      }
+    }
+    testing::RemoveShmObjects(prefix_);
+    if (HasFailure()) std::cerr << "--- polykvd log ---\n" << ReadFile(log_);
+  }
+  std::vector<std::string> Args(std::vector<std::string> extra = {}) {
+    std::vector<std::string> a = {DaemonBinary(), "--endpoint", dir_.endpoint(), "--backend",
+                                  "host", "--shm-prefix", prefix_, "--threads", "1",
+                                  "--log-level", "debug"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  // Starts polykvd and waits until it answers PING.
+  pid_t StartDaemon(std::vector<std::string> extra = {}) {
+    pid_t pid = Spawn(Args(std::move(extra)), log_);
+    EXPECT_GT(pid, 0);
+    pids_.push_back(pid);
+    for (int i = 0; i < 200; ++i) {
+      if (Exists(dir_.socket())) {
+        RawClient c(dir_.endpoint());
+        auto p = c.Ping(500);
+        if (p.ok()) return pid;
+      }
+      int status;
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        ADD_FAILURE() << "polykvd exited early";
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << "polykvd did not answer PING";
+    return pid;
+  }
+  TempDir dir_;
+  std::string prefix_, log_;
+  std::vector<pid_t> pids_;
+};
+
+TEST_F(ProcessTest, ServesAndExitsCleanlyOnSigterm) {
+  pid_t pid = StartDaemon();
+  ASSERT_GT(pid, 0);
+  RawClient c(dir_.endpoint());
+  auto pong = c.Ping();
+  ASSERT_TRUE(pong.ok() && pong->ok);
+  EXPECT_EQ(pong->daemon_pid, static_cast<uint32_t>(pid));
+  auto r = c.Call(CreateRequest("k8v3"), 60000);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->ok) << r->error;
+  ipc::Request list;
+  list.type = ipc::MessageType::kList;
+  auto l = c.Call(list);
+  ASSERT_TRUE(l.ok() && l->ok);
+  ASSERT_EQ(l->pools.size(), 1u);
+  EXPECT_EQ(ShmObjects(prefix_).size(), 1u);
+  struct stat st;
+  ASSERT_EQ(stat(dir_.socket().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(pid, 20000), 0);
+  EXPECT_FALSE(Exists(dir_.socket()));
+  EXPECT_FALSE(Exists(dir_.socket() + ".pid"));
+  EXPECT_TRUE(ShmObjects(prefix_).empty());
+}
+
+TEST_F(ProcessTest, SecondDaemonOnLiveEndpointRefuses) {
+  pid_t first = StartDaemon();
+  ASSERT_GT(first, 0);
+  const std::string log2 = dir_.path() + "/second.log";
+  pid_t second = Spawn(Args(), log2);
+  ASSERT_GT(second, 0);
+  EXPECT_EQ(WaitExit(second, 20000), 1);
+  EXPECT_NE(ReadFile(log2).find("another polykvd"), std::string::npos) << ReadFile(log2);
+  RawClient c(dir_.endpoint());
+  auto pong = c.Ping();
+  ASSERT_TRUE(pong.ok());
+  EXPECT_EQ(pong->daemon_pid, static_cast<uint32_t>(first));
+}
+
+TEST_F(ProcessTest, RestartAfterSigkillCleansStaleSocketAndSegments) {
+  pid_t pid = StartDaemon();
+  ASSERT_GT(pid, 0);
+  {
+    RawClient c(dir_.endpoint());
+    auto r = c.Call(CreateRequest("none"), 60000);
+    ASSERT_TRUE(r.ok() && r->ok);
+  }
+  ASSERT_EQ(ShmObjects(prefix_).size(), 1u);
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  // Leftovers of the dead daemon.
+  EXPECT_TRUE(Exists(dir_.socket()));
+  EXPECT_EQ(ShmObjects(prefix_).size(), 1u);
+
+  pid_t again = StartDaemon();
+  ASSERT_GT(again, 0);
+  EXPECT_TRUE(ShmObjects(prefix_).empty()) << "stale segment removed at start";
+  RawClient c(dir_.endpoint());
+  ipc::Request list;
+  list.type = ipc::MessageType::kList;
+  auto l = c.Call(list);
+  ASSERT_TRUE(l.ok() && l->ok);
+  EXPECT_TRUE(l->pools.empty());
+  auto r = c.Call(CreateRequest("none"), 60000);
+  ASSERT_TRUE(r.ok() && r->ok) << r->error;
+  EXPECT_TRUE(r->created);
+  kill(again, SIGTERM);
+  EXPECT_EQ(WaitExit(again, 20000), 0);
+  EXPECT_TRUE(ShmObjects(prefix_).empty());
+}
+
+TEST_F(ProcessTest, BadFlagsExitNonZero) {
+  pid_t pid = Spawn(Args({"--memory-cap", "12Q"}), log_);
+  ASSERT_GT(pid, 0);
+  EXPECT_NE(WaitExit(pid, 10000), 0);
+  EXPECT_NE(ReadFile(log_).find("memory-cap"), std::string::npos) << ReadFile(log_);
+}
+
+// Runs as the child under another uid (see OtherUidIsRefused).
+TEST(UidChild, DISABLED_PingIsRefused) {
+  const char* ep = std::getenv("POLYKV_TEST_CHILD_ENDPOINT");
+  ASSERT_NE(ep, nullptr);
+  RawClient c(ep);
+  auto r = c.Ping(5000);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->ok);
+  EXPECT_EQ(r->code, "PERMISSION_DENIED") << r->error;
+  EXPECT_NE(r->error.find("uid " + std::to_string(getuid())), std::string::npos) << r->error;
+}
+
+TEST_F(ProcessTest, OtherUidIsRefused) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root to run a client as uid 65534 (setpriv)";
+  if (!Exists("/usr/bin/setpriv")) GTEST_SKIP() << "setpriv not installed";
+  // The client (this test binary, as nobody) must reach the socket: open dir and mode 0666.
+  chmod(dir_.path().c_str(), 0777);
+  pid_t pid = StartDaemon({"--socket-mode", "0666"});
+  ASSERT_GT(pid, 0);
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  ASSERT_GT(n, 0);
+  self[n] = '\0';
+  // The binary must be reachable by uid 65534; copy it to the temp dir.
+  const std::string copy = dir_.path() + "/uid_child";
+  {
+    std::ifstream src(self, std::ios::binary);
+    std::ofstream dst(copy, std::ios::binary);
+    dst << src.rdbuf();
+  }
+  chmod(copy.c_str(), 0755);
+  setenv("POLYKV_TEST_CHILD_ENDPOINT", dir_.endpoint().c_str(), 1);
+  const std::string child_log = dir_.path() + "/child.log";
+  pid_t child = Spawn({"/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534",
+                       "--clear-groups", copy, "--gtest_also_run_disabled_tests",
+                       "--gtest_filter=UidChild.DISABLED_PingIsRefused"},
+                      child_log);
+  unsetenv("POLYKV_TEST_CHILD_ENDPOINT");
+  ASSERT_GT(child, 0);
+  int rc = WaitExit(child, 30000);
+  EXPECT_EQ(rc, 0) << ReadFile(child_log);
+  EXPECT_NE(ReadFile(log_).find("refused request from uid 65534"), std::string::npos)
+      << ReadFile(log_);
+  // Root (allowed by default) is still served.
+  RawClient c(dir_.endpoint());
+  auto pong = c.Ping();
+  ASSERT_TRUE(pong.ok());
+  EXPECT_TRUE(pong->ok);
+}
+
+}  // namespace
+}  // namespace polykv::daemon

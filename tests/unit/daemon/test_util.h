@@ -1,0 +1,140 @@
+// Test helpers for polykvd: a temp dir endpoint that is always removed, a raw DEALER
+// client speaking the control protocol, shm-object listing, and the stories260K path.
+#pragma once
+
+#include <dirent.h>
+#include <sys/mman.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "polykv/ipc/protocol.h"
+
+namespace polykv::daemon::testing {
+
+inline std::string Stories260K() { return std::string(POLYKV_TEST_DATA_DIR) + "/models/stories260K"; }
+
+/// 40 token ids valid for stories260K (vocab 512).
+inline std::vector<int32_t> StoryIds(int salt = 0) {
+  std::vector<int32_t> ids = {1};
+  for (int i = 1; i < 40; ++i) ids.push_back((i * 37 + salt * 11 + 5) % 500 + 3);
+  return ids;
+}
+
+/// mkdtemp under /tmp, removed (recursively) on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/polykv-test-XXXXXX";
+    char* p = mkdtemp(tmpl);
+    path_ = p ? p : "/tmp";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string endpoint() const { return "ipc://" + path_ + "/control.sock"; }
+  std::string socket() const { return path_ + "/control.sock"; }
+
+ private:
+  std::string path_;
+};
+
+/// Names ("/x") of /dev/shm objects starting with `prefix` ("/polykv-...").
+inline std::vector<std::string> ShmObjects(const std::string& prefix) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      std::string name = std::string("/") + e->d_name;
+      if (name.rfind(prefix, 0) == 0) out.push_back(name);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+/// Removes leftovers of a test's prefix (cleanup even when a test fails).
+inline void RemoveShmObjects(const std::string& prefix) {
+  for (const auto& n : ShmObjects(prefix)) shm_unlink(n.c_str());
+}
+
+/// A DEALER speaking the REQ-style envelope (empty delimiter + JSON frame).
+class RawClient {
+ public:
+  explicit RawClient(const std::string& endpoint) : socket_(ctx_, zmq::socket_type::dealer) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.connect(endpoint);
+  }
+  void SendFrame(const std::string& frame) {
+    socket_.send(zmq::message_t(), zmq::send_flags::sndmore);
+    socket_.send(zmq::buffer(frame), zmq::send_flags::none);
+  }
+  void SendRaw(std::vector<std::string> frames) {
+    for (size_t i = 0; i < frames.size(); ++i) {
+      socket_.send(zmq::buffer(frames[i]),
+                   i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+  }
+  /// Next message's JSON frame, or nullopt after `timeout_ms`.
+  std::optional<std::string> RecvFrame(int timeout_ms) {
+    zmq::pollitem_t item{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms));
+    if (!(item.revents & ZMQ_POLLIN)) return std::nullopt;
+    std::vector<zmq::message_t> parts;
+    (void)zmq::recv_multipart(socket_, std::back_inserter(parts));
+    if (parts.empty()) return std::nullopt;
+    return parts.back().to_string();
+  }
+  /// Sends `req` and returns the final reply (PROGRESS messages go to `progress`).
+  StatusOr<ipc::Reply> Call(ipc::Request req, int timeout_ms = 20000,
+                            std::vector<ipc::Reply>* progress = nullptr) {
+    req.id = ++next_id_;
+    SendFrame(ipc::EncodeRequest(req));
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      deadline - std::chrono::steady_clock::now())
+                                      .count());
+      if (left <= 0) return absl::DeadlineExceededError("no reply");
+      auto frame = RecvFrame(left);
+      if (!frame) return absl::DeadlineExceededError("no reply");
+      POLYKV_ASSIGN_OR_RETURN(ipc::Reply r, ipc::DecodeReply(*frame));
+      if (r.type == ipc::MessageType::kProgress) {
+        if (progress) progress->push_back(r);
+        continue;
+      }
+      if (r.id != req.id) continue;  // a late reply to an earlier (timed out) call
+      return r;
+    }
+  }
+  StatusOr<ipc::Reply> Ping(int timeout_ms = 5000) {
+    ipc::Request r;
+    r.type = ipc::MessageType::kPing;
+    return Call(r, timeout_ms);
+  }
+
+ private:
+  zmq::context_t ctx_;
+  zmq::socket_t socket_;
+  uint64_t next_id_ = 0;
+};
+
+inline ipc::Request CreateRequest(const std::string& codec, int salt = 0) {
+  ipc::Request r;
+  r.type = ipc::MessageType::kCreatePool;
+  r.model = Stories260K();
+  r.token_ids = StoryIds(salt);
+  r.codec = codec;
+  return r;
+}
+
+}  // namespace polykv::daemon::testing
