@@ -1,17 +1,16 @@
 // Codec throughput on the Llama-3-8B layer shape (8 KV heads x 4096 tokens x 128, bf16):
 // encode/decode GB/s of bf16 data on 1 thread and all threads, next to memcpy of the same
 // bytes measured in the same run. Prints a table: figure, unit, value, baseline, ratio.
+#include <CLI/CLI.hpp>
 #include <algorithm>
-#include <ctime>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "polykv/kernels/codec.h"
 #include "polykv/kernels/codec_math.h"
@@ -93,9 +92,11 @@ int main(int argc, char** argv) {
   std::vector<float> norms(shape.vectors());
   std::vector<uint8_t> copy(bf16_bytes);
 
-  const int all = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::printf("bench_codec: layer [%d][%d][%d] bf16 = %.1f MiB per tensor, V %d bits, K int8 per-tensor\n",
-              heads, tokens, head_dim, bf16_bytes / 1048576.0, bits);
+  const int all =
+      threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::printf(
+      "bench_codec: layer [%d][%d][%d] bf16 = %.1f MiB per tensor, V %d bits, K int8 per-tensor\n",
+      heads, tokens, head_dim, bf16_bytes / 1048576.0, bits);
   std::printf("%-34s %-6s %10s %10s %8s\n", "figure", "unit", "value", "memcpy", "ratio");
   for (int th : {1, all}) {
     SetCodecThreads(th);
@@ -108,17 +109,23 @@ int main(int argc, char** argv) {
       std::function<void()> fn;
     };
     const Row rows[] = {
-        {"V encode (TurboQuant-MSE)", [&] {
+        {"V encode (TurboQuant-MSE)",
+         [&] {
            Check(EncodeValues(x.data(), DType::kBF16, shape, cfg, packed.data(), norms.data()));
          }},
-        {"V decode", [&] {
+        {"V decode",
+         [&] {
            Check(DecodeValues(packed.data(), norms.data(), shape, cfg, out.data(), DType::kBF16));
          }},
-        {"K encode (int8, scales)", [&] {
-           Check(QuantizeKeys(x.data(), DType::kBF16, shape, cfg.key_scale, q.data(), scales.data()));
+        {"K encode (int8, scales)",
+         [&] {
+           Check(
+               QuantizeKeys(x.data(), DType::kBF16, shape, cfg.key_scale, q.data(), scales.data()));
          }},
-        {"K decode", [&] {
-           Check(DequantizeKeys(q.data(), scales.data(), shape, cfg.key_scale, out.data(), DType::kBF16));
+        {"K decode",
+         [&] {
+           Check(DequantizeKeys(q.data(), scales.data(), shape, cfg.key_scale, out.data(),
+                                DType::kBF16));
          }},
     };
     for (const Row& r : rows) {
@@ -130,9 +137,12 @@ int main(int argc, char** argv) {
       if (th == 1) {
         // The same on thread CPU time, against memcpy on thread CPU time.
         const double tc = BestSeconds(reps, r.fn, true);
-        const double tcc = BestSeconds(reps, [&] {
-          std::memcpy(copy.data(), reinterpret_cast<const uint8_t*>(x.data()), bf16_bytes);
-        }, true);
+        const double tcc = BestSeconds(
+            reps,
+            [&] {
+              std::memcpy(copy.data(), reinterpret_cast<const uint8_t*>(x.data()), bf16_bytes);
+            },
+            true);
         std::printf("%-34s %-6s %10.3f %10.3f %8.3f\n", "  per core (thread CPU time)", "GB/s",
                     bf16_bytes / tc / 1e9, bf16_bytes / tcc / 1e9, tcc / tc);
       } else {
@@ -148,6 +158,8 @@ int main(int argc, char** argv) {
               llama.effective, llama.nominal, llama.effective / llama.nominal);
   std::printf("%-34s %-6s %10.4f %10.4f %8.4f\n", "SmolLM2-135M ratio vs bf16 @4096", "x",
               smol.effective, smol.nominal, smol.effective / smol.nominal);
-  std::printf("(ratio rows: value = effective incl. scales/norms, baseline = paper nominal 16/((8+b)/2))\n");
+  std::printf(
+      "(ratio rows: value = effective incl. scales/norms, baseline = paper nominal "
+      "16/((8+b)/2))\n");
   return 0;
 }

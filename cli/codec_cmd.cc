@@ -1,6 +1,7 @@
 // `polykv-cli codec roundtrip`: encodes a tensor file as K (int8) and as V (TurboQuant-MSE),
 // decodes both and prints sizes, compression ratio and reconstruction errors.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -59,8 +60,8 @@ bool ParseShape(const std::string& s, k::LayerShape* shape, std::string* err) {
 // Parses a .npy header (format 1.0, 2.0 or 3.0) and returns the payload offset. Checks the
 // dtype descr against `dtype` (f32 '<f4', f16 '<f2', bf16 raw bits as '<u2', '<i2', '|V2'
 // or 'bfloat16'), C order, and a shape equal to [H, T, D].
-bool ParseNpy(const std::string& data, k::DType dtype, const k::LayerShape& shape,
-              size_t* payload, std::string* err) {
+bool ParseNpy(const std::string& data, k::DType dtype, const k::LayerShape& shape, size_t* payload,
+              std::string* err) {
   if (data.size() < 10 || data.compare(0, 6, "\x93NUMPY") != 0) {
     *err = "not a .npy file";
     return false;
@@ -75,7 +76,8 @@ bool ParseNpy(const std::string& data, k::DType dtype, const k::LayerShape& shap
       *err = ".npy header truncated";
       return false;
     }
-    for (int i = 0; i < 4; ++i) header_len |= size_t{static_cast<unsigned char>(data[8 + i])} << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      header_len |= size_t{static_cast<unsigned char>(data[8 + i])} << (8 * i);
     start = 12;
   } else {
     *err = "unsupported .npy format version " + std::to_string(major);
@@ -107,8 +109,12 @@ bool ParseNpy(const std::string& data, k::DType dtype, const k::LayerShape& shap
   const std::string shp = value_of("shape");
   bool descr_ok = false;
   switch (dtype) {
-    case k::DType::kF32: descr_ok = descr == "<f4"; break;
-    case k::DType::kF16: descr_ok = descr == "<f2"; break;
+    case k::DType::kF32:
+      descr_ok = descr == "<f4";
+      break;
+    case k::DType::kF16:
+      descr_ok = descr == "<f2";
+      break;
     case k::DType::kBF16:
       descr_ok = descr == "<u2" || descr == "<i2" || descr == "|V2" || descr == "bfloat16";
       break;
@@ -204,7 +210,8 @@ int RunRoundtrip(const RoundtripOptions& o) {
   const size_t have = data.size() - payload;
   if (have != want) {
     return Fail(o.file + ": " + std::to_string(have) + " bytes of data, but shape " + o.shape +
-                " x " + o.dtype + " needs " + std::to_string(want) + (have < want ? " (file too small)" : " (file too large)"));
+                " x " + o.dtype + " needs " + std::to_string(want) +
+                (have < want ? " (file too small)" : " (file too large)"));
   }
   // The exact input values as f32 (little-endian host assumed, as the file is).
   std::vector<float> x(shape.elements());
@@ -227,15 +234,16 @@ int RunRoundtrip(const RoundtripOptions& o) {
     return Fail(std::string(st.message()));
   }
   // V: TurboQuant-MSE.
-  std::vector<uint8_t> packed(shape.vectors() * k::PackedVectorBytes(shape.head_dim, cfg.value_bits));
+  std::vector<uint8_t> packed(shape.vectors() *
+                              k::PackedVectorBytes(shape.head_dim, cfg.value_bits));
   std::vector<float> norms(shape.vectors());
   if (Status st = k::EncodeValues(raw.data(), dtype, shape, cfg, packed.data(), norms.data());
       !st.ok()) {
     return Fail(std::string(st.message()));
   }
   std::vector<float> v_hat(shape.elements());
-  if (Status st = k::DecodeValues(packed.data(), norms.data(), shape, cfg, v_hat.data(),
-                                  k::DType::kF32);
+  if (Status st =
+          k::DecodeValues(packed.data(), norms.data(), shape, cfg, v_hat.data(), k::DType::kF32);
       !st.ok()) {
     return Fail(std::string(st.message()));
   }
@@ -255,10 +263,12 @@ int RunRoundtrip(const RoundtripOptions& o) {
               npy ? "npy" : "raw", shape.kv_heads, static_cast<long long>(shape.tokens),
               shape.head_dim, o.dtype.c_str());
   std::printf("original_bytes: %zu\n", want);
-  std::printf("k_bytes: %lld (int8 codes %lld + f32 scales %lld)\n", static_cast<long long>(k_bytes),
-              static_cast<long long>(lb.key_codes), static_cast<long long>(lb.key_scales));
-  std::printf("v_bytes: %lld (%d-bit codes %lld + f32 norms %lld)\n", static_cast<long long>(v_bytes),
-              cfg.value_bits, static_cast<long long>(lb.value_codes), static_cast<long long>(lb.value_norms));
+  std::printf("k_bytes: %lld (int8 codes %lld + f32 scales %lld)\n",
+              static_cast<long long>(k_bytes), static_cast<long long>(lb.key_codes),
+              static_cast<long long>(lb.key_scales));
+  std::printf("v_bytes: %lld (%d-bit codes %lld + f32 norms %lld)\n",
+              static_cast<long long>(v_bytes), cfg.value_bits,
+              static_cast<long long>(lb.value_codes), static_cast<long long>(lb.value_norms));
   std::printf("ratio: %.4f (original as both K and V / (k_bytes + v_bytes))\n",
               2.0 * static_cast<double>(want) / static_cast<double>(k_bytes + v_bytes));
   std::printf("k_max_abs_error: %.6g\n", ke.max_abs);
@@ -274,7 +284,8 @@ int RunRoundtrip(const RoundtripOptions& o) {
       return Fail(std::string(st.message()));
     }
     std::ofstream of(o.out, std::ios::binary);
-    if (!of.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()))) {
+    if (!of.write(reinterpret_cast<const char*>(out.data()),
+                  static_cast<std::streamsize>(out.size()))) {
       return Fail("cannot write " + o.out);
     }
     std::printf("out: %s (decoded V, raw little-endian %s, %zu bytes)\n", o.out.c_str(),
@@ -287,7 +298,8 @@ int RunRoundtrip(const RoundtripOptions& o) {
 }  // namespace
 
 void RegisterCodecCommands(CLI::App& app) {
-  CLI::App* codec = app.add_subcommand("codec", "Check the KV codec on a tensor file (local, no daemon)");
+  CLI::App* codec =
+      app.add_subcommand("codec", "Check the KV codec on a tensor file (local, no daemon)");
   codec->require_subcommand(1);
   auto o = std::make_shared<RoundtripOptions>();
   CLI::App* rt = codec->add_subcommand(

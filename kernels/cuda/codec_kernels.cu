@@ -50,8 +50,7 @@ __global__ void GroupAbsmaxKernel(const void* x, int dtype, int64_t group_len,
 
 // Absmax per (head, channel) column: one thread per column, looping over tokens.
 __global__ void ColumnAbsmaxKernel(const void* x, int dtype, int32_t heads, int64_t tokens,
-                                   int32_t d, unsigned int* absmax_bits,
-                                   unsigned long long* bad) {
+                                   int32_t d, unsigned int* absmax_bits, unsigned long long* bad) {
   const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= static_cast<int64_t>(heads) * d) return;
   const int64_t h = col / d, c = col % d;
@@ -73,8 +72,8 @@ __global__ void FinalizeScalesKernel(float* scales, int64_t n) {
   if (i < n) scales[i] = m::KeyScaleFromAbsmax(__uint_as_float(__float_as_uint(scales[i])));
 }
 
-__global__ void QuantizeKeysKernel(const void* x, int dtype, int64_t n, int64_t tokens,
-                                   int32_t d, int mode, const float* scales, int8_t* q,
+__global__ void QuantizeKeysKernel(const void* x, int dtype, int64_t n, int64_t tokens, int32_t d,
+                                   int mode, const float* scales, int8_t* q,
                                    unsigned long long* bad) {
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -145,15 +144,14 @@ unsigned int GridFor(int64_t n, int threads = kThreads) {
 }  // namespace
 
 cudaError_t InvokeKeyScales(const void* k, int dtype, int32_t heads, int64_t tokens, int32_t d,
-                            int mode, float* scales, unsigned long long* bad,
-                            cudaStream_t stream) {
+                            int mode, float* scales, unsigned long long* bad, cudaStream_t stream) {
   const int64_t n_scales = mode == 0 ? 1 : mode == 1 ? heads : static_cast<int64_t>(heads) * d;
   auto* bits = reinterpret_cast<unsigned int*>(scales);
   cudaError_t err = cudaMemsetAsync(scales, 0, sizeof(float) * n_scales, stream);
   if (err != cudaSuccess) return err;
   if (mode == 2) {
-    ColumnAbsmaxKernel<<<GridFor(n_scales, 128), 128, 0, stream>>>(k, dtype, heads, tokens, d,
-                                                                   bits, bad);
+    ColumnAbsmaxKernel<<<GridFor(n_scales, 128), 128, 0, stream>>>(k, dtype, heads, tokens, d, bits,
+                                                                   bad);
   } else {
     const int64_t groups = n_scales;
     const int64_t group_len = static_cast<int64_t>(heads) * tokens * d / groups;
@@ -168,12 +166,12 @@ cudaError_t InvokeKeyScales(const void* k, int dtype, int32_t heads, int64_t tok
   return cudaGetLastError();
 }
 
-cudaError_t InvokeQuantizeKeys(const void* k, int dtype, int32_t heads, int64_t tokens,
-                               int32_t d, int mode, const float* scales, int8_t* q,
-                               unsigned long long* bad, cudaStream_t stream) {
+cudaError_t InvokeQuantizeKeys(const void* k, int dtype, int32_t heads, int64_t tokens, int32_t d,
+                               int mode, const float* scales, int8_t* q, unsigned long long* bad,
+                               cudaStream_t stream) {
   const int64_t n = static_cast<int64_t>(heads) * tokens * d;
-  QuantizeKeysKernel<<<GridFor(n), kThreads, 0, stream>>>(k, dtype, n, tokens, d, mode, scales,
-                                                          q, bad);
+  QuantizeKeysKernel<<<GridFor(n), kThreads, 0, stream>>>(k, dtype, n, tokens, d, mode, scales, q,
+                                                          bad);
   return cudaGetLastError();
 }
 

@@ -70,8 +70,8 @@ Status CheckDevice(Device device, const LayerShape& shape) {
 #if defined(POLYKV_HAVE_CUDA)
 Status CudaError(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": CUDA error ", cudaGetErrorName(err), ": ",
-                                          cudaGetErrorString(err)));
+  return absl::InternalError(
+      absl::StrCat(what, ": CUDA error ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
 }
 
 // A device-side "first bad index" cell: allocated, set to ~0, read back after the kernels.
@@ -79,7 +79,8 @@ class DeviceBadIndex {
  public:
   Status Init(cudaStream_t stream) {
     stream_ = stream;
-    POLYKV_RETURN_IF_ERROR(CudaError(cudaMalloc(reinterpret_cast<void**>(&ptr_), sizeof(unsigned long long)), "cudaMalloc"));
+    POLYKV_RETURN_IF_ERROR(CudaError(
+        cudaMalloc(reinterpret_cast<void**>(&ptr_), sizeof(unsigned long long)), "cudaMalloc"));
     return CudaError(cudaMemsetAsync(ptr_, 0xFF, sizeof(unsigned long long), stream), "cudaMemset");
   }
   ~DeviceBadIndex() {
@@ -100,8 +101,8 @@ class DeviceBadIndex {
   cudaStream_t stream_ = nullptr;
 };
 
-Status DeviceNonFiniteError(const char* what, const void* src, DType dtype,
-                            const LayerShape& shape, int64_t index) {
+Status DeviceNonFiniteError(const char* what, const void* src, DType dtype, const LayerShape& shape,
+                            int64_t index) {
   const size_t es = DTypeSize(dtype);
   uint32_t raw = 0;
   cudaMemcpy(&raw, static_cast<const char*>(src) + index * es, es, cudaMemcpyDeviceToHost);
@@ -152,9 +153,12 @@ Status ValidateConfig(const LayerShape& shape, const CodecConfig& config) {
 
 int64_t KeyScaleCount(const LayerShape& shape, KeyScaleMode mode) {
   switch (mode) {
-    case KeyScaleMode::kPerTensor: return 1;
-    case KeyScaleMode::kPerHead: return shape.kv_heads;
-    case KeyScaleMode::kPerChannel: return int64_t{shape.kv_heads} * shape.head_dim;
+    case KeyScaleMode::kPerTensor:
+      return 1;
+    case KeyScaleMode::kPerHead:
+      return shape.kv_heads;
+    case KeyScaleMode::kPerChannel:
+      return int64_t{shape.kv_heads} * shape.head_dim;
   }
   return 0;
 }
@@ -208,8 +212,7 @@ Status QuantizeKeysWithScales(const void* k, DType dtype, const LayerShape& shap
 }
 
 Status DequantizeKeys(const int8_t* q, const float* scales, const LayerShape& shape,
-                      KeyScaleMode mode, void* out, DType out_dtype, Device device,
-                      Stream stream) {
+                      KeyScaleMode mode, void* out, DType out_dtype, Device device, Stream stream) {
   POLYKV_RETURN_IF_ERROR(CheckShape(shape));
   POLYKV_RETURN_IF_ERROR(CheckMode(mode));
   POLYKV_RETURN_IF_ERROR(CheckDType(out_dtype, "K output dtype"));
@@ -222,10 +225,11 @@ Status DequantizeKeys(const int8_t* q, const float* scales, const LayerShape& sh
     return absl::OkStatus();
   }
 #if defined(POLYKV_HAVE_CUDA)
-  return CudaError(cuda::InvokeDequantizeKeys(q, scales, shape.kv_heads, shape.tokens,
-                                              shape.head_dim, static_cast<int>(mode), out,
-                                              DTypeCode(out_dtype), static_cast<cudaStream_t>(stream)),
-                   "key dequantize kernel");
+  return CudaError(
+      cuda::InvokeDequantizeKeys(q, scales, shape.kv_heads, shape.tokens, shape.head_dim,
+                                 static_cast<int>(mode), out, DTypeCode(out_dtype),
+                                 static_cast<cudaStream_t>(stream)),
+      "key dequantize kernel");
 #else
   (void)stream;
   return absl::InternalError("unreachable");
@@ -236,9 +240,8 @@ int64_t PackedVectorBytes(int32_t head_dim, int32_t bits) {
   return math::PackedBytes(head_dim, bits);
 }
 
-Status EncodeValues(const void* v, DType dtype, const LayerShape& shape,
-                    const CodecConfig& config, uint8_t* packed, float* norms, Device device,
-                    Stream stream) {
+Status EncodeValues(const void* v, DType dtype, const LayerShape& shape, const CodecConfig& config,
+                    uint8_t* packed, float* norms, Device device, Stream stream) {
   POLYKV_RETURN_IF_ERROR(ValidateConfig(shape, config));
   POLYKV_RETURN_IF_ERROR(CheckDType(dtype, "V dtype"));
   POLYKV_RETURN_IF_ERROR(CheckPtr(v, "V input"));
@@ -253,11 +256,11 @@ Status EncodeValues(const void* v, DType dtype, const LayerShape& shape,
   auto s = static_cast<cudaStream_t>(stream);
   DeviceBadIndex bad;
   POLYKV_RETURN_IF_ERROR(bad.Init(s));
-  POLYKV_RETURN_IF_ERROR(CudaError(
-      cuda::InvokeEncodeValues(v, DTypeCode(dtype), shape.vectors(), shape.head_dim, cb,
-                               config.rotation_seed, config.norm_correction, packed, norms,
-                               bad.get(), s),
-      "value encode kernel"));
+  POLYKV_RETURN_IF_ERROR(
+      CudaError(cuda::InvokeEncodeValues(v, DTypeCode(dtype), shape.vectors(), shape.head_dim, cb,
+                                         config.rotation_seed, config.norm_correction, packed,
+                                         norms, bad.get(), s),
+                "value encode kernel"));
   POLYKV_ASSIGN_OR_RETURN(int64_t bad_index, bad.Read());
   if (bad_index >= 0) return DeviceNonFiniteError("V", v, dtype, shape, bad_index);
   return absl::OkStatus();

@@ -75,8 +75,8 @@ Status NonFiniteError(const char* what, const void* src, DType dtype, const Laye
                       int64_t index) {
   float x[1] = {0.0f};
   LoadRow(src, dtype, index, 1, x);
-  return absl::InvalidArgumentError(absl::StrCat(what, " contains ", std::isnan(x[0]) ? "NaN" : "Inf",
-                                                 " at ", DescribeIndex(shape, index)));
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " contains ", std::isnan(x[0]) ? "NaN" : "Inf", " at ", DescribeIndex(shape, index)));
 }
 
 // Row kernels as separate functions with __restrict parameters (int8_t may alias anything,
@@ -157,7 +157,7 @@ Status QuantizeKeysCpu(const void* k, DType dtype, const LayerShape& shape, KeyS
       for (int i = 0; i < d; ++i) {
         float& s = mode == KeyScaleMode::kPerTensor ? scales_out[0]
                    : mode == KeyScaleMode::kPerHead ? scales_out[h]
-                                                     : scales_out[h * d + i];
+                                                    : scales_out[h * d + i];
         s = std::max(s, mx[i]);
       }
     }
@@ -216,8 +216,8 @@ void DequantizeKeysCpu(const int8_t* q, const float* scales, const LayerShape& s
 }
 
 Status EncodeValuesCpu(const void* v, DType dtype, const LayerShape& shape,
-                       const CodecConfig& config, const math::ValueCodebook& cb,
-                       uint8_t* packed, float* norms) {
+                       const CodecConfig& config, const math::ValueCodebook& cb, uint8_t* packed,
+                       float* norms) {
   const int d = shape.head_dim;
   const int64_t vec_bytes = math::PackedBytes(d, cb.bits);
   std::vector<float> signs(d);

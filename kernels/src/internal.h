@@ -29,8 +29,8 @@ Status QuantizeKeysCpu(const void* k, DType dtype, const LayerShape& shape, KeyS
 void DequantizeKeysCpu(const int8_t* q, const float* scales, const LayerShape& shape,
                        KeyScaleMode mode, void* out, DType out_dtype);
 Status EncodeValuesCpu(const void* v, DType dtype, const LayerShape& shape,
-                       const CodecConfig& config, const math::ValueCodebook& cb,
-                       uint8_t* packed, float* norms);
+                       const CodecConfig& config, const math::ValueCodebook& cb, uint8_t* packed,
+                       float* norms);
 void DecodeValuesCpu(const uint8_t* packed, const float* norms, const LayerShape& shape,
                      const CodecConfig& config, const math::ValueCodebook& cb, void* out,
                      DType out_dtype);

@@ -58,13 +58,15 @@ template <typename T>
 void WriteFile(const std::string& path, const std::string& header, const std::vector<T>& v) {
   std::ofstream f(path, std::ios::binary);
   f.write(header.data(), static_cast<std::streamsize>(header.size()));
-  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+  f.write(reinterpret_cast<const char*>(v.data()),
+          static_cast<std::streamsize>(v.size() * sizeof(T)));
 }
 
 // A .npy v1.0 header for `descr` and shape (h, t, d), padded to a multiple of 64 bytes.
 std::string NpyHeader(const std::string& descr, int h, int t, int d) {
   std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" +
-                     std::to_string(h) + ", " + std::to_string(t) + ", " + std::to_string(d) + "), }";
+                     std::to_string(h) + ", " + std::to_string(t) + ", " + std::to_string(d) +
+                     "), }";
   while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
   dict += '\n';
   std::string hdr = "\x93NUMPY";
@@ -125,9 +127,9 @@ TEST(CodecCli, NpyBf16WithOutFileEqualsLibraryDecode) {
   const auto xh = testing::ToHalf(testing::Gaussian(s.elements(), 78), DType::kBF16);
   const std::string path = TempPath("in.npy"), out = TempPath("out.bf16");
   WriteFile(path, NpyHeader("<u2", 1, 8, 48), xh);
-  const CliResult r = RunCli({"codec", "roundtrip", "--shape", "1,8,48", "--dtype", "bf16",
-                              "--v-bits", "4", "--seed", "99", "--norm-correction", "--out", out,
-                              path});
+  const CliResult r =
+      RunCli({"codec", "roundtrip", "--shape", "1,8,48", "--dtype", "bf16", "--v-bits", "4",
+              "--seed", "99", "--norm-correction", "--out", out, path});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(Num(r, "original_bytes"), 8 * 48 * 2);
   EXPECT_EQ(Num(r, "v_bytes"), 8 * 24 + 8 * 4);

@@ -200,7 +200,8 @@ std::vector<float> GoldenInput(int vectors, int d) {
   std::vector<float> v(static_cast<size_t>(vectors) * d);
   for (int j = 0; j < vectors; ++j) {
     for (int i = 0; i < d; ++i) {
-      v[j * d + i] = static_cast<float>(std::sin(0.37 * i + 1.3 * j) + 0.25 * std::cos(2.1 * i * j));
+      v[j * d + i] =
+          static_cast<float>(std::sin(0.37 * i + 1.3 * j) + 0.25 * std::cos(2.1 * i * j));
     }
   }
   return v;
@@ -325,8 +326,8 @@ TEST(SumSquares, FixedLaneOrder) {
   for (int i = 0; i < 11; ++i) x[i] = 0.1f * (i + 1);
   float lane[8] = {};
   for (int i = 0; i < 11; ++i) lane[i % 8] += x[i] * x[i];
-  const float expect = ((lane[0] + lane[4]) + (lane[2] + lane[6])) +
-                       ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  const float expect =
+      ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
   EXPECT_EQ(m::SumSquares(x.data(), 11), expect);
 }
 

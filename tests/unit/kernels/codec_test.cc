@@ -1,4 +1,6 @@
 // Value tests of the codec: int8 keys and TurboQuant-MSE values on the CPU path.
+#include "polykv/kernels/codec.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,7 +10,6 @@
 #include <set>
 #include <vector>
 
-#include "polykv/kernels/codec.h"
 #include "polykv/kernels/codec_math.h"
 #include "test_util.h"
 #if defined(POLYKV_HAVE_CUDA)
@@ -25,14 +26,16 @@ using testing::RelMse;
 using testing::ToHalf;
 
 const char* ModeName(KeyScaleMode m) {
-  return m == KeyScaleMode::kPerTensor ? "tensor" : m == KeyScaleMode::kPerHead ? "head" : "channel";
+  return m == KeyScaleMode::kPerTensor ? "tensor"
+         : m == KeyScaleMode::kPerHead ? "head"
+                                       : "channel";
 }
 
 // Scale that applies to element (h, c) for `mode`.
 float ScaleAt(const std::vector<float>& scales, KeyScaleMode mode, int64_t h, int64_t c, int d) {
   return mode == KeyScaleMode::kPerTensor ? scales[0]
          : mode == KeyScaleMode::kPerHead ? scales[h]
-                                           : scales[h * d + c];
+                                          : scales[h * d + c];
 }
 
 // Builds K with a different magnitude per head and per channel, so that the three modes
@@ -59,7 +62,7 @@ void CheckKeys(const std::vector<float>& x, const LayerShape& s, KeyScaleMode mo
       for (int c = 0; c < d; ++c) {
         const int64_t g = mode == KeyScaleMode::kPerTensor ? 0
                           : mode == KeyScaleMode::kPerHead ? h
-                                                            : h * d + c;
+                                                           : h * d + c;
         absmax[g] = std::max(absmax[g], std::fabs(x[(h * s.tokens + t) * d + c]));
       }
   for (size_t g = 0; g < scales.size(); ++g) {
@@ -124,8 +127,8 @@ TEST(Keys, OneZeroHeadGetsScaleOne) {
   std::fill(x.begin(), x.begin() + 32, 0.0f);  // head 0 all zero
   std::vector<int8_t> q(s.elements());
   std::vector<float> scales(2);
-  ASSERT_TRUE(QuantizeKeys(x.data(), DType::kF32, s, KeyScaleMode::kPerHead, q.data(),
-                           scales.data()).ok());
+  ASSERT_TRUE(
+      QuantizeKeys(x.data(), DType::kF32, s, KeyScaleMode::kPerHead, q.data(), scales.data()).ok());
   EXPECT_EQ(scales[0], 1.0f);
   EXPECT_GT(scales[1], 0.0f);
   EXPECT_NE(scales[1], 1.0f);
@@ -148,8 +151,8 @@ TEST(Keys, NaNAndInfAreRejectedWithTheirIndex) {
       EXPECT_NE(st.message().find(std::isnan(bad) ? "NaN" : "Inf"), std::string::npos);
     }
     const float one = 1.0f;
-    const Status st2 = QuantizeKeysWithScales(x.data(), DType::kF32, s, KeyScaleMode::kPerTensor,
-                                              &one, q.data());
+    const Status st2 =
+        QuantizeKeysWithScales(x.data(), DType::kF32, s, KeyScaleMode::kPerTensor, &one, q.data());
     ASSERT_EQ(st2.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(st2.message().find("element 101"), std::string::npos) << st2.message();
   }
@@ -161,7 +164,8 @@ TEST(Keys, HalfPrecisionInputsAndOutputs) {
   for (DType t : {DType::kBF16, DType::kF16}) {
     const auto xh = ToHalf(x32, t);
     const auto x = FromHalf(xh, t);  // the values the codec actually sees
-    for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
+    for (auto mode :
+         {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
       std::vector<int8_t> q(s.elements()), q32(s.elements());
       std::vector<float> scales(KeyScaleCount(s, mode)), scales32(scales.size());
       ASSERT_TRUE(QuantizeKeys(xh.data(), t, s, mode, q.data(), scales.data()).ok());
@@ -175,7 +179,8 @@ TEST(Keys, HalfPrecisionInputsAndOutputs) {
         const int64_t h = i / (s.tokens * s.head_dim), c = i % s.head_dim;
         const float exact = static_cast<float>(q[i]) * ScaleAt(scales, mode, h, c, s.head_dim);
         ASSERT_EQ(out[i], t == DType::kF16 ? math::FloatToF16(exact) : math::FloatToBf16(exact));
-        ASSERT_LE(std::fabs(exact - x[i]), ScaleAt(scales, mode, h, c, s.head_dim) * 0.5f * (1 + 1e-5f));
+        ASSERT_LE(std::fabs(exact - x[i]),
+                  ScaleAt(scales, mode, h, c, s.head_dim) * 0.5f * (1 + 1e-5f));
       }
     }
   }
@@ -195,11 +200,12 @@ TEST(Keys, TokenByTokenWithGivenScalesEqualsBatch) {
     for (int64_t h = 0; h < s.kv_heads; ++h) {
       const float* sc = mode == KeyScaleMode::kPerTensor ? &scales[0]
                         : mode == KeyScaleMode::kPerHead ? &scales[h]
-                                                          : &scales[h * s.head_dim];
+                                                         : &scales[h * s.head_dim];
       for (int64_t t = 0; t < s.tokens; ++t) {
         const int64_t off = (h * s.tokens + t) * s.head_dim;
-        ASSERT_TRUE(QuantizeKeysWithScales(x.data() + off, DType::kF32, one, mode, sc,
-                                           q2.data() + off).ok());
+        ASSERT_TRUE(
+            QuantizeKeysWithScales(x.data() + off, DType::kF32, one, mode, sc, q2.data() + off)
+                .ok());
       }
     }
     EXPECT_EQ(q, q2) << ModeName(mode);
@@ -212,8 +218,8 @@ TEST(Keys, GivenScalesAreValidated) {
   std::vector<int8_t> q(4);
   for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(),
                     std::numeric_limits<float>::infinity()}) {
-    const Status st = QuantizeKeysWithScales(x.data(), DType::kF32, s, KeyScaleMode::kPerTensor,
-                                             &bad, q.data());
+    const Status st =
+        QuantizeKeysWithScales(x.data(), DType::kF32, s, KeyScaleMode::kPerTensor, &bad, q.data());
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(st.message().find("key scale 0"), std::string::npos) << st.message();
   }
@@ -234,7 +240,8 @@ VResult RoundTripV(const std::vector<float>& x, const LayerShape& s, const Codec
   r.decoded.assign(s.elements(), 0.0f);
   const Status e = EncodeValues(x.data(), DType::kF32, s, cfg, r.packed.data(), r.norms.data());
   EXPECT_TRUE(e.ok()) << e;
-  const Status d = DecodeValues(r.packed.data(), r.norms.data(), s, cfg, r.decoded.data(), DType::kF32);
+  const Status d =
+      DecodeValues(r.packed.data(), r.norms.data(), s, cfg, r.decoded.data(), DType::kF32);
   EXPECT_TRUE(d.ok()) << d;
   return r;
 }
@@ -310,7 +317,8 @@ TEST(Values, MatchesExplicitMatrixReference) {
           const int sign = __builtin_popcount(static_cast<unsigned>((i - blk) & (j - blk))) & 1;
           acc += (sign ? -1.0 : 1.0) / std::sqrt(double(B)) * zhat[j];
         }
-        const double ref = norm * math::RotationSign(cfg.rotation_seed, i) * acc / std::sqrt(double(d));
+        const double ref =
+            norm * math::RotationSign(cfg.rotation_seed, i) * acc / std::sqrt(double(d));
         ASSERT_NEAR(r.decoded[v * d + i], ref, 1e-5 * norm) << "d " << d << " vec " << v;
       }
     }
@@ -377,13 +385,15 @@ TEST(Values, ZeroVectorDecodesToZeros) {
 
 TEST(Values, NaNAndInfAreRejectedWithTheirIndex) {
   const LayerShape s{2, 10, 8};
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     auto x = Gaussian(s.elements(), 12);
     x[157] = bad;  // head 1, token 9, dim 5
     x[159] = bad;
     std::vector<uint8_t> packed(s.vectors() * 3);
     std::vector<float> norms(s.vectors());
-    const Status st = EncodeValues(x.data(), DType::kF32, s, CodecConfig{}, packed.data(), norms.data());
+    const Status st =
+        EncodeValues(x.data(), DType::kF32, s, CodecConfig{}, packed.data(), norms.data());
     ASSERT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(st.message().find("element 157 (head 1, token 9, dim 5)"), std::string::npos)
         << st.message();
@@ -413,7 +423,8 @@ TEST(Values, BatchEqualsTokenByToken) {
     std::vector<float> norms(s.vectors());
     for (int64_t v = 0; v < s.vectors(); ++v) {
       ASSERT_TRUE(EncodeValues(x.data() + v * 80, DType::kF32, LayerShape{1, 1, 80}, cfg,
-                               packed.data() + v * vb, norms.data() + v).ok());
+                               packed.data() + v * vb, norms.data() + v)
+                      .ok());
     }
     EXPECT_EQ(packed, r.packed);
     EXPECT_EQ(norms, r.norms);
@@ -429,13 +440,17 @@ TEST(Values, ThreadCountDoesNotChangeBytes) {
   const VResult r1 = RoundTripV(x, s, cfg);
   std::vector<int8_t> q1(s.elements());
   std::vector<float> sc1(KeyScaleCount(s, KeyScaleMode::kPerChannel));
-  ASSERT_TRUE(QuantizeKeys(x.data(), DType::kF32, s, KeyScaleMode::kPerChannel, q1.data(), sc1.data()).ok());
+  ASSERT_TRUE(
+      QuantizeKeys(x.data(), DType::kF32, s, KeyScaleMode::kPerChannel, q1.data(), sc1.data())
+          .ok());
   SetCodecThreads(5);
   EXPECT_EQ(CodecThreads(), 5);
   const VResult r5 = RoundTripV(x, s, cfg);
   std::vector<int8_t> q5(s.elements());
   std::vector<float> sc5(sc1.size());
-  ASSERT_TRUE(QuantizeKeys(x.data(), DType::kF32, s, KeyScaleMode::kPerChannel, q5.data(), sc5.data()).ok());
+  ASSERT_TRUE(
+      QuantizeKeys(x.data(), DType::kF32, s, KeyScaleMode::kPerChannel, q5.data(), sc5.data())
+          .ok());
   SetCodecThreads(0);
   EXPECT_GE(CodecThreads(), 1);
   EXPECT_EQ(r1.packed, r5.packed);
@@ -463,7 +478,8 @@ TEST(Values, HalfPrecisionInputsAndOutputs) {
     ASSERT_TRUE(DecodeValues(packed.data(), norms.data(), s, cfg, dec32.data(), DType::kF32).ok());
     ASSERT_TRUE(DecodeValues(packed.data(), norms.data(), s, cfg, dec.data(), t).ok());
     for (int64_t i = 0; i < s.elements(); ++i) {
-      ASSERT_EQ(dec[i], t == DType::kF16 ? math::FloatToF16(dec32[i]) : math::FloatToBf16(dec32[i]));
+      ASSERT_EQ(dec[i],
+                t == DType::kF16 ? math::FloatToF16(dec32[i]) : math::FloatToBf16(dec32[i]));
     }
     EXPECT_LE(RelMse(FromHalf(dec, t), x), 0.0374 + 1e-3);
   }
@@ -521,7 +537,9 @@ TEST(Values, NonPowerOfTwoAndOddHeadDims) {
 TEST(Config, RejectsBadShapesAndBits) {
   CodecConfig cfg;
   EXPECT_TRUE(ValidateConfig({1, 1, 8}, cfg).ok());
-  auto msg = [&](LayerShape s, CodecConfig c) { return std::string(ValidateConfig(s, c).message()); };
+  auto msg = [&](LayerShape s, CodecConfig c) {
+    return std::string(ValidateConfig(s, c).message());
+  };
   EXPECT_NE(msg({0, 1, 8}, cfg).find("kv_heads"), std::string::npos);
   EXPECT_NE(msg({1, 0, 8}, cfg).find("tokens"), std::string::npos);
   EXPECT_NE(msg({1, 1, 0}, cfg).find("head_dim"), std::string::npos);
@@ -548,8 +566,8 @@ TEST(Config, CudaDeviceWithoutCudaIsAnError) {
   std::vector<float> x(8, 1.0f);
   std::vector<uint8_t> p(3);
   float n;
-  const Status st = EncodeValues(x.data(), DType::kF32, {1, 1, 8}, CodecConfig{}, p.data(), &n,
-                                 Device::kCuda);
+  const Status st =
+      EncodeValues(x.data(), DType::kF32, {1, 1, 8}, CodecConfig{}, p.data(), &n, Device::kCuda);
 #if defined(POLYKV_HAVE_CUDA)
   // Built with CUDA: host pointers / no device must give an error, never a crash.
   int count = 0;
@@ -580,12 +598,14 @@ TEST(Accounting, ModelRatios) {
   CodecConfig cfg;
   const auto smol = ModelCompressionRatio(30, LayerShape{3, 4096, 64}, cfg);
   const auto llama = ModelCompressionRatio(32, LayerShape{8, 4096, 128}, cfg);
-  std::printf("SmolLM2-135M @4096: compressed %lld B, bf16 %lld B, effective %.4fx, nominal %.4fx\n",
-              static_cast<long long>(smol.compressed_bytes), static_cast<long long>(smol.bf16_bytes),
-              smol.effective, smol.nominal);
-  std::printf("Llama-3-8B   @4096: compressed %lld B, bf16 %lld B, effective %.4fx, nominal %.4fx\n",
-              static_cast<long long>(llama.compressed_bytes), static_cast<long long>(llama.bf16_bytes),
-              llama.effective, llama.nominal);
+  std::printf(
+      "SmolLM2-135M @4096: compressed %lld B, bf16 %lld B, effective %.4fx, nominal %.4fx\n",
+      static_cast<long long>(smol.compressed_bytes), static_cast<long long>(smol.bf16_bytes),
+      smol.effective, smol.nominal);
+  std::printf(
+      "Llama-3-8B   @4096: compressed %lld B, bf16 %lld B, effective %.4fx, nominal %.4fx\n",
+      static_cast<long long>(llama.compressed_bytes), static_cast<long long>(llama.bf16_bytes),
+      llama.effective, llama.nominal);
   // Per element: K 1 B, V 3/8 B, plus 4 B of norm per head_dim elements (+ 4 B/layer scale).
   // SmolLM2: 30 * (786432 + 4 + 294912 + 49152) = 33,915,000 B vs 30 * 3,145,728 B.
   EXPECT_EQ(smol.compressed_bytes, 30LL * (786432 + 4 + 294912 + 49152));

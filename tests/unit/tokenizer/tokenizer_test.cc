@@ -169,6 +169,38 @@ TEST(TokenizerRoundTripTest, SmolLm2) {
   CheckRoundTrips(*tok, "smollm2");
 }
 
+// Random strings (ASCII, whitespace, multi-byte characters and, for byte-level BPE, raw
+// bytes) survive decode(encode(x)) exactly.
+TEST(TokenizerRoundTripTest, RandomStrings) {
+  auto gpt2 = Load(DataPath("tokenizer/ggml-vocab-gpt-2.gguf"));
+  auto spm = Load(DataPath("tokenizer/ggml-vocab-llama-spm.gguf"));
+  ASSERT_NE(gpt2, nullptr);
+  ASSERT_NE(spm, nullptr);
+  const std::vector<std::string> alphabet = {"a", "Z", "7", " ", "  ", "\n", "\t", "'s", "'",
+                                             ".", "!", "\xc3\xa9", "\xe2\x80\x94",
+                                             "\xe6\x97\xa5", "\xf0\x9f\xa6\x99", "<", "|", "0x"};
+  uint64_t state = 12345;
+  auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return state >> 33;
+  };
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string text, raw;
+    const int n = static_cast<int>(next() % 40);
+    for (int k = 0; k < n; ++k) text += alphabet[next() % alphabet.size()];
+    raw = text;
+    raw += static_cast<char>(0x80 + next() % 0x80);  // a stray continuation/lead byte
+    for (const Tokenizer* t : {gpt2.get(), spm.get()}) {
+      auto ids = t->Encode(text, true);
+      ASSERT_TRUE(ids.ok());
+      EXPECT_EQ(*t->Decode(*ids), text) << "'" << Escape(text) << "'";
+    }
+    auto ids = gpt2->Encode(raw, false);
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(*gpt2->Decode(*ids), raw) << "'" << Escape(raw) << "'";
+  }
+}
+
 TEST(TokenizerPropertiesTest, Gpt2AndSpm) {
   auto gpt2 = Load(DataPath("tokenizer/ggml-vocab-gpt-2.gguf"));
   auto spm = Load(DataPath("tokenizer/ggml-vocab-llama-spm.gguf"));

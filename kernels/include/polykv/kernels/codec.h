@@ -13,22 +13,42 @@
 //    each z_i -> nearest Lloyd-Max level for N(0,1) at b bits; indices packed densely.
 //    Decode reverses every step.
 //
-// Rounding: keys round to nearest, ties to EVEN (rintf). Values pick the nearest Lloyd-Max
-// level; a z exactly on a midpoint between two levels takes the lower level.
+// Rounding: keys round to nearest, ties to EVEN (x / scale clamped to +-127, then rounded
+// with the 1.5 * 2^23 constant, equal to rintf). Values pick the nearest Lloyd-Max level; a
+// z exactly on a midpoint between two levels takes the lower level. A zero V vector stores
+// norm 0 and code 2^(b-1) everywhere and decodes to exact zeros.
 //
-// Random signs D: D_i = -1 if bit 63 of Mix64(seed + (i + 1) * 0x9E3779B97F4A7C15) is set, else +1
-// (splitmix64, counter-based: no table, host and device agree); the same D for every vector.
+// Random signs D: D_i = -1 if bit 63 of Mix64(seed + (i + 1) * 0x9E3779B97F4A7C15) is set,
+// else +1 (splitmix64, counter-based: no table, host and device agree); the same D for every
+// vector. The norm is a sum of squares in a fixed 8-lane order (codec_math.h SumSquares).
+//
+// CPU and CUDA run the same per-vector functions (codec_math.h) and give identical bytes;
+// CUDA calls take device pointers, run on `stream`, accept head_dim <= 512, and return
+// kInternal for CUDA errors. Encode calls on CUDA synchronize the stream (to report NaN/Inf).
 //
 // Rotation for head_dim not a power of two: H is block-diagonal, head_dim / B orthonormal
 // Walsh-Hadamard blocks of B = the largest power of two dividing head_dim (48 -> 3 x 16,
 // 80 -> 5 x 16, 96 -> 3 x 32; odd head_dim -> B = 1, i.e. no rotation, only signs).
 // Cost: a block mixes only its own B coordinates, so a vector whose energy sits in one
-// block is not spread over all head_dim coordinates and the N(0,1) codebook fits worse.
-// On i.i.d. Gaussian vectors the loss is nil (the rotation is not needed there); on
-// spiky vectors (one large channel plus noise) it is measurable. Measured relative MSE
-// (kernels_codec_test, 3 bits, 2000 vectors; Gaussian / one-outlier-channel vectors):
-//   head_dim  8 (B=8):   see VALUES.md-style table printed by ValueMseTable test
-// (the test prints the current table; figures are quoted in the project report).
+// block is not spread over all head_dim coordinates and the N(0,1) codebook fits worse
+// (the big coordinates clip at the outer level, the empty blocks cost +-0.2451 each).
+// On i.i.d. Gaussian vectors there is no loss (they need no rotation). Measured relative
+// MSE sum|x_hat - x|^2 / sum|x|^2 at 3 bits, 1000 vectors each (test
+// Values.BlockRotationCostTable): "spike" = one channel of 3.0 plus N(0, 0.1^2) noise,
+// "one block" = N(0,1) in channels 0..15 and zeros elsewhere:
+//
+//   head_dim  B    gaussian  spike    one block
+//      8      8    0.0293    0.0488   0.0294    (d = 8 is short: a spike stays flat)
+//     48     16    0.0331    0.0367   0.1224    <- block-diagonal cost
+//     64     64    0.0332    0.0287   0.0310
+//     80     16    0.0336    0.0287   0.1999    <- block-diagonal cost
+//     96     32    0.0333    0.0322   0.1218    <- block-diagonal cost
+//    128    128    0.0338    0.0285   0.0312
+//
+// Gaussian relative MSE by bits (1200 vectors, all head_dims 8..128): 2 bits 0.095-0.116,
+// 3 bits 0.030-0.034, 4 bits 0.0084-0.0093 (Lloyd-Max N(0,1) distortion: 0.1175, 0.0345,
+// 0.0095). A full-length rotation for such head_dims would need a dense d x d matrix
+// (O(d^2) per vector) or a Hadamard of the next power of two with padding (more codes).
 //
 // ---------------------------------------------------------------------------------------
 // Packed value layout (one vector = PackedVectorBytes(head_dim, bits) bytes)
@@ -89,11 +109,11 @@ struct LayerShape {
 
 /// Codec parameters; all of them are part of a pool's format.
 struct CodecConfig {
-  int32_t key_bits = 8;              ///< only 8 is supported
-  int32_t value_bits = 3;            ///< 2, 3 or 4
+  int32_t key_bits = 8;    ///< only 8 is supported
+  int32_t value_bits = 3;  ///< 2, 3 or 4
   KeyScaleMode key_scale = KeyScaleMode::kPerTensor;
   uint64_t rotation_seed = 0x9E3779B97F4A7C15ull;  ///< seeds the random signs D
-  bool norm_correction = false;      ///< store ||v|| / ||reconstruction of u|| instead of ||v||
+  bool norm_correction = false;  ///< store ||v|| / ||reconstruction of u|| instead of ||v||
 };
 
 /// Sets the number of CPU threads the codec uses (n < 1: all hardware threads, the
@@ -127,18 +147,17 @@ int64_t KeyScaleCount(const LayerShape& shape, KeyScaleMode mode);
 /// e.g. scales computed once over a whole document, so that tokens appended later (or a
 /// tensor quantized token by token) give the same bytes as one batch: q = rne(x / scale)
 /// clamped to [-127, 127]. Errors: kInvalidArgument for NaN/Inf input (naming the first
-/// bad index), a bad scale or shape; kUnimplemented for Device::kCuda in a CPU-only build.
+/// bad index), a bad shape, or a bad scale (checked on the CPU path only: on CUDA the
+/// scales are device memory); kUnimplemented for Device::kCuda in a CPU-only build.
 [[nodiscard]] Status QuantizeKeysWithScales(const void* k, DType dtype, const LayerShape& shape,
                                             KeyScaleMode mode, const float* scales, int8_t* q,
-                                            Device device = Device::kCpu,
-                                            Stream stream = nullptr);
+                                            Device device = Device::kCpu, Stream stream = nullptr);
 
 /// Inverse of QuantizeKeys: out[i] = q[i] * scale(i), written as `out_dtype`.
 /// |out - x| <= scale/2 elementwise (before rounding to out_dtype).
-[[nodiscard]] Status DequantizeKeys(const int8_t* q, const float* scales,
-                                    const LayerShape& shape, KeyScaleMode mode, void* out,
-                                    DType out_dtype, Device device = Device::kCpu,
-                                    Stream stream = nullptr);
+[[nodiscard]] Status DequantizeKeys(const int8_t* q, const float* scales, const LayerShape& shape,
+                                    KeyScaleMode mode, void* out, DType out_dtype,
+                                    Device device = Device::kCpu, Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------
 // Values: TurboQuant-MSE at b bits.
@@ -162,8 +181,8 @@ StatusOr<std::vector<float>> LloydMaxCodebook(int32_t bits);
 
 /// Decodes `packed` + `norms` back to [kv_heads][tokens][head_dim] as `out_dtype`.
 [[nodiscard]] Status DecodeValues(const uint8_t* packed, const float* norms,
-                                  const LayerShape& shape, const CodecConfig& config,
-                                  void* out, DType out_dtype, Device device = Device::kCpu,
+                                  const LayerShape& shape, const CodecConfig& config, void* out,
+                                  DType out_dtype, Device device = Device::kCpu,
                                   Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------

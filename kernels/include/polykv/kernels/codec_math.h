@@ -149,7 +149,9 @@ POLYKV_HD inline int8_t QuantizeKey(float x, float scale) {
 }
 
 /// x_hat = q * scale.
-POLYKV_HD inline float DequantizeKey(int8_t q, float scale) { return static_cast<float>(q) * scale; }
+POLYKV_HD inline float DequantizeKey(int8_t q, float scale) {
+  return static_cast<float>(q) * scale;
+}
 
 // ---------------------------------------------------------------------------------------
 // Values: TurboQuant-MSE.
@@ -283,16 +285,35 @@ POLYKV_HD inline void BlockFwht(float* POLYKV_HD_RESTRICT x, int d, int block) {
   for (int off = 0; off < d; off += block) {
     float* xb = x + off;
     switch (block) {
-      case 1: break;
-      case 2: FwhtFixed<2>(xb); break;
-      case 4: FwhtFixed<4>(xb); break;
-      case 8: FwhtFixed<8>(xb); break;
-      case 16: FwhtFixed<16>(xb); break;
-      case 32: FwhtFixed<32>(xb); break;
-      case 64: FwhtFixed<64>(xb); break;
-      case 128: FwhtFixed<128>(xb); break;
-      case 256: FwhtFixed<256>(xb); break;
-      default: FwhtRuntime(xb, block); break;
+      case 1:
+        break;
+      case 2:
+        FwhtFixed<2>(xb);
+        break;
+      case 4:
+        FwhtFixed<4>(xb);
+        break;
+      case 8:
+        FwhtFixed<8>(xb);
+        break;
+      case 16:
+        FwhtFixed<16>(xb);
+        break;
+      case 32:
+        FwhtFixed<32>(xb);
+        break;
+      case 64:
+        FwhtFixed<64>(xb);
+        break;
+      case 128:
+        FwhtFixed<128>(xb);
+        break;
+      case 256:
+        FwhtFixed<256>(xb);
+        break;
+      default:
+        FwhtRuntime(xb, block);
+        break;
     }
   }
 }
@@ -349,10 +370,18 @@ POLYKV_HD inline void PackCodesT(const uint8_t* POLYKV_HD_RESTRICT codes, int n,
 POLYKV_HD inline void PackCodes(const uint8_t* POLYKV_HD_RESTRICT codes, int n, int bits,
                                 uint8_t* POLYKV_HD_RESTRICT out) {
   switch (bits) {
-    case 1: PackCodesT<1>(codes, n, out); break;
-    case 2: PackCodesT<2>(codes, n, out); break;
-    case 3: PackCodesT<3>(codes, n, out); break;
-    default: PackCodesT<4>(codes, n, out); break;
+    case 1:
+      PackCodesT<1>(codes, n, out);
+      break;
+    case 2:
+      PackCodesT<2>(codes, n, out);
+      break;
+    case 3:
+      PackCodesT<3>(codes, n, out);
+      break;
+    default:
+      PackCodesT<4>(codes, n, out);
+      break;
   }
 }
 
@@ -446,10 +475,18 @@ POLYKV_HD inline float EncodeValueVector(float* POLYKV_HD_RESTRICT x, int d,
   BlockFwht(x, d, block);
   const float scale = sqrtf(static_cast<float>(d) / static_cast<float>(block)) / norm;
   switch (cb.bits) {
-    case 1: QuantizeToCodes<1>(x, d, scale, cb, codes); break;
-    case 2: QuantizeToCodes<2>(x, d, scale, cb, codes); break;
-    case 3: QuantizeToCodes<3>(x, d, scale, cb, codes); break;
-    default: QuantizeToCodes<4>(x, d, scale, cb, codes); break;
+    case 1:
+      QuantizeToCodes<1>(x, d, scale, cb, codes);
+      break;
+    case 2:
+      QuantizeToCodes<2>(x, d, scale, cb, codes);
+      break;
+    case 3:
+      QuantizeToCodes<3>(x, d, scale, cb, codes);
+      break;
+    default:
+      QuantizeToCodes<4>(x, d, scale, cb, codes);
+      break;
   }
   PackCodes(codes, d, cb.bits, packed);
   if (!norm_correction) return norm;
@@ -465,10 +502,18 @@ POLYKV_HD inline void DecodeValueVector(const uint8_t* POLYKV_HD_RESTRICT packed
                                         const float* POLYKV_HD_RESTRICT signs,
                                         const ValueCodebook& cb, float* POLYKV_HD_RESTRICT out) {
   switch (cb.bits) {
-    case 1: UnpackLevels<1>(packed, d, cb, out); break;
-    case 2: UnpackLevels<2>(packed, d, cb, out); break;
-    case 3: UnpackLevels<3>(packed, d, cb, out); break;
-    default: UnpackLevels<4>(packed, d, cb, out); break;
+    case 1:
+      UnpackLevels<1>(packed, d, cb, out);
+      break;
+    case 2:
+      UnpackLevels<2>(packed, d, cb, out);
+      break;
+    case 3:
+      UnpackLevels<3>(packed, d, cb, out);
+      break;
+    default:
+      UnpackLevels<4>(packed, d, cb, out);
+      break;
   }
   const int block = HadamardBlock(d);
   BlockFwht(out, d, block);

@@ -1,0 +1,191 @@
+// bench_daemon: polykvd pool-create time split into prefill / encode / publish, and the
+// ATTACH (+DETACH) round-trip latency over 1000 attaches on the host backend, against PING
+// (the protocol floor) measured in the same run. SmolLM2-135M Q4_1 on robert_boulter.txt
+// when POLYKV_SMOLLM2_GGUF is set, else stories260K with fixed token ids.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "daemon.h"
+#include "polykv/ipc/protocol.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using polykv::ipc::MessageType;
+using polykv::ipc::Reply;
+using polykv::ipc::Request;
+
+class Client {
+ public:
+  explicit Client(const std::string& endpoint) : s_(ctx_, zmq::socket_type::dealer) {
+    s_.set(zmq::sockopt::linger, 0);
+    s_.connect(endpoint);
+  }
+  Reply Call(Request req) {
+    req.id = ++id_;
+    std::string frame = polykv::ipc::EncodeRequest(req);
+    s_.send(zmq::message_t(), zmq::send_flags::sndmore);
+    s_.send(zmq::buffer(frame), zmq::send_flags::none);
+    for (;;) {
+      std::vector<zmq::message_t> parts;
+      (void)zmq::recv_multipart(s_, std::back_inserter(parts));
+      auto r = polykv::ipc::DecodeReply(parts.back().to_string_view());
+      if (!r.ok()) {
+        std::fprintf(stderr, "bad reply: %s\n", r.status().ToString().c_str());
+        std::exit(1);
+      }
+      if (r->type == MessageType::kProgress || r->id != req.id) continue;
+      if (!r->ok) {
+        std::fprintf(stderr, "%s failed: %s %s\n",
+                     std::string(polykv::ipc::MessageTypeName(req.type)).c_str(),
+                     r->code.c_str(), r->error.c_str());
+        std::exit(1);
+      }
+      return *r;
+    }
+  }
+
+ private:
+  zmq::context_t ctx_;
+  zmq::socket_t s_;
+  uint64_t id_ = 0;
+};
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(p * (v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_daemon: polykvd create split and ATTACH latency"};
+  int attaches = 1000;
+  std::string codec = "k8v3";
+  int threads = 0;
+  app.add_option("--attaches", attaches, "ATTACH+DETACH round trips")->capture_default_str();
+  app.add_option("--codec", codec, "k8v2|k8v3|k8v4|none")->capture_default_str();
+  app.add_option("--threads", threads, "libtorch threads (0 = all cores)");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::warn);
+
+  // The source tree (for data/ and tests/data/): $POLYKV_SOURCE_DIR, else from __FILE__.
+  const char* src_env = std::getenv("POLYKV_SOURCE_DIR");
+  const std::string src = src_env != nullptr
+                              ? std::string(src_env)
+                              : std::filesystem::path(__FILE__).parent_path().parent_path().string();
+  Request create;
+  create.type = MessageType::kCreatePool;
+  create.codec = codec;
+  std::string model_label;
+  const char* gguf = std::getenv("POLYKV_SMOLLM2_GGUF");
+  if (gguf != nullptr && std::filesystem::exists(gguf)) {
+    create.model = gguf;
+    std::ifstream f(src + "/data/wikitext-2/robert_boulter.txt");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    create.document = ss.str();
+    model_label = "SmolLM2-135M Q4_1, robert_boulter.txt";
+  } else {
+    create.model = src + "/tests/data/models/stories260K";
+    for (int i = 0; i < 256; ++i) create.token_ids.push_back(i == 0 ? 1 : (i * 37 + 5) % 500 + 3);
+    model_label = "stories260K, 256 token ids (set POLYKV_SMOLLM2_GGUF for SmolLM2)";
+  }
+
+  char dir_tmpl[] = "/tmp/polykv-bench-XXXXXX";
+  std::string dir = mkdtemp(dir_tmpl);
+  polykv::daemon::DaemonOptions o;
+  o.endpoint = "ipc://" + dir + "/control.sock";
+  o.backend = "host";
+  o.threads = threads;
+  o.shm_prefix = "/polykv-bench" + std::to_string(getpid()) + "-";
+  auto d = polykv::daemon::Daemon::Start(o);
+  if (!d.ok()) {
+    std::fprintf(stderr, "daemon: %s\n", d.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<polykv::daemon::Daemon> daemon = *std::move(d);
+  std::thread server([&] { (void)daemon->Run(); });
+
+  Client c(o.endpoint);
+  auto t0 = Clock::now();
+  Reply created = c.Call(create);
+  const double create_wall_ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const auto& info = *created.pool;
+
+  // Warm up, then PING (floor) and ATTACH+DETACH.
+  Request ping;
+  ping.type = MessageType::kPing;
+  for (int i = 0; i < 50; ++i) c.Call(ping);
+  std::vector<double> ping_us, attach_us, detach_us;
+  for (int i = 0; i < attaches; ++i) {
+    auto a = Clock::now();
+    c.Call(ping);
+    ping_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
+  }
+  Request attach;
+  attach.type = MessageType::kAttach;
+  attach.pool_id = info.id;
+  Request detach;
+  detach.type = MessageType::kDetach;
+  for (int i = 0; i < attaches; ++i) {
+    auto a = Clock::now();
+    Reply r = c.Call(attach);
+    auto b = Clock::now();
+    detach.lease_id = r.lease_id;
+    c.Call(detach);
+    auto e = Clock::now();
+    attach_us.push_back(std::chrono::duration<double, std::micro>(b - a).count());
+    detach_us.push_back(std::chrono::duration<double, std::micro>(e - b).count());
+  }
+  daemon->Stop();
+  server.join();
+  daemon.reset();
+  std::filesystem::remove_all(dir);
+
+  std::printf("bench_daemon: %s, codec %s, %llu tokens, pool %llu bytes (%.2fx vs bf16)\n",
+              model_label.c_str(), info.codec.c_str(),
+              static_cast<unsigned long long>(info.tokens),
+              static_cast<unsigned long long>(info.total_bytes), info.effective_ratio);
+  std::printf("%-28s %-6s %12s %14s %8s\n", "figure", "unit", "value", "baseline", "ratio");
+  auto row = [](const char* fig, const char* unit, double v, const char* base_name, double b) {
+    if (b > 0) {
+      std::printf("%-28s %-6s %12.3f %9.3f %-4s %8.2f\n", fig, unit, v, b, base_name, v / b);
+    } else {
+      std::printf("%-28s %-6s %12.3f %14s %8s\n", fig, unit, v, "-", "-");
+    }
+  };
+  const double total = info.prefill_ms + info.encode_ms + info.publish_ms;
+  row("create: prefill", "ms", info.prefill_ms, "tot", total);
+  row("create: encode", "ms", info.encode_ms, "tot", total);
+  row("create: publish", "ms", info.publish_ms, "tot", total);
+  row("create: wall (client)", "ms", create_wall_ms, "", 0);
+  const double ping50 = Percentile(ping_us, 0.5), ping99 = Percentile(ping_us, 0.99);
+  row("PING rtt p50", "us", ping50, "", 0);
+  row("PING rtt p99", "us", ping99, "", 0);
+  row("ATTACH rtt p50", "us", Percentile(attach_us, 0.5), "ping", ping50);
+  row("ATTACH rtt p99", "us", Percentile(attach_us, 0.99), "ping", ping99);
+  row("DETACH rtt p50", "us", Percentile(detach_us, 0.5), "ping", ping50);
+  row("DETACH rtt p99", "us", Percentile(detach_us, 0.99), "ping", ping99);
+  std::printf("(%d ATTACH+DETACH round trips over ipc://, host backend; baseline 'tot' = "
+              "prefill+encode+publish, 'ping' = PING round trip in the same run)\n",
+              attaches);
+  return 0;
+}
