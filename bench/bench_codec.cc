@@ -98,7 +98,9 @@ int main(int argc, char** argv) {
       "bench_codec: layer [%d][%d][%d] bf16 = %.1f MiB per tensor, V %d bits, K int8 per-tensor\n",
       heads, tokens, head_dim, bf16_bytes / 1048576.0, bits);
   std::printf("%-34s %-6s %10s %10s %8s\n", "figure", "unit", "value", "memcpy", "ratio");
-  for (int th : {1, all}) {
+  std::vector<int> thread_counts = {1};
+  if (all > 1) thread_counts.push_back(all);
+  for (int th : thread_counts) {
     SetCodecThreads(th);
     const double t_copy = BestSeconds(reps, [&] {
       ParallelMemcpy(copy.data(), reinterpret_cast<const uint8_t*>(x.data()), bf16_bytes, th);

@@ -58,8 +58,8 @@ int RunTokenize(const TokenizeOptions& o, bool has_text) {
 
 void RegisterTokenizeCommands(CLI::App& app) {
   auto opts = std::make_shared<TokenizeOptions>();
-  CLI::App* cmd = app.add_subcommand(
-      "tokenize", "Print the token ids of a text, space-separated on one line");
+  CLI::App* cmd =
+      app.add_subcommand("tokenize", "Print the token ids of a text, space-separated on one line");
   cmd->add_option("--model", opts->model,
                   "GGUF file (vocabulary-only is fine), tokenizer.json, tokenizer.model, or a "
                   "folder holding one")

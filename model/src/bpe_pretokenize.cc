@@ -33,8 +33,8 @@ inline uint32_t AsciiLower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 
 
 // Shared driver: runs `match` over each piece [ini, end) of `pieces`, collecting lengths.
 template <typename MatchFn>
-std::vector<size_t> SplitPieces(const std::vector<uint32_t>& cps,
-                                const std::vector<size_t>& pieces, MatchFn match) {
+std::vector<size_t> SplitPieces(const std::vector<uint32_t>& cps, const std::vector<size_t>& pieces,
+                                MatchFn match) {
   std::vector<size_t> out;
   out.reserve(pieces.size() * 2);
   size_t start = 0;
@@ -47,8 +47,7 @@ std::vector<size_t> SplitPieces(const std::vector<uint32_t>& cps,
 }
 
 // GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-void MatchGpt2(const std::vector<uint32_t>& cps, size_t ini, size_t end,
-               std::vector<size_t>* out) {
+void MatchGpt2(const std::vector<uint32_t>& cps, size_t ini, size_t end, std::vector<size_t>* out) {
   auto cpt = [&](size_t p) { return (p >= ini && p < end) ? cps[p] : kOutOfRange; };
   auto flags = [&](size_t p) { return (p >= ini && p < end) ? FlagsOf(cps[p]) : Flags{}; };
   size_t prev = ini;
@@ -196,8 +195,8 @@ void MatchLlama3(const std::vector<uint32_t>& cps, size_t ini, size_t end,
 // A single-code-point class regex (e.g. "\p{N}"): each match is its own piece, and the text
 // between matches stays one piece.
 template <typename Pred>
-void MatchEach(const std::vector<uint32_t>& cps, size_t ini, size_t end,
-               std::vector<size_t>* out, Pred pred) {
+void MatchEach(const std::vector<uint32_t>& cps, size_t ini, size_t end, std::vector<size_t>* out,
+               Pred pred) {
   size_t gap = ini;
   for (size_t p = ini; p < end; ++p) {
     if (pred(cps[p])) {
@@ -213,8 +212,8 @@ void MatchEach(const std::vector<uint32_t>& cps, size_t ini, size_t end,
 // max_run > 0 each run is cut into pieces of exactly max_run; a shorter tail is not a match
 // (regex "[0-9][0-9][0-9]") and joins the gap.
 template <typename Pred>
-void MatchRuns(const std::vector<uint32_t>& cps, size_t ini, size_t end,
-               std::vector<size_t>* out, Pred pred, size_t exact = 0) {
+void MatchRuns(const std::vector<uint32_t>& cps, size_t ini, size_t end, std::vector<size_t>* out,
+               Pred pred, size_t exact = 0) {
   size_t gap = ini;
   size_t p = ini;
   while (p < end) {
@@ -260,10 +259,14 @@ StatusOr<PreType> PreTypeFromName(const std::string& pre) {
 
 const char* PreTypeName(PreType t) {
   switch (t) {
-    case PreType::kDefault: return "default";
-    case PreType::kGpt2: return "gpt-2";
-    case PreType::kSmolLm: return "smollm";
-    case PreType::kLlama3: return "llama3";
+    case PreType::kDefault:
+      return "default";
+    case PreType::kGpt2:
+      return "gpt-2";
+    case PreType::kSmolLm:
+      return "smollm";
+    case PreType::kLlama3:
+      return "llama3";
   }
   return "?";
 }
@@ -285,7 +288,14 @@ std::vector<size_t> PreTokenize(PreType type, const std::vector<uint32_t>& cps) 
     case PreType::kDefault: {
       auto is_punct = [](uint32_t cp) {
         switch (cp) {
-          case '$': case '+': case '<': case '=': case '>': case '^': case '`': case '|':
+          case '$':
+          case '+':
+          case '<':
+          case '=':
+          case '>':
+          case '^':
+          case '`':
+          case '|':
           case '~':
             return true;
           default:
@@ -300,7 +310,8 @@ std::vector<size_t> PreTokenize(PreType type, const std::vector<uint32_t>& cps) 
         MatchRuns(c, i, e, o, IsNumber);
       });
       return SplitPieces(cps, pieces, [](const auto& c, size_t i, size_t e, auto* o) {
-        MatchRuns(c, i, e, o, [](uint32_t cp) { return cp >= '0' && cp <= '9'; }, 3);
+        MatchRuns(
+            c, i, e, o, [](uint32_t cp) { return cp >= '0' && cp <= '9'; }, 3);
       });
     }
   }

@@ -19,16 +19,27 @@ namespace {
 
 // GGUF metadata value types (gguf.md).
 enum ValueType : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 constexpr uint32_t kNumValueTypes = 13;
-constexpr uint32_t kMaxDims = 4;          // GGML_MAX_DIMS
-constexpr int kMaxArrayNesting = 8;       // nested arrays deeper than this are rejected
+constexpr uint32_t kMaxDims = 4;     // GGML_MAX_DIMS
+constexpr int kMaxArrayNesting = 8;  // nested arrays deeper than this are rejected
 constexpr uint64_t kDefaultAlignment = 32;
 
 const char* ValueTypeName(uint32_t t) {
-  static const char* kNames[] = {"u8",  "i8",     "u16",   "i16", "u32", "i32", "f32",
+  static const char* kNames[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
                                  "bool", "string", "array", "u64", "i64", "f64"};
   return t < kNumValueTypes ? kNames[t] : "unknown";
 }
@@ -36,11 +47,23 @@ const char* ValueTypeName(uint32_t t) {
 // Size of a scalar value type; 0 for string/array/unknown.
 uint64_t ScalarSize(uint32_t t) {
   switch (t) {
-    case kU8: case kI8: case kBool: return 1;
-    case kU16: case kI16: return 2;
-    case kU32: case kI32: case kF32: return 4;
-    case kU64: case kI64: case kF64: return 8;
-    default: return 0;
+    case kU8:
+    case kI8:
+    case kBool:
+      return 1;
+    case kU16:
+    case kI16:
+      return 2;
+    case kU32:
+    case kI32:
+    case kF32:
+      return 4;
+    case kU64:
+    case kI64:
+    case kF64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -54,8 +77,8 @@ class Reader {
   Status Need(uint64_t n, const std::string& what) const {
     if (n > size_ - pos_) {
       return absl::DataLossError(absl::StrCat("GGUF truncated: ", what, " needs ", n,
-                                              " bytes at offset ", pos_, " but only ",
-                                              size_ - pos_, " remain"));
+                                              " bytes at offset ", pos_, " but only ", size_ - pos_,
+                                              " remain"));
     }
     return absl::OkStatus();
   }
@@ -76,10 +99,9 @@ class Reader {
   StatusOr<std::string_view> ReadString(const std::string& what) {
     POLYKV_ASSIGN_OR_RETURN(uint64_t len, Read<uint64_t>(what + " length"));
     if (len > size_ - pos_) {
-      return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: ", what, " length ",
-                                              len, " at offset ", pos_ - 8,
-                                              " exceeds the remaining ", size_ - pos_,
-                                              " bytes of the file"));
+      return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: ", what, " length ", len,
+                                              " at offset ", pos_ - 8, " exceeds the remaining ",
+                                              size_ - pos_, " bytes of the file"));
     }
     std::string_view s(reinterpret_cast<const char*>(data_ + pos_), len);
     pos_ += len;
@@ -111,47 +133,80 @@ bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) {
 
 struct TypeTraits {
   const char* name;
-  int64_t block;      // elements per block; 0 = unknown size
-  uint64_t bytes;     // bytes per block
-  bool dequant;       // DequantizeToF32 supports it
+  int64_t block;   // elements per block; 0 = unknown size
+  uint64_t bytes;  // bytes per block
+  bool dequant;    // DequantizeToF32 supports it
 };
 
 // ggml type table (ggml.c type_traits), indexed by type number.
 TypeTraits Traits(uint32_t t) {
   switch (t) {
-    case 0: return {"F32", 1, 4, true};
-    case 1: return {"F16", 1, 2, true};
-    case 2: return {"Q4_0", 32, 18, true};
-    case 3: return {"Q4_1", 32, 20, true};
-    case 6: return {"Q5_0", 32, 22, true};
-    case 7: return {"Q5_1", 32, 24, true};
-    case 8: return {"Q8_0", 32, 34, true};
-    case 9: return {"Q8_1", 32, 36, false};
-    case 10: return {"Q2_K", 256, 84, false};
-    case 11: return {"Q3_K", 256, 110, false};
-    case 12: return {"Q4_K", 256, 144, true};
-    case 13: return {"Q5_K", 256, 176, true};
-    case 14: return {"Q6_K", 256, 210, true};
-    case 15: return {"Q8_K", 256, 292, false};
-    case 16: return {"IQ2_XXS", 0, 0, false};
-    case 17: return {"IQ2_XS", 0, 0, false};
-    case 18: return {"IQ3_XXS", 0, 0, false};
-    case 19: return {"IQ1_S", 0, 0, false};
-    case 20: return {"IQ4_NL", 0, 0, false};
-    case 21: return {"IQ3_S", 0, 0, false};
-    case 22: return {"IQ2_S", 0, 0, false};
-    case 23: return {"IQ4_XS", 0, 0, false};
-    case 24: return {"I8", 1, 1, false};
-    case 25: return {"I16", 1, 2, false};
-    case 26: return {"I32", 1, 4, false};
-    case 27: return {"I64", 1, 8, false};
-    case 28: return {"F64", 1, 8, false};
-    case 29: return {"IQ1_M", 0, 0, false};
-    case 30: return {"BF16", 1, 2, true};
-    case 34: return {"TQ1_0", 0, 0, false};
-    case 35: return {"TQ2_0", 0, 0, false};
-    case 39: return {"MXFP4", 0, 0, false};
-    default: return {nullptr, 0, 0, false};
+    case 0:
+      return {"F32", 1, 4, true};
+    case 1:
+      return {"F16", 1, 2, true};
+    case 2:
+      return {"Q4_0", 32, 18, true};
+    case 3:
+      return {"Q4_1", 32, 20, true};
+    case 6:
+      return {"Q5_0", 32, 22, true};
+    case 7:
+      return {"Q5_1", 32, 24, true};
+    case 8:
+      return {"Q8_0", 32, 34, true};
+    case 9:
+      return {"Q8_1", 32, 36, false};
+    case 10:
+      return {"Q2_K", 256, 84, false};
+    case 11:
+      return {"Q3_K", 256, 110, false};
+    case 12:
+      return {"Q4_K", 256, 144, true};
+    case 13:
+      return {"Q5_K", 256, 176, true};
+    case 14:
+      return {"Q6_K", 256, 210, true};
+    case 15:
+      return {"Q8_K", 256, 292, false};
+    case 16:
+      return {"IQ2_XXS", 0, 0, false};
+    case 17:
+      return {"IQ2_XS", 0, 0, false};
+    case 18:
+      return {"IQ3_XXS", 0, 0, false};
+    case 19:
+      return {"IQ1_S", 0, 0, false};
+    case 20:
+      return {"IQ4_NL", 0, 0, false};
+    case 21:
+      return {"IQ3_S", 0, 0, false};
+    case 22:
+      return {"IQ2_S", 0, 0, false};
+    case 23:
+      return {"IQ4_XS", 0, 0, false};
+    case 24:
+      return {"I8", 1, 1, false};
+    case 25:
+      return {"I16", 1, 2, false};
+    case 26:
+      return {"I32", 1, 4, false};
+    case 27:
+      return {"I64", 1, 8, false};
+    case 28:
+      return {"F64", 1, 8, false};
+    case 29:
+      return {"IQ1_M", 0, 0, false};
+    case 30:
+      return {"BF16", 1, 2, true};
+    case 34:
+      return {"TQ1_0", 0, 0, false};
+    case 35:
+      return {"TQ2_0", 0, 0, false};
+    case 39:
+      return {"MXFP4", 0, 0, false};
+    default:
+      return {nullptr, 0, 0, false};
   }
 }
 
@@ -171,21 +226,20 @@ int64_t GgufTensorInfo::elements() const {
 StatusOr<uint64_t> GgmlTypeBytes(uint32_t type, int64_t elements) {
   TypeTraits t = Traits(type);
   if (t.block == 0) {
-    return absl::UnimplementedError(absl::StrCat("ggml type ", GgmlTypeName(type), " (", type,
-                                                 ") is not supported by PolyKV"));
+    return absl::UnimplementedError(
+        absl::StrCat("ggml type ", GgmlTypeName(type), " (", type, ") is not supported by PolyKV"));
   }
   if (elements < 0) {
     return absl::InvalidArgumentError(absl::StrCat("negative element count ", elements));
   }
   if (elements % t.block != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(elements, " elements of ggml type ",
-                                                   t.name, " is not a multiple of its block of ",
-                                                   t.block));
+    return absl::InvalidArgumentError(absl::StrCat(elements, " elements of ggml type ", t.name,
+                                                   " is not a multiple of its block of ", t.block));
   }
   uint64_t bytes;
   if (MulOverflow(static_cast<uint64_t>(elements / t.block), t.bytes, &bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat(elements, " elements of ggml type ", t.name,
-                                                   " overflow a 64-bit byte count"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(elements, " elements of ggml type ", t.name, " overflow a 64-bit byte count"));
   }
   return bytes;
 }
@@ -216,8 +270,7 @@ struct GgufFile::Impl {
 };
 
 // Validates (and skips) one value of `type` at r's position, recursing into arrays.
-Status GgufFile::Impl::ValidateValue(Reader& r, uint32_t type, const std::string& what,
-                                     int depth) {
+Status GgufFile::Impl::ValidateValue(Reader& r, uint32_t type, const std::string& what, int depth) {
   if (type >= kNumValueTypes) {
     return absl::InvalidArgumentError(
         absl::StrCat("GGUF ", what, " has unknown value type ", type));
@@ -227,8 +280,8 @@ Status GgufFile::Impl::ValidateValue(Reader& r, uint32_t type, const std::string
   }
   if (type == kArray) {
     if (depth >= kMaxArrayNesting) {
-      return absl::InvalidArgumentError(absl::StrCat("GGUF ", what, " nests arrays deeper than ",
-                                                     kMaxArrayNesting));
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF ", what, " nests arrays deeper than ", kMaxArrayNesting));
     }
     POLYKV_ASSIGN_OR_RETURN(uint32_t et, r.Read<uint32_t>(what + " array element type"));
     POLYKV_ASSIGN_OR_RETURN(uint64_t n, r.Read<uint64_t>(what + " array count"));
@@ -240,10 +293,9 @@ Status GgufFile::Impl::ValidateValue(Reader& r, uint32_t type, const std::string
     uint64_t min_elem = et == kString ? 8 : et == kArray ? 12 : ScalarSize(et);
     uint64_t min_bytes;
     if (MulOverflow(n, min_elem, &min_bytes) || min_bytes > r.remaining()) {
-      return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: ", what,
-                                              " array count ", n, " of ", ValueTypeName(et),
-                                              " exceeds the remaining ", r.remaining(),
-                                              " bytes of the file"));
+      return absl::DataLossError(absl::StrCat(
+          "GGUF truncated or corrupt: ", what, " array count ", n, " of ", ValueTypeName(et),
+          " exceeds the remaining ", r.remaining(), " bytes of the file"));
     }
     if (et != kString && et != kArray) return r.Skip(min_bytes, what);
     for (uint64_t k = 0; k < n; ++k) {
@@ -271,14 +323,14 @@ Status GgufFile::Impl::Parse() {
   POLYKV_ASSIGN_OR_RETURN(uint64_t n_kv, r.Read<uint64_t>("header metadata_kv_count"));
   // Each kv needs >= 8 (key length) + 4 (type) + 1 bytes; each tensor >= 8 + 4 + 4 + 8.
   if (n_kv > r.remaining() / 13) {
-    return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: metadata_kv_count ",
-                                            n_kv, " cannot fit in the remaining ",
-                                            r.remaining(), " bytes"));
+    return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: metadata_kv_count ", n_kv,
+                                            " cannot fit in the remaining ", r.remaining(),
+                                            " bytes"));
   }
   if (n_tensors > r.remaining() / 24) {
-    return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: tensor_count ",
-                                            n_tensors, " cannot fit in the remaining ",
-                                            r.remaining(), " bytes"));
+    return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: tensor_count ", n_tensors,
+                                            " cannot fit in the remaining ", r.remaining(),
+                                            " bytes"));
   }
 
   for (uint64_t k = 0; k < n_kv; ++k) {
@@ -297,23 +349,80 @@ Status GgufFile::Impl::Parse() {
           absl::StrCat("GGUF ", what, " has unknown value type ", type));
     }
     switch (type) {
-      case kU8: { POLYKV_ASSIGN_OR_RETURN(uint8_t x, r.Read<uint8_t>(what)); v.u = x; v.i = x; v.f = x; break; }
-      case kI8: { POLYKV_ASSIGN_OR_RETURN(int8_t x, r.Read<int8_t>(what)); v.i = x; v.u = static_cast<uint64_t>(x); v.f = x; break; }
-      case kU16: { POLYKV_ASSIGN_OR_RETURN(uint16_t x, r.Read<uint16_t>(what)); v.u = x; v.i = x; v.f = x; break; }
-      case kI16: { POLYKV_ASSIGN_OR_RETURN(int16_t x, r.Read<int16_t>(what)); v.i = x; v.u = static_cast<uint64_t>(x); v.f = x; break; }
-      case kU32: { POLYKV_ASSIGN_OR_RETURN(uint32_t x, r.Read<uint32_t>(what)); v.u = x; v.i = x; v.f = x; break; }
-      case kI32: { POLYKV_ASSIGN_OR_RETURN(int32_t x, r.Read<int32_t>(what)); v.i = x; v.u = static_cast<uint64_t>(x); v.f = x; break; }
-      case kU64: { POLYKV_ASSIGN_OR_RETURN(uint64_t x, r.Read<uint64_t>(what)); v.u = x; v.i = static_cast<int64_t>(x); v.f = static_cast<double>(x); break; }
-      case kI64: { POLYKV_ASSIGN_OR_RETURN(int64_t x, r.Read<int64_t>(what)); v.i = x; v.u = static_cast<uint64_t>(x); v.f = static_cast<double>(x); break; }
-      case kF32: { POLYKV_ASSIGN_OR_RETURN(float x, r.Read<float>(what)); v.f = x; break; }
-      case kF64: { POLYKV_ASSIGN_OR_RETURN(double x, r.Read<double>(what)); v.f = x; break; }
+      case kU8: {
+        POLYKV_ASSIGN_OR_RETURN(uint8_t x, r.Read<uint8_t>(what));
+        v.u = x;
+        v.i = x;
+        v.f = x;
+        break;
+      }
+      case kI8: {
+        POLYKV_ASSIGN_OR_RETURN(int8_t x, r.Read<int8_t>(what));
+        v.i = x;
+        v.u = static_cast<uint64_t>(x);
+        v.f = x;
+        break;
+      }
+      case kU16: {
+        POLYKV_ASSIGN_OR_RETURN(uint16_t x, r.Read<uint16_t>(what));
+        v.u = x;
+        v.i = x;
+        v.f = x;
+        break;
+      }
+      case kI16: {
+        POLYKV_ASSIGN_OR_RETURN(int16_t x, r.Read<int16_t>(what));
+        v.i = x;
+        v.u = static_cast<uint64_t>(x);
+        v.f = x;
+        break;
+      }
+      case kU32: {
+        POLYKV_ASSIGN_OR_RETURN(uint32_t x, r.Read<uint32_t>(what));
+        v.u = x;
+        v.i = x;
+        v.f = x;
+        break;
+      }
+      case kI32: {
+        POLYKV_ASSIGN_OR_RETURN(int32_t x, r.Read<int32_t>(what));
+        v.i = x;
+        v.u = static_cast<uint64_t>(x);
+        v.f = x;
+        break;
+      }
+      case kU64: {
+        POLYKV_ASSIGN_OR_RETURN(uint64_t x, r.Read<uint64_t>(what));
+        v.u = x;
+        v.i = static_cast<int64_t>(x);
+        v.f = static_cast<double>(x);
+        break;
+      }
+      case kI64: {
+        POLYKV_ASSIGN_OR_RETURN(int64_t x, r.Read<int64_t>(what));
+        v.i = x;
+        v.u = static_cast<uint64_t>(x);
+        v.f = static_cast<double>(x);
+        break;
+      }
+      case kF32: {
+        POLYKV_ASSIGN_OR_RETURN(float x, r.Read<float>(what));
+        v.f = x;
+        break;
+      }
+      case kF64: {
+        POLYKV_ASSIGN_OR_RETURN(double x, r.Read<double>(what));
+        v.f = x;
+        break;
+      }
       case kBool: {
         POLYKV_ASSIGN_OR_RETURN(uint8_t x, r.Read<uint8_t>(what));
         if (x > 1) {
           return absl::InvalidArgumentError(
               absl::StrCat("GGUF ", what, " bool has invalid value ", static_cast<int>(x)));
         }
-        v.u = x; v.i = x;
+        v.u = x;
+        v.i = x;
         break;
       }
       case kString: {
@@ -338,8 +447,8 @@ Status GgufFile::Impl::Parse() {
   uint64_t alignment = kDefaultAlignment;
   if (const MetaValue* a = Find("general.alignment")) {
     if (a->type != kU32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "GGUF general.alignment must be u32, got ", ValueTypeName(a->type)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF general.alignment must be u32, got ", ValueTypeName(a->type)));
     }
     if (a->u == 0 || (a->u & (a->u - 1)) != 0) {
       return absl::InvalidArgumentError(
@@ -382,8 +491,8 @@ Status GgufFile::Impl::Parse() {
           absl::StrCat("GGUF ", what, " has unknown ggml type ", t.type));
     }
     if (tr.block == 0) {
-      return absl::UnimplementedError(absl::StrCat(what, " has ggml type ", tr.name, " (",
-                                                   t.type, "), which PolyKV does not support"));
+      return absl::UnimplementedError(absl::StrCat(what, " has ggml type ", tr.name, " (", t.type,
+                                                   "), which PolyKV does not support"));
     }
     if (!t.dims.empty() && t.dims[0] % tr.block != 0) {
       return absl::InvalidArgumentError(absl::StrCat("GGUF ", what, " row length ", t.dims[0],
@@ -392,7 +501,8 @@ Status GgufFile::Impl::Parse() {
     }
     auto nbytes = GgmlTypeBytes(t.type, static_cast<int64_t>(elements));
     if (!nbytes.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("GGUF ", what, ": ", nbytes.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF ", what, ": ", nbytes.status().message()));
     }
     t.nbytes = *nbytes;
     if (rel_offset % alignment != 0) {
@@ -411,18 +521,18 @@ Status GgufFile::Impl::Parse() {
   if (n_tensors > 0) {
     if (pad > r.remaining()) {
       return absl::DataLossError(absl::StrCat("GGUF truncated: tensor data section (offset ",
-                                              data_start + pad, ") lies past the end of the ",
-                                              size, "-byte file"));
+                                              data_start + pad, ") lies past the end of the ", size,
+                                              "-byte file"));
     }
   }
   data_start += pad;
   for (GgufTensorInfo& t : tensors) {
     uint64_t avail = size >= data_start ? size - data_start : 0;
     if (t.offset > avail || t.nbytes > avail - t.offset) {
-      return absl::DataLossError(absl::StrCat(
-          "GGUF tensor ", t.name, " data [", t.offset, ", +", t.nbytes,
-          ") relative to the data section at ", data_start, " lies outside the ", size,
-          "-byte file (truncated or corrupt offset)"));
+      return absl::DataLossError(absl::StrCat("GGUF tensor ", t.name, " data [", t.offset, ", +",
+                                              t.nbytes, ") relative to the data section at ",
+                                              data_start, " lies outside the ", size,
+                                              "-byte file (truncated or corrupt offset)"));
     }
     t.offset += data_start;
   }
@@ -455,8 +565,7 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   void* m = mmap(nullptr, impl->size, PROT_READ, MAP_SHARED, fd, 0);
   ::close(fd);
   if (m == MAP_FAILED) {
-    return absl::InternalError(
-        absl::StrCat("mmap of ", path, " failed: ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("mmap of ", path, " failed: ", std::strerror(errno)));
   }
   impl->map = m;
   impl->map_size = impl->size;
@@ -490,14 +599,14 @@ Status NotFound(std::string_view key) {
   return absl::NotFoundError(absl::StrCat("GGUF metadata key '", std::string(key), "' not found"));
 }
 Status Mismatch(std::string_view key, const char* want, uint32_t got, uint32_t elem = 99) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "GGUF metadata '", std::string(key), "' is ", ValueTypeName(got),
-      got == kArray ? absl::StrCat(" of ", ValueTypeName(elem)) : std::string(), ", expected ",
-      want));
+  return absl::InvalidArgumentError(
+      absl::StrCat("GGUF metadata '", std::string(key), "' is ", ValueTypeName(got),
+                   got == kArray ? absl::StrCat(" of ", ValueTypeName(elem)) : std::string(),
+                   ", expected ", want));
 }
 bool IsInt(uint32_t t) {
-  return t == kU8 || t == kI8 || t == kU16 || t == kI16 || t == kU32 || t == kI32 ||
-         t == kU64 || t == kI64;
+  return t == kU8 || t == kI8 || t == kU16 || t == kI16 || t == kU32 || t == kI32 || t == kU64 ||
+         t == kI64;
 }
 }  // namespace
 
@@ -513,8 +622,8 @@ StatusOr<int64_t> GgufFile::GetInt(std::string_view key) const {
   if (!v) return NotFound(key);
   if (!IsInt(v->type)) return Mismatch(key, "an integer", v->type, v->elem_type);
   if (v->type == kU64 && v->u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    return absl::OutOfRangeError(absl::StrCat("GGUF metadata '", std::string(key), "' value ", v->u,
-                                              " does not fit int64"));
+    return absl::OutOfRangeError(
+        absl::StrCat("GGUF metadata '", std::string(key), "' value ", v->u, " does not fit int64"));
   }
   return v->i;
 }
@@ -523,7 +632,8 @@ StatusOr<double> GgufFile::GetFloat(std::string_view key) const {
   const MetaValue* v = impl_->Find(key);
   if (!v) return NotFound(key);
   if (v->type == kF32 || v->type == kF64) return v->f;
-  if (IsInt(v->type)) return v->type == kU64 ? static_cast<double>(v->u) : static_cast<double>(v->i);
+  if (IsInt(v->type))
+    return v->type == kU64 ? static_cast<double>(v->u) : static_cast<double>(v->i);
   return Mismatch(key, "a number", v->type, v->elem_type);
 }
 
@@ -558,18 +668,74 @@ bool ReadNumericArray(const uint8_t* p, uint32_t et, uint64_t n, std::vector<Out
   for (uint64_t k = 0; k < n; ++k) {
     double x;
     switch (et) {
-      case kU8: { uint8_t y; std::memcpy(&y, p + k, 1); x = y; break; }
-      case kI8: { int8_t y; std::memcpy(&y, p + k, 1); x = y; break; }
-      case kBool: { uint8_t y; std::memcpy(&y, p + k, 1); x = y; break; }
-      case kU16: { uint16_t y; std::memcpy(&y, p + 2 * k, 2); x = y; break; }
-      case kI16: { int16_t y; std::memcpy(&y, p + 2 * k, 2); x = y; break; }
-      case kU32: { uint32_t y; std::memcpy(&y, p + 4 * k, 4); x = y; break; }
-      case kI32: { int32_t y; std::memcpy(&y, p + 4 * k, 4); x = y; break; }
-      case kF32: { float y; std::memcpy(&y, p + 4 * k, 4); x = y; break; }
-      case kU64: { uint64_t y; std::memcpy(&y, p + 8 * k, 8); x = static_cast<double>(y); break; }
-      case kI64: { int64_t y; std::memcpy(&y, p + 8 * k, 8); x = static_cast<double>(y); break; }
-      case kF64: { double y; std::memcpy(&y, p + 8 * k, 8); x = y; break; }
-      default: return false;
+      case kU8: {
+        uint8_t y;
+        std::memcpy(&y, p + k, 1);
+        x = y;
+        break;
+      }
+      case kI8: {
+        int8_t y;
+        std::memcpy(&y, p + k, 1);
+        x = y;
+        break;
+      }
+      case kBool: {
+        uint8_t y;
+        std::memcpy(&y, p + k, 1);
+        x = y;
+        break;
+      }
+      case kU16: {
+        uint16_t y;
+        std::memcpy(&y, p + 2 * k, 2);
+        x = y;
+        break;
+      }
+      case kI16: {
+        int16_t y;
+        std::memcpy(&y, p + 2 * k, 2);
+        x = y;
+        break;
+      }
+      case kU32: {
+        uint32_t y;
+        std::memcpy(&y, p + 4 * k, 4);
+        x = y;
+        break;
+      }
+      case kI32: {
+        int32_t y;
+        std::memcpy(&y, p + 4 * k, 4);
+        x = y;
+        break;
+      }
+      case kF32: {
+        float y;
+        std::memcpy(&y, p + 4 * k, 4);
+        x = y;
+        break;
+      }
+      case kU64: {
+        uint64_t y;
+        std::memcpy(&y, p + 8 * k, 8);
+        x = static_cast<double>(y);
+        break;
+      }
+      case kI64: {
+        int64_t y;
+        std::memcpy(&y, p + 8 * k, 8);
+        x = static_cast<double>(y);
+        break;
+      }
+      case kF64: {
+        double y;
+        std::memcpy(&y, p + 8 * k, 8);
+        x = y;
+        break;
+      }
+      default:
+        return false;
     }
     (*out)[k] = static_cast<Out>(x);
   }
@@ -601,8 +767,8 @@ StatusOr<std::vector<int32_t>> GgufFile::GetIntArray(std::string_view key) const
     for (uint64_t k = 0; k < wide.size(); ++k) {
       if (wide[k] < std::numeric_limits<int32_t>::min() ||
           wide[k] > std::numeric_limits<int32_t>::max()) {
-        return absl::OutOfRangeError(absl::StrCat("GGUF metadata '", std::string(key), "'[", k,
-                                                  "] does not fit int32"));
+        return absl::OutOfRangeError(
+            absl::StrCat("GGUF metadata '", std::string(key), "'[", k, "] does not fit int32"));
       }
     }
   }

@@ -1,15 +1,16 @@
 // Dequantization of ggml tensor blocks to f32 (block layouts of ggml's dequantize_row_*).
 //
 // Block layouts (little-endian, "half" = IEEE fp16):
-//   Q4_0 (32 values, 18 B): half d | u8 qs[16]          y[j] = (lo(qs[j]) - 8) d, y[j+16] = (hi - 8) d
-//   Q4_1 (32 values, 20 B): half d | half m | u8 qs[16] y[j] = lo d + m,          y[j+16] = hi d + m
-//   Q5_0 (32 values, 22 B): half d | u32 qh | u8 qs[16] 5th bit of y[j] is qh bit j, of y[j+16] bit j+16;
+//   Q4_0 (32 values, 18 B): half d | u8 qs[16]          y[j] = (lo(qs[j]) - 8) d, y[j+16] = (hi -
+//   8) d Q4_1 (32 values, 20 B): half d | half m | u8 qs[16] y[j] = lo d + m,          y[j+16] = hi
+//   d + m Q5_0 (32 values, 22 B): half d | u32 qh | u8 qs[16] 5th bit of y[j] is qh bit j, of
+//   y[j+16] bit j+16;
 //                                                        y = (q5 - 16) d
 //   Q5_1 (32 values, 24 B): half d | half m | u32 qh | u8 qs[16]   y = q5 d + m
 //   Q8_0 (32 values, 34 B): half d | i8 qs[32]          y[j] = qs[j] d
-//   Q4_K (256, 144 B): half d | half dmin | u8 scales[12] (8 x 6-bit scale, 8 x 6-bit min) | u8 qs[128]
-//   Q5_K (256, 176 B): half d | half dmin | u8 scales[12] | u8 qh[32] | u8 qs[128]
-//   Q6_K (256, 210 B): u8 ql[128] | u8 qh[64] | i8 scales[16] | half d
+//   Q4_K (256, 144 B): half d | half dmin | u8 scales[12] (8 x 6-bit scale, 8 x 6-bit min) | u8
+//   qs[128] Q5_K (256, 176 B): half d | half dmin | u8 scales[12] | u8 qh[32] | u8 qs[128] Q6_K
+//   (256, 210 B): u8 ql[128] | u8 qh[64] | i8 scales[16] | half d
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -182,20 +183,46 @@ Status DequantizeToF32(uint32_t type, const uint8_t* data, uint64_t data_bytes, 
     case GgmlType::kF16:
     case GgmlType::kBF16:
       break;
-    case GgmlType::kQ4_0: fn = DequantQ4_0; block = 32; block_bytes = 18; break;
-    case GgmlType::kQ4_1: fn = DequantQ4_1; block = 32; block_bytes = 20; break;
+    case GgmlType::kQ4_0:
+      fn = DequantQ4_0;
+      block = 32;
+      block_bytes = 18;
+      break;
+    case GgmlType::kQ4_1:
+      fn = DequantQ4_1;
+      block = 32;
+      block_bytes = 20;
+      break;
     case GgmlType::kQ5_0:
       fn = [](const uint8_t* b, float* y) { DequantQ5(b, y, false); };
-      block = 32; block_bytes = 22;
+      block = 32;
+      block_bytes = 22;
       break;
     case GgmlType::kQ5_1:
       fn = [](const uint8_t* b, float* y) { DequantQ5(b, y, true); };
-      block = 32; block_bytes = 24;
+      block = 32;
+      block_bytes = 24;
       break;
-    case GgmlType::kQ8_0: fn = DequantQ8_0; block = 32; block_bytes = 34; break;
-    case GgmlType::kQ4_K: fn = DequantQ4_K; block = 256; block_bytes = 144; break;
-    case GgmlType::kQ5_K: fn = DequantQ5_K; block = 256; block_bytes = 176; break;
-    case GgmlType::kQ6_K: fn = DequantQ6_K; block = 256; block_bytes = 210; break;
+    case GgmlType::kQ8_0:
+      fn = DequantQ8_0;
+      block = 32;
+      block_bytes = 34;
+      break;
+    case GgmlType::kQ4_K:
+      fn = DequantQ4_K;
+      block = 256;
+      block_bytes = 144;
+      break;
+    case GgmlType::kQ5_K:
+      fn = DequantQ5_K;
+      block = 256;
+      block_bytes = 176;
+      break;
+    case GgmlType::kQ6_K:
+      fn = DequantQ6_K;
+      block = 256;
+      block_bytes = 210;
+      break;
     default:
       return absl::UnimplementedError(absl::StrCat("DequantizeToF32: ggml type ",
                                                    GgmlTypeName(type), " (", type,

@@ -36,9 +36,8 @@ Status Vocab::Finish() {
   if (tokens.empty()) return absl::InvalidArgumentError("tokenizer vocabulary is empty");
   if (types.empty()) types.assign(tokens.size(), kNormal);
   if (types.size() != tokens.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", tokens.size(),
-                                                   " tokens but ", types.size(),
-                                                   " token types"));
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", tokens.size(), " tokens but ",
+                                                   types.size(), " token types"));
   }
   const auto n = static_cast<int32_t>(tokens.size());
   for (int32_t* id : {&bos, &eos, &unk, &eot}) {
@@ -90,8 +89,7 @@ void VocabTokenizer::SetFingerprint(const std::string& kind, const std::string& 
   fingerprint_ = Sha256Hex(data);
 }
 
-StatusOr<std::vector<int32_t>> VocabTokenizer::Encode(std::string_view text,
-                                                      bool add_bos) const {
+StatusOr<std::vector<int32_t>> VocabTokenizer::Encode(std::string_view text, bool add_bos) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_bos && adds_bos()) out.push_back(vocab_.bos);
@@ -229,10 +227,10 @@ StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& gguf) {
     const char* key;
     int32_t* dst;
   };
-  for (IdKey k : {IdKey{"tokenizer.ggml.bos_token_id", &v.bos},
-                  IdKey{"tokenizer.ggml.eos_token_id", &v.eos},
-                  IdKey{"tokenizer.ggml.unknown_token_id", &v.unk},
-                  IdKey{"tokenizer.ggml.eot_token_id", &v.eot}}) {
+  for (IdKey k :
+       {IdKey{"tokenizer.ggml.bos_token_id", &v.bos}, IdKey{"tokenizer.ggml.eos_token_id", &v.eos},
+        IdKey{"tokenizer.ggml.unknown_token_id", &v.unk},
+        IdKey{"tokenizer.ggml.eot_token_id", &v.eot}}) {
     if (gguf.Has(k.key)) {
       POLYKV_ASSIGN_OR_RETURN(int64_t id, gguf.GetInt(k.key));
       if (id < -1 || id > static_cast<int64_t>(v.tokens.size())) {
@@ -288,7 +286,8 @@ bool IsFile(const std::string& p) {
   return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 bool HasGgufMagic(const std::string& p) {
   FILE* f = std::fopen(p.c_str(), "rb");
@@ -304,11 +303,13 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path) {
   if (IsDir(path)) {
     std::string dir = EndsWith(path, "/") ? path : path + "/";
     if (IsFile(dir + "tokenizer.json")) return tok::LoadHfTokenizerJson(dir + "tokenizer.json");
-    if (IsFile(dir + "tokenizer.model")) return tok::LoadSentencePieceModel(dir + "tokenizer.model");
+    if (IsFile(dir + "tokenizer.model"))
+      return tok::LoadSentencePieceModel(dir + "tokenizer.model");
     return absl::NotFoundError(
         absl::StrCat("no tokenizer.json or tokenizer.model in folder ", path));
   }
-  if (!IsFile(path)) return absl::NotFoundError(absl::StrCat("tokenizer file ", path, " not found"));
+  if (!IsFile(path))
+    return absl::NotFoundError(absl::StrCat("tokenizer file ", path, " not found"));
   if (HasGgufMagic(path)) {
     POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> g, GgufFile::Open(path));
     return TokenizerFromGguf(*g);

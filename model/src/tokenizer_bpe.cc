@@ -120,8 +120,8 @@ class BpeTokenizer final : public VocabTokenizer {
     }
     std::vector<Symbol> sym;
     for (size_t off = 0; off < word.size();) {
-      size_t len = std::min(unicode::Utf8Len(static_cast<unsigned char>(word[off])),
-                            word.size() - off);
+      size_t len =
+          std::min(unicode::Utf8Len(static_cast<unsigned char>(word[off])), word.size() - off);
       sym.push_back({off, len, static_cast<int>(sym.size()) - 1, static_cast<int>(sym.size()) + 1});
       off += len;
     }
@@ -160,17 +160,17 @@ class BpeTokenizer final : public VocabTokenizer {
       }
       // Fall back to the single byte-characters of the symbol.
       for (size_t off = s.start; off < s.start + s.n;) {
-        size_t len = std::min(unicode::Utf8Len(static_cast<unsigned char>(word[off])),
-                              s.start + s.n - off);
+        size_t len =
+            std::min(unicode::Utf8Len(static_cast<unsigned char>(word[off])), s.start + s.n - off);
         auto bt = vocab_.token_to_id.find(word.substr(off, len));
         if (bt != vocab_.token_to_id.end()) {
           out->push_back(bt->second);
         } else if (vocab_.unk >= 0) {
           out->push_back(vocab_.unk);
         } else {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "BPE vocabulary has no token for byte-level piece '", word.substr(off, len),
-              "' and no unknown token"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("BPE vocabulary has no token for byte-level piece '",
+                           word.substr(off, len), "' and no unknown token"));
         }
         off += len;
       }

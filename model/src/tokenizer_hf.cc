@@ -1,9 +1,8 @@
 // Tokenizers from Hugging Face files: tokenizer.json (byte-level BPE, reusing the BPE core)
 // and tokenizer.model (SentencePiece, through libsentencepiece).
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "spm_processor.h"
@@ -163,16 +162,16 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const std::string& path
     const json& model = j["model"];
     const std::string type = model.value("type", "");
     if (type != "BPE") {
-      return absl::UnimplementedError(absl::StrCat(
-          path, ": tokenizer.json model type '", type, "' is not supported (only BPE)"));
+      return absl::UnimplementedError(absl::StrCat(path, ": tokenizer.json model type '", type,
+                                                   "' is not supported (only BPE)"));
     }
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
       return absl::UnimplementedError(absl::StrCat(
           path, ": tokenizer.json normalizers are not supported: ", Short(j["normalizer"])));
     }
-    POLYKV_ASSIGN_OR_RETURN(bpe::PreType pre,
-                            PreTypeFromJson(j.contains("pre_tokenizer") ? j["pre_tokenizer"]
-                                                                        : json()));
+    POLYKV_ASSIGN_OR_RETURN(
+        bpe::PreType pre,
+        PreTypeFromJson(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json()));
     if (!model.contains("vocab") || !model["vocab"].is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": model.vocab is not an object"));
     }

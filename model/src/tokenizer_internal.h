@@ -17,7 +17,12 @@ namespace polykv::model::tok {
 
 /// Token types of tokenizer.ggml.token_type (llama.cpp llama_token_type).
 enum TokenType : int32_t {
-  kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5,
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
   kByte = 6,
 };
 

@@ -16,7 +16,8 @@ constexpr char kSpace[] = "\xe2\x96\x81";  // U+2581 LOWER ONE EIGHTH BLOCK
 class SpmTokenizer final : public VocabTokenizer {
  public:
   SpmTokenizer(Vocab vocab, std::vector<float> scores, bool add_space_prefix)
-      : VocabTokenizer(std::move(vocab)), scores_(std::move(scores)),
+      : VocabTokenizer(std::move(vocab)),
+        scores_(std::move(scores)),
         add_space_prefix_(add_space_prefix) {
     for (int& b : byte_token_) b = -1;
     for (int b = 0; b < 256; ++b) {

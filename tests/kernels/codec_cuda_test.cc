@@ -124,6 +124,37 @@ TEST(CodecCuda, ValuesMatchCpu) {
   }
 }
 
+// The golden bytes of tests/unit/kernels/codec_format_test.cc (CodecGolden), on the GPU.
+TEST(CodecCuda, GoldenValueBytes) {
+  POLYKV_REQUIRE_CUDA_DEVICE();
+  std::vector<float> v(2 * 64);
+  for (int j = 0; j < 2; ++j) {
+    for (int i = 0; i < 64; ++i) {
+      v[j * 64 + i] =
+          static_cast<float>(std::sin(0.37 * i + 1.3 * j) + 0.25 * std::cos(2.1 * i * j));
+    }
+  }
+  DeviceBuffer<float> dv(v);
+  DeviceBuffer<uint8_t> dp(48);
+  DeviceBuffer<float> dn(2);
+  ASSERT_TRUE(EncodeValues(dv.get(), DType::kF32, LayerShape{1, 2, 64}, CodecConfig{}, dp.get(),
+                           dn.get(), Device::kCuda)
+                  .ok());
+  const auto packed = dp.ToHost();
+  static const char* kHex = "0123456789abcdef";
+  std::string hex;
+  for (uint8_t b : packed) {
+    hex += kHex[b >> 4];
+    hex += kHex[b & 15];
+  }
+  EXPECT_EQ(hex,
+            "5c3764d5ba759f49a65497a154b7b12959be8c1c4a856f0b"
+            "e5dec89b47752ec98636c5cd94a59ad1d25ca5769692bfa8");
+  const auto norms = dn.ToHost();
+  EXPECT_FLOAT_EQ(norms[0], 6.0897069f);
+  EXPECT_FLOAT_EQ(norms[1], 5.9272695f);
+}
+
 TEST(CodecCuda, KeysMatchCpu) {
   POLYKV_REQUIRE_CUDA_DEVICE();
   const LayerShape s{4, 1031, 64};
@@ -191,6 +222,9 @@ TEST(CodecCuda, ZeroVectorsAndNonFiniteInput) {
 
 TEST(CodecCuda, ValuesMatchCpu) { GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)"; }
 TEST(CodecCuda, KeysMatchCpu) { GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)"; }
+TEST(CodecCuda, GoldenValueBytes) {
+  GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)";
+}
 TEST(CodecCuda, ZeroVectorsAndNonFiniteInput) {
   GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)";
 }

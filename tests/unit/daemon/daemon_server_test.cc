@@ -361,7 +361,9 @@ TEST_F(DaemonServerTest, BadFramesGetErrorsAndDaemonKeepsServing) {
     RawClient big(dir_.endpoint());
     big.SendFrame(std::string(64u << 20, 'x'));
     auto reply = big.RecvFrame(3000);
-    if (reply) EXPECT_EQ(ipc::DecodeReply(*reply)->code, "RESOURCE_EXHAUSTED");
+    if (reply) {
+      EXPECT_EQ(ipc::DecodeReply(*reply)->code, "RESOURCE_EXHAUSTED");
+    }
   }
   auto pong = c.Ping();
   ASSERT_TRUE(pong.ok()) << pong.status();

@@ -27,29 +27,29 @@ void ExpectSymmetricLevels(int bits, const std::vector<double>& positive) {
   for (int i = 0; i + 1 < n; ++i) EXPECT_LT((*cb)[i], (*cb)[i + 1]);
 }
 
-TEST(Codebook, ThreeBitsMatchesLloydMax) {
+TEST(CodecCodebook, ThreeBitsMatchesLloydMax) {
   ExpectSymmetricLevels(3, {0.2451, 0.7560, 1.3439, 2.1519});
 }
 
-TEST(Codebook, TwoBitsMatchesLloydMax) { ExpectSymmetricLevels(2, {0.4528, 1.5104}); }
+TEST(CodecCodebook, TwoBitsMatchesLloydMax) { ExpectSymmetricLevels(2, {0.4528, 1.5104}); }
 
-TEST(Codebook, FourBitsMatchesLloydMax) {
+TEST(CodecCodebook, FourBitsMatchesLloydMax) {
   ExpectSymmetricLevels(4, {0.1284, 0.3881, 0.6568, 0.9424, 1.2562, 1.6181, 2.0690, 2.7326});
 }
 
-TEST(Codebook, OneBitIsConditionalMean) {
+TEST(CodecCodebook, OneBitIsConditionalMean) {
   // E[x | x > 0] = sqrt(2/pi) = 0.79788.
   ExpectSymmetricLevels(1, {0.7979});
 }
 
-TEST(Codebook, RejectsBadBits) {
+TEST(CodecCodebook, RejectsBadBits) {
   EXPECT_EQ(LloydMaxCodebook(0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LloydMaxCodebook(5).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // ---- packing -----------------------------------------------------------------------------
 
-TEST(Packing, PackedBytesIsCeil) {
+TEST(CodecPacking, PackedBytesIsCeil) {
   EXPECT_EQ(PackedVectorBytes(1, 3), 1);
   EXPECT_EQ(PackedVectorBytes(3, 3), 2);
   EXPECT_EQ(PackedVectorBytes(8, 3), 3);
@@ -60,7 +60,7 @@ TEST(Packing, PackedBytesIsCeil) {
   EXPECT_EQ(PackedVectorBytes(80, 3), 30);
 }
 
-TEST(Packing, RoundTripAllSizes) {
+TEST(CodecPacking, RoundTripAllSizes) {
   std::mt19937 rng(7);
   for (int bits : {2, 3, 4}) {
     for (int n : {1, 5, 11, 48, 128}) {
@@ -96,7 +96,7 @@ std::vector<uint8_t> Pack(const std::vector<uint8_t>& codes, int bits) {
   return out;
 }
 
-TEST(Packing, FixedBytesFromTheLayoutDiagram) {
+TEST(CodecPacking, FixedBytesFromTheLayoutDiagram) {
   // Worked example in codec.h: 3-bit codes [1,2,3,4,5,6,7,0] -> D1 58 1F.
   EXPECT_EQ(Pack({1, 2, 3, 4, 5, 6, 7, 0}, 3), (std::vector<uint8_t>{0xD1, 0x58, 0x1F}));
   // Code 2 straddles bytes 0 and 1: bits 6,7 of byte 0 and bit 0 of byte 1.
@@ -116,7 +116,7 @@ TEST(Packing, FixedBytesFromTheLayoutDiagram) {
 
 // ---- dtype conversions -------------------------------------------------------------------
 
-TEST(DTypeConversion, F16RoundTripsAllBitPatterns) {
+TEST(CodecDTypeConversion, F16RoundTripsAllBitPatterns) {
   for (uint32_t h = 0; h < 65536; ++h) {
     const float f = m::F16ToFloat(static_cast<uint16_t>(h));
     const bool nan = ((h >> 10) & 0x1F) == 0x1F && (h & 0x3FF) != 0;
@@ -132,7 +132,7 @@ TEST(DTypeConversion, F16RoundTripsAllBitPatterns) {
   EXPECT_EQ(m::F16ToFloat(0x7BFF), 65504.0f);
 }
 
-TEST(DTypeConversion, F16MatchesCompilerRoundingOnASweep) {
+TEST(CodecDTypeConversion, F16MatchesCompilerRoundingOnASweep) {
   // GCC's _Float16 conversion (libgcc, round to nearest even) is the reference.
   for (uint64_t u = 0; u < (1ull << 32); u += 65521) {
     float f;
@@ -171,7 +171,7 @@ uint16_t RefBf16(float f) {
   return static_cast<uint16_t>(((lo >> 16) & 1) ? hi >> 16 : lo >> 16);
 }
 
-TEST(DTypeConversion, Bf16MatchesReferenceRounding) {
+TEST(CodecDTypeConversion, Bf16MatchesReferenceRounding) {
   for (uint64_t u = 0; u < (1ull << 32); u += 65519) {
     float f;
     const uint32_t bits = static_cast<uint32_t>(u);
@@ -217,7 +217,7 @@ std::string Hex(const uint8_t* p, size_t n) {
   return s;
 }
 
-TEST(Golden, ValueBytesThreeBitsHeadDim64) {
+TEST(CodecGolden, ValueBytesThreeBitsHeadDim64) {
   const LayerShape shape{1, 2, 64};
   const auto v = GoldenInput(2, 64);
   CodecConfig cfg;  // 3 bits, default seed, no norm correction
@@ -230,7 +230,7 @@ TEST(Golden, ValueBytesThreeBitsHeadDim64) {
   EXPECT_FLOAT_EQ(norms[1], 5.9272695f);
 }
 
-TEST(Golden, ValueBytesFourBitsHeadDim48NormCorrected) {
+TEST(CodecGolden, ValueBytesFourBitsHeadDim48NormCorrected) {
   const LayerShape shape{1, 1, 48};
   const auto v = GoldenInput(1, 48);
   CodecConfig cfg;
@@ -244,7 +244,7 @@ TEST(Golden, ValueBytesFourBitsHeadDim48NormCorrected) {
   EXPECT_FLOAT_EQ(norms[0], 5.2528362f);
 }
 
-TEST(Golden, RotationSignsOfDefaultSeed) {
+TEST(CodecGolden, RotationSignsOfDefaultSeed) {
   // First 16 signs of the default seed, as bits (1 = negative), LSB = coordinate 0.
   const CodecConfig cfg;
   uint32_t bits = 0;
@@ -252,7 +252,7 @@ TEST(Golden, RotationSignsOfDefaultSeed) {
   EXPECT_EQ(bits, 0x7D44u);
 }
 
-TEST(Golden, KeyBytesPerTensor) {
+TEST(CodecGolden, KeyBytesPerTensor) {
   const LayerShape shape{2, 2, 8};
   std::vector<float> k(32);
   for (int i = 0; i < 32; ++i) k[i] = (i - 12) * 0.0625f;  // absmax 19 * 0.0625 = 1.1875
@@ -268,7 +268,7 @@ TEST(Golden, KeyBytesPerTensor) {
   for (int i = 0; i < 32; ++i) EXPECT_EQ(q[i], expect[i]) << i;
 }
 
-TEST(KeyRounding, TiesGoToEven) {
+TEST(CodecKeyRounding, TiesGoToEven) {
   EXPECT_EQ(m::QuantizeKey(2.5f, 1.0f), 2);
   EXPECT_EQ(m::QuantizeKey(3.5f, 1.0f), 4);
   EXPECT_EQ(m::QuantizeKey(-2.5f, 1.0f), -2);
@@ -286,7 +286,7 @@ namespace {
 
 // Every FWHT implementation (host SIMD first stages, fixed-size stages) must equal the plain
 // runtime butterfly network bit for bit: the CUDA kernels run the portable one.
-TEST(Fwht, AllImplementationsAreBitIdentical) {
+TEST(CodecFwht, AllImplementationsAreBitIdentical) {
   for (int block : {2, 4, 8, 16, 32, 64, 128, 256}) {
     auto x = testing::Gaussian(block * 3, 40 + block, 3.0f);
     auto y = x;
@@ -310,7 +310,7 @@ TEST(Fwht, AllImplementationsAreBitIdentical) {
   for (int i = 0; i < 64; ++i) EXPECT_EQ(e[i], i == 5 ? 64.0f : 0.0f);
 }
 
-TEST(KeyRounding, MagicConstantEqualsRint) {
+TEST(CodecKeyRounding, MagicConstantEqualsRint) {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-140.0f, 140.0f);
   for (int i = 0; i < 200000; ++i) {
@@ -320,7 +320,7 @@ TEST(KeyRounding, MagicConstantEqualsRint) {
   }
 }
 
-TEST(SumSquares, FixedLaneOrder) {
+TEST(CodecSumSquares, FixedLaneOrder) {
   // d = 11: lanes 0..2 get two terms, 3..7 one; result = (t0 + t2) + (t1 + t3).
   std::vector<float> x(11);
   for (int i = 0; i < 11; ++i) x[i] = 0.1f * (i + 1);

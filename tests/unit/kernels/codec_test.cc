@@ -82,7 +82,7 @@ void CheckKeys(const std::vector<float>& x, const LayerShape& s, KeyScaleMode mo
       }
 }
 
-TEST(Keys, ErrorBoundAllModes) {
+TEST(CodecKeys, ErrorBoundAllModes) {
   const LayerShape s{3, 37, 64};
   const auto x = KeyInput(s, 1);
   for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
@@ -90,7 +90,7 @@ TEST(Keys, ErrorBoundAllModes) {
   }
 }
 
-TEST(Keys, SingleToken) {
+TEST(CodecKeys, SingleToken) {
   const LayerShape s{2, 1, 8};
   const auto x = KeyInput(s, 2);
   for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
@@ -98,7 +98,7 @@ TEST(Keys, SingleToken) {
   }
 }
 
-TEST(Keys, Tokens4097) {
+TEST(CodecKeys, Tokens4097) {
   const LayerShape s{2, 4097, 64};
   const auto x = KeyInput(s, 3);
   for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
@@ -106,7 +106,7 @@ TEST(Keys, Tokens4097) {
   }
 }
 
-TEST(Keys, ZeroTensorGivesScaleOneAndExactZeros) {
+TEST(CodecKeys, ZeroTensorGivesScaleOneAndExactZeros) {
   const LayerShape s{2, 5, 8};
   std::vector<float> x(s.elements(), 0.0f);
   for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
@@ -121,7 +121,7 @@ TEST(Keys, ZeroTensorGivesScaleOneAndExactZeros) {
   }
 }
 
-TEST(Keys, OneZeroHeadGetsScaleOne) {
+TEST(CodecKeys, OneZeroHeadGetsScaleOne) {
   const LayerShape s{2, 4, 8};
   auto x = KeyInput(s, 4);
   std::fill(x.begin(), x.begin() + 32, 0.0f);  // head 0 all zero
@@ -134,7 +134,7 @@ TEST(Keys, OneZeroHeadGetsScaleOne) {
   EXPECT_NE(scales[1], 1.0f);
 }
 
-TEST(Keys, NaNAndInfAreRejectedWithTheirIndex) {
+TEST(CodecKeys, NaNAndInfAreRejectedWithTheirIndex) {
   const LayerShape s{2, 10, 8};
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                     -std::numeric_limits<float>::infinity()}) {
@@ -158,7 +158,7 @@ TEST(Keys, NaNAndInfAreRejectedWithTheirIndex) {
   }
 }
 
-TEST(Keys, HalfPrecisionInputsAndOutputs) {
+TEST(CodecKeys, HalfPrecisionInputsAndOutputs) {
   const LayerShape s{2, 33, 64};
   const auto x32 = KeyInput(s, 6);
   for (DType t : {DType::kBF16, DType::kF16}) {
@@ -186,7 +186,7 @@ TEST(Keys, HalfPrecisionInputsAndOutputs) {
   }
 }
 
-TEST(Keys, TokenByTokenWithGivenScalesEqualsBatch) {
+TEST(CodecKeys, TokenByTokenWithGivenScalesEqualsBatch) {
   // Scales depend on the whole tensor, so "token by token" is comparable only with the
   // scales fixed: quantize the batch, then each (head, token) row alone with those scales.
   const LayerShape s{3, 50, 16};
@@ -212,7 +212,7 @@ TEST(Keys, TokenByTokenWithGivenScalesEqualsBatch) {
   }
 }
 
-TEST(Keys, GivenScalesAreValidated) {
+TEST(CodecKeys, GivenScalesAreValidated) {
   const LayerShape s{1, 1, 4};
   std::vector<float> x(4, 1.0f);
   std::vector<int8_t> q(4);
@@ -246,7 +246,7 @@ VResult RoundTripV(const std::vector<float>& x, const LayerShape& s, const Codec
   return r;
 }
 
-TEST(Values, RelativeMseOnGaussianVectors) {
+TEST(CodecValues, RelativeMseOnGaussianVectors) {
   const double bound[5] = {0, 0, 0.127, 0.0374, 0.0103};
   for (int d : {8, 48, 64, 80, 96, 128}) {
     const LayerShape s{2, 600, d};  // 1200 vectors
@@ -271,7 +271,7 @@ TEST(Values, RelativeMseOnGaussianVectors) {
 
 // Reference encode in double with an explicit block-Hadamard matrix and brute-force nearest
 // level; the optimized path must agree except for z within 1e-4 of a decision threshold.
-TEST(Values, MatchesExplicitMatrixReference) {
+TEST(CodecValues, MatchesExplicitMatrixReference) {
   for (int d : {8, 48, 64, 96}) {
     const LayerShape s{1, 40, d};
     const auto x = Gaussian(s.elements(), 300 + d, 2.0f);
@@ -325,7 +325,7 @@ TEST(Values, MatchesExplicitMatrixReference) {
   }
 }
 
-TEST(Values, NormCorrectionKeepsUnitNorm) {
+TEST(CodecValues, NormCorrectionKeepsUnitNorm) {
   for (int d : {8, 48, 64, 128}) {
     for (int bits : {2, 3, 4}) {
       const LayerShape s{1, 500, d};
@@ -361,7 +361,7 @@ TEST(Values, NormCorrectionKeepsUnitNorm) {
   }
 }
 
-TEST(Values, ZeroVectorDecodesToZeros) {
+TEST(CodecValues, ZeroVectorDecodesToZeros) {
   for (int bits : {2, 3, 4}) {
     for (bool nc : {false, true}) {
       const LayerShape s{1, 3, 48};
@@ -383,7 +383,7 @@ TEST(Values, ZeroVectorDecodesToZeros) {
   }
 }
 
-TEST(Values, NaNAndInfAreRejectedWithTheirIndex) {
+TEST(CodecValues, NaNAndInfAreRejectedWithTheirIndex) {
   const LayerShape s{2, 10, 8};
   for (float bad :
        {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
@@ -410,7 +410,7 @@ TEST(Values, NaNAndInfAreRejectedWithTheirIndex) {
   EXPECT_NE(st.message().find("element 3"), std::string::npos) << st.message();
 }
 
-TEST(Values, BatchEqualsTokenByToken) {
+TEST(CodecValues, BatchEqualsTokenByToken) {
   const LayerShape s{3, 40, 80};
   const auto x = Gaussian(s.elements(), 13);
   for (int bits : {2, 3, 4}) {
@@ -431,7 +431,7 @@ TEST(Values, BatchEqualsTokenByToken) {
   }
 }
 
-TEST(Values, ThreadCountDoesNotChangeBytes) {
+TEST(CodecValues, ThreadCountDoesNotChangeBytes) {
   const LayerShape s{4, 300, 128};
   const auto x = Gaussian(s.elements(), 14);
   CodecConfig cfg;
@@ -460,7 +460,7 @@ TEST(Values, ThreadCountDoesNotChangeBytes) {
   EXPECT_EQ(sc1, sc5);
 }
 
-TEST(Values, HalfPrecisionInputsAndOutputs) {
+TEST(CodecValues, HalfPrecisionInputsAndOutputs) {
   const LayerShape s{2, 100, 64};
   const auto x32 = Gaussian(s.elements(), 15);
   CodecConfig cfg;
@@ -491,7 +491,7 @@ TEST(Values, HalfPrecisionInputsAndOutputs) {
 // coordinates, so the energy of "one block" stays in 16 of the z coordinates (too large
 // for the N(0,1) codebook) while the others are 0 (quantized to +-0.2451). Prints the table
 // quoted in codec.h; asserts the bounds that must hold.
-TEST(Values, BlockRotationCostTable) {
+TEST(CodecValues, BlockRotationCostTable) {
   std::printf("head_dim block gaussian3 spike3 oneblock3\n");
   for (int d : {8, 48, 64, 80, 96, 128}) {
     const LayerShape s{1, 1000, d};
@@ -520,7 +520,7 @@ TEST(Values, BlockRotationCostTable) {
   }
 }
 
-TEST(Values, NonPowerOfTwoAndOddHeadDims) {
+TEST(CodecValues, NonPowerOfTwoAndOddHeadDims) {
   for (int d : {1, 3, 12, 24, 40, 100, 160, 192, 256, 320}) {
     const LayerShape s{1, 64, d};
     const auto x = Gaussian(s.elements(), 700 + d);
@@ -534,7 +534,7 @@ TEST(Values, NonPowerOfTwoAndOddHeadDims) {
 
 // ---- config, errors, accounting ------------------------------------------------------------
 
-TEST(Config, RejectsBadShapesAndBits) {
+TEST(CodecConfig, RejectsBadShapesAndBits) {
   CodecConfig cfg;
   EXPECT_TRUE(ValidateConfig({1, 1, 8}, cfg).ok());
   auto msg = [&](LayerShape s, CodecConfig c) {
@@ -562,7 +562,7 @@ TEST(Config, RejectsBadShapesAndBits) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(Config, CudaDeviceWithoutCudaIsAnError) {
+TEST(CodecConfig, CudaDeviceWithoutCudaIsAnError) {
   std::vector<float> x(8, 1.0f);
   std::vector<uint8_t> p(3);
   float n;
@@ -578,7 +578,7 @@ TEST(Config, CudaDeviceWithoutCudaIsAnError) {
 #endif
 }
 
-TEST(Accounting, LayerBytes) {
+TEST(CodecAccounting, LayerBytes) {
   const LayerShape s{8, 4096, 128};
   CodecConfig cfg;
   const LayerBytes b = CompressedLayerBytes(s, cfg);
@@ -594,7 +594,7 @@ TEST(Accounting, LayerBytes) {
   EXPECT_EQ(CompressedLayerBytes(s, cfg).key_scales, 4 * 8);
 }
 
-TEST(Accounting, ModelRatios) {
+TEST(CodecAccounting, ModelRatios) {
   CodecConfig cfg;
   const auto smol = ModelCompressionRatio(30, LayerShape{3, 4096, 64}, cfg);
   const auto llama = ModelCompressionRatio(32, LayerShape{8, 4096, 128}, cfg);

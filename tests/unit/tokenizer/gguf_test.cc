@@ -2,13 +2,13 @@
 // blocks with known values.
 #include "polykv/model/gguf.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <set>
-
-#include <gtest/gtest.h>
 
 #include "gguf_writer.h"
 
@@ -79,10 +79,8 @@ TEST(GgufFileTest, OpensValidFileAndReadsEverything) {
   EXPECT_TRUE(g.Has("test.nested"));
   EXPECT_EQ(g.GetIntArray("test.nested").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(g.GetString("missing").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(g.GetString("llama.block_count").status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(g.GetInt("general.architecture").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.GetString("llama.block_count").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.GetInt("general.architecture").status().code(), absl::StatusCode::kInvalidArgument);
 
   ASSERT_EQ(g.tensors().size(), 2u);
   const GgufTensorInfo* a = g.FindTensor("a.weight");
@@ -334,7 +332,7 @@ TEST(GgufFileTest, RandomCorruptionIsCleanOrConsistent) {
       }
     }
   }
-  EXPECT_GT(opened, 0);    // flips inside tensor data leave the file valid
+  EXPECT_GT(opened, 0);  // flips inside tensor data leave the file valid
   EXPECT_GT(rejected, 0);
 }
 
@@ -481,7 +479,7 @@ TEST(GgufDequantizeTest, Q5_K) {
   PutU16(&b, 0, 0x3800);  // d = 0.5
   PutU16(&b, 2, 0x3400);  // dmin = 0.25
   KScales(reinterpret_cast<uint8_t*>(&b[4]), sc, mn);
-  for (int l = 0; l < 32; ++l) b[16 + l] = static_cast<char>((l * 37 + 11) & 0xff);   // qh
+  for (int l = 0; l < 32; ++l) b[16 + l] = static_cast<char>((l * 37 + 11) & 0xff);  // qh
   for (int i = 0; i < 128; ++i) b[48 + i] = static_cast<char>((i * 13 + 5) & 0xff);  // qs
   float y[256];
   ASSERT_TRUE(DequantizeToF32(13, reinterpret_cast<const uint8_t*>(b.data()), 176, 256, y).ok());
@@ -496,7 +494,7 @@ TEST(GgufDequantizeTest, Q5_K) {
 
 TEST(GgufDequantizeTest, Q6_K) {
   std::string b(210, '\0');
-  for (int i = 0; i < 128; ++i) b[i] = static_cast<char>((i * 29 + 3) & 0xff);      // ql
+  for (int i = 0; i < 128; ++i) b[i] = static_cast<char>((i * 29 + 3) & 0xff);       // ql
   for (int i = 0; i < 64; ++i) b[128 + i] = static_cast<char>((i * 53 + 7) & 0xff);  // qh
   const int8_t scales[16] = {1, -2, 3, -4, 5, -6, 7, -8, 127, -128, 10, 20, -30, 40, 50, 60};
   std::memcpy(&b[192], scales, 16);

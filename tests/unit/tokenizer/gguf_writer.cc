@@ -1,12 +1,11 @@
 // Test helper: in-memory GGUF v3 builder (see gguf_writer.h).
 #include "gguf_writer.h"
 
-#include <cstring>
-#include <fstream>
-
+#include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
+#include <cstring>
+#include <fstream>
 
 namespace polykv::model::testing {
 

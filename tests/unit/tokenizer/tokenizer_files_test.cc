@@ -1,13 +1,12 @@
 // Tokenizer loading from tokenizer.json, tokenizer.model and crafted GGUF vocabularies,
 // including the errors for unsupported or inconsistent tokenizers.
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
-#include <sstream>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "gguf_writer.h"
 #include "polykv/model/gguf.h"
@@ -161,9 +160,8 @@ TEST(TokenizerSentencePieceTest, TrainedModelRoundTrips) {
   EXPECT_TRUE(tok.adds_bos());
   EXPECT_TRUE(tok.IsEndOfGeneration(2));
   EXPECT_EQ(tok.Fingerprint().size(), 64u);
-  for (const std::string& text :
-       {std::string("The game 's story takes place in 1935 ."), std::string("Grüße, 日本 🦙"),
-        wiki.substr(0, 5000)}) {
+  for (const std::string& text : {std::string("The game 's story takes place in 1935 ."),
+                                  std::string("Grüße, 日本 🦙"), wiki.substr(0, 5000)}) {
     auto ids = tok.Encode(text, true);
     ASSERT_TRUE(ids.ok()) << ids.status();
     ASSERT_FALSE(ids->empty());

@@ -2,11 +2,11 @@
 // SmolLM2 chat template, tokenizer.json / tokenizer.model loading and bad inputs.
 #include "polykv/model/tokenizer.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 #include "gguf_writer.h"
 #include "polykv/model/gguf.h"
@@ -21,15 +21,21 @@ std::string ReadAll(const std::string& path) {
   return ss.str();
 }
 
-std::string DataPath(const std::string& rel) { return std::string(POLYKV_TEST_DATA_DIR) + "/" + rel; }
+std::string DataPath(const std::string& rel) {
+  return std::string(POLYKV_TEST_DATA_DIR) + "/" + rel;
+}
 
 std::string Escape(const std::string& s) {
   std::string r;
   for (unsigned char c : s) {
-    if (c == '\n') r += "\\n";
-    else if (c == '\t') r += "\\t";
-    else if (c == '\r') r += "\\r";
-    else r += static_cast<char>(c);
+    if (c == '\n')
+      r += "\\n";
+    else if (c == '\t')
+      r += "\\t";
+    else if (c == '\r')
+      r += "\\r";
+    else
+      r += static_cast<char>(c);
   }
   return r;
 }
@@ -93,8 +99,8 @@ void CheckVocab(const std::string& vocab, size_t expected_cases) {
     std::string got = Join(*ids);
     if (got != c.expected) {
       ++failures;
-      ADD_FAILURE() << vocab << " mismatch for '" << Escape(c.text) << "'\n  expected: "
-                    << c.expected << "\n  got:      " << got;
+      ADD_FAILURE() << vocab << " mismatch for '" << Escape(c.text)
+                    << "'\n  expected: " << c.expected << "\n  got:      " << got;
     }
   }
   EXPECT_EQ(failures, 0);
@@ -176,9 +182,24 @@ TEST(TokenizerRoundTripTest, RandomStrings) {
   auto spm = Load(DataPath("tokenizer/ggml-vocab-llama-spm.gguf"));
   ASSERT_NE(gpt2, nullptr);
   ASSERT_NE(spm, nullptr);
-  const std::vector<std::string> alphabet = {"a", "Z", "7", " ", "  ", "\n", "\t", "'s", "'",
-                                             ".", "!", "\xc3\xa9", "\xe2\x80\x94",
-                                             "\xe6\x97\xa5", "\xf0\x9f\xa6\x99", "<", "|", "0x"};
+  const std::vector<std::string> alphabet = {"a",
+                                             "Z",
+                                             "7",
+                                             " ",
+                                             "  ",
+                                             "\n",
+                                             "\t",
+                                             "'s",
+                                             "'",
+                                             ".",
+                                             "!",
+                                             "\xc3\xa9",
+                                             "\xe2\x80\x94",
+                                             "\xe6\x97\xa5",
+                                             "\xf0\x9f\xa6\x99",
+                                             "<",
+                                             "|",
+                                             "0x"};
   uint64_t state = 12345;
   auto next = [&state] {
     state = state * 6364136223846793005ull + 1442695040888963407ull;

@@ -34,7 +34,7 @@
 // (the big coordinates clip at the outer level, the empty blocks cost +-0.2451 each).
 // On i.i.d. Gaussian vectors there is no loss (they need no rotation). Measured relative
 // MSE sum|x_hat - x|^2 / sum|x|^2 at 3 bits, 1000 vectors each (test
-// Values.BlockRotationCostTable): "spike" = one channel of 3.0 plus N(0, 0.1^2) noise,
+// CodecValues.BlockRotationCostTable): "spike" = one channel of 3.0 plus N(0, 0.1^2) noise,
 // "one block" = N(0,1) in channels 0..15 and zeros elsewhere:
 //
 //   head_dim  B    gaussian  spike    one block

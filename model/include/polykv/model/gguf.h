@@ -16,8 +16,21 @@ namespace polykv::model {
 
 /// ggml tensor types (numbering of ggml.h).
 enum class GgmlType : uint32_t {
-  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ8_1 = 9,
-  kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kQ8_K = 15, kBF16 = 30,
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ8_1 = 9,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,
+  kBF16 = 30,
 };
 
 /// Name of a ggml type ("Q4_1"), or "type N" for unknown values.
@@ -58,8 +71,8 @@ class GgufFile {
   /// (a nested array is a mismatch for every array getter), kOutOfRange when an integer
   /// does not fit the result type.
   StatusOr<std::string> GetString(std::string_view key) const;
-  StatusOr<int64_t> GetInt(std::string_view key) const;    ///< any integer type
-  StatusOr<double> GetFloat(std::string_view key) const;   ///< f32/f64 (or integer)
+  StatusOr<int64_t> GetInt(std::string_view key) const;   ///< any integer type
+  StatusOr<double> GetFloat(std::string_view key) const;  ///< f32/f64 (or integer)
   StatusOr<bool> GetBool(std::string_view key) const;
   StatusOr<std::vector<std::string>> GetStringArray(std::string_view key) const;
   StatusOr<std::vector<float>> GetFloatArray(std::string_view key) const;
@@ -90,7 +103,7 @@ StatusOr<uint64_t> GgmlTypeBytes(uint32_t type, int64_t elements);
 /// Supports F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (at least every
 /// type in SmolLM2-135M-Instruct.Q4_1.gguf). Errors: kUnimplemented naming the type;
 /// kInvalidArgument when data_bytes is too small.
-Status DequantizeToF32(uint32_t type, const uint8_t* data, uint64_t data_bytes,
-                       int64_t elements, float* out);
+Status DequantizeToF32(uint32_t type, const uint8_t* data, uint64_t data_bytes, int64_t elements,
+                       float* out);
 
 }  // namespace polykv::model
