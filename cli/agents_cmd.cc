@@ -262,7 +262,7 @@ Status RunAgents(const AgentsArgs& a) {
   const double all_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
-  // Baseline in the same run: one agent alone, pool path then re-prefill (all cores).
+  // Baseline in the same run: one agent alone (same threads), pool path then re-prefill.
   std::vector<Child> base(a.baseline ? 1 : 0);
   if (a.baseline) {
     base[0].index = -1;
@@ -270,7 +270,7 @@ Status RunAgents(const AgentsArgs& a) {
     base[0].out_path = dir + "/baseline.out";
     base[0].err_path = dir + "/baseline.err";
     POLYKV_RETURN_IF_ERROR(RunAll(base, 1, [&](const Child& c) {
-      return AgentArgv(a, exe, c.prompt, std::max(threads, cores), true);
+      return AgentArgv(a, exe, c.prompt, threads, true);
     }));
   }
 

@@ -227,6 +227,7 @@ struct Daemon::Impl {
   };
   std::list<Worker> workers;
   bool shut_down = false;
+  bool owns_files = false;  // set once our socket is bound: only then are the files ours
 
   ~Impl() { Shutdown(); }
 
@@ -522,12 +523,12 @@ void Daemon::Impl::Shutdown() {
     ctx.close();
   } catch (const zmq::error_t&) {
   }
-  if (!ipc_path.empty()) {
+  if (!ipc_path.empty() && owns_files) {
     unlink(ipc_path.c_str());
     unlink(pid_path.c_str());
     unlink(segments_path.c_str());
   }
-  spdlog::info("polykvd stopped");
+  if (owns_files) spdlog::info("polykvd stopped");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -623,7 +624,6 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
       WriteFileAtomic(seg_path, names.empty() ? "" : absl::StrJoin(names, "\n") + "\n");
     };
   }
-  impl->manager = std::make_unique<PoolManager>(std::move(pm));
 
   // Sockets.
   try {
@@ -640,9 +640,11 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
     impl->router->set(zmq::sockopt::linger, 0);
     impl->router->set(zmq::sockopt::sndhwm, 10000);
     impl->router->bind(impl->endpoint);
+    impl->owns_files = true;
   } catch (const zmq::error_t& e) {
     return absl::UnavailableError(absl::StrCat("cannot bind ", impl->endpoint, ": ", e.what()));
   }
+  impl->manager = std::make_unique<PoolManager>(std::move(pm));
   if (!impl->ipc_path.empty()) {
     const std::string& path = impl->ipc_path;
     if (chmod(path.c_str(), o.socket_mode) != 0) {

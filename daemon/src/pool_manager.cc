@@ -140,6 +140,7 @@ PoolManager::~PoolManager() { Shutdown(); }
 void PoolManager::Shutdown() {
   std::lock_guard<std::mutex> lock(mu_);
   shutdown_ = true;
+  if (pools_.empty() && leases_.empty()) return;
   for (auto& [id, pool] : pools_) {
     if (pool.shm) segments_.erase(pool.shm->name());
     spdlog::info("released pool {} ({} bytes)", id.substr(0, 16), pool.info.total_bytes);

@@ -28,7 +28,7 @@ std::string Document() {
 model::LlamaModel* Model() {
   static std::unique_ptr<model::LlamaModel> m = [] {
     model::LoadOptions lo;
-    lo.threads = 2;
+    lo.threads = 1;
     auto r = model::LlamaModel::Load(SmolLM2Path(), lo);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? std::move(*r) : nullptr;
@@ -102,7 +102,7 @@ class AgentsSmolLM2 : public ::testing::Test {
     std::vector<std::string> argv = {CliPath(), "agent", "--pool", pool, "--model",
                                      SmolLM2Path(), "--endpoint", daemon_->endpoint(),
                                      "--prompt", question, "--chat", "--max-new-tokens",
-                                     std::to_string(new_tokens), "--json", "--threads", "2"};
+                                     std::to_string(new_tokens), "--json", "--threads", "1"};
     if (ignore_eos) argv.push_back("--ignore-eos");
     ProcessResult r = RunProcess(argv, daemon_->dir(), 300000);
     EXPECT_EQ(r.exit_code, 0) << r.err;

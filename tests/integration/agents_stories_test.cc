@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <set>
 #include <string>
@@ -149,10 +150,50 @@ TEST_F(AgentsStories, NoneCodecAgentEqualsSingleProcessRun) {
   }
 }
 
+// Relative L2 error of every layer's decoded K and V of `pool` against the raw pool `ref`.
+void DecodeErrors(const Daemon& d, const std::string& pool, const std::string& ref,
+                  double* k_err, double* v_err) {
+  polykv_client* c = nullptr;
+  ASSERT_EQ(polykv_connect(d.endpoint().c_str(), 5000, &c), POLYKV_OK);
+  polykv_pool *p = nullptr, *r = nullptr;
+  ASSERT_EQ(polykv_attach(c, pool.c_str(), &p), POLYKV_OK) << polykv_last_error();
+  ASSERT_EQ(polykv_attach(c, ref.c_str(), &r), POLYKV_OK) << polykv_last_error();
+  polykv_pool_info info{};
+  ASSERT_EQ(polykv_pool_get_info(p, &info), POLYKV_OK);
+  const size_t n = polykv_pool_layer_elements(p);
+  std::vector<float> k(n), v(n), rk(n), rv(n);
+  double dk = 0, nk = 0, dv = 0, nv = 0;
+  for (uint32_t l = 0; l < info.layers; ++l) {
+    ASSERT_EQ(polykv_decode_layer(p, l, k.data(), v.data(), POLYKV_DTYPE_F32), POLYKV_OK);
+    ASSERT_EQ(polykv_decode_layer(r, l, rk.data(), rv.data(), POLYKV_DTYPE_F32), POLYKV_OK);
+    for (size_t i = 0; i < n; ++i) {
+      dk += (k[i] - rk[i]) * (k[i] - rk[i]);
+      nk += rk[i] * rk[i];
+      dv += (v[i] - rv[i]) * (v[i] - rv[i]);
+      nv += rv[i] * rv[i];
+    }
+  }
+  *k_err = std::sqrt(dk / nk);
+  *v_err = std::sqrt(dv / nv);
+  polykv_detach(p);
+  polykv_detach(r);
+  polykv_disconnect(c);
+}
+
 TEST_F(AgentsStories, K8V3GreedyAgreementOver64Tokens) {
   const std::string pool = Create("k8v3");
   ASSERT_FALSE(pool.empty());
+  const std::string raw = Create("none");
+  ASSERT_FALSE(raw.empty());
   const auto& st = GetStories();
+  double k_err = 0, v_err = 0;
+  DecodeErrors(*daemon_, pool, raw, &k_err, &v_err);
+  std::printf("k8v3 pool vs raw pool: relative L2 error K %.4f, V %.4f\n", k_err, v_err);
+  // int8 keys: |err| <= scale/2 per element; 3-bit TurboQuant-MSE on 8-dim vectors: the
+  // Lloyd-Max MSE of N(0,1) at 3 bits is 0.0345, i.e. ~0.19 relative L2 (0.3 allows for
+  // the small block).
+  EXPECT_LT(k_err, 0.02);
+  EXPECT_LT(v_err, 0.30);
   int agree = 0, prefix = 0;
   const int kPrompts = 4;
   for (int i = 0; i < kPrompts; ++i) {

@@ -178,7 +178,7 @@ class Daemon {
     endpoint_ = "ipc://" + dir_.path() + "/control.sock";
     std::vector<std::string> argv = {DaemonPath(), "--endpoint", endpoint_, "--backend", "host",
                                      "--lease-seconds", std::to_string(lease_seconds),
-                                     "--threads", "2", "--log-level", "warn"};
+                                     "--threads", "1", "--log-level", "warn"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     if (!proc_.Start(argv, dir_.path() + "/polykvd.out", dir_.path() + "/polykvd.err")) return;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);

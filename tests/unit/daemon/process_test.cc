@@ -2,6 +2,7 @@
 // segments gone), a second daemon refusing a live endpoint, SIGKILL + restart cleaning the
 // stale socket and segments, and a client under another uid (setpriv) being refused.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
