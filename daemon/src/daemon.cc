@@ -618,6 +618,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   pm.model_path = o.model_path;
   pm.shm_prefix = o.shm_prefix;
   pm.loader = o.loader;
+  pm.threads = o.threads;
   if (!impl->segments_path.empty()) {
     std::string seg_path = impl->segments_path;
     pm.on_segments_changed = [seg_path](const std::vector<std::string>& names) {

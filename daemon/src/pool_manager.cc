@@ -131,7 +131,12 @@ std::string ComputePoolId(const std::string& model_fingerprint,
 
 PoolManager::PoolManager(PoolManagerOptions options) : options_(std::move(options)) {
   if (!options_.loader) {
-    options_.loader = [](const std::string& path) { return model::LlamaModel::Load(path); };
+    const int threads = options_.threads;
+    options_.loader = [threads](const std::string& path) {
+      model::LoadOptions load;
+      load.threads = threads;
+      return model::LlamaModel::Load(path, load);
+    };
   }
 }
 

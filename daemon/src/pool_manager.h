@@ -45,7 +45,9 @@ struct PoolManagerOptions {
   std::string shm_prefix = "/polykv-";
   /// Prefill chunk (tokens).
   int64_t prefill_chunk = 512;
-  /// Empty: model::LlamaModel::Load with default LoadOptions.
+  /// libtorch intra-op threads passed to the default loader (0 = all cores).
+  int threads = 0;
+  /// Empty: model::LlamaModel::Load with LoadOptions{threads}.
   ModelLoader loader;
   /// Called with the current list of shm object names whenever it changes (for the
   /// daemon's stale-segment record). May be empty.

@@ -1,10 +1,27 @@
-// CUDA IPC (label gpu): arena export + mapping in a second process, and PoolWriter/PoolReader
-// on device memory against the CPU path. Skips without a CUDA device.
+// CUDA IPC (label gpu): PoolWriter/PoolReader on device memory against the CPU path, and
+// an arena exported to a second process (this binary re-run with a child-only test) that
+// maps it read-only through CudaIpcMapping. Skips without a CUDA device.
 #include "polykv/ipc/cuda_ipc.h"
 
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <vector>
 
 #include "polykv/ipc/pool_layout.h"
+#include "polykv/ipc/protocol.h"
+
+#ifdef POLYKV_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+extern char** environ;
 
 namespace polykv::ipc {
 namespace {
@@ -19,6 +36,153 @@ TEST(CudaIpcTest, UnavailableWithoutDevice) {
   CudaIpcHandle h;
   EXPECT_FALSE(CudaIpcMapping::Open(h).ok());
 }
+
+#ifdef POLYKV_HAVE_CUDA
+
+PoolParams Params() {
+  PoolParams p;
+  p.layers = 2;
+  p.kv_heads = 3;
+  p.head_dim = 64;
+  p.tokens = 50;
+  p.codec = PoolCodec::kK8V;
+  p.codec_config.value_bits = 3;
+  p.model_fingerprint = "gpu-test";
+  p.tokenizer_fingerprint = "none";
+  return p;
+}
+
+std::vector<float> Kv(const PoolParams& p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::vector<float> v(size_t{p.kv_heads} * p.tokens * p.head_dim);
+  for (auto& x : v) x = n(rng);
+  return v;
+}
+
+// Builds the same pool on the host and on the device; returns the host bytes.
+std::vector<uint8_t> HostPool(const PoolParams& p, const std::vector<int32_t>& ids) {
+  auto layout = ComputePoolLayout(p);
+  std::vector<uint8_t> host(layout->total_bytes, 0);
+  std::vector<uint8_t> id(32, 7);
+  auto w = PoolWriter::Create(host.data(), host.size(), p, id, ids);
+  EXPECT_TRUE(w.ok());
+  for (uint32_t l = 0; l < p.layers; ++l) {
+    auto k = Kv(p, 2 * l), v = Kv(p, 2 * l + 1);
+    EXPECT_TRUE(w->WriteLayer(l, k.data(), v.data(), kernels::DType::kF32).ok());
+  }
+  EXPECT_TRUE(w->Finalize().ok());
+  return host;
+}
+
+TEST(CudaIpcTest, DeviceWriterMatchesHostAndReaderDecodes) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device";
+  PoolParams p = Params();
+  std::vector<int32_t> ids(p.tokens);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  auto host = HostPool(p, ids);
+  auto arena = CudaArena::Allocate(host.size());
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  std::vector<uint8_t> id(32, 7);
+  auto w = PoolWriter::Create(arena->data(), arena->size(), p, id, ids, kernels::Device::kCuda);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const size_t n = size_t{p.kv_heads} * p.tokens * p.head_dim;
+  float *dk = nullptr, *dv = nullptr;
+  ASSERT_EQ(cudaMalloc(&dk, 4 * n), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dv, 4 * n), cudaSuccess);
+  for (uint32_t l = 0; l < p.layers; ++l) {
+    auto k = Kv(p, 2 * l), v = Kv(p, 2 * l + 1);
+    cudaMemcpy(dk, k.data(), 4 * n, cudaMemcpyHostToDevice);
+    cudaMemcpy(dv, v.data(), 4 * n, cudaMemcpyHostToDevice);
+    ASSERT_TRUE(w->WriteLayer(l, dk, dv, kernels::DType::kF32).ok());
+  }
+  ASSERT_TRUE(w->Finalize().ok());
+  auto r = PoolReader::Open(arena->data(), arena->size(), true, kernels::Device::kCuda);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->TokenIds(), ids);
+  auto hr = PoolReader::Open(host.data(), host.size(), true);
+  ASSERT_TRUE(hr.ok());
+  // Decoded values: device path vs host path within float rounding of the two kernels.
+  std::vector<float> hk(n), hv(n), gk(n), gv(n);
+  for (uint32_t l = 0; l < p.layers; ++l) {
+    ASSERT_TRUE(hr->DecodeLayer(l, hk.data(), hv.data(), kernels::DType::kF32).ok());
+    ASSERT_TRUE(r->DecodeLayer(l, dk, dv, kernels::DType::kF32).ok());
+    cudaDeviceSynchronize();
+    cudaMemcpy(gk.data(), dk, 4 * n, cudaMemcpyDeviceToHost);
+    cudaMemcpy(gv.data(), dv, 4 * n, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(gk[i], hk[i], 1e-5f * (1 + std::abs(hk[i]))) << i;
+      ASSERT_NEAR(gv[i], hv[i], 1e-4f * (1 + std::abs(hv[i]))) << i;
+    }
+  }
+  cudaFree(dk);
+  cudaFree(dv);
+}
+
+// Child half of CrossProcessMapping: maps the handle from $POLYKV_TEST_CUDA_HANDLE and
+// checks the pool's token ids and payload checksum.
+TEST(CudaIpcChild, DISABLED_MapsPool) {
+  const char* path = std::getenv("POLYKV_TEST_CUDA_HANDLE");
+  ASSERT_NE(path, nullptr);
+  std::ifstream f(path);
+  std::string frame((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto reply = DecodeReply(frame);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_TRUE(reply->memory.has_value());
+  auto m = CudaIpcMapping::Open(reply->memory->cuda);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto again = CudaIpcMapping::Open(reply->memory->cuda);  // refcounted reuse
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->data(), m->data());
+  auto r = PoolReader::Open(m->data(), m->size(), true, kernels::Device::kCuda);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<int32_t> ids = r->TokenIds();
+  ASSERT_EQ(ids.size(), 50u);
+  EXPECT_EQ(ids[49], 49);
+}
+
+TEST(CudaIpcTest, CrossProcessMapping) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device";
+  PoolParams p = Params();
+  std::vector<int32_t> ids(p.tokens);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  auto host = HostPool(p, ids);
+  auto arena = CudaArena::Allocate(host.size() + 4096);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  ASSERT_TRUE(arena->CopyFromHost(4096, host.data(), host.size()).ok());
+  auto h = arena->Export(4096, host.size());  // an interior pool: offset matters
+  ASSERT_TRUE(h.ok()) << h.status();
+  Reply reply;
+  reply.type = MessageType::kAttach;
+  MemoryHandle mem;
+  mem.backend = "cuda";
+  mem.cuda = *h;
+  mem.size = host.size();
+  reply.memory = mem;
+  char tmpl[] = "/tmp/polykv-cuda-XXXXXX";
+  int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  std::string frame = EncodeReply(reply);
+  ASSERT_EQ(write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+  close(fd);
+  setenv("POLYKV_TEST_CUDA_HANDLE", tmpl, 1);
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  ASSERT_GT(n, 0);
+  self[n] = '\0';
+  std::string a0 = self, a1 = "--gtest_also_run_disabled_tests",
+              a2 = "--gtest_filter=CudaIpcChild.DISABLED_MapsPool";
+  char* argv[] = {a0.data(), a1.data(), a2.data(), nullptr};
+  pid_t pid;
+  ASSERT_EQ(posix_spawn(&pid, self, nullptr, nullptr, argv, environ), 0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  unsetenv("POLYKV_TEST_CUDA_HANDLE");
+  unlink(tmpl);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child failed";
+}
+
+#endif  // POLYKV_HAVE_CUDA
 
 }  // namespace
 }  // namespace polykv::ipc
