@@ -102,7 +102,7 @@ Status RunGenerate(const GenerateArgs& a, bool temperature_given) {
   const double decode_ms = r.total_ms - r.first_token_ms;
   std::fprintf(stderr, "[%zu prompt tokens, %zu new; first token %.1f ms; %.1f tokens/s decode]\n",
                ids.size(), r.tokens.size(), r.first_token_ms,
-               r.tokens.size() > 1 && decode_ms > 0 ? (r.tokens.size() - 1) * 1000.0 / decode_ms : 0.0);
+               r.tokens.size() > 1 && decode_ms > 0 ? r.tokens.size() * 1000.0 / decode_ms : 0.0);
   return absl::OkStatus();
 }
 

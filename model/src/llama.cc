@@ -126,9 +126,10 @@ class LlamaModelImpl final : public LlamaModel {
       if (i == 0) r.first_token_ms = MsSince(t0);
       if (options.stop_at_eos && IsEos(tok)) break;
       r.tokens.push_back(tok);
-      if (i + 1 == options.max_new_tokens) break;
+      // Append the token's K/V; the last one needs no logits (logits_from = 1: none).
+      const bool last = i + 1 == options.max_new_tokens;
       const int32_t one[1] = {tok};
-      POLYKV_ASSIGN_OR_RETURN(logits, ForwardImpl(absl::MakeConstSpan(one, 1), cache, 0));
+      POLYKV_ASSIGN_OR_RETURN(logits, ForwardImpl(absl::MakeConstSpan(one, 1), cache, last ? 1 : 0));
     }
     r.total_ms = MsSince(t0);
     return r;
@@ -270,7 +271,8 @@ class LlamaModelImpl final : public LlamaModel {
   }
 
   // Runs `tokens` at positions cache.length.., appends K/V, returns f32 logits for
-  // positions >= logits_from (relative to the first new token): [n - logits_from][vocab].
+  // positions >= logits_from (relative to the first new token): [n - logits_from][vocab]
+  // (logits_from == n: no logits, no lm_head work).
   StatusOr<torch::Tensor> ForwardImpl(absl::Span<const int32_t> tokens, KvCache& cache,
                                       int64_t logits_from) {
     const int64_t n = static_cast<int64_t>(tokens.size());

@@ -1,4 +1,4 @@
-// Unicode general-category ranges for the BPE pre-tokenizers (\\p{L}, \\p{N}, \\p{P} ...).
+// Unicode general-category ranges for the BPE pre-tokenizers (\p{L}, \p{N}, \p{P} ...).
 // GENERATED from Python 3.11 unicodedata (Unicode 14.0.0); do not edit by hand. Code points not
 // listed are categories C (control, format, unassigned, private use, surrogate).
 #include "unicode_data.h"

@@ -143,8 +143,9 @@ struct CommandResult {
   std::string out, err;
 };
 
-/// Runs argv (no shell), capturing stdout and stderr through temp files.
-inline CommandResult RunCommand(std::vector<std::string> args) {
+/// Runs argv (no shell), capturing stdout and stderr through temp files. `preload`, when
+/// not empty, is set as LD_PRELOAD for the child.
+inline CommandResult RunCommand(std::vector<std::string> args, const std::string& preload = "") {
   CommandResult result;
   char tmpl[] = "/tmp/polykv-client-cmd.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return result;
@@ -157,6 +158,7 @@ inline CommandResult RunCommand(std::vector<std::string> args) {
     dup2(o, 1);
     dup2(e, 2);
     dup2(in, 0);
+    if (!preload.empty()) setenv("LD_PRELOAD", preload.c_str(), 1);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

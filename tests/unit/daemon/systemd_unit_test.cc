@@ -31,7 +31,7 @@ TEST(SystemdUnitTest, HasRequiredDirectives) {
         "--config /etc/polykv/polykvd.conf"}) {
     EXPECT_NE(unit.find(line), std::string::npos) << "missing: " << line;
   }
-  EXPECT_EQ(unit.find("PrivateDevices"), std::string::npos) << "would hide /dev/nvidia*";
+  EXPECT_EQ(unit.find("\nPrivateDevices="), std::string::npos) << "would hide /dev/nvidia*";
   EXPECT_EQ(unit.find("@CMAKE_INSTALL_PREFIX@"), std::string::npos) << "unconfigured";
 }
 

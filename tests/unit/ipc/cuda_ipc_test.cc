@@ -88,8 +88,8 @@ TEST(CudaIpcTest, DeviceWriterMatchesHostAndReaderDecodes) {
   ASSERT_TRUE(w.ok()) << w.status();
   const size_t n = size_t{p.kv_heads} * p.tokens * p.head_dim;
   float *dk = nullptr, *dv = nullptr;
-  ASSERT_EQ(cudaMalloc(&dk, 4 * n), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dv, 4 * n), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dk), 4 * n), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dv), 4 * n), cudaSuccess);
   for (uint32_t l = 0; l < p.layers; ++l) {
     auto k = Kv(p, 2 * l), v = Kv(p, 2 * l + 1);
     cudaMemcpy(dk, k.data(), 4 * n, cudaMemcpyHostToDevice);

@@ -133,9 +133,8 @@ class LlamaModel {
   /// Continues from `cache` (e.g. decompressed from a pool): feeds `prompt` at positions
   /// cache.length.. (no gap), then samples up to max_new_tokens. An empty `prompt`
   /// recomputes the last cached token (cache.length - 1) to get its logits.
-  /// On return the cache holds the prompt and every returned token except the last one
-  /// (its K/V were never needed); an end-of-generation token stops the loop and is not
-  /// returned. Sampling: greedy = argmax (lowest id on ties); otherwise softmax(logits / T),
+  /// On return the cache holds the prompt and every returned token (ready for the next
+  /// turn); an end-of-generation token stops the loop and is neither returned nor cached. Sampling: greedy = argmax (lowest id on ties); otherwise softmax(logits / T),
   /// the smallest set of most likely tokens whose mass reaches top_p, and a draw from a
   /// std::mt19937_64 seeded with `seed`: the same seed gives the same tokens.
   /// Errors: kInvalidArgument for an empty cache with an empty prompt, max_new_tokens < 0,
