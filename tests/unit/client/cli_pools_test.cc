@@ -20,18 +20,6 @@ using testing::CommandResult;
 using testing::DaemonProcess;
 using testing::RunCommand;
 
-// TEMPORARY workaround, to drop once cli/CMakeLists.txt (or model/CMakeLists.txt) links
-// libprotobuf first: polykv-cli links libtorch + libsentencepiece, whose bundled
-// protobuf-lite symbols make it segfault before main(). Preloading libprotobuf restores the
-// symbol order. DeadEndpointIsUnavailable runs the binary WITHOUT it and so fails until then.
-std::string ProtobufPreload() {
-#ifdef POLYKV_PROTOBUF_PRELOAD
-  return POLYKV_PROTOBUF_PRELOAD;
-#else
-  return "";
-#endif
-}
-
 class CliPoolsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -47,7 +35,7 @@ class CliPoolsTest : public ::testing::Test {
     args.insert(args.begin(), CliBinary());
     args.push_back("--endpoint");
     args.push_back(daemon_->endpoint());
-    return RunCommand(args, ProtobufPreload());
+    return RunCommand(args);
   }
 
   /// Runs a command expected to succeed and parses its --json stdout.

@@ -143,9 +143,8 @@ struct CommandResult {
   std::string out, err;
 };
 
-/// Runs argv (no shell), capturing stdout and stderr through temp files. `preload`, when
-/// not empty, is set as LD_PRELOAD for the child.
-inline CommandResult RunCommand(std::vector<std::string> args, const std::string& preload = "") {
+/// Runs argv (no shell), capturing stdout and stderr through temp files.
+inline CommandResult RunCommand(std::vector<std::string> args) {
   CommandResult result;
   char tmpl[] = "/tmp/polykv-client-cmd.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return result;
@@ -158,7 +157,6 @@ inline CommandResult RunCommand(std::vector<std::string> args, const std::string
     dup2(o, 1);
     dup2(e, 2);
     dup2(in, 0);
-    if (!preload.empty()) setenv("LD_PRELOAD", preload.c_str(), 1);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
