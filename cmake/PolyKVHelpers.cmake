@@ -1,7 +1,7 @@
-# polykv_add_gtest(NAME SOURCES a.cc b.cc LIBS lib... [LABELS l...] [TIMEOUT s])
+# polykv_add_gtest(NAME SOURCES a.cc b.cc LIBS lib... [LABELS l...] [TIMEOUT s] [TEST_PREFIX p])
 # Builds one GoogleTest binary and registers each TEST with ctest (gtest_discover_tests).
 function(polykv_add_gtest name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT;TEST_PREFIX" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main)
   target_compile_definitions(${name} PRIVATE
@@ -16,5 +16,5 @@ function(polykv_add_gtest name)
   if(ARG_LABELS)
     list(APPEND props LABELS "${ARG_LABELS}")
   endif()
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES ${props})
+  gtest_discover_tests(${name} TEST_PREFIX "${ARG_TEST_PREFIX}" DISCOVERY_TIMEOUT 120 PROPERTIES ${props})
 endfunction()

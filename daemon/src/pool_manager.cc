@@ -11,6 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -30,13 +31,7 @@ double MsSince(Clock::time_point t0) {
 }
 
 std::string Hex(const uint8_t* data, size_t n) {
-  static const char kDigits[] = "0123456789abcdef";
-  std::string out(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    out[2 * i] = kDigits[data[i] >> 4];
-    out[2 * i + 1] = kDigits[data[i] & 15];
-  }
-  return out;
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(data), n));
 }
 
 std::vector<uint8_t> Unhex(const std::string& hex) {

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace polykv::ipc {
@@ -28,13 +29,7 @@ constexpr TypeName kTypeNames[] = {
 };
 
 std::string Hex(const uint8_t* data, size_t n) {
-  static const char kDigits[] = "0123456789abcdef";
-  std::string out(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    out[2 * i] = kDigits[data[i] >> 4];
-    out[2 * i + 1] = kDigits[data[i] & 15];
-  }
-  return out;
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(data), n));
 }
 
 Status Unhex(const std::string& hex, uint8_t* out, size_t n, const std::string& field) {

@@ -158,9 +158,17 @@ inline ProcessResult RunProcess(const std::vector<std::string>& argv, const std:
   return r;
 }
 
-/// Path of the POSIX shm object of a host pool (see the daemon: "/polykv-<first 16 hex>").
+/// The shm name prefix this test process gives its daemons (--shm-prefix): unique per
+/// process, so tests running in parallel (ctest -j) never share or remove each other's pools
+/// (identical documents give identical pool ids).
+inline const std::string& ShmPrefix() {
+  static const std::string prefix = "/polykv-it" + std::to_string(getpid()) + "-";
+  return prefix;
+}
+
+/// Path of the POSIX shm object of a host pool (the daemon names it prefix + first 16 hex).
 inline std::string ShmPath(const std::string& pool_id) {
-  return "/dev/shm/polykv-" + pool_id.substr(0, 16);
+  return "/dev/shm" + ShmPrefix() + pool_id.substr(0, 16);
 }
 
 /// Checksum64 over the whole shm file of a pool (header included); 0 when unreadable.
@@ -178,7 +186,8 @@ class Daemon {
     endpoint_ = "ipc://" + dir_.path() + "/control.sock";
     std::vector<std::string> argv = {DaemonPath(), "--endpoint", endpoint_, "--backend", "host",
                                      "--lease-seconds", std::to_string(lease_seconds),
-                                     "--threads", "1", "--log-level", "warn"};
+                                     "--threads", "1", "--log-level", "warn",
+                                     "--shm-prefix", ShmPrefix()};
     argv.insert(argv.end(), extra.begin(), extra.end());
     if (!proc_.Start(argv, dir_.path() + "/polykvd.out", dir_.path() + "/polykvd.err")) return;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
