@@ -88,7 +88,9 @@ class AgentsSmolLM2 : public ::testing::Test {
     ASSERT_TRUE(daemon_->ready()) << "polykvd did not start:\n" << daemon_->log();
   }
   void TearDown() override {
-    if (daemon_) EXPECT_EQ(daemon_->Stop(), 0) << daemon_->log();
+    if (daemon_) {
+      EXPECT_EQ(daemon_->Stop(), 0) << daemon_->log();
+    }
   }
   std::string Create(const std::string& codec) {
     std::string err;
@@ -171,7 +173,9 @@ void ManyAgents(Daemon& d, const std::string& pool, int n, bool baseline) {
     std::vector<int32_t> ids = Ids(a["result"]);
     EXPECT_FALSE(ids.empty());
     auto [it, fresh] = by_question.emplace(a["prompt"].get<std::string>(), ids);
-    if (!fresh) EXPECT_EQ(ids, it->second) << "same question, different answer";
+    if (!fresh) {
+      EXPECT_EQ(ids, it->second) << "same question, different answer";
+    }
   }
   const json& s = out["summary"];
   std::printf("SmolLM2 %d agents: pool %.2f MiB, N x bf16 %.2f MiB (%.2fx), max RSS %.0f MiB, "
