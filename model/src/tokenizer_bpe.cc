@@ -93,12 +93,6 @@ class BpeTokenizer final : public VocabTokenizer {
   }
 
  private:
-  struct Symbol {
-    size_t start;
-    size_t n;  // bytes; 0 once merged into its left neighbour
-    int prev;
-    int next;
-  };
   struct Bigram {
     int32_t rank;
     int left;
@@ -118,41 +112,19 @@ class BpeTokenizer final : public VocabTokenizer {
         return absl::OkStatus();
       }
     }
-    std::vector<Symbol> sym;
-    for (size_t off = 0; off < word.size();) {
-      size_t len =
-          std::min(unicode::Utf8Len(static_cast<unsigned char>(word[off])), word.size() - off);
-      sym.push_back({off, len, static_cast<int>(sym.size()) - 1, static_cast<int>(sym.size()) + 1});
-      off += len;
-    }
-    sym.back().next = -1;
-    std::priority_queue<Bigram> queue;
+    std::vector<MergeSymbol> sym = Utf8Symbols(word);
     std::string key;
-    auto try_add = [&](int left, int right) {
-      if (left < 0 || right < 0) return;
+    MergeSymbols<Bigram>(sym, [&](int left, int right, Bigram* b) {
       key.assign(word, sym[left].start, sym[left].n);
       key += ' ';
       key.append(word, sym[right].start, sym[right].n);
       auto it = ranks_.find(key);
-      if (it == ranks_.end()) return;
-      queue.push({it->second, left, right, sym[left].n + sym[right].n});
-    };
-    for (int i = 0; i + 1 < static_cast<int>(sym.size()); ++i) try_add(i, i + 1);
-    while (!queue.empty()) {
-      Bigram b = queue.top();
-      queue.pop();
-      Symbol& l = sym[b.left];
-      Symbol& r = sym[b.right];
-      if (l.n == 0 || r.n == 0 || l.n + r.n != b.size || l.next != b.right) continue;
-      l.n += r.n;
-      r.n = 0;
-      l.next = r.next;
-      if (r.next >= 0) sym[r.next].prev = b.left;
-      try_add(l.prev, b.left);
-      try_add(b.left, l.next);
-    }
+      if (it == ranks_.end()) return false;
+      *b = {it->second, left, right, sym[left].n + sym[right].n};
+      return true;
+    });
     for (int i = 0; i >= 0; i = sym[i].next) {
-      const Symbol& s = sym[i];
+      const MergeSymbol& s = sym[i];
       auto it = vocab_.token_to_id.find(word.substr(s.start, s.n));
       if (it != vocab_.token_to_id.end()) {
         out->push_back(it->second);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <queue>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "bpe_pretokenize.h"
+#include "unicode_data.h"
 #include "polykv/model/tokenizer.h"
 
 namespace polykv::model::tok {
@@ -108,5 +110,54 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceModel(const std::string& p
 StatusOr<std::string> RenderChatTemplate(const std::string& chat_template,
                                          absl::Span<const ChatMessage> messages,
                                          bool add_generation_prompt);
+
+/// One symbol of a word being merged: a byte span of the text, in a doubly-linked list.
+struct MergeSymbol {
+  size_t start;
+  size_t n;  ///< bytes; 0 once merged into its left neighbour
+  int prev;
+  int next;
+};
+
+/// One symbol per UTF-8 character of `text`, linked in order (last `next` is -1).
+inline std::vector<MergeSymbol> Utf8Symbols(std::string_view text) {
+  std::vector<MergeSymbol> sym;
+  for (size_t off = 0; off < text.size();) {
+    size_t len =
+        std::min(unicode::Utf8Len(static_cast<unsigned char>(text[off])), text.size() - off);
+    sym.push_back({off, len, static_cast<int>(sym.size()) - 1, static_cast<int>(sym.size()) + 1});
+    off += len;
+  }
+  if (!sym.empty()) sym.back().next = -1;
+  return sym;
+}
+
+/// Greedy pairwise merging shared by byte-level BPE (lowest merge rank first) and
+/// SentencePiece (highest score first). `Bigram` has int `left`, `right`, size_t `size` and an
+/// operator< that puts the pair to merge next on top of a std::priority_queue;
+/// `make(left, right, &bigram)` fills it, or returns false when the pair does not merge.
+template <typename Bigram, typename MakeBigram>
+void MergeSymbols(std::vector<MergeSymbol>& sym, MakeBigram make) {
+  std::priority_queue<Bigram> queue;
+  auto try_add = [&](int left, int right) {
+    if (left < 0 || right < 0) return;
+    Bigram b;
+    if (make(left, right, &b)) queue.push(b);
+  };
+  for (int i = 0; i + 1 < static_cast<int>(sym.size()); ++i) try_add(i, i + 1);
+  while (!queue.empty()) {
+    Bigram b = queue.top();
+    queue.pop();
+    MergeSymbol& l = sym[b.left];
+    MergeSymbol& r = sym[b.right];
+    if (l.n == 0 || r.n == 0 || l.n + r.n != b.size || l.next != b.right) continue;
+    l.n += r.n;
+    r.n = 0;
+    l.next = r.next;
+    if (r.next >= 0) sym[r.next].prev = b.left;
+    try_add(l.prev, b.left);
+    try_add(b.left, l.next);
+  }
+}
 
 }  // namespace polykv::model::tok

@@ -49,38 +49,16 @@ class SpmTokenizer final : public VocabTokenizer {
       }
     }
     // One symbol per UTF-8 character.
-    std::vector<Symbol> sym;
-    for (size_t off = 0; off < text.size();) {
-      size_t len =
-          std::min(unicode::Utf8Len(static_cast<unsigned char>(text[off])), text.size() - off);
-      sym.push_back({off, len, static_cast<int>(sym.size()) - 1, static_cast<int>(sym.size()) + 1});
-      off += len;
-    }
+    std::vector<MergeSymbol> sym = Utf8Symbols(text);
     if (sym.empty()) return absl::OkStatus();
-    sym.back().next = -1;
-    std::priority_queue<Bigram> queue;
-    auto try_add = [&](int left, int right) {
-      if (left < 0 || right < 0) return;
+    MergeSymbols<Bigram>(sym, [&](int left, int right, Bigram* b) {
       auto it = vocab_.token_to_id.find(text.substr(sym[left].start, sym[left].n + sym[right].n));
-      if (it == vocab_.token_to_id.end()) return;
-      queue.push({Score(it->second), left, right, sym[left].n + sym[right].n});
-    };
-    for (int i = 0; i + 1 < static_cast<int>(sym.size()); ++i) try_add(i, i + 1);
-    while (!queue.empty()) {
-      Bigram b = queue.top();
-      queue.pop();
-      Symbol& l = sym[b.left];
-      Symbol& r = sym[b.right];
-      if (l.n == 0 || r.n == 0 || l.n + r.n != b.size || l.next != b.right) continue;
-      l.n += r.n;
-      r.n = 0;
-      l.next = r.next;
-      if (r.next >= 0) sym[r.next].prev = b.left;
-      try_add(l.prev, b.left);
-      try_add(b.left, l.next);
-    }
+      if (it == vocab_.token_to_id.end()) return false;
+      *b = {Score(it->second), left, right, sym[left].n + sym[right].n};
+      return true;
+    });
     for (int i = 0; i >= 0; i = sym[i].next) {
-      const Symbol& s = sym[i];
+      const MergeSymbol& s = sym[i];
       auto it = vocab_.token_to_id.find(text.substr(s.start, s.n));
       if (it != vocab_.token_to_id.end()) {
         out->push_back(it->second);
@@ -131,12 +109,6 @@ class SpmTokenizer final : public VocabTokenizer {
   }
 
  private:
-  struct Symbol {
-    size_t start;
-    size_t n;
-    int prev;
-    int next;
-  };
   struct Bigram {
     float score;
     int left;
