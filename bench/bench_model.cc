@@ -1,17 +1,23 @@
-// bench_model: SmolLM2-135M (or any model) prefill tokens/s at 512 and 2048 tokens and decode
-// tokens/s, with 1 thread (baseline) and all cores; plus load time and resident memory.
+// bench_model: the mapped runtime (kernels over the file's own blocks) next to the libtorch
+// f32 copy runtime (the baseline), on the same model in one run: prefill tokens/s at 512 and
+// 2,048 tokens and decode tokens/s after a 512-token prompt, at 1 and 2 threads; the weight
+// bytes read per decoded token and the effective bandwidth next to single-thread memcpy
+// measured in the same run; memory after load (RSS, PSS, private) of each runtime.
 // Usage: bench_model [--model PATH] (default: env POLYKV_SMOLLM2_GGUF) [--decode-tokens N]
-//                    [--text FILE]
+//                    [--text FILE] [--threads N] [--skip-copy]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "polykv/kernels/cpu.h"
 #include "polykv/model/llama.h"
 
 namespace {
@@ -23,107 +29,233 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// VmRSS / VmHWM of this process in MiB.
-double ProcStatusMiB(const char* key) {
-  std::ifstream in("/proc/self/status");
+// A field of /proc/self/smaps_rollup in MiB (e.g. "Rss:", "Pss:", "Private_Dirty:").
+double RollupMiB(const char* key) {
+  std::ifstream in("/proc/self/smaps_rollup");
   std::string line;
   while (std::getline(in, line))
-    if (line.rfind(key, 0) == 0) return std::atof(line.c_str() + std::string(key).size()) / 1024.0;
+    if (line.rfind(key, 0) == 0) return std::atof(line.c_str() + std::strlen(key)) / 1024.0;
   return 0;
+}
+
+// Private = Private_Clean + Private_Dirty: pages only this process maps (file pages of a
+// model no other process maps count here too); Anonymous = memory not backed by a file.
+struct Memory {
+  double rss = 0, pss = 0, priv = 0, anon = 0;
+};
+Memory ReadMemory() {
+  Memory m;
+  m.rss = RollupMiB("Rss:");
+  m.pss = RollupMiB("Pss:");
+  m.priv = RollupMiB("Private_Clean:") + RollupMiB("Private_Dirty:");
+  m.anon = RollupMiB("Anonymous:");
+  return m;
+}
+
+// Single-thread memcpy bandwidth (GB/s) over `bytes`, best of 5 after a warm-up.
+double MemcpyGbps(size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 1e30;
+  for (int r = 0; r < 6; ++r) {
+    const double t = Now();
+    std::memcpy(b.data(), a.data(), bytes);
+    const double dt = Now() - t;
+    if (r > 0) best = std::min(best, dt);
+  }
+  volatile char sink = b[bytes / 2];
+  (void)sink;
+  return static_cast<double>(bytes) / best / 1e9;
 }
 
 struct Figures {
   double prefill512 = 0, prefill2048 = 0, decode = 0;
 };
 
+Figures Run(LlamaModel& m, const std::vector<int32_t>& doc, int threads, int decode_tokens) {
+  polykv::model::SetComputeThreads(threads);
+  Figures f;
+  for (int64_t n : {512, 2048}) {
+    const double s = Now();
+    auto r = m.Prefill(absl::MakeConstSpan(doc.data(), n), 512);
+    const double dt = Now() - s;
+    if (!r.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(r.status().message()).c_str());
+      std::exit(1);
+    }
+    (n == 512 ? f.prefill512 : f.prefill2048) = n / dt;
+  }
+  KvCache cache = m.NewCache(512 + decode_tokens + 1);
+  if (!m.Forward(absl::MakeConstSpan(doc.data(), 512), cache).ok()) std::exit(1);
+  polykv::model::SamplingOptions so;
+  so.max_new_tokens = decode_tokens;
+  so.stop_at_eos = false;
+  const int32_t next[1] = {doc[512]};
+  auto g = m.Generate(cache, absl::MakeConstSpan(next, 1), so);
+  if (!g.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(g.status().message()).c_str());
+    std::exit(1);
+  }
+  // After the first token each returned token costs one decode step.
+  const double decode_ms = g->total_ms - g->first_token_ms;
+  f.decode = (g->tokens.size() - 1) * 1000.0 / decode_ms;
+  return f;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"bench_model: prefill / decode throughput of the libtorch Llama runtime"};
-  std::string model_path = std::getenv("POLYKV_SMOLLM2_GGUF") ? std::getenv("POLYKV_SMOLLM2_GGUF") : "";
-  int decode_tokens = 64;
+  CLI::App app{"bench_model: mapped-kernel runtime vs the libtorch f32 copy runtime"};
+  std::string model_path =
+      std::getenv("POLYKV_SMOLLM2_GGUF") ? std::getenv("POLYKV_SMOLLM2_GGUF") : "";
+  int decode_tokens = 128;
+  int max_threads = 2;
+  bool skip_copy = false;
+  bool crossover = false;
   std::string text_path = "data/wikitext-2/wiki.test.raw";
   app.add_option("--model", model_path, "Model (.gguf or HF folder); default $POLYKV_SMOLLM2_GGUF");
-  app.add_option("--decode-tokens", decode_tokens, "Tokens to decode after a 512-token prefill");
-  app.add_option("--text", text_path, "Document text to tokenize (default: WikiText-2 test, "
-                 "relative to the repository root)");
+  app.add_option("--decode-tokens", decode_tokens, "Tokens to decode after a 512-token prompt");
+  app.add_option("--threads", max_threads, "Second thread count measured (the first is 1)");
+  app.add_flag("--skip-copy", skip_copy, "Measure only the mapped runtime");
+  app.add_flag("--crossover", crossover,
+               "Only time forwards of 4..128 rows on the quantized kernels vs dequantized "
+               "tiles + GEMM, then exit");
+  app.add_option("--text", text_path,
+                 "Document text to tokenize (default: WikiText-2 test, relative to the "
+                 "repository root)");
   CLI11_PARSE(app, argc, argv);
   if (model_path.empty()) {
     std::fprintf(stderr, "error: no model: pass --model or set POLYKV_SMOLLM2_GGUF\n");
     return 1;
   }
-  const int all = std::max(1u, std::thread::hardware_concurrency());
-  polykv::model::LoadOptions opts;
-  opts.threads = all;
-  const double t0 = Now();
-  auto loaded = LlamaModel::Load(model_path, opts);
-  const double load_s = Now() - t0;
-  if (!loaded.ok()) {
-    std::fprintf(stderr, "error: %s\n", std::string(loaded.status().message()).c_str());
+
+  const Memory base = ReadMemory();
+  polykv::model::LoadOptions mapped_opts;
+  mapped_opts.threads = 1;
+  mapped_opts.weights = polykv::model::WeightStorage::kMapped;
+  double t0 = Now();
+  auto mapped = LlamaModel::Load(model_path, mapped_opts);
+  const double mapped_load_s = Now() - t0;
+  if (!mapped.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(mapped.status().message()).c_str());
     return 1;
   }
-  const double rss = ProcStatusMiB("VmRSS:"), peak = ProcStatusMiB("VmHWM:");
-  LlamaModel& m = **loaded;
+  const Memory after_mapped = ReadMemory();
+  LlamaModel& mm = **mapped;
 
   // Document tokens: WikiText-2 through the model's tokenizer, else a fixed id pattern.
   std::vector<int32_t> doc;
-  if (m.tokenizer() != nullptr) {
+  if (mm.tokenizer() != nullptr) {
     std::ifstream in(text_path, std::ios::binary);
     std::string text(40000, '\0');
     in.read(text.data(), static_cast<std::streamsize>(text.size()));
     text.resize(static_cast<size_t>(in.gcount()));
-    auto ids = m.tokenizer()->Encode(text, false);
+    auto ids = mm.tokenizer()->Encode(text, false);
     if (ids.ok()) doc = *ids;
   }
-  for (int64_t i = static_cast<int64_t>(doc.size()); i < 2048; ++i)
-    doc.push_back(static_cast<int32_t>((i * 7919 + 13) % m.config().vocab));
-  doc.resize(2048);
+  for (int64_t i = static_cast<int64_t>(doc.size()); i < 2049; ++i)
+    doc.push_back(static_cast<int32_t>((i * 7919 + 13) % mm.config().vocab));
+  doc.resize(2049);
 
-  auto run = [&](int threads) -> Figures {
-    polykv::model::SetComputeThreads(threads);
-    Figures f;
-    for (int64_t n : {512, 2048}) {
-      const double s = Now();
-      auto r = m.Prefill(absl::MakeConstSpan(doc.data(), n), 512);
-      const double dt = Now() - s;
-      if (!r.ok()) {
-        std::fprintf(stderr, "error: %s\n", std::string(r.status().message()).c_str());
-        std::exit(1);
-      }
-      (n == 512 ? f.prefill512 : f.prefill2048) = n / dt;
+  const double bytes_per_token = static_cast<double>(mm.WeightBytesPerToken());
+  const double memcpy_gbps = MemcpyGbps(static_cast<size_t>(bytes_per_token));
+  if (crossover) {
+    // Prefill 512 tokens in chunks of n rows, once with every product on the quantized
+    // kernels and once on dequantized tiles + GEMM (1 thread).
+    polykv::model::SetComputeThreads(1);
+    std::unique_ptr<LlamaModel> variant[2];
+    for (int k = 0; k < 2; ++k) {
+      polykv::model::LoadOptions o = mapped_opts;
+      o.quantized_rows = k == 0 ? (int64_t{1} << 30) : 0;
+      auto m = LlamaModel::Load(model_path, o);
+      if (!m.ok()) return 1;
+      variant[k] = std::move(*m);
     }
-    KvCache cache = m.NewCache(512 + decode_tokens);
-    if (!m.Forward(absl::MakeConstSpan(doc.data(), 512), cache).ok()) std::exit(1);
-    polykv::model::SamplingOptions so;
-    so.max_new_tokens = decode_tokens;
-    so.stop_at_eos = false;
-    auto g = m.Generate(cache, {}, so);
-    if (!g.ok()) std::exit(1);
-    // After the first token (which includes recomputing the last cached token) each returned
-    // token costs one decode step (its K/V are appended to the cache).
-    const double decode_ms = g->total_ms - g->first_token_ms;
-    f.decode = g->tokens.size() * 1000.0 / decode_ms;
-    return f;
-  };
-  const Figures one = run(1);
-  const Figures many = run(all);
+    std::printf("%-10s %16s %16s\n", "rows", "kernels tok/s", "GEMM tok/s");
+    for (int64_t n : {4, 8, 16, 32, 48, 64, 96, 128}) {
+      double tps[2];
+      for (int k = 0; k < 2; ++k) {
+        const double s = Now();
+        auto r = variant[k]->Prefill(absl::MakeConstSpan(doc.data(), 512), n);
+        if (!r.ok()) return 1;
+        tps[k] = 512 / (Now() - s);
+      }
+      std::printf("%-10lld %16.1f %16.1f\n", static_cast<long long>(n), tps[0], tps[1]);
+    }
+    return 0;
+  }
+  const Figures m1 = Run(mm, doc, 1, decode_tokens);
+  const Figures m2 = Run(mm, doc, max_threads, decode_tokens);
+  const Memory after_mapped_run = ReadMemory();
 
-  const auto& c = m.config();
-  std::printf("model: %s\n  %d layers, hidden %d, heads %d/%d kv, vocab %d, dtype %s, device %s\n",
-              model_path.c_str(), c.layers, c.hidden, c.heads, c.kv_heads, c.vocab,
-              c10::toString(m.dtype()), m.device().str().c_str());
-  std::printf("load: %.2f s; RSS after load %.0f MiB (peak during load %.0f MiB)\n\n", load_s, rss, peak);
-  std::printf("%-32s %-10s %14s %14s %8s\n", "figure", "unit", "1 thread", "all threads", "ratio");
-  std::printf("%-32s %-10s %14s %14d %8s\n", "threads", "", "1", all, "");
-  const auto row = [](const char* name, double base, double v) {
-    std::printf("%-32s %-10s %14.1f %14.1f %7.2fx\n", name, "tokens/s", base, v, v / base);
+  Figures c1, c2;
+  double copy_load_s = 0, copy_bytes = 0;
+  Memory after_copy;
+  if (!skip_copy) {
+    mapped->reset();  // measure the copy runtime alone
+    polykv::model::LoadOptions copy_opts;
+    copy_opts.threads = 1;
+    copy_opts.weights = polykv::model::WeightStorage::kCopy;
+    const Memory before_copy = ReadMemory();
+    t0 = Now();
+    auto copy = LlamaModel::Load(model_path, copy_opts);
+    copy_load_s = Now() - t0;
+    if (!copy.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(copy.status().message()).c_str());
+      return 1;
+    }
+    after_copy = ReadMemory();
+    after_copy.rss -= before_copy.rss - base.rss;
+    after_copy.pss -= before_copy.pss - base.pss;
+    after_copy.priv -= before_copy.priv - base.priv;
+    after_copy.anon -= before_copy.anon - base.anon;
+    copy_bytes = static_cast<double>((*copy)->WeightBytesPerToken());
+    c1 = Run(**copy, doc, 1, decode_tokens);
+    c2 = Run(**copy, doc, max_threads, decode_tokens);
+  }
+
+  const auto& c = mm.config();
+  std::printf("model: %s\n  %d layers, hidden %d, heads %d/%d kv, ffn %d, vocab %d\n",
+              model_path.c_str(), c.layers, c.hidden, c.heads, c.kv_heads, c.ffn, c.vocab);
+  std::printf("kernels: %s (CPU variants:", polykv::kernels::IsaName(polykv::kernels::BestIsa()));
+  for (auto i : polykv::kernels::SupportedIsas()) std::printf(" %s", polykv::kernels::IsaName(i));
+  std::printf(")\n\n");
+  std::printf("%-40s %-10s %12s %12s %8s\n", "figure", "unit", "f32 copy", "mapped", "ratio");
+  const auto row = [&](const char* name, const char* unit, double base_v, double v) {
+    if (skip_copy) {
+      std::printf("%-40s %-10s %12s %12.1f %8s\n", name, unit, "-", v, "");
+    } else {
+      std::printf("%-40s %-10s %12.1f %12.1f %7.2fx\n", name, unit, base_v, v, v / base_v);
+    }
   };
-  row("prefill 512 tokens", one.prefill512, many.prefill512);
-  row("prefill 2048 tokens", one.prefill2048, many.prefill2048);
-  char name[64];
-  std::snprintf(name, sizeof name, "decode %d tokens after 512", decode_tokens);
-  row(name, one.decode, many.decode);
-  std::printf("\nprefill 2048 tokens wall time: %.2f s (1 thread), %.2f s (%d threads)\n",
-              2048 / one.prefill2048, 2048 / many.prefill2048, all);
+  char name[96];
+  for (int t : {1, max_threads}) {
+    const Figures& fm = t == 1 ? m1 : m2;
+    const Figures& fc = t == 1 ? c1 : c2;
+    std::snprintf(name, sizeof name, "prefill 512 tokens, %d thread(s)", t);
+    row(name, "tokens/s", fc.prefill512, fm.prefill512);
+    std::snprintf(name, sizeof name, "prefill 2048 tokens, %d thread(s)", t);
+    row(name, "tokens/s", fc.prefill2048, fm.prefill2048);
+    std::snprintf(name, sizeof name, "decode after 512, %d thread(s)", t);
+    row(name, "tokens/s", fc.decode, fm.decode);
+  }
+  row("weight bytes read per token", "MiB", copy_bytes / 1048576.0, bytes_per_token / 1048576.0);
+  row("load time", "s", copy_load_s, mapped_load_s);
+  row("RSS after load", "MiB", after_copy.rss - base.rss, after_mapped.rss - base.rss);
+  row("PSS after load", "MiB", after_copy.pss - base.pss, after_mapped.pss - base.pss);
+  row("private after load", "MiB", after_copy.priv - base.priv, after_mapped.priv - base.priv);
+  row("anonymous after load", "MiB", after_copy.anon - base.anon, after_mapped.anon - base.anon);
+  std::printf("%-40s %-10s %12s %12.1f\n", "RSS after the mapped runs", "MiB", "",
+              after_mapped_run.rss - base.rss);
+  std::printf("%-40s %-10s %12s %12.1f\n", "anonymous after the mapped runs", "MiB", "",
+              after_mapped_run.anon - base.anon);
+  std::printf("\nsingle-thread memcpy (%.0f MiB buffers): %.2f GB/s\n", bytes_per_token / 1048576.0,
+              memcpy_gbps);
+  for (int t : {1, max_threads}) {
+    const Figures& fm = t == 1 ? m1 : m2;
+    const double bw = bytes_per_token * fm.decode / 1e9;
+    std::printf("mapped decode, %d thread(s): %.1f tok/s x %.1f MiB = %.2f GB/s effective = %.0f%% "
+                "of single-thread memcpy\n",
+                t, fm.decode, bytes_per_token / 1048576.0, bw, 100.0 * bw / memcpy_gbps);
+  }
   return 0;
 }

@@ -1,5 +1,6 @@
-// `polykv-cli agent`: one agent process that attaches a pool, decodes it into its own KV
-// cache and answers one prompt (PooledAgent); optionally compares with re-prefilling.
+// `polykv-cli agent`: one agent process that attaches a pool, attends to it in place (or
+// decodes it into its own KV cache) and answers one prompt (PooledAgent); optionally compares
+// with re-prefilling.
 #include <unistd.h>
 
 #include <cerrno>
@@ -41,7 +42,9 @@ struct AgentArgs {
   bool baseline = false;
   bool ignore_eos = false;
   int debug_pause_layer = -1;
+  int debug_pause_step = -1;
   int debug_pause_ms = 0;
+  std::string attend = "in-place";
 };
 
 StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
@@ -78,6 +81,11 @@ nlohmann::json StatsJson(const client::AgentStats& s) {
           {"pool_bytes", s.pool_bytes},
           {"pool_bf16_bytes", s.pool_bf16_bytes},
           {"private_kv_bytes", s.private_kv_bytes},
+          {"prefix_bytes_per_token", s.prefix_bytes_per_token},
+          {"rss_bytes", s.memory.rss},
+          {"pss_bytes", s.memory.pss},
+          {"private_bytes", s.memory.private_bytes},
+          {"anonymous_bytes", s.memory.anonymous},
           {"peak_rss_bytes", s.peak_rss_bytes}};
 }
 
@@ -96,19 +104,28 @@ Status RunAgent(const AgentArgs& a) {
   opts.endpoint = a.endpoint;
   opts.timeout_ms = a.timeout_ms;
   opts.threads = a.threads;
+  POLYKV_ASSIGN_OR_RETURN(opts.attend, client::ParseAttend(a.attend));
   auto t_load = std::chrono::steady_clock::now();
   POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<client::PooledAgent> agent,
                           client::PooledAgent::Create(opts));
   const double load_ms = std::chrono::duration<double, std::milli>(
                              std::chrono::steady_clock::now() - t_load).count();
-  if (a.debug_pause_layer >= 0) {
-    const int layer = a.debug_pause_layer, ms = a.debug_pause_ms;
-    agent->set_hooks({[layer, ms](uint32_t l) {
+  if (a.debug_pause_layer >= 0 || a.debug_pause_step >= 0) {
+    const int layer = a.debug_pause_layer, step = a.debug_pause_step, ms = a.debug_pause_ms;
+    client::AgentHooks hooks;
+    hooks.after_layer_decoded = [layer, ms](uint32_t l) {
       if (static_cast<int>(l) != layer) return;
       std::fprintf(stderr, "agent: paused after decoding layer %u\n", l);
       std::fflush(stderr);
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-    }});
+    };
+    hooks.after_step = [step, ms](int64_t s) {
+      if (s != step) return;
+      std::fprintf(stderr, "agent: paused after forward step %lld\n", static_cast<long long>(s));
+      std::fflush(stderr);
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    };
+    agent->set_hooks(std::move(hooks));
   }
 
   std::vector<int32_t> prompt_ids;
@@ -138,6 +155,7 @@ Status RunAgent(const AgentArgs& a) {
     nlohmann::json j = {{"pool", a.pool},
                         {"pid", static_cast<int64_t>(getpid())},
                         {"codec", r.codec},
+                        {"attend", client::AttendName(r.attend)},
                         {"model_load_ms", load_ms},
                         {"prompt_ids", r.prompt_ids},
                         {"answer_ids", r.answer_ids},
@@ -160,20 +178,31 @@ Status RunAgent(const AgentArgs& a) {
   std::cout << (has_tok ? r.answer_text : IdsString(r.answer_ids)) << std::endl;
   if (a.stats) {
     const auto& s = r.stats;
-    std::printf("pool %s codec %s: %lld document tokens, %lld prompt tokens, %lld new tokens\n",
-                a.pool.c_str(), r.codec.c_str(), (long long)s.document_tokens,
-                (long long)s.prompt_tokens, (long long)s.new_tokens);
+    std::printf("pool %s codec %s, attended %s: %lld document tokens, %lld prompt tokens, "
+                "%lld new tokens\n",
+                a.pool.c_str(), r.codec.c_str(), client::AttendName(r.attend),
+                (long long)s.document_tokens, (long long)s.prompt_tokens,
+                (long long)s.new_tokens);
     std::printf("  model load          %10.1f ms\n", load_ms);
     std::printf("  attach              %10.1f ms\n", s.attach_ms);
-    std::printf("  decode pool         %10.1f ms\n", s.decode_ms);
+    std::printf("  %-19s %10.1f ms\n",
+                r.attend == client::Attend::kInPlace ? "map pool view" : "decode pool",
+                s.decode_ms);
     std::printf("  prompt + 1st token  %10.1f ms\n", s.prompt_first_token_ms);
-    std::printf("  TTFT                %10.1f ms  (attach + decode + prompt + first token)\n",
-                s.ttft_ms);
+    std::printf("  TTFT                %10.1f ms  (attach + %s + prompt + first token)\n",
+                s.ttft_ms, r.attend == client::Attend::kInPlace ? "view" : "decode");
     std::printf("  generation          %10.1f ms  (%.1f tokens/s)\n", s.generation_ms,
                 s.tokens_per_s);
     std::printf("  shared pool         %10.2f MiB (bf16 private equivalent %.2f MiB)\n",
                 s.pool_bytes / 1048576.0, s.pool_bf16_bytes / 1048576.0);
-    std::printf("  private KV cache    %10.2f MiB\n", s.private_kv_bytes / 1048576.0);
+    std::printf("  private KV cache    %10.2f MiB%s\n", s.private_kv_bytes / 1048576.0,
+                r.attend == client::Attend::kInPlace ? " (prompt + answer only)" : "");
+    if (s.prefix_bytes_per_token > 0)
+      std::printf("  prefix read/token   %10.2f MiB (in place, every layer)\n",
+                  s.prefix_bytes_per_token / 1048576.0);
+    std::printf("  process memory      %10.1f MiB RSS, %.1f MiB PSS, %.1f MiB private\n",
+                s.memory.rss / 1048576.0, s.memory.pss / 1048576.0,
+                s.memory.private_bytes / 1048576.0);
     std::printf("  peak RSS            %10.1f MiB\n", client::PeakRssBytes() / 1048576.0);
   }
   if (base) {
@@ -194,7 +223,7 @@ Status RunAgent(const AgentArgs& a) {
 void RegisterAgentCommands(CLI::App& app) {
   auto args = std::make_shared<AgentArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "agent", "Run one agent: attach a pool, decode it into a private KV cache, answer a prompt");
+      "agent", "Run one agent: attach a pool, attend to it in place, answer a prompt");
   cmd->add_option("--pool", args->pool, "pool id (64 hex)")->required();
   cmd->add_option("--model", args->model, "the pool's model (HF folder or .gguf)")->required();
   auto* p = cmd->add_option("--prompt", args->prompt, "prompt text (needs a tokenizer)");
@@ -218,7 +247,12 @@ void RegisterAgentCommands(CLI::App& app) {
       ->check(CLI::Range(0, 1024));
   cmd->add_flag("--baseline-prefill", args->baseline,
                 "also prefill document + prompt locally and compare TTFT and outputs");
+  cmd->add_option("--attend", args->attend,
+                  "in-place (default: attend to the mapped pool; host pools, mapped weights) or "
+                  "decompressed (decode the pool into a private cache first)")
+      ->check(CLI::IsMember({"in-place", "decompressed"}));
   cmd->add_option("--debug-pause-after-layer", args->debug_pause_layer)->group("");
+  cmd->add_option("--debug-pause-after-step", args->debug_pause_step)->group("");
   cmd->add_option("--debug-pause-ms", args->debug_pause_ms)->group("");
   cmd->callback([args] {
     if (args->prompt.empty() && args->prompt_ids.empty()) {

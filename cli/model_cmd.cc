@@ -29,6 +29,7 @@ struct GenerateArgs {
   bool chat = false;
   bool print_ids = false;
   int threads = 0;
+  std::string weights = "auto";
 };
 
 struct PplArgs {
@@ -58,16 +59,26 @@ StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   return ids;
 }
 
-StatusOr<std::unique_ptr<model::LlamaModel>> LoadModel(const std::string& path, int threads) {
+StatusOr<model::WeightStorage> ParseWeights(const std::string& w) {
+  if (w == "auto") return model::WeightStorage::kAuto;
+  if (w == "mapped") return model::WeightStorage::kMapped;
+  if (w == "copy") return model::WeightStorage::kCopy;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--weights '", w, "' (expected auto, mapped or copy)"));
+}
+
+StatusOr<std::unique_ptr<model::LlamaModel>> LoadModel(const std::string& path, int threads,
+                                                       const std::string& weights = "auto") {
   model::LoadOptions o;
   o.threads = threads;
+  POLYKV_ASSIGN_OR_RETURN(o.weights, ParseWeights(weights));
   return model::LlamaModel::Load(path, o);
 }
 
 Status RunGenerate(const GenerateArgs& a, bool temperature_given) {
   if (a.greedy && temperature_given)
     return absl::InvalidArgumentError("--greedy and --temperature are mutually exclusive");
-  POLYKV_ASSIGN_OR_RETURN(auto m, LoadModel(a.model, a.threads));
+  POLYKV_ASSIGN_OR_RETURN(auto m, LoadModel(a.model, a.threads, a.weights));
   const model::Tokenizer* tok = m->tokenizer();
   std::vector<int32_t> ids;
   if (!a.prompt_ids.empty()) {
@@ -150,6 +161,9 @@ void RegisterModelCommands(CLI::App& app) {
   gen->add_flag("--chat", ga->chat, "Wrap --prompt in the model's chat template as a user turn");
   gen->add_flag("--print-ids", ga->print_ids, "Print generated token ids instead of text");
   gen->add_option("--threads", ga->threads, "Compute threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  gen->add_option("--weights", ga->weights,
+                  "Weights: mapped (kernels over the file's own blocks, CPU default), copy "
+                  "(private libtorch f32 copy: the reference runtime) or auto");
   gen->callback([ga, p, pi, temp]() {
     if (p->count() == 0 && pi->count() == 0) return Fail("one of --prompt or --prompt-ids is required");
     Status s = RunGenerate(*ga, temp->count() > 0);

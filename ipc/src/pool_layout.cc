@@ -477,3 +477,37 @@ Status PoolReader::VerifyPayload() const {
 }
 
 }  // namespace polykv::ipc
+
+namespace polykv::ipc {
+
+StatusOr<kernels::PrefixView> PrefixViewOf(const PoolReader& reader) {
+  if (reader.device() != kernels::Device::kCpu)
+    return absl::FailedPreconditionError("a pool in device memory has no host view");
+  const PoolParams& p = reader.params();
+  kernels::PrefixView v;
+  v.kv_heads = static_cast<int32_t>(p.kv_heads);
+  v.head_dim = static_cast<int32_t>(p.head_dim);
+  v.tokens = static_cast<int64_t>(p.tokens);
+  if (p.codec == PoolCodec::kNone) {
+    v.codec = kernels::PrefixCodec::kRaw;
+    v.raw_dtype = p.raw_dtype;
+  } else {
+    v.codec = kernels::PrefixCodec::kK8V;
+    v.config = p.codec_config;
+  }
+  const uint8_t* b = reader.base();
+  for (const LayerOffsets& lo : reader.layout().layer) {
+    kernels::PrefixLayer pl;
+    pl.k = b + lo.k;
+    pl.v = b + lo.v;
+    if (v.codec == kernels::PrefixCodec::kK8V) {
+      pl.k_scales = reinterpret_cast<const float*>(b + lo.k_scales);
+      pl.v_norms = reinterpret_cast<const float*>(b + lo.v_norms);
+    }
+    v.layers.push_back(pl);
+  }
+  POLYKV_RETURN_IF_ERROR(kernels::ValidatePrefixView(v));
+  return v;
+}
+
+}  // namespace polykv::ipc

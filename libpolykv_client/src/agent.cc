@@ -1,14 +1,17 @@
-// PooledAgent: attach a polykvd pool, decode it into a private KV cache, generate.
+// PooledAgent: attach a polykvd pool, attend to it in place (or decode it into a private KV
+// cache), generate.
 #include "polykv/agent.h"
 
 #include <sys/resource.h>
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "polykv/client.h"
+#include "polykv/ipc/pool_layout.h"
 
 namespace polykv::client {
 namespace {
@@ -52,6 +55,33 @@ bool IsConnectionError(const Status& s) {
 }
 
 }  // namespace
+
+const char* AttendName(Attend a) { return a == Attend::kInPlace ? "in-place" : "decompressed"; }
+
+StatusOr<Attend> ParseAttend(std::string_view text) {
+  if (text == "in-place") return Attend::kInPlace;
+  if (text == "decompressed") return Attend::kDecompressed;
+  return absl::InvalidArgumentError(
+      absl::StrCat("attend mode '", std::string(text), "' (expected in-place or decompressed)"));
+}
+
+ProcessMemory ReadProcessMemory() {
+  ProcessMemory m;
+  std::ifstream in("/proc/self/smaps_rollup");
+  std::string line;
+  const auto field = [&](const char* key, uint64_t* out) {
+    const size_t n = std::strlen(key);
+    if (line.compare(0, n, key) == 0) *out += std::strtoull(line.c_str() + n, nullptr, 10) * 1024;
+  };
+  while (std::getline(in, line)) {
+    field("Rss:", &m.rss);
+    field("Pss:", &m.pss);
+    field("Private_Clean:", &m.private_bytes);
+    field("Private_Dirty:", &m.private_bytes);
+    field("Anonymous:", &m.anonymous);
+  }
+  return m;
+}
 
 Status FromCStatus(int code, std::string_view context) {
   if (code == POLYKV_OK) return absl::OkStatus();
@@ -212,43 +242,20 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
   st.pool_bf16_bytes = info.bf16_bytes;
   result.codec = info.codec;
 
-  // ---- decode every layer into the private cache ----
+  // ---- the document's KV: a view of the mapped pool, or decoded into a private cache ----
   auto t_decode = Clock::now();
-  POLYKV_ASSIGN_OR_RETURN(polykv_dtype cdtype, CDtypeOf(model_->dtype()));
-  const int64_t capacity =
-      tokens + static_cast<int64_t>(prompt_ids.size()) + std::max<int32_t>(sampling.max_new_tokens, 0) + 1;
-  model::KvCache cache = model_->NewCache(capacity);
-  if (static_cast<int32_t>(cache.k.size()) != cfg.layers || cache.capacity() < tokens) {
-    return absl::InternalError("model returned a cache of the wrong shape");
-  }
-  auto host_opts = torch::TensorOptions().dtype(model_->dtype()).device(torch::kCPU);
-  torch::Tensor k_buf = torch::empty({info.kv_heads, tokens, info.head_dim}, host_opts);
-  torch::Tensor v_buf = torch::empty({info.kv_heads, tokens, info.head_dim}, host_opts);
   std::vector<int32_t> doc_ids(tokens);
   POLYKV_RETURN_IF_ERROR(FromCStatus(
       polykv_pool_token_ids(guard.pool, doc_ids.data(), doc_ids.size()), "pool token ids"));
-  try {
-    for (uint32_t l = 0; l < info.layers; ++l) {
-      cs = polykv_decode_layer(guard.pool, l, k_buf.data_ptr(), v_buf.data_ptr(), cdtype);
-      if (cs != POLYKV_OK) {
-        Status s = FromCStatus(cs, absl::StrCat("decode layer ", l, " of pool ", id));
-        if (IsConnectionError(s)) Disconnect();
-        return s;
-      }
-      cache.k[l].narrow(1, 0, tokens).copy_(k_buf);
-      cache.v[l].narrow(1, 0, tokens).copy_(v_buf);
-      if (hooks_.after_layer_decoded) hooks_.after_layer_decoded(l);
-    }
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("copying decoded pool into the cache: ", e.what()));
-  }
-  k_buf = torch::Tensor();
-  v_buf = torch::Tensor();
-  // The data is only trusted while the lease is: refuse if eviction/expiry was seen.
-  cs = polykv_pool_lease_status(guard.pool);
-  if (cs != POLYKV_OK) return FromCStatus(cs, absl::StrCat("lease of pool ", id));
-  cache.tokens = std::move(doc_ids);
-  cache.length = tokens;
+  const bool in_place = options_.attend == Attend::kInPlace &&
+                        model_->weight_storage() == model::WeightStorage::kMapped &&
+                        std::string(info.backend) == "host";
+  result.attend = in_place ? Attend::kInPlace : Attend::kDecompressed;
+  const int64_t extra =
+      static_cast<int64_t>(prompt_ids.size()) + std::max<int32_t>(sampling.max_new_tokens, 0) + 1;
+  model::KvCache cache;
+  POLYKV_RETURN_IF_ERROR(
+      BuildCache(guard.pool, id, tokens, extra, std::move(doc_ids), in_place, &cache, &st));
   st.decode_ms = MsSince(t_decode);
   st.private_kv_bytes = CacheBytes(cache);
 
@@ -262,12 +269,78 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
   st.new_tokens = static_cast<int64_t>(result.answer_ids.size());
   st.tokens_per_s = gen.total_ms > 0 ? st.new_tokens * 1000.0 / gen.total_ms : 0;
   st.private_kv_bytes = std::max<uint64_t>(st.private_kv_bytes, CacheBytes(cache));
+  st.memory = ReadProcessMemory();
+  cache = model::KvCache();  // no view of the pool may outlive the mapping
 
   // The answer was computed from data checked under a valid lease; a failing DETACH (e.g.
   // the pool was evicted meanwhile, or the daemon left) does not invalidate it.
   (void)guard.Release();
   st.peak_rss_bytes = PeakRssBytes();
   return result;
+}
+
+Status PooledAgent::BuildCache(::polykv_pool* pool, const std::string& id, int64_t tokens,
+                               int64_t extra_capacity, std::vector<int32_t> doc_ids,
+                               bool in_place, model::KvCache* cache, AgentStats* st) {
+  const model::ModelConfig& cfg = model_->config();
+  if (in_place) {
+    const void* base = nullptr;
+    uint64_t size = 0;
+    POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_mapping(pool, &base, &size), "pool mapping"));
+    POLYKV_ASSIGN_OR_RETURN(ipc::PoolReader reader,
+                            ipc::PoolReader::Open(base, size, /*verify_payload=*/false));
+    const ipc::PoolParams& p = reader.params();
+    if (static_cast<int64_t>(p.tokens) != tokens)
+      return absl::DataLossError(absl::StrCat("pool ", id, ": header holds ", p.tokens,
+                                              " tokens, the daemon reported ", tokens));
+    auto prefix = std::make_shared<model::KvPrefix>();
+    POLYKV_ASSIGN_OR_RETURN(prefix->view, ipc::PrefixViewOf(reader));
+    const kernels::PrefixView& v = prefix->view;
+    // Every forward step's results count only if the lease was still valid after it.
+    auto step = std::make_shared<int64_t>(0);
+    prefix->check = [this, pool, id, step]() -> Status {
+      if (hooks_.after_step) hooks_.after_step(*step);
+      ++*step;
+      const polykv_status s = polykv_pool_lease_status(pool);
+      if (s != POLYKV_OK) return FromCStatus(s, absl::StrCat("lease of pool ", id));
+      return absl::OkStatus();
+    };
+    st->prefix_bytes_per_token = static_cast<uint64_t>(v.LayerBytes()) * v.layers.size();
+    POLYKV_ASSIGN_OR_RETURN(*cache, model_->NewCacheWithPrefix(std::move(prefix), std::move(doc_ids),
+                                                               extra_capacity));
+    return absl::OkStatus();
+  }
+  // Decompressed: every layer decoded into the private cache.
+  POLYKV_ASSIGN_OR_RETURN(polykv_dtype cdtype, CDtypeOf(model_->dtype()));
+  *cache = model_->NewCache(tokens + extra_capacity);
+  if (static_cast<int32_t>(cache->k.size()) != cfg.layers || cache->capacity() < tokens)
+    return absl::InternalError("model returned a cache of the wrong shape");
+  polykv_pool_info info{};
+  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_get_info(pool, &info), "pool info"));
+  auto host_opts = torch::TensorOptions().dtype(model_->dtype()).device(torch::kCPU);
+  try {
+    torch::Tensor k_buf = torch::empty({info.kv_heads, tokens, info.head_dim}, host_opts);
+    torch::Tensor v_buf = torch::empty({info.kv_heads, tokens, info.head_dim}, host_opts);
+    for (uint32_t l = 0; l < info.layers; ++l) {
+      const polykv_status cs = polykv_decode_layer(pool, l, k_buf.data_ptr(), v_buf.data_ptr(), cdtype);
+      if (cs != POLYKV_OK) {
+        Status s = FromCStatus(cs, absl::StrCat("decode layer ", l, " of pool ", id));
+        if (IsConnectionError(s)) Disconnect();
+        return s;
+      }
+      cache->k[l].narrow(1, 0, tokens).copy_(k_buf);
+      cache->v[l].narrow(1, 0, tokens).copy_(v_buf);
+      if (hooks_.after_layer_decoded) hooks_.after_layer_decoded(l);
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("copying decoded pool into the cache: ", e.what()));
+  }
+  // The data is only trusted while the lease is: refuse if eviction/expiry was seen.
+  const polykv_status cs = polykv_pool_lease_status(pool);
+  if (cs != POLYKV_OK) return FromCStatus(cs, absl::StrCat("lease of pool ", id));
+  cache->tokens = std::move(doc_ids);
+  cache->length = tokens;
+  return absl::OkStatus();
 }
 
 StatusOr<BaselineResult> PooledAgent::RunBaseline(absl::Span<const int32_t> document_ids,
@@ -289,6 +362,12 @@ StatusOr<BaselineResult> PooledAgent::RunBaseline(absl::Span<const int32_t> docu
     (void)logits;
   }
   r.prefill_ms = MsSince(t0);
+  if (options_.attend == Attend::kInPlace &&
+      model_->weight_storage() == model::WeightStorage::kMapped) {
+    // The document as a read-only raw prefix: the same split attention as a pool agent.
+    POLYKV_ASSIGN_OR_RETURN(cache, model_->FreezeAsPrefix(
+                                       std::move(cache), capacity - n));
+  }
   POLYKV_ASSIGN_OR_RETURN(model::GenerateResult gen, model_->Generate(cache, prompt_ids, sampling));
   r.answer_ids = std::move(gen.tokens);
   r.answer_text = DecodeText(r.answer_ids);

@@ -609,6 +609,18 @@ polykv_status polykv_pool_get_info(const polykv_pool* pool, polykv_pool_info* ou
   });
 }
 
+polykv_status polykv_pool_mapping(const polykv_pool* pool, const void** base, uint64_t* size) {
+  if (pool == nullptr || base == nullptr || size == nullptr)
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_mapping: NULL argument");
+  if (!pool->shm)
+    return Fail(POLYKV_FAILED_PRECONDITION,
+                absl::StrCat("pool ", pool->info.id,
+                             " lives in GPU memory: it has no host mapping (decode it instead)"));
+  *base = pool->shm->data();
+  *size = pool->shm->size();
+  return POLYKV_OK;
+}
+
 size_t polykv_pool_layer_elements(const polykv_pool* pool) {
   if (pool == nullptr || !pool->reader) return 0;
   const ipc::PoolParams& p = pool->reader->params();

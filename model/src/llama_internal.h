@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include "polykv/kernels/matmul.h"
 #include "polykv/model/llama.h"
 #include "polykv/model/tokenizer.h"
 #include "polykv/status.h"
@@ -32,10 +33,46 @@ struct LlamaWeights {
   torch::Tensor lm_head;  ///< [vocab][hidden] (aliases embed when tied)
 };
 
+/// A weight matrix where it lies in the mapped model file.
+struct MappedMatrix {
+  kernels::WeightView w;
+  /// > 0 for GGUF Q/K projections: the rows of each of these heads are in llama.cpp's
+  /// interleaved-pair order (row 2j + s of a head is HF row s * head_dim / 2 + j); the
+  /// runtime de-interleaves each head's output instead of permuting the weights.
+  int32_t interleaved_heads = 0;
+};
+
+/// One decoder layer of mapped weights.
+struct MappedLayer {
+  MappedMatrix q, k, v, o, gate, up, down;
+  const float* attn_norm = nullptr;  ///< [hidden] f32
+  const float* ffn_norm = nullptr;   ///< [hidden] f32
+};
+
+/// All weights of a mapped model: views into read-only file mappings, no private copies
+/// except the RMSNorm vectors of files that store them in f16/bf16 (hidden floats each).
+struct MappedWeights {
+  MappedMatrix embed;    ///< [vocab][hidden]
+  std::vector<MappedLayer> layers;
+  const float* norm = nullptr;  ///< [hidden] f32
+  MappedMatrix lm_head;  ///< [vocab][hidden] (the embedding when tied)
+  std::vector<std::vector<float>> converted;       ///< f32 copies of non-f32 norm vectors
+  std::vector<std::shared_ptr<const void>> files;  ///< the mappings (kept alive)
+};
+
+/// A tensor as it lies in a mapped file: ggml type number, bytes, PyTorch-order shape.
+struct RawTensor {
+  uint32_t type = 0;  ///< a kernels::WeightType / ggml type number
+  const void* data = nullptr;
+  uint64_t bytes = 0;
+  bool interleaved_qk = false;  ///< GGUF q/k rows in llama.cpp's RoPE order
+};
+
 /// What a loader produces.
 struct LoadedModel {
   ModelConfig config;
-  LlamaWeights weights;
+  LlamaWeights weights;                   ///< the libtorch copy (WeightStorage::kCopy)
+  std::unique_ptr<MappedWeights> mapped;  ///< the mapped weights (WeightStorage::kMapped)
   std::unique_ptr<Tokenizer> tokenizer;  ///< may be null
   std::string fingerprint;
 };
@@ -51,7 +88,21 @@ class WeightReader {
                                       const std::vector<int64_t>& shape) = 0;
   /// Whether a separate output (lm_head) tensor exists.
   virtual bool HasOutput() = 0;
+  /// The tensor where it lies in the mapping (no copy), checked to be shaped `shape`.
+  /// kInvalidArgument naming the tensor when missing or shaped differently.
+  virtual StatusOr<RawTensor> GetRaw(const std::string& role, int layer,
+                                     const std::vector<int64_t>& shape) = 0;
+  /// The file mappings GetRaw points into (kept alive by the model).
+  virtual std::vector<std::shared_ptr<const void>> Mappings() = 0;
 };
+
+/// Builds views of every weight through `reader` (GetRaw) and checks each against the
+/// matrix kernels' formats: kUnimplemented naming a tensor whose type has no kernels,
+/// kInvalidArgument / kDataLoss for shapes the format cannot hold.
+Status BuildMappedWeights(const ModelConfig& config, WeightReader& reader, MappedWeights* out);
+
+/// The mapped runtime (mapped_llama.cc).
+std::unique_ptr<LlamaModel> MakeMappedLlama(LoadedModel m, const LoadOptions& options);
 
 /// Reads every tensor through `reader`, fuses q/k/v and gate/up, converts to the target
 /// dtype/device one tensor at a time.

@@ -81,6 +81,71 @@ Status BuildWeights(const ModelConfig& c, WeightReader& reader, const LoadOption
   return absl::OkStatus();
 }
 
+namespace {
+
+StatusOr<MappedMatrix> MapMatrix(WeightReader& reader, const std::string& role, int layer,
+                                 int64_t rows, int64_t cols, int32_t heads) {
+  POLYKV_ASSIGN_OR_RETURN(RawTensor t, reader.GetRaw(role, layer, {rows, cols}));
+  const std::string where = layer < 0 ? role : absl::StrCat("layer ", layer, " ", role);
+  if (!kernels::IsSupportedWeightType(t.type))
+    return absl::UnimplementedError(absl::StrCat("tensor ", where, ": type ", t.type,
+                                                 " has no matrix kernels in PolyKV"));
+  auto view = kernels::MakeWeightView(static_cast<kernels::WeightType>(t.type), t.data, t.bytes,
+                                      rows, cols);
+  if (!view.ok()) return Status(view.status().code(), absl::StrCat("tensor ", where, ": ", view.status().message()));
+  MappedMatrix m;
+  m.w = *view;
+  m.interleaved_heads = t.interleaved_qk ? heads : 0;
+  return m;
+}
+
+// A [hidden] norm vector as f32: the mapping itself when stored as f32, else a small copy.
+StatusOr<const float*> MapVector(WeightReader& reader, const std::string& role, int layer,
+                                 int64_t n, MappedWeights* out) {
+  POLYKV_ASSIGN_OR_RETURN(RawTensor t, reader.GetRaw(role, layer, {n}));
+  if (t.type == static_cast<uint32_t>(kernels::WeightType::kF32) &&
+      reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0) {
+    if (t.bytes < static_cast<uint64_t>(n) * 4)
+      return absl::DataLossError(absl::StrCat("tensor ", role, ": data shorter than ", n, " f32"));
+    return static_cast<const float*>(t.data);
+  }
+  std::vector<float> f(static_cast<size_t>(n));
+  POLYKV_RETURN_IF_ERROR(kernels::DequantizeValues(static_cast<kernels::WeightType>(t.type), t.data,
+                                                   t.bytes, n, f.data()));
+  out->converted.push_back(std::move(f));
+  return out->converted.back().data();
+}
+
+}  // namespace
+
+Status BuildMappedWeights(const ModelConfig& c, WeightReader& reader, MappedWeights* out) {
+  const int64_t h = c.hidden, q_rows = int64_t{c.heads} * c.head_dim,
+                kv_rows = int64_t{c.kv_heads} * c.head_dim;
+  out->converted.reserve(static_cast<size_t>(2 * c.layers + 1));  // pointers stay valid
+  POLYKV_ASSIGN_OR_RETURN(out->embed, MapMatrix(reader, "embed", -1, c.vocab, h, 0));
+  out->layers.assign(static_cast<size_t>(c.layers), MappedLayer{});
+  for (int l = 0; l < c.layers; ++l) {
+    MappedLayer& lw = out->layers[static_cast<size_t>(l)];
+    POLYKV_ASSIGN_OR_RETURN(lw.attn_norm, MapVector(reader, "attn_norm", l, h, out));
+    POLYKV_ASSIGN_OR_RETURN(lw.q, MapMatrix(reader, "q", l, q_rows, h, c.heads));
+    POLYKV_ASSIGN_OR_RETURN(lw.k, MapMatrix(reader, "k", l, kv_rows, h, c.kv_heads));
+    POLYKV_ASSIGN_OR_RETURN(lw.v, MapMatrix(reader, "v", l, kv_rows, h, 0));
+    POLYKV_ASSIGN_OR_RETURN(lw.o, MapMatrix(reader, "o", l, h, q_rows, 0));
+    POLYKV_ASSIGN_OR_RETURN(lw.ffn_norm, MapVector(reader, "ffn_norm", l, h, out));
+    POLYKV_ASSIGN_OR_RETURN(lw.gate, MapMatrix(reader, "gate", l, c.ffn, h, 0));
+    POLYKV_ASSIGN_OR_RETURN(lw.up, MapMatrix(reader, "up", l, c.ffn, h, 0));
+    POLYKV_ASSIGN_OR_RETURN(lw.down, MapMatrix(reader, "down", l, h, c.ffn, 0));
+  }
+  POLYKV_ASSIGN_OR_RETURN(out->norm, MapVector(reader, "norm", -1, h, out));
+  if (c.tied_embeddings) {
+    out->lm_head = out->embed;
+  } else {
+    POLYKV_ASSIGN_OR_RETURN(out->lm_head, MapMatrix(reader, "output", -1, c.vocab, h, 0));
+  }
+  out->files = reader.Mappings();
+  return absl::OkStatus();
+}
+
 StatusOr<std::string> Sha256OfFiles(const std::string& prefix,
                                     const std::vector<std::string>& paths) {
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);

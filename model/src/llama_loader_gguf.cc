@@ -21,7 +21,8 @@ torch::Tensor UnpermuteQk(const torch::Tensor& w, int64_t n_head) {
 
 class GgufReader : public WeightReader {
  public:
-  GgufReader(const GgufFile& g, const ModelConfig& c) : g_(g), c_(c) {}
+  GgufReader(std::shared_ptr<const GgufFile> file, const ModelConfig& c)
+      : file_(std::move(file)), g_(*file_), c_(c) {}
 
   static std::string Name(const std::string& role, int layer) {
     if (role == "embed") return "token_embd.weight";
@@ -57,7 +58,31 @@ class GgufReader : public WeightReader {
   }
   bool HasOutput() override { return g_.FindTensor("output.weight") != nullptr; }
 
+  StatusOr<RawTensor> GetRaw(const std::string& role, int layer,
+                             const std::vector<int64_t>& shape) override {
+    const std::string name = Name(role, layer);
+    const GgufTensorInfo* info = g_.FindTensor(name);
+    if (info == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat(g_.path(), ": missing tensor '", name, "'"));
+    std::vector<int64_t> torch_shape(info->dims.rbegin(), info->dims.rend());
+    if (torch_shape != shape)
+      return absl::InvalidArgumentError(absl::StrCat(
+          g_.path(), ": tensor '", name, "' has shape [", absl::StrJoin(torch_shape, ", "),
+          "] (PyTorch order), expected [", absl::StrJoin(shape, ", "), "]"));
+    const auto data = g_.TensorData(*info);
+    if (data.empty() && info->nbytes > 0)
+      return absl::DataLossError(absl::StrCat(g_.path(), ": tensor '", name, "' lies outside the file"));
+    RawTensor t;
+    t.type = info->type;
+    t.data = data.data();
+    t.bytes = data.size();
+    t.interleaved_qk = role == "q" || role == "k";
+    return t;
+  }
+  std::vector<std::shared_ptr<const void>> Mappings() override { return {file_}; }
+
  private:
+  std::shared_ptr<const GgufFile> file_;
   const GgufFile& g_;
   const ModelConfig& c_;
 };
@@ -156,10 +181,16 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
 StatusOr<LoadedModel> LoadGgufModel(const std::string& path, const LoadOptions& options) {
   LoadedModel m;
   {
-    POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> g, GgufFile::Open(path));
+    POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> opened, GgufFile::Open(path));
+    std::shared_ptr<const GgufFile> g(std::move(opened));
     POLYKV_ASSIGN_OR_RETURN(m.config, ConfigFromGguf(*g));
-    GgufReader reader(*g, m.config);
-    POLYKV_RETURN_IF_ERROR(BuildWeights(m.config, reader, options, &m.weights));
+    GgufReader reader(g, m.config);
+    if (options.weights == WeightStorage::kMapped) {
+      m.mapped = std::make_unique<MappedWeights>();
+      POLYKV_RETURN_IF_ERROR(BuildMappedWeights(m.config, reader, m.mapped.get()));
+    } else {
+      POLYKV_RETURN_IF_ERROR(BuildWeights(m.config, reader, options, &m.weights));
+    }
     if (g->Has("tokenizer.ggml.model")) {
       auto tok = TokenizerFromGguf(*g);
       if (!tok.ok())
@@ -167,7 +198,7 @@ StatusOr<LoadedModel> LoadGgufModel(const std::string& path, const LoadOptions& 
                       absl::StrCat(path, ": tokenizer: ", tok.status().message()));
       m.tokenizer = std::move(tok).value();
     }
-  }  // unmaps the file before hashing
+  }  // the copy runtime unmaps the file here; the mapped one keeps it
   POLYKV_ASSIGN_OR_RETURN(m.fingerprint, Sha256OfFiles("gguf\n", {path}));
   return m;
 }

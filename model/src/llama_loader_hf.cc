@@ -152,7 +152,7 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
 // Maps roles to HF tensor names across one or more safetensors files.
 class HfReader : public WeightReader {
  public:
-  HfReader(std::vector<std::unique_ptr<SafetensorsFile>> files,
+  HfReader(std::vector<std::shared_ptr<const SafetensorsFile>> files,
            std::map<std::string, const SafetensorsFile*> where)
       : files_(std::move(files)), where_(std::move(where)) {}
 
@@ -182,8 +182,41 @@ class HfReader : public WeightReader {
   }
   bool HasOutput() override { return where_.count("lm_head.weight") > 0; }
 
+  StatusOr<RawTensor> GetRaw(const std::string& role, int layer,
+                             const std::vector<int64_t>& shape) override {
+    const std::string name = Name(role, layer);
+    auto it = where_.find(name);
+    const SafetensorsEntry* e = it == where_.end() ? nullptr : it->second->Find(name);
+    if (e == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor '", name, "'"));
+    if (e->shape != shape)
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape [",
+                                                     absl::StrJoin(e->shape, ", "), "], expected [",
+                                                     absl::StrJoin(shape, ", "), "]"));
+    RawTensor t;
+    if (e->dtype == "F32") {
+      t.type = static_cast<uint32_t>(kernels::WeightType::kF32);
+    } else if (e->dtype == "F16") {
+      t.type = static_cast<uint32_t>(kernels::WeightType::kF16);
+    } else if (e->dtype == "BF16") {
+      t.type = static_cast<uint32_t>(kernels::WeightType::kBF16);
+    } else {
+      return absl::UnimplementedError(absl::StrCat(it->second->path(), ": tensor '", name,
+                                                   "' has dtype ", e->dtype,
+                                                   "; only F32, F16, BF16 are supported"));
+    }
+    const auto data = it->second->Data(*e);
+    if (data.size() != e->nbytes)
+      return absl::DataLossError(absl::StrCat("tensor '", name, "' lies outside its file"));
+    t.data = data.data();
+    t.bytes = data.size();
+    return t;
+  }
+  std::vector<std::shared_ptr<const void>> Mappings() override {
+    return std::vector<std::shared_ptr<const void>>(files_.begin(), files_.end());
+  }
+
  private:
-  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<std::shared_ptr<const SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;
 };
 
@@ -226,7 +259,7 @@ StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const LoadOptions& op
     return absl::NotFoundError(
         absl::StrCat(dir, ": neither model.safetensors nor model.safetensors.index.json"));
   }
-  std::vector<std::unique_ptr<SafetensorsFile>> opened;
+  std::vector<std::shared_ptr<const SafetensorsFile>> opened;
   std::map<std::string, const SafetensorsFile*> where;
   for (const auto& f : files) {
     POLYKV_ASSIGN_OR_RETURN(auto sf, SafetensorsFile::Open(f));
@@ -237,7 +270,12 @@ StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const LoadOptions& op
     opened.push_back(std::move(sf));
   }
   HfReader reader(std::move(opened), std::move(where));
-  POLYKV_RETURN_IF_ERROR(BuildWeights(m.config, reader, options, &m.weights));
+  if (options.weights == WeightStorage::kMapped) {
+    m.mapped = std::make_unique<MappedWeights>();
+    POLYKV_RETURN_IF_ERROR(BuildMappedWeights(m.config, reader, m.mapped.get()));
+  } else {
+    POLYKV_RETURN_IF_ERROR(BuildWeights(m.config, reader, options, &m.weights));
+  }
 
   // Tokenizer: optional (stories260K ships none).
   const bool has_tok = fs::exists(fs::path(dir) / "tokenizer.json") ||

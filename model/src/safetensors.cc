@@ -2,6 +2,7 @@
 #include "safetensors.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,7 +50,15 @@ Status ReadExact(int fd, void* dst, uint64_t n, uint64_t offset, const std::stri
 }  // namespace
 
 SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(const_cast<void*>(map_), static_cast<size_t>(file_size_));
   if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Span<const uint8_t> SafetensorsFile::Data(const SafetensorsEntry& entry) const {
+  if (map_ == nullptr || entry.offset > file_size_ || entry.nbytes > file_size_ - entry.offset)
+    return {};
+  return absl::MakeConstSpan(static_cast<const uint8_t*>(map_) + entry.offset,
+                             static_cast<size_t>(entry.nbytes));
 }
 
 const SafetensorsEntry* SafetensorsFile::Find(std::string_view name) const {
@@ -136,6 +145,13 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
     e.nbytes = end - begin;
     f->entries_.push_back(std::move(e));
   }
+  // Map the whole file read-only and shared: the mapped runtime computes on these pages,
+  // which every process on the host shares through the page cache.
+  void* map = ::mmap(nullptr, static_cast<size_t>(f->file_size_), PROT_READ, MAP_SHARED, f->fd_, 0);
+  if (map == MAP_FAILED)
+    return absl::ResourceExhaustedError(
+        absl::StrCat(path, ": cannot map ", f->file_size_, " bytes: ", std::strerror(errno)));
+  f->map_ = map;
   return f;
 }
 

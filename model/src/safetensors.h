@@ -1,5 +1,6 @@
 // Safetensors reader (https://huggingface.co/docs/safetensors): header parsing with bounds
-// checks and tensor reads into libtorch CPU tensors via pread (no mapping kept).
+// checks, tensor reads into libtorch CPU tensors via pread, and a read-only shared mapping of
+// the whole file for the mapped runtime.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include "absl/types/span.h"
 #include "polykv/status.h"
 
 namespace polykv::model {
@@ -45,11 +47,16 @@ class SafetensorsFile {
   /// Errors: kUnimplemented for other dtypes; kDataLoss on a short read.
   StatusOr<torch::Tensor> Read(const SafetensorsEntry& entry) const;
 
+  /// The bytes of `entry` inside the read-only mapping (valid while this object lives);
+  /// empty for an entry that does not lie inside this file.
+  absl::Span<const uint8_t> Data(const SafetensorsEntry& entry) const;
+
  private:
   SafetensorsFile() = default;
   std::string path_;
   int fd_ = -1;
   uint64_t file_size_ = 0;
+  const void* map_ = nullptr;  ///< PROT_READ, MAP_SHARED mapping of the whole file
   std::vector<SafetensorsEntry> entries_;
 };
 

@@ -1,8 +1,10 @@
-// libtorch intra-op thread control (Debian's libtorch starts with 1 thread).
+// Compute thread control: libtorch intra-op threads (Debian's libtorch starts with 1 thread)
+// and the threads of the matrix and attention kernels.
 #include <thread>
 
 #include <torch/torch.h>
 
+#include "polykv/kernels/cpu.h"
 #include "polykv/model/llama.h"
 
 namespace polykv::model {
@@ -10,6 +12,7 @@ namespace polykv::model {
 int SetComputeThreads(int n) {
   if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   torch::set_num_threads(n);
+  kernels::SetComputeThreads(n);
   return n;
 }
 

@@ -55,12 +55,18 @@ std::vector<int32_t> PoolIds(const Daemon& d, const std::string& pool) {
 std::vector<int32_t> Reference(const std::vector<int32_t>& doc, const std::vector<int32_t>& prompt,
                                int new_tokens, bool stop_at_eos) {
   model::LlamaModel& m = *Model();
-  model::KvCache cache = m.NewCache(doc.size() + prompt.size() + new_tokens + 1);
+  model::KvCache cache = m.NewCache(doc.size());
   for (size_t off = 0; off < doc.size(); off += 512) {
     size_t len = std::min<size_t>(512, doc.size() - off);
     auto r = m.Forward(absl::MakeConstSpan(doc).subspan(off, len), cache, false);
     EXPECT_TRUE(r.ok()) << r.status();
   }
+  // The document as the cache's read-only prefix, as an agent holds the pool (the same split
+  // attention: codec none is bit-exact).
+  auto frozen = m.FreezeAsPrefix(std::move(cache), prompt.size() + new_tokens + 1);
+  EXPECT_TRUE(frozen.ok()) << frozen.status();
+  if (!frozen.ok()) return {};
+  cache = std::move(*frozen);
   model::SamplingOptions s;
   s.max_new_tokens = new_tokens;
   s.stop_at_eos = stop_at_eos;

@@ -68,13 +68,19 @@ Stories& GetStories() {
   return *s;
 }
 
-// The single-process reference: prefill document, then greedy from the prompt.
+// The single-process reference: prefill the document, hold it as the read-only prefix of the
+// cache (as an agent holds the pool: the same split attention, so codec none is bit-exact),
+// then greedy from the prompt.
 std::vector<int32_t> Reference(const std::vector<int32_t>& doc, const std::vector<int32_t>& prompt,
                                int new_tokens = kNewTokens) {
   auto& m = *GetStories().model;
-  model::KvCache cache = m.NewCache(doc.size() + prompt.size() + new_tokens + 1);
+  model::KvCache cache = m.NewCache(doc.size());
   auto logits = m.Forward(doc, cache, false);
   EXPECT_TRUE(logits.ok()) << logits.status();
+  auto frozen = m.FreezeAsPrefix(std::move(cache), prompt.size() + new_tokens + 1);
+  EXPECT_TRUE(frozen.ok()) << frozen.status();
+  if (!frozen.ok()) return {};
+  cache = std::move(*frozen);
   model::SamplingOptions s;
   s.max_new_tokens = new_tokens;
   s.stop_at_eos = false;
@@ -111,7 +117,7 @@ std::vector<int32_t> Ids(const json& j, const char* key = "answer_ids") {
 }
 
 class AgentsStories : public ::testing::Test {
- protected:
+ public:  // (helpers below call Create)
   void SetUp() override {
     if (!fs::exists(DaemonPath()) || !fs::exists(CliPath())) {
       GTEST_SKIP() << "polykvd or polykv-cli not built";
@@ -316,23 +322,33 @@ TEST_F(AgentsStories, SixteenAgents) {
   RunManyAgents(this, *daemon_, pool, 16);
 }
 
-TEST_F(AgentsStories, ForceEvictMidRunGivesClearErrorThenReattachWorks) {
-  const std::string pool = Create("none");
+// Both ways of reading the pool: in place (the eviction lands between forward steps) and
+// decompressed (between decoded layers).
+void ForceEvictMidRun(AgentsStories* t, Daemon& daemon, client::Attend attend) {
+  const std::string pool = t->Create("none");
   ASSERT_FALSE(pool.empty());
   const auto& st = GetStories();
   client::AgentOptions o;
   o.model_path = StoriesPath();
-  o.endpoint = daemon_->endpoint();
+  o.endpoint = daemon.endpoint();
   o.threads = 1;
+  o.attend = attend;
   auto agent = client::PooledAgent::Create(o);
   ASSERT_TRUE(agent.ok()) << agent.status();
-  Daemon* d = daemon_.get();
-  (*agent)->set_hooks({[d, &pool](uint32_t layer) {
-    if (layer != 0) return;
+  Daemon* d = &daemon;
+  const auto evict = [d, &pool] {
     EXPECT_EQ(d->Evict(pool, /*force=*/true), POLYKV_OK) << polykv_last_error();
     // Give the lease renewal thread (every lease/3 = 0.67 s) time to see the eviction.
     std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-  }});
+  };
+  client::AgentHooks hooks;
+  hooks.after_layer_decoded = [evict](uint32_t layer) {
+    if (layer == 0) evict();
+  };
+  hooks.after_step = [evict](int64_t step) {
+    if (step == 1) evict();  // after the prompt and the first generated token
+  };
+  (*agent)->set_hooks(hooks);
   model::SamplingOptions s;
   s.max_new_tokens = 8;
   auto r = (*agent)->Run(pool, st.prompts[0], s);
@@ -348,13 +364,24 @@ TEST_F(AgentsStories, ForceEvictMidRunGivesClearErrorThenReattachWorks) {
   auto again = (*agent)->Run(pool, st.prompts[0], s);
   EXPECT_FALSE(again.ok());  // pool is gone
   EXPECT_EQ(again.status().code(), absl::StatusCode::kNotFound) << again.status();
-  const std::string pool2 = Create("none");
+  const std::string pool2 = t->Create("none");
   ASSERT_EQ(pool2, pool) << "pools are content-addressed";
   s.stop_at_eos = false;
   auto ok = (*agent)->Run(pool2, st.prompts[0], s);
   ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->attend, attend);
   EXPECT_EQ(ok->answer_ids, Reference(st.document, st.prompts[0], 8));
 }
+
+TEST_F(AgentsStories, ForceEvictMidRunGivesClearErrorThenReattachWorks) {
+  ForceEvictMidRun(this, *daemon_, client::Attend::kInPlace);
+}
+
+TEST_F(AgentsStories, ForceEvictMidDecompressGivesClearErrorThenReattachWorks) {
+  ForceEvictMidRun(this, *daemon_, client::Attend::kDecompressed);
+}
+
+
 
 TEST_F(AgentsStories, SigkilledAgentLeavesPoolIntactAndLeaseExpires) {
   const std::string pool = Create("k8v3");
@@ -366,10 +393,10 @@ TEST_F(AgentsStories, SigkilledAgentLeavesPoolIntactAndLeaseExpires) {
 
   Process victim;
   std::vector<std::string> argv = AgentArgv(*daemon_, pool, st.prompts[1]);
-  argv.insert(argv.end(), {"--debug-pause-after-layer", "1", "--debug-pause-ms", "60000"});
+  argv.insert(argv.end(), {"--debug-pause-after-step", "1", "--debug-pause-ms", "60000"});
   ASSERT_TRUE(victim.Start(argv, daemon_->dir() + "/victim.out", daemon_->dir() + "/victim.err"));
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (victim.err().find("paused after decoding layer 1") == std::string::npos) {
+  while (victim.err().find("paused after forward step 1") == std::string::npos) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << victim.err();
     ASSERT_FALSE(victim.Wait(50)) << "agent ended early: " << victim.err();
   }

@@ -1,11 +1,15 @@
 // PooledAgent: one agent process's view of a shared pool. Attaches a pool published by
-// polykvd (through the C client library), decompresses it layer by layer into the agent's
-// own KV cache, and generates an answer to its own prompt after the shared document.
+// polykvd (through the C client library) and generates an answer to its own prompt after the
+// shared document, attending to the pool where it lies.
 //
 // Flow of Run() (PolyKV paper, Patel & Joshi 2026, sec. 4 "agent attach"):
 //   connect (once) -> ATTACH (lease + read-only map) -> check model fingerprint and shape
-//   -> polykv_decode_layer for every layer into KvCache [kv_heads][capacity][head_dim]
-//   -> cache.tokens = pool token ids, cache.length = pool tokens
+//   -> Attend::kInPlace (default): a KvCache whose read-only prefix is a view of the mapped
+//      pool (kernels/attention.h reads int8 keys and packed values there; nothing of the
+//      document is copied), plus a private suffix for the prompt and the answer; the lease is
+//      checked after every forward step
+//   -> Attend::kDecompressed: polykv_decode_layer for every layer into a private KvCache
+//      [kv_heads][capacity][head_dim] (the paper's reference flow, kept for comparison)
 //   -> LlamaModel::Generate(cache, prompt) (positions continue at the document length)
 //   -> DETACH.
 #pragma once
@@ -22,8 +26,20 @@
 #include "polykv/status.h"
 
 struct polykv_client;
+struct polykv_pool;
 
 namespace polykv::client {
+
+/// How an agent reads the shared document's KV.
+enum class Attend : uint8_t {
+  kInPlace = 0,      ///< attend to the mapped pool directly (host pools, mapped runtime)
+  kDecompressed = 1  ///< decode the pool into a private cache first (the paper's flow)
+};
+
+/// "in-place" or "decompressed".
+const char* AttendName(Attend a);
+/// Parses "in-place" / "decompressed"; kInvalidArgument otherwise.
+StatusOr<Attend> ParseAttend(std::string_view text);
 
 /// How to build a PooledAgent.
 struct AgentOptions {
@@ -32,7 +48,20 @@ struct AgentOptions {
   int timeout_ms = 5000;         ///< per daemon request (Lazy Pirate inside the client)
   int threads = 0;               ///< libtorch intra-op threads; 0 = all cores
   model::LoadOptions load;       ///< device/dtype (threads is taken from `threads`)
+  /// In place needs a host pool and the mapped runtime; otherwise Run falls back to
+  /// decompressing (AgentResult::attend says which ran).
+  Attend attend = Attend::kInPlace;
 };
+
+/// Memory of this process from /proc/self/smaps_rollup, in bytes.
+struct ProcessMemory {
+  uint64_t rss = 0;
+  uint64_t pss = 0;
+  uint64_t private_bytes = 0;  ///< Private_Clean + Private_Dirty (pages no other process maps)
+  uint64_t anonymous = 0;      ///< memory backed by no file
+};
+/// Reads /proc/self/smaps_rollup (zeros where unavailable).
+ProcessMemory ReadProcessMemory();
 
 /// Timings and memory of one Run (milliseconds, bytes).
 struct AgentStats {
@@ -47,8 +76,13 @@ struct AgentStats {
   int64_t new_tokens = 0;
   uint64_t pool_bytes = 0;       ///< the shared region (mapped read-only, not private)
   uint64_t pool_bf16_bytes = 0;  ///< the document's cache held privately in bf16
-  uint64_t private_kv_bytes = 0; ///< bytes of this agent's own KvCache tensors (capacity)
+  uint64_t private_kv_bytes = 0; ///< bytes of this agent's own KvCache tensors (capacity);
+                                 ///< in place: the suffix only
+  /// In place: bytes of the shared prefix read per generated token (every layer's K codes,
+  /// scales, V codes and norms); 0 when decompressed.
+  uint64_t prefix_bytes_per_token = 0;
   uint64_t peak_rss_bytes = 0;   ///< getrusage(RUSAGE_SELF).ru_maxrss after the run
+  ProcessMemory memory;          ///< after the run (before detaching the pool)
 };
 
 /// The answer of one Run.
@@ -57,6 +91,7 @@ struct AgentResult {
   std::string answer_text;          ///< decoded answer ("" when the model has no tokenizer)
   std::vector<int32_t> prompt_ids;  ///< the prompt as fed after the document
   std::string codec;                ///< the pool's codec ("k8v3", "none", ...)
+  Attend attend = Attend::kInPlace; ///< how the document's KV was read
   AgentStats stats;
 };
 
@@ -73,8 +108,11 @@ struct BaselineResult {
 
 /// Hooks for tests (fault injection). Called on the Run thread.
 struct AgentHooks {
-  /// Called after layer `layer` was decoded (before the next one).
+  /// Decompressed: called after layer `layer` was decoded (before the next one).
   std::function<void(uint32_t layer)> after_layer_decoded;
+  /// In place: called after forward step `step` (0 = the prompt), before the lease check
+  /// that decides whether the step's results count.
+  std::function<void(int64_t step)> after_step;
 };
 
 /// An agent: one loaded model (per process) that runs prompts against pools.
@@ -104,7 +142,9 @@ class PooledAgent {
                                 const model::SamplingOptions& sampling);
 
   /// Baseline without a pool: prefills `document_ids` itself (Forward in chunks of 512),
-  /// then generates from `prompt_ids` exactly as Run does.
+  /// then generates from `prompt_ids` exactly as Run does: in place, the prefilled document
+  /// becomes a read-only raw prefix (LlamaModel::FreezeAsPrefix), so with a codec-none pool
+  /// both compute the same thing bit for bit.
   StatusOr<BaselineResult> RunBaseline(absl::Span<const int32_t> document_ids,
                                        absl::Span<const int32_t> prompt_ids,
                                        const model::SamplingOptions& sampling);
@@ -124,6 +164,10 @@ class PooledAgent {
  private:
   PooledAgent() = default;
   Status EnsureConnected(double* connect_ms);
+  /// Fills `cache` from the attached pool: a prefix view (in place) or decoded layers.
+  Status BuildCache(::polykv_pool* pool, const std::string& id, int64_t tokens,
+                    int64_t extra_capacity, std::vector<int32_t> doc_ids, bool in_place,
+                    model::KvCache* cache, AgentStats* st);
   void Disconnect();
 
   AgentOptions options_;

@@ -187,6 +187,14 @@ POLYKV_CLIENT_API polykv_status polykv_pool_info_by_id(polykv_client* client,
                                                        const char* pool_id,
                                                        polykv_pool_info* out);
 
+/** The read-only mapping of an attached host pool: *base points at the pool's first byte
+ *  (its PoolHeader, layout in ipc/pool_layout.h) and *size is the mapped length, valid until
+ *  polykv_detach. Agents attend to the pool's K/V there in place. Pages must never be written
+ *  (the mapping is PROT_READ). Errors: POLYKV_INVALID_ARGUMENT (NULL arguments),
+ *  POLYKV_FAILED_PRECONDITION for a cuda pool (device memory: use polykv_decode_layer). */
+POLYKV_CLIENT_API polykv_status polykv_pool_mapping(const polykv_pool* pool, const void** base,
+                                                    uint64_t* size);
+
 /** Elements of one of K or V of a layer: kv_heads * tokens * head_dim (0 for NULL). */
 POLYKV_CLIENT_API size_t polykv_pool_layer_elements(const polykv_pool* pool);
 

@@ -24,9 +24,16 @@ std::string ReadFile(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
+// Writes a new file and renames it over `p`, as model files must be replaced: a model loaded
+// earlier keeps its mapping of the old file (rewriting a mapped file in place would change
+// the weights under it).
 void WriteFile(const std::string& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const std::string tmp = p + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  std::filesystem::rename(tmp, p);
 }
 std::string U64Le(uint64_t v) {
   std::string s(8, '\0');

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "polykv/kernels/attention.h"
 #include "polykv/kernels/codec.h"
 #include "polykv/status.h"
 
@@ -161,6 +162,9 @@ class PoolReader {
                                    kernels::Stream stream = nullptr) const;
   /// Recomputes the payload checksum and compares it with the header's.
   [[nodiscard]] Status VerifyPayload() const;
+  /// First byte of the region (host or device address).
+  const uint8_t* base() const { return base_; }
+  kernels::Device device() const { return device_; }
 
  private:
   PoolReader() = default;
@@ -171,6 +175,11 @@ class PoolReader {
   PoolLayout layout_;
   kernels::Device device_ = kernels::Device::kCpu;
 };
+
+/// A read-only view of a host pool's K/V for attention in place (kernels/attention.h): per
+/// layer, pointers into the region `reader` was opened on (valid while it stays mapped).
+/// Errors: kFailedPrecondition for a device (CUDA) reader.
+StatusOr<kernels::PrefixView> PrefixViewOf(const PoolReader& reader);
 
 /// 64-bit checksum used by the pool format (XXH64 over `bytes`, seed 0).
 uint64_t Checksum64(const void* data, uint64_t bytes);

@@ -1,5 +1,17 @@
-// Llama-family decoder runtime on libtorch: load (HF safetensors folder or GGUF), prefill,
-// decode from a caller-supplied KV cache, sampling, perplexity.
+// Llama-family decoder runtime: load (HF safetensors folder or GGUF), prefill, decode from a
+// caller-supplied KV cache, sampling, perplexity.
+//
+// Two runtimes behind one interface (LoadOptions::weights):
+//  - mapped (the default on the CPU): the model file stays mapped read-only and every matrix
+//    product runs on its own tensor format (kernels/matmul.h), so all processes on a host
+//    share the same page-cache pages and none holds converted weights. Decode and short
+//    prompts (<= kMappedGemmRows rows) use the quantized kernels; longer prefills
+//    dequantize one weight tile at a time into a small scratch buffer and multiply with
+//    libtorch's GEMM. Attention runs on kernels/attention.h, which also attends in place
+//    to a read-only shared prefix (a compressed pool) with an exact log-sum-exp merge.
+//  - f32 copy (LoadOptions::weights = kCopy, and every CUDA load): the weights are
+//    dequantized into private libtorch tensors of the compute dtype and every op runs on
+//    libtorch (the reference path; required for CUDA).
 //
 // Architecture: RMSNorm, RoPE (rope_theta from the model, HF rotate_half layout),
 // SwiGLU MLP, grouped-query attention, tied or separate output embeddings
@@ -15,6 +27,7 @@
 #include <torch/torch.h>
 
 #include "absl/types/span.h"
+#include "polykv/kernels/attention.h"
 #include "polykv/model/tokenizer.h"
 #include "polykv/status.h"
 
@@ -41,6 +54,21 @@ struct ModelConfig {
   int32_t eos_id = -1;
 };
 
+/// Where the weights live and which runtime computes with them.
+enum class WeightStorage : uint8_t {
+  kAuto = 0,    ///< kMapped on the CPU (f32 compute dtype), kCopy on CUDA
+  kMapped = 1,  ///< file mapped read-only; kernels over its blocks (CPU, f32 only)
+  kCopy = 2,    ///< private libtorch tensors in the compute dtype (today's reference path)
+};
+
+/// "auto", "mapped" or "copy".
+const char* WeightStorageName(WeightStorage w);
+
+/// Rows up to which the mapped runtime multiplies with the quantized kernels; longer
+/// forwards (prefill) dequantize weight tiles and use libtorch's GEMM (bench_model measures
+/// both; see README).
+inline constexpr int64_t kMappedGemmRows = 48;
+
 /// How to load a model.
 struct LoadOptions {
   /// libtorch intra-op threads; 0 = all cores (std::thread::hardware_concurrency()).
@@ -49,17 +77,44 @@ struct LoadOptions {
   torch::Device device = torch::kCPU;
   /// Compute dtype of weights and the KV cache: kFloat32 on CPU, kBFloat16 on GPU.
   torch::ScalarType dtype = torch::kFloat32;
+  /// Mapped weights (CPU) or a private copy; kMapped with CUDA or a non-f32 dtype is
+  /// kInvalidArgument.
+  WeightStorage weights = WeightStorage::kAuto;
+  /// Mapped runtime: forwards of up to this many rows multiply on the quantized kernels
+  /// (8-bit activations for quantized weights); longer ones, and all of them when 0, use
+  /// f32 products on dequantized weight tiles (exact f32 activations, slower for few rows).
+  int64_t quantized_rows = kMappedGemmRows;
 };
 
-/// A KV cache: per layer K and V, each [kv_heads][capacity][head_dim] in the model's
-/// dtype/device, K stored after RoPE. The first `length` positions are valid; `tokens`
-/// holds their ids (size == length).
+/// A read-only shared prefix of a KV cache: positions [0, view.tokens) of the document,
+/// attended to where they lie (a mapped pool, or K/V the process prefilled itself), never
+/// copied. Only the mapped runtime attends to prefixes.
+struct KvPrefix {
+  kernels::PrefixView view;
+  /// Called after every forward step that read the prefix; a non-OK status fails the step
+  /// (e.g. the pool's lease expired or it was evicted), and its results are discarded.
+  std::function<Status()> check;
+  /// Keeps the memory behind `view` alive (an attached pool, or the tensors of a prefill).
+  std::shared_ptr<const void> owner;
+};
+
+/// A KV cache: an optional read-only shared `prefix` (positions [0, P)) followed by the
+/// private suffix: per layer K and V, each [kv_heads][capacity][head_dim] in the model's
+/// dtype/device, K stored after RoPE; suffix slot i holds position P + i. The first
+/// `length` positions (prefix included) are valid; `tokens` holds their ids
+/// (size == length).
 struct KvCache {
-  std::vector<torch::Tensor> k;  ///< [layers] x [kv_heads][capacity][head_dim]
-  std::vector<torch::Tensor> v;  ///< [layers] x [kv_heads][capacity][head_dim]
-  std::vector<int32_t> tokens;   ///< ids of the cached positions
-  int64_t length = 0;            ///< valid positions
+  std::vector<torch::Tensor> k;  ///< [layers] x [kv_heads][capacity][head_dim] (suffix)
+  std::vector<torch::Tensor> v;  ///< [layers] x [kv_heads][capacity][head_dim] (suffix)
+  std::vector<int32_t> tokens;   ///< ids of the cached positions (prefix and suffix)
+  int64_t length = 0;            ///< valid positions, prefix included
+  std::shared_ptr<const KvPrefix> prefix;  ///< null: no shared prefix
+  /// Suffix slots allocated.
   int64_t capacity() const { return k.empty() ? 0 : k[0].size(1); }
+  /// Positions held by the shared prefix (0 without one).
+  int64_t prefix_length() const { return prefix ? prefix->view.tokens : 0; }
+  /// Valid positions held privately.
+  int64_t suffix_length() const { return length - prefix_length(); }
 };
 
 /// Result of Prefill: the document's K/V per layer and the last position's logits.
@@ -113,6 +168,29 @@ class LlamaModel {
 
   /// An empty cache with room for `capacity` positions.
   virtual KvCache NewCache(int64_t capacity) const = 0;
+
+  /// A cache whose first prefix->view.tokens positions are the read-only `prefix` (ids
+  /// `tokens`), with room for `capacity` private positions after it. Errors:
+  /// kInvalidArgument when the prefix does not match the model (layers, kv_heads, head_dim)
+  /// or tokens.size() != its length; kFailedPrecondition for a runtime that cannot attend
+  /// to a prefix in place (the libtorch copy runtime).
+  virtual StatusOr<KvCache> NewCacheWithPrefix(std::shared_ptr<const KvPrefix> prefix,
+                                               std::vector<int32_t> tokens,
+                                               int64_t capacity) const = 0;
+
+  /// Turns what `cache` holds privately (it must have no prefix yet) into a read-only raw
+  /// prefix of a new cache with room for `capacity` more positions: the same K/V bytes,
+  /// attended to with the same split as a pool of codec none, so a process that prefilled a
+  /// document itself computes exactly what an agent of a codec-none pool does. The tensors
+  /// move into the prefix's owner. Errors: kInvalidArgument for an empty cache or one that
+  /// already has a prefix; kFailedPrecondition as NewCacheWithPrefix.
+  virtual StatusOr<KvCache> FreezeAsPrefix(KvCache&& cache, int64_t capacity) const = 0;
+
+  /// How the weights are held (kMapped or kCopy, never kAuto).
+  virtual WeightStorage weight_storage() const = 0;
+
+  /// Bytes of weights read per decoded token (every matrix once, in its stored format).
+  virtual int64_t WeightBytesPerToken() const = 0;
 
   /// Runs `tokens` at positions cache.length .. cache.length+n-1, appending their K/V
   /// (grows capacity if needed: reallocation to max(needed, 2 x capacity), so tensors held

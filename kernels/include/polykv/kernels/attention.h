@@ -1,0 +1,114 @@
+// Attention of new query rows over [shared prefix | private suffix], the prefix read where
+// it lies: in a compressed pool (int8 keys, TurboQuant-MSE values) or raw (codec none).
+//
+// Split attention with an exact merge (FlashInfer cascade attention; Hydragen, Juravsky et
+// al. 2024): each part p gives a partial softmax state per query head, with maximum score
+// m_p, sum l_p = sum_t exp(s_t - m_p) and normalized output o_p = sum_t exp(s_t - m_p) v_t / l_p.
+// Two states merge by log-sum-exp:
+//   m = max(m_a, m_b), a = l_a exp(m_a - m), b = l_b exp(m_b - m), o = (a o_a + b o_b) / (a + b),
+//   l = a + b; an empty part (l = 0, m = -inf) contributes nothing.
+//
+// The prefix part, per layer and KV head, serves all query heads of its GQA group at once:
+//  - scores s_t = q . k_hat_t / sqrt(head_dim) with k_hat_t = code_t * scale: the key scale
+//    (per tensor, head or channel) and 1/sqrt(head_dim) are folded into the query once;
+//  - values stay in the rotated domain: for TurboQuant-MSE, v_hat_t = norm_t D H c[code_t] /
+//    sqrt(head_dim * block) (codec.h), so sum_t p_t v_hat_t = D H (sum_t p_t norm_t c[code_t])
+//    / sqrt(head_dim * block): the kernel accumulates p_t norm_t c[code_t] in a head_dim
+//    vector and undoes the rotation (Walsh-Hadamard + signs) once per output vector, after
+//    the prefix chunks are merged, not once per token;
+//  - the prefix is split in chunks of kAttentionChunk tokens (tokens [0, C), [C, 2C), ...),
+//    the suffix likewise from its own first position; chunks run on the threads and their
+//    states merge in position order. The chunking depends only on the lengths, so results do
+//    not depend on the thread count.
+// Codec none (raw f32/f16/bf16 K/V) runs the same split with the same f32 kernel as the
+// private suffix, so a raw prefix gives bit-identical results to the same K/V held locally
+// as a raw prefix.
+//
+// Layouts: the prefix as in a pool (ipc/pool_layout.h): K [kv_heads][tokens][head_dim]
+// (int8 codes or raw), K scales (KeyScaleCount), V packed [kv_heads * tokens][PackedVectorBytes]
+// or raw [kv_heads][tokens][head_dim], V norms f32 [kv_heads * tokens]. The suffix: f32
+// [kv_heads][capacity][head_dim]. Queries and output: f32 [n][heads][head_dim], query head h
+// uses KV head h / (heads / kv_heads) (GQA, HF repeat_kv).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "polykv/kernels/codec.h"
+#include "polykv/kernels/cpu.h"
+#include "polykv/status.h"
+
+namespace polykv::kernels {
+
+/// Tokens per attention chunk (the unit of work split over threads).
+inline constexpr int64_t kAttentionChunk = 256;
+
+/// How a prefix stores K and V.
+enum class PrefixCodec : uint8_t {
+  kRaw = 0,  ///< K and V in `raw_dtype` (codec none)
+  kK8V = 1,  ///< int8 keys + TurboQuant-MSE values (codec k8vb)
+};
+
+/// One layer of a prefix (pointers into a read-only region; not owned).
+struct PrefixLayer {
+  const void* k = nullptr;         ///< int8 codes or raw K
+  const float* k_scales = nullptr; ///< kK8V: KeyScaleCount f32 scales
+  const void* v = nullptr;         ///< packed V codes or raw V
+  const float* v_norms = nullptr;  ///< kK8V: f32 norms [kv_heads * tokens]
+};
+
+/// A read-only shared prefix of a KV cache: the document's K/V for every layer.
+struct PrefixView {
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;
+  int64_t tokens = 0;
+  PrefixCodec codec = PrefixCodec::kRaw;
+  DType raw_dtype = DType::kF32;  ///< kRaw
+  CodecConfig config;             ///< kK8V: value_bits, key_scale, rotation_seed
+  std::vector<PrefixLayer> layers;
+  /// Bytes read per layer when every prefix token is attended to (K, scales, V, norms).
+  int64_t LayerBytes() const;
+};
+
+/// Checks a view: sizes >= 1 (tokens may be 0), head_dim <= 512, codec parameters valid,
+/// non-null pointers for every layer. kInvalidArgument naming the field.
+Status ValidatePrefixView(const PrefixView& view);
+
+/// Arguments of AttentionForward for one layer.
+struct AttentionArgs {
+  const PrefixView* prefix = nullptr;  ///< may be null (no prefix)
+  int32_t layer = 0;                   ///< prefix layer
+  const float* k_suffix = nullptr;     ///< f32 [kv_heads][suffix_capacity][head_dim]
+  const float* v_suffix = nullptr;
+  int64_t suffix_capacity = 0;
+  /// Valid suffix positions, the n new rows included: query row i sits at suffix index
+  /// suffix_length - n + i and attends to every prefix token and suffix indices <= its own.
+  int64_t suffix_length = 0;
+  int64_t n = 0;                        ///< query rows (>= 1)
+  int32_t heads = 0, kv_heads = 0, head_dim = 0;
+  const float* q = nullptr;             ///< f32 [n][heads][head_dim] (after RoPE)
+  float* out = nullptr;                 ///< f32 [n][heads][head_dim]
+};
+
+/// Options of the attention kernels.
+struct AttentionOptions {
+  int isa = -1;     ///< as MatMulOptions::isa: -1 = BestIsa()
+  int threads = 0;  ///< 0 = ComputeThreads()
+};
+
+/// softmax(q K^T / sqrt(head_dim)) V over [prefix | suffix] for every query row and head,
+/// merged exactly by log-sum-exp (see the file comment). Errors: kInvalidArgument for
+/// inconsistent shapes (naming the field), kFailedPrecondition for a forced ISA the CPU lacks.
+[[nodiscard]] Status AttentionForward(const AttentionArgs& args, const AttentionOptions& opt = {});
+
+/// A partial softmax state of one query head (see the file comment).
+struct AttentionState {
+  float m = 0;   ///< maximum score (-inf for an empty part)
+  float l = 0;   ///< sum of exp(s - m) (0 for an empty part)
+  float* o = nullptr;  ///< normalized output [head_dim]
+};
+
+/// Merges `b` into `a` by log-sum-exp (exact for empty parts: l == 0 leaves the other).
+void MergeAttentionState(AttentionState& a, const AttentionState& b, int32_t head_dim);
+
+}  // namespace polykv::kernels

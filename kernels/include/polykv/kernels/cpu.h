@@ -1,0 +1,47 @@
+// CPU features and compute threads of the fast CPU kernels (matrix products over weight
+// blocks, attention over the compressed pool).
+//
+// SIMD variants are chosen at run time from CPUID (and XGETBV for the OS-enabled register
+// state): a variant the CPU lacks is never executed. Every variant is tested against the
+// plain scalar reference (tests/unit/kernels/matmul_test.cc, attention_test.cc).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "polykv/status.h"
+
+namespace polykv::kernels {
+
+/// Instruction-set variants of the CPU kernels, in increasing capability.
+enum class Isa : int {
+  kScalar = 0,  ///< plain C++ reference (always present)
+  kAvx2 = 1,    ///< AVX2 + FMA + F16C
+  kAvx512 = 2,  ///< AVX-512 F/BW/DQ/VL + VNNI (vpdpbusd)
+};
+
+/// "scalar", "avx2" or "avx512".
+const char* IsaName(Isa isa);
+
+/// Parses "scalar" / "avx2" / "avx512"; kInvalidArgument naming the text otherwise.
+StatusOr<Isa> ParseIsa(const std::string& name);
+
+/// Whether this CPU (and OS) can execute `isa` (CPUID leaf 7 + XGETBV); cached.
+bool IsaSupported(Isa isa);
+
+/// The best supported variant, or the one named by $POLYKV_ISA when set and supported
+/// (a named variant the CPU lacks falls back to the best supported one, with a warning on
+/// stderr once). Cached after the first call.
+Isa BestIsa();
+
+/// Every variant this CPU can execute, scalar first.
+std::vector<Isa> SupportedIsas();
+
+/// Sets the number of threads of the matrix and attention kernels (n < 1: all hardware
+/// threads). Thread-safe; applies to calls that start afterwards.
+void SetComputeThreads(int n);
+
+/// Threads of the matrix and attention kernels (>= 1).
+int ComputeThreads();
+
+}  // namespace polykv::kernels

@@ -1,0 +1,90 @@
+// Scalar reference of one attention chunk (the definition the SIMD variants are tested
+// against): scores, max, exp, sum, and the value accumulation, written out plainly.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "attention_internal.h"
+#include "polykv/kernels/codec_math.h"
+
+namespace polykv::kernels::attn {
+namespace {
+
+float KeyAt(const ChunkArgs& a, int64_t t, int i) {
+  const int64_t idx = t * a.hd + i;
+  switch (a.key_kind) {
+    case kKeyF32:
+      return static_cast<const float*>(a.k)[idx];
+    case kKeyF16:
+      return math::F16ToFloat(static_cast<const uint16_t*>(a.k)[idx]);
+    case kKeyBf16:
+      return math::Bf16ToFloat(static_cast<const uint16_t*>(a.k)[idx]);
+    default:
+      return static_cast<float>(static_cast<const int8_t*>(a.k)[idx]);
+  }
+}
+
+// Value vector of token t (raw, or norm_t * levels[code] in the rotated domain).
+void ValueAt(const ChunkArgs& a, int64_t t, float* out) {
+  if (a.value_kind == kValPacked) {
+    const uint8_t* p = static_cast<const uint8_t*>(a.v) + t * a.v_bytes;
+    uint8_t codes[512];
+    math::UnpackCodes(p, a.hd, a.bits, codes);
+    const float n = a.v_norms[t];
+    for (int i = 0; i < a.hd; ++i) out[i] = n * a.levels[codes[i]];
+    return;
+  }
+  for (int i = 0; i < a.hd; ++i) {
+    const int64_t idx = t * a.hd + i;
+    switch (a.value_kind) {
+      case kValF32:
+        out[i] = static_cast<const float*>(a.v)[idx];
+        break;
+      case kValF16:
+        out[i] = math::F16ToFloat(static_cast<const uint16_t*>(a.v)[idx]);
+        break;
+      default:
+        out[i] = math::Bf16ToFloat(static_cast<const uint16_t*>(a.v)[idx]);
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+void ChunkScalar(const ChunkArgs& a) {
+  const int hd = a.hd;
+  float vbuf[512];
+  for (int j = 0; j < a.nq; ++j) {
+    float* o = a.o + static_cast<int64_t>(j) * hd;
+    const int64_t end = a.limit[j] < a.t1 ? a.limit[j] : a.t1;
+    for (int i = 0; i < hd; ++i) o[i] = 0.0f;
+    if (end <= a.t0) {
+      a.m[j] = -std::numeric_limits<float>::infinity();
+      a.l[j] = 0.0f;
+      continue;
+    }
+    const float* q = a.q + static_cast<int64_t>(j) * hd;
+    float* s = a.scratch;  // scores of tokens t0..end
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t t = a.t0; t < end; ++t) {
+      float acc = 0.0f;
+      for (int i = 0; i < hd; ++i) acc += q[i] * KeyAt(a, t, i);
+      s[t - a.t0] = acc;
+      m = acc > m ? acc : m;
+    }
+    float l = 0.0f;
+    for (int64_t t = a.t0; t < end; ++t) {
+      const float p = std::exp(s[t - a.t0] - m);
+      l += p;
+      ValueAt(a, t, vbuf);
+      for (int i = 0; i < hd; ++i) o[i] += p * vbuf[i];
+    }
+    const float inv = 1.0f / l;
+    for (int i = 0; i < hd; ++i) o[i] *= inv;
+    a.m[j] = m;
+    a.l[j] = l;
+  }
+}
+
+}  // namespace polykv::kernels::attn

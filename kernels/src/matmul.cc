@@ -1,0 +1,327 @@
+// Matrix kernels over weight blocks: validation, the one dispatch point (weight type x ISA
+// -> dot-product kernel), activation quantization and the split of output rows over threads
+// (tasks of 16 rows on the kernels' thread pool).
+#include "polykv/kernels/matmul.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "matmul_internal.h"
+#include "thread_pool.h"
+
+namespace polykv::kernels {
+namespace {
+
+using mm::ActKind;
+using mm::ActQ8K;
+
+struct TypeInfo {
+  WeightType type;
+  const char* name;
+  int32_t values;
+  int32_t bytes;
+  ActKind act;
+};
+
+// Indexed by mm::TypeIndex.
+constexpr TypeInfo kTypes[mm::kTypeCount] = {
+    {WeightType::kF32, "F32", 1, 4, ActKind::kF32},
+    {WeightType::kF16, "F16", 1, 2, ActKind::kF32},
+    {WeightType::kBF16, "BF16", 1, 2, ActKind::kF32},
+    {WeightType::kQ4_0, "Q4_0", 32, 18, ActKind::kQ8P},
+    {WeightType::kQ4_1, "Q4_1", 32, 20, ActKind::kQ8P},
+    {WeightType::kQ5_0, "Q5_0", 32, 22, ActKind::kQ8},
+    {WeightType::kQ5_1, "Q5_1", 32, 24, ActKind::kQ8},
+    {WeightType::kQ8_0, "Q8_0", 32, 34, ActKind::kQ8},
+    {WeightType::kQ4_K, "Q4_K", 256, 144, ActKind::kQ8K},
+    {WeightType::kQ5_K, "Q5_K", 256, 176, ActKind::kQ8K},
+    {WeightType::kQ6_K, "Q6_K", 256, 210, ActKind::kQ8K},
+};
+
+int TypeIndexOf(WeightType t) {
+  for (int i = 0; i < mm::kTypeCount; ++i)
+    if (kTypes[i].type == t) return i;
+  return -1;
+}
+
+// Bytes of one activation row of `cols` values in the format `kind`.
+int64_t ActRowBytes(ActKind kind, int64_t cols) {
+  switch (kind) {
+    case ActKind::kF32:
+      return cols * 4;
+    case ActKind::kQ8:
+    case ActKind::kQ8P:
+      return mm::ActQ8RowBytes(cols / 32);
+    case ActKind::kQ8K:
+      return cols / 256 * static_cast<int64_t>(sizeof(ActQ8K));
+  }
+  return 0;
+}
+
+// The dispatch table of an ISA. Only called for supported ISAs.
+const mm::DotTable& TableOf(Isa isa) {
+  switch (isa) {
+#ifdef POLYKV_HAVE_AVX512_KERNELS
+    case Isa::kAvx512:
+      return mm::Avx512Table();
+#endif
+#ifdef POLYKV_HAVE_AVX2_KERNELS
+    case Isa::kAvx2:
+      return mm::Avx2Table();
+#endif
+    default:
+      return mm::ScalarTable();
+  }
+}
+
+StatusOr<Isa> ResolveIsa(const MatMulOptions& o) {
+  if (o.isa < 0) return BestIsa();
+  if (o.isa > static_cast<int>(Isa::kAvx512))
+    return absl::InvalidArgumentError(absl::StrCat("MatMul: unknown ISA number ", o.isa));
+  const Isa isa = static_cast<Isa>(o.isa);
+  if (!IsaSupported(isa))
+    return absl::FailedPreconditionError(
+        absl::StrCat("MatMul: ISA ", IsaName(isa), " is not supported by this CPU or build"));
+  return isa;
+}
+
+// Per-thread scratch for quantized activations (grown, never shrunk).
+std::vector<uint8_t>& ActScratch(int which) {
+  thread_local std::vector<uint8_t> buf[mm::kActKinds];
+  return buf[which];
+}
+
+}  // namespace
+
+const char* WeightTypeName(WeightType type) {
+  const int i = TypeIndexOf(type);
+  return i < 0 ? "unsupported" : kTypes[i].name;
+}
+
+bool IsSupportedWeightType(uint32_t type) {
+  return TypeIndexOf(static_cast<WeightType>(type)) >= 0;
+}
+
+StatusOr<BlockFormat> WeightBlockFormat(WeightType type) {
+  const int i = TypeIndexOf(type);
+  if (i < 0)
+    return absl::UnimplementedError(absl::StrCat("weight type ", static_cast<uint32_t>(type),
+                                                 " has no matrix kernels"));
+  return BlockFormat{kTypes[i].values, kTypes[i].bytes};
+}
+
+StatusOr<WeightView> MakeWeightView(WeightType type, const void* data, uint64_t available,
+                                    int64_t rows, int64_t cols) {
+  POLYKV_ASSIGN_OR_RETURN(BlockFormat f, WeightBlockFormat(type));
+  if (rows < 1 || cols < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight matrix [", rows, "][", cols, "]: sizes must be >= 1"));
+  if (cols % f.values != 0)
+    return absl::InvalidArgumentError(absl::StrCat(WeightTypeName(type),
+                                                   " needs cols to be a multiple of ", f.values,
+                                                   ", got ", cols));
+  const int64_t row_bytes = cols / f.values * f.bytes;
+  if (rows > static_cast<int64_t>(available / static_cast<uint64_t>(row_bytes)))
+    return absl::DataLossError(absl::StrCat("weight matrix [", rows, "][", cols, "] ",
+                                            WeightTypeName(type), " needs ", rows * row_bytes,
+                                            " bytes, only ", available, " available"));
+  if (data == nullptr) return absl::InvalidArgumentError("weight matrix: null data");
+  WeightView v;
+  v.type = type;
+  v.data = data;
+  v.rows = rows;
+  v.cols = cols;
+  v.row_bytes = row_bytes;
+  return v;
+}
+
+Status MatMul(const WeightView& w, const float* x, int64_t n, int64_t x_stride, float* y,
+              int64_t y_stride, const MatMulOptions& options) {
+  const MatMulOutput out{&w, y, y_stride};
+  return MatMulShared(absl::MakeConstSpan(&out, 1), x, n, w.cols, x_stride, options);
+}
+
+Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int64_t n,
+                    int64_t cols, int64_t x_stride, const MatMulOptions& options) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("MatMul: n = ", n, " < 0"));
+  if (n == 0 || outputs.empty()) return absl::OkStatus();
+  if (x == nullptr) return absl::InvalidArgumentError("MatMul: null activations");
+  if (x_stride < cols)
+    return absl::InvalidArgumentError(
+        absl::StrCat("MatMul: x_stride ", x_stride, " < cols ", cols));
+  POLYKV_ASSIGN_OR_RETURN(Isa isa, ResolveIsa(options));
+  const mm::DotTable& table = TableOf(isa);
+
+  struct Job {
+    const MatMulOutput* out;
+    mm::DotFn fn;
+    int act;
+    int64_t nb;         // blocks (or values) per row
+    int64_t row_begin;  // in the concatenation of all outputs' rows
+  };
+  Job jobs[8];
+  std::vector<Job> more;
+  Job* job_list = jobs;
+  if (outputs.size() > 8) {
+    more.resize(outputs.size());
+    job_list = more.data();
+  }
+  size_t njobs = 0;
+  bool need[mm::kActKinds] = {};
+  int64_t total_rows = 0;
+  for (const MatMulOutput& o : outputs) {
+    if (o.w == nullptr || o.y == nullptr || o.w->data == nullptr)
+      return absl::InvalidArgumentError("MatMul: null weight or output");
+    const WeightView& w = *o.w;
+    const int ti = TypeIndexOf(w.type);
+    if (ti < 0)
+      return absl::UnimplementedError(absl::StrCat("MatMul: weight type ",
+                                                   static_cast<uint32_t>(w.type),
+                                                   " has no matrix kernels"));
+    if (w.cols != cols)
+      return absl::InvalidArgumentError(absl::StrCat("MatMul: weight has ", w.cols,
+                                                     " cols, activations ", cols));
+    if (cols % kTypes[ti].values != 0 || w.row_bytes != cols / kTypes[ti].values * kTypes[ti].bytes)
+      return absl::InvalidArgumentError(absl::StrCat("MatMul: ", kTypes[ti].name,
+                                                     " weight view with inconsistent row_bytes"));
+    if (o.y_stride < w.rows)
+      return absl::InvalidArgumentError(
+          absl::StrCat("MatMul: y_stride ", o.y_stride, " < rows ", w.rows));
+    mm::DotFn fn = table.dot[ti];
+    if (fn == nullptr)
+      return absl::UnimplementedError(absl::StrCat("MatMul: no ", table.isa, " kernel for ",
+                                                   kTypes[ti].name));
+    const int act = static_cast<int>(kTypes[ti].act);
+    job_list[njobs++] = Job{&o, fn, act, cols / kTypes[ti].values, total_rows};
+    need[act] = true;
+    total_rows += w.rows;
+  }
+
+  // Quantize the activations once per family (f32 rows are used as they are).
+  const uint8_t* act[mm::kActKinds] = {};
+  int64_t act_stride[mm::kActKinds] = {};
+  act[0] = reinterpret_cast<const uint8_t*>(x);
+  act_stride[0] = x_stride * 4;
+  const int threads = std::max(1, options.threads > 0 ? options.threads : ComputeThreads());
+  if ((need[1] || need[2]) && cols % 32 != 0)
+    return absl::InvalidArgumentError("MatMul: cols % 32 != 0");
+  if (need[3] && cols % 256 != 0) return absl::InvalidArgumentError("MatMul: cols % 256 != 0");
+  bool quantize = false;
+  for (int k = 1; k < mm::kActKinds; ++k) {
+    if (!need[k]) continue;
+    quantize = true;
+    const int64_t rb = ActRowBytes(static_cast<ActKind>(k), cols);
+    std::vector<uint8_t>& buf = ActScratch(k);
+    if (buf.size() < static_cast<size_t>(rb * n)) buf.resize(static_cast<size_t>(rb * n));
+    act[k] = buf.data();
+    act_stride[k] = rb;
+  }
+  const bool parallel = threads > 1 && (total_rows * n >= 256);
+
+  // Output rows in fixed chunks of kChunk, split contiguously over the threads.
+  constexpr int64_t kChunk = 16;
+  const int64_t chunks = (total_rows + kChunk - 1) / kChunk;
+  auto run_rows = [&](int64_t begin, int64_t end) {
+    float tmp[mm::kMaxRowsPerCall];
+    for (size_t j = 0; j < njobs; ++j) {
+      const Job& job = job_list[j];
+      const WeightView& w = *job.out->w;
+      const int64_t rb = std::max(begin, job.row_begin) - job.row_begin;
+      const int64_t re = std::min(end, job.row_begin + w.rows) - job.row_begin;
+      const uint8_t* a = act[job.act];
+      const int64_t as = act_stride[job.act];
+      float* y = job.out->y;
+      const int64_t ys = job.out->y_stride;
+      for (int64_t o = rb; o < re; ++o) {
+        const uint8_t* wrow = static_cast<const uint8_t*>(w.data) + o * w.row_bytes;
+        for (int64_t i = 0; i < n; i += mm::kMaxRowsPerCall) {
+          const int nx = static_cast<int>(std::min<int64_t>(mm::kMaxRowsPerCall, n - i));
+          job.fn(wrow, job.nb, a + i * as, as, nx, tmp);
+          for (int t = 0; t < nx; ++t) y[(i + t) * ys + o] = tmp[t];
+        }
+      }
+    }
+  };
+  // The activation bytes do not depend on the ISA (the AVX2 quantizer writes the scalar
+  // one's bytes), so the fastest one the CPU has is used whatever table computes.
+  auto quantize_q8 = &mm::QuantizeActQ8;
+#ifdef POLYKV_HAVE_AVX2_KERNELS
+  if (IsaSupported(Isa::kAvx2) && isa != Isa::kScalar) quantize_q8 = &mm::QuantizeActQ8Avx2;
+#endif
+  auto quantize_rows = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      for (int k : {1, 2}) {
+        if (need[k])
+          quantize_q8(x + i * x_stride, cols, k == 2,
+                      const_cast<uint8_t*>(act[k]) + i * act_stride[k]);
+      }
+      if (need[3])
+        mm::QuantizeActQ8K(x + i * x_stride, cols,
+                           reinterpret_cast<ActQ8K*>(const_cast<uint8_t*>(act[3]) + i * act_stride[3]));
+    }
+  };
+  if (!parallel) {
+    if (quantize) quantize_rows(0, n);
+    run_rows(0, total_rows);
+    return absl::OkStatus();
+  }
+  if (quantize) internal::RunTasks(n, threads, [&](int64_t i) { quantize_rows(i, i + 1); });
+  internal::RunTasks(chunks, threads, [&](int64_t c) {
+    run_rows(c * kChunk, std::min(total_rows, (c + 1) * kChunk));
+  });
+  return absl::OkStatus();
+}
+
+Status DequantizeRows(const WeightView& w, int64_t begin, int64_t end, float* out) {
+  const int ti = TypeIndexOf(w.type);
+  if (ti < 0)
+    return absl::UnimplementedError(absl::StrCat("DequantizeRows: weight type ",
+                                                 static_cast<uint32_t>(w.type), " unsupported"));
+  if (begin < 0 || end > w.rows || begin > end)
+    return absl::InvalidArgumentError(absl::StrCat("DequantizeRows: rows [", begin, ", ", end,
+                                                   ") outside [0, ", w.rows, ")"));
+  if (end == begin) return absl::OkStatus();
+  if (out == nullptr || w.data == nullptr)
+    return absl::InvalidArgumentError("DequantizeRows: null pointer");
+  const mm::BlockDequantFn fn = mm::BlockDequant(ti);
+  const int64_t nb = w.cols / kTypes[ti].values;
+#ifdef POLYKV_HAVE_AVX2_KERNELS
+  if (IsaSupported(Isa::kAvx2) && BestIsa() != Isa::kScalar &&
+      mm::DequantizeBlocksAvx2(ti, static_cast<const uint8_t*>(w.data) + begin * w.row_bytes,
+                               (end - begin) * nb, out))
+    return absl::OkStatus();  // rows are contiguous: one run of blocks
+#endif
+  for (int64_t r = begin; r < end; ++r) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.row_bytes;
+    float* o = out + (r - begin) * w.cols;
+    for (int64_t b = 0; b < nb; ++b) fn(row + b * kTypes[ti].bytes, o + b * kTypes[ti].values);
+  }
+  return absl::OkStatus();
+}
+
+Status DequantizeValues(WeightType type, const void* data, uint64_t bytes, int64_t count,
+                        float* out) {
+  const int ti = TypeIndexOf(type);
+  if (ti < 0)
+    return absl::UnimplementedError(absl::StrCat("weight type ", static_cast<uint32_t>(type),
+                                                 " cannot be dequantized"));
+  if (count < 0 || count % kTypes[ti].values != 0)
+    return absl::InvalidArgumentError(absl::StrCat(count, " values of ", kTypes[ti].name,
+                                                   " are not a whole number of blocks of ",
+                                                   kTypes[ti].values));
+  const uint64_t need = static_cast<uint64_t>(count / kTypes[ti].values) * kTypes[ti].bytes;
+  if (bytes < need)
+    return absl::InvalidArgumentError(absl::StrCat(count, " values of ", kTypes[ti].name,
+                                                   " need ", need, " bytes, got ", bytes));
+  if (count == 0) return absl::OkStatus();
+  if (data == nullptr || out == nullptr)
+    return absl::InvalidArgumentError("DequantizeValues: null pointer");
+  const mm::BlockDequantFn fn = mm::BlockDequant(ti);
+  const int64_t nb = count / kTypes[ti].values;
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  for (int64_t b = 0; b < nb; ++b) fn(p + b * kTypes[ti].bytes, out + b * kTypes[ti].values);
+  return absl::OkStatus();
+}
+
+}  // namespace polykv::kernels

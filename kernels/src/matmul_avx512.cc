@@ -1,0 +1,278 @@
+// The AVX-512 table of the matrix kernels (compiled with -mavx512f -mavx512bw -mavx512dq
+// -mavx512vl -mavx512vnni -mfma -mf16c; the dispatcher calls it only on CPUs with all of
+// them). Q4_0/Q4_1/Q8_0 use vpdpbusd (u8 x s8 -> i32 without the i16 saturation step) on
+// four (Q4) or two (Q8_0) blocks per 512-bit register, with the per-block scales gathered
+// 16 blocks at a time; Q8_0 weights are biased to unsigned (q + 128, corrected by 128 *
+// sum(x)). f32/f16/bf16 weights use 16-wide FMA. Q5 and K-quants use the AVX2 kernels
+// (compiled here with EVEX encodings).
+#include "matmul_avx2_impl.h"
+
+namespace polykv::kernels::mm {
+namespace {
+
+inline float Hsum16(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+// 256 dot(q, q1) + dot(q, q2) for one 32-value block (u8 codes x codes and residual codes).
+inline __m256i Dot16Vnni(__m256i q, const uint8_t* c1, const uint8_t* c2) {
+  const __m256i a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q,
+                                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c1)));
+  const __m256i b = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q,
+                                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c2)));
+  return _mm256_add_epi32(_mm256_slli_epi32(a, 8), b);
+}
+
+// Blocks per segment of a row whose scales are precomputed at once (stack buffers).
+constexpr int64_t kSeg = 256;
+
+// Word-picking tables for 16 blocks of kB bytes: lane 2b + t (t = 0: d at +0, t = 1: m at
+// +2) of the result takes the 16-bit word kB / 2 * b + t of the blocks' bytes. The bytes are
+// read as 64-byte registers; pair p of registers serves the lanes whose word lies in
+// [64 p, 64 p + 64) through one vpermt2w.
+template <int kB>
+struct WordPick {
+  static constexpr int kLastWord = kB / 2 * 15 + 1;
+  static constexpr int kRegs = kLastWord / 32 + 1;
+  static constexpr int kPairs = (kRegs + 1) / 2;
+  alignas(64) int16_t idx[kPairs][32];
+  uint32_t lanes[kPairs];
+  WordPick() {
+    for (int p = 0; p < kPairs; ++p) {
+      lanes[p] = 0;
+      for (int l = 0; l < 32; ++l) {
+        const int word = kB / 2 * (l / 2) + l % 2;
+        idx[p][l] = static_cast<int16_t>((word - 64 * p) & 63);
+        if (word >= 64 * p && word < 64 * p + 64) lanes[p] |= 1u << l;
+      }
+    }
+  }
+};
+
+// f16 d (and m at +2) of blocks [b, b + cnt) (cnt <= 16) as 16 f32 lanes each; lanes of
+// blocks >= cnt are 0. The 16 blocks' bytes are loaded whole (masked to the blocks that
+// exist: nothing past block b + cnt - 1 is read) and the words picked with vpermt2w: no
+// vpgatherdd, which is slow on CPUs with the Gather Data Sampling mitigation.
+template <int kB>
+inline void Halves16(const uint8_t* w, int64_t b, int cnt, __m512* d, __m512* m) {
+  static const WordPick<kB> pick;
+  const uint8_t* p = w + b * kB;
+  const int64_t bytes = static_cast<int64_t>(cnt) * kB;
+  __m512i reg[WordPick<kB>::kPairs * 2];
+  for (int r = 0; r < WordPick<kB>::kPairs * 2; ++r) {
+    const int64_t left = bytes - 64 * r;
+    if (left >= 64) {
+      reg[r] = _mm512_loadu_si512(p + 64 * r);
+    } else if (left > 0) {
+      reg[r] = _mm512_maskz_loadu_epi8(static_cast<__mmask64>((uint64_t{1} << left) - 1), p + 64 * r);
+    } else {
+      reg[r] = _mm512_setzero_si512();
+    }
+  }
+  __m512i words = _mm512_setzero_si512();
+  for (int q = 0; q < WordPick<kB>::kPairs; ++q) {
+    const __m512i t = _mm512_permutex2var_epi16(
+        reg[2 * q], _mm512_load_si512(pick.idx[q]), reg[2 * q + 1]);
+    words = _mm512_mask_mov_epi16(words, pick.lanes[q], t);
+  }
+  const __mmask16 live = static_cast<__mmask16>(cnt >= 16 ? 0xFFFF : (1u << cnt) - 1);
+  *d = _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words)));
+  *m = _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(words, 16))));
+}
+
+// For blocks [b, b + cnt) of kB bytes each (f16 d at +0, f16 m at +2 for kMin): writes
+// s[j][k] = d_k dx_j[b + k] for every activation row j, and adds sum_k f_k ds_j[b + k] to
+// corr[j] (f = m with kMin, else d). s is written with full-width stores (buffers padded to
+// whole vectors) so that the main loop's loads forward from them.
+template <int kB, bool kMin, int kNx>
+inline void Scales(const uint8_t* w, int64_t b, int64_t cnt, const uint8_t* x, int64_t xrb,
+                   int64_t nb, float (*s)[kSeg + 16], __m512* corr) {
+  for (int64_t k = 0; k < cnt; k += 16) {
+    const int c = static_cast<int>(cnt - k < 16 ? cnt - k : 16);
+    const __mmask16 mask = static_cast<__mmask16>(c == 16 ? 0xFFFF : (1u << c) - 1);
+    __m512 dv, mv;
+    Halves16<kB>(w, b + k, c, &dv, &mv);
+    const __m512 fv = kMin ? mv : dv;
+#pragma GCC unroll 8
+    for (int j = 0; j < kNx; ++j) {
+      const uint8_t* xr = x + j * xrb;
+      const __m512 dx = _mm512_maskz_loadu_ps(mask, ActQ8Dx(xr, nb) + b + k);
+      _mm512_storeu_ps(s[j] + k, _mm512_mul_ps(dv, dx));
+      corr[j] = _mm512_fmadd_ps(fv, _mm512_maskz_loadu_ps(mask, ActQ8Ds(xr, nb) + b + k), corr[j]);
+    }
+  }
+}
+
+// Q4_0 / Q4_1 against kQ8P rows: one 4-block group per 512-bit register, low nibbles and
+// high nibbles each meeting their 64 activation codes in one vpdpbusd. The weight row's
+// scales are gathered once per segment and shared by the kNx activation rows.
+template <bool kMin, int kNx>
+void DotQ4Vnni(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float* out) {
+  constexpr int kB = kMin ? 20 : 18, kQs = kMin ? 4 : 2;
+  const int64_t full = nb / 4 * 4;
+  __m512 acc[kNx], corr[kNx];
+  __m256 acc1[kNx];
+#pragma GCC unroll 8
+  for (int j = 0; j < kNx; ++j) {
+    acc[j] = corr[j] = _mm512_setzero_ps();
+    acc1[j] = _mm256_setzero_ps();
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  alignas(64) float s[kNx][kSeg + 16];
+  for (int64_t b0 = 0; b0 < nb; b0 += kSeg) {
+    const int64_t cnt = nb - b0 < kSeg ? nb - b0 : kSeg;
+    Scales<kB, kMin, kNx>(w, b0, cnt, x, xrb, nb, s, corr);
+    int64_t k = 0;
+    for (; k + 4 <= cnt && b0 + k + 4 <= full; k += 4) {
+      const uint8_t* wb = w + (b0 + k) * kB + kQs;
+      __m512i r = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));
+      r = _mm512_inserti32x4(r, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kB)), 1);
+      r = _mm512_inserti32x4(r, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2 * kB)), 2);
+      r = _mm512_inserti32x4(r, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 3 * kB)), 3);
+      const __m512i lo = _mm512_and_si512(r, m4), hi = _mm512_and_si512(_mm512_srli_epi16(r, 4), m4);
+      const int64_t g = (b0 + k) / 4;
+#pragma GCC unroll 8
+      for (int j = 0; j < kNx; ++j) {
+        const uint8_t* xg = x + j * xrb + 128 * g;
+        const uint8_t* xr = xg + 32 * nb;  // residual codes
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xg));
+        p = _mm512_dpbusd_epi32(p, hi, _mm512_loadu_si512(xg + 64));
+        __m512i p2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xr));
+        p2 = _mm512_dpbusd_epi32(p2, hi, _mm512_loadu_si512(xr + 64));
+        p = _mm512_add_epi32(_mm512_slli_epi32(p, 8), p2);
+        const __m512 sv = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(s[j] + k)));
+        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sv, acc[j]);
+      }
+    }
+    for (; k < cnt; ++k) {  // blocks after the last full group: natural code order
+      const int64_t b = b0 + k;
+      const __m256i q = Nibbles32(w + b * kB + kQs);
+#pragma GCC unroll 8
+      for (int j = 0; j < kNx; ++j) {
+        const __m256i p = Dot16Vnni(q, x + j * xrb + 32 * b, x + j * xrb + 32 * nb + 32 * b);
+        acc1[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s[j][k]), acc1[j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < kNx; ++j) {
+    const float main = Hsum16(acc[j]) + Hsum8(acc1[j]);
+    out[j] = kMin ? main + Hsum16(corr[j]) : main - 8.0f * Hsum16(corr[j]);
+  }
+}
+
+// Q8_0 against kQ8 rows: two blocks per register, weights biased to unsigned (q + 128,
+// corrected by 128 sum_b d_b ds_b).
+template <int kNx>
+void DotQ8_0Vnni(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float* out) {
+  __m512 acc[kNx], corr[kNx];
+  __m256 acc1[kNx];
+#pragma GCC unroll 8
+  for (int j = 0; j < kNx; ++j) {
+    acc[j] = corr[j] = _mm512_setzero_ps();
+    acc1[j] = _mm256_setzero_ps();
+  }
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  alignas(64) float s[kNx][kSeg + 16];
+  for (int64_t b0 = 0; b0 < nb; b0 += kSeg) {
+    const int64_t cnt = nb - b0 < kSeg ? nb - b0 : kSeg;
+    Scales<34, false, kNx>(w, b0, cnt, x, xrb, nb, s, corr);
+    int64_t k = 0;
+    for (; k + 2 <= cnt; k += 2) {
+      const uint8_t* wb = w + (b0 + k) * 34 + 2;
+      __m512i q = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb)));
+      q = _mm512_inserti64x4(q, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 34)), 1);
+      q = _mm512_xor_si512(q, bias);
+#pragma GCC unroll 8
+      for (int j = 0; j < kNx; ++j) {
+        const uint8_t* xb = x + j * xrb + 32 * (b0 + k);
+        const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(xb));
+        const __m512i p2 =
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(xb + 32 * nb));
+        const __m512i p = _mm512_add_epi32(_mm512_slli_epi32(p1, 8), p2);
+        const __m512 sv = _mm512_permutexvar_ps(
+            spread, _mm512_castps128_ps512(_mm_castsi128_ps(
+                        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s[j] + k)))));
+        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sv, acc[j]);
+      }
+    }
+    for (; k < cnt; ++k) {
+      const uint8_t* wb = w + (b0 + k) * 34 + 2;
+      const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb)),
+                                         _mm256_set1_epi8(static_cast<char>(0x80)));
+#pragma GCC unroll 8
+      for (int j = 0; j < kNx; ++j) {
+        const uint8_t* xb = x + j * xrb + 32 * (b0 + k);
+        const __m256i p = Dot16Vnni(q, xb, xb + 32 * nb);
+        acc1[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s[j][k]), acc1[j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < kNx; ++j)
+    out[j] = Hsum16(acc[j]) + Hsum8(acc1[j]) - 128.0f * Hsum16(corr[j]);
+}
+
+template <int kKind>
+inline __m512 Load16(const uint8_t* w, int64_t i) {
+  if constexpr (kKind == 0) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(w) + i);
+  } else if constexpr (kKind == 1) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2 * i)));
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2 * i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+template <int kKind, int kNx>
+void DotFloat512(const uint8_t* w, int64_t n, const uint8_t* x, int64_t xrb, float* out) {
+  __m512 acc[kNx][2];
+  const float* xs[kNx];
+#pragma GCC unroll 8
+  for (int j = 0; j < kNx; ++j) {
+    acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    xs[j] = reinterpret_cast<const float*>(x + j * xrb);
+  }
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 w0 = Load16<kKind>(w, i), w1 = Load16<kKind>(w, i + 16);
+#pragma GCC unroll 8
+    for (int j = 0; j < kNx; ++j) {
+      acc[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xs[j] + i), acc[j][0]);
+      acc[j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xs[j] + i + 16), acc[j][1]);
+    }
+  }
+  for (; i + 16 <= n; i += 16) {
+    const __m512 w0 = Load16<kKind>(w, i);
+#pragma GCC unroll 8
+    for (int j = 0; j < kNx; ++j)
+      acc[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xs[j] + i), acc[j][0]);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < kNx; ++j) {
+    float s = Hsum16(_mm512_add_ps(acc[j][0], acc[j][1]));
+    for (int64_t t = i; t < n; ++t) s += Load1<kKind>(w, t) * xs[j][t];
+    out[j] = s;
+  }
+}
+
+}  // namespace
+
+const DotTable& Avx512Table() {
+  static const DotTable t = [] {
+    DotTable d;
+    d.isa = "avx512";
+    FillAvx2(&d);
+    d.dot[kTF32] = POLYKV_MM_ROWS(DotFloat512, 0);
+    d.dot[kTF16] = POLYKV_MM_ROWS(DotFloat512, 1);
+    d.dot[kTBF16] = POLYKV_MM_ROWS(DotFloat512, 2);
+    d.dot[kTQ4_0] = POLYKV_MM_ROWS8(DotQ4Vnni, false);
+    d.dot[kTQ4_1] = POLYKV_MM_ROWS8(DotQ4Vnni, true);
+    d.dot[kTQ8_0] = POLYKV_MM_ROWS8_0(DotQ8_0Vnni);
+    return d;
+  }();
+  return t;
+}
+
+}  // namespace polykv::kernels::mm

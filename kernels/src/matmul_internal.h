@@ -1,0 +1,170 @@
+// Internal pieces of the matrix kernels shared by the scalar reference and the SIMD
+// variants: activation block formats, the per-ISA dot-product tables, f16 loads.
+// The SIMD sources (matmul_avx2.cc, matmul_avx512.cc) are compiled with their ISA flags:
+// they include only this header and <immintrin.h> so that no inline function compiled
+// with wider instructions can be shared with (and picked by the linker for) scalar code.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace polykv::kernels::mm {
+
+/// Q8 activation row for 32-value weight blocks (nb = cols / 32 blocks): 8-bit codes plus
+/// 8-bit residual codes, i.e. ~16-bit activations multiplied with the same u8 x s8 integer
+/// instructions. One buffer of ActQ8RowBytes(nb) bytes:
+///   [q1: int8 x 32 nb][q2: int8 x 32 nb][dxs: f32 x nb][ds: f32 x nb]
+/// with dx_b = absmax_b / 127, f = x / dx_b, q1 = rint(f) (ties to even), q2 = rint(256 (f -
+/// q1)) clamped to [-127, 127], so that x ~= dx (q1 + q2 / 256) to 1/512 of dx (8-bit codes
+/// alone: 1/2 of dx). Stored dxs_b = dx_b / 256 (exact), so x ~= dxs (256 q1 + q2), and
+/// ds_b = dxs_b * (256 sum q1 + sum q2) (the integer sum exact, one rounding). A weight block
+/// dot product is then I = 256 dot(w, q1) + dot(w, q2) (exact int32) times d_w * dxs.
+/// Code order (the same for q1 and q2):
+///  - kQ8 (Q5_0, Q5_1, Q8_0 weights): natural, block b at 32 b.
+///  - kQ8P (Q4_0, Q4_1 weights, whose byte j holds values j and j + 16): each full group of
+///    4 blocks is stored as [b0[0:16] b1[0:16] b2[0:16] b3[0:16] b0[16:32] b1[16:32]
+///    b2[16:32] b3[16:32]] (128 bytes), so that 4 blocks' low nibbles meet their 64 values
+///    in one 512-bit (or two 256-bit) loads; the nb % 4 blocks after the last full group are
+///    stored naturally.
+inline constexpr int64_t kActQ8BytesPerBlock = 72;
+static inline int64_t ActQ8RowBytes(int64_t nb) { return kActQ8BytesPerBlock * nb; }
+/// The residual codes q2 (same layout as the codes at the row's start).
+static inline const uint8_t* ActQ8Residual(const uint8_t* row, int64_t nb) { return row + 32 * nb; }
+/// dxs = dx / 256 per block.
+static inline const float* ActQ8Dx(const uint8_t* row, int64_t nb) {
+  return reinterpret_cast<const float*>(row + 64 * nb);
+}
+static inline const float* ActQ8Ds(const uint8_t* row, int64_t nb) {
+  return reinterpret_cast<const float*>(row + 68 * nb);
+}
+/// Byte offset of value v (0..31) of block b in the codes of a row (order above).
+static inline int64_t ActQ8CodeOffset(bool permuted, int64_t nb, int64_t b, int v) {
+  if (!permuted || b >= nb / 4 * 4) return 32 * b + v;
+  const int64_t g = b / 4, r = b % 4;
+  return 128 * g + (v < 16 ? 16 * r + v : 64 + 16 * r + (v - 16));
+}
+
+/// Q8 activations for 256-value super-blocks: d = absmax / 127, q = rint(x / d),
+/// bsums[j] = sum of q[16j .. 16j+15]. 292 bytes.
+struct ActQ8K {
+  float d;
+  int8_t q[256];
+  int16_t bsums[16];
+};
+static_assert(sizeof(ActQ8K) == 292, "ActQ8K layout");
+
+/// Activation family a weight type multiplies with.
+enum class ActKind : int { kF32 = 0, kQ8 = 1, kQ8P = 2, kQ8K = 3 };
+inline constexpr int kActKinds = 4;
+
+/// Internal dense index of the supported weight types (tables are indexed by it).
+enum TypeIndex : int {
+  kTF32 = 0,
+  kTF16,
+  kTBF16,
+  kTQ4_0,
+  kTQ4_1,
+  kTQ5_0,
+  kTQ5_1,
+  kTQ8_0,
+  kTQ4_K,
+  kTQ5_K,
+  kTQ6_K,
+  kTypeCount
+};
+
+/// Dot products of one weight row (`nb` blocks; for F32/F16/BF16 `nb` = cols values) with
+/// `nx` (1..kMaxRowsPerCall) activation rows: row j starts at x + j * x_row_bytes bytes (a
+/// Q8 activation row, an ActQ8K array or f32 values, by the type's ActKind).
+/// out[j] = the dot product.
+using DotFn = void (*)(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t x_row_bytes,
+                       int nx, float* out);
+
+/// Most activation rows one DotFn call handles.
+inline constexpr int kMaxRowsPerCall = 8;
+
+/// One ISA's kernels; a null entry means "no kernel for this type in this ISA" (dispatch
+/// reports it as an error, never falls back silently).
+struct DotTable {
+  const char* isa = "";
+  DotFn dot[kTypeCount] = {};
+};
+
+const DotTable& ScalarTable();
+/// Defined only in builds whose compiler can emit the ISA (POLYKV_HAVE_AVX2_KERNELS,
+/// POLYKV_HAVE_AVX512_KERNELS); the dispatcher calls them only when the CPU supports it.
+const DotTable& Avx2Table();
+const DotTable& Avx512Table();
+
+/// Dequantizes one block (BlockFormat values) of the type at `type_index` to f32.
+using BlockDequantFn = void (*)(const uint8_t* block, float* out);
+/// nullptr for an index outside [0, kTypeCount).
+BlockDequantFn BlockDequant(int type_index);
+
+/// Quantizes cols (a multiple of 32) f32 values to one Q8 activation row (layout above;
+/// `permuted` selects kQ8P order).
+void QuantizeActQ8(const float* x, int64_t cols, bool permuted, uint8_t* row);
+/// Dequantizes nb blocks of the type at `type_index` with AVX2 and the scalar reference's
+/// exact results; false (nothing written) for a type it has no code for. AVX2 builds only.
+bool DequantizeBlocksAvx2(int type_index, const uint8_t* src, int64_t nb, float* out);
+/// The same bytes with AVX2 (builds with the AVX2 kernels; call only where supported).
+void QuantizeActQ8Avx2(const float* x, int64_t cols, bool permuted, uint8_t* row);
+/// Quantizes cols (a multiple of 256) f32 values to cols / 256 ActQ8K blocks.
+void QuantizeActQ8K(const float* x, int64_t cols, ActQ8K* out);
+
+/// IEEE binary16 bits -> f32 (exact; subnormals included).
+static inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {
+      int e = -1;
+      do {
+        ++e;
+        man <<= 1;
+      } while ((man & 0x400u) == 0);
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | man << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | man << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+/// f16 at an unaligned address.
+static inline float LoadHalf(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return HalfToFloat(h);
+}
+
+/// bf16 at an unaligned address.
+static inline float LoadBf16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+/// 6-bit scale and min number j (0..7) of a Q4_K / Q5_K scales[12] array.
+static inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *mn = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
+    *mn = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+}  // namespace polykv::kernels::mm

@@ -1,0 +1,415 @@
+// Scalar reference of the matrix kernels: per-block integer dot products written out
+// plainly (the definition every SIMD variant is tested against), and block dequantization.
+#include "matmul_internal.h"
+
+namespace polykv::kernels::mm {
+namespace {
+
+// ---- dot products: weight block x activation block ------------------------------------
+
+float DotF32(const uint8_t* w, int64_t n, const float* x) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    float wi;
+    std::memcpy(&wi, w + 4 * i, 4);
+    acc += wi * x[i];
+  }
+  return acc;
+}
+
+float DotF16(const uint8_t* w, int64_t n, const float* x) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += LoadHalf(w + 2 * i) * x[i];
+  return acc;
+}
+
+float DotBf16(const uint8_t* w, int64_t n, const float* x) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += LoadBf16(w + 2 * i) * x[i];
+  return acc;
+}
+
+// One Q8 activation row (matmul_internal.h): code v of block b, and the block's dx, ds.
+struct Q8Row {
+  const uint8_t* row;
+  int64_t nb;
+  bool permuted;
+  /// 256 q1 + q2 of value v of block b (the activation in units of dxs).
+  int32_t Code(int64_t b, int v) const {
+    const int64_t off = ActQ8CodeOffset(permuted, nb, b, v);
+    return 256 * static_cast<int8_t>(row[off]) + static_cast<int8_t>(row[32 * nb + off]);
+  }
+  float Dx(int64_t b) const { return ActQ8Dx(row, nb)[b]; }
+  float Ds(int64_t b) const { return ActQ8Ds(row, nb)[b]; }
+};
+
+float DotQ4_0(const uint8_t* w, int64_t nb, const uint8_t* xr) {
+  const Q8Row x{xr, nb, true};
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b, w += 18) {
+    const uint8_t* qs = w + 2;
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) s += (qs[j] & 0x0f) * x.Code(b, j) + (qs[j] >> 4) * x.Code(b, j + 16);
+    // sum (q - 8) x = sum q x - 8 sum x; d dx sum x = d ds.
+    acc += LoadHalf(w) * x.Dx(b) * static_cast<float>(s) - 8.0f * LoadHalf(w) * x.Ds(b);
+  }
+  return acc;
+}
+
+float DotQ4_1(const uint8_t* w, int64_t nb, const uint8_t* xr) {
+  const Q8Row x{xr, nb, true};
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b, w += 20) {
+    const uint8_t* qs = w + 4;
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) s += (qs[j] & 0x0f) * x.Code(b, j) + (qs[j] >> 4) * x.Code(b, j + 16);
+    acc += LoadHalf(w) * x.Dx(b) * static_cast<float>(s) + LoadHalf(w + 2) * x.Ds(b);
+  }
+  return acc;
+}
+
+// Q5_0 / Q5_1: 5-bit codes q5 of a block.
+void Q5Codes(const uint8_t* qhp, const uint8_t* qs, uint8_t* q5) {
+  uint32_t qh;
+  std::memcpy(&qh, qhp, 4);
+  for (int j = 0; j < 16; ++j) {
+    q5[j] = static_cast<uint8_t>((qs[j] & 0x0f) | (((qh >> j) & 1u) << 4));
+    q5[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+  }
+}
+
+float DotQ5_0(const uint8_t* w, int64_t nb, const uint8_t* xr) {
+  const Q8Row x{xr, nb, false};
+  float acc = 0.0f;
+  uint8_t q5[32];
+  for (int64_t b = 0; b < nb; ++b, w += 22) {
+    Q5Codes(w + 2, w + 6, q5);
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += q5[j] * x.Code(b, j);
+    acc += LoadHalf(w) * x.Dx(b) * static_cast<float>(s) - 16.0f * LoadHalf(w) * x.Ds(b);
+  }
+  return acc;
+}
+
+float DotQ5_1(const uint8_t* w, int64_t nb, const uint8_t* xr) {
+  const Q8Row x{xr, nb, false};
+  float acc = 0.0f;
+  uint8_t q5[32];
+  for (int64_t b = 0; b < nb; ++b, w += 24) {
+    Q5Codes(w + 4, w + 8, q5);
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += q5[j] * x.Code(b, j);
+    acc += LoadHalf(w) * x.Dx(b) * static_cast<float>(s) + LoadHalf(w + 2) * x.Ds(b);
+  }
+  return acc;
+}
+
+float DotQ8_0(const uint8_t* w, int64_t nb, const uint8_t* xr) {
+  const Q8Row x{xr, nb, false};
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b, w += 34) {
+    const int8_t* qs = reinterpret_cast<const int8_t*>(w + 2);
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += qs[j] * x.Code(b, j);
+    acc += LoadHalf(w) * x.Dx(b) * static_cast<float>(s);
+  }
+  return acc;
+}
+
+// Q4_K / Q5_K: sum_j sc_j * dot_j and sum_j mn_j * xsum_j over the 8 sub-blocks of 32.
+float DotQ4_K(const uint8_t* w, int64_t nb, const ActQ8K* x) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b, w += 144, ++x) {
+    const uint8_t* scales = w + 4;
+    const uint8_t* qs = w + 16;
+    int32_t sdot = 0, smin = 0;
+    for (int i = 0; i < 4; ++i) {  // pairs of sub-blocks 2i, 2i+1
+      uint8_t sc0, mn0, sc1, mn1;
+      ScaleMinK4(2 * i, scales, &sc0, &mn0);
+      ScaleMinK4(2 * i + 1, scales, &sc1, &mn1);
+      const int8_t* x0 = x->q + 64 * i;
+      const int8_t* x1 = x0 + 32;
+      int32_t d0 = 0, d1 = 0;
+      for (int l = 0; l < 32; ++l) {
+        d0 += (qs[32 * i + l] & 0x0f) * x0[l];
+        d1 += (qs[32 * i + l] >> 4) * x1[l];
+      }
+      sdot += sc0 * d0 + sc1 * d1;
+      smin += mn0 * (x->bsums[4 * i] + x->bsums[4 * i + 1]) +
+              mn1 * (x->bsums[4 * i + 2] + x->bsums[4 * i + 3]);
+    }
+    acc += LoadHalf(w) * x->d * static_cast<float>(sdot) -
+           LoadHalf(w + 2) * x->d * static_cast<float>(smin);
+  }
+  return acc;
+}
+
+float DotQ5_K(const uint8_t* w, int64_t nb, const ActQ8K* x) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b, w += 176, ++x) {
+    const uint8_t* scales = w + 4;
+    const uint8_t* qh = w + 16;
+    const uint8_t* qs = w + 48;
+    int32_t sdot = 0, smin = 0;
+    for (int i = 0; i < 4; ++i) {
+      uint8_t sc0, mn0, sc1, mn1;
+      ScaleMinK4(2 * i, scales, &sc0, &mn0);
+      ScaleMinK4(2 * i + 1, scales, &sc1, &mn1);
+      const int8_t* x0 = x->q + 64 * i;
+      const int8_t* x1 = x0 + 32;
+      int32_t d0 = 0, d1 = 0;
+      for (int l = 0; l < 32; ++l) {
+        const int q0 = (qs[32 * i + l] & 0x0f) | (((qh[l] >> (2 * i)) & 1) << 4);
+        const int q1 = (qs[32 * i + l] >> 4) | (((qh[l] >> (2 * i + 1)) & 1) << 4);
+        d0 += q0 * x0[l];
+        d1 += q1 * x1[l];
+      }
+      sdot += sc0 * d0 + sc1 * d1;
+      smin += mn0 * (x->bsums[4 * i] + x->bsums[4 * i + 1]) +
+              mn1 * (x->bsums[4 * i + 2] + x->bsums[4 * i + 3]);
+    }
+    acc += LoadHalf(w) * x->d * static_cast<float>(sdot) -
+           LoadHalf(w + 2) * x->d * static_cast<float>(smin);
+  }
+  return acc;
+}
+
+float DotQ6_K(const uint8_t* w, int64_t nb, const ActQ8K* x) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b, w += 210, ++x) {
+    const uint8_t* ql = w;
+    const uint8_t* qh = w + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+    int32_t sum = 0;
+    for (int h = 0; h < 2; ++h) {
+      const int8_t* xq = x->q + 128 * h;
+      int32_t part[8] = {};  // sub-blocks of 16 in this half, in value order
+      for (int l = 0; l < 32; ++l) {
+        const int q1 = (ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4);
+        const int q2 = (ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4);
+        const int q3 = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+        const int q4 = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        part[l / 16 + 0] += q1 * xq[l];
+        part[l / 16 + 2] += q2 * xq[l + 32];
+        part[l / 16 + 4] += q3 * xq[l + 64];
+        part[l / 16 + 6] += q4 * xq[l + 96];
+      }
+      for (int j = 0; j < 8; ++j) sum += sc[j] * (part[j] - 32 * x->bsums[8 * h + j]);
+      ql += 64;
+      qh += 32;
+      sc += 8;
+    }
+    acc += LoadHalf(w + 208) * x->d * static_cast<float>(sum);
+  }
+  return acc;
+}
+
+template <typename Act, float (*Dot)(const uint8_t*, int64_t, const Act*)>
+void Rows(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t x_row_bytes, int nx,
+          float* out) {
+  for (int j = 0; j < nx; ++j)
+    out[j] = Dot(w, nb, reinterpret_cast<const Act*>(x + j * x_row_bytes));
+}
+
+template <float (*Dot)(const uint8_t*, int64_t, const uint8_t*)>
+void RowsQ8(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t x_row_bytes, int nx,
+            float* out) {
+  for (int j = 0; j < nx; ++j) out[j] = Dot(w, nb, x + j * x_row_bytes);
+}
+
+DotTable MakeScalarTable() {
+  DotTable t;
+  t.isa = "scalar";
+  t.dot[kTF32] = Rows<float, DotF32>;
+  t.dot[kTF16] = Rows<float, DotF16>;
+  t.dot[kTBF16] = Rows<float, DotBf16>;
+  t.dot[kTQ4_0] = RowsQ8<DotQ4_0>;
+  t.dot[kTQ4_1] = RowsQ8<DotQ4_1>;
+  t.dot[kTQ5_0] = RowsQ8<DotQ5_0>;
+  t.dot[kTQ5_1] = RowsQ8<DotQ5_1>;
+  t.dot[kTQ8_0] = RowsQ8<DotQ8_0>;
+  t.dot[kTQ4_K] = Rows<ActQ8K, DotQ4_K>;
+  t.dot[kTQ5_K] = Rows<ActQ8K, DotQ5_K>;
+  t.dot[kTQ6_K] = Rows<ActQ8K, DotQ6_K>;
+  return t;
+}
+
+// ---- dequantization: one block to f32 ---------------------------------------------------
+
+void DeqQ4_0(const uint8_t* b, float* y) {
+  const float d = LoadHalf(b);
+  const uint8_t* qs = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<float>((qs[j] & 0x0f) - 8) * d;
+    y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
+  }
+}
+
+void DeqQ4_1(const uint8_t* b, float* y) {
+  const float d = LoadHalf(b), m = LoadHalf(b + 2);
+  const uint8_t* qs = b + 4;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<float>(qs[j] & 0x0f) * d + m;
+    y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
+  }
+}
+
+void DeqQ5_0(const uint8_t* b, float* y) {
+  const float d = LoadHalf(b);
+  uint8_t q5[32];
+  Q5Codes(b + 2, b + 6, q5);
+  for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(q5[j] - 16) * d;
+}
+
+void DeqQ5_1(const uint8_t* b, float* y) {
+  const float d = LoadHalf(b), m = LoadHalf(b + 2);
+  uint8_t q5[32];
+  Q5Codes(b + 4, b + 8, q5);
+  for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(q5[j]) * d + m;
+}
+
+void DeqQ8_0(const uint8_t* b, float* y) {
+  const float d = LoadHalf(b);
+  const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+  for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
+}
+
+void DeqQ4_K(const uint8_t* b, float* y) {
+  const float d = LoadHalf(b), dmin = LoadHalf(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* q = b + 16;
+  for (int i = 0; i < 4; ++i) {
+    uint8_t sc, mn;
+    ScaleMinK4(2 * i, scales, &sc, &mn);
+    const float d1 = d * sc, m1 = dmin * mn;
+    ScaleMinK4(2 * i + 1, scales, &sc, &mn);
+    const float d2 = d * sc, m2 = dmin * mn;
+    for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0x0f) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+    q += 32;
+  }
+}
+
+void DeqQ5_K(const uint8_t* b, float* y) {
+  const float d = LoadHalf(b), dmin = LoadHalf(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* ql = b + 48;
+  for (int i = 0; i < 4; ++i) {
+    uint8_t sc, mn;
+    ScaleMinK4(2 * i, scales, &sc, &mn);
+    const float d1 = d * sc, m1 = dmin * mn;
+    ScaleMinK4(2 * i + 1, scales, &sc, &mn);
+    const float d2 = d * sc, m2 = dmin * mn;
+    for (int l = 0; l < 32; ++l)
+      *y++ = d1 * static_cast<float>((ql[l] & 0x0f) | (((qh[l] >> (2 * i)) & 1) << 4)) - m1;
+    for (int l = 0; l < 32; ++l)
+      *y++ = d2 * static_cast<float>((ql[l] >> 4) | (((qh[l] >> (2 * i + 1)) & 1) << 4)) - m2;
+    ql += 32;
+  }
+}
+
+void DeqQ6_K(const uint8_t* b, float* y) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = LoadHalf(b + 208);
+  for (int h = 0; h < 2; ++h) {
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const int q1 = ((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      y[l] = d * static_cast<float>(sc[is + 0] * q1);
+      y[l + 32] = d * static_cast<float>(sc[is + 2] * q2);
+      y[l + 64] = d * static_cast<float>(sc[is + 4] * q3);
+      y[l + 96] = d * static_cast<float>(sc[is + 6] * q4);
+    }
+    y += 128;
+    ql += 64;
+    qh += 32;
+    sc += 8;
+  }
+}
+
+void DeqF32(const uint8_t* b, float* y) { std::memcpy(y, b, 4); }
+void DeqF16(const uint8_t* b, float* y) { *y = LoadHalf(b); }
+void DeqBf16(const uint8_t* b, float* y) { *y = LoadBf16(b); }
+
+}  // namespace
+
+const DotTable& ScalarTable() {
+  static const DotTable t = MakeScalarTable();
+  return t;
+}
+
+BlockDequantFn BlockDequant(int type_index) {
+  static constexpr BlockDequantFn kFns[kTypeCount] = {
+      DeqF32, DeqF16, DeqBf16, DeqQ4_0, DeqQ4_1, DeqQ5_0, DeqQ5_1, DeqQ8_0, DeqQ4_K, DeqQ5_K,
+      DeqQ6_K};
+  return (type_index >= 0 && type_index < kTypeCount) ? kFns[type_index] : nullptr;
+}
+
+// ---- activation quantization (shared by every ISA: identical bytes everywhere) ----------
+
+namespace {
+// rint under the default rounding mode (ties to even), as the SIMD conversions do.
+inline int32_t RoundEven(float v) { return static_cast<int32_t>(__builtin_rintf(v)); }
+}  // namespace
+
+void QuantizeActQ8(const float* x, int64_t cols, bool permuted, uint8_t* row) {
+  const int64_t nb = cols / 32;
+  uint8_t* res = row + 32 * nb;
+  float* dx = reinterpret_cast<float*>(row + 64 * nb);
+  float* ds = reinterpret_cast<float*>(row + 68 * nb);
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + 32 * b;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      const float a = xb[j] < 0 ? -xb[j] : xb[j];
+      amax = a > amax ? a : amax;
+    }
+    const float d = amax / 127.0f;
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const float f = xb[j] * id;
+      const int32_t q = RoundEven(f);
+      // f - q is exact (|f| <= 127, |f - q| <= 1/2); times 256 is exact.
+      int32_t r = RoundEven((f - static_cast<float>(q)) * 256.0f);
+      r = r > 127 ? 127 : (r < -127 ? -127 : r);
+      const int64_t off = ActQ8CodeOffset(permuted, nb, b, j);
+      row[off] = static_cast<uint8_t>(static_cast<int8_t>(q));
+      res[off] = static_cast<uint8_t>(static_cast<int8_t>(r));
+      sum += 256 * q + r;
+    }
+    dx[b] = d * (1.0f / 256.0f);
+    ds[b] = dx[b] * static_cast<float>(sum);
+  }
+}
+
+void QuantizeActQ8K(const float* x, int64_t cols, ActQ8K* out) {
+  for (int64_t b = 0; b < cols / 256; ++b) {
+    const float* xb = x + 256 * b;
+    float amax = 0.0f;
+    for (int j = 0; j < 256; ++j) {
+      const float a = xb[j] < 0 ? -xb[j] : xb[j];
+      amax = a > amax ? a : amax;
+    }
+    ActQ8K& o = out[b];
+    o.d = amax / 127.0f;
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int g = 0; g < 16; ++g) {
+      int32_t sum = 0;
+      for (int j = 16 * g; j < 16 * g + 16; ++j) {
+        const int32_t q = RoundEven(xb[j] * id);
+        o.q[j] = static_cast<int8_t>(q);
+        sum += q;
+      }
+      o.bsums[g] = static_cast<int16_t>(sum);
+    }
+  }
+}
+
+}  // namespace polykv::kernels::mm

@@ -1,0 +1,65 @@
+// The part of a LlamaModel that both runtimes share (llama.cc): configuration, cache
+// checks, Prefill, Generate, Perplexity and sampling, all on top of one ForwardImpl that
+// each runtime (libtorch copy in llama.cc, mapped kernels in mapped_llama.cc) provides.
+#pragma once
+
+#include <memory>
+#include <random>
+#include <string>
+
+#include "polykv/model/llama.h"
+
+namespace polykv::model::internal {
+
+class LlamaBase : public LlamaModel {
+ public:
+  LlamaBase(ModelConfig config, std::unique_ptr<Tokenizer> tokenizer, std::string fingerprint,
+            torch::Device device, torch::ScalarType dtype);
+
+  const ModelConfig& config() const override { return config_; }
+  const Tokenizer* tokenizer() const override { return tokenizer_.get(); }
+  const std::string& fingerprint() const override { return fingerprint_; }
+  torch::Device device() const override { return device_; }
+  torch::ScalarType dtype() const override { return dtype_; }
+
+  KvCache NewCache(int64_t capacity) const override;
+  StatusOr<torch::Tensor> Forward(absl::Span<const int32_t> tokens, KvCache& cache,
+                                  bool all_logits) override;
+  StatusOr<PrefillResult> Prefill(absl::Span<const int32_t> tokens, int64_t chunk,
+                                  const std::function<void(int64_t, int64_t)>& progress) override;
+  StatusOr<GenerateResult> Generate(KvCache& cache, absl::Span<const int32_t> prompt,
+                                    const SamplingOptions& options) override;
+  StatusOr<PerplexityResult> Perplexity(absl::Span<const int32_t> tokens, int64_t context,
+                                        int64_t stride) override;
+
+ protected:
+  /// Runs `tokens` at positions cache.length.., appends their K/V to the suffix, returns f32
+  /// logits for positions >= logits_from (relative to the first new token):
+  /// [n - logits_from][vocab] (logits_from == n: no logits, no lm_head work). Validates ids
+  /// and the cache itself.
+  virtual StatusOr<torch::Tensor> ForwardImpl(absl::Span<const int32_t> tokens, KvCache& cache,
+                                              int64_t logits_from) = 0;
+
+  /// Checks the cache's tensors (suffix) and prefix against the model.
+  Status CheckCache(const KvCache& c) const;
+  /// Grows the suffix to hold `needed` positions (reallocation to max(needed, 2 x capacity)).
+  void EnsureCapacity(KvCache& c, int64_t needed) const;
+  /// Checks token ids against the vocabulary.
+  Status CheckTokens(absl::Span<const int32_t> tokens) const;
+  /// RoPE angles' cos and sin for positions [past, past + n): [n][head_dim] each (HF layout:
+  /// the head_dim/2 frequencies twice), computed in f64 and rounded to f32.
+  void RopeTables(int64_t past, int64_t n, float* cos, float* sin) const;
+
+  bool IsEos(int32_t id) const;
+  StatusOr<int32_t> Sample(const torch::Tensor& logits, const SamplingOptions& o,
+                           std::mt19937_64& rng) const;
+
+  ModelConfig config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::string fingerprint_;
+  torch::Device device_;
+  torch::ScalarType dtype_;
+  torch::Tensor inv_freq_;  // [head_dim/2] f64, CPU
+};
+
+}  // namespace polykv::model::internal

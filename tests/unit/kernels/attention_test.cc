@@ -1,0 +1,304 @@
+// Split attention over [compressed or raw prefix | f32 suffix]: every ISA variant against
+// the scalar reference, and against plain softmax attention (in double) over the prefix
+// decoded with the codec's own decoder; the log-sum-exp merge's edge cases.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "polykv/kernels/attention.h"
+#include "polykv/kernels/codec.h"
+#include "polykv/kernels/codec_math.h"
+#include "polykv/kernels/cpu.h"
+
+namespace polykv::kernels {
+namespace {
+
+std::vector<float> Gauss(size_t n, uint64_t seed, float sigma = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = g(rng);
+  return v;
+}
+
+// A one-layer prefix in pool layout, plus its decoded f32 K/V ([kv_heads][tokens][hd]).
+struct TestPrefix {
+  PrefixView view;
+  std::vector<int8_t> kq;
+  std::vector<float> kscales, norms;
+  std::vector<uint8_t> vpacked;
+  std::vector<float> kraw, vraw;      // raw f32 (kRaw f32)
+  std::vector<uint16_t> kraw16, vraw16;  // raw f16 / bf16
+  std::vector<float> kdec, vdec;      // what the prefix decodes to
+};
+
+// codec: "none-f32", "none-f16", "none-bf16", or value bits 2/3/4 with a key scale mode.
+TestPrefix MakePrefix(int kv_heads, int64_t tokens, int hd, const std::string& codec, int bits,
+                      KeyScaleMode mode, uint64_t seed) {
+  TestPrefix p;
+  const LayerShape shape{kv_heads, tokens, hd};
+  p.kraw = Gauss(shape.elements(), seed, 1.5f);
+  p.vraw = Gauss(shape.elements(), seed + 1);
+  // Per-channel structure in the keys (outlier channels), as real keys have.
+  for (int64_t i = 0; i < shape.elements(); ++i)
+    if (i % hd == 3) p.kraw[i] *= 6.0f;
+  p.view.kv_heads = kv_heads;
+  p.view.head_dim = hd;
+  p.view.tokens = tokens;
+  p.view.layers.resize(1);
+  if (codec.rfind("none", 0) == 0) {
+    p.view.codec = PrefixCodec::kRaw;
+    if (codec == "none-f32") {
+      p.view.raw_dtype = DType::kF32;
+      p.view.layers[0].k = p.kraw.data();
+      p.view.layers[0].v = p.vraw.data();
+      p.kdec = p.kraw;
+      p.vdec = p.vraw;
+    } else {
+      const DType t = codec == "none-f16" ? DType::kF16 : DType::kBF16;
+      p.view.raw_dtype = t;
+      p.kraw16.resize(p.kraw.size());
+      p.vraw16.resize(p.vraw.size());
+      p.kdec.resize(p.kraw.size());
+      p.vdec.resize(p.vraw.size());
+      for (size_t i = 0; i < p.kraw.size(); ++i) {
+        p.kraw16[i] = t == DType::kF16 ? math::FloatToF16(p.kraw[i]) : math::FloatToBf16(p.kraw[i]);
+        p.vraw16[i] = t == DType::kF16 ? math::FloatToF16(p.vraw[i]) : math::FloatToBf16(p.vraw[i]);
+        p.kdec[i] = t == DType::kF16 ? math::F16ToFloat(p.kraw16[i]) : math::Bf16ToFloat(p.kraw16[i]);
+        p.vdec[i] = t == DType::kF16 ? math::F16ToFloat(p.vraw16[i]) : math::Bf16ToFloat(p.vraw16[i]);
+      }
+      p.view.layers[0].k = p.kraw16.data();
+      p.view.layers[0].v = p.vraw16.data();
+    }
+    return p;
+  }
+  p.view.codec = PrefixCodec::kK8V;
+  p.view.config.value_bits = bits;
+  p.view.config.key_scale = mode;
+  p.view.config.rotation_seed = seed * 7919;
+  p.kq.resize(shape.elements());
+  p.kscales.resize(KeyScaleCount(shape, mode));
+  EXPECT_TRUE(QuantizeKeys(p.kraw.data(), DType::kF32, shape, mode, p.kq.data(), p.kscales.data()).ok());
+  p.vpacked.resize(shape.vectors() * PackedVectorBytes(hd, bits));
+  p.norms.resize(shape.vectors());
+  EXPECT_TRUE(EncodeValues(p.vraw.data(), DType::kF32, shape, p.view.config, p.vpacked.data(),
+                           p.norms.data()).ok());
+  p.kdec.resize(shape.elements());
+  p.vdec.resize(shape.elements());
+  EXPECT_TRUE(DequantizeKeys(p.kq.data(), p.kscales.data(), shape, mode, p.kdec.data(), DType::kF32).ok());
+  EXPECT_TRUE(DecodeValues(p.vpacked.data(), p.norms.data(), shape, p.view.config, p.vdec.data(),
+                           DType::kF32).ok());
+  p.view.layers[0] = PrefixLayer{p.kq.data(), p.kscales.data(), p.vpacked.data(), p.norms.data()};
+  return p;
+}
+
+// Plain attention in double over decoded prefix + suffix, causal in the suffix.
+std::vector<double> Reference(const TestPrefix* p, const std::vector<float>& ks,
+                              const std::vector<float>& vs, int64_t cap, int64_t slen, int64_t n,
+                              int heads, int kvh, int hd, const std::vector<float>& q) {
+  const int G = heads / kvh;
+  const int64_t P = p != nullptr ? p->view.tokens : 0;
+  std::vector<double> out(static_cast<size_t>(n * heads * hd));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int h = 0; h < heads; ++h) {
+      const int kh = h / G;
+      const float* qq = q.data() + (i * heads + h) * hd;
+      const int64_t sl = slen - n + i + 1;
+      std::vector<double> s(P + sl);
+      for (int64_t t = 0; t < P + sl; ++t) {
+        const float* k = t < P ? p->kdec.data() + (kh * P + t) * hd
+                               : ks.data() + (kh * cap + (t - P)) * hd;
+        double acc = 0;
+        for (int d = 0; d < hd; ++d) acc += double{qq[d]} * k[d];
+        s[t] = acc / std::sqrt(static_cast<double>(hd));
+      }
+      double m = -1e300;
+      for (double x : s) m = std::max(m, x);
+      double l = 0;
+      for (double& x : s) {
+        x = std::exp(x - m);
+        l += x;
+      }
+      double* o = out.data() + (i * heads + h) * hd;
+      for (int64_t t = 0; t < P + sl; ++t) {
+        const float* v = t < P ? p->vdec.data() + (kh * P + t) * hd
+                               : vs.data() + (kh * cap + (t - P)) * hd;
+        for (int d = 0; d < hd; ++d) o[d] += s[t] / l * v[d];
+      }
+    }
+  }
+  return out;
+}
+
+struct Shape {
+  int heads, kv_heads, hd;
+  int64_t prefix, suffix, n;
+};
+
+void CheckCase(const Shape& sh, const std::string& codec, int bits, KeyScaleMode mode) {
+  SCOPED_TRACE(::testing::Message() << codec << " bits=" << bits << " mode=" << static_cast<int>(mode)
+                                    << " hd=" << sh.hd << " prefix=" << sh.prefix
+                                    << " suffix=" << sh.suffix << " n=" << sh.n);
+  TestPrefix p = MakePrefix(sh.kv_heads, sh.prefix, sh.hd, codec, bits, mode, 11 + sh.hd);
+  const int64_t cap = sh.suffix + 5;
+  const auto ks = Gauss(static_cast<size_t>(sh.kv_heads * cap * sh.hd), 21, 1.5f);
+  const auto vs = Gauss(static_cast<size_t>(sh.kv_heads * cap * sh.hd), 22);
+  const auto q = Gauss(static_cast<size_t>(sh.n * sh.heads * sh.hd), 23);
+  AttentionArgs a;
+  a.prefix = &p.view;
+  a.k_suffix = ks.data();
+  a.v_suffix = vs.data();
+  a.suffix_capacity = cap;
+  a.suffix_length = sh.suffix;
+  a.n = sh.n;
+  a.heads = sh.heads;
+  a.kv_heads = sh.kv_heads;
+  a.head_dim = sh.hd;
+  a.q = q.data();
+  const auto ref = Reference(&p, ks, vs, cap, sh.suffix, sh.n, sh.heads, sh.kv_heads, sh.hd, q);
+  std::vector<float> scalar_out;
+  for (Isa isa : SupportedIsas()) {
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << IsaName(isa) << " threads " << threads);
+      std::vector<float> out(ref.size(), 1e30f);
+      a.out = out.data();
+      AttentionOptions o;
+      o.isa = static_cast<int>(isa);
+      o.threads = threads;
+      ASSERT_TRUE(AttentionForward(a, o).ok());
+      double max_err = 0;
+      for (size_t i = 0; i < ref.size(); ++i) max_err = std::max(max_err, std::fabs(out[i] - ref[i]));
+      // Outputs are convex combinations of O(1) values: an absolute bound.
+      EXPECT_LE(max_err, 2e-5) << "vs plain attention over the decoded prefix";
+      if (isa == Isa::kScalar && threads == 1) {
+        scalar_out = out;
+      } else {
+        for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], scalar_out[i], 1e-5) << i;
+      }
+    }
+  }
+}
+
+TEST(Attention, InPlaceEqualsDecodedPrefixForEveryCodecAndIsa) {
+  const KeyScaleMode modes[] = {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead,
+                                KeyScaleMode::kPerChannel};
+  const Shape shapes[] = {
+      {9, 3, 64, 600, 20, 1},    // SmolLM2 decode; prefix crosses chunks (256)
+      {9, 3, 64, 300, 70, 7},    // prompt of 7 rows
+      {4, 2, 8, 40, 300, 64},    // stories260K-like head_dim 8; suffix crosses a chunk
+      {8, 2, 80, 257, 3, 1},     // head_dim 80 (block-diagonal rotation)
+      {6, 2, 96, 100, 9, 2},     // head_dim 96
+      {8, 8, 128, 513, 1, 1},    // head_dim 128, no GQA
+  };
+  for (const Shape& sh : shapes) {
+    for (const char* c : {"none-f32", "none-f16", "none-bf16"}) CheckCase(sh, c, 0, KeyScaleMode::kPerTensor);
+    for (int bits : {2, 3, 4})
+      for (KeyScaleMode m : modes) CheckCase(sh, "k8v", bits, m);
+  }
+}
+
+TEST(Attention, NoPrefixAndOddHeadDim) {
+  CheckCase({4, 2, 64, 0, 30, 5}, "none-f32", 0, KeyScaleMode::kPerTensor);  // empty prefix
+  CheckCase({2, 1, 12, 50, 4, 2}, "k8v", 3, KeyScaleMode::kPerChannel);     // hd % 8 != 0
+}
+
+TEST(Attention, RawPrefixEqualsSameValuesHeldAsPrefixBitForBit) {
+  // A raw f32 prefix read from one buffer or another copy of the same bytes: identical
+  // results, for every thread count (the chunking depends only on the lengths).
+  TestPrefix p = MakePrefix(3, 700, 64, "none-f32", 0, KeyScaleMode::kPerTensor, 5);
+  TestPrefix p2 = p;
+  p2.view.layers[0].k = p2.kraw.data();
+  p2.view.layers[0].v = p2.vraw.data();
+  const int64_t cap = 40;
+  const auto ks = Gauss(3 * cap * 64, 1), vs = Gauss(3 * cap * 64, 2), q = Gauss(2 * 9 * 64, 3);
+  std::vector<float> o1(2 * 9 * 64), o2(o1.size());
+  AttentionArgs a;
+  a.k_suffix = ks.data();
+  a.v_suffix = vs.data();
+  a.suffix_capacity = cap;
+  a.suffix_length = 33;
+  a.n = 2;
+  a.heads = 9;
+  a.kv_heads = 3;
+  a.head_dim = 64;
+  a.q = q.data();
+  a.prefix = &p.view;
+  a.out = o1.data();
+  AttentionOptions one;
+  one.threads = 1;
+  ASSERT_TRUE(AttentionForward(a, one).ok());
+  a.prefix = &p2.view;
+  a.out = o2.data();
+  AttentionOptions two;
+  two.threads = 2;
+  ASSERT_TRUE(AttentionForward(a, two).ok());
+  EXPECT_EQ(o1, o2);
+}
+
+TEST(Attention, MergeHandlesEmptyPartsAndInfinities) {
+  const float inf = std::numeric_limits<float>::infinity();
+  float oa[2] = {1.0f, 2.0f}, ob[2] = {3.0f, -1.0f};
+  // Empty b: a unchanged, exactly.
+  AttentionState a{0.5f, 2.0f, oa};
+  MergeAttentionState(a, AttentionState{-inf, 0.0f, ob}, 2);
+  EXPECT_EQ(a.m, 0.5f);
+  EXPECT_EQ(a.l, 2.0f);
+  EXPECT_EQ(oa[0], 1.0f);
+  EXPECT_EQ(oa[1], 2.0f);
+  // Empty a: becomes b exactly.
+  float oe[2] = {9.0f, 9.0f};
+  AttentionState e{-inf, 0.0f, oe};
+  MergeAttentionState(e, AttentionState{1.5f, 3.0f, ob}, 2);
+  EXPECT_EQ(e.m, 1.5f);
+  EXPECT_EQ(e.l, 3.0f);
+  EXPECT_EQ(oe[0], 3.0f);
+  EXPECT_EQ(oe[1], -1.0f);
+  // Both non-empty: the weights l_p e^(m_p - m).
+  float o1[1] = {1.0f}, o2[1] = {0.0f};
+  AttentionState s1{0.0f, 1.0f, o1};
+  MergeAttentionState(s1, AttentionState{std::log(3.0f), 1.0f, o2}, 1);  // weights 1 and 3
+  EXPECT_NEAR(o1[0], 0.25f, 1e-7);
+  EXPECT_NEAR(s1.l, 4.0f / 3.0f, 1e-6);  // 1/3 + 1
+  EXPECT_FLOAT_EQ(s1.m, std::log(3.0f));
+  // Two empty parts stay empty (no NaN from -inf - -inf).
+  float z1[1] = {0.0f}, z2[1] = {0.0f};
+  AttentionState za{-inf, 0.0f, z1};
+  MergeAttentionState(za, AttentionState{-inf, 0.0f, z2}, 1);
+  EXPECT_EQ(za.l, 0.0f);
+  EXPECT_FALSE(std::isnan(z1[0]));
+}
+
+TEST(Attention, RejectsInconsistentShapes) {
+  std::vector<float> buf(1024);
+  AttentionArgs a;
+  a.k_suffix = a.v_suffix = buf.data();
+  a.q = buf.data();
+  a.out = buf.data();
+  a.suffix_capacity = 4;
+  a.suffix_length = 5;
+  a.n = 1;
+  a.heads = 2;
+  a.kv_heads = 1;
+  a.head_dim = 8;
+  EXPECT_EQ(AttentionForward(a).code(), absl::StatusCode::kInvalidArgument);  // length > capacity
+  a.suffix_length = 2;
+  a.heads = 3;
+  a.kv_heads = 2;
+  EXPECT_EQ(AttentionForward(a).code(), absl::StatusCode::kInvalidArgument);  // GQA
+  a.heads = 2;
+  a.kv_heads = 1;
+  PrefixView pv;
+  pv.kv_heads = 2;
+  pv.head_dim = 8;
+  pv.tokens = 3;
+  pv.layers.resize(1, PrefixLayer{buf.data(), nullptr, buf.data(), nullptr});
+  a.prefix = &pv;
+  EXPECT_EQ(AttentionForward(a).code(), absl::StatusCode::kInvalidArgument);  // kv_heads differ
+}
+
+}  // namespace
+}  // namespace polykv::kernels

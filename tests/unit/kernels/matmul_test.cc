@@ -1,0 +1,310 @@
+// Matrix kernels over weight blocks: every weight type x every ISA variant this CPU has,
+// against (1) the scalar reference on the same quantized activations and (2) the exact
+// product of the dequantized weights with the f32 activations (in double), within the
+// bound that activation quantization allows.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "polykv/kernels/codec_math.h"
+#include "polykv/kernels/cpu.h"
+#include "polykv/kernels/matmul.h"
+#include "matmul_internal.h"  // kernels/src: the activation quantizers
+
+namespace polykv::kernels {
+namespace {
+
+constexpr WeightType kAllTypes[] = {WeightType::kF32,  WeightType::kF16,  WeightType::kBF16,
+                                    WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0,
+                                    WeightType::kQ5_1, WeightType::kQ8_0, WeightType::kQ4_K,
+                                    WeightType::kQ5_K, WeightType::kQ6_K};
+
+void PutHalf(uint8_t* p, float v) {
+  const uint16_t h = math::FloatToF16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// Random but valid blocks of `type` for [rows][cols]: random code bytes, finite f16 scales.
+std::vector<uint8_t> RandomWeights(WeightType type, int64_t rows, int64_t cols, uint64_t seed) {
+  const BlockFormat f = WeightBlockFormat(type).value();
+  const int64_t nb = rows * cols / f.values;
+  std::vector<uint8_t> w(static_cast<size_t>(nb * f.bytes));
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.002f, 0.05f), sym(-1.0f, 1.0f);
+  for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* p = w.data() + b * f.bytes;
+    switch (type) {
+      case WeightType::kF32: {
+        const float v = sym(rng);
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case WeightType::kF16:
+        PutHalf(p, sym(rng));
+        break;
+      case WeightType::kBF16: {
+        const uint16_t h = math::FloatToBf16(sym(rng));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case WeightType::kQ4_0:
+      case WeightType::kQ5_0:
+      case WeightType::kQ8_0:
+        PutHalf(p, scale(rng));
+        break;
+      case WeightType::kQ4_1:
+      case WeightType::kQ5_1:
+        PutHalf(p, scale(rng));
+        PutHalf(p + 2, -8 * scale(rng));
+        break;
+      case WeightType::kQ4_K:
+      case WeightType::kQ5_K:
+        PutHalf(p, scale(rng) * 0.1f);
+        PutHalf(p + 2, scale(rng) * 0.1f);
+        break;
+      case WeightType::kQ6_K:
+        PutHalf(p + 208, scale(rng) * 0.05f);
+        break;
+    }
+  }
+  return w;
+}
+
+std::vector<float> RandomActivations(int64_t n, int64_t cols, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n * cols));
+  for (auto& v : x) v = g(rng);
+  // A few outliers, as real activations have.
+  for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i * cols + (i * 7) % cols)] = 12.0f;
+  return x;
+}
+
+struct Case {
+  int64_t rows, cols, n;
+};
+
+class MatMulTest : public ::testing::TestWithParam<WeightType> {};
+
+TEST_P(MatMulTest, EveryIsaMatchesScalarAndDequantizedProduct) {
+  const WeightType type = GetParam();
+  const BlockFormat f = WeightBlockFormat(type).value();
+  // Block types: 1 block; 18 blocks (SmolLM2's 576 columns: 4 groups of 4 + 2 single
+  // blocks, one partial gather of 2); 7; 48 (3 full gathers of 16). f32 family: odd lengths.
+  const bool blocks = f.values > 1;
+  const std::vector<Case> cases = {
+      {37, blocks ? f.values : 37, 1},        // ragged rows; f32: cols not a multiple of 8
+      {37, blocks ? 18 * f.values : 576, 3},  // 3 activation rows in one call
+      {16, blocks ? 7 * f.values : 291, 5},   // 4 + 1
+      {53, blocks ? 48 * f.values : 1536, 64},  // 64 rows: 16 calls of 4
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << WeightTypeName(type) << " rows=" << c.rows
+                                      << " cols=" << c.cols << " n=" << c.n);
+    const std::vector<uint8_t> wb = RandomWeights(type, c.rows, c.cols, 17 + c.rows);
+    auto view = MakeWeightView(type, wb.data(), wb.size(), c.rows, c.cols);
+    ASSERT_TRUE(view.ok()) << view.status();
+    const std::vector<float> x = RandomActivations(c.n, c.cols, 99 + c.n);
+    std::vector<float> wf(static_cast<size_t>(c.rows * c.cols));
+    ASSERT_TRUE(DequantizeRows(*view, 0, c.rows, wf.data()).ok());
+
+    MatMulOptions scalar_opt;
+    scalar_opt.isa = static_cast<int>(Isa::kScalar);
+    scalar_opt.threads = 1;
+    std::vector<float> ref(static_cast<size_t>(c.n * c.rows));
+    ASSERT_TRUE(MatMul(*view, x.data(), c.n, c.cols, ref.data(), c.rows, scalar_opt).ok());
+
+    // (2) scalar reference vs the exact product: the only error is the activation rounding,
+    // |dy| <= sum_i |w_i| * e_i (+ f32 accumulation), with d_x the block scale and e_i the
+    // activation error: d_x / 512 for 32-value blocks (8-bit codes + 8-bit residual codes;
+    // d_x / 256 where the residual clamps), d_x / 2 for the 8-bit K-quant activations.
+    const int64_t ablock = f.values == 1 ? 1 : f.values;  // activation block = weight block
+    for (int64_t r = 0; r < c.n; ++r) {
+      std::vector<double> half_step(static_cast<size_t>(c.cols), 0.0);
+      if (f.values > 1) {
+        for (int64_t b = 0; b < c.cols / ablock; ++b) {
+          double amax = 0;
+          for (int64_t i = 0; i < ablock; ++i)
+            amax = std::max(amax, std::fabs(double{x[r * c.cols + b * ablock + i]}));
+          const double e = f.values == 32 ? amax / 127.0 / 256.0 : amax / 127.0 / 2.0;
+          for (int64_t i = 0; i < ablock; ++i) half_step[b * ablock + i] = e;
+        }
+      }
+      for (int64_t o = 0; o < c.rows; ++o) {
+        double exact = 0, bound = 0, mag = 0;
+        for (int64_t i = 0; i < c.cols; ++i) {
+          const double wi = wf[o * c.cols + i], xi = x[r * c.cols + i];
+          exact += wi * xi;
+          bound += std::fabs(wi) * half_step[i];
+          mag += std::fabs(wi * xi);
+        }
+        const double tol = bound * 1.0001 + 1e-5 * mag + 1e-6;
+        ASSERT_NEAR(ref[r * c.rows + o], exact, tol) << "row " << r << " out " << o;
+      }
+    }
+    // (1) every SIMD variant vs the scalar reference (float reassociation only), 1 and 2
+    // threads (the partition must not change any value).
+    for (Isa isa : SupportedIsas()) {
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(::testing::Message() << IsaName(isa) << " threads=" << threads);
+        MatMulOptions opt;
+        opt.isa = static_cast<int>(isa);
+        opt.threads = threads;
+        std::vector<float> y(static_cast<size_t>(c.n * (c.rows + 3)), -7.0f);
+        ASSERT_TRUE(MatMul(*view, x.data(), c.n, c.cols, y.data(), c.rows + 3, opt).ok());
+        for (int64_t r = 0; r < c.n; ++r) {
+          for (int64_t o = 0; o < c.rows; ++o) {
+            double mag = 0;
+            for (int64_t i = 0; i < c.cols; ++i)
+              mag += std::fabs(double{wf[o * c.cols + i]} * x[r * c.cols + i]);
+            ASSERT_NEAR(y[r * (c.rows + 3) + o], ref[r * c.rows + o], 2e-6 * mag + 1e-6)
+                << "row " << r << " out " << o;
+          }
+          for (int64_t o = c.rows; o < c.rows + 3; ++o)
+            ASSERT_EQ(y[r * (c.rows + 3) + o], -7.0f) << "wrote past the row";
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest, ::testing::ValuesIn(kAllTypes),
+                         [](const ::testing::TestParamInfo<WeightType>& i) {
+                           return std::string(WeightTypeName(i.param));
+                         });
+
+TEST(MatMul, ResultsDoNotDependOnThreadsOrBatching) {
+  // The same activation row gives bit-identical outputs alone, in a batch of 64, and with
+  // 1 or 2 threads (fixed row partition; each output is one dot call).
+  for (WeightType type : {WeightType::kQ4_1, WeightType::kQ8_0, WeightType::kQ6_K}) {
+    const int64_t rows = 96, cols = 512, n = 64;
+    const auto wb = RandomWeights(type, rows, cols, 5);
+    const auto view = MakeWeightView(type, wb.data(), wb.size(), rows, cols).value();
+    const auto x = RandomActivations(n, cols, 6);
+    std::vector<float> batch(n * rows), single(rows);
+    MatMulOptions two;
+    two.threads = 2;
+    ASSERT_TRUE(MatMul(view, x.data(), n, cols, batch.data(), rows, two).ok());
+    for (int64_t r = 0; r < n; r += 9) {
+      MatMulOptions one;
+      one.threads = 1;
+      ASSERT_TRUE(MatMul(view, x.data() + r * cols, 1, cols, single.data(), rows, one).ok());
+      for (int64_t o = 0; o < rows; ++o) ASSERT_EQ(single[o], batch[r * rows + o]);
+    }
+  }
+}
+
+TEST(MatMul, SharedActivationsEqualSeparateProducts) {
+  const int64_t cols = 256, n = 5;
+  const auto wa = RandomWeights(WeightType::kQ4_1, 40, cols, 1);
+  const auto wb = RandomWeights(WeightType::kQ8_0, 24, cols, 2);
+  const auto wc = RandomWeights(WeightType::kQ4_K, 8, cols, 3);
+  const auto va = MakeWeightView(WeightType::kQ4_1, wa.data(), wa.size(), 40, cols).value();
+  const auto vb = MakeWeightView(WeightType::kQ8_0, wb.data(), wb.size(), 24, cols).value();
+  const auto vc = MakeWeightView(WeightType::kQ4_K, wc.data(), wc.size(), 8, cols).value();
+  const auto x = RandomActivations(n, cols, 4);
+  std::vector<float> ya(n * 40), yb(n * 24), yc(n * 8), sa(n * 40), sb(n * 24), sc(n * 8);
+  const MatMulOutput outs[] = {{&va, ya.data(), 40}, {&vb, yb.data(), 24}, {&vc, yc.data(), 8}};
+  MatMulOptions two;
+  two.threads = 2;
+  ASSERT_TRUE(MatMulShared(outs, x.data(), n, cols, cols, two).ok());
+  ASSERT_TRUE(MatMul(va, x.data(), n, cols, sa.data(), 40).ok());
+  ASSERT_TRUE(MatMul(vb, x.data(), n, cols, sb.data(), 24).ok());
+  ASSERT_TRUE(MatMul(vc, x.data(), n, cols, sc.data(), 8).ok());
+  EXPECT_EQ(ya, sa);
+  EXPECT_EQ(yb, sb);
+  EXPECT_EQ(yc, sc);
+}
+
+TEST(MatMul, RejectsBadShapesWithClearErrors) {
+  std::vector<uint8_t> buf(4096);
+  auto v = MakeWeightView(WeightType::kQ4_K, buf.data(), buf.size(), 2, 576);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(v.status().message().find("multiple of 256, got 576"), std::string::npos)
+      << v.status();
+  v = MakeWeightView(WeightType::kQ8_0, buf.data(), buf.size(), 1000, 64);  // 68,000 bytes
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss) << v.status();
+  v = MakeWeightView(static_cast<WeightType>(10), buf.data(), buf.size(), 1, 256);  // Q2_K
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnimplemented);
+  auto ok = MakeWeightView(WeightType::kQ8_0, buf.data(), buf.size(), 4, 64).value();
+  std::vector<float> x(64), y(4);
+  EXPECT_EQ(MatMul(ok, x.data(), 1, 32, y.data(), 4).code(), absl::StatusCode::kInvalidArgument)
+      << "x_stride < cols";
+  EXPECT_EQ(MatMul(ok, x.data(), 1, 64, y.data(), 3).code(), absl::StatusCode::kInvalidArgument)
+      << "y_stride < rows";
+  EXPECT_EQ(MatMul(ok, x.data(), -1, 64, y.data(), 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(MatMul(ok, x.data(), 0, 64, y.data(), 4).ok());
+}
+
+TEST(MatMul, UnsupportedForcedIsaIsAnError) {
+  std::vector<uint8_t> buf(34 * 2);
+  auto v = MakeWeightView(WeightType::kQ8_0, buf.data(), buf.size(), 1, 64).value();
+  std::vector<float> x(64), y(1);
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    MatMulOptions o;
+    o.isa = static_cast<int>(isa);
+    const Status s = MatMul(v, x.data(), 1, 64, y.data(), 1, o);
+    if (IsaSupported(isa)) {
+      EXPECT_TRUE(s.ok()) << s;
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+      std::printf("ISA %s is not available on this CPU: refused as expected\n", IsaName(isa));
+    }
+  }
+  std::printf("ISA variants on this CPU: ");
+  for (Isa i : SupportedIsas()) std::printf("%s ", IsaName(i));
+  std::printf("(best: %s)\n", IsaName(BestIsa()));
+}
+
+TEST(MatMul, DequantizeValuesMatchesRows) {
+  for (WeightType type : kAllTypes) {
+    const BlockFormat f = WeightBlockFormat(type).value();
+    const int64_t cols = f.values == 1 ? 24 : f.values * 2;
+    const auto wb = RandomWeights(type, 3, cols, 8);
+    const auto view = MakeWeightView(type, wb.data(), wb.size(), 3, cols).value();
+    std::vector<float> a(3 * cols), b(3 * cols);
+    ASSERT_TRUE(DequantizeRows(view, 0, 3, a.data()).ok());
+    ASSERT_TRUE(DequantizeValues(type, wb.data(), wb.size(), 3 * cols, b.data()).ok());
+    EXPECT_EQ(a, b) << WeightTypeName(type);
+    EXPECT_EQ(DequantizeValues(type, wb.data(), wb.size() - 1, 3 * cols, b.data()).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace polykv::kernels
+
+namespace polykv::kernels {
+namespace {
+
+TEST(MatMul, SimdActivationQuantizerWritesTheScalarBytes) {
+#ifdef POLYKV_HAVE_AVX2_KERNELS
+  if (!IsaSupported(Isa::kAvx2)) GTEST_SKIP() << "this CPU has no AVX2";
+  for (int64_t nb : {1, 3, 4, 18, 48}) {
+    std::vector<float> x = RandomActivations(1, nb * 32, 77 + nb);
+    // Exact ties of x / d: x = (k + 0.5) * amax / 127 with amax = 127 (so id = 1).
+    x[0] = 127.0f;
+    for (int i = 1; i < 8 && i < nb * 32; ++i) x[i] = static_cast<float>(i) + 0.5f;
+    for (bool permuted : {false, true}) {
+      std::vector<uint8_t> a(static_cast<size_t>(mm::ActQ8RowBytes(nb))), b(a.size());
+      mm::QuantizeActQ8(x.data(), nb * 32, permuted, a.data());
+      mm::QuantizeActQ8Avx2(x.data(), nb * 32, permuted, b.data());
+      EXPECT_EQ(a, b) << "nb=" << nb << " permuted=" << permuted;
+    }
+  }
+#else
+  GTEST_SKIP() << "built without the AVX2 kernels";
+#endif
+}
+
+}  // namespace
+}  // namespace polykv::kernels
