@@ -93,7 +93,7 @@ std::string Sha256Hex(std::string_view data);
 /// token (llama3). Errors: kInvalidArgument for malformed merges.
 StatusOr<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(Vocab vocab,
                                                       const std::vector<std::string>& merges,
-                                                      bpe::PreType pre, bool ignore_merges);
+                                                      bpe::PreTokenizer pre, bool ignore_merges);
 
 /// SentencePiece BPE over a GGUF "llama" vocabulary (llama.cpp llm_tokenizer_spm).
 StatusOr<std::unique_ptr<Tokenizer>> MakeSpmTokenizer(Vocab vocab, std::vector<float> scores,

@@ -215,15 +215,17 @@ TEST(TokenizerGgufTest, Errors) {
     GgufWriter w = TinyBpeVocab();
     w.AddString("x", "y");
     std::string b = w.Build();
-    // Unknown pre-tokenizer.
+    // Unknown pre-tokenizer: the error names it and lists the supported ones.
     GgufWriter p;
     p.AddString("tokenizer.ggml.model", "gpt2");
-    p.AddString("tokenizer.ggml.pre", "qwen2");
+    p.AddString("tokenizer.ggml.pre", "no-such-pre");
     p.AddStringArray("tokenizer.ggml.tokens", {"a"});
     p.AddStringArray("tokenizer.ggml.merges", {});
     auto t = FromBytes(p.Build());
     EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
-    EXPECT_NE(t.status().message().find("qwen2"), std::string::npos) << t.status();
+    for (const char* name : {"'no-such-pre'", "llama3", "qwen2", "deepseek-v3", "tekken", "gpt-4o"}) {
+      EXPECT_NE(t.status().message().find(name), std::string::npos) << name << ": " << t.status();
+    }
   }
   {
     GgufWriter p;
