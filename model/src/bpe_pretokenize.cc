@@ -215,9 +215,9 @@ constexpr char kDeepseekV3Main[] =
     R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 struct Family {
-  const char* name;                    // canonical (fingerprints, family())
-  std::vector<const char*> aliases;    // other tokenizer.ggml.pre values
-  std::vector<const char*> regexes;    // applied in order
+  const char* name;                  // canonical (fingerprints, family())
+  std::vector<const char*> aliases;  // other tokenizer.ggml.pre values
+  std::vector<const char*> regexes;  // applied in order
   bool ignore_merges = false;
   bool add_bos = false;
 };
@@ -276,9 +276,7 @@ const std::vector<Family>& Families() {
         R"(\x{1E900}-\x{1E943}]+)",
         R"(\s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3000}-\x{3002}]+)",
         R"(\s+$)", kDeepseekCjk, R"(\p{N}+)"}},
-      {"deepseek-coder",
-       {},
-       {R"([\r\n])", R"(\s?\p{L}+)", R"(\s?\p{P}+)", kDeepseekCjk, kDigit}},
+      {"deepseek-coder", {}, {R"([\r\n])", R"(\s?\p{L}+)", R"(\s?\p{P}+)", kDeepseekCjk, kDigit}},
       {"deepseek-v3", {}, {R"(\p{N}{1,3})", kCjkKana, kDeepseekV3Main}},
       {"hunyuan-dense", {}, {R"(\p{N}{1,3})", kCjkKana, kDeepseekV3Main}},
       {"joyai-llm", {}, {R"(\p{N}{1,3})", kCjkKana, kDeepseekV3Main}},
@@ -374,8 +372,7 @@ std::string StepSignature(const PreStep& s) {
   const char* kind = s.kind == PreStep::Kind::kGpt2     ? "gpt2"
                      : s.kind == PreStep::Kind::kLlama3 ? "llama3"
                                                         : "regex";
-  return absl::StrCat(kind, " ", BehaviorName(s.behavior), s.invert ? " invert " : " ",
-                      s.pattern);
+  return absl::StrCat(kind, " ", BehaviorName(s.behavior), s.invert ? " invert " : " ", s.pattern);
 }
 
 // Applies HF's SplitDelimiterBehavior to the (span, is_match) list of one piece and appends
@@ -480,9 +477,9 @@ StatusOr<PreTokenizer> PreTokenizer::FromName(const std::string& pre) {
     }
     return p;
   }
-  return absl::UnimplementedError(absl::StrCat("tokenizer.ggml.pre '", pre,
-                                               "' is not supported by PolyKV (supported: ",
-                                               SupportedNames(), ")"));
+  return absl::UnimplementedError(
+      absl::StrCat("tokenizer.ggml.pre '", pre,
+                   "' is not supported by PolyKV (supported: ", SupportedNames(), ")"));
 }
 
 PreTokenizer PreTokenizer::FromSteps(std::vector<PreStep> steps) {
@@ -494,9 +491,9 @@ PreTokenizer PreTokenizer::FromSteps(std::vector<PreStep> steps) {
     for (const char* r : f.regexes) {
       PreStep s;
       const std::string pat = r;
-      s.kind = (pat == kGpt2Regex || pat == kGpt2RegexNoTail)         ? PreStep::Kind::kGpt2
+      s.kind = (pat == kGpt2Regex || pat == kGpt2RegexNoTail)        ? PreStep::Kind::kGpt2
                : (pat == kLlama3Regex || pat == kLlama3RegexAdapted) ? PreStep::Kind::kLlama3
-                                                                       : PreStep::Kind::kRegex;
+                                                                     : PreStep::Kind::kRegex;
       s.pattern = s.kind == PreStep::Kind::kGpt2     ? kGpt2Regex
                   : s.kind == PreStep::Kind::kLlama3 ? kLlama3Regex
                                                      : pat;

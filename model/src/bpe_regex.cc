@@ -113,7 +113,7 @@ struct CharClass {
   std::vector<uint32_t> not_gc_masks;  // \P{..} items: match when the category is outside
   bool ws = false, not_ws = false;
   bool word = false, not_word = false;
-  bool not_newline = false;  // `.`
+  bool not_newline = false;          // `.`
   std::vector<CharClass> nested;     // unions
   std::vector<CharClass> intersect;  // && operands
   bool ascii[128] = {};
@@ -241,8 +241,8 @@ class Parser {
 
  private:
   Status Error(std::string_view what) const {
-    return absl::UnimplementedError(absl::StrCat("pre-tokenizer regex '", pattern_, "': ", std::string(what),
-                                                 " at code point ", i_));
+    return absl::UnimplementedError(absl::StrCat("pre-tokenizer regex '", pattern_,
+                                                 "': ", std::string(what), " at code point ", i_));
   }
   bool More() const { return i_ < p_.size(); }
   uint32_t Peek(size_t k = 0) const { return i_ + k < p_.size() ? p_[i_ + k] : 0xFFFFFFFFu; }
@@ -377,20 +377,48 @@ class Parser {
     if (!More()) return Error("trailing backslash");
     const uint32_t c = p_[i_++];
     switch (c) {
-      case 't': *literal = '\t'; return true;
-      case 'n': *literal = '\n'; return true;
-      case 'r': *literal = '\r'; return true;
-      case 'f': *literal = '\f'; return true;
-      case 'v': *literal = '\v'; return true;
-      case 'a': *literal = 0x07; return true;
-      case 'e': *literal = 0x1B; return true;
-      case '0': *literal = 0; return true;
-      case 's': cc->ws = true; return false;
-      case 'S': cc->not_ws = true; return false;
-      case 'd': cc->gc_mask |= 1u << 9; return false;
-      case 'D': cc->not_gc_masks.push_back(1u << 9); return false;
-      case 'w': cc->word = true; return false;
-      case 'W': cc->not_word = true; return false;
+      case 't':
+        *literal = '\t';
+        return true;
+      case 'n':
+        *literal = '\n';
+        return true;
+      case 'r':
+        *literal = '\r';
+        return true;
+      case 'f':
+        *literal = '\f';
+        return true;
+      case 'v':
+        *literal = '\v';
+        return true;
+      case 'a':
+        *literal = 0x07;
+        return true;
+      case 'e':
+        *literal = 0x1B;
+        return true;
+      case '0':
+        *literal = 0;
+        return true;
+      case 's':
+        cc->ws = true;
+        return false;
+      case 'S':
+        cc->not_ws = true;
+        return false;
+      case 'd':
+        cc->gc_mask |= 1u << 9;
+        return false;
+      case 'D':
+        cc->not_gc_masks.push_back(1u << 9);
+        return false;
+      case 'w':
+        cc->word = true;
+        return false;
+      case 'W':
+        cc->not_word = true;
+        return false;
       case 'h':
         cc->ranges.insert(cc->ranges.end(), {{'0', '9'}, {'a', 'f'}, {'A', 'F'}});
         return false;
@@ -466,7 +494,11 @@ class Parser {
         *literal = v;
         return true;
       }
-      case 'b': case 'B': case 'A': case 'z': case 'Z': {
+      case 'b':
+      case 'B':
+      case 'A':
+      case 'z':
+      case 'Z': {
         if (assert_node == nullptr) {
           if (c == 'b') {  // \b in a class is backspace
             *literal = 0x08;
@@ -822,11 +854,15 @@ struct Regex::Impl {
     size_t row_words = 0;
     std::unordered_map<uint64_t, bool> look_cache;
     std::vector<Frame> stack;
+    // Greedy or possessive unbounded runs (min >= 1) already started at run_from[pc] and
+    // reaching run_end[pc] (top-level only). A later start inside that run has a subset of
+    // its continuations, which have all failed or are being explored (greedy tries the
+    // longest first), so it fails at once: without this a run re-scanned from every position
+    // of a long whitespace run makes "\s+$" quadratic.
+    std::vector<uint32_t> run_from, run_end;
   };
 
-  bool IsWord(const Subject& s, size_t i) const {
-    return (kMaskWord & GcBit(s.gc[i])) != 0;
-  }
+  bool IsWord(const Subject& s, size_t i) const { return (kMaskWord & GcBit(s.gc[i])) != 0; }
 
   bool Assert(const Search& sr, AssertKind k, size_t pos) const {
     const auto& cps = sr.s->cps;
@@ -891,8 +927,19 @@ struct Regex::Impl {
             }
             break;
           case Op::kRun: {
+            const bool prunable =
+                memo && in.max == kInf && in.min >= 1 && in.mode != RepMode::kLazy;
+            if (prunable && sr.run_from[pc] != kInf && sr.run_from[pc] < pos &&
+                pos <= sr.run_end[pc]) {
+              ok = false;
+              break;
+            }
             size_t k = 0;
             while (pos + k < sr.e && k < in.max && ClassAt(sr, in.cls, pos + k)) ++k;
+            if (prunable) {
+              sr.run_from[pc] = static_cast<uint32_t>(pos);
+              sr.run_end[pc] = static_cast<uint32_t>(pos + k);
+            }
             if (k < in.min) {
               ok = false;
               break;
@@ -986,12 +1033,14 @@ void Regex::FindAll(const Subject& s, size_t begin, size_t end,
   const size_t n = end - begin;
   const size_t bits = impl_->prog.size() * (n + 1);
   if (bits <= (size_t{1} << 28)) {  // at most 32 MiB of memo
-    sr.row_words = 0;
     // Layout: pc-major rows of (n + 1) bits rounded up to whole words.
     sr.row_words = (n + 1 + 63) / 64;
     sr.memo.assign(impl_->prog.size() * sr.row_words, 0);
   }
+  sr.run_from.assign(impl_->prog.size(), kInf);
+  sr.run_end.assign(impl_->prog.size(), kInf);
   auto clear_column = [&](size_t pos) {
+    std::fill(sr.run_from.begin(), sr.run_from.end(), kInf);
     if (sr.memo.empty()) return;
     const size_t col = pos - sr.b;
     for (size_t pc = 0; pc < impl_->prog.size(); ++pc) {

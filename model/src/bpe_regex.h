@@ -30,7 +30,8 @@ struct Subject {
 ///    \s \S (White_Space), \d \D (Nd), \w \W (L, M, Nd, Pc), \h \H (hex digit),
 ///    \p{..} \P{..} \p{^..} with general categories L Lu Ll Lt Lm Lo LC M Mn Mc Me N Nd Nl No
 ///    P Pc Pd Ps Pe Pi Pf Po S Sm Sc Sk So Z Zs Zl Zp C Cc Cf Cs Co Cn (and their long names);
-///  - groups (..), (?:..), (?<name>..), (?i:..) / (?-i:..) / (?i) (ASCII case folding, as llama.cpp's
+///  - groups (..), (?:..), (?<name>..), (?i:..) / (?-i:..) / (?i) (ASCII case folding, as
+///  llama.cpp's
 ///    spelled-out '[sS] patterns), lookahead (?=..) (?!..);
 ///  - anchors ^ $ (line), \A \z \Z, \b \B (Unicode word boundary);
 ///  - quantifiers * + ? {n} {n,} {n,m}, lazy (..?) and, on single characters or classes,

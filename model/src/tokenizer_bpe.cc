@@ -32,8 +32,8 @@ class BpeTokenizer final : public VocabTokenizer {
     ranks_.reserve(merges.size());
     // Named families keep the form "pre <name> ignore_merges <0|1>"; a custom
     // (tokenizer.json) pre-tokenizer adds its steps.
-    std::string fp_extra = absl::StrCat("pre ", pre_.name(), " ignore_merges ",
-                                        ignore_merges_ ? 1 : 0, "\n");
+    std::string fp_extra =
+        absl::StrCat("pre ", pre_.name(), " ignore_merges ", ignore_merges_ ? 1 : 0, "\n");
     if (pre_.name() == "custom") absl::StrAppend(&fp_extra, pre_.Signature(), "\n");
     for (size_t i = 0; i < merges.size(); ++i) {
       const std::string& m = merges[i];

@@ -52,19 +52,19 @@ constexpr char kSupportedPre[] =
 Status AddJsonSteps(const json& pre, std::vector<bpe::PreStep>* steps, bool* byte_level) {
   auto unsupported = [&](const std::string& why) {
     return absl::UnimplementedError(absl::StrCat("tokenizer.json pre_tokenizer ", why,
-                                                 " is not supported by PolyKV (",
-                                                 kSupportedPre, "): ", Short(pre)));
+                                                 " is not supported by PolyKV (", kSupportedPre,
+                                                 "): ", Short(pre)));
   };
   if (!pre.is_object()) return unsupported("that is not an object");
   if (*byte_level) return unsupported("after ByteLevel");
   const std::string type = pre.value("type", "");
   if (type == "Sequence") {
     if (!pre.contains("pretokenizers") || !pre["pretokenizers"].is_array()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tokenizer.json Sequence pre_tokenizer without a pretokenizers array: ",
-                       Short(pre)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokenizer.json Sequence pre_tokenizer without a pretokenizers array: ", Short(pre)));
     }
-    for (const json& p : pre["pretokenizers"]) POLYKV_RETURN_IF_ERROR(AddJsonSteps(p, steps, byte_level));
+    for (const json& p : pre["pretokenizers"])
+      POLYKV_RETURN_IF_ERROR(AddJsonSteps(p, steps, byte_level));
     return absl::OkStatus();
   }
   if (type == "ByteLevel") {
@@ -77,9 +77,9 @@ Status AddJsonSteps(const json& pre, std::vector<bpe::PreStep>* steps, bool* byt
     return absl::OkStatus();
   }
   if (type == "Digits") {
-    POLYKV_ASSIGN_OR_RETURN(bpe::PreStep step,
-                            bpe::MakeRegexStep(pre.value("individual_digits", false) ? "\\p{N}"
-                                                                                     : "\\p{N}+"));
+    POLYKV_ASSIGN_OR_RETURN(
+        bpe::PreStep step,
+        bpe::MakeRegexStep(pre.value("individual_digits", false) ? "\\p{N}" : "\\p{N}+"));
     steps->push_back(std::move(step));
     return absl::OkStatus();
   }
@@ -88,8 +88,7 @@ Status AddJsonSteps(const json& pre, std::vector<bpe::PreStep>* steps, bool* byt
     std::string regex;
     if (pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()) {
       regex = pattern["Regex"].get<std::string>();
-    } else if (pattern.is_object() && pattern.contains("String") &&
-               pattern["String"].is_string()) {
+    } else if (pattern.is_object() && pattern.contains("String") && pattern["String"].is_string()) {
       regex = EscapeRegex(pattern["String"].get<std::string>());
       if (regex.empty()) return unsupported("Split with an empty String pattern");
     } else {
@@ -125,8 +124,7 @@ StatusOr<bpe::PreTokenizer> PreTokenizerFromJson(const json& pre) {
   bool byte_level = false;
   if (pre.is_null()) {
     return absl::UnimplementedError(absl::StrCat(
-        "tokenizer.json without a pre_tokenizer is not supported by PolyKV (", kSupportedPre,
-        ")"));
+        "tokenizer.json without a pre_tokenizer is not supported by PolyKV (", kSupportedPre, ")"));
   }
   POLYKV_RETURN_IF_ERROR(AddJsonSteps(pre, &steps, &byte_level));
   if (!byte_level) {
