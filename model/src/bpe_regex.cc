@@ -887,9 +887,10 @@ struct Regex::Impl {
     return false;
   }
 
-  bool ClassAt(const Search& sr, int cls, size_t pos) const {
-    return classes[cls].Match(sr.s->cps[pos], sr.s->gc[pos], sr.s->ws[pos] != 0);
+  bool ClassAt(const Subject& s, int cls, size_t pos) const {
+    return classes[cls].Match(s.cps[pos], s.gc[pos], s.ws[pos] != 0);
   }
+  bool ClassAt(const Search& sr, int cls, size_t pos) const { return ClassAt(*sr.s, cls, pos); }
 
   // Runs the program from (pc0, pos0) anchored; true with *end on a match. `memo`: use the
   // search memo (top-level only). `start_nonempty`: reject a match that ends at pos0.
@@ -1026,6 +1027,27 @@ StatusOr<std::shared_ptr<const Regex>> Regex::Compile(std::string_view pattern) 
 
 void Regex::FindAll(const Subject& s, size_t begin, size_t end,
                     std::vector<std::pair<size_t, size_t>>* out) const {
+  // Fast path: the whole pattern is one class, once or as a greedy/possessive run with
+  // min >= 1 (\p{N}, \p{N}+, \p{N}{1,3} ...): scan directly.
+  const auto& prog = impl_->prog;
+  if (prog.size() == 2 && prog[1].op == Op::kMatch &&
+      (prog[0].op == Op::kChar ||
+       (prog[0].op == Op::kRun && prog[0].min >= 1 && prog[0].mode != RepMode::kLazy))) {
+    const Inst& in = prog[0];
+    const uint32_t mn = in.op == Op::kChar ? 1 : in.min;
+    const uint32_t mx = in.op == Op::kChar ? 1 : in.max;
+    for (size_t pos = begin; pos < end;) {
+      size_t k = 0;
+      while (pos + k < end && k < mx && impl_->ClassAt(s, in.cls, pos + k)) ++k;
+      if (k >= mn) {
+        out->push_back({pos, pos + k});
+        pos += k;
+      } else {
+        ++pos;  // too short a run here; a later start is shorter still until it ends
+      }
+    }
+    return;
+  }
   Impl::Search sr;
   sr.s = &s;
   sr.b = begin;
