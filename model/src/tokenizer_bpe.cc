@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "tokenizer_internal.h"
 #include "unicode_data.h"
+#include "unicode_nfc.h"
 
 namespace polykv::model::tok {
 namespace {
@@ -23,8 +24,11 @@ void ByteMaps(std::string byte_to_str[256], std::unordered_map<uint32_t, uint8_t
 
 class BpeTokenizer final : public VocabTokenizer {
  public:
-  BpeTokenizer(Vocab vocab, bpe::PreTokenizer pre, bool ignore_merges)
-      : VocabTokenizer(std::move(vocab)), pre_(std::move(pre)), ignore_merges_(ignore_merges) {
+  BpeTokenizer(Vocab vocab, bpe::PreTokenizer pre, bool ignore_merges, bool nfc)
+      : VocabTokenizer(std::move(vocab)),
+        pre_(std::move(pre)),
+        ignore_merges_(ignore_merges),
+        nfc_(nfc) {
     ByteMaps(byte_to_str_, &str_to_byte_);
   }
 
@@ -35,6 +39,7 @@ class BpeTokenizer final : public VocabTokenizer {
     std::string fp_extra =
         absl::StrCat("pre ", pre_.name(), " ignore_merges ", ignore_merges_ ? 1 : 0, "\n");
     if (pre_.name() == "custom") absl::StrAppend(&fp_extra, pre_.Signature(), "\n");
+    if (nfc_) fp_extra += "normalizer nfc\n";
     for (size_t i = 0; i < merges.size(); ++i) {
       const std::string& m = merges[i];
       size_t sp = m.find(' ', 1);
@@ -53,6 +58,11 @@ class BpeTokenizer final : public VocabTokenizer {
   Status EncodeText(std::string_view text, bool after_special,
                     std::vector<int32_t>* out) const override {
     (void)after_special;
+    std::string normalized;
+    if (nfc_) {
+      normalized = unicode::NormalizeNfc(text);
+      text = normalized;
+    }
     unicode::CodePoints cps = unicode::DecodeUtf8(text);
     std::vector<bpe::Piece> pieces = pre_.Split(cps.cps);
     std::vector<size_t> byte_at(cps.lens.size() + 1, 0);  // code point -> byte offset
@@ -155,6 +165,7 @@ class BpeTokenizer final : public VocabTokenizer {
 
   bpe::PreTokenizer pre_;
   bool ignore_merges_;
+  bool nfc_;
   std::unordered_map<std::string, int32_t> ranks_;
   std::string byte_to_str_[256];
   std::unordered_map<uint32_t, uint8_t> str_to_byte_;
@@ -164,9 +175,10 @@ class BpeTokenizer final : public VocabTokenizer {
 
 StatusOr<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(Vocab vocab,
                                                       const std::vector<std::string>& merges,
-                                                      bpe::PreTokenizer pre, bool ignore_merges) {
+                                                      bpe::PreTokenizer pre, bool ignore_merges,
+                                                      bool nfc) {
   POLYKV_RETURN_IF_ERROR(vocab.Finish());
-  auto t = std::make_unique<BpeTokenizer>(std::move(vocab), std::move(pre), ignore_merges);
+  auto t = std::make_unique<BpeTokenizer>(std::move(vocab), std::move(pre), ignore_merges, nfc);
   POLYKV_RETURN_IF_ERROR(t->Init(merges));
   return std::unique_ptr<Tokenizer>(std::move(t));
 }

@@ -239,14 +239,28 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const std::string& path
       return absl::UnimplementedError(absl::StrCat(path, ": tokenizer.json model type '", type,
                                                    "' is not supported (only BPE)"));
     }
-    const bool no_normalizer =
-        !j.contains("normalizer") || j["normalizer"].is_null() ||
-        (j["normalizer"].is_object() && j["normalizer"].value("type", "") == "Sequence" &&
-         j["normalizer"].contains("normalizers") && j["normalizer"]["normalizers"].is_array() &&
-         j["normalizer"]["normalizers"].empty());
-    if (!no_normalizer) {
-      return absl::UnimplementedError(absl::StrCat(
-          path, ": tokenizer.json normalizers are not supported: ", Short(j["normalizer"])));
+    // Normalizers: none, or NFC (alone or as the only member of a Sequence).
+    bool nfc = false;
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+      const json& n = j["normalizer"];
+      std::vector<json> parts;
+      if (n.is_object() && n.value("type", "") == "Sequence" && n.contains("normalizers") &&
+          n["normalizers"].is_array()) {
+        for (const json& m : n["normalizers"]) parts.push_back(m);
+      } else {
+        parts.push_back(n);
+      }
+      for (const json& m : parts) {
+        if (m.is_object() && m.value("type", "") == "NFC") {
+          nfc = true;
+        } else {
+          return absl::UnimplementedError(
+              absl::StrCat(path,
+                           ": tokenizer.json normalizer is not supported (supported: none, "
+                           "NFC): ",
+                           Short(n)));
+        }
+      }
     }
     POLYKV_ASSIGN_OR_RETURN(
         bpe::PreTokenizer pre,
@@ -318,7 +332,7 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const std::string& path
     }
     if (v.eos < 0) v.eos = id_of("<|endoftext|>");
     bool ignore_merges = model.value("ignore_merges", false);
-    return MakeBpeTokenizer(std::move(v), merges, std::move(pre), ignore_merges);
+    return MakeBpeTokenizer(std::move(v), merges, std::move(pre), ignore_merges, nfc);
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": malformed tokenizer.json: ", e.what()));
   }

@@ -14,6 +14,7 @@
 #include "gguf_writer.h"
 #include "polykv/model/tokenizer.h"
 #include "unicode_data.h"
+#include "unicode_nfc.h"
 
 namespace polykv::model {
 namespace {
@@ -443,6 +444,66 @@ TEST(PreTokenizerSplitTest, TokenizerJsonDescriptions) {
     fam["pre_tokenizer"] = bad;
     auto t = LoadTokenizer(TokenizerJson(fam));
     EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented) << bad.dump();
+  }
+}
+
+// --- NFC (tokenizer.json normalizer) ---------------------------------------------------------
+
+TEST(UnicodeNfcTest, MatchesUnicodedata) {
+  json j = json::parse(ReadAll(std::string(POLYKV_TEST_DATA_DIR) + "/tokenizer/nfc_cases.json"));
+  EXPECT_EQ(j["unicode"].get<std::string>(), unicode::kUnicodeVersion);
+  size_t n = 0, bad = 0;
+  for (const json& c : j["cases"]) {
+    const std::string in = c[0].get<std::string>(), want = c[1].get<std::string>();
+    const std::string got = unicode::NormalizeNfc(in);
+    if (got != want && ++bad <= 10) ADD_FAILURE() << "NFC of '" << in << "' is '" << got << "'";
+    ++n;
+  }
+  EXPECT_GT(n, 4000u);
+  EXPECT_EQ(bad, 0u);
+  // Hand-checked: composition, reordering of marks, exclusions, singletons, Hangul.
+  EXPECT_EQ(unicode::NormalizeNfc("e\u0301"), "\u00e9");
+  EXPECT_EQ(unicode::NormalizeNfc("a\u0302\u0323"), "\u1ead");  // ậ
+  EXPECT_EQ(unicode::NormalizeNfc("a\u0323\u0302"), "\u1ead");
+  EXPECT_EQ(unicode::NormalizeNfc("\u0958"), "\u0915\u093c");  // composition exclusion
+  EXPECT_EQ(unicode::NormalizeNfc("\u212b"), "\u00c5");        // singleton
+  EXPECT_EQ(unicode::NormalizeNfc("\u1100\u1161\u11a8"), "\uac01");
+  EXPECT_EQ(unicode::NormalizeNfc("plain ASCII"), "plain ASCII");
+  // Invalid bytes stay and block composition.
+  EXPECT_EQ(unicode::NormalizeNfc("e\xff\xcc\x81"), "e\xff\xcc\x81");
+}
+
+TEST(UnicodeNfcTest, TokenizerJsonNfcNormalizer) {
+  json fam = Ref().families[1];  // gpt-2
+  ASSERT_EQ(fam["name"], "gpt-2");
+  auto plain = LoadTokenizer(TokenizerJson(fam));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const Reference& ref = Ref();
+  json vocab = json::object();
+  for (size_t i = 0; i < ref.tokens.size(); ++i) vocab[ref.tokens[i]] = i;
+  auto write = [&](const json& normalizer) {
+    json j = {{"normalizer", normalizer},
+              {"pre_tokenizer", fam["pre_tokenizer"]},
+              {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", ref.merges}}}};
+    return LoadTokenizer(WriteTempFile("nfc.json", j.dump()));
+  };
+  for (const json& n :
+       {json{{"type", "NFC"}},
+        json{{"type", "Sequence"}, {"normalizers", json::array({{{"type", "NFC"}}})}}}) {
+    auto t = write(n);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(*(*t)->Encode("caf\x65\xcc\x81 \xe2\x84\xab", false),
+              *(*plain)->Encode("caf\xc3\xa9 \xc3\x85", false));
+    EXPECT_EQ(*(*t)->Encode("plain text", false), *(*plain)->Encode("plain text", false));
+    EXPECT_NE((*t)->Fingerprint(), (*plain)->Fingerprint());
+    EXPECT_EQ((*t)->family(), "bpe/gpt-2");
+  }
+  for (const json& n :
+       {json{{"type", "Lowercase"}}, json{{"type", "NFKC"}},
+        json{{"type", "Sequence"},
+             {"normalizers", json::array({{{"type", "NFC"}}, {{"type", "Strip"}}})}}}) {
+    auto t = write(n);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented) << n.dump();
   }
 }
 

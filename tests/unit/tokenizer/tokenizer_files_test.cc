@@ -79,6 +79,9 @@ TEST(TokenizerJsonTest, ByteLevelMatchesGgufOnAllVectors) {
   auto from_gguf = LoadTokenizer(DataPath("tokenizer/ggml-vocab-gpt-2.gguf"));
   ASSERT_TRUE(from_gguf.ok());
   EXPECT_EQ((*from_json)->vocab_size(), 50257);
+  EXPECT_EQ((*from_json)->family(), "bpe/gpt-2");
+  EXPECT_EQ((*from_gguf)->family(), "bpe/gpt-2");
+  EXPECT_EQ((*from_json)->Fingerprint(), (*from_gguf)->Fingerprint());
   EXPECT_EQ((*from_json)->eos_id(), 50256);
   EXPECT_EQ((*from_json)->bos_id(), 50256);
   // Every test string, and the expected ids of the .out file.
@@ -109,6 +112,7 @@ TEST(TokenizerJsonTest, DigitsSequenceIsSmolLmStyle) {
                json::array({{{"type", "Digits"}, {"individual_digits", true}}, ByteLevel()})}};
   auto t = LoadTokenizer(WriteGpt2Json("json_digits", seq));
   ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->family(), "bpe/smollm");
   // "2024" -> four single-digit tokens (gpt-2 ids of '2','0','2','4').
   EXPECT_EQ(*(*t)->Encode("2024", false), (std::vector<int32_t>{17, 15, 17, 19}));
   auto plain = LoadTokenizer(DataPath("tokenizer/ggml-vocab-gpt-2.gguf"));
@@ -155,6 +159,7 @@ TEST(TokenizerSentencePieceTest, TrainedModelRoundTrips) {
   ASSERT_TRUE(t.ok()) << t.status();
   const Tokenizer& tok = **t;
   EXPECT_EQ(tok.vocab_size(), 400);
+  EXPECT_EQ(tok.family(), "spm");
   EXPECT_EQ(tok.bos_id(), 1);
   EXPECT_EQ(tok.eos_id(), 2);
   EXPECT_TRUE(tok.adds_bos());
