@@ -47,7 +47,12 @@ inline Flags FlagsOf(uint32_t cp) {
   return f;
 }
 
-inline uint32_t AsciiLower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
+// Case folding for the Llama 3 contractions: ASCII letters, and U+017F LONG S, which folds
+// to 's' (Oniguruma, and so HF tokenizers, match (?i:'s) on "'\u017f"; llama.cpp does not).
+inline uint32_t AsciiLower(uint32_t c) {
+  if (c == 0x17F) return 's';
+  return (c >= 'A' && c <= 'Z') ? c + 32 : c;
+}
 
 // GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 void MatchGpt2(const std::vector<uint32_t>& cps, size_t ini, size_t end, std::vector<size_t>* out) {

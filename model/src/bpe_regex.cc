@@ -36,7 +36,7 @@ constexpr uint32_t kMaskP = 0x7Fu << 12;
 constexpr uint32_t kMaskS = 0xFu << 19;
 constexpr uint32_t kMaskZ = 0x7u << 23;
 constexpr uint32_t kMaskC = 1u | (0xFu << 26);
-constexpr uint32_t kMaskWord = kMaskL | kMaskM | (1u << 9) | (1u << 12);  // L M Nd Pc
+constexpr uint32_t kMaskWord = kMaskL | kMaskM | kMaskN | (1u << 12);  // L M N Pc (Onig \w)
 
 // General-category mask of a \p{..} name, 0 when unknown.
 uint32_t CategoryMask(std::string_view name) {
@@ -167,8 +167,9 @@ struct CharClass {
       ascii[c] = Slow(c, unicode::GetGeneralCategory(c), unicode::IsWhitespace(c));
     }
   }
-  // Adds the ASCII case variants of the ranges (for (?i)). Like llama.cpp's spelled-out
-  // patterns ('[sS]), only ASCII letters fold.
+  // Adds the case variants of the ranges (for (?i)): ASCII letters and the two non-ASCII
+  // code points whose simple case folding is ASCII, U+017F LONG S (s) and U+212A KELVIN
+  // SIGN (k), as Oniguruma folds them (HF tokenizers: (?i:'s) matches "'\u017f").
   void AddCaseVariants() {
     std::vector<std::pair<uint32_t, uint32_t>> extra;
     auto has = [&](uint32_t c) {
@@ -181,6 +182,11 @@ struct CharClass {
       if (has(c) || has(c + 32)) {
         extra.push_back({c, c});
         extra.push_back({c + 32, c + 32});
+      }
+    }
+    for (const auto& [lower, other] : {std::pair<uint32_t, uint32_t>{'s', 0x17F}, {'k', 0x212A}}) {
+      if (has(lower) || has(lower - 32) || has(other)) {
+        extra.insert(extra.end(), {{lower, lower}, {lower - 32, lower - 32}, {other, other}});
       }
     }
     ranges.insert(ranges.end(), extra.begin(), extra.end());

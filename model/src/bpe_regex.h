@@ -27,13 +27,12 @@ struct Subject {
 ///  - literals (UTF-8), escapes \t \n \r \f \v \a \e \0 \xHH \x{H..} \uHHHH and escaped
 ///    punctuation; `.` (any but \n);
 ///  - classes [..] with ranges, negation, nested classes (union) and && (intersection);
-///    \s \S (White_Space), \d \D (Nd), \w \W (L, M, Nd, Pc), \h \H (hex digit),
+///    \s \S (White_Space), \d \D (Nd), \w \W (L, M, N, Pc), \h \H (hex digit),
 ///    \p{..} \P{..} \p{^..} with general categories L Lu Ll Lt Lm Lo LC M Mn Mc Me N Nd Nl No
 ///    P Pc Pd Ps Pe Pi Pf Po S Sm Sc Sk So Z Zs Zl Zp C Cc Cf Cs Co Cn (and their long names);
-///  - groups (..), (?:..), (?<name>..), (?i:..) / (?-i:..) / (?i) (ASCII case folding, as
-///  llama.cpp's
-///    spelled-out '[sS] patterns), lookahead (?=..) (?!..);
-///  - anchors ^ $ (line), \A \z \Z, \b \B (Unicode word boundary);
+///  - groups (..), (?:..), (?<name>..), (?i:..) / (?-i:..) / (?i) (simple case folding of
+///    ASCII letters, U+017F and U+212A, as Oniguruma), lookahead (?=..) (?!..);
+///  - anchors ^ $ (line), \A \z \Z, \b \B (Unicode word boundary, word = L M N Pc);
 ///  - quantifiers * + ? {n} {n,} {n,m}, lazy (..?) and, on single characters or classes,
 ///    possessive (..+).
 /// Not supported (kUnimplemented naming the construct): lookbehind, atomic groups,

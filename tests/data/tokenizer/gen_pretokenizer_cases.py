@@ -114,6 +114,24 @@ STRINGS = [
 ]
 
 
+# Random strings over an alphabet of edge cases, checked as piece lengths (code points).
+RANDOM_ALPHABET = list("aZkSsTtlLrReEvVdDmM0189 _-.,!?'\"()[]{}<>=+*/\\|~`^$#@%&:;") + [
+    "  ", "\n", "\r\n", "\t", "\u00a0", "\u3000", "\u2003", "\u0301", "\u0308", "\u00e9", "\u00c9",
+    "\u00df", "\u01c5", "\u65e5", "\u672c", "\u306e", "\u30c6", "\u30fc", "\ud55c", "\u3131", "\u3105",
+    "\u3001", "\u3002", "\uff0c", "\uff01", "\u2026", "\u201c", "\u201d", "\u2014", "\u0663", "\u0661",
+    "\u2167", "\u00bd", "\u00b2", "\U0001F999", "\U0001F1EB", "\u200d", "\u03a9", "\u03c9", "\u017f",
+    "\u212a", "\u210c", "\u0e01", "\u17b6", "\u094d", "\u0915", "\u2102", "\uff21\uff22", "\uff46",
+    "\u0967", "IMGIMG", "Z", "<sentinel:", "123", "4567", "\u2028", "\x0b", "\x1c"]
+N_RANDOM = 150
+
+
+def random_strings():
+    import random
+    rng = random.Random(14)
+    return ["".join(rng.choice(RANDOM_ALPHABET) for _ in range(rng.randint(0, 30)))
+            for _ in range(N_RANDOM)]
+
+
 def make_pre(regexes):
     steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
@@ -145,6 +163,7 @@ def main():
         "merges": merges,
         "strings": STRINGS,
         "families": [],
+        "random_strings": random_strings(),
     }
     for name, regexes, ignore_merges in FAMILIES:
         pre = make_pre(regexes)
@@ -161,6 +180,8 @@ def main():
             ids = tok.encode(s, add_special_tokens=False).ids
             assert tok.decode(ids) == s, (name, s)
             fam["ids"].append(ids)
+        fam["random_lengths"] = [[b - a for _, (a, b) in pre.pre_tokenize_str(r)]
+                                 for r in out["random_strings"]]
         out["families"].append(fam)
     path = os.path.join(HERE, "pretokenizer_cases.json")
     with open(path, "w", encoding="utf-8") as f:

@@ -186,6 +186,7 @@ struct Reference {
   std::vector<std::string> tokens;
   std::vector<std::string> merges;
   std::vector<std::string> strings;
+  std::vector<std::string> random_strings;
   json families;
 };
 
@@ -197,6 +198,7 @@ const Reference& Ref() {
     ref->tokens = j["tokens"].get<std::vector<std::string>>();
     ref->merges = j["merges"].get<std::vector<std::string>>();
     ref->strings = j["strings"].get<std::vector<std::string>>();
+    ref->random_strings = j["random_strings"].get<std::vector<std::string>>();
     ref->families = j["families"];
     return ref;
   }();
@@ -216,6 +218,16 @@ TEST(PreTokenizerReferenceTest, PiecesMatchHuggingFace) {
       const auto want = fam["pieces"][i].get<std::vector<std::string>>();
       EXPECT_EQ(Joined(Pieces(*pre, ref.strings[i])), Joined(want))
           << name << " on '" << Escape(ref.strings[i]) << "'";
+    }
+    // 150 random strings of edge-case characters, as piece lengths in code points.
+    ASSERT_EQ(fam["random_lengths"].size(), ref.random_strings.size());
+    for (size_t i = 0; i < ref.random_strings.size(); ++i) {
+      std::vector<size_t> got;
+      for (const bpe::Piece& p : pre->Split(unicode::DecodeUtf8(ref.random_strings[i]).cps)) {
+        got.push_back(p.len);
+      }
+      EXPECT_EQ(got, fam["random_lengths"][i].get<std::vector<size_t>>())
+          << name << " on '" << Escape(ref.random_strings[i]) << "'";
     }
   }
 }
@@ -312,9 +324,9 @@ std::vector<std::string> EnginePieces(const std::string& pattern, const std::str
 
 TEST(PreTokenizerEngineTest, EngineMatchesHandWrittenGpt2AndLlama3) {
   const std::vector<std::string> alphabet = {
-      "a",        "Z",   "é",  "7",  "٣", " ", "  ", "\n",   "\r",       "\t",           "'",
-      "s",        "T",   "re", "LL", ".", "!", "日", "🦙", "\xc2\xa0", "\xe3\x80\x80", "-",
-      "\xcc\x81", "\xff"};
+      "a",        "Z",    "é",       "7",  "٣", " ", "  ", "\n",   "\r",       "\t",           "'",
+      "s",        "T",    "re",      "LL", ".", "!", "日", "🦙", "\xc2\xa0", "\xe3\x80\x80", "-",
+      "\xcc\x81", "\xff", "\xc5\xbf"};
   auto gpt2 = bpe::PreTokenizer::FromName("gpt-2");
   auto llama3 = bpe::PreTokenizer::FromName("llama3");
   ASSERT_TRUE(gpt2.ok() && llama3.ok());
@@ -341,6 +353,8 @@ TEST(PreTokenizerEngineTest, Syntax) {
   EXPECT_EQ(J(R"(\d+)", "a١٢3"), "a|١٢3");          // \d is Unicode Nd
   EXPECT_EQ(J(R"([^\s\p{L}]+)", "ab, cd!"), "ab|,| cd|!");
   EXPECT_EQ(J(R"((?i:ab)+)", "xAbaBy"), "x|AbaB|y");
+  EXPECT_EQ(J(R"((?i:'s))", "a'\u017f'S"), "a|'\u017f|'S");  // U+017F folds to s (Onig)
+  EXPECT_EQ(J(R"(\d\b)", "1\u2167 1!"), "1\u2167 |1|!");     // Nl is a word character
   EXPECT_EQ(J(R"(a+?)", "aaa"), "a|a|a");
   EXPECT_EQ(J(R"(a{2,3})", "aaaaa"), "aaa|aa");
   EXPECT_EQ(J(R"(a{2})", "aaaaa"), "aa|aa|a");
