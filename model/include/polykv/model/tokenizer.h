@@ -86,9 +86,10 @@ StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& gguf);
 /// Tokenizer from a path: a .gguf file (vocabulary-only GGUF is fine; recognized by its
 /// magic), a tokenizer.json (HF tokenizers byte-level BPE; its pre_tokenizer is run as
 /// described: Split (Regex or String pattern, any behavior, invert), ByteLevel (use_regex),
-/// Digits and Sequence of them, ending in ByteLevel; ids, BOS/EOS and chat template from a
-/// tokenizer_config.json beside it), a tokenizer.model (libsentencepiece), or a folder
-/// holding tokenizer.json or tokenizer.model (in that order of preference).
+/// Digits and Sequence of them, ending in ByteLevel; normalizer none or NFC; ids, BOS/EOS and
+/// chat template from a tokenizer_config.json beside it), a tokenizer.model
+/// (libsentencepiece), or a folder holding tokenizer.json or tokenizer.model (in that order
+/// of preference).
 /// Errors: kNotFound when there is none; kUnimplemented naming an unsupported model type,
 /// normalizer or pre_tokenizer; kInvalidArgument for malformed files.
 StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path);
