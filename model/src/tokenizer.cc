@@ -253,11 +253,12 @@ StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& gguf) {
   }
 
   if (model == "gpt2") {
-    POLYKV_ASSIGN_OR_RETURN(bpe::PreType pt, bpe::PreTypeFromName(pre));
+    POLYKV_ASSIGN_OR_RETURN(bpe::PreTokenizer pt, bpe::PreTokenizer::FromName(pre));
     POLYKV_ASSIGN_OR_RETURN(std::vector<std::string> merges,
                             gguf.GetStringArray("tokenizer.ggml.merges"));
-    v.add_bos = add_bos.value_or(pt == bpe::PreType::kLlama3);
-    return tok::MakeBpeTokenizer(std::move(v), merges, pt, pt == bpe::PreType::kLlama3);
+    v.add_bos = add_bos.value_or(pt.add_bos());
+    const bool ignore_merges = pt.ignore_merges();
+    return tok::MakeBpeTokenizer(std::move(v), merges, std::move(pt), ignore_merges);
   }
   if (model == "llama") {
     std::vector<float> scores;

@@ -1,10 +1,12 @@
-// Byte-level BPE (GPT-2 family: SmolLM2, Llama 3): pre-tokenize, map bytes to the GPT-2
-// byte-to-unicode alphabet, apply merges by rank (llama.cpp llm_tokenizer_bpe).
+// Byte-level BPE (GPT-2 family: SmolLM2, Llama 3, Qwen2, DeepSeek ...): pre-tokenize, map
+// bytes to the GPT-2 byte-to-unicode alphabet, apply merges by rank (llama.cpp
+// llm_tokenizer_bpe).
 #include <queue>
 
 #include "absl/strings/str_cat.h"
 #include "tokenizer_internal.h"
 #include "unicode_data.h"
+#include "unicode_nfc.h"
 
 namespace polykv::model::tok {
 namespace {
@@ -22,15 +24,22 @@ void ByteMaps(std::string byte_to_str[256], std::unordered_map<uint32_t, uint8_t
 
 class BpeTokenizer final : public VocabTokenizer {
  public:
-  BpeTokenizer(Vocab vocab, bpe::PreType pre, bool ignore_merges)
-      : VocabTokenizer(std::move(vocab)), pre_(pre), ignore_merges_(ignore_merges) {
+  BpeTokenizer(Vocab vocab, bpe::PreTokenizer pre, bool ignore_merges, bool nfc)
+      : VocabTokenizer(std::move(vocab)),
+        pre_(std::move(pre)),
+        ignore_merges_(ignore_merges),
+        nfc_(nfc) {
     ByteMaps(byte_to_str_, &str_to_byte_);
   }
 
   Status Init(const std::vector<std::string>& merges) {
     ranks_.reserve(merges.size());
-    std::string fp_extra = absl::StrCat("pre ", bpe::PreTypeName(pre_), " ignore_merges ",
-                                        ignore_merges_ ? 1 : 0, "\n");
+    // Named families keep the form "pre <name> ignore_merges <0|1>"; a custom
+    // (tokenizer.json) pre-tokenizer adds its steps.
+    std::string fp_extra =
+        absl::StrCat("pre ", pre_.name(), " ignore_merges ", ignore_merges_ ? 1 : 0, "\n");
+    if (pre_.name() == "custom") absl::StrAppend(&fp_extra, pre_.Signature(), "\n");
+    if (nfc_) fp_extra += "normalizer nfc\n";
     for (size_t i = 0; i < merges.size(); ++i) {
       const std::string& m = merges[i];
       size_t sp = m.find(' ', 1);
@@ -49,23 +58,27 @@ class BpeTokenizer final : public VocabTokenizer {
   Status EncodeText(std::string_view text, bool after_special,
                     std::vector<int32_t>* out) const override {
     (void)after_special;
+    std::string normalized;
+    if (nfc_) {
+      normalized = unicode::NormalizeNfc(text);
+      text = normalized;
+    }
     unicode::CodePoints cps = unicode::DecodeUtf8(text);
-    std::vector<size_t> pieces = bpe::PreTokenize(pre_, cps.cps);
-    size_t cp_pos = 0, byte_pos = 0;
+    std::vector<bpe::Piece> pieces = pre_.Split(cps.cps);
+    std::vector<size_t> byte_at(cps.lens.size() + 1, 0);  // code point -> byte offset
+    for (size_t k = 0; k < cps.lens.size(); ++k) byte_at[k + 1] = byte_at[k] + cps.lens[k];
     std::string word;
-    for (size_t len : pieces) {
-      size_t nbytes = 0;
-      for (size_t k = 0; k < len; ++k) nbytes += cps.lens[cp_pos + k];
-      cp_pos += len;
+    for (const bpe::Piece& piece : pieces) {
       word.clear();
-      for (size_t k = 0; k < nbytes; ++k) {
-        word += byte_to_str_[static_cast<unsigned char>(text[byte_pos + k])];
+      for (size_t b = byte_at[piece.start]; b < byte_at[piece.start + piece.len]; ++b) {
+        word += byte_to_str_[static_cast<unsigned char>(text[b])];
       }
-      byte_pos += nbytes;
       POLYKV_RETURN_IF_ERROR(EncodeWord(word, out));
     }
     return absl::OkStatus();
   }
+
+  std::string family() const override { return "bpe/" + pre_.name(); }
 
   void DecodeToken(int32_t id, bool first, std::string* out) const override {
     (void)first;
@@ -150,8 +163,9 @@ class BpeTokenizer final : public VocabTokenizer {
     return absl::OkStatus();
   }
 
-  bpe::PreType pre_;
+  bpe::PreTokenizer pre_;
   bool ignore_merges_;
+  bool nfc_;
   std::unordered_map<std::string, int32_t> ranks_;
   std::string byte_to_str_[256];
   std::unordered_map<uint32_t, uint8_t> str_to_byte_;
@@ -161,9 +175,10 @@ class BpeTokenizer final : public VocabTokenizer {
 
 StatusOr<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(Vocab vocab,
                                                       const std::vector<std::string>& merges,
-                                                      bpe::PreType pre, bool ignore_merges) {
+                                                      bpe::PreTokenizer pre, bool ignore_merges,
+                                                      bool nfc) {
   POLYKV_RETURN_IF_ERROR(vocab.Finish());
-  auto t = std::make_unique<BpeTokenizer>(std::move(vocab), pre, ignore_merges);
+  auto t = std::make_unique<BpeTokenizer>(std::move(vocab), std::move(pre), ignore_merges, nfc);
   POLYKV_RETURN_IF_ERROR(t->Init(merges));
   return std::unique_ptr<Tokenizer>(std::move(t));
 }

@@ -1,5 +1,6 @@
 // Tokenizers from Hugging Face files: tokenizer.json (byte-level BPE, reusing the BPE core)
 // and tokenizer.model (SentencePiece, through libsentencepiece).
+#include <cctype>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -12,10 +13,6 @@ namespace polykv::model::tok {
 namespace {
 
 using nlohmann::json;
-
-constexpr char kLlama3Regex[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
-    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -35,32 +32,108 @@ std::string Short(const json& j) {
   return s.size() > 200 ? s.substr(0, 200) + "..." : s;
 }
 
-bool IsByteLevel(const json& j, bool want_regex) {
-  return j.is_object() && j.value("type", "") == "ByteLevel" &&
-         !j.value("add_prefix_space", false) && j.value("use_regex", true) == want_regex;
+// Regex matching `literal` exactly (HF Split with a String pattern).
+std::string EscapeRegex(const std::string& literal) {
+  std::string r;
+  for (char c : literal) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x80 && !std::isalnum(u) && u != ' ' && u >= 0x21) r += '\\';
+    r += c;
+  }
+  return r;
 }
 
-// Maps an HF pre_tokenizer to one of our regex sets.
-StatusOr<bpe::PreType> PreTypeFromJson(const json& pre) {
-  if (IsByteLevel(pre, true)) return bpe::PreType::kGpt2;
-  if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
-      pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2) {
-    const json& a = pre["pretokenizers"][0];
-    const json& b = pre["pretokenizers"][1];
-    if (a.is_object() && a.value("type", "") == "Digits" && a.value("individual_digits", false) &&
-        IsByteLevel(b, true)) {
-      return bpe::PreType::kSmolLm;
+constexpr char kSupportedPre[] =
+    "supported: Sequence of Split (Regex or String pattern), Digits and ByteLevel, ending in "
+    "ByteLevel without add_prefix_space";
+
+// Appends the steps of one HF pre_tokenizer; sets *byte_level once a ByteLevel was seen (it
+// must come last: HF maps the text to the byte alphabet there).
+Status AddJsonSteps(const json& pre, std::vector<bpe::PreStep>* steps, bool* byte_level) {
+  auto unsupported = [&](const std::string& why) {
+    return absl::UnimplementedError(absl::StrCat("tokenizer.json pre_tokenizer ", why,
+                                                 " is not supported by PolyKV (", kSupportedPre,
+                                                 "): ", Short(pre)));
+  };
+  if (!pre.is_object()) return unsupported("that is not an object");
+  if (*byte_level) return unsupported("after ByteLevel");
+  const std::string type = pre.value("type", "");
+  if (type == "Sequence") {
+    if (!pre.contains("pretokenizers") || !pre["pretokenizers"].is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokenizer.json Sequence pre_tokenizer without a pretokenizers array: ", Short(pre)));
     }
-    if (a.is_object() && a.value("type", "") == "Split" && a.contains("pattern") &&
-        a["pattern"].is_object() && a["pattern"].value("Regex", "") == kLlama3Regex &&
-        IsByteLevel(b, false)) {
-      return bpe::PreType::kLlama3;
-    }
+    for (const json& p : pre["pretokenizers"])
+      POLYKV_RETURN_IF_ERROR(AddJsonSteps(p, steps, byte_level));
+    return absl::OkStatus();
   }
-  return absl::UnimplementedError(
-      absl::StrCat("tokenizer.json pre_tokenizer is not supported by PolyKV (supported: "
-                   "ByteLevel; Digits(individual)+ByteLevel; Llama 3 Split+ByteLevel): ",
-                   Short(pre)));
+  if (type == "ByteLevel") {
+    if (pre.value("add_prefix_space", false)) return unsupported("ByteLevel with add_prefix_space");
+    if (pre.value("use_regex", true)) {
+      POLYKV_ASSIGN_OR_RETURN(bpe::PreStep step, bpe::MakeRegexStep(bpe::kGpt2Regex));
+      steps->push_back(std::move(step));
+    }
+    *byte_level = true;
+    return absl::OkStatus();
+  }
+  if (type == "Digits") {
+    POLYKV_ASSIGN_OR_RETURN(
+        bpe::PreStep step,
+        bpe::MakeRegexStep(pre.value("individual_digits", false) ? "\\p{N}" : "\\p{N}+"));
+    steps->push_back(std::move(step));
+    return absl::OkStatus();
+  }
+  if (type == "Split") {
+    const json pattern = pre.contains("pattern") ? pre["pattern"] : json();
+    std::string regex;
+    if (pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()) {
+      regex = pattern["Regex"].get<std::string>();
+    } else if (pattern.is_object() && pattern.contains("String") && pattern["String"].is_string()) {
+      regex = EscapeRegex(pattern["String"].get<std::string>());
+      if (regex.empty()) return unsupported("Split with an empty String pattern");
+    } else {
+      return unsupported("Split without a Regex or String pattern");
+    }
+    const std::string behavior = pre.value("behavior", "Isolated");
+    bpe::SplitBehavior b;
+    if (behavior == "Isolated") {
+      b = bpe::SplitBehavior::kIsolated;
+    } else if (behavior == "Removed") {
+      b = bpe::SplitBehavior::kRemoved;
+    } else if (behavior == "MergedWithPrevious") {
+      b = bpe::SplitBehavior::kMergedWithPrevious;
+    } else if (behavior == "MergedWithNext") {
+      b = bpe::SplitBehavior::kMergedWithNext;
+    } else if (behavior == "Contiguous") {
+      b = bpe::SplitBehavior::kContiguous;
+    } else {
+      return unsupported(absl::StrCat("Split behavior '", behavior, "'"));
+    }
+    auto step = bpe::MakeRegexStep(regex, b, pre.value("invert", false));
+    if (!step.ok()) return unsupported(absl::StrCat("Split (", step.status().message(), ")"));
+    steps->push_back(std::move(step).value());
+    return absl::OkStatus();
+  }
+  return unsupported(absl::StrCat("'", type, "'"));
+}
+
+// Runs an HF pre_tokenizer description as our steps; named after the llama.cpp family with
+// the same steps when there is one.
+StatusOr<bpe::PreTokenizer> PreTokenizerFromJson(const json& pre) {
+  std::vector<bpe::PreStep> steps;
+  bool byte_level = false;
+  if (pre.is_null()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "tokenizer.json without a pre_tokenizer is not supported by PolyKV (", kSupportedPre, ")"));
+  }
+  POLYKV_RETURN_IF_ERROR(AddJsonSteps(pre, &steps, &byte_level));
+  if (!byte_level) {
+    return absl::UnimplementedError(
+        absl::StrCat("tokenizer.json pre_tokenizer has no ByteLevel step (only byte-level BPE "
+                     "is supported; ",
+                     kSupportedPre, "): ", Short(pre)));
+  }
+  return bpe::PreTokenizer::FromSteps(std::move(steps));
 }
 
 // Token content of a tokenizer_config.json special-token entry (string or {"content": ..}).
@@ -133,6 +206,7 @@ class SentencePieceTokenizer final : public Tokenizer {
     return RenderChatTemplate(chat_template_, messages, add_generation_prompt);
   }
   std::string Fingerprint() const override { return fingerprint_; }
+  std::string family() const override { return "spm"; }
 
  private:
   spm::Processor sp_;
@@ -165,13 +239,32 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const std::string& path
       return absl::UnimplementedError(absl::StrCat(path, ": tokenizer.json model type '", type,
                                                    "' is not supported (only BPE)"));
     }
+    // Normalizers: none, or NFC (alone or as the only member of a Sequence).
+    bool nfc = false;
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-      return absl::UnimplementedError(absl::StrCat(
-          path, ": tokenizer.json normalizers are not supported: ", Short(j["normalizer"])));
+      const json& n = j["normalizer"];
+      std::vector<json> parts;
+      if (n.is_object() && n.value("type", "") == "Sequence" && n.contains("normalizers") &&
+          n["normalizers"].is_array()) {
+        for (const json& m : n["normalizers"]) parts.push_back(m);
+      } else {
+        parts.push_back(n);
+      }
+      for (const json& m : parts) {
+        if (m.is_object() && m.value("type", "") == "NFC") {
+          nfc = true;
+        } else {
+          return absl::UnimplementedError(
+              absl::StrCat(path,
+                           ": tokenizer.json normalizer is not supported (supported: none, "
+                           "NFC): ",
+                           Short(n)));
+        }
+      }
     }
     POLYKV_ASSIGN_OR_RETURN(
-        bpe::PreType pre,
-        PreTypeFromJson(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json()));
+        bpe::PreTokenizer pre,
+        PreTokenizerFromJson(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json()));
     if (!model.contains("vocab") || !model["vocab"].is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": model.vocab is not an object"));
     }
@@ -239,7 +332,7 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const std::string& path
     }
     if (v.eos < 0) v.eos = id_of("<|endoftext|>");
     bool ignore_merges = model.value("ignore_merges", false);
-    return MakeBpeTokenizer(std::move(v), merges, pre, ignore_merges);
+    return MakeBpeTokenizer(std::move(v), merges, std::move(pre), ignore_merges, nfc);
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": malformed tokenizer.json: ", e.what()));
   }

@@ -90,10 +90,12 @@ std::string Sha256Hex(std::string_view data);
 
 /// Byte-level BPE (GPT-2 family) from a vocabulary, its merges ("a b" strings, rank order)
 /// and a pre-tokenizer. `ignore_merges`: a whole pre-token found in the vocabulary is one
-/// token (llama3). Errors: kInvalidArgument for malformed merges.
+/// token (llama3). `nfc`: text between special tokens is NFC-normalized first (a
+/// tokenizer.json NFC normalizer). Errors: kInvalidArgument for malformed merges.
 StatusOr<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(Vocab vocab,
                                                       const std::vector<std::string>& merges,
-                                                      bpe::PreType pre, bool ignore_merges);
+                                                      bpe::PreTokenizer pre, bool ignore_merges,
+                                                      bool nfc = false);
 
 /// SentencePiece BPE over a GGUF "llama" vocabulary (llama.cpp llm_tokenizer_spm).
 StatusOr<std::unique_ptr<Tokenizer>> MakeSpmTokenizer(Vocab vocab, std::vector<float> scores,

@@ -15,6 +15,8 @@ constexpr char kSpace[] = "\xe2\x96\x81";  // U+2581 LOWER ONE EIGHTH BLOCK
 
 class SpmTokenizer final : public VocabTokenizer {
  public:
+  std::string family() const override { return "spm"; }
+
   SpmTokenizer(Vocab vocab, std::vector<float> scores, bool add_space_prefix)
       : VocabTokenizer(std::move(vocab)),
         scores_(std::move(scores)),

@@ -8,19 +8,64 @@
 
 namespace polykv::model::unicode {
 
+/// Unicode general category (UnicodeData.txt field 2), Unicode 15.1 (the version of
+/// llama.cpp's tables). The order is that of model/tools/gen_unicode_data.py.
+enum class GeneralCategory : uint8_t {
+  kCn = 0,  ///< unassigned
+  kLu, kLl, kLt, kLm, kLo,
+  kMn, kMc, kMe,
+  kNd, kNl, kNo,
+  kPc, kPd, kPs, kPe, kPi, kPf, kPo,
+  kSm, kSc, kSk, kSo,
+  kZs, kZl, kZp,
+  kCc, kCf, kCs, kCo,
+};
+constexpr int kNumGeneralCategories = 30;
+
+/// Unicode version of the tables ("15.1.0").
+extern const char kUnicodeVersion[];
+
+/// General category of `cp`. Invalid-byte markers above U+10FFFF (see DecodeUtf8) are So,
+/// like the U+FFFD that llama.cpp substitutes for invalid UTF-8.
+GeneralCategory GetGeneralCategory(uint32_t cp);
+
 /// Major Unicode general category of a code point (first letter of the category name).
 enum class Category : uint8_t {
-  kOther = 0,        ///< C*: control, format, unassigned, private use (and invalid bytes)
+  kOther = 0,        ///< C*: control, format, unassigned, private use, surrogate
   kLetter = 1,       ///< L*  (regex \p{L})
   kNumber = 2,       ///< N*  (regex \p{N})
   kPunctuation = 3,  ///< P*  (regex \p{P})
-  kSymbol = 4,       ///< S*  (regex \p{S})
+  kSymbol = 4,       ///< S*  (regex \p{S}; also the invalid-byte markers)
   kMark = 5,         ///< M*  (regex \p{M})
   kSeparator = 6,    ///< Z*  (regex \p{Z})
 };
 
-/// Category of `cp`; kOther for anything above U+10FFFF (e.g. invalid-byte markers).
-Category GetCategory(uint32_t cp);
+/// Major category of a general category.
+constexpr Category MajorCategory(GeneralCategory gc) {
+  switch (gc) {
+    case GeneralCategory::kLu: case GeneralCategory::kLl: case GeneralCategory::kLt:
+    case GeneralCategory::kLm: case GeneralCategory::kLo:
+      return Category::kLetter;
+    case GeneralCategory::kMn: case GeneralCategory::kMc: case GeneralCategory::kMe:
+      return Category::kMark;
+    case GeneralCategory::kNd: case GeneralCategory::kNl: case GeneralCategory::kNo:
+      return Category::kNumber;
+    case GeneralCategory::kPc: case GeneralCategory::kPd: case GeneralCategory::kPs:
+    case GeneralCategory::kPe: case GeneralCategory::kPi: case GeneralCategory::kPf:
+    case GeneralCategory::kPo:
+      return Category::kPunctuation;
+    case GeneralCategory::kSm: case GeneralCategory::kSc: case GeneralCategory::kSk:
+    case GeneralCategory::kSo:
+      return Category::kSymbol;
+    case GeneralCategory::kZs: case GeneralCategory::kZl: case GeneralCategory::kZp:
+      return Category::kSeparator;
+    default:
+      return Category::kOther;
+  }
+}
+
+/// Major category of `cp` (MajorCategory(GetGeneralCategory(cp))).
+inline Category GetCategory(uint32_t cp) { return MajorCategory(GetGeneralCategory(cp)); }
 
 /// Unicode White_Space property (regex \s in llama.cpp's pre-tokenizers).
 bool IsWhitespace(uint32_t cp);

@@ -79,6 +79,9 @@ TEST(TokenizerJsonTest, ByteLevelMatchesGgufOnAllVectors) {
   auto from_gguf = LoadTokenizer(DataPath("tokenizer/ggml-vocab-gpt-2.gguf"));
   ASSERT_TRUE(from_gguf.ok());
   EXPECT_EQ((*from_json)->vocab_size(), 50257);
+  EXPECT_EQ((*from_json)->family(), "bpe/gpt-2");
+  EXPECT_EQ((*from_gguf)->family(), "bpe/gpt-2");
+  EXPECT_EQ((*from_json)->Fingerprint(), (*from_gguf)->Fingerprint());
   EXPECT_EQ((*from_json)->eos_id(), 50256);
   EXPECT_EQ((*from_json)->bos_id(), 50256);
   // Every test string, and the expected ids of the .out file.
@@ -109,6 +112,7 @@ TEST(TokenizerJsonTest, DigitsSequenceIsSmolLmStyle) {
                json::array({{{"type", "Digits"}, {"individual_digits", true}}, ByteLevel()})}};
   auto t = LoadTokenizer(WriteGpt2Json("json_digits", seq));
   ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->family(), "bpe/smollm");
   // "2024" -> four single-digit tokens (gpt-2 ids of '2','0','2','4').
   EXPECT_EQ(*(*t)->Encode("2024", false), (std::vector<int32_t>{17, 15, 17, 19}));
   auto plain = LoadTokenizer(DataPath("tokenizer/ggml-vocab-gpt-2.gguf"));
@@ -155,6 +159,7 @@ TEST(TokenizerSentencePieceTest, TrainedModelRoundTrips) {
   ASSERT_TRUE(t.ok()) << t.status();
   const Tokenizer& tok = **t;
   EXPECT_EQ(tok.vocab_size(), 400);
+  EXPECT_EQ(tok.family(), "spm");
   EXPECT_EQ(tok.bos_id(), 1);
   EXPECT_EQ(tok.eos_id(), 2);
   EXPECT_TRUE(tok.adds_bos());
@@ -215,15 +220,17 @@ TEST(TokenizerGgufTest, Errors) {
     GgufWriter w = TinyBpeVocab();
     w.AddString("x", "y");
     std::string b = w.Build();
-    // Unknown pre-tokenizer.
+    // Unknown pre-tokenizer: the error names it and lists the supported ones.
     GgufWriter p;
     p.AddString("tokenizer.ggml.model", "gpt2");
-    p.AddString("tokenizer.ggml.pre", "qwen2");
+    p.AddString("tokenizer.ggml.pre", "no-such-pre");
     p.AddStringArray("tokenizer.ggml.tokens", {"a"});
     p.AddStringArray("tokenizer.ggml.merges", {});
     auto t = FromBytes(p.Build());
     EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
-    EXPECT_NE(t.status().message().find("qwen2"), std::string::npos) << t.status();
+    for (const char* name : {"'no-such-pre'", "llama3", "qwen2", "deepseek-v3", "tekken", "gpt-4o"}) {
+      EXPECT_NE(t.status().message().find(name), std::string::npos) << name << ": " << t.status();
+    }
   }
   {
     GgufWriter p;

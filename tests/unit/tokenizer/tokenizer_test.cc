@@ -228,6 +228,8 @@ TEST(TokenizerPropertiesTest, Gpt2AndSpm) {
   ASSERT_NE(gpt2, nullptr);
   ASSERT_NE(spm, nullptr);
   EXPECT_EQ(gpt2->vocab_size(), 50257);
+  EXPECT_EQ(gpt2->family(), "bpe/gpt-2");
+  EXPECT_EQ(spm->family(), "spm");
   EXPECT_EQ(gpt2->bos_id(), 50256);
   EXPECT_EQ(gpt2->eos_id(), 50256);
   EXPECT_FALSE(gpt2->adds_bos());
@@ -269,6 +271,7 @@ TEST(TokenizerSmolLm2Test, ChatTemplateAndSpecialTokens) {
   auto tok = Load(SmolPath());
   ASSERT_NE(tok, nullptr);
   EXPECT_EQ(tok->vocab_size(), 49152);
+  EXPECT_EQ(tok->family(), "bpe/smollm");
   EXPECT_FALSE(tok->adds_bos());
   EXPECT_EQ(tok->bos_id(), 1);
   EXPECT_EQ(tok->eos_id(), 2);

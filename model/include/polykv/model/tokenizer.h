@@ -60,11 +60,22 @@ class Tokenizer {
   /// BOS/EOS, merges or scores and the pre-tokenizer: part of a pool id. Equal for the same
   /// vocabulary loaded twice; any change to tokens/merges/scores changes it.
   virtual std::string Fingerprint() const = 0;
+
+  /// Tokenizer family, for recording with a pool: "bpe/<pre-tokenizer>" for byte-level BPE
+  /// (the llama.cpp name of its pre-tokenizer: "bpe/llama3", "bpe/qwen2", "bpe/smollm" ...,
+  /// or "bpe/custom" for a tokenizer.json pre-tokenizer that is none of them) and "spm" for
+  /// SentencePiece (GGUF "llama" vocabularies and tokenizer.model files).
+  virtual std::string family() const { return "unknown"; }
 };
 
 /// Tokenizer from a GGUF file's metadata (tokenizer.ggml.*). tokenizer.ggml.model "gpt2" is
-/// byte-level BPE with the pre-tokenizer chosen from tokenizer.ggml.pre ("default", "gpt-2",
-/// "smollm", "llama3"/"llama-bpe"); "llama" is SentencePiece BPE (scores, byte fallback,
+/// byte-level BPE with the pre-tokenizer chosen from tokenizer.ggml.pre: every name llama.cpp
+/// knows for decoder models (default, gpt-2, llama3/llama-bpe, smollm, starcoder, refact,
+/// falcon, mpt, deepseek-llm, deepseek-coder, deepseek-v3, qwen2, stablelm2, command-r, olmo,
+/// dbrx, smaug-bpe, poro-chat, chatglm-bpe, viking, jais, tekken, bloom, gpt3-finnish, exaone,
+/// chameleon, minerva-7b, gpt-4o and the rest; the error for an unknown name lists them all),
+/// with that family's regex list and its llama.cpp defaults (ignore_merges and BOS for
+/// llama3/tekken ...); "llama" is SentencePiece BPE (scores, byte fallback,
 /// tokenizer.ggml.add_space_prefix). The tokenizer copies what it needs: `gguf` may be
 /// closed afterwards. Errors: kNotFound when the file has no tokenizer.ggml.model;
 /// kUnimplemented naming an unknown tokenizer.ggml.model or tokenizer.ggml.pre;
@@ -73,10 +84,12 @@ class Tokenizer {
 StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& gguf);
 
 /// Tokenizer from a path: a .gguf file (vocabulary-only GGUF is fine; recognized by its
-/// magic), a tokenizer.json (HF tokenizers BPE with a ByteLevel, Digits+ByteLevel or Llama 3
-/// Split+ByteLevel pre-tokenizer; ids, BOS/EOS and chat template from a
-/// tokenizer_config.json beside it), a tokenizer.model (libsentencepiece), or a folder
-/// holding tokenizer.json or tokenizer.model (in that order of preference).
+/// magic), a tokenizer.json (HF tokenizers byte-level BPE; its pre_tokenizer is run as
+/// described: Split (Regex or String pattern, any behavior, invert), ByteLevel (use_regex),
+/// Digits and Sequence of them, ending in ByteLevel; normalizer none or NFC; ids, BOS/EOS and
+/// chat template from a tokenizer_config.json beside it), a tokenizer.model
+/// (libsentencepiece), or a folder holding tokenizer.json or tokenizer.model (in that order
+/// of preference).
 /// Errors: kNotFound when there is none; kUnimplemented naming an unsupported model type,
 /// normalizer or pre_tokenizer; kInvalidArgument for malformed files.
 StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path);
