@@ -45,6 +45,8 @@ struct AgentArgs {
   int debug_pause_step = -1;
   int debug_pause_ms = 0;
   std::string attend = "in-place";
+  std::string weights = "auto";
+  std::string hold_file;
 };
 
 StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
@@ -105,14 +107,31 @@ Status RunAgent(const AgentArgs& a) {
   opts.timeout_ms = a.timeout_ms;
   opts.threads = a.threads;
   POLYKV_ASSIGN_OR_RETURN(opts.attend, client::ParseAttend(a.attend));
+  if (a.weights == "mapped") {
+    opts.load.weights = model::WeightStorage::kMapped;
+  } else if (a.weights == "copy") {
+    opts.load.weights = model::WeightStorage::kCopy;
+  }
   auto t_load = std::chrono::steady_clock::now();
   POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<client::PooledAgent> agent,
                           client::PooledAgent::Create(opts));
   const double load_ms = std::chrono::duration<double, std::milli>(
                              std::chrono::steady_clock::now() - t_load).count();
+  client::AgentHooks hold_hooks;
+  if (!a.hold_file.empty()) {
+    // For memory measurements: N agents alive at once, each attached after answering.
+    const std::string file = a.hold_file;
+    hold_hooks.before_detach = [file] {
+      std::fprintf(stderr, "agent: answered; holding the pool while %s exists\n", file.c_str());
+      std::fflush(stderr);
+      while (access(file.c_str(), F_OK) == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    };
+    agent->set_hooks(hold_hooks);
+  }
   if (a.debug_pause_layer >= 0 || a.debug_pause_step >= 0) {
     const int layer = a.debug_pause_layer, step = a.debug_pause_step, ms = a.debug_pause_ms;
-    client::AgentHooks hooks;
+    client::AgentHooks hooks = hold_hooks;
     hooks.after_layer_decoded = [layer, ms](uint32_t l) {
       if (static_cast<int>(l) != layer) return;
       std::fprintf(stderr, "agent: paused after decoding layer %u\n", l);
@@ -251,6 +270,13 @@ void RegisterAgentCommands(CLI::App& app) {
                   "in-place (default: attend to the mapped pool; host pools, mapped weights) or "
                   "decompressed (decode the pool into a private cache first)")
       ->check(CLI::IsMember({"in-place", "decompressed"}));
+  cmd->add_option("--weights", args->weights,
+                  "mapped (default on the CPU: compute on the model file's own blocks, shared "
+                  "by every process) or copy (a private libtorch f32 copy: the reference)")
+      ->check(CLI::IsMember({"auto", "mapped", "copy"}));
+  cmd->add_option("--hold-while-exists", args->hold_file,
+                  "after answering, keep the pool attached until FILE no longer exists "
+                  "(memory measurements with many agents alive at once)");
   cmd->add_option("--debug-pause-after-layer", args->debug_pause_layer)->group("");
   cmd->add_option("--debug-pause-after-step", args->debug_pause_step)->group("");
   cmd->add_option("--debug-pause-ms", args->debug_pause_ms)->group("");

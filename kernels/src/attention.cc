@@ -10,6 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "attention_internal.h"
+#if defined(POLYKV_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "attention_cuda.h"
+#endif
 #include "internal.h"
 #include "thread_pool.h"
 #include "polykv/kernels/codec_math.h"
@@ -114,6 +119,46 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
     if (a.layer < 0 || a.layer >= static_cast<int32_t>(pv->layers.size()))
       return absl::InvalidArgumentError(
           absl::StrCat("attention: layer ", a.layer, " outside the prefix's ", pv->layers.size()));
+  }
+  if (opt.device == Device::kCuda) {
+#if defined(POLYKV_HAVE_CUDA)
+    cuda::AttentionLaunch l;
+    if (pv != nullptr) {
+      const PrefixLayer& pl = pv->layers[a.layer];
+      l.prefix_tokens = pv->tokens;
+      l.codec = pv->codec == PrefixCodec::kK8V ? 1 : 0;
+      l.raw_dtype = internal::DTypeCode(pv->raw_dtype);
+      l.pk = pl.k;
+      l.pk_scales = pl.k_scales;
+      l.pv = pl.v;
+      l.pv_norms = pl.v_norms;
+      l.key_scale_mode = static_cast<int>(pv->config.key_scale);
+      l.seed = pv->config.rotation_seed;
+      if (l.codec == 1) {
+        POLYKV_ASSIGN_OR_RETURN(math::ValueCodebook cb,
+                                internal::GetValueCodebook(pv->config.value_bits));
+        l.bits = cb.bits;
+        for (int i = 0; i < (1 << cb.bits); ++i) l.levels[i] = cb.levels[i];
+      }
+    }
+    l.k_suffix = a.k_suffix;
+    l.v_suffix = a.v_suffix;
+    l.suffix_capacity = a.suffix_capacity;
+    l.suffix_length = a.suffix_length;
+    l.n = a.n;
+    l.heads = a.heads;
+    l.kv_heads = a.kv_heads;
+    l.head_dim = a.head_dim;
+    l.q = a.q;
+    l.out = a.out;
+    const cudaError_t e = cuda::InvokeAttention(l, static_cast<cudaStream_t>(opt.stream));
+    if (e != cudaSuccess)
+      return absl::InternalError(absl::StrCat("attention on CUDA: ", cudaGetErrorString(e)));
+    return absl::OkStatus();
+#else
+    return absl::UnimplementedError(
+        "attention on Device::kCuda requested but PolyKV was built without CUDA");
+#endif
   }
   Isa isa = BestIsa();
   if (opt.isa >= 0) {

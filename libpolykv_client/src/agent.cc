@@ -270,6 +270,7 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
   st.tokens_per_s = gen.total_ms > 0 ? st.new_tokens * 1000.0 / gen.total_ms : 0;
   st.private_kv_bytes = std::max<uint64_t>(st.private_kv_bytes, CacheBytes(cache));
   st.memory = ReadProcessMemory();
+  if (hooks_.before_detach) hooks_.before_detach();
   cache = model::KvCache();  // no view of the pool may outlive the mapping
 
   // The answer was computed from data checked under a valid lease; a failing DETACH (e.g.

@@ -113,6 +113,9 @@ struct AgentHooks {
   /// In place: called after forward step `step` (0 = the prompt), before the lease check
   /// that decides whether the step's results count.
   std::function<void(int64_t step)> after_step;
+  /// Called once the answer is complete, before the pool is detached (the lease and the
+  /// mapping are still held).
+  std::function<void()> before_detach;
 };
 
 /// An agent: one loaded model (per process) that runs prompts against pools.

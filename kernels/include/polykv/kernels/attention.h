@@ -94,11 +94,16 @@ struct AttentionArgs {
 struct AttentionOptions {
   int isa = -1;     ///< as MatMulOptions::isa: -1 = BestIsa()
   int threads = 0;  ///< 0 = ComputeThreads()
+  /// kCuda: every pointer of the args and of the prefix view is device memory; the kernels
+  /// run on `stream` (asynchronously) with the same math (kernels/cuda/attention_kernels.cu).
+  Device device = Device::kCpu;
+  Stream stream = nullptr;
 };
 
 /// softmax(q K^T / sqrt(head_dim)) V over [prefix | suffix] for every query row and head,
 /// merged exactly by log-sum-exp (see the file comment). Errors: kInvalidArgument for
-/// inconsistent shapes (naming the field), kFailedPrecondition for a forced ISA the CPU lacks.
+/// inconsistent shapes (naming the field), kFailedPrecondition for a forced ISA the CPU lacks,
+/// kUnimplemented for Device::kCuda in a build without CUDA, kInternal for a CUDA error.
 [[nodiscard]] Status AttentionForward(const AttentionArgs& args, const AttentionOptions& opt = {});
 
 /// A partial softmax state of one query head (see the file comment).

@@ -1,0 +1,218 @@
+// CUDA split attention over [prefix (compressed pool or raw) | f32 suffix]: one thread block
+// per (chunk task, query) computes a partial softmax state, one block per (KV head, query)
+// merges them by log-sum-exp in position order, un-rotating TurboQuant-MSE values once (the
+// rotation's signs and block size from codec_math.h, shared with the CPU path).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "attention_cuda.h"
+#include "polykv/kernels/attention.h"
+#include "polykv/kernels/codec_math.h"
+
+namespace polykv::kernels::cuda {
+namespace {
+
+namespace m = ::polykv::kernels::math;
+
+constexpr int kThreads = 128;
+constexpr int kChunk = static_cast<int>(kAttentionChunk);
+constexpr int kMaxHd = 512;
+
+struct Geometry {
+  int64_t pc = 0, sc = 0, tasks_per_head = 0;
+  int g = 1, nq = 0;
+};
+
+__device__ inline float BlockReduce(float v, float* red, bool is_max) {
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s)
+      red[threadIdx.x] = is_max ? fmaxf(red[threadIdx.x], red[threadIdx.x + s])
+                                : red[threadIdx.x] + red[threadIdx.x + s];
+    __syncthreads();
+  }
+  const float r = red[0];
+  __syncthreads();
+  return r;
+}
+
+// Key element d of token t of KV head h.
+__device__ inline float PrefixKey(const AttentionLaunch& a, int h, int64_t t, int d) {
+  const int64_t idx = (h * a.prefix_tokens + t) * a.head_dim + d;
+  if (a.codec == 1) return static_cast<float>(static_cast<const int8_t*>(a.pk)[idx]);
+  return m::LoadF32(a.pk, a.raw_dtype, idx);
+}
+
+// Value element d of token t of KV head h (packed: norm * level, rotated domain).
+__device__ inline float PrefixValue(const AttentionLaunch& a, int h, int64_t t, int d) {
+  if (a.codec == 1) {
+    const int64_t vec = h * a.prefix_tokens + t;
+    const int64_t vbytes = m::PackedBytes(a.head_dim, a.bits);
+    const uint8_t* p = static_cast<const uint8_t*>(a.pv) + vec * vbytes;
+    const int bit = d * a.bits;
+    uint32_t w = p[bit / 8];
+    if (bit / 8 + 1 < vbytes) w |= static_cast<uint32_t>(p[bit / 8 + 1]) << 8;
+    const uint32_t code = (w >> (bit % 8)) & ((1u << a.bits) - 1u);
+    return a.pv_norms[vec] * a.levels[code];
+  }
+  return m::LoadF32(a.pv, a.raw_dtype, (h * a.prefix_tokens + t) * a.head_dim + d);
+}
+
+// Partial state of query j of KV head h over one chunk: grid (tasks, nq).
+__global__ void PartialKernel(AttentionLaunch a, Geometry geo, float* states) {
+  __shared__ float qs[kMaxHd];
+  __shared__ float sc[kChunk];
+  __shared__ float red[kThreads];
+  const int64_t flat = blockIdx.x;
+  const int j = blockIdx.y;
+  const int h = static_cast<int>(flat / geo.tasks_per_head);
+  const int64_t task = flat % geo.tasks_per_head;
+  const bool prefix = task < geo.pc;
+  const int64_t t0 = (prefix ? task : task - geo.pc) * kChunk;
+  const int64_t part_len = prefix ? a.prefix_tokens : a.suffix_length;
+  const int64_t t1 = t0 + kChunk < part_len ? t0 + kChunk : part_len;
+  const int64_t row = j / geo.g, grp = j % geo.g;
+  const int64_t limit = prefix ? part_len : a.suffix_length - a.n + row + 1;
+  const int64_t end = limit < t1 ? limit : t1;
+  float* st = states + (flat * geo.nq + j) * (a.head_dim + 2);
+  const int hd = a.head_dim;
+  if (end <= t0) {
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) st[2 + d] = 0.0f;
+    if (threadIdx.x == 0) {
+      st[0] = -INFINITY;
+      st[1] = 0.0f;
+    }
+    return;
+  }
+  const float softmax_scale = 1.0f / sqrtf(static_cast<float>(hd));
+  const float* q = a.q + (row * a.heads + h * geo.g + grp) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float ks = 1.0f;
+    if (prefix && a.codec == 1) {
+      ks = a.key_scale_mode == 0 ? a.pk_scales[0]
+           : a.key_scale_mode == 1 ? a.pk_scales[h]
+                                   : a.pk_scales[h * hd + d];
+    }
+    qs[d] = q[d] * softmax_scale * ks;
+  }
+  __syncthreads();
+  const int count = static_cast<int>(end - t0);
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    const int64_t t = t0 + i;
+    float s = 0.0f;
+    if (prefix) {
+      for (int d = 0; d < hd; ++d) s += qs[d] * PrefixKey(a, h, t, d);
+    } else {
+      const float* k = a.k_suffix + (h * a.suffix_capacity + t) * hd;
+      for (int d = 0; d < hd; ++d) s += qs[d] * k[d];
+    }
+    sc[i] = s;
+    mx = fmaxf(mx, s);
+  }
+  mx = BlockReduce(mx, red, true);
+  float lsum = 0.0f;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    sc[i] = expf(sc[i] - mx);
+    lsum += sc[i];
+  }
+  const float l = BlockReduce(lsum, red, false);
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int i = 0; i < count; ++i) {
+      const int64_t t = t0 + i;
+      const float v = prefix ? PrefixValue(a, h, t, d) : a.v_suffix[(h * a.suffix_capacity + t) * hd + d];
+      acc += sc[i] * v;
+    }
+    st[2 + d] = acc / l;
+  }
+  if (threadIdx.x == 0) {
+    st[0] = mx;
+    st[1] = l;
+  }
+}
+
+// Merges the chunk states of query j of KV head h and writes the output: grid kv_heads * nq.
+__global__ void MergeKernel(AttentionLaunch a, Geometry geo, const float* states) {
+  __shared__ float o[kMaxHd];
+  const int hd = a.head_dim;
+  const int h = blockIdx.x / geo.nq, j = blockIdx.x % geo.nq;
+  float mcur = -INFINITY, lcur = 0.0f;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = 0.0f;
+  __syncthreads();
+  auto merge = [&](int64_t task) {
+    const float* st = states + ((h * geo.tasks_per_head + task) * geo.nq + j) * (hd + 2);
+    const float mb = st[0], lb = st[1];
+    if (!(lb > 0.0f)) return;
+    if (!(lcur > 0.0f)) {
+      for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = st[2 + d];
+      mcur = mb;
+      lcur = lb;
+      __syncthreads();
+      return;
+    }
+    const float mm = fmaxf(mcur, mb);
+    const float wa = lcur * expf(mcur - mm), wb = lb * expf(mb - mm);
+    const float inv = 1.0f / (wa + wb);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = (wa * o[d] + wb * st[2 + d]) * inv;
+    mcur = mm;
+    lcur = wa + wb;
+    __syncthreads();
+  };
+  for (int64_t t = 0; t < geo.pc; ++t) merge(t);
+  if (a.codec == 1 && geo.pc > 0 && lcur > 0.0f) {
+    // Back from the rotated code domain: unnormalized block Walsh-Hadamard, signs, scale.
+    const int block = m::HadamardBlock(hd);
+    for (int half = 1; half < block; half *= 2) {
+      for (int i = threadIdx.x; i < hd / 2; i += blockDim.x) {
+        const int b0 = i / (block / 2), r = i % (block / 2);
+        const int lo = b0 * block + (r / half) * 2 * half + r % half;
+        const float x = o[lo], y = o[lo + half];
+        o[lo] = x + y;
+        o[lo + half] = x - y;
+      }
+      __syncthreads();
+    }
+    const float scale = 1.0f / sqrtf(static_cast<float>(hd) * static_cast<float>(block));
+    for (int d = threadIdx.x; d < hd; d += blockDim.x)
+      o[d] = o[d] * m::RotationSign(a.seed, d) * scale;
+    __syncthreads();
+  }
+  for (int64_t t = geo.pc; t < geo.tasks_per_head; ++t) merge(t);
+  const int64_t row = j / geo.g, grp = j % geo.g;
+  float* dst = a.out + (row * a.heads + h * geo.g + grp) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = o[d];
+}
+
+}  // namespace
+
+cudaError_t InvokeAttention(const AttentionLaunch& a, cudaStream_t stream) {
+  if (a.head_dim > kMaxHd || a.n < 1 || a.kv_heads < 1 || a.heads % a.kv_heads != 0)
+    return cudaErrorInvalidValue;
+  Geometry g;
+  g.g = a.heads / a.kv_heads;
+  g.nq = static_cast<int>(g.g * a.n);
+  g.pc = (a.prefix_tokens + kChunk - 1) / kChunk;
+  g.sc = (a.suffix_length + kChunk - 1) / kChunk;
+  g.tasks_per_head = g.pc + g.sc;
+  const int64_t tasks = a.kv_heads * g.tasks_per_head;
+  float* states = nullptr;
+  const size_t bytes = sizeof(float) * static_cast<size_t>(tasks * g.nq * (a.head_dim + 2));
+  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&states), bytes, stream);
+  if (e != cudaSuccess) return e;
+  PartialKernel<<<dim3(static_cast<unsigned>(tasks), static_cast<unsigned>(g.nq)), kThreads, 0,
+                  stream>>>(a, g, states);
+  e = cudaGetLastError();
+  if (e == cudaSuccess) {
+    MergeKernel<<<static_cast<unsigned>(a.kv_heads * g.nq), kThreads, 0, stream>>>(a, g, states);
+    e = cudaGetLastError();
+  }
+  const cudaError_t f = cudaFreeAsync(states, stream);
+  return e != cudaSuccess ? e : f;
+}
+
+}  // namespace polykv::kernels::cuda

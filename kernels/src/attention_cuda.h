@@ -1,0 +1,41 @@
+// CUDA launcher of the split attention (kernels/cuda/attention_kernels.cu); internal, CUDA
+// builds only. Every pointer is a device pointer. Same math as the CPU path
+// (attention.cc): chunks of kAttentionChunk tokens give partial softmax states that merge by
+// log-sum-exp in position order; TurboQuant-MSE values are accumulated in the rotated code
+// domain and un-rotated once per output vector.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace polykv::kernels::cuda {
+
+/// One layer's attention, device pointers (see AttentionArgs in attention.h).
+struct AttentionLaunch {
+  // Prefix (prefix_tokens == 0: none).
+  int64_t prefix_tokens = 0;
+  int codec = 0;           ///< 0 raw, 1 int8 keys + packed values
+  int raw_dtype = 0;       ///< codec 0: 0 f32, 1 f16, 2 bf16
+  const void* pk = nullptr;
+  const float* pk_scales = nullptr;
+  const void* pv = nullptr;
+  const float* pv_norms = nullptr;
+  int key_scale_mode = 0;  ///< KeyScaleMode value
+  int bits = 3;
+  float levels[16] = {};
+  uint64_t seed = 0;
+  // Suffix and queries.
+  const float* k_suffix = nullptr;
+  const float* v_suffix = nullptr;
+  int64_t suffix_capacity = 0, suffix_length = 0, n = 0;
+  int32_t heads = 0, kv_heads = 0, head_dim = 0;
+  const float* q = nullptr;
+  float* out = nullptr;
+};
+
+/// Runs the attention on `stream` (scratch for the partial states is allocated on the
+/// stream and freed after use).
+cudaError_t InvokeAttention(const AttentionLaunch& a, cudaStream_t stream);
+
+}  // namespace polykv::kernels::cuda
