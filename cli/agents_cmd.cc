@@ -53,6 +53,7 @@ struct AgentsArgs {
   bool json_out = false;
   std::string endpoint;
   int timeout_ms = 5000;
+  std::string attend = "in-place";
 };
 
 struct Child {
@@ -122,7 +123,8 @@ std::vector<std::string> AgentArgv(const AgentsArgs& a, const std::string& exe,
   std::vector<std::string> v = {exe, "agent", "--pool", a.pool, "--model", a.model, "--json",
                                 "--max-new-tokens", std::to_string(a.max_new_tokens),
                                 "--threads", std::to_string(threads),
-                                "--timeout-ms", std::to_string(a.timeout_ms)};
+                                "--timeout-ms", std::to_string(a.timeout_ms),
+                                "--attend", a.attend};
   if (!a.endpoint.empty()) v.insert(v.end(), {"--endpoint", a.endpoint});
   if (a.ids) {
     v.insert(v.end(), {"--prompt-ids", prompt});
@@ -276,7 +278,7 @@ Status RunAgents(const AgentsArgs& a) {
 
   // ---- collect ----
   int ok = 0;
-  uint64_t private_sum = 0, private_max = 0, rss_max = 0;
+  uint64_t private_sum = 0, private_max = 0, rss_max = 0, mem_private_max = 0;
   std::vector<double> ttft, attach, decode, tps;
   for (const Child& c : children) {
     rss_max = std::max(rss_max, c.max_rss_bytes);
@@ -284,6 +286,7 @@ Status RunAgents(const AgentsArgs& a) {
     ++ok;
     const json& s = c.result["stats"];
     uint64_t pk = s.value("private_kv_bytes", uint64_t{0});
+    mem_private_max = std::max(mem_private_max, s.value("private_bytes", uint64_t{0}));
     private_sum += pk;
     private_max = std::max(private_max, pk);
     ttft.push_back(s.value("ttft_ms", 0.0));
@@ -311,6 +314,8 @@ Status RunAgents(const AgentsArgs& a) {
       {"agents_private_kv_bytes_max", private_max},
       {"peak_concurrent_kv_bytes", info.total_bytes + private_max * concurrent},
       {"max_agent_peak_rss_bytes", rss_max},
+      {"max_agent_private_bytes", mem_private_max},
+      {"attend", a.attend},
       {"mean_attach_ms", Mean(attach)},
       {"mean_decode_ms", Mean(decode)},
       {"mean_ttft_ms", Mean(ttft)},
@@ -354,23 +359,24 @@ Status RunAgents(const AgentsArgs& a) {
         std::printf("[agent %d] FAILED: %s\n", c.index, c.error.c_str());
       }
     }
-    std::printf("\n%-6s %-8s %7s %7s %9s %9s %9s %9s %8s %12s %12s\n", "agent", "pid",
-                "prompt", "new", "attach", "decode", "TTFT", "gen", "tok/s", "private KV",
-                "peak RSS");
-    std::printf("%-6s %-8s %7s %7s %9s %9s %9s %9s %8s %12s %12s\n", "", "", "tokens",
-                "tokens", "ms", "ms", "ms", "ms", "", "MiB", "MiB");
+    std::printf("\n%-6s %-8s %7s %7s %9s %9s %9s %9s %8s %12s %12s %12s\n", "agent", "pid",
+                "prompt", "new", "attach", a.attend == "in-place" ? "view" : "decode", "TTFT",
+                "gen", "tok/s", "private KV", "private mem", "peak RSS");
+    std::printf("%-6s %-8s %7s %7s %9s %9s %9s %9s %8s %12s %12s %12s\n", "", "", "tokens",
+                "tokens", "ms", "ms", "ms", "ms", "", "MiB", "MiB", "MiB");
     for (const Child& c : children) {
       if (!c.error.empty()) {
         std::printf("%-6d %-8d FAILED (%s)\n", c.index, static_cast<int>(c.pid), c.error.c_str());
         continue;
       }
       const json& s = c.result["stats"];
-      std::printf("%-6d %-8d %7lld %7lld %9.1f %9.1f %9.1f %9.1f %8.1f %12.2f %12.1f\n",
+      std::printf("%-6d %-8d %7lld %7lld %9.1f %9.1f %9.1f %9.1f %8.1f %12.2f %12.1f %12.1f\n",
                   c.index, static_cast<int>(c.pid), s.value("prompt_tokens", 0LL),
                   s.value("new_tokens", 0LL), s.value("attach_ms", 0.0),
                   s.value("decode_ms", 0.0), s.value("ttft_ms", 0.0),
                   s.value("generation_ms", 0.0), s.value("tokens_per_s", 0.0),
                   s.value("private_kv_bytes", uint64_t{0}) / 1048576.0,
+                  s.value("private_bytes", uint64_t{0}) / 1048576.0,
                   c.max_rss_bytes / 1048576.0);
     }
     std::printf("\n%-58s %s\n", "figure", "value");
@@ -381,12 +387,17 @@ Status RunAgents(const AgentsArgs& a) {
     std::printf("%-58s %.2fx\n", "ratio N x bf16 / pool",
                 info.total_bytes ? static_cast<double>(n_bf16) / info.total_bytes : 0.0);
     std::printf("%-58s %s per agent (%s summed over %d agents)\n",
-                "agents' transient decode caches (model dtype, measured)",
+                a.attend == "in-place" ? "agents' private KV (prompt + answer only, measured)"
+                                       : "agents' private decoded caches (measured)",
                 MiB(private_max).c_str(), MiB(private_sum).c_str(), ok);
+    std::printf("%-58s %s\n", "max agent private memory (smaps Private_*)",
+                MiB(mem_private_max).c_str());
     std::printf("%-58s %s (pool + %d concurrent agents)\n", "peak KV bytes at once (-j bound)",
                 MiB(info.total_bytes + private_max * concurrent).c_str(), concurrent);
     std::printf("%-58s %.1f MiB\n", "max agent peak RSS (wait4)", rss_max / 1048576.0);
-    std::printf("%-58s %.1f / %.1f / %.1f ms\n", "mean attach / decode / TTFT (N agents)",
+    std::printf("%-58s %.1f / %.1f / %.1f ms\n",
+                a.attend == "in-place" ? "mean attach / pool view / TTFT (N agents)"
+                                       : "mean attach / decode / TTFT (N agents)",
                 Mean(attach), Mean(decode), Mean(ttft));
     if (summary.contains("solo_pool_ttft_ms")) {
       const double pool_ttft = summary["solo_pool_ttft_ms"], pre = summary["solo_prefill_ttft_ms"];
@@ -439,6 +450,9 @@ void RegisterAgentsCommands(CLI::App& app) {
                 "skip the re-prefill baseline agent run after the N agents");
   run->add_flag("--json", args->json_out, "machine-readable output");
   run->add_option("--endpoint", args->endpoint, "polykvd endpoint");
+  run->add_option("--attend", args->attend,
+                  "in-place (default) or decompressed: how each agent reads the pool")
+      ->check(CLI::IsMember({"in-place", "decompressed"}));
   run->add_option("--timeout-ms", args->timeout_ms, "per-request timeout")
       ->check(CLI::Range(1, 3600000));
   run->callback([args] {
