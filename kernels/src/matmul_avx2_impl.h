@@ -274,15 +274,19 @@ void DotQ45_KN(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, floa
 #pragma GCC unroll 8
     for (int j = 0; j < kNx; ++j) {
       const ActQ8K& a = xs[j][b];
-      __m256i sumi = _mm256_setzero_si256();
+      __m256i s1 = _mm256_setzero_si256(), s2 = _mm256_setzero_si256();
       int32_t smin = 0;
       for (int s = 0; s < 8; ++s) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 32 * s));
-        const __m256i p16 = _mm256_maddubs_epi16(q[s], xv);
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(sc[s])));
+        const __m256i scv = _mm256_set1_epi16(sc[s]);
+        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 32 * s));
+        const __m256i x2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.r + 32 * s));
+        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(q[s], x1), scv));
+        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_maddubs_epi16(q[s], x2), scv));
         smin += mn[s] * (a.bsums[2 * s] + a.bsums[2 * s + 1]);
       }
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * a.d), acc[j]);
+      const float dd = d * a.d;
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(256.0f * dd),
+                               _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_set1_ps(dd), acc[j]));
       corr[j] += dmin * a.d * static_cast<float>(smin);
     }
   }
@@ -328,21 +332,23 @@ void DotQ6_KN(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float
                                           _mm_set1_epi16(static_cast<int16_t>(s0)));
       }
     }
-    int32_t scsum[16];
-    for (int s = 0; s < 16; ++s) scsum[s] = sc[s];
 #pragma GCC unroll 8
     for (int j = 0; j < kNx; ++j) {
       const ActQ8K& a = xs[j][b];
-      __m256i sumi = _mm256_setzero_si256();
+      __m256i s1 = _mm256_setzero_si256(), s2 = _mm256_setzero_si256();
       for (int k = 0; k < 8; ++k) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 32 * k));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xv), scv[k]));
+        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 32 * k));
+        const __m256i x2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.r + 32 * k));
+        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], x1), scv[k]));
+        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], x2), scv[k]));
       }
-      int32_t corr = 0;
-      for (int s = 0; s < 16; ++s) corr += scsum[s] * a.bsums[s];
-      const __m256i c = _mm256_setr_epi32(-32 * corr, 0, 0, 0, 0, 0, 0, 0);
-      sumi = _mm256_add_epi32(sumi, c);
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * a.d), acc[j]);
+      int64_t corr = 0;  // 32 sum_j sc_j bsums_j: exceeds int32
+      for (int t = 0; t < 16; ++t) corr += int64_t{sc[t]} * a.bsums[t];
+      const float dd = d * a.d;
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(256.0f * dd),
+                               _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_set1_ps(dd), acc[j]));
+      acc[j] = _mm256_add_ps(acc[j], _mm256_setr_ps(-32.0f * dd * static_cast<float>(corr), 0, 0,
+                                                    0, 0, 0, 0, 0));
     }
   }
 #pragma GCC unroll 8

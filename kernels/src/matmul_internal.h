@@ -44,14 +44,17 @@ static inline int64_t ActQ8CodeOffset(bool permuted, int64_t nb, int64_t b, int 
   return 128 * g + (v < 16 ? 16 * r + v : 64 + 16 * r + (v - 16));
 }
 
-/// Q8 activations for 256-value super-blocks: d = absmax / 127, q = rint(x / d),
-/// bsums[j] = sum of q[16j .. 16j+15]. 292 bytes.
+/// Q8 activations for 256-value super-blocks, with residual codes as for 32-value blocks:
+/// dx = absmax / 127, f = x / dx, q[i] = rint(f), r[i] = rint(256 (f - q[i])) in [-127, 127];
+/// stored d = dx / 256 (exact), so x ~= d (256 q + r); bsums[j] = sum over values
+/// 16 j .. 16 j + 15 of (256 q + r) (exact). 580 bytes.
 struct ActQ8K {
   float d;
+  int32_t bsums[16];
   int8_t q[256];
-  int16_t bsums[16];
+  int8_t r[256];
 };
-static_assert(sizeof(ActQ8K) == 292, "ActQ8K layout");
+static_assert(sizeof(ActQ8K) == 580, "ActQ8K layout");
 
 /// Activation family a weight type multiplies with.
 enum class ActKind : int { kF32 = 0, kQ8 = 1, kQ8P = 2, kQ8K = 3 };

@@ -116,27 +116,34 @@ float DotQ8_0(const uint8_t* w, int64_t nb, const uint8_t* xr) {
   return acc;
 }
 
-// Q4_K / Q5_K: sum_j sc_j * dot_j and sum_j mn_j * xsum_j over the 8 sub-blocks of 32.
-float DotQ4_K(const uint8_t* w, int64_t nb, const ActQ8K* x) {
+// Q4_K / Q5_K: sum_j sc_j * dot_j and sum_j mn_j * xsum_j over the 8 sub-blocks of 32, the
+// activation value in units of d being 256 q + r (int64: exact).
+float DotQ45_KRef(const uint8_t* w, int64_t nb, const ActQ8K* x, bool q5) {
+  const int kBytes = q5 ? 176 : 144;
   float acc = 0.0f;
-  for (int64_t b = 0; b < nb; ++b, w += 144, ++x) {
+  for (int64_t b = 0; b < nb; ++b, w += kBytes, ++x) {
     const uint8_t* scales = w + 4;
-    const uint8_t* qs = w + 16;
-    int32_t sdot = 0, smin = 0;
+    const uint8_t* qh = w + 16;
+    const uint8_t* qs = w + (q5 ? 48 : 16);
+    int64_t sdot = 0, smin = 0;
     for (int i = 0; i < 4; ++i) {  // pairs of sub-blocks 2i, 2i+1
       uint8_t sc0, mn0, sc1, mn1;
       ScaleMinK4(2 * i, scales, &sc0, &mn0);
       ScaleMinK4(2 * i + 1, scales, &sc1, &mn1);
-      const int8_t* x0 = x->q + 64 * i;
-      const int8_t* x1 = x0 + 32;
-      int32_t d0 = 0, d1 = 0;
+      int64_t d0 = 0, d1 = 0;
       for (int l = 0; l < 32; ++l) {
-        d0 += (qs[32 * i + l] & 0x0f) * x0[l];
-        d1 += (qs[32 * i + l] >> 4) * x1[l];
+        int q0 = qs[32 * i + l] & 0x0f, q1 = qs[32 * i + l] >> 4;
+        if (q5) {
+          q0 |= ((qh[l] >> (2 * i)) & 1) << 4;
+          q1 |= ((qh[l] >> (2 * i + 1)) & 1) << 4;
+        }
+        const int v0 = 64 * i + l, v1 = 64 * i + 32 + l;
+        d0 += int64_t{q0} * (256 * x->q[v0] + x->r[v0]);
+        d1 += int64_t{q1} * (256 * x->q[v1] + x->r[v1]);
       }
       sdot += sc0 * d0 + sc1 * d1;
-      smin += mn0 * (x->bsums[4 * i] + x->bsums[4 * i + 1]) +
-              mn1 * (x->bsums[4 * i + 2] + x->bsums[4 * i + 3]);
+      smin += mn0 * (int64_t{x->bsums[4 * i]} + x->bsums[4 * i + 1]) +
+              mn1 * (int64_t{x->bsums[4 * i + 2]} + x->bsums[4 * i + 3]);
     }
     acc += LoadHalf(w) * x->d * static_cast<float>(sdot) -
            LoadHalf(w + 2) * x->d * static_cast<float>(smin);
@@ -144,35 +151,8 @@ float DotQ4_K(const uint8_t* w, int64_t nb, const ActQ8K* x) {
   return acc;
 }
 
-float DotQ5_K(const uint8_t* w, int64_t nb, const ActQ8K* x) {
-  float acc = 0.0f;
-  for (int64_t b = 0; b < nb; ++b, w += 176, ++x) {
-    const uint8_t* scales = w + 4;
-    const uint8_t* qh = w + 16;
-    const uint8_t* qs = w + 48;
-    int32_t sdot = 0, smin = 0;
-    for (int i = 0; i < 4; ++i) {
-      uint8_t sc0, mn0, sc1, mn1;
-      ScaleMinK4(2 * i, scales, &sc0, &mn0);
-      ScaleMinK4(2 * i + 1, scales, &sc1, &mn1);
-      const int8_t* x0 = x->q + 64 * i;
-      const int8_t* x1 = x0 + 32;
-      int32_t d0 = 0, d1 = 0;
-      for (int l = 0; l < 32; ++l) {
-        const int q0 = (qs[32 * i + l] & 0x0f) | (((qh[l] >> (2 * i)) & 1) << 4);
-        const int q1 = (qs[32 * i + l] >> 4) | (((qh[l] >> (2 * i + 1)) & 1) << 4);
-        d0 += q0 * x0[l];
-        d1 += q1 * x1[l];
-      }
-      sdot += sc0 * d0 + sc1 * d1;
-      smin += mn0 * (x->bsums[4 * i] + x->bsums[4 * i + 1]) +
-              mn1 * (x->bsums[4 * i + 2] + x->bsums[4 * i + 3]);
-    }
-    acc += LoadHalf(w) * x->d * static_cast<float>(sdot) -
-           LoadHalf(w + 2) * x->d * static_cast<float>(smin);
-  }
-  return acc;
-}
+float DotQ4_K(const uint8_t* w, int64_t nb, const ActQ8K* x) { return DotQ45_KRef(w, nb, x, false); }
+float DotQ5_K(const uint8_t* w, int64_t nb, const ActQ8K* x) { return DotQ45_KRef(w, nb, x, true); }
 
 float DotQ6_K(const uint8_t* w, int64_t nb, const ActQ8K* x) {
   float acc = 0.0f;
@@ -180,21 +160,21 @@ float DotQ6_K(const uint8_t* w, int64_t nb, const ActQ8K* x) {
     const uint8_t* ql = w;
     const uint8_t* qh = w + 128;
     const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
-    int32_t sum = 0;
+    int64_t sum = 0;
     for (int h = 0; h < 2; ++h) {
-      const int8_t* xq = x->q + 128 * h;
-      int32_t part[8] = {};  // sub-blocks of 16 in this half, in value order
+      int64_t part[8] = {};  // sub-blocks of 16 in this half, in value order
       for (int l = 0; l < 32; ++l) {
         const int q1 = (ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4);
         const int q2 = (ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4);
         const int q3 = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
         const int q4 = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-        part[l / 16 + 0] += q1 * xq[l];
-        part[l / 16 + 2] += q2 * xq[l + 32];
-        part[l / 16 + 4] += q3 * xq[l + 64];
-        part[l / 16 + 6] += q4 * xq[l + 96];
+        const auto v = [&](int i) { return int64_t{256} * x->q[128 * h + i] + x->r[128 * h + i]; };
+        part[l / 16 + 0] += q1 * v(l);
+        part[l / 16 + 2] += q2 * v(l + 32);
+        part[l / 16 + 4] += q3 * v(l + 64);
+        part[l / 16 + 6] += q4 * v(l + 96);
       }
-      for (int j = 0; j < 8; ++j) sum += sc[j] * (part[j] - 32 * x->bsums[8 * h + j]);
+      for (int j = 0; j < 8; ++j) sum += sc[j] * (part[j] - 32 * int64_t{x->bsums[8 * h + j]});
       ql += 64;
       qh += 32;
       sc += 8;
@@ -398,16 +378,20 @@ void QuantizeActQ8K(const float* x, int64_t cols, ActQ8K* out) {
       amax = a > amax ? a : amax;
     }
     ActQ8K& o = out[b];
-    o.d = amax / 127.0f;
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    o.d = amax / 127.0f * (1.0f / 256.0f);
     for (int g = 0; g < 16; ++g) {
       int32_t sum = 0;
       for (int j = 16 * g; j < 16 * g + 16; ++j) {
-        const int32_t q = RoundEven(xb[j] * id);
+        const float f = xb[j] * id;
+        const int32_t q = RoundEven(f);
+        int32_t r = RoundEven((f - static_cast<float>(q)) * 256.0f);
+        r = r > 127 ? 127 : (r < -127 ? -127 : r);
         o.q[j] = static_cast<int8_t>(q);
-        sum += q;
+        o.r[j] = static_cast<int8_t>(r);
+        sum += 256 * q + r;
       }
-      o.bsums[g] = static_cast<int16_t>(sum);
+      o.bsums[g] = sum;
     }
   }
 }

@@ -122,8 +122,8 @@ TEST_P(MatMulTest, EveryIsaMatchesScalarAndDequantizedProduct) {
 
     // (2) scalar reference vs the exact product: the only error is the activation rounding,
     // |dy| <= sum_i |w_i| * e_i (+ f32 accumulation), with d_x the block scale and e_i the
-    // activation error: d_x / 512 for 32-value blocks (8-bit codes + 8-bit residual codes;
-    // d_x / 256 where the residual clamps), d_x / 2 for the 8-bit K-quant activations.
+    // activation error: d_x / 512 (8-bit codes + 8-bit residual codes; d_x / 256 where the
+    // residual clamps).
     const int64_t ablock = f.values == 1 ? 1 : f.values;  // activation block = weight block
     for (int64_t r = 0; r < c.n; ++r) {
       std::vector<double> half_step(static_cast<size_t>(c.cols), 0.0);
@@ -132,7 +132,7 @@ TEST_P(MatMulTest, EveryIsaMatchesScalarAndDequantizedProduct) {
           double amax = 0;
           for (int64_t i = 0; i < ablock; ++i)
             amax = std::max(amax, std::fabs(double{x[r * c.cols + b * ablock + i]}));
-          const double e = f.values == 32 ? amax / 127.0 / 256.0 : amax / 127.0 / 2.0;
+          const double e = amax / 127.0 / 256.0;  // 32- and 256-value blocks alike
           for (int64_t i = 0; i < ablock; ++i) half_step[b * ablock + i] = e;
         }
       }

@@ -16,9 +16,9 @@
 //    is exact in int32, then scaled by d_w * d / 256 (+ the weight's min/offset term times the
 //    activation's block sum). Measured on SmolLM2-135M Q4_1: max |dlogit| vs the f32 path
 //    0.006 (8-bit codes alone: 0.48-1.17).
-//  - Q4_K, Q5_K, Q6_K weights (super-blocks of 256): activations quantized to 8-bit codes
-//    per block of 256 with one f32 scale and 16 partial sums of 16 values each (x ~= d q to
-//    1/2 of d).
+//  - Q4_K, Q5_K, Q6_K weights (super-blocks of 256): the same 8-bit codes + 8-bit residual
+//    codes per block of 256, with one f32 scale and 16 exact partial sums of 16 values each
+//    (for the weights' min and offset terms).
 //  The scalar reference uses the same activation bytes, so every ISA variant agrees with it
 //  to float reassociation (~1e-6 relative).
 //
