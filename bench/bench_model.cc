@@ -183,6 +183,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  const polykv::model::ModelConfig c = mm.config();  // mm is released before the copy runs
   const Figures m1 = Run(mm, doc, 1, decode_tokens);
   const Figures m2 = Run(mm, doc, max_threads, decode_tokens);
   const Memory after_mapped_run = ReadMemory();
@@ -213,7 +214,6 @@ int main(int argc, char** argv) {
     c2 = Run(**copy, doc, max_threads, decode_tokens);
   }
 
-  const auto& c = mm.config();
   std::printf("model: %s\n  %d layers, hidden %d, heads %d/%d kv, ffn %d, vocab %d\n",
               model_path.c_str(), c.layers, c.hidden, c.heads, c.kv_heads, c.ffn, c.vocab);
   std::printf("kernels: %s (CPU variants:", polykv::kernels::IsaName(polykv::kernels::BestIsa()));
