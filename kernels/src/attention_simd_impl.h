@@ -4,13 +4,18 @@
 //
 // Per chunk: keys of the chunk converted once to f32 (int8 codes, f16, bf16; f32 used in
 // place), values decoded once (packed codes -> norm * level through vpermps on the 8 (or
-// 16) Lloyd-Max levels), then for each query: 8 scores at a time (8 FMA chains reduced by
-// a transpose-add), max, exp, sum, and the weighted value sum in 64-float slices.
+// 16) Lloyd-Max levels), then register tiles shared by several queries (the GQA group and
+// the prompt rows): scores for QB queries x KB keys (one FMA chain per lane, a fixed
+// transpose-add reduction), max, exp, sum, and the weighted value sum for VQB queries x
+// SW vectors per token. Tiles are 8 lanes (AVX2) or 16 (the AVX-512 build, head_dim % 16
+// == 0); a score or output never depends on which tile computed it.
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
 #include "attention_internal.h"
 #include "avx2_math.h"
@@ -80,6 +85,225 @@ inline void DecodePacked(const uint8_t* p, float norm, int hd, const float* leve
   }
 }
 
+
+// Vector traits: the same tile code runs on 8 lanes (AVX2) and, in the AVX-512 source,
+// on 16 lanes. QB x KB is the score tile (queries x keys), VQB x SW the value tile
+// (queries x vectors of head_dim), sized to the register file (16 or 32 registers).
+struct Vec8 {
+  using T = __m256;
+  static constexpr int W = 8, QB = 2, KB = 4, VQB = 2, SW = 4;
+  static T Load(const float* p) { return _mm256_loadu_ps(p); }
+  static T Set1(float x) { return _mm256_set1_ps(x); }
+  static T Zero() { return _mm256_setzero_ps(); }
+  static T Fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T Mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static void Store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static __m256 Fold8(T v) { return v; }
+};
+#ifdef __AVX512F__
+struct Vec16 {
+  using T = __m512;
+  static constexpr int W = 16, QB = 3, KB = 8, VQB = 6, SW = 4;
+  static T Load(const float* p) { return _mm512_loadu_ps(p); }
+  static T Set1(float x) { return _mm512_set1_ps(x); }
+  static T Zero() { return _mm512_setzero_ps(); }
+  static T Fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T Mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  static void Store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  static __m256 Fold8(T v) {
+    return _mm256_add_ps(_mm512_castps512_ps256(v),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  }
+};
+#endif
+
+// Four dot-product accumulators -> their four sums.
+inline __m128 Reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+// Scores of QB queries (rows of q, stride hd) against KB consecutive keys (rows of k),
+// written to s[j * ss + u]. Each score is one chain per lane over head_dim, then a fixed
+// reduction tree: the value of a score does not depend on the tile it was computed in.
+template <class V, int QB, int KB>
+inline void ScoreTile(const float* q, const float* k, int hd, float* s, int64_t ss) {
+  static_assert(KB == 4 || KB == 8, "key tile of 4 or 8");
+  typename V::T acc[QB][KB];
+  for (int j = 0; j < QB; ++j)
+    for (int u = 0; u < KB; ++u) acc[j][u] = V::Zero();
+  for (int i = 0; i < hd; i += V::W) {
+    typename V::T qv[QB];
+    for (int j = 0; j < QB; ++j) qv[j] = V::Load(q + j * hd + i);
+    for (int u = 0; u < KB; ++u) {
+      const typename V::T kv = V::Load(k + u * hd + i);
+      for (int j = 0; j < QB; ++j) acc[j][u] = V::Fma(qv[j], kv, acc[j][u]);
+    }
+  }
+  for (int j = 0; j < QB; ++j) {
+    if constexpr (KB == 8) {
+      _mm256_storeu_ps(s + j * ss, Reduce8(V::Fold8(acc[j][0]), V::Fold8(acc[j][1]),
+                                           V::Fold8(acc[j][2]), V::Fold8(acc[j][3]),
+                                           V::Fold8(acc[j][4]), V::Fold8(acc[j][5]),
+                                           V::Fold8(acc[j][6]), V::Fold8(acc[j][7])));
+    } else {
+      _mm_storeu_ps(s + j * ss, Reduce4(V::Fold8(acc[j][0]), V::Fold8(acc[j][1]),
+                                        V::Fold8(acc[j][2]), V::Fold8(acc[j][3])));
+    }
+  }
+}
+
+// One score (the tail of a chunk), with the reduction of a 4-key tile's first lane group.
+template <class V>
+inline float ScoreOne(const float* q, const float* k, int hd) {
+  typename V::T acc = V::Zero();
+  for (int i = 0; i < hd; i += V::W) acc = V::Fma(V::Load(q + i), V::Load(k + i), acc);
+  const __m256 z = _mm256_setzero_ps();
+  return _mm_cvtss_f32(Reduce4(V::Fold8(acc), z, z, z));
+}
+
+// o[j * hd + base + ...] = inv[j] * sum_{t < T} p[j * ps + t] v[t * hd + base + ...] for VQB
+// queries and SW vectors of V::W values; one FMA chain per output value, in token order.
+template <class V, int QB, int SW>
+inline void ValueTile(const float* p, int64_t ps, const float* v, int hd, int base, int64_t T,
+                      const float* inv, float* o) {
+  typename V::T acc[QB][SW];
+  for (int j = 0; j < QB; ++j)
+    for (int w = 0; w < SW; ++w) acc[j][w] = V::Zero();
+  for (int64_t t = 0; t < T; ++t) {
+    typename V::T vv[SW];
+    for (int w = 0; w < SW; ++w) vv[w] = V::Load(v + t * hd + base + w * V::W);
+    for (int j = 0; j < QB; ++j) {
+      const typename V::T pj = V::Set1(p[j * ps + t]);
+      for (int w = 0; w < SW; ++w) acc[j][w] = V::Fma(pj, vv[w], acc[j][w]);
+    }
+  }
+  for (int j = 0; j < QB; ++j) {
+    const typename V::T s = V::Set1(inv[j]);
+    for (int w = 0; w < SW; ++w) V::Store(o + j * hd + base + w * V::W, V::Mul(acc[j][w], s));
+  }
+}
+
+// Runs Tile<n> for a compile-time n in [1, N] equal to the run-time `n` (tails of tiles).
+template <int N, typename F>
+inline void WithCount(int n, F&& f) {
+  if constexpr (N >= 1) {
+    if (n == N) {
+      f(std::integral_constant<int, N>{});
+      return;
+    }
+    WithCount<N - 1>(n, f);
+  }
+}
+
+// The chunk on vectors of V::W lanes (hd % V::W == 0), keys and values already f32.
+template <class V>
+void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbuf) {
+  const int hd = a.hd;
+  const int64_t T = a.t1 - a.t0;
+  // Per-query token counts; tokens a query may not see get p = 0 (exact: adds +0).
+  int64_t tmax = 0;
+  int64_t ends_stack[64];
+  std::vector<int64_t> ends_heap;
+  int64_t* ends = ends_stack;
+  if (a.nq > 64) {
+    ends_heap.resize(static_cast<size_t>(a.nq));
+    ends = ends_heap.data();
+  }
+  for (int j = 0; j < a.nq; ++j) {
+    int64_t e = (a.limit[j] < a.t1 ? a.limit[j] : a.t1) - a.t0;
+    e = e < 0 ? 0 : e;
+    ends[j] = e;
+    tmax = e > tmax ? e : tmax;
+  }
+  // Scores s[j][t] for t < tmax.
+  const int64_t tk = tmax / V::KB * V::KB;
+  int j0 = 0;
+  for (; j0 + V::QB <= a.nq; j0 += V::QB)
+    for (int64_t t = 0; t < tk; t += V::KB)
+      ScoreTile<V, V::QB, V::KB>(a.q + j0 * hd, kf + t * hd, hd, sbuf + j0 * T + t, T);
+  if (j0 < a.nq) {
+    WithCount<V::QB - 1>(a.nq - j0, [&](auto n) {
+      for (int64_t t = 0; t < tk; t += V::KB)
+        ScoreTile<V, decltype(n)::value, V::KB>(a.q + j0 * hd, kf + t * hd, hd, sbuf + j0 * T + t, T);
+    });
+  }
+  for (int j = 0; j < a.nq; ++j)
+    for (int64_t t = tk; t < tmax; ++t) sbuf[j * T + t] = ScoreOne<V>(a.q + j * hd, kf + t * hd, hd);
+
+  // Softmax pieces per query: m, p = exp(s - m) (0 past the query's end), l = sum p.
+  float inv_stack[64];
+  std::vector<float> inv_heap;
+  float* inv = inv_stack;
+  if (a.nq > 64) {
+    inv_heap.resize(static_cast<size_t>(a.nq));
+    inv = inv_heap.data();
+  }
+  for (int j = 0; j < a.nq; ++j) {
+    float* s = sbuf + j * T;
+    const int64_t end = ends[j];
+    if (end == 0) {
+      a.m[j] = -__builtin_inff();
+      a.l[j] = 0.0f;
+      for (int64_t t = 0; t < tmax; ++t) s[t] = 0.0f;
+      inv[j] = 0.0f;
+      continue;
+    }
+    int64_t t = 0;
+    __m256 mv = _mm256_set1_ps(-__builtin_inff());
+    for (; t + 8 <= end; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
+    float m = Hmax8(mv);
+    for (; t < end; ++t) m = s[t] > m ? s[t] : m;
+    const __m256 mb = _mm256_set1_ps(m);
+    __m256 lv = _mm256_setzero_ps();
+    t = 0;
+    for (; t + 8 <= end; t += 8) {
+      const __m256 p = Exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mb));
+      _mm256_storeu_ps(s + t, p);
+      lv = _mm256_add_ps(lv, p);
+    }
+    float l = Hsum8(lv);
+    for (; t < end; ++t) {
+      s[t] = Exp1(s[t] - m);
+      l += s[t];
+    }
+    for (t = end; t < tmax; ++t) s[t] = 0.0f;
+    a.m[j] = m;
+    a.l[j] = l;
+    inv[j] = 1.0f / l;
+  }
+
+  // o = sum_t p_t v_t / l.
+  const int slice = V::SW * V::W;
+  auto values = [&](int jb, auto qb) {
+    constexpr int kQ = decltype(qb)::value;
+    int base = 0;
+    for (; base + slice <= hd; base += slice)
+      ValueTile<V, kQ, V::SW>(sbuf + jb * T, T, vf, hd, base, tmax, inv + jb, a.o + jb * hd);
+    if (base < hd) {
+      WithCount<V::SW - 1>((hd - base) / V::W, [&](auto sw) {
+        ValueTile<V, kQ, decltype(sw)::value>(sbuf + jb * T, T, vf, hd, base, tmax, inv + jb,
+                                              a.o + jb * hd);
+      });
+    }
+  };
+  j0 = 0;
+  for (; j0 + V::VQB <= a.nq; j0 += V::VQB) values(j0, std::integral_constant<int, V::VQB>{});
+  if (j0 < a.nq) WithCount<V::VQB - 1>(a.nq - j0, [&](auto n) { values(j0, n); });
+  // Queries that see no token: o = 0 (inv = 0 gave 0 * sum = 0 unless values overflowed).
+  for (int j = 0; j < a.nq; ++j)
+    if (ends[j] == 0)
+      for (int i = 0; i < hd; ++i) a.o[j * hd + i] = 0.0f;
+}
+
+// Keys of kind `Kind` -> f32 rows [T][hd].
+template <int Kind>
+inline void ConvertKeys(const void* base, int64_t t0, int64_t T, int hd, float* out) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int i = 0; i < hd; i += 8)
+      _mm256_storeu_ps(out + t * hd + i, LoadKey8(Kind, base, (t0 + t) * hd + i));
+}
+
 void ChunkSimd(const ChunkArgs& a) {
   const int hd = a.hd;
   if (hd % 8 != 0 || (a.value_kind == kValPacked && (a.bits < 2 || a.bits > 4))) {
@@ -93,13 +317,22 @@ void ChunkSimd(const ChunkArgs& a) {
 
   // Keys of the chunk as f32 [T][hd].
   const float* kf;
-  if (a.key_kind == kKeyF32) {
-    kf = static_cast<const float*>(a.k) + a.t0 * hd;
-  } else {
-    for (int64_t t = 0; t < T; ++t)
-      for (int i = 0; i < hd; i += 8)
-        _mm256_storeu_ps(kbuf + t * hd + i, LoadKey8(a.key_kind, a.k, (a.t0 + t) * hd + i));
-    kf = kbuf;
+  switch (a.key_kind) {
+    case kKeyF32:
+      kf = static_cast<const float*>(a.k) + a.t0 * hd;
+      break;
+    case kKeyF16:
+      ConvertKeys<kKeyF16>(a.k, a.t0, T, hd, kbuf);
+      kf = kbuf;
+      break;
+    case kKeyBf16:
+      ConvertKeys<kKeyBf16>(a.k, a.t0, T, hd, kbuf);
+      kf = kbuf;
+      break;
+    default:
+      ConvertKeys<kKeyI8>(a.k, a.t0, T, hd, kbuf);
+      kf = kbuf;
+      break;
   }
   // Values of the chunk as f32 [T][hd].
   const float* vf;
@@ -119,78 +352,20 @@ void ChunkSimd(const ChunkArgs& a) {
       }
     }
     vf = vbuf;
+  } else if (a.value_kind == kValF16) {
+    ConvertKeys<kKeyF16>(a.v, a.t0, T, hd, vbuf);
+    vf = vbuf;
   } else {
-    const int kk = a.value_kind == kValF16 ? kKeyF16 : kKeyBf16;
-    for (int64_t t = 0; t < T; ++t)
-      for (int i = 0; i < hd; i += 8)
-        _mm256_storeu_ps(vbuf + t * hd + i, LoadKey8(kk, a.v, (a.t0 + t) * hd + i));
+    ConvertKeys<kKeyBf16>(a.v, a.t0, T, hd, vbuf);
     vf = vbuf;
   }
-
-  for (int j = 0; j < a.nq; ++j) {
-    float* o = a.o + static_cast<int64_t>(j) * hd;
-    const int64_t end = (a.limit[j] < a.t1 ? a.limit[j] : a.t1) - a.t0;
-    if (end <= 0) {
-      for (int i = 0; i < hd; ++i) o[i] = 0.0f;
-      a.m[j] = -__builtin_inff();
-      a.l[j] = 0.0f;
-      continue;
-    }
-    const float* q = a.q + static_cast<int64_t>(j) * hd;
-    float* s = sbuf + static_cast<int64_t>(j) * T;
-    // Scores.
-    int64_t t = 0;
-    __m256 mv = _mm256_set1_ps(-__builtin_inff());
-    for (; t + 8 <= end; t += 8) {
-      __m256 acc[8];
-      for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
-      for (int i = 0; i < hd; i += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + i);
-        for (int u = 0; u < 8; ++u)
-          acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kf + (t + u) * hd + i), acc[u]);
-      }
-      const __m256 sv = Reduce8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]);
-      _mm256_storeu_ps(s + t, sv);
-      mv = _mm256_max_ps(mv, sv);
-    }
-    float m = Hmax8(mv);
-    for (; t < end; ++t) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int i = 0; i < hd; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kf + t * hd + i), acc);
-      s[t] = Hsum8(acc);
-      m = s[t] > m ? s[t] : m;
-    }
-    // p = exp(s - m), l = sum p.
-    const __m256 mb = _mm256_set1_ps(m);
-    __m256 lv = _mm256_setzero_ps();
-    t = 0;
-    for (; t + 8 <= end; t += 8) {
-      const __m256 p = Exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mb));
-      _mm256_storeu_ps(s + t, p);
-      lv = _mm256_add_ps(lv, p);
-    }
-    float l = Hsum8(lv);
-    for (; t < end; ++t) {
-      s[t] = Exp1(s[t] - m);
-      l += s[t];
-    }
-    // o = sum p_t v_t / l, in slices of 64 values (8 accumulators).
-    const __m256 inv = _mm256_set1_ps(1.0f / l);
-    for (int base = 0; base < hd; base += 64) {
-      const int w = hd - base < 64 ? hd - base : 64;
-      __m256 acc[8];
-      for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
-      for (int64_t u = 0; u < end; ++u) {
-        const __m256 p = _mm256_set1_ps(s[u]);
-        const float* vr = vf + u * hd + base;
-        for (int k = 0; k < w / 8; ++k) acc[k] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * k), acc[k]);
-      }
-      for (int k = 0; k < w / 8; ++k) _mm256_storeu_ps(o + base + 8 * k, _mm256_mul_ps(acc[k], inv));
-    }
-    a.m[j] = m;
-    a.l[j] = l;
+#ifdef __AVX512F__
+  if (hd % 16 == 0) {
+    ChunkTiles<Vec16>(a, kf, vf, sbuf);
+    return;
   }
+#endif
+  ChunkTiles<Vec8>(a, kf, vf, sbuf);
 }
 
 }  // namespace
