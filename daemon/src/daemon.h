@@ -29,6 +29,10 @@ struct DaemonOptions {
   std::string shm_prefix = "/polykv-";   ///< shm object name prefix of pools
   uint32_t socket_mode = 0660;           ///< mode of the ipc socket file
   double sweep_seconds = 0.25;           ///< lease sweep / watchdog tick
+  std::string state_dir;                 ///< persisted pools (empty: memory only)
+  uint64_t state_budget = 0;             ///< disk budget of pool files; 0 = unlimited
+  bool preload = false;                  ///< restore every persisted pool at start
+  std::string metrics_listen;            ///< HOST:PORT of GET /metrics (empty: off)
   ModelLoader loader;                    ///< tests: inject a model loader
 };
 

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include <spdlog/spdlog.h>
@@ -272,7 +273,22 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
     flight = std::make_shared<InFlight>();
     in_flight_[pool_id] = flight;
   }
-  auto result = Build(request, request.model, entry, pool_id, params, ids, progress);
+  StatusOr<CreateResult> result = absl::InternalError("create did not run");
+  std::optional<ipc::PoolFileManifest> persisted;
+  if (options_.store) persisted = options_.store->Find(pool_id);
+  if (persisted && persisted->info.id == pool_id) {
+    // The same content was persisted by an earlier daemon: the id covers the model
+    // fingerprint, so the loaded model is the one the file was made with.
+    progress("publish", 0, 1);
+    result = Restore(*persisted);
+    if (result.ok()) progress("publish", 1, 1);
+    if (!result.ok() && result.status().code() != absl::StatusCode::kResourceExhausted) {
+      spdlog::warn("pool {}: restoring it from the state folder failed ({}); prefilling",
+                   pool_id.substr(0, 16), result.status().ToString());
+      persisted.reset();
+    }
+  }
+  if (!persisted) result = Build(request, request.model, entry, pool_id, params, ids, progress);
   {
     std::lock_guard<std::mutex> lock(mu_);
     flight->done = true;
@@ -413,7 +429,6 @@ StatusOr<CreateResult> PoolManager::Build(const ipc::Request& request,
     if (Status s = pool.arena->CopyFromHost(0, host_staging.data(), needed); !s.ok()) {
       return release_reservation(s);
     }
-    host_staging = {};
   }
   pool.memory.backend = cuda ? "cuda" : "host";
   pool.memory.size = needed;
@@ -445,6 +460,22 @@ StatusOr<CreateResult> PoolManager::Build(const ipc::Request& request,
   info.created_unix_ms = UnixMs();
   info.prefill_ms = prefill_ms;
   info.encode_ms = encode_ms;
+  if (options_.store) {
+    // Persist before publishing, so that an evict can never race the write. A pool that
+    // cannot be written is still served (from memory only).
+    if (write_device == kernels::Device::kCpu) {
+      auto tw = Clock::now();
+      if (Status s = options_.store->Save(info, base, needed); !s.ok()) {
+        spdlog::warn("pool {} is not persisted: {}", pool_id.substr(0, 16), s.ToString());
+      } else {
+        spdlog::debug("persisted pool {} in {:.1f} ms", pool_id.substr(0, 16), MsSince(tw));
+      }
+    } else {
+      spdlog::info("pool {} was encoded on the device and is not persisted",
+                   pool_id.substr(0, 16));
+    }
+  }
+  host_staging = {};
   CreateResult result;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -510,6 +541,17 @@ void PoolManager::NotifySegmentsLocked() {
 }
 
 StatusOr<LeaseGrant> PoolManager::Attach(const std::string& pool_id, uint32_t client_pid) {
+  if (options_.store) {
+    // Lazy restore: a pool persisted by an earlier daemon is published on first attach.
+    bool published;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      published = ResolvePoolIdLocked(pool_id).ok();
+    }
+    if (!published && options_.store->Find(pool_id)) {
+      POLYKV_RETURN_IF_ERROR(RestorePersisted(pool_id).status());
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   POLYKV_ASSIGN_OR_RETURN(std::string id, ResolvePoolIdLocked(pool_id));
   const Pool& pool = pools_.at(id);
@@ -557,7 +599,19 @@ Status PoolManager::Detach(const std::string& lease_id) {
 
 Status PoolManager::Evict(const std::string& pool_id, bool force) {
   std::lock_guard<std::mutex> lock(mu_);
-  POLYKV_ASSIGN_OR_RETURN(std::string id, ResolvePoolIdLocked(pool_id));
+  auto resolved = ResolvePoolIdLocked(pool_id);
+  if (!resolved.ok()) {
+    // A pool that is only on disk (not restored since the restart): remove its file.
+    std::optional<ipc::PoolFileManifest> m;
+    if (resolved.status().code() == absl::StatusCode::kNotFound && options_.store) {
+      m = options_.store->Find(pool_id);
+    }
+    if (!m) return resolved.status();
+    options_.store->Remove(m->info.id);
+    spdlog::info("evicted persisted pool {}", m->info.id.substr(0, 16));
+    return absl::OkStatus();
+  }
+  const std::string id = *resolved;
   const uint32_t live = LiveLeasesLocked(id);
   if (live > 0 && !force) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -575,6 +629,7 @@ Status PoolManager::Evict(const std::string& pool_id, bool force) {
   used_ -= it->second.info.total_bytes;
   if (it->second.shm) segments_.erase(it->second.shm->name());
   pools_.erase(it);  // unlinks the shm object / frees the device memory
+  if (options_.store) options_.store->Remove(id);
   NotifySegmentsLocked();
   spdlog::info("evicted pool {}{}", id.substr(0, 16),
                live > 0 ? absl::StrCat(" (forced, ", live, " lease(s) invalidated)") : "");
@@ -619,6 +674,194 @@ StatusOr<ipc::PoolInfo> PoolManager::Info(const std::string& pool_id) const {
 uint64_t PoolManager::memory_used() const {
   std::lock_guard<std::mutex> lock(mu_);
   return used_;
+}
+
+StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
+  const std::string& pool_id = m.info.id;
+  const uint64_t needed = m.pool_bytes;
+  const bool cuda = options_.backend == "cuda";
+  const std::string shm_name = options_.shm_prefix + pool_id.substr(0, 16);
+  auto t0 = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (options_.memory_cap > 0 && used_ + needed > options_.memory_cap) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "memory cap exceeded on backend ", options_.backend, ": used ", used_, " of cap ",
+          options_.memory_cap, " bytes, persisted pool ", pool_id.substr(0, 16), " needs ",
+          needed, " bytes"));
+    }
+    used_ += needed;
+    if (!cuda) segments_.insert(shm_name);
+    NotifySegmentsLocked();
+  }
+  Pool pool;
+  auto release = [&](const Status& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    used_ -= needed;
+    pool.shm.reset();
+    pool.arena.reset();
+    segments_.erase(shm_name);
+    NotifySegmentsLocked();
+    spdlog::warn("restore of pool {} failed: {}", pool_id.substr(0, 16), why.ToString());
+    return why;
+  };
+  std::vector<uint8_t> staging;
+  void* base = nullptr;
+  if (cuda) {
+    auto arena = ipc::CudaArena::Allocate(needed);
+    if (!arena.ok()) return release(arena.status());
+    pool.arena.emplace(*std::move(arena));
+    staging.resize(needed);
+    base = staging.data();
+  } else {
+    auto shm = ipc::ShmRegion::Create(shm_name, needed);
+    if (!shm.ok() && shm.status().code() == absl::StatusCode::kAlreadyExists) {
+      spdlog::warn("removing leftover shm object {}", shm_name);
+      (void)ipc::ShmRegion::Remove(shm_name);
+      shm = ipc::ShmRegion::Create(shm_name, needed);
+    }
+    if (!shm.ok()) return release(shm.status());
+    pool.shm.emplace(*std::move(shm));
+    base = pool.shm->data();
+  }
+  if (Status s = options_.store->ReadInto(pool_id, base, needed); !s.ok()) return release(s);
+  pool.memory.backend = cuda ? "cuda" : "host";
+  pool.memory.size = needed;
+  if (cuda) {
+    if (Status s = pool.arena->CopyFromHost(0, staging.data(), needed); !s.ok()) {
+      return release(s);
+    }
+    auto h = pool.arena->Export(0, needed);
+    if (!h.ok()) return release(h.status());
+    pool.memory.cuda = *h;
+  } else {
+    pool.memory.shm_name = shm_name;
+  }
+  pool.info = m.info;
+  pool.info.backend = pool.memory.backend;
+  pool.info.leases = 0;
+  CreateResult result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_) {
+      used_ -= needed;
+      segments_.erase(shm_name);
+      return absl::CancelledError("polykvd is shutting down");
+    }
+    pool.info.publish_ms = MsSince(t0);
+    pool.seq = ++seq_;
+    ++restored_;
+    auto [it, inserted] = pools_.emplace(pool_id, std::move(pool));
+    POLYKV_CHECK(inserted);
+    result.info = InfoLocked(it->second);
+    result.created = true;
+    result.restored = true;
+  }
+  spdlog::info("restored pool {} from {} ({}, {} tokens, {} bytes) in {:.1f} ms",
+               pool_id.substr(0, 16), options_.store->PathOf(pool_id), result.info.codec,
+               result.info.tokens, needed, result.info.publish_ms);
+  return result;
+}
+
+StatusOr<ipc::PoolInfo> PoolManager::RestorePersisted(const std::string& id_or_prefix) {
+  if (!options_.store) return absl::NotFoundError("polykvd runs without a state folder");
+  std::optional<ipc::PoolFileManifest> m = options_.store->Find(id_or_prefix);
+  if (!m) return absl::NotFoundError(absl::StrCat("unknown pool ", id_or_prefix));
+  const std::string id = m->info.id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_) return absl::CancelledError("polykvd is shutting down");
+    if (auto it = pools_.find(id); it != pools_.end()) return InfoLocked(it->second);
+  }
+  // The pool's model must be present and the same file it was made with.
+  auto resolved = ResolveModelPath(m->info.model);
+  if (!resolved.ok()) {
+    spdlog::error("state: pool {} needs model \"{}\", which is absent ({}); not served",
+                  id.substr(0, 16), m->info.model, std::string(resolved.status().message()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "persisted pool ", id.substr(0, 16), " needs model \"", m->info.model,
+        "\", which is absent"));
+  }
+  auto entry = GetModel(*resolved);
+  if (!entry.ok()) {
+    spdlog::error("state: pool {} needs model {}, which does not load ({}); not served",
+                  id.substr(0, 16), *resolved, std::string(entry.status().message()));
+    return absl::FailedPreconditionError(absl::StrCat("persisted pool ", id.substr(0, 16),
+                                                      ": its model does not load: ",
+                                                      entry.status().message()));
+  }
+  if ((*entry)->model->fingerprint() != m->info.model_fingerprint) {
+    spdlog::error("state: pool {} was made with model {} of fingerprint {}, but that file now "
+                  "has fingerprint {}; not served",
+                  id.substr(0, 16), *resolved, m->info.model_fingerprint.substr(0, 16),
+                  (*entry)->model->fingerprint().substr(0, 16));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "persisted pool ", id.substr(0, 16), " was made with a different model file than ",
+        *resolved, " (fingerprint ", m->info.model_fingerprint.substr(0, 16), " vs ",
+        (*entry)->model->fingerprint().substr(0, 16), ")"));
+  }
+  // Join a create or restore of the same pool in progress.
+  std::shared_ptr<InFlight> flight;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (shutdown_) return absl::CancelledError("polykvd is shutting down");
+      if (auto it = pools_.find(id); it != pools_.end()) return InfoLocked(it->second);
+      auto f = in_flight_.find(id);
+      if (f == in_flight_.end()) break;
+      std::shared_ptr<InFlight> other = f->second;
+      other->cv.wait(lock, [&] { return other->done; });
+      if (!other->status.ok()) return other->status;
+    }
+    flight = std::make_shared<InFlight>();
+    in_flight_[id] = flight;
+  }
+  auto result = Restore(*m);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    flight->done = true;
+    flight->status = result.ok() ? absl::OkStatus() : result.status();
+    in_flight_.erase(id);
+  }
+  flight->cv.notify_all();
+  if (!result.ok()) return result.status();
+  return result->info;
+}
+
+int PoolManager::PreloadPersisted() {
+  if (!options_.store) return 0;
+  std::vector<ipc::PoolFileManifest> all = options_.store->List();
+  int n = 0;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    auto r = RestorePersisted(it->info.id);
+    if (r.ok()) {
+      ++n;
+    } else if (r.status().code() == absl::StatusCode::kResourceExhausted) {
+      spdlog::warn("preload stops at the memory cap: {}", std::string(r.status().message()));
+      break;
+    }
+  }
+  return n;
+}
+
+uint64_t PoolManager::restored_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return restored_;
+}
+
+std::map<std::string, uint32_t> PoolManager::AgentsByPool() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, std::set<uint32_t>> pids;
+  const auto now = Clock::now();
+  for (const auto& [lid, lease] : leases_) {
+    if (lease.expires > now) pids[lease.pool_id].insert(lease.client_pid);
+  }
+  std::map<std::string, uint32_t> out;
+  for (const auto& [id, pool] : pools_) {
+    auto it = pids.find(id);
+    out[id] = it == pids.end() ? 0 : static_cast<uint32_t>(it->second.size());
+  }
+  return out;
 }
 
 }  // namespace polykv::daemon

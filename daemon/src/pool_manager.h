@@ -21,6 +21,7 @@
 #include "polykv/ipc/shm_region.h"
 #include "polykv/model/llama.h"
 #include "polykv/status.h"
+#include "pool_store.h"
 
 namespace polykv::daemon {
 
@@ -52,12 +53,17 @@ struct PoolManagerOptions {
   /// Called with the current list of shm object names whenever it changes (for the
   /// daemon's stale-segment record). May be empty.
   std::function<void(const std::vector<std::string>&)> on_segments_changed;
+  /// Persisted pools (--state-dir), owned by the daemon; null = pools live in memory only.
+  /// Published pools are written to it before they become visible, creates and attaches of
+  /// a pool found there restore it instead of prefilling, and Evict removes its file.
+  PoolStore* store = nullptr;
 };
 
 /// Result of CreatePool.
 struct CreateResult {
   ipc::PoolInfo info;
   bool created = false;  ///< false when the pool already existed (or another create made it)
+  bool restored = false;  ///< created from the state folder (no prefill ran)
 };
 
 /// Result of Attach / Renew.
@@ -118,6 +124,20 @@ class PoolManager {
   /// Drops leases past their expiry; returns how many.
   int SweepExpiredLeases();
 
+  /// Publishes persisted pool `pool_id` (full id or unique prefix) from the store: loads its
+  /// model (by the name it was created with) and refuses it when the model is absent or its
+  /// fingerprint differs (kFailedPrecondition, logged), then reads and verifies the bytes
+  /// (a corrupt file is quarantined: kDataLoss). Returns the pool at once when it is already
+  /// published. Errors: also kNotFound (not persisted), kResourceExhausted (memory cap).
+  StatusOr<ipc::PoolInfo> RestorePersisted(const std::string& pool_id);
+  /// Restores every persisted pool (--preload), most recently used first, stopping at the
+  /// memory cap; returns how many were published. Failures are logged, not returned.
+  int PreloadPersisted();
+  /// Pools restored from the store since start (counted once per pool published).
+  uint64_t restored_count() const;
+  /// Distinct agent processes (client pids) holding live leases, by full pool id.
+  std::map<std::string, uint32_t> AgentsByPool() const;
+
   /// Published pools, oldest first.
   std::vector<ipc::PoolInfo> List() const;
   /// One pool. Errors: kNotFound, kInvalidArgument (ambiguous prefix).
@@ -158,6 +178,7 @@ class PoolManager {
 
   StatusOr<std::string> ResolveModelPath(const std::string& name) const;
   StatusOr<ModelEntry*> GetModel(const std::string& resolved);
+  StatusOr<CreateResult> Restore(const ipc::PoolFileManifest& manifest);
   StatusOr<std::string> ResolvePoolIdLocked(const std::string& id_or_prefix) const;
   uint32_t LiveLeasesLocked(const std::string& pool_id) const;
   ipc::PoolInfo InfoLocked(const Pool& pool) const;
@@ -177,6 +198,7 @@ class PoolManager {
   std::set<std::string> segments_;                         // shm names held (incl. in flight)
   uint64_t used_ = 0;                                      // published + reserved bytes
   int64_t seq_ = 0;
+  uint64_t restored_ = 0;                                  // pools restored from the store
   std::mutex models_mu_;
   std::map<std::string, std::unique_ptr<ModelEntry>> models_;
 };

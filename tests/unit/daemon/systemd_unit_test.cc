@@ -28,7 +28,8 @@ TEST(SystemdUnitTest, HasRequiredDirectives) {
         "ProtectHome=read-only", "PrivateTmp=yes", "ProtectKernelTunables=yes",
         "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6", "DeviceAllow=/dev/nvidiactl rw",
         "DeviceAllow=/dev/nvidia-uvm rw", "User=polykv", "Group=polykv",
-        "--config /etc/polykv/polykvd.conf"}) {
+        "--config /etc/polykv/polykvd.conf", "StateDirectory=polykv",
+        "--state-dir ${STATE_DIRECTORY}"}) {
     EXPECT_NE(unit.find(line), std::string::npos) << "missing: " << line;
   }
   EXPECT_EQ(unit.find("\nPrivateDevices="), std::string::npos) << "would hide /dev/nvidia*";

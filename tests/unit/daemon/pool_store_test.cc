@@ -1,0 +1,283 @@
+// Persisted pools (PoolStore + PoolManager, stories260K): a pool survives the manager (a
+// restart) byte for byte and is restored lazily on attach or create, or by preload; evict
+// removes its file; corrupt and truncated files are quarantined and never served; a model
+// that is absent or changed is refused; the disk budget evicts the least recently used file.
+#include "pool_store.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "polykv/ipc/shm_region.h"
+#include "pool_manager.h"
+#include "test_util.h"
+
+namespace polykv::daemon {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CreateRequest;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+size_t FilesIn(const std::string& dir) {
+  if (!fs::exists(dir)) return 0;
+  return static_cast<size_t>(std::distance(fs::directory_iterator(dir), fs::directory_iterator()));
+}
+
+class PoolStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prefix_ = "/polykv-ps" + std::to_string(getpid()) + "-";
+    testing::RemoveShmObjects(prefix_);
+    state_ = dir_.path() + "/state";
+  }
+  void TearDown() override {
+    manager_.reset();
+    store_.reset();
+    testing::RemoveShmObjects(prefix_);
+  }
+  // A fresh store + manager on the same state folder: what a daemon restart sees.
+  PoolManager& Restart(uint64_t budget = 0, uint64_t cap = 0) {
+    manager_.reset();
+    store_.reset();
+    auto s = PoolStore::Open(state_, budget);
+    EXPECT_TRUE(s.ok()) << s.status();
+    store_ = *std::move(s);
+    PoolManagerOptions o;
+    o.backend = "host";
+    o.shm_prefix = prefix_;
+    o.memory_cap = cap;
+    o.store = store_.get();
+    manager_ = std::make_unique<PoolManager>(std::move(o));
+    return *manager_;
+  }
+  // The bytes agents map for pool `id` (attaches and detaches).
+  std::string MappedBytes(const std::string& id) {
+    auto g = manager_->Attach(id, 1);
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (!g.ok()) return "";
+    auto shm = ipc::ShmRegion::OpenReadOnly(g->memory.shm_name);
+    EXPECT_TRUE(shm.ok()) << shm.status();
+    std::string bytes(static_cast<const char*>(shm->data()), g->memory.size);
+    EXPECT_TRUE(manager_->Detach(g->lease_id).ok());
+    return bytes;
+  }
+  testing::TempDir dir_;
+  std::string prefix_, state_;
+  std::unique_ptr<PoolStore> store_;
+  std::unique_ptr<PoolManager> manager_;
+};
+
+TEST_F(PoolStoreTest, PoolSurvivesRestartByteForByteAndRestoresOnAttach) {
+  PoolManager& a = Restart();
+  auto r = a.CreatePool(CreateRequest("k8v3"), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->restored);
+  const ipc::PoolInfo before = r->info;
+  const std::string bytes = MappedBytes(before.id);
+  ASSERT_EQ(bytes.size(), before.total_bytes);
+  const std::string file = store_->PathOf(before.id);
+  ASSERT_TRUE(fs::exists(file));
+  EXPECT_EQ(store_->count(), 1u);
+  EXPECT_EQ(store_->bytes(), fs::file_size(file));
+  EXPECT_EQ(ReadAll(file).substr(fs::file_size(file) - bytes.size()), bytes);
+
+  PoolManager& b = Restart();
+  EXPECT_TRUE(testing::ShmObjects(prefix_).empty()) << "the old manager released its pool";
+  EXPECT_TRUE(b.List().empty()) << "lazy: nothing is published before use";
+  EXPECT_EQ(store_->count(), 1u);
+  EXPECT_EQ(MappedBytes(before.id.substr(0, 12)), bytes) << "restored by a prefix attach";
+  EXPECT_EQ(b.restored_count(), 1u);
+  auto list = b.List();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].id, before.id);
+  EXPECT_EQ(list[0].total_bytes, before.total_bytes);
+  EXPECT_EQ(list[0].tokens, before.tokens);
+  EXPECT_EQ(list[0].codec, before.codec);
+  EXPECT_EQ(list[0].model, before.model);
+  EXPECT_EQ(list[0].created_unix_ms, before.created_unix_ms);
+  EXPECT_EQ(list[0].key_codes, before.key_codes);
+  EXPECT_EQ(list[0].value_codes, before.value_codes);
+  EXPECT_EQ(list[0].overhead, before.overhead);
+  EXPECT_DOUBLE_EQ(list[0].effective_ratio, before.effective_ratio);
+  EXPECT_EQ(b.memory_used(), before.total_bytes);
+  // A create of the same content now finds it published.
+  auto again = b.CreatePool(CreateRequest("k8v3"), nullptr);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(b.restored_count(), 1u);
+}
+
+TEST_F(PoolStoreTest, CreateAfterRestartRestoresInsteadOfPrefilling) {
+  std::string id, bytes;
+  {
+    PoolManager& a = Restart();
+    auto r = a.CreatePool(CreateRequest("none"), nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+    id = r->info.id;
+    bytes = MappedBytes(id);
+  }
+  PoolManager& b = Restart();
+  std::vector<std::string> stages;
+  auto r = b.CreatePool(CreateRequest("none"), [&](const std::string& s, int64_t, int64_t) {
+    if (stages.empty() || stages.back() != s) stages.push_back(s);
+  });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->created);
+  EXPECT_TRUE(r->restored);
+  EXPECT_EQ(stages, std::vector<std::string>{"publish"}) << "no prefill, no encode";
+  EXPECT_EQ(r->info.id, id);
+  EXPECT_EQ(MappedBytes(id), bytes);
+  EXPECT_EQ(b.restored_count(), 1u);
+}
+
+TEST_F(PoolStoreTest, PreloadPublishesEveryPersistedPool) {
+  {
+    PoolManager& a = Restart();
+    ASSERT_TRUE(a.CreatePool(CreateRequest("k8v3", 1), nullptr).ok());
+    ASSERT_TRUE(a.CreatePool(CreateRequest("k8v2", 2), nullptr).ok());
+  }
+  PoolManager& b = Restart();
+  EXPECT_EQ(b.PreloadPersisted(), 2);
+  EXPECT_EQ(b.List().size(), 2u);
+  EXPECT_EQ(testing::ShmObjects(prefix_).size(), 2u);
+  EXPECT_EQ(b.restored_count(), 2u);
+  EXPECT_EQ(b.PreloadPersisted(), 2) << "already published pools count, nothing is redone";
+  EXPECT_EQ(b.restored_count(), 2u);
+}
+
+TEST_F(PoolStoreTest, EvictRemovesTheFileAlsoForPoolsOnlyOnDisk) {
+  std::string a_id, b_id;
+  {
+    PoolManager& a = Restart();
+    a_id = a.CreatePool(CreateRequest("k8v3", 1), nullptr)->info.id;
+    b_id = a.CreatePool(CreateRequest("k8v3", 2), nullptr)->info.id;
+    ASSERT_TRUE(a.Evict(a_id, false).ok());
+    EXPECT_FALSE(fs::exists(store_->PathOf(a_id)));
+    EXPECT_TRUE(fs::exists(store_->PathOf(b_id)));
+  }
+  PoolManager& b = Restart();
+  EXPECT_EQ(store_->count(), 1u);
+  ASSERT_TRUE(b.Evict(b_id.substr(0, 10), false).ok()) << "not restored, still evictable";
+  EXPECT_FALSE(fs::exists(store_->PathOf(b_id)));
+  EXPECT_EQ(store_->count(), 0u);
+  EXPECT_EQ(b.Attach(b_id, 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b.Evict(b_id, false).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(PoolStoreTest, CorruptFileIsQuarantinedAndNeverServed) {
+  std::string id;
+  {
+    PoolManager& a = Restart();
+    id = a.CreatePool(CreateRequest("k8v3"), nullptr)->info.id;
+  }
+  const std::string file = state_ + "/pools/" + id + ".pkv";
+  std::string bytes = ReadAll(file);
+  bytes[bytes.size() - 100] ^= 0x04;  // one bit of the last layer
+  { std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes; }
+  PoolManager& b = Restart();
+  EXPECT_EQ(store_->count(), 1u) << "the manifest is intact; the region is checked on use";
+  auto g = b.Attach(id, 1);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kDataLoss) << g.status();
+  EXPECT_FALSE(fs::exists(file));
+  EXPECT_EQ(FilesIn(state_ + "/quarantine"), 1u);
+  EXPECT_EQ(store_->quarantined(), 1u);
+  EXPECT_EQ(store_->count(), 0u);
+  EXPECT_TRUE(b.List().empty());
+  EXPECT_EQ(b.memory_used(), 0u) << "the reservation was released";
+  EXPECT_TRUE(testing::ShmObjects(prefix_).empty());
+  // The next create prefills again and persists a good file.
+  auto r = b.CreatePool(CreateRequest("k8v3"), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->restored);
+  EXPECT_TRUE(fs::exists(file));
+
+  // A truncated file is caught by the scan at start.
+  bytes = ReadAll(file);
+  { std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2); }
+  Restart();
+  EXPECT_EQ(store_->count(), 0u);
+  EXPECT_EQ(store_->quarantined(), 1u);
+  EXPECT_EQ(FilesIn(state_ + "/quarantine"), 2u);
+  EXPECT_FALSE(fs::exists(file));
+}
+
+TEST_F(PoolStoreTest, AbsentOrChangedModelIsRefusedAndTheFileKept) {
+  const std::string model = dir_.path() + "/model";
+  fs::create_directories(model);
+  for (const char* f : {"config.json", "model.safetensors"}) {
+    fs::copy_file(testing::Stories260K() + "/" + f, model + "/" + f);
+  }
+  std::string id;
+  {
+    PoolManager& a = Restart();
+    auto req = CreateRequest("k8v3");
+    req.model = model;
+    auto r = a.CreatePool(req, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+    id = r->info.id;
+  }
+  // Changed: the same path now holds another file (one more newline in config.json).
+  { std::ofstream(model + "/config.json", std::ios::app) << "\n"; }
+  PoolManager& b = Restart();
+  auto g = b.Attach(id, 1);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition) << g.status();
+  EXPECT_NE(std::string(g.status().message()).find("different model"), std::string::npos)
+      << g.status();
+  EXPECT_TRUE(fs::exists(store_->PathOf(id)));
+  EXPECT_EQ(store_->quarantined(), 0u);
+  // Absent.
+  fs::remove_all(model);
+  PoolManager& c = Restart();
+  g = c.Attach(id, 1);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition) << g.status();
+  EXPECT_NE(std::string(g.status().message()).find("absent"), std::string::npos) << g.status();
+  EXPECT_TRUE(fs::exists(store_->PathOf(id)));
+  EXPECT_EQ(c.PreloadPersisted(), 0);
+  EXPECT_TRUE(c.List().empty());
+}
+
+TEST_F(PoolStoreTest, DiskBudgetEvictsTheLeastRecentlyUsedFile) {
+  std::vector<std::string> ids;
+  uint64_t file_bytes = 0;
+  {
+    PoolManager& a = Restart();
+    auto r = a.CreatePool(CreateRequest("k8v3", 1), nullptr);
+    ASSERT_TRUE(r.ok());
+    ids.push_back(r->info.id);
+    file_bytes = store_->bytes();
+  }
+  // Budget of two files (all three pools have the same size).
+  PoolManager& a = Restart(2 * file_bytes);
+  for (int salt : {2, 3}) {
+    if (salt == 3) store_->Touch(ids[0]);  // pool 1 used after pool 2
+    auto r = a.CreatePool(CreateRequest("k8v3", salt), nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ids.push_back(r->info.id);
+  }
+  EXPECT_EQ(store_->count(), 2u);
+  EXPECT_EQ(store_->bytes(), 2 * file_bytes);
+  EXPECT_EQ(store_->evicted_for_budget(), 1u);
+  EXPECT_TRUE(fs::exists(store_->PathOf(ids[0])));
+  EXPECT_FALSE(fs::exists(store_->PathOf(ids[1]))) << "the least recently used one went";
+  EXPECT_TRUE(fs::exists(store_->PathOf(ids[2])));
+  EXPECT_EQ(a.List().size(), 2u) << "in memory, pools stay until evicted";
+  // A budget smaller than one pool: the pool is served but not persisted.
+  PoolManager& b = Restart(file_bytes / 2);
+  EXPECT_EQ(store_->count(), 0u) << "the scan enforces the new budget";
+  auto r = b.CreatePool(CreateRequest("k8v3", 4), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(store_->count(), 0u);
+}
+
+}  // namespace
+}  // namespace polykv::daemon
