@@ -18,6 +18,8 @@ PACKAGES=(
   libsentencepiece-dev      # SentencePiece tokenizer.model files
   libssl-dev                # SHA-256 (pool ids, fingerprints)
   libxxhash-dev             # pool checksums (XXH64)
+  libcpp-httplib-dev        # polykvd --metrics-listen (GET /metrics)
+  curl python3-prometheus-client  # tests: scrape /metrics, parse the text format
 )
 
 missing=()

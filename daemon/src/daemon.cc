@@ -32,6 +32,8 @@
 #include "polykv/ipc/cuda_ipc.h"
 #include "polykv/ipc/protocol.h"
 #include "polykv/model/llama.h"
+#include "metrics.h"
+#include "pool_store.h"
 
 #ifndef POLYKV_VERSION
 #define POLYKV_VERSION "0.0.0"
@@ -196,6 +198,22 @@ void AddDaemonFlags(CLI::App& app, DaemonOptions& o) {
            o.socket_mode = static_cast<uint32_t>(m);
          },
          "Mode of the ipc socket file (octal, default 0660)");
+  app.add_option("--state-dir", o.state_dir,
+                 "Folder of persisted pools: every published pool is also written there and "
+                 "restored after a restart (systemd: $STATE_DIRECTORY; empty = memory only)");
+  app.add_option_function<std::string>(
+         "--state-budget",
+         [&o](const std::string& s) {
+           auto v = ParseByteSize(s);
+           if (!v.ok()) throw CLI::ValidationError("--state-budget", std::string(v.status().message()));
+           o.state_budget = *v;
+         },
+         "Disk bytes of pool files; least recently used files go first (0 = unlimited)");
+  app.add_flag("--preload", o.preload,
+               "Restore every persisted pool at start (default: on first create or attach)");
+  app.add_option("--metrics-listen", o.metrics_listen,
+                 "Serve Prometheus metrics on http://HOST:PORT/metrics (e.g. 127.0.0.1:9464; "
+                 "port 0 = any free port, logged)");
 }
 
 std::string IpcPath(const std::string& endpoint) {
@@ -212,7 +230,10 @@ struct Daemon::Impl {
   std::string ipc_path;  // "" for tcp
   std::string pid_path, segments_path;
   std::set<uint32_t> allowed;
+  std::unique_ptr<PoolStore> store;  // before manager: the manager points at it
   std::unique_ptr<PoolManager> manager;
+  Metrics metrics;
+  std::unique_ptr<MetricsServer> metrics_server;
 
   zmq::context_t ctx;
   std::unique_ptr<zmq::socket_t> router;
@@ -237,6 +258,11 @@ struct Daemon::Impl {
   void Send(const zmq::message_t& identity, bool delimiter, const std::string& payload);
   void SendReply(const zmq::message_t& identity, bool delimiter, const ipc::Reply& reply) {
     Send(identity, delimiter, ipc::EncodeReply(reply));
+  }
+  // A refused or undecodable frame (no request type to count it under).
+  void SendRefusal(const zmq::message_t& identity, bool delimiter, const ipc::Reply& reply) {
+    metrics.ObserveError(reply.code);
+    SendReply(identity, delimiter, reply);
   }
   ipc::Reply Dispatch(const ipc::Request& req, uint32_t peer_pid);
   void StartCreate(zmq::message_t identity, bool delimiter, ipc::Request req);
@@ -381,21 +407,25 @@ void Daemon::Impl::StartCreate(zmq::message_t identity, bool delimiter, ipc::Req
         send(p);
       };
       StatusOr<CreateResult> result = absl::InternalError("create did not run");
+      const auto t0 = Clock::now();
       try {
         result = manager->CreatePool(req, progress);
       } catch (const std::exception& e) {
         result = absl::InternalError(absl::StrCat("create pool threw: ", e.what()));
       }
+      ipc::Reply r;
       if (result.ok()) {
-        ipc::Reply r;
         r.type = ipc::MessageType::kCreatePool;
         r.id = req.id;
         r.pool = result->info;
         r.created = result->created;
-        send(r);
+        if (result->created && !result->restored) metrics.AddPrefillTokens(result->info.tokens);
       } else {
-        send(ipc::ErrorReply(ipc::MessageType::kCreatePool, req.id, result.status()));
+        r = ipc::ErrorReply(ipc::MessageType::kCreatePool, req.id, result.status());
       }
+      metrics.ObserveRequest(ipc::MessageType::kCreatePool, r,
+                             std::chrono::duration<double>(Clock::now() - t0).count());
+      send(r);
     } catch (const zmq::error_t& e) {
       if (e.num() != ETERM) spdlog::warn("create worker: {}", e.what());
     }
@@ -442,7 +472,7 @@ void Daemon::Impl::HandleRouter() {
     const size_t body_frames = parts.size() - 1 - (delimiter ? 1 : 0);
     zmq::message_t& payload = parts.back();
     if (body_frames != 1) {
-      SendReply(identity, delimiter,
+      SendRefusal(identity, delimiter,
                 ipc::ErrorReply(ipc::MessageType::kError, 0,
                                 absl::InvalidArgumentError(absl::StrCat(
                                     "expected one JSON frame after the delimiter, got ",
@@ -468,7 +498,7 @@ void Daemon::Impl::HandleRouter() {
         std::string who = have_cred ? absl::StrCat("uid ", peer_uid, " (pid ", peer_pid, ")")
                                     : std::string("a peer with unknown credentials");
         spdlog::warn("refused request from {}: not in the allowed uids", who);
-        SendReply(identity, delimiter,
+        SendRefusal(identity, delimiter,
                   ipc::ErrorReplyForFrame(
                       frame, absl::PermissionDeniedError(absl::StrCat(
                                  who, " is not allowed to use polykvd (allowed uids: ",
@@ -480,7 +510,7 @@ void Daemon::Impl::HandleRouter() {
     if (!req.ok()) {
       spdlog::warn("bad request ({} bytes) from pid {}: {}", frame.size(), peer_pid,
                    req.status().ToString());
-      SendReply(identity, delimiter, ipc::ErrorReplyForFrame(frame, req.status()));
+      SendRefusal(identity, delimiter, ipc::ErrorReplyForFrame(frame, req.status()));
       continue;
     }
     spdlog::debug("{} id={} from pid {}", std::string(ipc::MessageTypeName(req->type)), req->id,
@@ -492,12 +522,15 @@ void Daemon::Impl::HandleRouter() {
       continue;
     }
     ipc::Reply reply;
+    const auto t0 = Clock::now();
     try {
       reply = Dispatch(*req, peer_pid);
     } catch (const std::exception& e) {
       reply = ipc::ErrorReply(req->type, req->id,
                               absl::InternalError(absl::StrCat("internal error: ", e.what())));
     }
+    metrics.ObserveRequest(req->type, reply,
+                           std::chrono::duration<double>(Clock::now() - t0).count());
     SendReply(identity, delimiter, reply);
   }
 }
@@ -517,7 +550,9 @@ void Daemon::Impl::Shutdown() {
   }
   zap_stop.store(true);
   if (zap_thread.joinable()) zap_thread.join();
+  metrics_server.reset();  // its handler reads the manager
   manager.reset();
+  store.reset();
   try {
     ctx.shutdown();
     ctx.close();
@@ -626,6 +661,16 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
     };
   }
 
+  // Persisted pools.
+  if (!o.state_dir.empty()) {
+    auto store = PoolStore::Open(o.state_dir, o.state_budget);
+    if (!store.ok()) return store.status();
+    impl->store = *std::move(store);
+    pm.store = impl->store.get();
+  } else if (o.preload || o.state_budget) {
+    return absl::InvalidArgumentError("--preload and --state-budget need --state-dir");
+  }
+
   // Sockets.
   try {
     zmq::socket_t zap(impl->ctx, zmq::socket_type::rep);
@@ -646,6 +691,20 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
     return absl::UnavailableError(absl::StrCat("cannot bind ", impl->endpoint, ": ", e.what()));
   }
   impl->manager = std::make_unique<PoolManager>(std::move(pm));
+  if (!o.metrics_listen.empty()) {
+    Impl* d = impl.get();
+    auto server = MetricsServer::Start(o.metrics_listen, [d] {
+      return d->metrics.Render(*d->manager, d->store.get());
+    });
+    if (!server.ok()) return server.status();
+    impl->metrics_server = *std::move(server);
+  }
+  if (o.preload && impl->store) {
+    const auto t0 = Clock::now();
+    const int n = impl->manager->PreloadPersisted();
+    spdlog::info("preloaded {} of {} persisted pool(s) in {:.1f} ms", n, impl->store->count(),
+                 std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
   if (!impl->ipc_path.empty()) {
     const std::string& path = impl->ipc_path;
     if (chmod(path.c_str(), o.socket_mode) != 0) {
