@@ -1,7 +1,9 @@
-// `polykv-cli ping` and `polykv-cli pools list|show|create|evict`: operate polykvd's pools
-// through libpolykv_client (C++ wrapper). Human tables by default, --json for scripts.
+// `polykv-cli ping` and `polykv-cli pools list|show|create|evict|export|import`: operate
+// polykvd's pools through libpolykv_client (C++ wrapper); export/import move a pool between
+// hosts as a pool file (ipc/pool_file.h). Human tables by default, --json for scripts.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -20,6 +22,7 @@
 
 #include "commands.h"
 #include "polykv/client.hpp"
+#include "polykv/ipc/pool_file.h"
 
 namespace polykv::cli {
 namespace {
@@ -373,6 +376,78 @@ void RunEvict(const CommonArgs& args, const std::string& id, bool force) {
   }
 }
 
+// `pools export ID FILE`: the pool's region as mapped, behind a manifest (ipc/pool_file.h).
+void RunExport(const CommonArgs& args, const std::string& id, const std::string& file) {
+  auto client = Connect(args);
+  if (!client.ok()) return ReportError(client.status());
+  auto full = ResolvePoolId(*client, id);
+  if (!full.ok()) return ReportError(full.status());
+  auto pool = client->Attach(*full);
+  if (!pool.ok()) return ReportError(pool.status());
+  const void* base = nullptr;
+  uint64_t size = 0;
+  pc::Status st = pc::Status::FromC(polykv_pool_mapping(pool->get(), &base, &size));
+  if (!st.ok()) return ReportError(st);
+  const pc::PoolInfo& p = pool->info();
+  ipc::PoolInfo info;
+  info.id = p.id;
+  info.model = p.model;
+  info.model_fingerprint = p.model_fingerprint;
+  info.codec = p.codec;
+  info.backend = p.backend;
+  info.tokens = p.tokens;
+  info.layers = p.layers;
+  info.kv_heads = p.kv_heads;
+  info.head_dim = p.head_dim;
+  info.total_bytes = p.total_bytes;
+  info.key_codes = p.key_codes_bytes;
+  info.key_scales = p.key_scales_bytes;
+  info.value_codes = p.value_codes_bytes;
+  info.value_norms = p.value_norms_bytes;
+  info.overhead = p.overhead_bytes;
+  info.bf16_bytes = p.bf16_bytes;
+  info.effective_ratio = p.effective_ratio;
+  info.created_unix_ms = p.created_unix_ms;
+  info.prefill_ms = p.prefill_ms;
+  info.encode_ms = p.encode_ms;
+  info.publish_ms = p.publish_ms;
+  polykv::Status w = ipc::WritePoolFile(file, info, base, std::min<uint64_t>(size, p.total_bytes));
+  if (!w.ok()) {
+    return ReportError(pc::Status(pc::StatusCode::kInternal, std::string(w.message())));
+  }
+  if (args.json) {
+    std::cout << json{{"id", *full}, {"file", file}, {"bytes", p.total_bytes}}.dump(2) << "\n";
+  } else {
+    std::cout << "exported " << *full << " to " << file << "\n";
+  }
+}
+
+// `pools import FILE [--state-dir DIR]`: verifies the file completely, then places it in
+// polykvd's state folder (atomically); the daemon restores it on the first create or attach
+// of its id (or at the next start with --preload).
+void RunImport(const CommonArgs& args, const std::string& file, const std::string& state_dir) {
+  auto m = ipc::ReadPoolFileManifest(file);
+  if (!m.ok()) {
+    return ReportError(pc::Status(pc::StatusCode::kInvalidArgument, std::string(m.status().message())));
+  }
+  std::vector<uint8_t> region(m->pool_bytes);
+  polykv::Status s = ipc::ReadPoolFileInto(file, *m, region.data(), region.size());
+  if (!s.ok()) return ReportError(pc::Status(pc::StatusCode::kDataLoss, std::string(s.message())));
+  const std::string dest = state_dir + "/pools/" + m->info.id + ".pkv";
+  s = ipc::WritePoolFile(dest, m->info, region.data(), region.size());
+  if (!s.ok()) {
+    return ReportError(pc::Status(pc::StatusCode::kInternal,
+                                  std::string(s.message()) + " (is --state-dir polykvd's?)"));
+  }
+  if (args.json) {
+    std::cout << json{{"id", m->info.id}, {"file", dest}, {"bytes", m->pool_bytes}}.dump(2)
+              << "\n";
+  } else {
+    std::cout << "imported " << m->info.id << " (" << m->info.codec << ", " << m->info.tokens
+              << " tokens, model " << m->info.model << ") into " << dest << "\n";
+  }
+}
+
 }  // namespace
 
 void RegisterPoolsCommands(CLI::App& app) {
@@ -437,6 +512,20 @@ void RegisterPoolsCommands(CLI::App& app) {
   evict->add_option("ID", pool_id, "pool id (64 hex chars, or a unique prefix)")->required();
   evict->add_flag("--force", force, "evict even while agents hold leases");
   evict->callback([] { RunEvict(pools_args, pool_id, force); });
+
+  static std::string file, state_dir = "/var/lib/polykv";
+  CLI::App* exp = pools->add_subcommand(
+      "export", "Write a pool (its bytes as shared, plus a manifest) to FILE");
+  exp->fallthrough();
+  exp->add_option("ID", pool_id, "pool id (64 hex chars, or a unique prefix)")->required();
+  exp->add_option("FILE", file, "pool file to write (atomically)")->required();
+  exp->callback([] { RunExport(pools_args, pool_id, file); });
+  CLI::App* imp = pools->add_subcommand(
+      "import", "Verify a pool file and place it in polykvd's state folder (restored on use)");
+  imp->fallthrough();
+  imp->add_option("FILE", file, "pool file written by `pools export`")->required();
+  imp->add_option("--state-dir", state_dir, "polykvd's --state-dir")->capture_default_str();
+  imp->callback([] { RunImport(pools_args, file, state_dir); });
 }
 
 }  // namespace polykv::cli
