@@ -26,15 +26,18 @@ PREFIX = f"/polykv-mt{os.getpid()}-"
 STATE = f"{TMP}/state"
 IDS = ",".join(str(i) for i in [1] + [(i * 37 + 5) % 500 + 3 for i in range(1, 40)])
 failures = []
+checked = [0]
 
 
 def check(cond, what):
+    checked[0] += 1
     if not cond:
         failures.append(what)
         print("FAIL:", what, file=sys.stderr)
 
 
 def start_daemon(log, extra=()):
+    offset = os.path.getsize(log) if os.path.exists(log) else 0  # this start's lines only
     err = open(log, "ab")
     p = subprocess.Popen([POLYKVD, "--endpoint", ENDPOINT, "--backend", "host", "--shm-prefix",
                           PREFIX, "--threads", "1", "--log-level", "info", "--state-dir", STATE,
@@ -44,6 +47,7 @@ def start_daemon(log, extra=()):
     port = None
     while time.time() < deadline and p.poll() is None:
         with open(log) as f:
+            f.seek(offset)
             text = f.read()
         ports = re.findall(r"metrics: serving http://127\.0\.0\.1:(\d+)/metrics", text)
         if ports and "serving ipc://" in text.split("metrics: serving")[-1]:
@@ -220,7 +224,7 @@ def main():
         if failures:
             print(open(log).read(), file=sys.stderr)
         shutil.rmtree(TMP, ignore_errors=True)
-    print(f"metrics_scrape_test: {len(failures)} failure(s)")
+    print(f"metrics_scrape_test: {checked[0]} checks, {len(failures)} failure(s)")
     return 1 if failures else 0
 
 
