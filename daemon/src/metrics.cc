@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include <spdlog/spdlog.h>
 
@@ -23,7 +24,10 @@ std::string Num(double v) {
     return absl::StrCat(static_cast<int64_t>(v));
   }
   char buf[40];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  for (int precision = 6; precision <= 17; ++precision) {  // shortest that reads back exactly
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
   return buf;
 }
 
