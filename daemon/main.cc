@@ -1,6 +1,7 @@
 // polykvd: the PolyKV pool daemon. Flags and/or a config file (--config), spdlog to stderr;
 // SIGTERM/SIGINT stop it cleanly (pools released, socket and pid files removed, exit 0).
 #include <signal.h>
+#include <sys/prctl.h>
 
 #include <atomic>
 #include <cstdio>
@@ -24,7 +25,12 @@ int main(int argc, char** argv) {
   polykv::daemon::DaemonOptions options;
   CLI::App app{"polykvd: shares one compressed KV-cache pool per document among agents"};
   polykv::daemon::AddDaemonFlags(app, options);
+  bool dumpable = false;
+  app.add_flag("--dumpable", dumpable,
+               "Stay ptrace-able and dumpable (debugging; by default other processes of the "
+               "daemon's uid cannot attach to it or open its pool memfds through /proc)");
   CLI11_PARSE(app, argc, argv);
+  if (!dumpable) prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 
   auto logger = spdlog::stderr_color_mt("polykvd");
   spdlog::set_default_logger(logger);

@@ -93,11 +93,16 @@ class DaemonProcess {
   bool ready() const { return ready_; }
   const std::string& endpoint() const { return endpoint_; }
   std::string log() const { return dir_.empty() ? "" : Slurp(dir_ + "/polykvd.log"); }
-  /// /dev/shm path of a host pool of this daemon.
+  /// /dev/shm path a host pool of this daemon would have had as a named segment (older
+  /// daemons); host pools are sealed memfds now and never appear there.
   std::string ShmPath(const std::string& pool_id) const {
     return "/dev/shm" + shm_prefix_ + pool_id.substr(0, 16);
   }
-  /// Remembers a pool id so its shm segment is removed even if the daemon is killed.
+  /// How a host pool's mapping appears in /proc/self/maps: "/memfd:<prefix>...".
+  std::string MemfdName(const std::string& pool_id) const {
+    return "/memfd:" + shm_prefix_.substr(1) + pool_id.substr(0, 16);
+  }
+  /// Remembers a pool id so a leftover named segment is removed even if the daemon is killed.
   void Track(const std::string& pool_id) { pools_.push_back(pool_id); }
 
   /// SIGTERM, then SIGKILL after 10 s. Returns the exit status (-1 if killed or not run).

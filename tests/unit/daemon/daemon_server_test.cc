@@ -16,6 +16,7 @@ namespace polykv::daemon {
 namespace {
 
 using testing::CreateRequest;
+using testing::MemfdObjects;
 using testing::RawClient;
 using testing::ShmObjects;
 using testing::TempDir;
@@ -161,7 +162,11 @@ TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
     EXPECT_EQ(r->pool->codec, codec);
     EXPECT_EQ(r->pool->tokens, 40u);
     ASSERT_FALSE(progress.empty());
-    EXPECT_EQ(progress.front().stage, "prefill");
+    // Acknowledged at once ("queued"), then the stages of the build.
+    EXPECT_EQ(progress.front().stage, "queued");
+    EXPECT_TRUE(std::any_of(progress.begin(), progress.end(),
+                            [](const ipc::Reply& p) { return p.stage == "prefill"; }));
+    for (const auto& p : progress) EXPECT_FALSE(p.instance.empty()) << "instance on every reply";
     EXPECT_EQ(progress.back().stage, "publish");
     EXPECT_EQ(progress.back().done, progress.back().total);
   }
@@ -171,7 +176,8 @@ TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
   ASSERT_TRUE(s.ok() && s->ok);
   ASSERT_EQ(s->pools.size(), 2u);
   EXPECT_EQ(s->memory_used, s->pools[0].total_bytes + s->pools[1].total_bytes);
-  EXPECT_EQ(ShmObjects(prefix_).size(), 2u);
+  EXPECT_EQ(MemfdObjects(prefix_).size(), 2u);
+  EXPECT_TRUE(ShmObjects(prefix_).empty()) << "host pools are memfds, never named segments";
 
   // Same create again -> same pool, created=false.
   auto again = c.Call(CreateRequest("k8v3"), 60000);
@@ -188,10 +194,11 @@ TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
   EXPECT_EQ(a->lease_ms, 30000);
   ASSERT_TRUE(a->memory.has_value());
   EXPECT_EQ(a->memory->backend, "host");
-  EXPECT_EQ(a->memory->shm_name, prefix_ + attach.pool_id.substr(0, 16));
+  EXPECT_EQ(a->memory->transport, "memfd");
+  EXPECT_EQ(a->memory->fd_socket, dir_.socket() + ".fds");
   EXPECT_EQ(a->pool->leases, 1u);
-  auto shm = ipc::ShmRegion::OpenReadOnly(a->memory->shm_name);
-  ASSERT_TRUE(shm.ok());
+  auto shm = testing::MapPool(a->memory->fd_socket, a->lease_id);
+  ASSERT_TRUE(shm.ok()) << shm.status();
   EXPECT_TRUE(ipc::PoolReader::Open(shm->data(), shm->size(), true).ok());
 
   ipc::Request renew;
@@ -219,7 +226,8 @@ TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
   auto rn2 = c.Call(renew);
   ASSERT_TRUE(rn2.ok());
   EXPECT_EQ(rn2->code, "NOT_FOUND");
-  EXPECT_EQ(ShmObjects(prefix_).size(), 1u);
+  shm = absl::UnknownError("unmapped");
+  EXPECT_EQ(MemfdObjects(prefix_).size(), 1u);
 }
 
 TEST_F(DaemonServerTest, ConcurrentCreatesFromTwoClientsYieldOnePool) {
@@ -239,7 +247,7 @@ TEST_F(DaemonServerTest, ConcurrentCreatesFromTwoClientsYieldOnePool) {
   ASSERT_TRUE(r1->ok && r2->ok) << r1->error << r2->error;
   EXPECT_EQ(r1->pool->id, r2->pool->id);
   EXPECT_EQ(r1->created + r2->created, 1);
-  EXPECT_EQ(ShmObjects(prefix_).size(), 1u);
+  EXPECT_EQ(MemfdObjects(prefix_).size(), 1u);
 }
 
 TEST_F(DaemonServerTest, ForcedEvictInvalidatesLeasesAndPingAnswersDuringCreate) {
@@ -266,7 +274,7 @@ TEST_F(DaemonServerTest, ForcedEvictInvalidatesLeasesAndPingAnswersDuringCreate)
   EXPECT_FALSE(rn->ok);
   EXPECT_EQ(rn->code, "NOT_FOUND");
   EXPECT_NE(rn->error.find("pool evicted"), std::string::npos) << rn->error;
-  EXPECT_TRUE(ShmObjects(prefix_).empty());
+  EXPECT_TRUE(MemfdObjects(prefix_).empty());
   auto again = c.Call(attach);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->code, "NOT_FOUND");
@@ -313,7 +321,7 @@ TEST_F(DaemonServerTest, MemoryCapExceededIsAnErrorAndLeavesNothing) {
   ipc::Request list;
   list.type = ipc::MessageType::kList;
   EXPECT_TRUE(c.Call(list)->pools.empty());
-  EXPECT_TRUE(ShmObjects(prefix_).empty());
+  EXPECT_TRUE(MemfdObjects(prefix_).empty());
 }
 
 TEST_F(DaemonServerTest, BadFramesGetErrorsAndDaemonKeepsServing) {
@@ -392,12 +400,14 @@ TEST_F(DaemonServerTest, StopRemovesSocketPidAndSegments) {
     RawClient c(dir_.endpoint());
     ASSERT_TRUE(c.Call(CreateRequest("k8v3"), 60000)->ok);
   }
-  EXPECT_EQ(ShmObjects(prefix_).size(), 1u);
+  EXPECT_EQ(MemfdObjects(prefix_).size(), 1u);
   EXPECT_EQ(access((dir_.socket() + ".pid").c_str(), F_OK), 0);
+  EXPECT_EQ(access((dir_.socket() + ".fds").c_str(), F_OK), 0);
   StopDaemon();
-  EXPECT_TRUE(ShmObjects(prefix_).empty());
+  EXPECT_TRUE(MemfdObjects(prefix_).empty());
   EXPECT_NE(access(dir_.socket().c_str(), F_OK), 0);
   EXPECT_NE(access((dir_.socket() + ".pid").c_str(), F_OK), 0);
+  EXPECT_NE(access((dir_.socket() + ".fds").c_str(), F_OK), 0);
 }
 
 TEST_F(DaemonServerTest, UidNotAllowedGetsPermissionDenied) {
