@@ -344,6 +344,25 @@ class Roles {
   std::map<uint32_t, std::pair<Clock::time_point, std::vector<uint32_t>>> cache_;
 };
 
+/// The sockets' folder must not let others replace them (squat the names): it is ours or
+/// root's, and not writable by others unless sticky (or ours).
+Status CheckSocketFolder(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) return absl::OkStatus();  // MkdirP reported problems
+  if (st.st_uid != geteuid() && st.st_uid != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket folder ", dir, " belongs to uid ", st.st_uid, ", not to this daemon (uid ",
+        geteuid(), ") or root; refusing to serve there"));
+  }
+  if ((st.st_mode & (S_IWOTH | S_IWGRP)) != 0 && (st.st_mode & S_ISVTX) == 0 &&
+      st.st_uid != geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket folder ", dir, " is writable by others and not sticky; others could replace "
+        "the daemon's sockets there"));
+  }
+  return absl::OkStatus();
+}
+
 bool NeedsOperator(ipc::MessageType t) {
   return t == ipc::MessageType::kCreatePool || t == ipc::MessageType::kEvict;
 }
@@ -912,7 +931,9 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
     }
     impl->pid_path = path + ".pid";
     impl->legacy_segments_path = path + ".segments";
-    POLYKV_RETURN_IF_ERROR(MkdirP(path.substr(0, path.rfind('/'))));
+    const std::string dir = path.rfind('/') == 0 ? "/" : path.substr(0, path.rfind('/'));
+    POLYKV_RETURN_IF_ERROR(MkdirP(dir));
+    POLYKV_RETURN_IF_ERROR(CheckSocketFolder(dir));
     struct stat st;
     if (lstat(path.c_str(), &st) == 0) {
       if (!S_ISSOCK(st.st_mode)) {
@@ -969,6 +990,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
     } else {
       const std::string dir = absl::StrCat("/tmp/polykv-", getuid());
       POLYKV_RETURN_IF_ERROR(MkdirP(dir));
+      POLYKV_RETURN_IF_ERROR(CheckSocketFolder(dir));
       chmod(dir.c_str(), 0700);
       impl->fd_path = absl::StrCat(dir, "/polykvd-", getpid(), ".fds");
     }

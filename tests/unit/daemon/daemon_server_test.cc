@@ -90,6 +90,41 @@ TEST(DaemonFlagsTest, FlagsAndConfigFile) {
   }
 }
 
+TEST(DaemonFlagsTest, RolesModelFoldersQueueAndTheShippedExampleConfig) {
+  {
+    DaemonOptions o;
+    CLI::App app;
+    AddDaemonFlags(app, o);
+    ASSERT_NO_THROW(app.parse(std::vector<std::string>{
+        "--shutdown-grace-seconds=2.5", "--model-cache-bytes=4G", "--model-cache-models=3",
+        "--max-queued-creates=5", "--create-workers=3", "--reader-gid=1001",
+        "--reader-uid=1000", "--operator-gid=1002", "--operator-uid=7", "--models-dir=/m2",
+        "--models-dir=/m1", "--fd-socket=/run/x.fds"}));
+    // (CLI11 parses the vector in reverse order.)
+    EXPECT_EQ(o.models_dirs, (std::vector<std::string>{"/m1", "/m2"}));
+    EXPECT_EQ(o.operator_uids, (std::vector<uint32_t>{7}));
+    EXPECT_EQ(o.operator_gids, (std::vector<uint32_t>{1002}));
+    EXPECT_EQ(o.reader_uids, (std::vector<uint32_t>{1000}));
+    EXPECT_EQ(o.reader_gids, (std::vector<uint32_t>{1001}));
+    EXPECT_EQ(o.create_workers, 3);
+    EXPECT_EQ(o.max_queued_creates, 5);
+    EXPECT_EQ(o.model_cache_models, 3u);
+    EXPECT_EQ(o.model_cache_bytes, 4ull << 30);
+    EXPECT_DOUBLE_EQ(o.shutdown_grace_seconds, 2.5);
+    EXPECT_EQ(o.fd_socket, "/run/x.fds");
+  }
+  {
+    DaemonOptions o;
+    CLI::App app;
+    AddDaemonFlags(app, o);
+    const std::string conf = std::string(POLYKV_SOURCE_DIR) + "/systemd/polykvd.conf.example";
+    ASSERT_NO_THROW(app.parse(std::vector<std::string>{"--config=" + conf})) << conf;
+    EXPECT_EQ(o.models_dirs, (std::vector<std::string>{"/var/lib/polykv/models"}));
+    EXPECT_EQ(o.max_queued_creates, 8);
+    EXPECT_EQ(o.memory_cap, 8ull << 30);
+  }
+}
+
 // A daemon serving on a temp-dir endpoint from a background thread.
 class DaemonServerTest : public ::testing::Test {
  protected:
@@ -392,6 +427,23 @@ TEST_F(DaemonServerTest, SecondDaemonOnLiveEndpointRefuses) {
   EXPECT_NE(std::string(second.status().message()).find("another polykvd"), std::string::npos);
   RawClient c(dir_.endpoint());
   EXPECT_TRUE(c.Ping().ok()) << "the first daemon is unaffected";
+}
+
+TEST_F(DaemonServerTest, RefusesASocketFolderSomeoneElseOwns) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root to give a folder to another uid";
+  TempDir d;
+  const std::string dir = d.path() + "/theirs";
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  ASSERT_EQ(chown(dir.c_str(), 4242, 4242), 0);
+  DaemonOptions o;
+  o.endpoint = "ipc://" + dir + "/control.sock";
+  o.backend = "host";
+  o.shm_prefix = prefix_;
+  auto owned = Daemon::Start(o);
+  ASSERT_FALSE(owned.ok());
+  EXPECT_EQ(owned.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(owned.status().message()).find("belongs to uid 4242"), std::string::npos)
+      << owned.status();
 }
 
 TEST_F(DaemonServerTest, StopRemovesSocketPidAndSegments) {

@@ -307,7 +307,7 @@ class RootFaults : public ProcessFaults {
     if (getuid() != 0) GTEST_SKIP() << "needs root to run processes as uid 65534 (setpriv)";
     if (!Exists("/usr/bin/setpriv")) GTEST_SKIP() << "setpriv not installed";
     ProcessFaults::SetUp();
-    chmod(dir_.path().c_str(), 0777);
+    chmod(dir_.path().c_str(), 01777);  // sticky: an unprivileged daemon may serve here
   }
   int RunChild(const std::string& test, std::vector<std::pair<std::string, std::string>> env) {
     const std::string copy = SelfCopy(dir_.path());
