@@ -387,7 +387,8 @@ struct CreateEvent {
 struct CreateShared {
   std::shared_ptr<PoolManager> manager;
   std::string instance;
-  size_t capacity = 8;
+  size_t capacity = 8;  // creates that may wait while every worker is busy
+  size_t workers = 1;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<CreateJob> queue;
@@ -647,7 +648,7 @@ void Daemon::Impl::StartCreate(std::string identity, bool delimiter, ipc::Reques
     std::lock_guard<std::mutex> lock(creates->mu);
     queued = creates->queue.size();
     running = creates->running;
-    full = queued >= creates->capacity;
+    full = queued + running >= creates->capacity + creates->workers;
     if (!full) {
       job.request = std::move(req);
       creates->queue.push_back(std::move(job));
@@ -1031,6 +1032,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   impl->creates->manager = impl->manager;
   impl->creates->instance = impl->instance;
   impl->creates->capacity = static_cast<size_t>(o.max_queued_creates);
+  impl->creates->workers = static_cast<size_t>(o.create_workers);
   impl->creates->event_fd.Reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!impl->creates->event_fd.valid()) {
     return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
