@@ -2,6 +2,7 @@
 // SIGTERM/SIGINT stop it cleanly (pools released, socket and pid files removed, exit 0).
 #include <signal.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -51,11 +52,17 @@ int main(int argc, char** argv) {
       return 1;
     }
     polykv::Status s = (*daemon)->Run(&g_stop);
-    daemon->reset();
-    if (!s.ok()) {
-      spdlog::error("{}", s.ToString());
-      return 1;
+    const bool stuck = (*daemon)->workers_left_behind() > 0;
+    if (!s.ok()) spdlog::error("{}", s.ToString());
+    if (stuck) {
+      // A create worker is still blocked (e.g. in a read from a hung file system): end now,
+      // without the static destructors it could race with. Everything else is shut down.
+      spdlog::default_logger()->flush();
+      std::fflush(nullptr);
+      _exit(s.ok() ? 0 : 1);
     }
+    daemon->reset();
+    if (!s.ok()) return 1;
   } catch (const std::exception& e) {
     spdlog::critical("fatal: {}", e.what());
     return 1;

@@ -501,6 +501,7 @@ struct Daemon::Impl {
   uint64_t next_key = 0;
 
   bool shut_down = false;
+  int left_behind = 0;      // workers still busy when shutdown gave up waiting
   bool owns_files = false;  // set once our socket is bound: only then are the files ours
 
   ~Impl() { Shutdown(); }
@@ -860,7 +861,6 @@ void Daemon::Impl::Shutdown() {
     if (all || Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  int left_behind = 0;
   for (auto& w : workers) {
     if (!w.thread.joinable()) continue;
     if (w.done->load()) {
@@ -898,6 +898,7 @@ Daemon::~Daemon() = default;
 const std::string& Daemon::endpoint() const { return impl_->endpoint; }
 const std::string& Daemon::instance() const { return impl_->instance; }
 const std::string& Daemon::fd_socket() const { return impl_->fd_path; }
+int Daemon::workers_left_behind() const { return impl_->left_behind; }
 PoolManager& Daemon::pools() { return *impl_->manager; }
 
 StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {

@@ -84,6 +84,9 @@ class Daemon {
   const std::string& instance() const;
   /// Path of the pool-descriptor socket.
   const std::string& fd_socket() const;
+  /// Create workers the last shutdown left running (blocked past the grace time). A
+  /// process should then end with _exit: static destructors would race with them.
+  int workers_left_behind() const;
   PoolManager& pools();
 
   struct Impl;

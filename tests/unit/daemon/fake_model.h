@@ -44,8 +44,12 @@ class Gate {
 class FakeModel : public model::LlamaModel {
  public:
   /// `before_prefill` runs at the start of every Prefill (e.g. Gate::Wait).
-  explicit FakeModel(std::string fingerprint, std::function<void()> before_prefill = {})
-      : fingerprint_(std::move(fingerprint)), before_prefill_(std::move(before_prefill)) {
+  explicit FakeModel(std::string fingerprint, std::function<void()> before_prefill = {},
+                     std::shared_ptr<std::atomic<int>> live = nullptr)
+      : fingerprint_(std::move(fingerprint)),
+        before_prefill_(std::move(before_prefill)),
+        live_(std::move(live)) {
+    if (live_) live_->fetch_add(1);
     auto tok = model::LoadTokenizer(std::string(POLYKV_TEST_DATA_DIR) +
                                     "/tokenizer/ggml-vocab-gpt-2.gguf");
     if (tok.ok()) tokenizer_ = *std::move(tok);
@@ -58,6 +62,9 @@ class FakeModel : public model::LlamaModel {
     config_.ffn = 32;
     config_.vocab = tokenizer_ ? tokenizer_->vocab_size() : 512;
     config_.max_positions = 4096;
+  }
+  ~FakeModel() override {
+    if (live_) live_->fetch_sub(1);
   }
   const model::ModelConfig& config() const override { return config_; }
   const model::Tokenizer* tokenizer() const override { return tokenizer_.get(); }
@@ -108,23 +115,31 @@ class FakeModel : public model::LlamaModel {
   std::unique_ptr<model::Tokenizer> tokenizer_;
   std::string fingerprint_;
   std::function<void()> before_prefill_;
+  std::shared_ptr<std::atomic<int>> live_;
 };
 
 /// A loader making FakeModels (fingerprint "fake"), counting its calls and optionally
 /// running `before_load` first (e.g. to block a load).
 struct FakeLoader {
   std::shared_ptr<std::atomic<int>> loads = std::make_shared<std::atomic<int>>(0);
+  /// FakeModels alive (0 again once every PoolManager holding one is gone), and made.
+  std::shared_ptr<std::atomic<int>> live = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<std::atomic<int>> made = std::make_shared<std::atomic<int>>(0);
   std::function<void()> before_load;
   std::function<void()> before_prefill;
   ModelLoader Get() const {
     auto loads_ = loads;
+    auto live_ = live;
+    auto made_ = made;
     auto before_load_ = before_load;
     auto before_prefill_ = before_prefill;
-    return [loads_, before_load_, before_prefill_](const std::string&)
+    return [loads_, live_, made_, before_load_, before_prefill_](const std::string&)
                -> StatusOr<std::unique_ptr<model::LlamaModel>> {
       loads_->fetch_add(1);
       if (before_load_) before_load_();
-      return std::unique_ptr<model::LlamaModel>(new FakeModel("fake", before_prefill_));
+      auto m = std::make_unique<FakeModel>("fake", before_prefill_, live_);
+      made_->fetch_add(1);
+      return std::unique_ptr<model::LlamaModel>(std::move(m));
     };
   }
 };

@@ -18,6 +18,7 @@
 
 #include "daemon.h"
 #include "fake_model.h"
+#include "process_util.h"
 #include "pool_manager.h"
 #include "test_util.h"
 
@@ -466,8 +467,12 @@ TEST_F(DaemonFaults, ShutdownCancelsCreatesAndDoesNotWaitForABlockedWorker) {
   }
   EXPECT_FALSE(fs::exists(dir_.socket()));
   daemon_.reset();
-  load.Open();  // let the left-behind worker finish (it finds the manager shut down)
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Let the left-behind worker finish: it finds the manager shut down, drops the last
+  // reference to it (destroying the model), and ends; the test must outlive it.
+  load.Open();
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return loader_.made->load() == 1 && loader_.live->load() == 0; }, 30000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
 }
 
 // D9: readers may look and attach; only operators create and evict.
