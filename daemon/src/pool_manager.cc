@@ -576,10 +576,28 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
 
   // Hold the model first (one forward pass at a time): memory is reserved only by the
   // create that is about to prefill, never by creates waiting their turn.
-  std::unique_lock<std::timed_mutex> run(entry->run_mu, std::defer_lock);
-  while (!run.try_lock_for(std::chrono::milliseconds(100))) {
-    if (Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
+  {
+    std::unique_lock<std::mutex> lock(entry->run_state_mu);
+    while (entry->running) {
+      entry->run_cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
+    }
+    entry->running = true;
   }
+  struct RunSlot {
+    ModelEntry* entry;
+    bool held = true;
+    void Release() {
+      if (!held) return;
+      held = false;
+      {
+        std::lock_guard<std::mutex> lock(entry->run_state_mu);
+        entry->running = false;
+      }
+      entry->run_cv.notify_one();
+    }
+    ~RunSlot() { Release(); }
+  } run{entry};
   if (Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
 
   // Reserve memory against the cap.
@@ -693,7 +711,7 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
     progress("encode", l + 1, params.layers);
   }
   prefill = model::PrefillResult();  // free the f32 K/V before publishing
-  run.unlock();
+  run.Release();
   const double encode_ms = MsSince(t0);
 
   // Publish.

@@ -216,7 +216,12 @@ class PoolManager {
     bool loaded = false;
     std::unique_ptr<model::LlamaModel> model;
     uint64_t bytes = 0;  ///< ModelWeightBytes
-    std::timed_mutex run_mu;  ///< forward passes are not reentrant
+    // Forward passes are not reentrant: one create at a time holds the model (`running`).
+    // A flag + condition variable rather than a timed mutex, so that waiting creates can be
+    // cancelled (and ThreadSanitizer, which does not see pthread_mutex_clocklock, agrees).
+    std::mutex run_state_mu;
+    std::condition_variable run_cv;
+    bool running = false;
     uint64_t last_used = 0;   ///< LRU tick (guarded by models_mu_)
   };
   /// A model file opened and checked by OpenModel.
