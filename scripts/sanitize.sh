@@ -51,5 +51,7 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$FLAG" -DPOLYKV_BUILD_
   -DPOLYKV_BUILD_BENCHMARKS=OFF -DPOLYKV_ENABLE_CUDA=OFF </dev/null
 cmake --build "$BUILD" -j"$JOBS" "${TARGETS[@]}" </dev/null
 if [ -z "${POLYKV_SMOLLM2_GGUF:-}" ]; then unset POLYKV_SMOLLM2_GGUF; fi
+# Instrumented processes start and run several times slower: stretch the tests' bounds.
+export POLYKV_TEST_TIMEOUT_SCALE="${POLYKV_TEST_TIMEOUT_SCALE:-4}"
 ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j"$JOBS" "${SELECT[@]}" \
   "${CTEST_ARGS[@]}" </dev/null

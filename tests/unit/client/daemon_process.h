@@ -30,6 +30,13 @@ inline std::string Stories260K() {
   return std::string(POLYKV_TEST_DATA_DIR) + "/models/stories260K";
 }
 
+/// $POLYKV_TEST_TIMEOUT_SCALE (default 1): multiplies the bounds (sanitizer builds).
+inline int Scale() {
+  const char* v = std::getenv("POLYKV_TEST_TIMEOUT_SCALE");
+  int s = v != nullptr ? std::atoi(v) : 1;
+  return s >= 1 ? s : 1;
+}
+
 inline std::string Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;
@@ -65,7 +72,7 @@ class DaemonProcess {
       execv(argv[0], argv.data());
       _exit(127);
     }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30 * Scale());
     while (std::chrono::steady_clock::now() < deadline) {
       if (!Running()) return;
       polykv_client* c = nullptr;
@@ -110,7 +117,7 @@ class DaemonProcess {
     if (pid_ <= 0) return exit_status_;
     if (!exited_) {
       kill(pid_, SIGTERM);
-      for (int i = 0; i < 1000 && Running(); ++i) {
+      for (int i = 0; i < 1000 * Scale() && Running(); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
       if (Running()) {

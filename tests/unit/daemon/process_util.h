@@ -1,6 +1,7 @@
 // Helpers for tests that run polykvd (and polykv-cli) as separate processes: spawn with
 // output to a file, bounded waits, the binaries' paths ($POLYKV_TEST_DAEMON_BINARY /
 // $POLYKV_TEST_CLI_BINARY override them, e.g. to run a test against an older build).
+// $POLYKV_TEST_TIMEOUT_SCALE multiplies every bound (sanitizer builds start slowly).
 #pragma once
 
 #include <fcntl.h>
@@ -32,6 +33,16 @@ inline std::string CliBinary() {
   return EnvOr("POLYKV_TEST_CLI_BINARY", std::string(POLYKV_BINARY_DIR) + "/cli/polykv-cli");
 }
 
+/// The factor for every wait bound ($POLYKV_TEST_TIMEOUT_SCALE, default 1).
+inline int TimeoutScale() {
+  static const int scale = [] {
+    const char* v = std::getenv("POLYKV_TEST_TIMEOUT_SCALE");
+    int s = v != nullptr ? std::atoi(v) : 1;
+    return s >= 1 ? s : 1;
+  }();
+  return scale;
+}
+
 /// posix_spawn with stderr (and stdout unless `out_path` is given) appended to files.
 inline pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path,
                    const std::string& out_path = "/dev/null") {
@@ -51,6 +62,7 @@ inline pid_t Spawn(const std::vector<std::string>& args, const std::string& log_
 
 /// Exit status (128 + signal when killed), or -1 on timeout (the process is then killed).
 inline int WaitExit(pid_t pid, int timeout_ms) {
+  timeout_ms *= TimeoutScale();
   for (int waited = 0; waited < timeout_ms; waited += 20) {
     int status = 0;
     pid_t r = waitpid(pid, &status, WNOHANG);
@@ -74,6 +86,7 @@ inline bool Exists(const std::string& path) { return access(path.c_str(), F_OK) 
 /// Polls `pred` every 20 ms for up to `timeout_ms`; returns its last value.
 template <typename Pred>
 bool WaitFor(Pred pred, int timeout_ms) {
+  timeout_ms *= TimeoutScale();
   for (int waited = 0; waited < timeout_ms; waited += 20) {
     if (pred()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
