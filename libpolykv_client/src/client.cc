@@ -727,12 +727,13 @@ polykv_status polykv_pool_get_info(const polykv_pool* pool, polykv_pool_info* ou
 polykv_status polykv_pool_mapping(const polykv_pool* pool, const void** base, uint64_t* size) {
   if (pool == nullptr || base == nullptr || size == nullptr)
     return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_mapping: NULL argument");
-  if (!pool->shm)
+  // map_base covers both host transports: a sealed memfd and an older daemon's POSIX shm.
+  if (pool->map_base == nullptr)
     return Fail(POLYKV_FAILED_PRECONDITION,
                 absl::StrCat("pool ", pool->info.id,
                              " lives in GPU memory: it has no host mapping (decode it instead)"));
-  *base = pool->shm->data();
-  *size = pool->shm->size();
+  *base = pool->map_base;
+  *size = pool->map_size;
   return POLYKV_OK;
 }
 

@@ -659,6 +659,15 @@ TEST_F(FakePoolTest, SealedMemfdPoolAttachesAndDecodesBitExact) {
     ++mappings;
   }
   EXPECT_EQ(mappings, 2) << "the test's own (sealed, read-only) mapping and the client's";
+  // In-place attention reads the pool where the client mapped it: polykv_pool_mapping gives
+  // that mapping (the pool's header first) for a memfd pool too, not only for named shm.
+  const void* base = nullptr;
+  uint64_t size = 0;
+  ASSERT_EQ(polykv_pool_mapping(pool->get(), &base, &size), POLYKV_OK) << polykv_last_error();
+  ASSERT_NE(base, nullptr);
+  EXPECT_EQ(size, info_.total_bytes);
+  EXPECT_EQ(0, std::memcmp(base, memfd_->data(), size));
+  EXPECT_EQ(std::memcmp(base, ipc::kPoolMagic, sizeof(ipc::kPoolMagic)), 0);
 }
 
 TEST_F(FakePoolTest, UnsealedMemfdIsRefusedNotMapped) {
