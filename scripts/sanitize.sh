@@ -5,7 +5,8 @@
 #                              and the fault suite (labels gpu and bigmodel excluded).
 #   scripts/sanitize.sh tsan   ThreadSanitizer build (POLYKV_TSAN=ON) running the ipc,
 #                              daemon and client tests.
-# Options: --build-dir DIR (default build-asan / build-tsan), --jobs N, extra arguments after
+# Options: --build-dir DIR (default build-asan / build-tsan), --jobs N, --target T (repeat
+# it to build only these targets instead of the mode's default set), extra arguments after
 # -- go to ctest (e.g. -- -R DaemonFaults). Suppressions for third-party libraries that are
 # not instrumented (libtorch, OpenMP, protobuf) are in scripts/sanitizers/.
 # CI runs this when POLYKV_CI_SANITIZE=1 (see scripts/test.sh).
@@ -20,10 +21,12 @@ esac
 BUILD="build-$MODE"
 JOBS="${POLYKV_JOBS:-$(nproc)}"
 CTEST_ARGS=()
+ONLY_TARGETS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) BUILD="$2"; shift 2 ;;
     --jobs) JOBS="$2"; shift 2 ;;
+    --target) ONLY_TARGETS+=("$2"); shift 2 ;;
     --) shift; CTEST_ARGS=("$@"); break ;;
     *) echo "sanitize: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -46,6 +49,7 @@ else
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$SUPP/tsan.supp"
   SELECT=(-R '^(Protocol|PoolLayout|ShmRegion|SealedRegion|PoolManager|DaemonServer|DaemonFlags|ParseByteSize|PoolManagerFaults|DaemonFaults|ModelWeightBytes|ProcessTest|ProcessFaults|RootFaults|Client|FakePool|CliPools)')
 fi
+if [ ${#ONLY_TARGETS[@]} -gt 0 ]; then TARGETS=(--target "${ONLY_TARGETS[@]}"); fi
 echo "sanitize: $MODE build in $BUILD" >&2
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$FLAG" -DPOLYKV_BUILD_TESTS=ON \
   -DPOLYKV_BUILD_BENCHMARKS=OFF -DPOLYKV_ENABLE_CUDA=OFF </dev/null
