@@ -18,6 +18,8 @@ PACKAGES=(
   libsentencepiece-dev      # SentencePiece tokenizer.model files
   libssl-dev                # SHA-256 (pool ids, fingerprints)
   libxxhash-dev             # pool checksums (XXH64)
+  clang libclang-rt-dev     # fault suite: libFuzzer targets (scripts/fuzz.sh); gcc builds the rest
+  util-linux                # setpriv (uid tests), flock (scripts/fuzz.sh)
 )
 
 missing=()
