@@ -1,6 +1,8 @@
 // bench_daemon: polykvd pool-create time split into prefill / encode / publish, and the
 // ATTACH (+DETACH) round-trip latency over 1000 attaches on the host backend, against PING
-// (the protocol floor) measured in the same run. SmolLM2-135M Q4_1 on robert_boulter.txt
+// (the protocol floor) measured in the same run; ATTACH again while 15,000 other leases are
+// held (lease bookkeeping must not scan them); the agent side of an attach (descriptor over
+// SCM_RIGHTS + read-only map) and a payload checksum pass. SmolLM2-135M Q4_1 on robert_boulter.txt
 // when POLYKV_SMOLLM2_GGUF is set, else stories260K with fixed token ids.
 #include <unistd.h>
 
@@ -21,7 +23,9 @@
 #include <zmq_addon.hpp>
 
 #include "daemon.h"
+#include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/protocol.h"
+#include "polykv/ipc/sealed_region.h"
 
 namespace {
 
@@ -79,7 +83,10 @@ int main(int argc, char** argv) {
   int attaches = 1000;
   std::string codec = "k8v3";
   int threads = 0;
+  int held = 15000;
   app.add_option("--attaches", attaches, "ATTACH+DETACH round trips")->capture_default_str();
+  app.add_option("--held-leases", held, "leases held during the second ATTACH run")
+      ->capture_default_str();
   app.add_option("--codec", codec, "k8v2|k8v3|k8v4|none")->capture_default_str();
   app.add_option("--threads", threads, "libtorch threads (0 = all cores)");
   CLI11_PARSE(app, argc, argv);
@@ -155,6 +162,39 @@ int main(int argc, char** argv) {
     attach_us.push_back(std::chrono::duration<double, std::micro>(b - a).count());
     detach_us.push_back(std::chrono::duration<double, std::micro>(e - b).count());
   }
+  // The agent's side of an attach: fetch the sealed memfd, map it; and one checksum pass.
+  std::vector<double> fd_us, verify_ms;
+  for (int i = 0; i < std::min(attaches, 200); ++i) {
+    Reply r = c.Call(attach);
+    auto a = Clock::now();
+    auto fd = polykv::ipc::RequestPoolFd(r.memory->fd_socket, r.lease_id, 5000);
+    auto region = fd.ok() ? polykv::ipc::SealedRegion::MapSealed(*std::move(fd), 0)
+                          : polykv::StatusOr<polykv::ipc::SealedRegion>(fd.status());
+    auto b = Clock::now();
+    if (!region.ok()) {
+      std::fprintf(stderr, "descriptor: %s\n", region.status().ToString().c_str());
+      return 1;
+    }
+    fd_us.push_back(std::chrono::duration<double, std::micro>(b - a).count());
+    if (i < 20) {
+      auto reader = polykv::ipc::PoolReader::Open(region->data(), region->size(), false);
+      auto v0 = Clock::now();
+      if (!reader.ok() || !reader->VerifyPayload().ok()) return 1;
+      verify_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - v0).count());
+    }
+    detach.lease_id = r.lease_id;
+    c.Call(detach);
+  }
+  // ATTACH with many other leases held.
+  for (int i = 0; i < held; ++i) c.Call(attach);
+  std::vector<double> attach_held_us;
+  for (int i = 0; i < attaches; ++i) {
+    auto a = Clock::now();
+    Reply r = c.Call(attach);
+    attach_held_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
+    detach.lease_id = r.lease_id;
+    c.Call(detach);
+  }
   daemon->Stop();
   server.join();
   daemon.reset();
@@ -184,8 +224,18 @@ int main(int argc, char** argv) {
   row("ATTACH rtt p99", "us", Percentile(attach_us, 0.99), "ping", ping99);
   row("DETACH rtt p50", "us", Percentile(detach_us, 0.5), "ping", ping50);
   row("DETACH rtt p99", "us", Percentile(detach_us, 0.99), "ping", ping99);
+  const double attach50 = Percentile(attach_us, 0.5), attach99 = Percentile(attach_us, 0.99);
+  char label50[64], label99[64];
+  std::snprintf(label50, sizeof(label50), "ATTACH p50, %d held", held);
+  std::snprintf(label99, sizeof(label99), "ATTACH p99, %d held", held);
+  row(label50, "us", Percentile(attach_held_us, 0.5), "att", attach50);
+  row(label99, "us", Percentile(attach_held_us, 0.99), "att", attach99);
+  row("descriptor+map p50", "us", Percentile(fd_us, 0.5), "ping", ping50);
+  row("descriptor+map p99", "us", Percentile(fd_us, 0.99), "ping", ping99);
+  row("payload verify p50", "ms", Percentile(verify_ms, 0.5), "", 0);
   std::printf("(%d ATTACH+DETACH round trips over ipc://, host backend; baseline 'tot' = "
-              "prefill+encode+publish, 'ping' = PING round trip in the same run)\n",
+              "prefill+encode+publish, 'ping' = PING round trip, 'att' = ATTACH with no other "
+              "lease, in the same run)\n",
               attaches);
   return 0;
 }

@@ -5,6 +5,7 @@
 // measured in the same run; memory after load (RSS, PSS, private) of each runtime.
 // Usage: bench_model [--model PATH] (default: env POLYKV_SMOLLM2_GGUF) [--decode-tokens N]
 //                    [--text FILE] [--threads N] [--skip-copy]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -111,6 +112,7 @@ int main(int argc, char** argv) {
   int max_threads = 2;
   bool skip_copy = false;
   bool crossover = false;
+  bool prompt_rows = false;
   std::string text_path = "data/wikitext-2/wiki.test.raw";
   app.add_option("--model", model_path, "Model (.gguf or HF folder); default $POLYKV_SMOLLM2_GGUF");
   app.add_option("--decode-tokens", decode_tokens, "Tokens to decode after a 512-token prompt");
@@ -119,6 +121,9 @@ int main(int argc, char** argv) {
   app.add_flag("--crossover", crossover,
                "Only time forwards of 4..128 rows on the quantized kernels vs dequantized "
                "tiles + GEMM, then exit");
+  app.add_flag("--prompt-rows", prompt_rows,
+               "Only time an agent's prompt forward (1, 4, 16, 32 rows) after a 1451-token "
+               "document held as a raw f32 prefix, 1 thread, then exit");
   app.add_option("--text", text_path,
                  "Document text to tokenize (default: WikiText-2 test, relative to the "
                  "repository root)");
@@ -184,6 +189,34 @@ int main(int argc, char** argv) {
     return 0;
   }
   const polykv::model::ModelConfig c = mm.config();  // mm is released before the copy runs
+  if (prompt_rows) {
+    polykv::model::SetComputeThreads(1);
+    const int64_t P = 1451;
+    polykv::model::KvCache cache = mm.NewCache(P);
+    if (!mm.Forward(absl::MakeConstSpan(doc.data(), P), cache).ok()) return 1;
+    auto frozen = mm.FreezeAsPrefix(std::move(cache), 64);
+    if (!frozen.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(frozen.status().message()).c_str());
+      return 1;
+    }
+    std::printf("prompt forward after a %lld-token document (raw f32 prefix), 1 thread, median of 9\n",
+                static_cast<long long>(P));
+    std::printf("%-6s %12s %16s\n", "rows", "ms", "ms per row");
+    for (int64_t n : {1, 4, 16, 32}) {
+      std::vector<double> t;
+      for (int r = 0; r < 10; ++r) {
+        frozen->length = P;
+        frozen->tokens.resize(static_cast<size_t>(P));
+        const double s = Now();
+        if (!mm.Forward(absl::MakeConstSpan(doc.data() + P, n), *frozen).ok()) return 1;
+        if (r > 0) t.push_back(Now() - s);
+      }
+      std::sort(t.begin(), t.end());
+      const double ms = t[t.size() / 2] * 1e3;
+      std::printf("%-6lld %12.1f %16.2f\n", static_cast<long long>(n), ms, ms / n);
+    }
+    return 0;
+  }
   const Figures m1 = Run(mm, doc, 1, decode_tokens);
   const Figures m2 = Run(mm, doc, max_threads, decode_tokens);
   const Memory after_mapped_run = ReadMemory();

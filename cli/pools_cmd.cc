@@ -227,6 +227,29 @@ class ProgressPrinter {
   int last_decile_ = -1;
 };
 
+json DaemonJson(const pc::DaemonInfo& d, const std::string& endpoint) {
+  return json{{"endpoint", endpoint},
+              {"version", d.version},
+              {"pid", d.pid},
+              {"instance", d.instance},
+              {"memory_used", d.memory_used},
+              {"memory_cap", d.memory_cap},
+              {"model_cache", {{"bytes", d.model_cache_bytes},
+                               {"models", d.model_cache_models},
+                               {"capacity", d.model_cache_capacity}}},
+              {"creates", {{"queued", d.creates_queued},
+                           {"running", d.creates_running},
+                           {"queue_capacity", d.create_queue_capacity}}}};
+}
+
+std::string CacheLine(const pc::DaemonInfo& d) {
+  return "model cache " + std::to_string(d.model_cache_models) + " of " +
+         std::to_string(d.model_cache_capacity) + " model(s), " +
+         HumanBytes(d.model_cache_bytes) + "; creates " + std::to_string(d.creates_running) +
+         " running, " + std::to_string(d.creates_queued) + " of " +
+         std::to_string(d.create_queue_capacity) + " queued";
+}
+
 void RunPing(const CommonArgs& args) {
   auto client = Connect(args);
   if (!client.ok()) return ReportError(client.status());
@@ -234,18 +257,13 @@ void RunPing(const CommonArgs& args) {
   if (!info.ok()) return ReportError(info.status());
   const std::string endpoint = args.endpoint.empty() ? "(default)" : args.endpoint;
   if (args.json) {
-    std::cout << json{{"endpoint", endpoint},
-                      {"version", info->version},
-                      {"pid", info->pid},
-                      {"memory_used", info->memory_used},
-                      {"memory_cap", info->memory_cap}}
-                     .dump(2)
-              << "\n";
+    std::cout << DaemonJson(*info, endpoint).dump(2) << "\n";
   } else {
-    std::cout << "polykvd " << info->version << " (pid " << info->pid << ") at " << endpoint
-              << ": pool memory " << HumanBytes(info->memory_used) << " used of "
+    std::cout << "polykvd " << info->version << " (pid " << info->pid << ", instance "
+              << info->instance.substr(0, 8) << ") at " << endpoint << ": pool memory "
+              << HumanBytes(info->memory_used) << " used of "
               << (info->memory_cap ? HumanBytes(info->memory_cap) : std::string("no cap"))
-              << "\n";
+              << "; " << CacheLine(*info) << "\n";
   }
 }
 
@@ -254,14 +272,17 @@ void RunList(const CommonArgs& args) {
   if (!client.ok()) return ReportError(client.status());
   auto pools = client->ListPools();
   if (!pools.ok()) return ReportError(pools.status());
+  auto daemon = client->Ping();
+  if (!daemon.ok()) return ReportError(daemon.status());
   if (args.json) {
     json arr = json::array();
     for (const auto& p : *pools) arr.push_back(InfoJson(p));
-    std::cout << json{{"pools", arr}}.dump(2) << "\n";
+    const std::string endpoint = args.endpoint.empty() ? "(default)" : args.endpoint;
+    std::cout << json{{"pools", arr}, {"daemon", DaemonJson(*daemon, endpoint)}}.dump(2) << "\n";
     return;
   }
   if (pools->empty()) {
-    std::cout << "no pools\n";
+    std::cout << "no pools (" << CacheLine(*daemon) << ")\n";
     return;
   }
   std::printf("%-64s  %-5s  %-4s  %8s  %6s  %11s  %6s  %6s\n", "ID", "CODEC", "MEM", "TOKENS",
@@ -271,6 +292,9 @@ void RunList(const CommonArgs& args) {
                 p.codec.c_str(), p.backend.c_str(), static_cast<unsigned long long>(p.tokens),
                 p.layers, HumanBytes(p.total_bytes).c_str(), p.effective_ratio, p.leases);
   }
+  std::printf("pool memory %s used of %s; %s\n", HumanBytes(daemon->memory_used).c_str(),
+              daemon->memory_cap ? HumanBytes(daemon->memory_cap).c_str() : "no cap",
+              CacheLine(*daemon).c_str());
 }
 
 void PrintInfoHuman(const pc::PoolInfo& p) {

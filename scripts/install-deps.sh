@@ -20,6 +20,8 @@ PACKAGES=(
   libxxhash-dev             # pool checksums (XXH64)
   libcpp-httplib-dev        # polykvd --metrics-listen (GET /metrics)
   curl python3-prometheus-client  # tests: scrape /metrics, parse the text format
+  clang libclang-rt-dev     # fault suite: libFuzzer targets (scripts/fuzz.sh); gcc builds the rest
+  util-linux                # setpriv (uid tests), flock (scripts/fuzz.sh)
 )
 
 missing=()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: installs dependencies, builds everything (CUDA sources too when
-# nvcc is present), fetches SmolLM2-135M-Instruct, and runs the whole ctest suite.
-# GPU tests (label gpu) skip visibly on hosts without a GPU.
+# nvcc is present), fetches SmolLM2-135M-Instruct, and runs the whole ctest suite, the fault
+# suite's short forms included (labels fault: chaos, storm, fuzz; the fuzz targets are built
+# with clang in <build>/fuzz). GPU tests (label gpu) skip visibly on hosts without a GPU.
+# POLYKV_CI_SANITIZE=1 adds the ASan+UBSan and ThreadSanitizer runs (scripts/sanitize.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,3 +19,8 @@ export POLYKV_SMOLLM2_GGUF
 echo "test: SmolLM2-135M-Instruct at $POLYKV_SMOLLM2_GGUF" >&2
 
 ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j"$JOBS" </dev/null
+
+if [ "${POLYKV_CI_SANITIZE:-0}" = 1 ]; then
+  bash scripts/sanitize.sh asan
+  bash scripts/sanitize.sh tsan
+fi

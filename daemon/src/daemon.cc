@@ -2,9 +2,13 @@
 #include "daemon.h"
 
 #include <grp.h>
+#include <pwd.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <openssl/rand.h>
 
 #include <atomic>
 #include <cerrno>
@@ -13,9 +17,14 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <condition_variable>
+#include <deque>
 #include <list>
+#include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
+#include <random>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -29,11 +38,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "polykv/ipc/cuda_ipc.h"
-#include "polykv/ipc/protocol.h"
-#include "polykv/model/llama.h"
+#include "fd_server.h"
 #include "metrics.h"
 #include "pool_store.h"
+#include "polykv/ipc/cuda_ipc.h"
+#include "polykv/ipc/sealed_region.h"
+#include "polykv/ipc/shm_region.h"
+#include "polykv/ipc/protocol.h"
+#include "polykv/model/llama.h"
 
 #ifndef POLYKV_VERSION
 #define POLYKV_VERSION "0.0.0"
@@ -159,28 +171,59 @@ void AddDaemonFlags(CLI::App& app, DaemonOptions& o) {
   app.add_option("--backend", o.backend, "Pool memory: auto (cuda when a GPU is usable), host, cuda")
       ->check(CLI::IsMember({"auto", "host", "cuda"}))
       ->capture_default_str();
-  app.add_option_function<std::string>(
-         "--memory-cap",
-         [&o](const std::string& s) {
-           auto v = ParseByteSize(s);
-           if (!v.ok()) throw CLI::ValidationError("--memory-cap", std::string(v.status().message()));
-           o.memory_cap = *v;
-         },
-         "Bytes of pools per backend (suffixes K M G T; 0 = unlimited)");
+  auto byte_size = [](const char* flag, uint64_t* out) {
+    return [flag, out](const std::string& s) {
+      auto v = ParseByteSize(s);
+      if (!v.ok()) throw CLI::ValidationError(flag, std::string(v.status().message()));
+      *out = *v;
+    };
+  };
+  app.add_option_function<std::string>("--memory-cap", byte_size("--memory-cap", &o.memory_cap),
+                                        "Bytes of pools per backend (suffixes K M G T; 0 = unlimited)");
   app.add_option("--lease-seconds", o.lease_seconds, "Lease duration granted by ATTACH/RENEW")
       ->check(CLI::Range(0.05, 86400.0))
       ->capture_default_str();
   app.add_option("--model-path", o.model_path,
                  "Directory searched for relative model names (repeatable)");
+  app.add_option("--models-dir", o.models_dirs,
+                 "Model folder (repeatable): models are opened only under these, symlinks "
+                 "resolved; without one, only the daemon's own uid and root may name models");
   app.add_option("--allow-uid", o.allow_uids,
-                 "Uid allowed to use the daemon (repeatable; default: own uid and root)");
+                 "Operator uid (repeatable; same as --operator-uid, kept for older configs)");
+  app.add_option("--operator-uid", o.operator_uids,
+                 "Uid that may create and evict pools, and read (repeatable)");
+  app.add_option("--operator-gid", o.operator_gids, "Gid whose members are operators (repeatable)");
+  app.add_option("--reader-uid", o.reader_uids,
+                 "Uid that may list, show and attach pools (repeatable)");
+  app.add_option("--reader-gid", o.reader_gids, "Gid whose members are readers (repeatable)");
+  app.add_option("--create-workers", o.create_workers, "Threads running pool creates")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--max-queued-creates", o.max_queued_creates,
+                 "Creates that may wait for a worker; more get RESOURCE_EXHAUSTED")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  app.add_option("--model-cache-models", o.model_cache_models,
+                 "Models kept loaded between creates (least recently used dropped first)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option_function<std::string>(
+      "--model-cache-bytes", byte_size("--model-cache-bytes", &o.model_cache_bytes),
+      "Bound on the cached models' weights (suffixes K M G T; 0 = no byte bound)");
+  app.add_option("--shutdown-grace-seconds", o.shutdown_grace_seconds,
+                 "How long SIGTERM waits for busy create workers")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  app.add_option("--fd-socket", o.fd_socket,
+                 "Pool-descriptor socket path (default: the control socket path + .fds)");
   app.add_option("--threads", o.threads, "libtorch intra-op threads (0 = all cores)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   app.add_option("--log-level", o.log_level, "trace|debug|info|warn|error|critical|off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();
-  app.add_option("--shm-prefix", o.shm_prefix, "POSIX shm name prefix of host pools")
+  app.add_option("--shm-prefix", o.shm_prefix,
+                 "Name prefix of pool memfds (and of legacy POSIX shm segments cleaned at start)")
       ->check([](const std::string& s) {
         return (s.size() >= 2 && s[0] == '/' && s.find('/', 1) == std::string::npos)
                    ? std::string()
@@ -197,23 +240,22 @@ void AddDaemonFlags(CLI::App& app, DaemonOptions& o) {
            }
            o.socket_mode = static_cast<uint32_t>(m);
          },
-         "Mode of the ipc socket file (octal, default 0660)");
+         "Mode of the ipc socket files (octal, default 0660)");
   app.add_option("--state-dir", o.state_dir,
                  "Folder of persisted pools: every published pool is also written there and "
                  "restored after a restart (systemd: $STATE_DIRECTORY; empty = memory only)");
-  app.add_option_function<std::string>(
-         "--state-budget",
-         [&o](const std::string& s) {
-           auto v = ParseByteSize(s);
-           if (!v.ok()) throw CLI::ValidationError("--state-budget", std::string(v.status().message()));
-           o.state_budget = *v;
-         },
-         "Disk bytes of pool files; least recently used files go first (0 = unlimited)");
+  app.add_option_function<std::string>("--state-budget", byte_size("--state-budget", &o.state_budget),
+                                       "Disk bytes of pool files; least recently used files go "
+                                       "first (0 = unlimited)");
   app.add_flag("--preload", o.preload,
                "Restore every persisted pool at start (default: on first create or attach)");
   app.add_option("--metrics-listen", o.metrics_listen,
                  "Serve Prometheus metrics on http://HOST:PORT/metrics (e.g. 127.0.0.1:9464; "
                  "port 0 = any free port, logged)");
+  // Fault injection for the test suites; not shown in --help.
+  app.add_option("--test-create-delay-ms", o.test_create_delay_ms)
+      ->group("")
+      ->check(CLI::Range(0, 3600000));
 }
 
 std::string IpcPath(const std::string& endpoint) {
@@ -224,21 +266,241 @@ std::string IpcPath(const std::string& endpoint) {
 
 // ---------------------------------------------------------------------------------------
 
+namespace {
+
+std::string RandomInstanceId() {
+  uint8_t bytes[16];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
+    std::random_device rd;
+    for (auto& b : bytes) b = static_cast<uint8_t>(rd());
+  }
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : bytes) {
+    s.push_back(kHex[b >> 4]);
+    s.push_back(kHex[b & 15]);
+  }
+  return s;
+}
+
+/// Reader / operator roles by uid and gid. Supplementary groups come from the group
+/// database (cached for 10 s per uid); the primary gid from the peer's credentials.
+class Roles {
+ public:
+  enum Role { kNone = 0, kReader = 1, kOperator = 2 };
+
+  explicit Roles(const DaemonOptions& o) {
+    operator_uids_.insert(o.allow_uids.begin(), o.allow_uids.end());
+    operator_uids_.insert(o.operator_uids.begin(), o.operator_uids.end());
+    operator_gids_.insert(o.operator_gids.begin(), o.operator_gids.end());
+    reader_uids_.insert(o.reader_uids.begin(), o.reader_uids.end());
+    reader_gids_.insert(o.reader_gids.begin(), o.reader_gids.end());
+    if (operator_uids_.empty() && operator_gids_.empty() && reader_uids_.empty() &&
+        reader_gids_.empty()) {
+      operator_uids_ = {static_cast<uint32_t>(getuid()), 0u};
+    }
+  }
+
+  Role Of(uint32_t uid, uint32_t gid) {
+    if (operator_uids_.count(uid)) return kOperator;
+    const bool groups_matter = !operator_gids_.empty() || !reader_gids_.empty();
+    std::vector<uint32_t> groups;
+    if (groups_matter) groups = GroupsOf(uid, gid);
+    for (uint32_t g : groups) {
+      if (operator_gids_.count(g)) return kOperator;
+    }
+    if (reader_uids_.count(uid)) return kReader;
+    for (uint32_t g : groups) {
+      if (reader_gids_.count(g)) return kReader;
+    }
+    return kNone;
+  }
+
+  std::string Describe(Role role) const {
+    if (role == kOperator) {
+      return absl::StrCat("operators are uids [", absl::StrJoin(operator_uids_, ", "),
+                          "] and gids [", absl::StrJoin(operator_gids_, ", "), "]");
+    }
+    return absl::StrCat("readers are uids [", absl::StrJoin(reader_uids_, ", "), "] and gids [",
+                        absl::StrJoin(reader_gids_, ", "), "], plus every operator (",
+                        Describe(kOperator), ")");
+  }
+
+ private:
+  std::vector<uint32_t> GroupsOf(uint32_t uid, uint32_t gid) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto now = Clock::now();
+    auto& entry = cache_[uid];
+    if (entry.first + std::chrono::seconds(10) < now || entry.second.empty()) {
+      std::vector<uint32_t> out = {gid};
+      struct passwd pw;
+      struct passwd* found = nullptr;
+      std::vector<char> buf(16384);
+      if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr) {
+        int n = 64;
+        std::vector<gid_t> gids(n);
+        if (getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n) < 0 && n > 64) {
+          gids.resize(n);
+          getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n);
+        }
+        for (int i = 0; i < n && i < static_cast<int>(gids.size()); ++i) out.push_back(gids[i]);
+      }
+      entry = {now, out};
+    }
+    std::vector<uint32_t> out = entry.second;
+    if (std::find(out.begin(), out.end(), gid) == out.end()) out.push_back(gid);
+    return out;
+  }
+
+  std::set<uint32_t> operator_uids_, operator_gids_, reader_uids_, reader_gids_;
+  std::mutex mu_;
+  std::map<uint32_t, std::pair<Clock::time_point, std::vector<uint32_t>>> cache_;
+};
+
+/// The sockets' folder must not let others replace them (squat the names): it is ours or
+/// root's, and not writable by others unless sticky (or ours).
+Status CheckSocketFolder(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) return absl::OkStatus();  // MkdirP reported problems
+  if (st.st_uid != geteuid() && st.st_uid != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket folder ", dir, " belongs to uid ", st.st_uid, ", not to this daemon (uid ",
+        geteuid(), ") or root; refusing to serve there"));
+  }
+  if ((st.st_mode & (S_IWOTH | S_IWGRP)) != 0 && (st.st_mode & S_ISVTX) == 0 &&
+      st.st_uid != geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket folder ", dir, " is writable by others and not sticky; others could replace "
+        "the daemon's sockets there"));
+  }
+  return absl::OkStatus();
+}
+
+bool NeedsOperator(ipc::MessageType t) {
+  return t == ipc::MessageType::kCreatePool || t == ipc::MessageType::kEvict;
+}
+
+/// A queued or running CREATE_POOL.
+struct CreateJob {
+  uint64_t key = 0;
+  ipc::Request request;
+  Requester who;
+  std::shared_ptr<std::atomic<bool>> cancel;
+};
+
+/// A message a worker produced for the control loop to send.
+struct CreateEvent {
+  uint64_t key = 0;
+  ipc::Reply reply;
+  bool final = false;
+};
+
+/// State shared by the control loop and the create workers. Workers hold it by
+/// shared_ptr, so one left blocked at shutdown never touches freed memory.
+struct CreateShared {
+  std::shared_ptr<PoolManager> manager;
+  std::shared_ptr<PoolStore> store;  // the manager points at it (may be null)
+  std::shared_ptr<Metrics> metrics;
+  std::string instance;
+  size_t capacity = 8;  // creates that may wait while every worker is busy
+  size_t workers = 1;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<CreateJob> queue;
+  size_t running = 0;
+  bool stop = false;
+  std::deque<CreateEvent> events;
+  ipc::UniqueFd event_fd;  // eventfd: wakes the control loop
+
+  void Post(CreateEvent e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      events.push_back(std::move(e));
+    }
+    uint64_t one = 1;
+    (void)!write(event_fd.get(), &one, sizeof(one));
+  }
+};
+
+void CreateWorker(std::shared_ptr<CreateShared> shared, std::shared_ptr<std::atomic<bool>> done) {
+  for (;;) {
+    CreateJob job;
+    {
+      std::unique_lock<std::mutex> lock(shared->mu);
+      shared->cv.wait(lock, [&] { return shared->stop || !shared->queue.empty(); });
+      if (shared->stop) break;
+      job = std::move(shared->queue.front());
+      shared->queue.pop_front();
+      ++shared->running;
+    }
+    const ipc::Request& req = job.request;
+    auto last = Clock::now() - std::chrono::seconds(1);
+    std::string last_stage;
+    ProgressFn progress = [&](const std::string& stage, int64_t d, int64_t total) {
+      // At most ~20 PROGRESS messages a second, but always the first and last of a stage.
+      auto now = Clock::now();
+      if (stage == last_stage && d != 0 && d != total &&
+          now - last < std::chrono::milliseconds(50)) {
+        return;
+      }
+      last = now;
+      last_stage = stage;
+      ipc::Reply p;
+      p.type = ipc::MessageType::kProgress;
+      p.id = req.id;
+      p.stage = stage;
+      p.done = d;
+      p.total = total;
+      shared->Post(CreateEvent{job.key, std::move(p), false});
+    };
+    StatusOr<CreateResult> result = absl::InternalError("create did not run");
+    const auto t0 = Clock::now();
+    try {
+      result = shared->manager->CreatePool(req, progress, job.who, job.cancel.get());
+    } catch (const std::exception& e) {
+      result = absl::InternalError(absl::StrCat("create pool threw: ", e.what()));
+    }
+    ipc::Reply r;
+    if (result.ok()) {
+      r.type = ipc::MessageType::kCreatePool;
+      r.id = req.id;
+      r.pool = result->info;
+      r.created = result->created;
+      if (result->created && !result->restored) {
+        shared->metrics->AddPrefillTokens(result->info.tokens);
+      }
+    } else {
+      r = ipc::ErrorReply(ipc::MessageType::kCreatePool, req.id, result.status());
+    }
+    shared->metrics->ObserveRequest(ipc::MessageType::kCreatePool, r,
+                                    std::chrono::duration<double>(Clock::now() - t0).count());
+    shared->Post(CreateEvent{job.key, std::move(r), true});
+    {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      --shared->running;
+    }
+  }
+  done->store(true);
+}
+
+}  // namespace
+
 struct Daemon::Impl {
   DaemonOptions options;
   std::string endpoint;
   std::string ipc_path;  // "" for tcp
-  std::string pid_path, segments_path;
-  std::set<uint32_t> allowed;
-  std::unique_ptr<PoolStore> store;  // before manager: the manager points at it
-  std::unique_ptr<PoolManager> manager;
-  Metrics metrics;
+  std::string pid_path, legacy_segments_path, fd_path;
+  std::string instance;
+  std::unique_ptr<Roles> roles;
+  std::shared_ptr<PoolStore> store;  // before manager: the manager points at it
+  std::shared_ptr<PoolManager> manager;
+  std::shared_ptr<Metrics> metrics = std::make_shared<Metrics>();
   std::unique_ptr<MetricsServer> metrics_server;
+  std::shared_ptr<CreateShared> creates;
+  std::unique_ptr<FdServer> fd_server;
 
   zmq::context_t ctx;
   std::unique_ptr<zmq::socket_t> router;
-  std::unique_ptr<zmq::socket_t> results;  // PULL: worker -> main loop
-  std::string results_endpoint;
   std::thread zap_thread;
   std::atomic<bool> zap_stop{false};
 
@@ -246,27 +508,41 @@ struct Daemon::Impl {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
   };
-  std::list<Worker> workers;
+  std::vector<Worker> workers;
+
+  /// A create the control loop answers for: who asked, and what it last told them.
+  struct Tracked {
+    std::string identity;
+    bool delimiter = false;
+    uint64_t request_id = 0;
+    bool progress = false;
+    std::string stage = "queued";
+    int64_t done = 0, total = 1;
+    Clock::time_point last_sent;
+    std::shared_ptr<std::atomic<bool>> cancel;
+  };
+  std::map<uint64_t, Tracked> tracked;
+  uint64_t next_key = 0;
+
   bool shut_down = false;
+  int left_behind = 0;      // workers still busy when shutdown gave up waiting
   bool owns_files = false;  // set once our socket is bound: only then are the files ours
 
   ~Impl() { Shutdown(); }
 
   void ZapLoop(zmq::socket_t zap);
   void HandleRouter();
-  void ForwardResults();
-  void Send(const zmq::message_t& identity, bool delimiter, const std::string& payload);
-  void SendReply(const zmq::message_t& identity, bool delimiter, const ipc::Reply& reply) {
-    Send(identity, delimiter, ipc::EncodeReply(reply));
-  }
-  // A refused or undecodable frame (no request type to count it under).
-  void SendRefusal(const zmq::message_t& identity, bool delimiter, const ipc::Reply& reply) {
-    metrics.ObserveError(reply.code);
-    SendReply(identity, delimiter, reply);
+  void ForwardEvents();
+  void Heartbeats();
+  void Send(const std::string& identity, bool delimiter, ipc::Reply reply);
+  /// Send for a refused or undecodable frame (counted by error code only).
+  void SendRefusal(const std::string& identity, bool delimiter, ipc::Reply reply) {
+    metrics->ObserveError(reply.code);
+    Send(identity, delimiter, std::move(reply));
   }
   ipc::Reply Dispatch(const ipc::Request& req, uint32_t peer_pid);
-  void StartCreate(zmq::message_t identity, bool delimiter, ipc::Request req);
-  void ReapWorkers(bool all);
+  void DaemonFigures(ipc::Reply* r);
+  void StartCreate(std::string identity, bool delimiter, ipc::Request req, Requester who);
   void Shutdown();
 };
 
@@ -300,16 +576,31 @@ void Daemon::Impl::ZapLoop(zmq::socket_t zap) {
   }
 }
 
-void Daemon::Impl::Send(const zmq::message_t& identity, bool delimiter,
-                        const std::string& payload) {
+void Daemon::Impl::Send(const std::string& identity, bool delimiter, ipc::Reply reply) {
+  reply.instance = instance;
+  const std::string payload = ipc::EncodeReply(reply);
   try {
-    zmq::message_t id(identity.data(), identity.size());
-    router->send(id, zmq::send_flags::sndmore);
+    router->send(zmq::buffer(identity), zmq::send_flags::sndmore);
     if (delimiter) router->send(zmq::message_t(), zmq::send_flags::sndmore);
     router->send(zmq::buffer(payload), zmq::send_flags::none);
   } catch (const zmq::error_t& e) {
     spdlog::warn("send reply: {}", e.what());
   }
+}
+
+void Daemon::Impl::DaemonFigures(ipc::Reply* r) {
+  r->daemon_version = POLYKV_VERSION;
+  r->daemon_pid = static_cast<uint32_t>(getpid());
+  r->memory_used = manager->memory_used();
+  r->memory_cap = manager->memory_cap();
+  const ModelCacheStats cache = manager->model_cache();
+  r->model_cache_bytes = cache.bytes;
+  r->model_cache_models = cache.models;
+  r->model_cache_capacity = cache.capacity;
+  std::lock_guard<std::mutex> lock(creates->mu);
+  r->creates_queued = static_cast<uint32_t>(creates->queue.size());
+  r->creates_running = static_cast<uint32_t>(creates->running);
+  r->create_queue_capacity = static_cast<uint32_t>(creates->capacity);
 }
 
 ipc::Reply Daemon::Impl::Dispatch(const ipc::Request& req, uint32_t peer_pid) {
@@ -319,13 +610,11 @@ ipc::Reply Daemon::Impl::Dispatch(const ipc::Request& req, uint32_t peer_pid) {
   auto fail = [&](const Status& s) { return ipc::ErrorReply(req.type, req.id, s); };
   switch (req.type) {
     case ipc::MessageType::kPing:
-      r.daemon_version = POLYKV_VERSION;
-      r.daemon_pid = static_cast<uint32_t>(getpid());
-      r.memory_used = manager->memory_used();
-      r.memory_cap = manager->memory_cap();
+      DaemonFigures(&r);
       return r;
     case ipc::MessageType::kList:
       r.pools = manager->List();
+      DaemonFigures(&r);
       return r;
     case ipc::MessageType::kStats:
       if (!req.pool_id.empty()) {
@@ -336,10 +625,7 @@ ipc::Reply Daemon::Impl::Dispatch(const ipc::Request& req, uint32_t peer_pid) {
       } else {
         r.pools = manager->List();
       }
-      r.daemon_version = POLYKV_VERSION;
-      r.daemon_pid = static_cast<uint32_t>(getpid());
-      r.memory_used = manager->memory_used();
-      r.memory_cap = manager->memory_cap();
+      DaemonFigures(&r);
       return r;
     case ipc::MessageType::kAttach: {
       auto g = manager->Attach(req.pool_id, req.client_pid != 0 ? req.client_pid : peer_pid);
@@ -374,84 +660,95 @@ ipc::Reply Daemon::Impl::Dispatch(const ipc::Request& req, uint32_t peer_pid) {
   }
 }
 
-void Daemon::Impl::StartCreate(zmq::message_t identity, bool delimiter, ipc::Request req) {
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  auto id = std::make_shared<zmq::message_t>(std::move(identity));
-  std::thread t([this, id, delimiter, req = std::move(req), done]() {
-    try {
-      zmq::socket_t push(ctx, zmq::socket_type::push);
-      push.set(zmq::sockopt::linger, 0);
-      push.connect(results_endpoint);
-      auto send = [&](const ipc::Reply& reply) {
-        std::string payload = ipc::EncodeReply(reply);
-        zmq::message_t ident;
-        ident.copy(*id);
-        std::array<zmq::message_t, 3> parts = {
-            std::move(ident), zmq::message_t(delimiter ? "d" : "n", 1),
-            zmq::message_t(payload.data(), payload.size())};
-        (void)zmq::send_multipart(push, parts);
-      };
-      auto last = Clock::now() - std::chrono::seconds(1);
-      ProgressFn progress = [&](const std::string& stage, int64_t d, int64_t total) {
-        if (!req.progress) return;
-        // At most ~20 PROGRESS messages a second, but always the first and last of a stage.
-        auto now = Clock::now();
-        if (d != 0 && d != total && now - last < std::chrono::milliseconds(50)) return;
-        last = now;
-        ipc::Reply p;
-        p.type = ipc::MessageType::kProgress;
-        p.id = req.id;
-        p.stage = stage;
-        p.done = d;
-        p.total = total;
-        send(p);
-      };
-      StatusOr<CreateResult> result = absl::InternalError("create did not run");
-      const auto t0 = Clock::now();
-      try {
-        result = manager->CreatePool(req, progress);
-      } catch (const std::exception& e) {
-        result = absl::InternalError(absl::StrCat("create pool threw: ", e.what()));
-      }
-      ipc::Reply r;
-      if (result.ok()) {
-        r.type = ipc::MessageType::kCreatePool;
-        r.id = req.id;
-        r.pool = result->info;
-        r.created = result->created;
-        if (result->created && !result->restored) metrics.AddPrefillTokens(result->info.tokens);
-      } else {
-        r = ipc::ErrorReply(ipc::MessageType::kCreatePool, req.id, result.status());
-      }
-      metrics.ObserveRequest(ipc::MessageType::kCreatePool, r,
-                             std::chrono::duration<double>(Clock::now() - t0).count());
-      send(r);
-    } catch (const zmq::error_t& e) {
-      if (e.num() != ETERM) spdlog::warn("create worker: {}", e.what());
+void Daemon::Impl::StartCreate(std::string identity, bool delimiter, ipc::Request req,
+                               Requester who) {
+  CreateJob job;
+  job.key = ++next_key;
+  job.who = who;
+  job.cancel = std::make_shared<std::atomic<bool>>(false);
+  Tracked t;
+  t.identity = std::move(identity);
+  t.delimiter = delimiter;
+  t.request_id = req.id;
+  t.progress = req.progress;
+  t.cancel = job.cancel;
+  size_t queued = 0, running = 0;
+  bool full = false;
+  {
+    std::lock_guard<std::mutex> lock(creates->mu);
+    queued = creates->queue.size();
+    running = creates->running;
+    full = queued + running >= creates->capacity + creates->workers;
+    if (!full) {
+      job.request = std::move(req);
+      creates->queue.push_back(std::move(job));
     }
-    done->store(true);
-  });
-  workers.push_back(Worker{std::move(t), done});
+  }
+  if (full) {
+    spdlog::warn("refused a create: {} queued, {} running", queued, running);
+    SendRefusal(t.identity, t.delimiter,
+         ipc::ErrorReply(ipc::MessageType::kCreatePool, t.request_id,
+                         absl::ResourceExhaustedError(absl::StrCat(
+                             "the create queue is full (", queued, " waiting, ", running,
+                             " running; --max-queued-creates ", creates->capacity,
+                             "): retry later"))));
+    return;
+  }
+  creates->cv.notify_one();
+  const uint64_t key = next_key;
+  t.last_sent = Clock::now();
+  if (t.progress) {
+    ipc::Reply p;
+    p.type = ipc::MessageType::kProgress;
+    p.id = t.request_id;
+    p.stage = "queued";
+    p.done = static_cast<int64_t>(queued);
+    p.total = static_cast<int64_t>(queued);
+    Send(t.identity, t.delimiter, p);
+  }
+  tracked.emplace(key, std::move(t));
 }
 
-void Daemon::Impl::ReapWorkers(bool all) {
-  for (auto it = workers.begin(); it != workers.end();) {
-    if (all || it->done->load()) {
-      if (it->thread.joinable()) it->thread.join();
-      it = workers.erase(it);
-    } else {
-      ++it;
+void Daemon::Impl::ForwardEvents() {
+  uint64_t counter;
+  (void)!read(creates->event_fd.get(), &counter, sizeof(counter));
+  std::deque<CreateEvent> events;
+  {
+    std::lock_guard<std::mutex> lock(creates->mu);
+    events.swap(creates->events);
+  }
+  for (CreateEvent& e : events) {
+    auto it = tracked.find(e.key);
+    if (it == tracked.end()) continue;  // already answered (cancelled at shutdown)
+    Tracked& t = it->second;
+    if (e.final) {
+      Send(t.identity, t.delimiter, std::move(e.reply));
+      tracked.erase(it);
+      continue;
+    }
+    t.stage = e.reply.stage;
+    t.done = e.reply.done;
+    t.total = e.reply.total;
+    if (t.progress) {
+      t.last_sent = Clock::now();
+      Send(t.identity, t.delimiter, std::move(e.reply));
     }
   }
 }
 
-void Daemon::Impl::ForwardResults() {
-  for (int i = 0; i < 64; ++i) {
-    std::vector<zmq::message_t> parts;
-    auto n = zmq::recv_multipart(*results, std::back_inserter(parts), zmq::recv_flags::dontwait);
-    if (!n) return;
-    if (parts.size() != 3) continue;
-    Send(parts[0], parts[1].to_string_view() == "d", parts[2].to_string());
+void Daemon::Impl::Heartbeats() {
+  const auto now = Clock::now();
+  for (auto& [key, t] : tracked) {
+    if (!t.progress || now - t.last_sent < std::chrono::milliseconds(ipc::kHeartbeatMs)) continue;
+    ipc::Reply p;
+    p.type = ipc::MessageType::kProgress;
+    p.id = t.request_id;
+    p.stage = t.stage;
+    p.done = t.done;
+    p.total = t.total;
+    p.heartbeat = true;
+    t.last_sent = now;
+    Send(t.identity, t.delimiter, p);
   }
 }
 
@@ -467,42 +764,45 @@ void Daemon::Impl::HandleRouter() {
     }
     if (!n) return;
     if (parts.size() < 2) continue;  // identity only: nothing to answer
-    const zmq::message_t& identity = parts[0];
+    const std::string identity = parts[0].to_string();
     bool delimiter = parts.size() >= 3 && parts[1].size() == 0;
     const size_t body_frames = parts.size() - 1 - (delimiter ? 1 : 0);
     zmq::message_t& payload = parts.back();
     if (body_frames != 1) {
       SendRefusal(identity, delimiter,
-                ipc::ErrorReply(ipc::MessageType::kError, 0,
-                                absl::InvalidArgumentError(absl::StrCat(
-                                    "expected one JSON frame after the delimiter, got ",
-                                    body_frames))));
+           ipc::ErrorReply(ipc::MessageType::kError, 0,
+                           absl::InvalidArgumentError(absl::StrCat(
+                               "expected one JSON frame after the delimiter, got ",
+                               body_frames))));
       continue;
     }
     // Peer credentials (ipc endpoints): "uid:gid:pid" from the ZAP handler.
-    uint32_t peer_uid = 0, peer_pid = 0;
+    uint32_t peer_uid = 0, peer_gid = 0, peer_pid = 0;
     bool have_cred = false;
     try {
       std::string user = payload.gets("User-Id");
       std::vector<std::string> f = absl::StrSplit(user, ':');
       if (f.size() == 3) {
         peer_uid = static_cast<uint32_t>(std::stoul(f[0]));
+        peer_gid = static_cast<uint32_t>(std::stoul(f[1]));
         peer_pid = static_cast<uint32_t>(std::stoul(f[2]));
         have_cred = true;
       }
     } catch (const std::exception&) {
     }
     std::string_view frame(static_cast<const char*>(payload.data()), payload.size());
+    Roles::Role role = Roles::kOperator;  // tcp: no credentials to check (see Start)
     if (!ipc_path.empty()) {
-      if (!have_cred || !allowed.count(peer_uid)) {
+      role = have_cred ? roles->Of(peer_uid, peer_gid) : Roles::kNone;
+      if (role == Roles::kNone) {
         std::string who = have_cred ? absl::StrCat("uid ", peer_uid, " (pid ", peer_pid, ")")
                                     : std::string("a peer with unknown credentials");
-        spdlog::warn("refused request from {}: not in the allowed uids", who);
+        spdlog::warn("refused request from {}: not in the allowed uids or gids", who);
         SendRefusal(identity, delimiter,
-                  ipc::ErrorReplyForFrame(
-                      frame, absl::PermissionDeniedError(absl::StrCat(
-                                 who, " is not allowed to use polykvd (allowed uids: ",
-                                 absl::StrJoin(allowed, ", "), ")"))));
+             ipc::ErrorReplyForFrame(
+                 frame, absl::PermissionDeniedError(absl::StrCat(
+                            who, " is not allowed to use polykvd (",
+                            roles->Describe(Roles::kReader), ")"))));
         continue;
       }
     }
@@ -515,10 +815,24 @@ void Daemon::Impl::HandleRouter() {
     }
     spdlog::debug("{} id={} from pid {}", std::string(ipc::MessageTypeName(req->type)), req->id,
                   peer_pid);
+    if (NeedsOperator(req->type) && role != Roles::kOperator) {
+      spdlog::warn("refused {} from uid {} (pid {}): not an operator",
+                   std::string(ipc::MessageTypeName(req->type)), peer_uid, peer_pid);
+      SendRefusal(identity, delimiter,
+           ipc::ErrorReply(req->type, req->id,
+                           absl::PermissionDeniedError(absl::StrCat(
+                               "uid ", peer_uid, " may not ",
+                               std::string(ipc::MessageTypeName(req->type)),
+                               ": it is a reader, not an operator (",
+                               roles->Describe(Roles::kOperator), ")"))));
+      continue;
+    }
     if (req->type == ipc::MessageType::kCreatePool) {
-      zmq::message_t ident;
-      ident.copy(parts[0]);
-      StartCreate(std::move(ident), delimiter, *std::move(req));
+      Requester who;
+      who.uid = peer_uid;
+      who.trusted_paths = ipc_path.empty() || !have_cred || peer_uid == 0 ||
+                          peer_uid == static_cast<uint32_t>(getuid());
+      StartCreate(identity, delimiter, *std::move(req), who);
       continue;
     }
     ipc::Reply reply;
@@ -529,30 +843,76 @@ void Daemon::Impl::HandleRouter() {
       reply = ipc::ErrorReply(req->type, req->id,
                               absl::InternalError(absl::StrCat("internal error: ", e.what())));
     }
-    metrics.ObserveRequest(req->type, reply,
-                           std::chrono::duration<double>(Clock::now() - t0).count());
-    SendReply(identity, delimiter, reply);
+    metrics->ObserveRequest(req->type, reply,
+                            std::chrono::duration<double>(Clock::now() - t0).count());
+    Send(identity, delimiter, reply);
   }
 }
 
 void Daemon::Impl::Shutdown() {
   if (shut_down) return;
   shut_down = true;
+  // 1. Tell every client with a create in flight that it is cancelled, before the socket
+  //    closes (a client would otherwise wait for a reply that never comes).
+  if (creates) {
+    {
+      std::lock_guard<std::mutex> lock(creates->mu);
+      creates->stop = true;
+      creates->queue.clear();
+    }
+    creates->cv.notify_all();
+  }
+  for (auto& [key, t] : tracked) {
+    t.cancel->store(true);
+    if (router) {
+      Send(t.identity, t.delimiter,
+           ipc::ErrorReply(ipc::MessageType::kCreatePool, t.request_id,
+                           absl::CancelledError("polykvd is shutting down: the create was "
+                                                "cancelled (retry once it is back)")));
+    }
+  }
+  if (!tracked.empty()) spdlog::info("cancelled {} create(s) in flight", tracked.size());
+  tracked.clear();
+  if (manager) manager->Shutdown();  // running creates stop at their next check
   try {
-    if (router) router->close();  // stop accepting
+    if (router) {
+      router->set(zmq::sockopt::linger, 1000);  // let the CANCELLED replies out
+      router->close();
+    }
   } catch (const zmq::error_t&) {
   }
-  if (manager) manager->Shutdown();
-  ReapWorkers(/*all=*/true);
-  try {
-    if (results) results->close();
-  } catch (const zmq::error_t&) {
+  fd_server.reset();
+  // 2. Wait a bounded time for the workers; one blocked in a system call is left behind
+  //    (it holds only shared state and finds the manager shut down when it returns).
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(
+                         std::llround(std::max(0.0, options.shutdown_grace_seconds) * 1000));
+  for (;;) {
+    bool all = true;
+    for (const auto& w : workers) all = all && w.done->load();
+    if (all || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (auto& w : workers) {
+    if (!w.thread.joinable()) continue;
+    if (w.done->load()) {
+      w.thread.join();
+    } else {
+      w.thread.detach();
+      ++left_behind;
+    }
+  }
+  workers.clear();
+  if (left_behind > 0) {
+    spdlog::warn("{} create worker(s) still busy after {} s; not waiting for them", left_behind,
+                 options.shutdown_grace_seconds);
   }
   zap_stop.store(true);
   if (zap_thread.joinable()) zap_thread.join();
   metrics_server.reset();  // its handler reads the manager
   manager.reset();
-  store.reset();
+  creates.reset();
+  store.reset();  // a worker left behind still holds it through CreateShared
   try {
     ctx.shutdown();
     ctx.close();
@@ -561,7 +921,6 @@ void Daemon::Impl::Shutdown() {
   if (!ipc_path.empty() && owns_files) {
     unlink(ipc_path.c_str());
     unlink(pid_path.c_str());
-    unlink(segments_path.c_str());
   }
   if (owns_files) spdlog::info("polykvd stopped");
 }
@@ -571,12 +930,16 @@ void Daemon::Impl::Shutdown() {
 Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Daemon::~Daemon() = default;
 const std::string& Daemon::endpoint() const { return impl_->endpoint; }
+const std::string& Daemon::instance() const { return impl_->instance; }
+const std::string& Daemon::fd_socket() const { return impl_->fd_path; }
+int Daemon::workers_left_behind() const { return impl_->left_behind; }
 PoolManager& Daemon::pools() { return *impl_->manager; }
 
 StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   auto impl = std::make_unique<Impl>();
   impl->endpoint = o.endpoint.empty() ? ipc::DefaultEndpoint() : o.endpoint;
   impl->ipc_path = IpcPath(impl->endpoint);
+  impl->instance = RandomInstanceId();
 
   // Backend.
   std::string backend = o.backend;
@@ -590,14 +953,12 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
     return absl::InvalidArgumentError(absl::StrCat("unknown backend \"", backend, "\""));
   }
   if (!(o.lease_seconds > 0)) return absl::InvalidArgumentError("lease seconds must be > 0");
-  if (o.allow_uids.empty()) {
-    impl->allowed = {static_cast<uint32_t>(getuid()), 0u};
-  } else {
-    impl->allowed.insert(o.allow_uids.begin(), o.allow_uids.end());
-  }
+  if (o.create_workers < 1) return absl::InvalidArgumentError("create workers must be >= 1");
+  if (o.max_queued_creates < 0) return absl::InvalidArgumentError("max queued creates must be >= 0");
+  impl->roles = std::make_unique<Roles>(o);
   if (o.threads >= 0) model::SetComputeThreads(o.threads);
 
-  // Live daemon / stale socket / stale segments.
+  // Live daemon / stale sockets / legacy segments.
   if (!impl->ipc_path.empty()) {
     const std::string& path = impl->ipc_path;
     if (path.size() > 100) {
@@ -605,8 +966,10 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
           absl::StrCat("ipc socket path ", path, " is too long (max ~100 chars)"));
     }
     impl->pid_path = path + ".pid";
-    impl->segments_path = path + ".segments";
-    POLYKV_RETURN_IF_ERROR(MkdirP(path.substr(0, path.rfind('/'))));
+    impl->legacy_segments_path = path + ".segments";
+    const std::string dir = path.rfind('/') == 0 ? "/" : path.substr(0, path.rfind('/'));
+    POLYKV_RETURN_IF_ERROR(MkdirP(dir));
+    POLYKV_RETURN_IF_ERROR(CheckSocketFolder(dir));
     struct stat st;
     if (lstat(path.c_str(), &st) == 0) {
       if (!S_ISSOCK(st.st_mode)) {
@@ -631,18 +994,42 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
             "polykvd pid ", old_pid, " (", impl->pid_path, ") is alive but not answering on ",
             impl->endpoint, "; stop it first"));
       }
-      std::ifstream segf(impl->segments_path);
+      spdlog::warn("previous polykvd (pid {}) died; its pools were sealed memfds and went "
+                   "with it", old_pid);
+    }
+    // Older polykvd versions kept pools as named POSIX shm segments and listed them in
+    // <socket>.segments: remove the ones with our prefix (any prefix, not only /polykv).
+    if (std::ifstream segf(impl->legacy_segments_path); segf) {
       std::string name;
       int removed = 0;
       while (std::getline(segf, name)) {
-        if (name.rfind("/polykv", 0) != 0) continue;
+        if (name.size() <= o.shm_prefix.size() || name.rfind(o.shm_prefix, 0) != 0) continue;
         if (ipc::ShmRegion::Remove(name).ok()) ++removed;
       }
-      spdlog::warn("previous polykvd (pid {}) died; removed {} stale shm segment(s)", old_pid,
-                   removed);
+      spdlog::warn("removed {} stale shm segment(s) with prefix {} listed by an older polykvd",
+                   removed, o.shm_prefix);
+      segf.close();
+      unlink(impl->legacy_segments_path.c_str());
     }
   } else {
     spdlog::warn("endpoint {} is not ipc://: peer uids cannot be checked", impl->endpoint);
+  }
+  if (o.models_dirs.empty()) {
+    spdlog::info("no --models-dir: only uid {} and root may name model files", getuid());
+  }
+
+  // Pool-descriptor socket path.
+  impl->fd_path = o.fd_socket;
+  if (impl->fd_path.empty()) {
+    if (!impl->ipc_path.empty()) {
+      impl->fd_path = impl->ipc_path + ".fds";
+    } else {
+      const std::string dir = absl::StrCat("/tmp/polykv-", getuid());
+      POLYKV_RETURN_IF_ERROR(MkdirP(dir));
+      POLYKV_RETURN_IF_ERROR(CheckSocketFolder(dir));
+      chmod(dir.c_str(), 0700);
+      impl->fd_path = absl::StrCat(dir, "/polykvd-", getpid(), ".fds");
+    }
   }
 
   // Pools.
@@ -651,21 +1038,20 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   pm.memory_cap = o.memory_cap;
   pm.lease_ms = std::max<int64_t>(1, std::llround(o.lease_seconds * 1000));
   pm.model_path = o.model_path;
+  pm.models_dirs = o.models_dirs;
   pm.shm_prefix = o.shm_prefix;
+  pm.fd_socket = impl->fd_path;
   pm.loader = o.loader;
   pm.threads = o.threads;
-  if (!impl->segments_path.empty()) {
-    std::string seg_path = impl->segments_path;
-    pm.on_segments_changed = [seg_path](const std::vector<std::string>& names) {
-      WriteFileAtomic(seg_path, names.empty() ? "" : absl::StrJoin(names, "\n") + "\n");
-    };
-  }
+  pm.model_cache_models = o.model_cache_models;
+  pm.model_cache_bytes = o.model_cache_bytes;
+  pm.test_create_delay_ms = o.test_create_delay_ms;
 
   // Persisted pools.
   if (!o.state_dir.empty()) {
     auto store = PoolStore::Open(o.state_dir, o.state_budget);
     if (!store.ok()) return store.status();
-    impl->store = *std::move(store);
+    impl->store = std::shared_ptr<PoolStore>(*std::move(store));
     pm.store = impl->store.get();
   } else if (o.preload || o.state_budget) {
     return absl::InvalidArgumentError("--preload and --state-budget need --state-dir");
@@ -676,10 +1062,6 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
     zmq::socket_t zap(impl->ctx, zmq::socket_type::rep);
     zap.bind(kZapEndpoint);
     impl->zap_thread = std::thread(&Impl::ZapLoop, impl.get(), std::move(zap));
-    impl->results_endpoint =
-        absl::StrCat("inproc://polykvd-results-", reinterpret_cast<uintptr_t>(impl.get()));
-    impl->results = std::make_unique<zmq::socket_t>(impl->ctx, zmq::socket_type::pull);
-    impl->results->bind(impl->results_endpoint);
     impl->router = std::make_unique<zmq::socket_t>(impl->ctx, zmq::socket_type::router);
     impl->router->set(zmq::sockopt::zap_domain, "polykv");
     impl->router->set(zmq::sockopt::maxmsgsize, kZmqMaxMsgSize);
@@ -690,11 +1072,37 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   } catch (const zmq::error_t& e) {
     return absl::UnavailableError(absl::StrCat("cannot bind ", impl->endpoint, ": ", e.what()));
   }
-  impl->manager = std::make_unique<PoolManager>(std::move(pm));
+  impl->manager = std::make_shared<PoolManager>(std::move(pm));
+  impl->creates = std::make_shared<CreateShared>();
+  impl->creates->manager = impl->manager;
+  impl->creates->store = impl->store;
+  impl->creates->metrics = impl->metrics;
+  impl->creates->instance = impl->instance;
+  impl->creates->capacity = static_cast<size_t>(o.max_queued_creates);
+  impl->creates->workers = static_cast<size_t>(o.create_workers);
+  impl->creates->event_fd.Reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!impl->creates->event_fd.valid()) {
+    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  }
+  for (int i = 0; i < o.create_workers; ++i) {
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    impl->workers.push_back(
+        Impl::Worker{std::thread(CreateWorker, impl->creates, done), done});
+  }
+  Roles* roles = impl->roles.get();
+  auto fd_server = FdServer::Start(
+      impl->fd_path, o.socket_mode, impl->manager,
+      [roles](uint32_t uid, uint32_t gid, uint32_t) -> Status {
+        if (roles->Of(uid, gid) != Roles::kNone) return absl::OkStatus();
+        return absl::PermissionDeniedError(absl::StrCat(
+            "uid ", uid, " is not allowed to map pools (", roles->Describe(Roles::kReader), ")"));
+      });
+  if (!fd_server.ok()) return fd_server.status();
+  impl->fd_server = *std::move(fd_server);
   if (!o.metrics_listen.empty()) {
     Impl* d = impl.get();
     auto server = MetricsServer::Start(o.metrics_listen, [d] {
-      return d->metrics.Render(*d->manager, d->store.get());
+      return d->metrics->Render(*d->manager, d->store.get());
     });
     if (!server.ok()) return server.status();
     impl->metrics_server = *std::move(server);
@@ -718,11 +1126,16 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
     WriteFileAtomic(impl->pid_path, absl::StrCat(getpid(), " ", ProcComm(getpid()), "\n"));
   }
   impl->options = std::move(o);
-  spdlog::info("polykvd {} serving {} (backend {}, memory cap {}, lease {} s, allowed uids {})",
-               POLYKV_VERSION, impl->endpoint, backend,
+  spdlog::info("polykvd {} serving {} (instance {}, backend {}, memory cap {}, lease {} s, "
+               "{} create worker(s), queue {}, {}; {})",
+               POLYKV_VERSION, impl->endpoint, impl->instance.substr(0, 8), backend,
                impl->options.memory_cap ? std::to_string(impl->options.memory_cap) + " bytes"
                                         : std::string("unlimited"),
-               impl->options.lease_seconds, absl::StrJoin(impl->allowed, ","));
+               impl->options.lease_seconds, impl->options.create_workers,
+               impl->options.max_queued_creates, impl->roles->Describe(Roles::kOperator),
+               impl->options.models_dirs.empty()
+                   ? std::string("no model folders")
+                   : "model folders " + absl::StrJoin(impl->options.models_dirs, ", "));
   return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
 }
 
@@ -735,25 +1148,25 @@ Status Daemon::Run(const std::atomic<bool>* external_stop) {
   if (sd_watchdog_enabled(0, &watchdog_usec) <= 0) watchdog_usec = 0;
   auto last_watchdog = Clock::now();
 #endif
-  const auto tick = std::chrono::milliseconds(
-      std::max<int64_t>(10, std::llround(d.options.sweep_seconds * 1000)));
+  const auto tick = std::chrono::milliseconds(std::min<int64_t>(
+      ipc::kHeartbeatMs / 2, std::max<int64_t>(10, std::llround(d.options.sweep_seconds * 1000))));
   auto last_sweep = Clock::now();
   while (!stop_.load() && !(external_stop && external_stop->load())) {
     zmq::pollitem_t items[] = {{static_cast<void*>(*d.router), 0, ZMQ_POLLIN, 0},
-                               {static_cast<void*>(*d.results), 0, ZMQ_POLLIN, 0}};
+                               {nullptr, d.creates->event_fd.get(), ZMQ_POLLIN, 0}};
     try {
       zmq::poll(items, 2, tick);
       if (items[0].revents & ZMQ_POLLIN) d.HandleRouter();
-      if (items[1].revents & ZMQ_POLLIN) d.ForwardResults();
+      if (items[1].revents & ZMQ_POLLIN) d.ForwardEvents();
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) spdlog::error("control loop: {}", e.what());
       if (e.num() == ETERM) break;
     }
     const auto now = Clock::now();
+    d.Heartbeats();
     if (now - last_sweep >= tick) {
       last_sweep = now;
       d.manager->SweepExpiredLeases();
-      d.ReapWorkers(false);
     }
 #ifdef POLYKV_HAVE_SYSTEMD
     if (watchdog_usec > 0 &&

@@ -1,6 +1,10 @@
 // polykvd's control server: options (CLI11 flags + config file), startup checks (live
-// daemon on the endpoint, stale socket and shm segments), the ZeroMQ ROUTER loop with
-// worker threads for CREATE_POOL, peer-uid checks via ZAP, lease sweeping, sd_notify.
+// daemon on the endpoint, stale sockets, legacy shm segments), the ZeroMQ ROUTER loop, a
+// bounded CREATE_POOL queue served by a fixed set of worker threads (with PROGRESS
+// heartbeats), reader/operator roles from the peer's uid/gid (ZAP + SO_PEERCRED), the
+// pool-descriptor socket (fd_server.h), lease sweeping, sd_notify, and a shutdown that
+// answers in-flight creates with CANCELLED and never waits on a blocked worker for more
+// than a bounded time.
 #pragma once
 
 #include <atomic>
@@ -23,7 +27,23 @@ struct DaemonOptions {
   uint64_t memory_cap = 0;               ///< bytes per backend; 0 = unlimited
   double lease_seconds = 30;             ///< lease duration
   std::vector<std::string> model_path;   ///< search path for relative model names
-  std::vector<uint32_t> allow_uids;      ///< empty: the daemon's own uid and root
+  /// Model folders: models are opened only under these (canonical, no symlink escape).
+  /// Empty: only the daemon's own uid and root may name model files.
+  std::vector<std::string> models_dirs;
+  /// Operators (CREATE_POOL, EVICT and everything readers may) by uid; --allow-uid, kept
+  /// for older configs, adds to it. When no role list is given at all: the daemon's own uid
+  /// and root.
+  std::vector<uint32_t> allow_uids;
+  std::vector<uint32_t> operator_uids, operator_gids;
+  /// Readers (PING, LIST, STATS, ATTACH, RENEW, DETACH, pool descriptors) by uid / gid.
+  std::vector<uint32_t> reader_uids, reader_gids;
+  int create_workers = 2;                ///< threads running creates (fixed)
+  int max_queued_creates = 8;            ///< creates waiting for a worker; more: refused
+  size_t model_cache_models = 2;         ///< models kept loaded (LRU)
+  uint64_t model_cache_bytes = 0;        ///< bound on their estimated weights (0 = none)
+  double shutdown_grace_seconds = 5;     ///< how long shutdown waits for busy workers
+  std::string fd_socket;                 ///< pool-descriptor socket (default: <socket>.fds)
+  int test_create_delay_ms = 0;          ///< fault injection (tests): slow creates
   int threads = 0;                       ///< libtorch intra-op threads; 0 = all cores
   std::string log_level = "info";        ///< trace|debug|info|warn|error|critical|off
   std::string shm_prefix = "/polykv-";   ///< shm object name prefix of pools
@@ -55,13 +75,22 @@ class Daemon {
   static StatusOr<std::unique_ptr<Daemon>> Start(DaemonOptions options);
   ~Daemon();
 
-  /// Serves requests until Stop() or `*external_stop` becomes true; then shuts down (stops
-  /// accepting, joins workers, releases all pools, removes the socket and pid files).
+  /// Serves requests until Stop() or `*external_stop` becomes true; then shuts down: answers
+  /// every queued or running create with CANCELLED, stops accepting, waits at most
+  /// shutdown_grace_seconds for busy workers (a worker still blocked then is left behind),
+  /// releases all pools, removes the socket, descriptor-socket and pid files.
   Status Run(const std::atomic<bool>* external_stop = nullptr);
   /// Thread-safe (a single atomic store): asks Run to return.
   void Stop() { stop_.store(true); }
 
   const std::string& endpoint() const;
+  /// The 32-hex-char instance id sent in every reply.
+  const std::string& instance() const;
+  /// Path of the pool-descriptor socket.
+  const std::string& fd_socket() const;
+  /// Create workers the last shutdown left running (blocked past the grace time). A
+  /// process should then end with _exit: static destructors would race with them.
+  int workers_left_behind() const;
   PoolManager& pools();
 
   struct Impl;

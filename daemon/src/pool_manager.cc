@@ -1,25 +1,40 @@
 // polykvd's pools and leases (see pool_manager.h).
 #include "pool_manager.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
+#include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
 #include <optional>
 #include <random>
+#include <set>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 
 namespace polykv::daemon {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+/// Thrown from the prefill progress callback to abandon a cancelled create (the model's
+/// Prefill has no other way out; it unwinds through RAII locals only).
+struct CreateCancelled : std::exception {
+  const char* what() const noexcept override { return "create cancelled"; }
+};
 
 int64_t UnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -78,23 +93,87 @@ bool IsHex(const std::string& s) {
   return true;
 }
 
+/// `path` with "//", "." and ".." removed lexically ("" for a relative path). "/.." is "/".
+std::string LexicalNormal(const std::string& path) {
+  if (path.empty() || path[0] != '/') return "";
+  std::vector<std::string> parts;
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (part.empty() || part == ".") continue;
+    if (part == "..") {
+      if (!parts.empty()) parts.pop_back();
+      continue;
+    }
+    parts.emplace_back(part);
+  }
+  return "/" + absl::StrJoin(parts, "/");
+}
+
+/// Whether `path` is `root` or lies under it (both normalized, absolute).
+bool Under(const std::string& path, const std::string& root) {
+  if (root == "/") return !path.empty() && path[0] == '/';
+  return path == root || (path.size() > root.size() && path.compare(0, root.size(), root) == 0 &&
+                          path[root.size()] == '/');
+}
+
+bool UnderAny(const std::string& path, const std::vector<std::string>& roots) {
+  for (const auto& r : roots) {
+    if (Under(path, r)) return true;
+  }
+  return false;
+}
+
+StatusOr<std::string> RealPath(const std::string& path) {
+  char buf[PATH_MAX];
+  if (realpath(path.c_str(), buf) == nullptr) {
+    return Status(errno == ENOENT || errno == ENOTDIR ? absl::StatusCode::kNotFound
+                                                      : absl::StatusCode::kPermissionDenied,
+                  std::strerror(errno));
+  }
+  return std::string(buf);
+}
+
+std::string FdPath(int fd) { return absl::StrCat("/proc/self/fd/", fd); }
+
+/// The path the kernel has for an open descriptor, or "" when /proc is unavailable.
+std::string PathOfFd(int fd) {
+  char buf[PATH_MAX];
+  ssize_t n = readlink(FdPath(fd).c_str(), buf, sizeof(buf) - 1);
+  if (n <= 0) return "";
+  buf[n] = '\0';
+  return buf;
+}
+
 }  // namespace
+
+uint64_t ModelWeightBytes(const model::ModelConfig& c, torch::ScalarType dtype) {
+  const uint64_t hidden = static_cast<uint64_t>(std::max(0, c.hidden));
+  const uint64_t vocab = static_cast<uint64_t>(std::max(0, c.vocab));
+  const uint64_t hd = static_cast<uint64_t>(std::max(0, c.head_dim));
+  const uint64_t qkv = static_cast<uint64_t>(std::max(0, c.heads + 2 * c.kv_heads)) * hd;
+  const uint64_t o = static_cast<uint64_t>(std::max(0, c.heads)) * hd;
+  const uint64_t ffn = static_cast<uint64_t>(std::max(0, c.ffn));
+  const uint64_t per_layer = 2 * hidden + qkv * hidden + hidden * o + 3 * ffn * hidden;
+  uint64_t params = vocab * hidden + hidden + static_cast<uint64_t>(std::max(0, c.layers)) * per_layer;
+  if (!c.tied_embeddings) params += vocab * hidden;
+  return params * static_cast<uint64_t>(c10::elementSize(dtype));
+}
 
 StatusOr<CodecChoice> ParseCodecName(const std::string& name) {
   if (name == "none") return CodecChoice{ipc::PoolCodec::kNone, 0};
   if (name == "k8v2") return CodecChoice{ipc::PoolCodec::kK8V, 2};
   if (name == "k8v3" || name.empty()) return CodecChoice{ipc::PoolCodec::kK8V, 3};
   if (name == "k8v4") return CodecChoice{ipc::PoolCodec::kK8V, 4};
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown codec \"", name, "\" (expected k8v2, k8v3, k8v4 or none)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown codec \"", ipc::Abbreviate(name, 32), "\" (expected k8v2, k8v3, k8v4 or none)"));
 }
 
 StatusOr<kernels::KeyScaleMode> ParseKeyScale(const std::string& name) {
   if (name == "tensor" || name.empty()) return kernels::KeyScaleMode::kPerTensor;
   if (name == "head") return kernels::KeyScaleMode::kPerHead;
   if (name == "channel") return kernels::KeyScaleMode::kPerChannel;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown key_scale \"", name, "\" (expected tensor, head or channel)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown key_scale \"",
+                                                 ipc::Abbreviate(name, 32),
+                                                 "\" (expected tensor, head or channel)"));
 }
 
 std::string ComputePoolId(const std::string& model_fingerprint,
@@ -134,79 +213,268 @@ PoolManager::PoolManager(PoolManagerOptions options) : options_(std::move(option
       return model::LlamaModel::Load(path, load);
     };
   }
+  if (options_.model_cache_models == 0) options_.model_cache_models = 1;
+  for (const auto& dir : options_.models_dirs) {
+    std::string given = LexicalNormal(dir);
+    if (!given.empty()) roots_given_.push_back(given);
+    auto canonical = RealPath(dir);
+    if (canonical.ok()) {
+      roots_.push_back(*canonical);
+    } else {
+      spdlog::warn("model folder {} is not usable: {}", dir,
+                   std::string(canonical.status().message()));
+    }
+  }
 }
 
 PoolManager::~PoolManager() { Shutdown(); }
 
 void PoolManager::Shutdown() {
   std::lock_guard<std::mutex> lock(mu_);
-  shutdown_ = true;
+  shutdown_.store(true);
   if (pools_.empty() && leases_.empty()) return;
   for (auto& [id, pool] : pools_) {
-    if (pool.shm) segments_.erase(pool.shm->name());
     spdlog::info("released pool {} ({} bytes)", id.substr(0, 16), pool.info.total_bytes);
+    used_ -= pool.info.total_bytes;
   }
-  for (auto& [id, pool] : pools_) used_ -= pool.info.total_bytes;
   pools_.clear();
   leases_.clear();
-  NotifySegmentsLocked();
+  expiry_.clear();
 }
 
-StatusOr<std::string> PoolManager::ResolveModelPath(const std::string& name) const {
+bool PoolManager::Cancelled(const std::atomic<bool>* cancel) const {
+  return shutdown_.load() || (cancel != nullptr && cancel->load());
+}
+
+// ---- models ---------------------------------------------------------------------------
+
+StatusOr<PoolManager::OpenedModel> PoolManager::OpenModel(const std::string& name,
+                                                          const Requester& who) const {
   if (name.empty()) return absl::InvalidArgumentError("model path is empty");
-  struct stat st;
-  if (!name.empty() && name[0] == '/') {
-    if (stat(name.c_str(), &st) == 0) return name;
-    return absl::NotFoundError(absl::StrCat("model \"", name, "\" does not exist"));
+  if (name.find('\0') != std::string::npos || name.size() > PATH_MAX) {
+    return absl::InvalidArgumentError("model path is not a valid path");
   }
-  for (const auto& dir : options_.model_path) {
-    std::string candidate = dir.empty() ? name : absl::StrCat(dir, "/", name);
-    if (stat(candidate.c_str(), &st) == 0) return candidate;
+  const bool confined = !options_.models_dirs.empty();
+  const std::string shown = ipc::Abbreviate(name, 256);
+  if (!confined && !who.trusted_paths) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "uid ", who.uid, " may not name model files: this polykvd has no --models-dir, so only "
+        "its own uid and root may (ask its administrator to configure --models-dir)"));
   }
-  if (stat(name.c_str(), &st) == 0) return name;
-  return absl::NotFoundError(absl::StrCat("model \"", name, "\" not found (searched: ",
+  const std::string outside = absl::StrCat(
+      "model \"", shown, "\" is outside the model folders (--models-dir ",
+      absl::StrJoin(options_.models_dirs, ", "), ")");
+  // Candidates in search order. Under confinement every candidate is checked lexically
+  // first, so the answer for a path outside the folders never depends on what is there.
+  std::vector<std::string> candidates;
+  if (name[0] == '/') {
+    candidates.push_back(name);
+  } else {
+    for (const auto& dir : options_.model_path) {
+      if (!dir.empty()) candidates.push_back(absl::StrCat(dir, "/", name));
+    }
+    for (const auto& dir : options_.models_dirs) candidates.push_back(absl::StrCat(dir, "/", name));
+    if (!confined) candidates.push_back(name);
+  }
+  bool any_inside = false;
+  Status last = absl::NotFoundError("not found");
+  for (const std::string& candidate : candidates) {
+    if (confined) {
+      std::string lexical = LexicalNormal(candidate);
+      if (lexical.empty()) {
+        char cwd[PATH_MAX];
+        if (getcwd(cwd, sizeof(cwd)) != nullptr) lexical = LexicalNormal(absl::StrCat(cwd, "/", candidate));
+      }
+      if (!UnderAny(lexical, roots_given_) && !UnderAny(lexical, roots_)) continue;
+      any_inside = true;
+    }
+    auto canonical = RealPath(candidate);
+    if (!canonical.ok()) {
+      last = canonical.status();
+      continue;
+    }
+    if (confined && !UnderAny(*canonical, roots_)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "model \"", shown, "\" resolves (through a symlink) to a path outside the model "
+          "folders; refusing to open it"));
+    }
+    const int fd = open(canonical->c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW |
+                                                O_NOCTTY);
+    if (fd < 0) {
+      last = Status(errno == ENOENT ? absl::StatusCode::kNotFound
+                                    : absl::StatusCode::kPermissionDenied,
+                    std::strerror(errno));
+      continue;
+    }
+    OpenedModel opened;
+    opened.fd.Reset(fd);
+    struct stat st;
+    if (fstat(fd, &st) != 0) return absl::InternalError("fstat of the model failed");
+    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model \"", shown, "\" is not a regular file or a folder (a FIFO, device or socket "
+          "would block or mislead the loader)"));
+    }
+    // The opened inode's own path, immune to a rename or symlink swap since realpath.
+    std::string actual = PathOfFd(fd);
+    if (actual.empty()) actual = *canonical;
+    if (confined && !UnderAny(actual, roots_)) return absl::PermissionDeniedError(outside);
+    if (S_ISDIR(st.st_mode)) {
+      // An HF folder: the loader opens files inside by name. Refuse entries that are not
+      // regular files or folders, and symlinks that lead outside the model folders.
+      DIR* d = fdopendir(dup(fd));
+      if (d == nullptr) return absl::InternalError("cannot list the model folder");
+      Status bad;
+      while (dirent* e = readdir(d)) {
+        const std::string entry = e->d_name;
+        if (entry == "." || entry == "..") continue;
+        struct stat es;
+        if (fstatat(fd, entry.c_str(), &es, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (S_ISLNK(es.st_mode)) {
+          auto target = RealPath(absl::StrCat(actual, "/", entry));
+          if (!target.ok()) continue;  // dangling: the loader reports it if it needs it
+          if (confined && !UnderAny(*target, roots_)) {
+            bad = absl::PermissionDeniedError(absl::StrCat(
+                "model folder \"", shown, "\" holds \"", ipc::Abbreviate(entry, 64),
+                "\", a symlink to a path outside the model folders"));
+            break;
+          }
+          if (stat(target->c_str(), &es) != 0) continue;
+        }
+        if (!S_ISREG(es.st_mode) && !S_ISDIR(es.st_mode)) {
+          bad = absl::InvalidArgumentError(absl::StrCat(
+              "model folder \"", shown, "\" holds \"", ipc::Abbreviate(entry, 64),
+              "\", which is not a regular file or folder"));
+          break;
+        }
+      }
+      closedir(d);
+      POLYKV_RETURN_IF_ERROR(bad);
+    }
+    opened.key.canonical = actual;
+    opened.key.dev = st.st_dev;
+    opened.key.ino = st.st_ino;
+    opened.key.size = static_cast<uint64_t>(st.st_size);
+    opened.key.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    opened.loader_path = access(FdPath(fd).c_str(), F_OK) == 0 ? FdPath(fd) : actual;
+    return opened;
+  }
+  if (confined) {
+    if (!any_inside) return absl::PermissionDeniedError(outside);
+    return absl::NotFoundError(absl::StrCat("model \"", shown, "\" not found in the model folders (",
+                                            absl::StrJoin(options_.models_dirs, ", "), ")"));
+  }
+  if (name[0] == '/') {
+    return Status(last.code() == absl::StatusCode::kNotFound ? absl::StatusCode::kNotFound
+                                                             : absl::StatusCode::kPermissionDenied,
+                  absl::StrCat("model \"", shown, "\" cannot be opened: ", last.message()));
+  }
+  return absl::NotFoundError(absl::StrCat("model \"", shown, "\" not found (searched: ",
                                           absl::StrJoin(options_.model_path, ", "),
                                           options_.model_path.empty() ? "" : ", ",
                                           "the daemon's working directory)"));
 }
 
-StatusOr<PoolManager::ModelEntry*> PoolManager::GetModel(const std::string& resolved) {
-  ModelEntry* entry;
+StatusOr<std::shared_ptr<PoolManager::ModelEntry>> PoolManager::GetModel(
+    OpenedModel opened, const std::string& name, const ProgressFn& progress) {
+  std::shared_ptr<ModelEntry> entry;
   {
     std::lock_guard<std::mutex> lock(models_mu_);
-    auto& slot = models_[resolved];
-    if (!slot) slot = std::make_unique<ModelEntry>();
-    entry = slot.get();
+    auto& slot = models_[opened.key];
+    if (!slot) {
+      slot = std::make_shared<ModelEntry>();
+      slot->key = opened.key;
+    }
+    slot->last_used = ++model_tick_;
+    entry = slot;
   }
   std::lock_guard<std::mutex> lock(entry->load_mu);
-  if (!entry->loaded || !entry->status.ok()) {
-    auto t0 = Clock::now();
-    auto m = options_.loader(resolved);
-    entry->loaded = true;
-    if (!m.ok()) {
-      entry->status = m.status();
-      entry->loaded = false;  // retry on the next create (the file may be fixed)
-      return m.status();
+  if (entry->loaded) return entry;
+  if (shutdown_.load()) return absl::CancelledError("polykvd is shutting down");
+  progress("load", 0, 1);
+  auto t0 = Clock::now();
+  StatusOr<std::unique_ptr<model::LlamaModel>> m = absl::InternalError("model loader did not run");
+  try {
+    m = options_.loader(opened.loader_path);
+  } catch (const std::exception& e) {
+    m = absl::InternalError(absl::StrCat("model loader threw: ", e.what()));
+  }
+  opened.fd.Reset();
+  if (!m.ok()) {
+    {
+      std::lock_guard<std::mutex> models_lock(models_mu_);
+      auto it = models_.find(opened.key);
+      if (it != models_.end() && it->second == entry) models_.erase(it);  // retry next time
     }
-    entry->model = *std::move(m);
-    entry->status = absl::OkStatus();
-    spdlog::info("loaded model {} in {:.0f} ms (fingerprint {})", resolved, MsSince(t0),
-                 entry->model->fingerprint().substr(0, 16));
+    // The loader names the path it was given; show the requester's own name instead.
+    std::string msg = absl::StrReplaceAll(m.status().message(), {{opened.loader_path, name}});
+    return Status(m.status().code(), msg);
+  }
+  entry->model = *std::move(m);
+  entry->bytes = ModelWeightBytes(entry->model->config(), entry->model->dtype());
+  entry->loaded = true;
+  spdlog::info("loaded model {} in {:.0f} ms ({} MiB of weights, fingerprint {})",
+               opened.key.canonical, MsSince(t0), entry->bytes >> 20,
+               entry->model->fingerprint().substr(0, 16));
+  progress("load", 1, 1);
+  {
+    std::lock_guard<std::mutex> models_lock(models_mu_);
+    TrimModelCacheLocked(entry.get());
   }
   return entry;
 }
 
-StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
-                                               const ProgressFn& progress_in) {
-  ProgressFn progress = progress_in ? progress_in : [](const std::string&, int64_t, int64_t) {};
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (shutdown_) return absl::CancelledError("polykvd is shutting down");
+void PoolManager::TrimModelCacheLocked(const ModelEntry* keep) {
+  auto over = [&] {
+    uint64_t bytes = 0;
+    size_t count = 0;
+    for (const auto& [key, e] : models_) {
+      if (!e->loaded) continue;
+      bytes += e->bytes;
+      ++count;
+    }
+    return count > options_.model_cache_models ||
+           (options_.model_cache_bytes > 0 && bytes > options_.model_cache_bytes);
+  };
+  while (over()) {
+    // Least recently used entry that no create holds (use_count 1: only the cache).
+    auto victim = models_.end();
+    for (auto it = models_.begin(); it != models_.end(); ++it) {
+      if (!it->second->loaded || it->second.get() == keep || it->second.use_count() > 1) continue;
+      if (victim == models_.end() || it->second->last_used < victim->second->last_used) victim = it;
+    }
+    if (victim == models_.end()) return;  // everything else is in use: over the bound for now
+    spdlog::info("model cache: dropped {} ({} MiB, least recently used)",
+                 victim->first.canonical, victim->second->bytes >> 20);
+    models_.erase(victim);
   }
+}
+
+ModelCacheStats PoolManager::model_cache() const {
+  std::lock_guard<std::mutex> lock(models_mu_);
+  ModelCacheStats s;
+  s.capacity = static_cast<uint32_t>(options_.model_cache_models);
+  for (const auto& [key, e] : models_) {
+    if (!e->loaded) continue;
+    s.bytes += e->bytes;
+    ++s.models;
+  }
+  return s;
+}
+
+// ---- create ---------------------------------------------------------------------------
+
+StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
+                                               const ProgressFn& progress_in,
+                                               const Requester& who,
+                                               const std::atomic<bool>* cancel) {
+  ProgressFn progress = progress_in ? progress_in : [](const std::string&, int64_t, int64_t) {};
+  if (Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
   POLYKV_ASSIGN_OR_RETURN(CodecChoice codec, ParseCodecName(request.codec));
   POLYKV_ASSIGN_OR_RETURN(kernels::KeyScaleMode key_scale, ParseKeyScale(request.key_scale));
-  POLYKV_ASSIGN_OR_RETURN(std::string resolved, ResolveModelPath(request.model));
-  POLYKV_ASSIGN_OR_RETURN(ModelEntry * entry, GetModel(resolved));
+  POLYKV_ASSIGN_OR_RETURN(OpenedModel opened, OpenModel(request.model, who));
+  POLYKV_ASSIGN_OR_RETURN(std::shared_ptr<ModelEntry> entry,
+                          GetModel(std::move(opened), request.model, progress));
   model::LlamaModel& m = *entry->model;
   const model::ModelConfig& cfg = m.config();
 
@@ -218,8 +486,10 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
   } else {
     if (tok == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model \"", request.model, "\" has no tokenizer; send token_ids instead of text"));
+          "model \"", ipc::Abbreviate(request.model, 256),
+          "\" has no tokenizer; send token_ids instead of text"));
     }
+    POLYKV_RETURN_IF_ERROR(ipc::ValidateUtf8(request.document, "the document"));
     progress("tokenize", 0, 1);
     POLYKV_ASSIGN_OR_RETURN(ids, tok->Encode(request.document, request.add_bos));
     progress("tokenize", 1, 1);
@@ -259,7 +529,7 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
   {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      if (shutdown_) return absl::CancelledError("polykvd is shutting down");
+      if (Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
       if (auto it = pools_.find(pool_id); it != pools_.end()) {
         return CreateResult{InfoLocked(it->second), false};
       }
@@ -267,7 +537,10 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
       if (f == in_flight_.end()) break;
       std::shared_ptr<InFlight> other = f->second;
       spdlog::info("create of pool {} joins the one in progress", pool_id.substr(0, 16));
-      other->cv.wait(lock, [&] { return other->done; });
+      while (!other->done) {
+        other->cv.wait_for(lock, std::chrono::milliseconds(100));
+        if (Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
+      }
       if (!other->status.ok()) return other->status;
     }
     flight = std::make_shared<InFlight>();
@@ -282,13 +555,18 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
     progress("publish", 0, 1);
     result = Restore(*persisted);
     if (result.ok()) progress("publish", 1, 1);
-    if (!result.ok() && result.status().code() != absl::StatusCode::kResourceExhausted) {
+    if (!result.ok() && result.status().code() != absl::StatusCode::kResourceExhausted &&
+        result.status().code() != absl::StatusCode::kCancelled) {
       spdlog::warn("pool {}: restoring it from the state folder failed ({}); prefilling",
                    pool_id.substr(0, 16), result.status().ToString());
       persisted.reset();
     }
+  } else {
+    persisted.reset();
   }
-  if (!persisted) result = Build(request, request.model, entry, pool_id, params, ids, progress);
+  if (!persisted) {
+    result = Build(request.model, entry.get(), pool_id, params, ids, progress, cancel);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     flight->done = true;
@@ -296,19 +574,53 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
     in_flight_.erase(pool_id);
   }
   flight->cv.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(models_mu_);
+    entry.reset();
+    TrimModelCacheLocked(nullptr);
+  }
   return result;
 }
 
-StatusOr<CreateResult> PoolManager::Build(const ipc::Request& request,
-                                          const std::string& model_name, ModelEntry* entry,
+StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEntry* entry,
                                           const std::string& pool_id,
                                           const ipc::PoolParams& params,
                                           const std::vector<int32_t>& ids,
-                                          const ProgressFn& progress) {
+                                          const ProgressFn& progress,
+                                          const std::atomic<bool>* cancel) {
   POLYKV_ASSIGN_OR_RETURN(ipc::PoolLayout layout, ipc::ComputePoolLayout(params));
   const uint64_t needed = layout.total_bytes;
   const bool cuda = options_.backend == "cuda";
-  const std::string shm_name = options_.shm_prefix + pool_id.substr(0, 16);
+  // Shown as "/memfd:<prefix without '/'><first 16 hex of id> (deleted)" in /proc/*/fd.
+  const std::string region_name =
+      (options_.shm_prefix.size() > 1 ? options_.shm_prefix.substr(1) : std::string("polykv-")) +
+      pool_id.substr(0, 16);
+
+  // Hold the model first (one forward pass at a time): memory is reserved only by the
+  // create that is about to prefill, never by creates waiting their turn.
+  {
+    std::unique_lock<std::mutex> lock(entry->run_state_mu);
+    while (entry->running) {
+      entry->run_cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
+    }
+    entry->running = true;
+  }
+  struct RunSlot {
+    ModelEntry* entry;
+    bool held = true;
+    void Release() {
+      if (!held) return;
+      held = false;
+      {
+        std::lock_guard<std::mutex> lock(entry->run_state_mu);
+        entry->running = false;
+      }
+      entry->run_cv.notify_one();
+    }
+    ~RunSlot() { Release(); }
+  } run{entry};
+  if (Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
 
   // Reserve memory against the cap.
   {
@@ -319,18 +631,18 @@ StatusOr<CreateResult> PoolManager::Build(const ipc::Request& request,
           options_.memory_cap, " bytes, the pool needs ", needed, " bytes"));
     }
     used_ += needed;
-    if (!cuda) segments_.insert(shm_name);
-    NotifySegmentsLocked();
   }
   Pool pool;
   auto release_reservation = [&](const Status& why) {
     std::lock_guard<std::mutex> lock(mu_);
     used_ -= needed;
-    pool.shm.reset();  // unlinks
+    pool.region.reset();  // the memfd goes away with its last descriptor
     pool.arena.reset();
-    segments_.erase(shm_name);
-    NotifySegmentsLocked();
-    spdlog::warn("create of pool {} failed: {}", pool_id.substr(0, 16), why.ToString());
+    if (why.code() == absl::StatusCode::kCancelled) {
+      spdlog::info("create of pool {} cancelled", pool_id.substr(0, 16));
+    } else {
+      spdlog::warn("create of pool {} failed: {}", pool_id.substr(0, 16), why.ToString());
+    }
     return why;
   };
 
@@ -350,30 +662,31 @@ StatusOr<CreateResult> PoolManager::Build(const ipc::Request& request,
       base = host_staging.data();
     }
   } else {
-    auto shm = ipc::ShmRegion::Create(shm_name, needed);
-    if (!shm.ok() && shm.status().code() == absl::StatusCode::kAlreadyExists) {
-      // A leftover of a dead daemon with our prefix: it is not ours to keep.
-      spdlog::warn("removing leftover shm object {}", shm_name);
-      (void)ipc::ShmRegion::Remove(shm_name);
-      shm = ipc::ShmRegion::Create(shm_name, needed);
-    }
-    if (!shm.ok()) return release_reservation(shm.status());
-    pool.shm.emplace(*std::move(shm));
-    base = pool.shm->data();
+    // A sealed memfd: no name anyone could squat, nothing left behind when we die.
+    auto region = ipc::SealedRegion::Create(region_name, needed);
+    if (!region.ok()) return release_reservation(region.status());
+    pool.region.emplace(*std::move(region));
+    base = pool.region->writable_data();
   }
 
   // Prefill.
+  progress("prefill", 0, static_cast<int64_t>(ids.size()));
+  for (int waited = 0; waited < options_.test_create_delay_ms; waited += 20) {
+    if (Cancelled(cancel)) return release_reservation(absl::CancelledError("create cancelled"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   auto t0 = Clock::now();
   model::PrefillResult prefill;
   {
-    std::lock_guard<std::mutex> run(entry->run_mu);
-    progress("prefill", 0, static_cast<int64_t>(ids.size()));
     StatusOr<model::PrefillResult> r = absl::InternalError("prefill did not run");
     try {
       r = entry->model->Prefill(ids, options_.prefill_chunk,
                                 [&](int64_t done, int64_t total) {
+                                  if (Cancelled(cancel)) throw CreateCancelled();
                                   progress("prefill", done, total);
                                 });
+    } catch (const CreateCancelled&) {
+      r = absl::CancelledError("polykvd is shutting down: the create was cancelled");
     } catch (const std::exception& e) {
       r = absl::InternalError(absl::StrCat("prefill threw: ", e.what()));
     }
@@ -393,6 +706,7 @@ StatusOr<CreateResult> PoolManager::Build(const ipc::Request& request,
       ipc::PoolWriter::Create(base, needed, params, id_bytes, ids, write_device);
   if (!writer.ok()) return release_reservation(writer.status());
   for (uint32_t l = 0; l < params.layers; ++l) {
+    if (Cancelled(cancel)) return release_reservation(absl::CancelledError("create cancelled"));
     try {
       torch::Tensor k = prefill.k[l].contiguous();
       torch::Tensor v = prefill.v[l].contiguous();
@@ -419,6 +733,7 @@ StatusOr<CreateResult> PoolManager::Build(const ipc::Request& request,
     progress("encode", l + 1, params.layers);
   }
   prefill = model::PrefillResult();  // free the f32 K/V before publishing
+  run.Release();
   const double encode_ms = MsSince(t0);
 
   // Publish.
@@ -437,7 +752,18 @@ StatusOr<CreateResult> PoolManager::Build(const ipc::Request& request,
     if (!h.ok()) return release_reservation(h.status());
     pool.memory.cuda = *h;
   } else {
-    pool.memory.shm_name = shm_name;
+    // Seal, then check the payload once more: it is now immutable, and what agents will
+    // map is exactly what the checksum in the header describes.
+    if (Status s = pool.region->Seal(); !s.ok()) return release_reservation(s);
+    auto reader = ipc::PoolReader::Open(pool.region->data(), pool.region->size(),
+                                        /*verify_payload=*/true);
+    if (!reader.ok()) {
+      return release_reservation(Status(
+          absl::StatusCode::kDataLoss,
+          absl::StrCat("pool changed between encode and seal: ", reader.status().message())));
+    }
+    pool.memory.transport = "memfd";
+    pool.memory.fd_socket = options_.fd_socket;
   }
   ipc::PoolInfo& info = pool.info;
   info.id = pool_id;
@@ -462,10 +788,17 @@ StatusOr<CreateResult> PoolManager::Build(const ipc::Request& request,
   info.encode_ms = encode_ms;
   if (options_.store) {
     // Persist before publishing, so that an evict can never race the write. A pool that
-    // cannot be written is still served (from memory only).
-    if (write_device == kernels::Device::kCpu) {
+    // cannot be written is still served (from memory only). Host pools are written from the
+    // sealed memfd (the bytes agents will map), host-staged CUDA pools from the staging copy.
+    const void* persist_from = nullptr;
+    if (!cuda) {
+      persist_from = pool.region->data();
+    } else if (!host_staging.empty()) {
+      persist_from = host_staging.data();
+    }
+    if (persist_from != nullptr) {
       auto tw = Clock::now();
-      if (Status s = options_.store->Save(info, base, needed); !s.ok()) {
+      if (Status s = options_.store->Save(info, persist_from, needed); !s.ok()) {
         spdlog::warn("pool {} is not persisted: {}", pool_id.substr(0, 16), s.ToString());
       } else {
         spdlog::debug("persisted pool {} in {:.1f} ms", pool_id.substr(0, 16), MsSince(tw));
@@ -479,10 +812,9 @@ StatusOr<CreateResult> PoolManager::Build(const ipc::Request& request,
   CreateResult result;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (shutdown_) {
+    if (Cancelled(cancel)) {
       used_ -= needed;
-      segments_.erase(shm_name);
-      return absl::CancelledError("polykvd is shutting down");
+      return absl::CancelledError("polykvd is shutting down: the create was cancelled");
     }
     info.publish_ms = MsSince(t0);
     pool.seq = ++seq_;
@@ -492,7 +824,6 @@ StatusOr<CreateResult> PoolManager::Build(const ipc::Request& request,
     result.created = true;
   }
   progress("publish", 1, 1);
-  (void)request;
   spdlog::info("published pool {} ({}, {} tokens, {} bytes, {:.2f}x vs bf16; prefill {:.0f} ms, "
                "encode {:.0f} ms, publish {:.1f} ms)",
                pool_id.substr(0, 16), result.info.codec, result.info.tokens,
@@ -501,10 +832,16 @@ StatusOr<CreateResult> PoolManager::Build(const ipc::Request& request,
   return result;
 }
 
+// ---- pools and leases -----------------------------------------------------------------
+
 StatusOr<std::string> PoolManager::ResolvePoolIdLocked(const std::string& id) const {
   if (id.empty()) return absl::InvalidArgumentError("pool id is empty");
+  if (id.size() > 64 || !IsHex(id)) {
+    return absl::NotFoundError(absl::StrCat("unknown pool ", ipc::Abbreviate(id, 64),
+                                            " (a pool id is up to 64 lowercase hex chars)"));
+  }
   if (pools_.count(id)) return id;
-  if (id.size() >= 8 && id.size() < 64 && IsHex(id)) {
+  if (id.size() >= 8 && id.size() < 64) {
     std::string found;
     for (auto it = pools_.lower_bound(id); it != pools_.end() && it->first.rfind(id, 0) == 0;
          ++it) {
@@ -519,25 +856,33 @@ StatusOr<std::string> PoolManager::ResolvePoolIdLocked(const std::string& id) co
   return absl::NotFoundError(absl::StrCat("unknown pool ", id));
 }
 
-uint32_t PoolManager::LiveLeasesLocked(const std::string& pool_id) const {
-  uint32_t n = 0;
-  const auto now = Clock::now();
-  for (const auto& [id, lease] : leases_) {
-    if (lease.pool_id == pool_id && lease.expires > now) ++n;
+void PoolManager::EraseLeaseLocked(std::map<std::string, Lease>::iterator it) {
+  if (auto p = pools_.find(it->second.pool_id); p != pools_.end() && p->second.leases > 0) {
+    --p->second.leases;
   }
-  return n;
+  expiry_.erase(it->second.expiry);
+  leases_.erase(it);
+}
+
+void PoolManager::DropExpiredLeasesLocked() {
+  const auto now = Clock::now();
+  while (!expiry_.empty() && expiry_.begin()->first <= now) {
+    auto lease = leases_.find(expiry_.begin()->second);
+    if (lease == leases_.end()) {  // cannot happen: the two maps move together
+      expiry_.erase(expiry_.begin());
+      continue;
+    }
+    spdlog::debug("lease {} on pool {} (pid {}) expired", lease->first.substr(0, 8),
+                  lease->second.pool_id.substr(0, 16), lease->second.client_pid);
+    EraseLeaseLocked(lease);
+    ++expired_unreported_;
+  }
 }
 
 ipc::PoolInfo PoolManager::InfoLocked(const Pool& pool) const {
   ipc::PoolInfo info = pool.info;
-  info.leases = LiveLeasesLocked(pool.info.id);
+  info.leases = pool.leases;
   return info;
-}
-
-void PoolManager::NotifySegmentsLocked() {
-  if (options_.on_segments_changed) {
-    options_.on_segments_changed(std::vector<std::string>(segments_.begin(), segments_.end()));
-  }
 }
 
 StatusOr<LeaseGrant> PoolManager::Attach(const std::string& pool_id, uint32_t client_pid) {
@@ -553,13 +898,16 @@ StatusOr<LeaseGrant> PoolManager::Attach(const std::string& pool_id, uint32_t cl
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  DropExpiredLeasesLocked();
   POLYKV_ASSIGN_OR_RETURN(std::string id, ResolvePoolIdLocked(pool_id));
-  const Pool& pool = pools_.at(id);
+  Pool& pool = pools_.at(id);
   LeaseGrant g;
   g.lease_id = RandomLeaseId();
   g.lease_ms = options_.lease_ms;
-  leases_[g.lease_id] =
-      Lease{id, Clock::now() + std::chrono::milliseconds(options_.lease_ms), client_pid};
+  const auto expires = Clock::now() + std::chrono::milliseconds(options_.lease_ms);
+  Lease lease{id, expiry_.emplace(expires, g.lease_id), client_pid};
+  leases_.emplace(g.lease_id, std::move(lease));
+  ++pool.leases;
   g.expires_unix_ms = UnixMs() + options_.lease_ms;
   g.info = InfoLocked(pool);
   g.memory = pool.memory;
@@ -568,15 +916,18 @@ StatusOr<LeaseGrant> PoolManager::Attach(const std::string& pool_id, uint32_t cl
 
 StatusOr<LeaseGrant> PoolManager::Renew(const std::string& lease_id) {
   std::lock_guard<std::mutex> lock(mu_);
+  DropExpiredLeasesLocked();
+  const std::string shown = ipc::Abbreviate(lease_id, 64);
   if (evicted_leases_.count(lease_id)) {
-    return absl::NotFoundError(absl::StrCat("lease ", lease_id, ": pool evicted"));
+    return absl::NotFoundError(absl::StrCat("lease ", shown, ": pool evicted"));
   }
   auto it = leases_.find(lease_id);
-  if (it == leases_.end() || it->second.expires <= Clock::now()) {
-    if (it != leases_.end()) leases_.erase(it);
-    return absl::NotFoundError(absl::StrCat("unknown or expired lease ", lease_id));
+  if (it == leases_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown or expired lease ", shown));
   }
-  it->second.expires = Clock::now() + std::chrono::milliseconds(options_.lease_ms);
+  expiry_.erase(it->second.expiry);
+  it->second.expiry =
+      expiry_.emplace(Clock::now() + std::chrono::milliseconds(options_.lease_ms), lease_id);
   LeaseGrant g;
   g.lease_id = lease_id;
   g.lease_ms = options_.lease_ms;
@@ -591,14 +942,38 @@ StatusOr<LeaseGrant> PoolManager::Renew(const std::string& lease_id) {
 Status PoolManager::Detach(const std::string& lease_id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (evicted_leases_.erase(lease_id)) return absl::OkStatus();  // pool already gone
-  if (leases_.erase(lease_id) == 0) {
-    return absl::NotFoundError(absl::StrCat("unknown or expired lease ", lease_id));
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("unknown or expired lease ", ipc::Abbreviate(lease_id, 64)));
   }
+  EraseLeaseLocked(it);
   return absl::OkStatus();
+}
+
+StatusOr<ipc::UniqueFd> PoolManager::PoolFd(const std::string& lease_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DropExpiredLeasesLocked();
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    if (evicted_leases_.count(lease_id)) return absl::NotFoundError("pool evicted");
+    return absl::NotFoundError("unknown or expired lease");
+  }
+  auto p = pools_.find(it->second.pool_id);
+  if (p == pools_.end()) return absl::NotFoundError("pool evicted");
+  if (!p->second.region) {
+    return absl::FailedPreconditionError("the pool is not a host pool (no descriptor to hand out)");
+  }
+  int fd = fcntl(p->second.region->fd(), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("dup pool descriptor: ", std::strerror(errno)));
+  }
+  return ipc::UniqueFd(fd);
 }
 
 Status PoolManager::Evict(const std::string& pool_id, bool force) {
   std::lock_guard<std::mutex> lock(mu_);
+  DropExpiredLeasesLocked();
   auto resolved = ResolvePoolIdLocked(pool_id);
   if (!resolved.ok()) {
     // A pool that is only on disk (not restored since the restart): remove its file.
@@ -612,25 +987,27 @@ Status PoolManager::Evict(const std::string& pool_id, bool force) {
     return absl::OkStatus();
   }
   const std::string id = *resolved;
-  const uint32_t live = LiveLeasesLocked(id);
+  auto pool = pools_.find(id);
+  const uint32_t live = pool->second.leases;
   if (live > 0 && !force) {
     return absl::FailedPreconditionError(absl::StrCat(
         "pool ", id.substr(0, 16), " has ", live, " live lease(s); evict with force to drop it"));
   }
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    if (it->second.pool_id == id) {
-      evicted_leases_.insert(it->first);
-      it = leases_.erase(it);
-    } else {
-      ++it;
+  if (live > 0) {
+    for (auto it = leases_.begin(); it != leases_.end();) {
+      if (it->second.pool_id == id) {
+        evicted_leases_.insert(it->first);
+        auto next = std::next(it);
+        EraseLeaseLocked(it);
+        it = next;
+      } else {
+        ++it;
+      }
     }
   }
-  auto it = pools_.find(id);
-  used_ -= it->second.info.total_bytes;
-  if (it->second.shm) segments_.erase(it->second.shm->name());
-  pools_.erase(it);  // unlinks the shm object / frees the device memory
+  used_ -= pool->second.info.total_bytes;
+  pools_.erase(pool);  // closes the memfd (agents' mappings stay valid) / frees device memory
   if (options_.store) options_.store->Remove(id);
-  NotifySegmentsLocked();
   spdlog::info("evicted pool {}{}", id.substr(0, 16),
                live > 0 ? absl::StrCat(" (forced, ", live, " lease(s) invalidated)") : "");
   return absl::OkStatus();
@@ -638,25 +1015,19 @@ Status PoolManager::Evict(const std::string& pool_id, bool force) {
 
 int PoolManager::SweepExpiredLeases() {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto now = Clock::now();
-  int n = 0;
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    if (it->second.expires <= now) {
-      spdlog::info("lease {} on pool {} (pid {}) expired", it->first.substr(0, 8),
-                   it->second.pool_id.substr(0, 16), it->second.client_pid);
-      it = leases_.erase(it);
-      ++n;
-    } else {
-      ++it;
-    }
-  }
+  DropExpiredLeasesLocked();
+  const uint64_t n = expired_unreported_;
+  expired_unreported_ = 0;
+  // One line per sweep, however many leases a burst of dead agents left behind.
+  if (n > 0) spdlog::info("{} lease(s) expired (not renewed); {} live", n, leases_.size());
   // Bound the memory of invalidated-lease records.
   if (evicted_leases_.size() > 65536) evicted_leases_.clear();
-  return n;
+  return static_cast<int>(n);
 }
 
 std::vector<ipc::PoolInfo> PoolManager::List() const {
   std::lock_guard<std::mutex> lock(mu_);
+  const_cast<PoolManager*>(this)->DropExpiredLeasesLocked();
   std::vector<std::pair<int64_t, ipc::PoolInfo>> v;
   for (const auto& [id, pool] : pools_) v.emplace_back(pool.seq, InfoLocked(pool));
   std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -667,6 +1038,7 @@ std::vector<ipc::PoolInfo> PoolManager::List() const {
 
 StatusOr<ipc::PoolInfo> PoolManager::Info(const std::string& pool_id) const {
   std::lock_guard<std::mutex> lock(mu_);
+  const_cast<PoolManager*>(this)->DropExpiredLeasesLocked();
   POLYKV_ASSIGN_OR_RETURN(std::string id, ResolvePoolIdLocked(pool_id));
   return InfoLocked(pools_.at(id));
 }
@@ -676,14 +1048,25 @@ uint64_t PoolManager::memory_used() const {
   return used_;
 }
 
+uint64_t PoolManager::lease_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return leases_.size();
+}
+
+// ---- persisted pools (--state-dir) ----------------------------------------------------
+
 StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
   const std::string& pool_id = m.info.id;
   const uint64_t needed = m.pool_bytes;
   const bool cuda = options_.backend == "cuda";
-  const std::string shm_name = options_.shm_prefix + pool_id.substr(0, 16);
+  // The same memfd name as Build's ("/memfd:<prefix><first 16 hex of id> (deleted)").
+  const std::string region_name =
+      (options_.shm_prefix.size() > 1 ? options_.shm_prefix.substr(1) : std::string("polykv-")) +
+      pool_id.substr(0, 16);
   auto t0 = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_.load()) return absl::CancelledError("polykvd is shutting down");
     if (options_.memory_cap > 0 && used_ + needed > options_.memory_cap) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "memory cap exceeded on backend ", options_.backend, ": used ", used_, " of cap ",
@@ -691,20 +1074,18 @@ StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
           needed, " bytes"));
     }
     used_ += needed;
-    if (!cuda) segments_.insert(shm_name);
-    NotifySegmentsLocked();
   }
   Pool pool;
   auto release = [&](const Status& why) {
     std::lock_guard<std::mutex> lock(mu_);
     used_ -= needed;
-    pool.shm.reset();
+    pool.region.reset();  // the memfd goes away with its last descriptor
     pool.arena.reset();
-    segments_.erase(shm_name);
-    NotifySegmentsLocked();
     spdlog::warn("restore of pool {} failed: {}", pool_id.substr(0, 16), why.ToString());
     return why;
   };
+  // Allocate and fill exactly as Build does: a sealed memfd for host pools (filled through
+  // its writable mapping, then sealed and checked once more), a CUDA arena from a host copy.
   std::vector<uint8_t> staging;
   void* base = nullptr;
   if (cuda) {
@@ -714,16 +1095,13 @@ StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
     staging.resize(needed);
     base = staging.data();
   } else {
-    auto shm = ipc::ShmRegion::Create(shm_name, needed);
-    if (!shm.ok() && shm.status().code() == absl::StatusCode::kAlreadyExists) {
-      spdlog::warn("removing leftover shm object {}", shm_name);
-      (void)ipc::ShmRegion::Remove(shm_name);
-      shm = ipc::ShmRegion::Create(shm_name, needed);
-    }
-    if (!shm.ok()) return release(shm.status());
-    pool.shm.emplace(*std::move(shm));
-    base = pool.shm->data();
+    auto region = ipc::SealedRegion::Create(region_name, needed);
+    if (!region.ok()) return release(region.status());
+    pool.region.emplace(*std::move(region));
+    base = pool.region->writable_data();
   }
+  // Verifies the file's checksums and the pool (PoolReader::Open with the payload check);
+  // a corrupt file is quarantined by the store.
   if (Status s = options_.store->ReadInto(pool_id, base, needed); !s.ok()) return release(s);
   pool.memory.backend = cuda ? "cuda" : "host";
   pool.memory.size = needed;
@@ -731,11 +1109,21 @@ StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
     if (Status s = pool.arena->CopyFromHost(0, staging.data(), needed); !s.ok()) {
       return release(s);
     }
+    staging = {};
     auto h = pool.arena->Export(0, needed);
     if (!h.ok()) return release(h.status());
     pool.memory.cuda = *h;
   } else {
-    pool.memory.shm_name = shm_name;
+    if (Status s = pool.region->Seal(); !s.ok()) return release(s);
+    auto reader = ipc::PoolReader::Open(pool.region->data(), pool.region->size(),
+                                        /*verify_payload=*/true);
+    if (!reader.ok()) {
+      return release(Status(
+          absl::StatusCode::kDataLoss,
+          absl::StrCat("pool changed between restore and seal: ", reader.status().message())));
+    }
+    pool.memory.transport = "memfd";
+    pool.memory.fd_socket = options_.fd_socket;
   }
   pool.info = m.info;
   pool.info.backend = pool.memory.backend;
@@ -743,9 +1131,8 @@ StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
   CreateResult result;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (shutdown_) {
+    if (shutdown_.load()) {
       used_ -= needed;
-      segments_.erase(shm_name);
       return absl::CancelledError("polykvd is shutting down");
     }
     pool.info.publish_ms = MsSince(t0);
@@ -766,51 +1153,64 @@ StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
 StatusOr<ipc::PoolInfo> PoolManager::RestorePersisted(const std::string& id_or_prefix) {
   if (!options_.store) return absl::NotFoundError("polykvd runs without a state folder");
   std::optional<ipc::PoolFileManifest> m = options_.store->Find(id_or_prefix);
-  if (!m) return absl::NotFoundError(absl::StrCat("unknown pool ", id_or_prefix));
+  if (!m) return absl::NotFoundError(absl::StrCat("unknown pool ", ipc::Abbreviate(id_or_prefix, 64)));
   const std::string id = m->info.id;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (shutdown_) return absl::CancelledError("polykvd is shutting down");
+    if (shutdown_.load()) return absl::CancelledError("polykvd is shutting down");
     if (auto it = pools_.find(id); it != pools_.end()) return InfoLocked(it->second);
   }
-  // The pool's model must be present and the same file it was made with.
-  auto resolved = ResolveModelPath(m->info.model);
-  if (!resolved.ok()) {
+  // The pool's model must be present (inside the model folders, when configured) and the
+  // same file it was made with. The daemon itself asks: a trusted requester.
+  auto opened = OpenModel(m->info.model, Requester{});
+  if (!opened.ok()) {
     spdlog::error("state: pool {} needs model \"{}\", which is absent ({}); not served",
-                  id.substr(0, 16), m->info.model, std::string(resolved.status().message()));
+                  id.substr(0, 16), m->info.model, std::string(opened.status().message()));
     return absl::FailedPreconditionError(absl::StrCat(
         "persisted pool ", id.substr(0, 16), " needs model \"", m->info.model,
-        "\", which is absent"));
+        "\", which is absent (", opened.status().message(), ")"));
   }
-  auto entry = GetModel(*resolved);
+  const std::string canonical = opened->key.canonical;
+  auto entry = GetModel(*std::move(opened), m->info.model,
+                        [](const std::string&, int64_t, int64_t) {});
   if (!entry.ok()) {
     spdlog::error("state: pool {} needs model {}, which does not load ({}); not served",
-                  id.substr(0, 16), *resolved, std::string(entry.status().message()));
+                  id.substr(0, 16), canonical, std::string(entry.status().message()));
     return absl::FailedPreconditionError(absl::StrCat("persisted pool ", id.substr(0, 16),
                                                       ": its model does not load: ",
                                                       entry.status().message()));
   }
-  if ((*entry)->model->fingerprint() != m->info.model_fingerprint) {
+  const std::string fingerprint = (*entry)->model->fingerprint();
+  {
+    // Only the fingerprint was needed: let the cache bound apply again.
+    std::lock_guard<std::mutex> lock(models_mu_);
+    entry->reset();
+    TrimModelCacheLocked(nullptr);
+  }
+  if (fingerprint != m->info.model_fingerprint) {
     spdlog::error("state: pool {} was made with model {} of fingerprint {}, but that file now "
                   "has fingerprint {}; not served",
-                  id.substr(0, 16), *resolved, m->info.model_fingerprint.substr(0, 16),
-                  (*entry)->model->fingerprint().substr(0, 16));
+                  id.substr(0, 16), canonical, m->info.model_fingerprint.substr(0, 16),
+                  fingerprint.substr(0, 16));
     return absl::FailedPreconditionError(absl::StrCat(
         "persisted pool ", id.substr(0, 16), " was made with a different model file than ",
-        *resolved, " (fingerprint ", m->info.model_fingerprint.substr(0, 16), " vs ",
-        (*entry)->model->fingerprint().substr(0, 16), ")"));
+        canonical, " (fingerprint ", m->info.model_fingerprint.substr(0, 16), " vs ",
+        fingerprint.substr(0, 16), ")"));
   }
   // Join a create or restore of the same pool in progress.
   std::shared_ptr<InFlight> flight;
   {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      if (shutdown_) return absl::CancelledError("polykvd is shutting down");
+      if (shutdown_.load()) return absl::CancelledError("polykvd is shutting down");
       if (auto it = pools_.find(id); it != pools_.end()) return InfoLocked(it->second);
       auto f = in_flight_.find(id);
       if (f == in_flight_.end()) break;
       std::shared_ptr<InFlight> other = f->second;
-      other->cv.wait(lock, [&] { return other->done; });
+      while (!other->done) {
+        other->cv.wait_for(lock, std::chrono::milliseconds(100));
+        if (shutdown_.load()) return absl::CancelledError("polykvd is shutting down");
+      }
       if (!other->status.ok()) return other->status;
     }
     flight = std::make_shared<InFlight>();
@@ -854,7 +1254,7 @@ std::map<std::string, uint32_t> PoolManager::AgentsByPool() const {
   std::map<std::string, std::set<uint32_t>> pids;
   const auto now = Clock::now();
   for (const auto& [lid, lease] : leases_) {
-    if (lease.expires > now) pids[lease.pool_id].insert(lease.client_pid);
+    if (lease.expiry->first > now) pids[lease.pool_id].insert(lease.client_pid);
   }
   std::map<std::string, uint32_t> out;
   for (const auto& [id, pool] : pools_) {

@@ -1,8 +1,11 @@
-// polykvd's pools and leases: content-addressed pool creation (tokenize, prefill, encode,
-// publish), memory accounting against a cap, leases with expiry, eviction. Thread-safe:
-// CreatePool runs on worker threads while the control loop calls everything else.
+// polykvd's pools and leases: content-addressed pool creation (open the model safely, load
+// it through a bounded LRU cache, tokenize, prefill, encode, seal, publish), memory
+// accounting against a cap, leases with expiry (indexed by expiry time and counted per
+// pool), eviction. Thread-safe: CreatePool runs on worker threads while the control loop
+// and the descriptor server call everything else.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -13,23 +16,26 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "polykv/ipc/cuda_ipc.h"
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/protocol.h"
-#include "polykv/ipc/shm_region.h"
+#include "polykv/ipc/sealed_region.h"
 #include "polykv/model/llama.h"
 #include "polykv/status.h"
 #include "pool_store.h"
 
 namespace polykv::daemon {
 
-/// Loads a model by resolved path (LlamaModel::Load by default; tests may inject fakes).
+/// Loads a model from a path (LlamaModel::Load by default; tests may inject fakes). The
+/// daemon passes "/proc/self/fd/<n>" of the model it opened and checked (a regular file or
+/// a folder under the model folders), so the file cannot be swapped in between.
 using ModelLoader =
     std::function<StatusOr<std::unique_ptr<model::LlamaModel>>(const std::string& path)>;
 
-/// Progress of a CREATE_POOL: stage "tokenize" | "prefill" | "encode" | "publish".
+/// Progress of a CREATE_POOL: stage "load" | "tokenize" | "prefill" | "encode" | "publish".
 using ProgressFn = std::function<void(const std::string& stage, int64_t done, int64_t total)>;
 
 /// Configuration of a PoolManager.
@@ -40,23 +46,42 @@ struct PoolManagerOptions {
   uint64_t memory_cap = 0;
   /// Lease duration granted by ATTACH and RENEW (milliseconds).
   int64_t lease_ms = 30000;
-  /// Directories searched for relative model names (after the name itself).
+  /// Directories searched for relative model names (before the model folders).
   std::vector<std::string> model_path;
-  /// POSIX shm object name prefix: pools are "<prefix><first 16 hex of id>".
+  /// Model folders (--models-dir): when non-empty, models are opened only when their
+  /// canonical path (symlinks resolved) lies under one of them, and error texts never say
+  /// anything about paths outside them. When empty, only trusted requesters (the daemon's
+  /// own uid and root) may name model files.
+  std::vector<std::string> models_dirs;
+  /// Debug-name prefix of the pools' memfds ("memfd:<prefix><first 16 hex of id>").
   std::string shm_prefix = "/polykv-";
+  /// Path of the daemon's pool-descriptor socket, announced in ATTACH replies.
+  std::string fd_socket;
   /// Prefill chunk (tokens).
   int64_t prefill_chunk = 512;
   /// libtorch intra-op threads passed to the default loader (0 = all cores).
   int threads = 0;
   /// Empty: model::LlamaModel::Load with LoadOptions{threads}.
   ModelLoader loader;
-  /// Called with the current list of shm object names whenever it changes (for the
-  /// daemon's stale-segment record). May be empty.
-  std::function<void(const std::vector<std::string>&)> on_segments_changed;
   /// Persisted pools (--state-dir), owned by the daemon; null = pools live in memory only.
   /// Published pools are written to it before they become visible, creates and attaches of
   /// a pool found there restore it instead of prefilling, and Evict removes its file.
   PoolStore* store = nullptr;
+  /// Model cache bound (LRU over models no create is using): at most this many models ...
+  size_t model_cache_models = 2;
+  /// ... and at most this many bytes of estimated weights (0 = no byte bound).
+  uint64_t model_cache_bytes = 0;
+  /// Fault injection for tests: a cancellable pause of this many ms after the memory is
+  /// reserved and before the prefill (a create that is "running" for a while).
+  int test_create_delay_ms = 0;
+};
+
+/// Who sends a request (from the control socket's peer credentials).
+struct Requester {
+  uint32_t uid = 0;
+  /// May name any model file the daemon can read when no --models-dir is configured (the
+  /// daemon's own uid and root).
+  bool trusted_paths = true;
 };
 
 /// Result of CreatePool.
@@ -65,6 +90,17 @@ struct CreateResult {
   bool created = false;  ///< false when the pool already existed (or another create made it)
   bool restored = false;  ///< created from the state folder (no prefill ran)
 };
+
+/// The model cache as reported by PING / STATS / LIST.
+struct ModelCacheStats {
+  uint64_t bytes = 0;     ///< estimated weight bytes of the cached models
+  uint32_t models = 0;
+  uint32_t capacity = 0;  ///< PoolManagerOptions::model_cache_models
+};
+
+/// Estimated bytes of a model's weights in this runtime: every tensor of LlamaWeights
+/// (embeddings, fused q/k/v, o, gate/up, down, norms, untied lm_head) x dtype size.
+uint64_t ModelWeightBytes(const model::ModelConfig& config, torch::ScalarType dtype);
 
 /// Result of Attach / Renew.
 struct LeaseGrant {
@@ -104,11 +140,17 @@ class PoolManager {
 
   /// Creates (or returns the existing) pool for `request` (a CREATE_POOL). Blocks for the
   /// prefill; a concurrent create of the same content waits for the first and returns its
-  /// pool. The pool becomes visible to List/Attach only once complete.
-  /// Errors: kInvalidArgument (codec, key scale, token ids, missing tokenizer), kNotFound
-  /// (model), kResourceExhausted (memory cap: names used/cap/needed; nothing is left
-  /// behind), kCancelled after Shutdown, codec/model errors as returned.
-  StatusOr<CreateResult> CreatePool(const ipc::Request& request, const ProgressFn& progress);
+  /// pool. Memory is reserved only once the create holds the model (right before its
+  /// prefill). The pool becomes visible to List/Attach only once complete and sealed.
+  /// `cancel` (may be null) and Shutdown() end a create early with kCancelled, also
+  /// during the prefill. Errors: kInvalidArgument (codec, key scale, token ids, missing
+  /// tokenizer, a model that is not a regular file or folder), kNotFound (model),
+  /// kPermissionDenied (model outside the model folders, or an untrusted requester without
+  /// --models-dir), kResourceExhausted (memory cap: names used/cap/needed; nothing is left
+  /// behind), kCancelled, codec/model errors as returned.
+  StatusOr<CreateResult> CreatePool(const ipc::Request& request, const ProgressFn& progress,
+                                    const Requester& who = {},
+                                    const std::atomic<bool>* cancel = nullptr);
 
   /// Grants a lease on a published pool (`pool_id`: full id or a unique prefix of >= 8 hex).
   /// Errors: kNotFound, kInvalidArgument (ambiguous prefix).
@@ -121,8 +163,12 @@ class PoolManager {
   /// Removes a pool. Errors: kNotFound; kFailedPrecondition when it has live leases and
   /// !force. A forced eviction invalidates its leases.
   Status Evict(const std::string& pool_id, bool force);
-  /// Drops leases past their expiry; returns how many.
+  /// Drops leases past their expiry; returns how many (logged as one line per sweep).
   int SweepExpiredLeases();
+  /// A descriptor (dup) of the sealed memfd of the pool that `lease_id` holds.
+  /// Errors: kNotFound (unknown or expired lease, evicted pool), kFailedPrecondition (not a
+  /// host pool).
+  StatusOr<ipc::UniqueFd> PoolFd(const std::string& lease_id);
 
   /// Publishes persisted pool `pool_id` (full id or unique prefix) from the store: loads its
   /// model (by the name it was created with) and refuses it when the model is absent or its
@@ -145,22 +191,27 @@ class PoolManager {
   /// Bytes held by published and in-flight pools.
   uint64_t memory_used() const;
   uint64_t memory_cap() const { return options_.memory_cap; }
+  ModelCacheStats model_cache() const;
+  /// Live leases over all pools.
+  uint64_t lease_count() const;
   const std::string& backend() const { return options_.backend; }
 
   /// Refuses new creates (kCancelled) and releases every published pool.
   void Shutdown();
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Pool {
     ipc::PoolInfo info;
     ipc::MemoryHandle memory;
-    std::optional<ipc::ShmRegion> shm;
-    std::optional<ipc::CudaArena> arena;
+    std::optional<ipc::SealedRegion> region;  // host: sealed memfd
+    std::optional<ipc::CudaArena> arena;      // cuda
     int64_t seq = 0;
+    uint32_t leases = 0;                      // live leases (expired ones are dropped first)
   };
   struct Lease {
     std::string pool_id;
-    std::chrono::steady_clock::time_point expires;
+    std::multimap<Clock::time_point, std::string>::iterator expiry;
     uint32_t client_pid = 0;
   };
   struct InFlight {
@@ -168,39 +219,70 @@ class PoolManager {
     Status status;
     std::condition_variable cv;
   };
+  /// Identity of a model file: canonical path + device, inode, size and mtime, so the same
+  /// file under different spellings is one entry and a replaced file is a new one.
+  struct ModelKey {
+    std::string canonical;
+    uint64_t dev = 0, ino = 0, size = 0;
+    int64_t mtime_ns = 0;
+    bool operator<(const ModelKey& o) const {
+      return std::tie(dev, ino, size, mtime_ns, canonical) <
+             std::tie(o.dev, o.ino, o.size, o.mtime_ns, o.canonical);
+    }
+  };
   struct ModelEntry {
+    ModelKey key;
     std::mutex load_mu;  ///< held while loading
     bool loaded = false;
-    Status status;
     std::unique_ptr<model::LlamaModel> model;
-    std::mutex run_mu;   ///< forward passes are not reentrant
+    uint64_t bytes = 0;  ///< ModelWeightBytes
+    // Forward passes are not reentrant: one create at a time holds the model (`running`).
+    // A flag + condition variable rather than a timed mutex, so that waiting creates can be
+    // cancelled (and ThreadSanitizer, which does not see pthread_mutex_clocklock, agrees).
+    std::mutex run_state_mu;
+    std::condition_variable run_cv;
+    bool running = false;
+    uint64_t last_used = 0;   ///< LRU tick (guarded by models_mu_)
+  };
+  /// A model file opened and checked by OpenModel.
+  struct OpenedModel {
+    ipc::UniqueFd fd;
+    ModelKey key;
+    std::string loader_path;  ///< "/proc/self/fd/<n>" (or the canonical path)
   };
 
-  StatusOr<std::string> ResolveModelPath(const std::string& name) const;
-  StatusOr<ModelEntry*> GetModel(const std::string& resolved);
+  StatusOr<OpenedModel> OpenModel(const std::string& name, const Requester& who) const;
+  StatusOr<std::shared_ptr<ModelEntry>> GetModel(OpenedModel opened, const std::string& name,
+                                                 const ProgressFn& progress);
+  void TrimModelCacheLocked(const ModelEntry* keep);
   StatusOr<CreateResult> Restore(const ipc::PoolFileManifest& manifest);
   StatusOr<std::string> ResolvePoolIdLocked(const std::string& id_or_prefix) const;
-  uint32_t LiveLeasesLocked(const std::string& pool_id) const;
+  void DropExpiredLeasesLocked();
+  void EraseLeaseLocked(std::map<std::string, Lease>::iterator it);
   ipc::PoolInfo InfoLocked(const Pool& pool) const;
-  void NotifySegmentsLocked();
-  StatusOr<CreateResult> Build(const ipc::Request& request, const std::string& model_name,
-                               ModelEntry* entry, const std::string& pool_id,
-                               const ipc::PoolParams& params,
-                               const std::vector<int32_t>& token_ids, const ProgressFn& progress);
+  bool Cancelled(const std::atomic<bool>* cancel) const;
+  StatusOr<CreateResult> Build(const std::string& model_name, ModelEntry* entry,
+                               const std::string& pool_id, const ipc::PoolParams& params,
+                               const std::vector<int32_t>& token_ids, const ProgressFn& progress,
+                               const std::atomic<bool>* cancel);
 
   PoolManagerOptions options_;
+  std::vector<std::string> roots_;        // canonical model folders
+  std::vector<std::string> roots_given_;  // as configured (lexically normalized)
   mutable std::mutex mu_;
-  bool shutdown_ = false;
+  std::atomic<bool> shutdown_{false};
   std::map<std::string, Pool> pools_;                      // by full hex id
   std::map<std::string, std::shared_ptr<InFlight>> in_flight_;
   std::map<std::string, Lease> leases_;
+  std::multimap<Clock::time_point, std::string> expiry_;   // lease expiry -> lease id
   std::set<std::string> evicted_leases_;                   // leases of force-evicted pools
-  std::set<std::string> segments_;                         // shm names held (incl. in flight)
+  uint64_t expired_unreported_ = 0;                        // for the one-line sweep log
   uint64_t used_ = 0;                                      // published + reserved bytes
   int64_t seq_ = 0;
   uint64_t restored_ = 0;                                  // pools restored from the store
-  std::mutex models_mu_;
-  std::map<std::string, std::unique_ptr<ModelEntry>> models_;
+  mutable std::mutex models_mu_;
+  std::map<ModelKey, std::shared_ptr<ModelEntry>> models_;
+  uint64_t model_tick_ = 0;
 };
 
 }  // namespace polykv::daemon

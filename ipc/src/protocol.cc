@@ -167,6 +167,8 @@ StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
 
 json MemoryToJson(const MemoryHandle& m) {
   json j{{"backend", m.backend}, {"shm_name", m.shm_name}, {"size", m.size}};
+  if (!m.transport.empty()) j["transport"] = m.transport;
+  if (!m.fd_socket.empty()) j["fd_socket"] = m.fd_socket;
   if (m.backend == "cuda") {
     j["cuda"] = json{{"version", m.cuda.version},
                      {"handle", Hex(m.cuda.handle, sizeof(m.cuda.handle))},
@@ -182,11 +184,18 @@ StatusOr<MemoryHandle> MemoryFromJson(const json& j) {
   MemoryHandle m;
   POLYKV_RETURN_IF_ERROR(Get(j, "backend", &m.backend));
   POLYKV_RETURN_IF_ERROR(Get(j, "shm_name", &m.shm_name));
+  POLYKV_RETURN_IF_ERROR(Get(j, "transport", &m.transport));
+  POLYKV_RETURN_IF_ERROR(Get(j, "fd_socket", &m.fd_socket));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "size", &m.size));
   if (m.backend != "host" && m.backend != "cuda") {
     return absl::InvalidArgumentError(
-        absl::StrCat("field 'memory.backend' must be \"host\" or \"cuda\", got \"", m.backend,
-                     "\""));
+        absl::StrCat("field 'memory.backend' must be \"host\" or \"cuda\", got \"",
+                     Abbreviate(m.backend, 64), "\""));
+  }
+  if (!m.transport.empty() && m.transport != "memfd" && m.transport != "shm") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field 'memory.transport' must be \"memfd\" or \"shm\", got \"",
+                     Abbreviate(m.transport, 64), "\""));
   }
   if (auto it = j.find("cuda"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return WrongType("memory.cuda", "an object", *it);
@@ -229,13 +238,17 @@ StatusOr<Envelope> ParseEnvelope(const json& j) {
   POLYKV_RETURN_IF_ERROR(Get(j, "magic", &magic));
   if (magic != kProtocolMagic) {
     return absl::InvalidArgumentError(absl::StrCat("field 'magic' must be \"", kProtocolMagic,
-                                                   "\", got \"", magic, "\""));
+                                                   "\", got \"", Abbreviate(magic, 64), "\""));
   }
   auto v = j.find("version");
   if (v == j.end()) return absl::InvalidArgumentError("field 'version' is missing");
   if (!v->is_number_integer()) return WrongType("version", "an integer", *v);
-  if (v->get<int64_t>() != kProtocolVersion) {
-    return absl::FailedPreconditionError(absl::StrCat("protocol version ", v->get<int64_t>(),
+  // Unsigned JSON integers above INT64_MAX must not read as negative numbers.
+  const bool matches = v->is_number_unsigned()
+                           ? v->get<uint64_t>() == static_cast<uint64_t>(kProtocolVersion)
+                           : v->get<int64_t>() == kProtocolVersion;
+  if (!matches) {
+    return absl::FailedPreconditionError(absl::StrCat("protocol version ", v->dump(),
                                                       " is not supported (this side speaks ",
                                                       kProtocolVersion, ")"));
   }
@@ -273,7 +286,9 @@ StatusOr<MessageType> ParseMessageType(std::string_view name) {
   for (const auto& t : kTypeNames) {
     if (t.name == name) return t.type;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown message type \"", std::string(name), "\""));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown message type \"",
+                   Abbreviate(absl::string_view(name.data(), name.size()), 64), "\""));
 }
 
 std::string EncodeRequest(const Request& r) {
@@ -282,6 +297,7 @@ std::string EncodeRequest(const Request& r) {
     case MessageType::kCreatePool:
       j["model"] = r.model;
       j["document"] = r.document;
+      j["document_bytes"] = r.document.size();
       j["token_ids"] = r.token_ids;
       j["add_bos"] = r.add_bos;
       j["codec"] = r.codec;
@@ -322,6 +338,12 @@ StatusOr<Request> DecodeRequest(std::string_view frame) {
   r.id = e.id;
   POLYKV_RETURN_IF_ERROR(Get(j, "model", &r.model));
   POLYKV_RETURN_IF_ERROR(Get(j, "document", &r.document));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "document_bytes", &r.document_bytes));
+  if (r.document_bytes != 0 && r.document_bytes != r.document.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field 'document' holds ", r.document.size(), " bytes but 'document_bytes' says ",
+        r.document_bytes, " (the document was altered on the way)"));
+  }
   if (auto it = j.find("token_ids"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) return WrongType("token_ids", "an array of integers", *it);
     r.token_ids.reserve(it->size());
@@ -373,16 +395,18 @@ StatusOr<Request> DecodeRequest(std::string_view frame) {
 
 std::string EncodeReply(const Reply& r) {
   json j = EnvelopeJson(r.type, r.id);
+  if (!r.instance.empty()) j["instance"] = r.instance;
   if (r.type == MessageType::kProgress) {
     j["stage"] = r.stage;
     j["done"] = r.done;
     j["total"] = r.total;
+    if (r.heartbeat) j["heartbeat"] = true;
     return Dump(j);
   }
   j["ok"] = r.ok;
   if (!r.ok) {
     j["code"] = r.code;
-    j["error"] = r.error;
+    j["error"] = Abbreviate(r.error, kMaxErrorBytes);
     return Dump(j);
   }
   if (r.pool) j["pool"] = PoolInfoToJson(*r.pool);
@@ -400,9 +424,16 @@ std::string EncodeReply(const Reply& r) {
   if (r.memory) j["memory"] = MemoryToJson(*r.memory);
   if (!r.daemon_version.empty()) j["daemon_version"] = r.daemon_version;
   if (r.daemon_pid != 0) j["daemon_pid"] = r.daemon_pid;
-  if (r.type == MessageType::kStats || r.type == MessageType::kPing) {
+  if (r.type == MessageType::kStats || r.type == MessageType::kPing ||
+      r.type == MessageType::kList) {
     j["memory_used"] = r.memory_used;
     j["memory_cap"] = r.memory_cap;
+    j["model_cache_bytes"] = r.model_cache_bytes;
+    j["model_cache_models"] = r.model_cache_models;
+    j["model_cache_capacity"] = r.model_cache_capacity;
+    j["creates_queued"] = r.creates_queued;
+    j["creates_running"] = r.creates_running;
+    j["create_queue_capacity"] = r.create_queue_capacity;
   }
   return Dump(j);
 }
@@ -413,10 +444,12 @@ StatusOr<Reply> DecodeReply(std::string_view frame) {
   Reply r;
   r.type = e.type;
   r.id = e.id;
+  POLYKV_RETURN_IF_ERROR(Get(j, "instance", &r.instance));
   if (r.type == MessageType::kProgress) {
     POLYKV_RETURN_IF_ERROR(Get(j, "stage", &r.stage));
     POLYKV_RETURN_IF_ERROR(GetInt(j, "done", &r.done));
     POLYKV_RETURN_IF_ERROR(GetInt(j, "total", &r.total));
+    POLYKV_RETURN_IF_ERROR(Get(j, "heartbeat", &r.heartbeat));
     return r;
   }
   auto ok = j.find("ok");
@@ -450,6 +483,12 @@ StatusOr<Reply> DecodeReply(std::string_view frame) {
   POLYKV_RETURN_IF_ERROR(GetInt(j, "daemon_pid", &r.daemon_pid));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "memory_used", &r.memory_used));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "memory_cap", &r.memory_cap));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "model_cache_bytes", &r.model_cache_bytes));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "model_cache_models", &r.model_cache_models));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "model_cache_capacity", &r.model_cache_capacity));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "creates_queued", &r.creates_queued));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "creates_running", &r.creates_running));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "create_queue_capacity", &r.create_queue_capacity));
   return r;
 }
 
@@ -459,7 +498,7 @@ Reply ErrorReply(MessageType type, uint64_t request_id, const Status& status) {
   r.id = request_id;
   r.ok = false;
   r.code = absl::StatusCodeToString(status.code());
-  r.error = std::string(status.message());
+  r.error = Abbreviate(status.message(), kMaxErrorBytes);
   return r;
 }
 
@@ -507,6 +546,70 @@ Status ReplyStatus(const Reply& reply) {
     if (reply.code == c.name) code = c.code;
   }
   return Status(code, reply.error.empty() ? "error reply without a message" : reply.error);
+}
+
+Status ValidateUtf8(absl::string_view text, absl::string_view field) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    size_t len;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      len = 0;
+      cp = 0;
+    }
+    bool ok = len != 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) {
+        ok = false;
+      } else {
+        cp = (cp << 6) | (s[i + k] & 0x3F);
+      }
+    }
+    // Overlong forms, UTF-16 surrogates and values past U+10FFFF are invalid too.
+    if (ok) {
+      static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+      ok = cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          std::string(field), " is not valid UTF-8 at byte offset ", i, " (byte 0x",
+          absl::Hex(c, absl::kZeroPad2), "); send UTF-8 text, or token ids"));
+    }
+    i += len;
+  }
+  return absl::OkStatus();
+}
+
+Status ValidateRequest(const Request& r) {
+  POLYKV_RETURN_IF_ERROR(ValidateUtf8(r.document, "the document"));
+  POLYKV_RETURN_IF_ERROR(ValidateUtf8(r.model, "the model path"));
+  POLYKV_RETURN_IF_ERROR(ValidateUtf8(r.pool_id, "the pool id"));
+  POLYKV_RETURN_IF_ERROR(ValidateUtf8(r.lease_id, "the lease id"));
+  POLYKV_RETURN_IF_ERROR(ValidateUtf8(r.codec, "the codec"));
+  POLYKV_RETURN_IF_ERROR(ValidateUtf8(r.key_scale, "the key scale"));
+  return absl::OkStatus();
+}
+
+std::string Abbreviate(absl::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return std::string(text);
+  size_t cut = max_bytes;
+  // Do not split a UTF-8 sequence: back up over continuation bytes.
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat(text.substr(0, cut), "... (", text.size(), " bytes)");
 }
 
 std::string DefaultEndpoint() {

@@ -27,6 +27,7 @@
 #include "polykv/ipc/cuda_ipc.h"
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/protocol.h"
+#include "polykv/ipc/sealed_region.h"
 #include "polykv/ipc/shm_region.h"
 #include "polykv/status.h"
 
@@ -41,6 +42,9 @@ namespace ipc = polykv::ipc;
 constexpr int kDefaultTimeoutMs = 5000;
 constexpr int kTries = 3;                      // Lazy Pirate tries per request
 constexpr int kDefaultCreateTimeoutMs = 600000;  // 10 min bound for CREATE_POOL
+// A create fails this long after the daemon's last word (it sends one every
+// ipc::kHeartbeatMs while the create is queued or running).
+constexpr int kCreateSilenceMs = 5 * ipc::kHeartbeatMs;
 constexpr int64_t kMinRenewIntervalMs = 20;
 
 thread_local std::string g_last_error;
@@ -154,9 +158,15 @@ struct polykv_pool {
   std::string lease_id;
   int64_t lease_ms = 0;
 
-  std::optional<ipc::ShmRegion> shm;
+  std::string instance;  // daemon instance that granted the lease ("" for older daemons)
+
+  std::optional<ipc::SealedRegion> sealed;  // host pool: sealed memfd, mapped read-only
+  std::optional<ipc::ShmRegion> shm;        // host pool from an older daemon (POSIX shm)
   std::optional<ipc::CudaIpcMapping> cuda;
   std::optional<ipc::PoolReader> reader;
+  // The read-only mapping of the whole region (host pools): [map_base, map_base + map_size).
+  const uint8_t* map_base = nullptr;
+  uint64_t map_size = 0;
 
   // Lease state, written by the renewer, read by every call.
   mutable std::mutex mu;
@@ -218,6 +228,14 @@ struct polykv_pool {
         continue;
       }
       Status st = ipc::ReplyStatus(*reply);
+      if (!instance.empty() && !reply->instance.empty() && reply->instance != instance) {
+        // Another daemon answers on the endpoint: ours (and every lease it granted) is gone.
+        lease_code = POLYKV_NOT_FOUND;
+        lease_message = absl::StrCat("pool ", info.id, " is gone: polykvd restarted (instance ",
+                                     instance.substr(0, 8), " -> ",
+                                     reply->instance.substr(0, 8), ")");
+        continue;
+      }
       if (st.ok()) {
         int64_t ms = reply->lease_ms > 0 ? reply->lease_ms : lease_ms;
         lease_valid_until = sent + std::chrono::milliseconds(ms);
@@ -368,13 +386,13 @@ polykv_status polykv_pool_info_by_id(polykv_client* client, const char* pool_id,
   });
 }
 
-polykv_status polykv_create_pool(polykv_client* client, const polykv_create_options* opts,
-                                 polykv_progress_fn progress, void* user, polykv_pool_info* out,
-                                 int* created) {
-  if (client == nullptr || opts == nullptr) {
-    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_create_pool: client or opts is NULL");
-  }
-  return Guarded("polykv_create_pool", [&]() -> Status {
+namespace {
+
+// CREATE_POOL with the document given as (`document`, `document_size`) bytes, or none.
+polykv_status CreatePool(polykv_client* client, const polykv_create_options* opts,
+                         const char* document, size_t document_size, polykv_progress_fn progress,
+                         void* user, polykv_pool_info* out, int* created, const char* what) {
+  return Guarded(what, [&]() -> Status {
     if (opts->struct_version != POLYKV_CREATE_OPTIONS_VERSION) {
       return absl::InvalidArgumentError(absl::StrCat(
           "polykv_create_options.struct_version is ", opts->struct_version, ", expected ",
@@ -383,7 +401,7 @@ polykv_status polykv_create_pool(polykv_client* client, const polykv_create_opti
     if (opts->model == nullptr || *opts->model == '\0') {
       return absl::InvalidArgumentError("create: model path is empty");
     }
-    const bool has_doc = opts->document != nullptr && *opts->document != '\0';
+    const bool has_doc = document != nullptr && document_size > 0;
     const bool has_ids = opts->token_count > 0;
     if (has_ids && opts->token_ids == nullptr) {
       return absl::InvalidArgumentError("create: token_count > 0 but token_ids is NULL");
@@ -396,23 +414,30 @@ polykv_status polykv_create_pool(polykv_client* client, const polykv_create_opti
     ipc::Request req;
     req.type = ipc::MessageType::kCreatePool;
     req.model = opts->model;
-    if (has_doc) req.document = opts->document;
+    if (has_doc) {
+      req.document.assign(document, document_size);  // every byte, NULs included
+      // Refuse, rather than alter, text the protocol cannot carry (JSON strings are UTF-8).
+      POLYKV_RETURN_IF_ERROR(ipc::ValidateUtf8(req.document, "create: the document"));
+    }
     if (has_ids) req.token_ids.assign(opts->token_ids, opts->token_ids + opts->token_count);
     req.add_bos = opts->add_bos != 0;
     req.codec = opts->codec ? opts->codec : "k8v3";
     static const char* kCodecs[] = {"k8v3", "k8v2", "k8v4", "none"};
     if (std::none_of(std::begin(kCodecs), std::end(kCodecs),
                      [&](const char* c) { return req.codec == c; })) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("create: unknown codec \"", req.codec, "\" (expected k8v3, k8v2, k8v4 or none)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "create: unknown codec \"", ipc::Abbreviate(req.codec, 32),
+          "\" (expected k8v3, k8v2, k8v4 or none)"));
     }
     req.key_scale = opts->key_scale ? opts->key_scale : "tensor";
     if (req.key_scale != "tensor" && req.key_scale != "head" && req.key_scale != "channel") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "create: unknown key scale \"", req.key_scale, "\" (expected tensor, head or channel)"));
+          "create: unknown key scale \"", ipc::Abbreviate(req.key_scale, 32),
+          "\" (expected tensor, head or channel)"));
     }
     req.norm_correction = opts->norm_correction != 0;
-    req.progress = progress != nullptr;
+    // Always ask for progress: the daemon then sends heartbeats, and silence means trouble.
+    req.progress = true;
     req.client_pid = static_cast<uint32_t>(getpid());
     const int timeout = opts->timeout_ms > 0 ? opts->timeout_ms : kDefaultCreateTimeoutMs;
     std::function<void(const ipc::Reply&)> on_progress;
@@ -422,21 +447,88 @@ polykv_status polykv_create_pool(polykv_client* client, const polykv_create_opti
     StatusOr<ipc::Reply> reply;
     {
       std::lock_guard<std::mutex> lock(client->mu);
-      // One try only: a create can run for minutes, and resending would queue a second one.
-      reply = client->channel->CallOk(req, timeout, 1, on_progress);
+      // Sent once: a create can run for minutes, and resending would queue a second one.
+      reply = client->channel->CallStreaming(req, timeout, kCreateSilenceMs, on_progress);
     }
     if (!reply.ok()) {
-      if (reply.status().code() == absl::StatusCode::kUnavailable) {
+      if (reply.status().code() == absl::StatusCode::kDeadlineExceeded) {
         return absl::DeadlineExceededError(absl::StrCat(
-            "CREATE_POOL got no reply from polykvd at ", client->endpoint, " within ", timeout,
-            " ms (if the daemon is still working, `polykv-cli pools list` shows the pool once "
+            reply.status().message(),
+            " (if the daemon is still working, `polykv-cli pools list` shows the pool once "
             "published)"));
       }
       return reply.status();
     }
+    POLYKV_RETURN_IF_ERROR(ipc::ReplyStatus(*reply));
     if (!reply->pool) return absl::InternalError("CREATE_POOL reply carries no pool description");
     if (out) ToCInfo(*reply->pool, out);
     if (created) *created = reply->created ? 1 : 0;
+    return Status();
+  });
+}
+
+}  // namespace
+
+polykv_status polykv_create_pool(polykv_client* client, const polykv_create_options* opts,
+                                 polykv_progress_fn progress, void* user, polykv_pool_info* out,
+                                 int* created) {
+  if (client == nullptr || opts == nullptr) {
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_create_pool: client or opts is NULL");
+  }
+  const char* doc = opts->document;
+  return CreatePool(client, opts, doc, doc != nullptr ? std::strlen(doc) : 0, progress, user, out,
+                    created, "polykv_create_pool");
+}
+
+polykv_status polykv_create_pool_from_text(polykv_client* client,
+                                           const polykv_create_options* opts,
+                                           const char* document, size_t document_size,
+                                           polykv_progress_fn progress, void* user,
+                                           polykv_pool_info* out, int* created) {
+  if (client == nullptr || opts == nullptr) {
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_create_pool_from_text: client or opts is NULL");
+  }
+  if (document == nullptr && document_size > 0) {
+    return Fail(POLYKV_INVALID_ARGUMENT,
+                "polykv_create_pool_from_text: document is NULL but document_size > 0");
+  }
+  if (opts->document != nullptr) {
+    return Fail(POLYKV_INVALID_ARGUMENT,
+                "polykv_create_pool_from_text: opts->document must be NULL (the document is "
+                "passed as document/document_size)");
+  }
+  return CreatePool(client, opts, document, document_size, progress, user, out, created,
+                    "polykv_create_pool_from_text");
+}
+
+polykv_status polykv_daemon_get_status(polykv_client* client, polykv_daemon_status* out) {
+  if (client == nullptr || out == nullptr) {
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_daemon_get_status: client or out is NULL");
+  }
+  if (out->struct_size < sizeof(polykv_daemon_status)) {
+    return Fail(POLYKV_INVALID_ARGUMENT,
+                absl::StrCat("polykv_daemon_get_status: out->struct_size is ", out->struct_size,
+                             ", expected sizeof(polykv_daemon_status) = ",
+                             sizeof(polykv_daemon_status)));
+  }
+  return Guarded("polykv_daemon_get_status", [&]() -> Status {
+    ipc::Request req;
+    req.type = ipc::MessageType::kPing;
+    POLYKV_ASSIGN_OR_RETURN(ipc::Reply reply, client->Call(req));
+    const uint32_t size = out->struct_size;
+    std::memset(out, 0, sizeof(*out));
+    out->struct_size = size;
+    CopyString(out->version, sizeof(out->version), reply.daemon_version);
+    CopyString(out->instance, sizeof(out->instance), reply.instance);
+    out->pid = reply.daemon_pid;
+    out->memory_used = reply.memory_used;
+    out->memory_cap = reply.memory_cap;
+    out->model_cache_bytes = reply.model_cache_bytes;
+    out->model_cache_models = reply.model_cache_models;
+    out->model_cache_capacity = reply.model_cache_capacity;
+    out->creates_queued = reply.creates_queued;
+    out->creates_running = reply.creates_running;
+    out->create_queue_capacity = reply.create_queue_capacity;
     return Status();
   });
 }
@@ -484,7 +576,21 @@ Status MapPool(polykv_pool* pool, const ipc::MemoryHandle& mem) {
   const void* base = nullptr;
   uint64_t size = 0;
   polykv::kernels::Device device = polykv::kernels::Device::kCpu;
-  if (mem.backend == "host") {
+  bool verify_payload = false;
+  if (mem.backend == "host" && mem.transport == "memfd") {
+    // The daemon hands the sealed memfd over its descriptor socket; MapSealed refuses a
+    // descriptor that could still be written, so the pool cannot change under us.
+    if (mem.fd_socket.empty()) return absl::InternalError("ATTACH reply has no descriptor socket");
+    POLYKV_ASSIGN_OR_RETURN(ipc::UniqueFd fd,
+                            ipc::RequestPoolFd(mem.fd_socket, pool->lease_id, pool->timeout_ms));
+    POLYKV_ASSIGN_OR_RETURN(ipc::SealedRegion region,
+                            ipc::SealedRegion::MapSealed(std::move(fd), mem.size));
+    pool->sealed.emplace(std::move(region));
+    base = pool->sealed->data();
+    size = mem.size > 0 ? mem.size : pool->sealed->size();
+  } else if (mem.backend == "host") {
+    // A named POSIX shm object (older daemons): anyone with the daemon's uid could rewrite
+    // it, so the whole payload checksum is verified once here.
     if (mem.shm_name.empty()) return absl::InternalError("ATTACH reply has no shm name");
     POLYKV_ASSIGN_OR_RETURN(ipc::ShmRegion region, ipc::ShmRegion::OpenReadOnly(mem.shm_name));
     pool->shm.emplace(std::move(region));
@@ -497,6 +603,7 @@ Status MapPool(polykv_pool* pool, const ipc::MemoryHandle& mem) {
       }
       size = mem.size;
     }
+    verify_payload = true;
   } else if (mem.backend == "cuda") {
     POLYKV_ASSIGN_OR_RETURN(ipc::CudaIpcMapping mapping, ipc::CudaIpcMapping::Open(mem.cuda));
     pool->cuda.emplace(std::move(mapping));
@@ -504,14 +611,20 @@ Status MapPool(polykv_pool* pool, const ipc::MemoryHandle& mem) {
     size = mem.size > 0 ? mem.size : pool->cuda->size();
     device = polykv::kernels::Device::kCuda;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("ATTACH reply has unknown backend \"",
-                                                    mem.backend, "\" (expected host or cuda)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ATTACH reply has unknown backend \"", ipc::Abbreviate(mem.backend, 32),
+        "\" (expected host or cuda)"));
   }
-  POLYKV_ASSIGN_OR_RETURN(ipc::PoolReader reader, ipc::PoolReader::Open(base, size, false, device));
+  POLYKV_ASSIGN_OR_RETURN(ipc::PoolReader reader,
+                          ipc::PoolReader::Open(base, size, verify_payload, device));
   const std::string header_id = Hex(reader.header().pool_id, sizeof(reader.header().pool_id));
   if (header_id != pool->info.id) {
     return absl::DataLossError(absl::StrCat("mapped pool header has id ", header_id,
                                             ", expected ", pool->info.id));
+  }
+  if (device == polykv::kernels::Device::kCpu) {
+    pool->map_base = static_cast<const uint8_t*>(base);
+    pool->map_size = size;
   }
   pool->reader.emplace(std::move(reader));
   return Status();
@@ -560,6 +673,7 @@ polykv_status polykv_attach(polykv_client* client, const char* pool_id, polykv_p
       return absl::InternalError("ATTACH reply lacks a lease (lease_id / lease_ms)");
     }
     pool->lease_valid_until = sent + std::chrono::milliseconds(pool->lease_ms);
+    pool->instance = reply->instance;
     pool->channel = std::make_unique<Channel>(pool->context, pool->endpoint);
     Status mapped = MapPool(pool.get(), *reply->memory);
     if (!mapped.ok()) {
@@ -589,6 +703,7 @@ polykv_status polykv_detach(polykv_pool* pool) {
     pool->cancel = false;
     if (lease_valid) result = ToC(SendDetach(pool, 2));
     pool->reader.reset();
+    pool->sealed.reset();
     pool->shm.reset();
     pool->cuda.reset();
     pool->channel.reset();
@@ -612,12 +727,13 @@ polykv_status polykv_pool_get_info(const polykv_pool* pool, polykv_pool_info* ou
 polykv_status polykv_pool_mapping(const polykv_pool* pool, const void** base, uint64_t* size) {
   if (pool == nullptr || base == nullptr || size == nullptr)
     return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_mapping: NULL argument");
-  if (!pool->shm)
+  // map_base covers both host transports: a sealed memfd and an older daemon's POSIX shm.
+  if (pool->map_base == nullptr)
     return Fail(POLYKV_FAILED_PRECONDITION,
                 absl::StrCat("pool ", pool->info.id,
                              " lives in GPU memory: it has no host mapping (decode it instead)"));
-  *base = pool->shm->data();
-  *size = pool->shm->size();
+  *base = pool->map_base;
+  *size = pool->map_size;
   return POLYKV_OK;
 }
 

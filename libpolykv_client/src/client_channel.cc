@@ -1,6 +1,7 @@
 // Lazy Pirate request/reply over a ZeroMQ DEALER socket (see client_channel.h).
 #include "client_channel.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "polykv/ipc/sealed_region.h"
 
 namespace polykv::client {
 namespace {
@@ -33,7 +35,17 @@ uint64_t NextRequestId() {
 }
 
 Channel::Channel(std::shared_ptr<zmq::context_t> context, std::string endpoint)
-    : context_(std::move(context)), endpoint_(std::move(endpoint)) {}
+    : context_(std::move(context)), endpoint_(std::move(endpoint)) {
+  constexpr char kIpc[] = "ipc://";
+  if (endpoint_.rfind(kIpc, 0) == 0) ipc_path_ = endpoint_.substr(sizeof(kIpc) - 1);
+}
+
+Status Channel::Probe() const {
+  if (ipc_path_.empty() || ipc_path_[0] == '@') return Status();  // tcp:// or abstract
+  Status s = ipc::ProbeUnixSocket(ipc_path_, SOCK_STREAM);
+  if (s.code() == absl::StatusCode::kInvalidArgument) return Status();
+  return s;
+}
 
 Channel::~Channel() {
   if (socket_) {
@@ -65,6 +77,7 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
   if (try_timeout_ms <= 0) try_timeout_ms = 1;
   if (tries <= 0) tries = 1;
   request.id = NextRequestId();
+  POLYKV_RETURN_IF_ERROR(ipc::ValidateRequest(request));
   const std::string frame = ipc::EncodeRequest(request);
   if (frame.size() > ipc::kMaxMessageBytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -72,6 +85,8 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
         " bytes, over the protocol limit of ", ipc::kMaxMessageBytes, " bytes"));
   }
   for (int attempt = 0; attempt < tries; ++attempt) {
+    // Fail at once, with the reason, when the socket is missing, dead or forbidden.
+    POLYKV_RETURN_IF_ERROR(Probe());
     // A fresh socket for every try after the first (Lazy Pirate): a lost reply can then
     // never be confused with this try's, and nothing queued lingers on the old socket.
     if (!socket_ || attempt > 0) Reset();
@@ -107,6 +122,7 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
                       absl::StrCat("malformed reply from polykvd at ", endpoint_, ": ",
                                    reply.status().message()));
       }
+      if (!reply->instance.empty()) last_instance_ = reply->instance;
       if (reply->id != request.id) continue;  // stale: a reply to an earlier request
       if (reply->type == ipc::MessageType::kProgress) {
         if (on_progress) on_progress(*reply);
@@ -134,6 +150,131 @@ StatusOr<ipc::Reply> Channel::CallOk(ipc::Request request, int try_timeout_ms, i
                           Call(std::move(request), try_timeout_ms, tries, on_progress, cancel));
   POLYKV_RETURN_IF_ERROR(ipc::ReplyStatus(reply));
   return reply;
+}
+
+StatusOr<ipc::Reply> Channel::CallStreaming(
+    ipc::Request request, int timeout_ms, int silence_ms,
+    const std::function<void(const ipc::Reply&)>& on_progress) {
+  if (timeout_ms <= 0) timeout_ms = 1;
+  if (silence_ms <= 0) silence_ms = 1;
+  request.id = NextRequestId();
+  POLYKV_RETURN_IF_ERROR(ipc::ValidateRequest(request));
+  const std::string frame = ipc::EncodeRequest(request);
+  const std::string what = std::string(ipc::MessageTypeName(request.type));
+  if (frame.size() > ipc::kMaxMessageBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, " request is ", frame.size(),
+                                                     " bytes, over the protocol limit of ",
+                                                     ipc::kMaxMessageBytes, " bytes"));
+  }
+  POLYKV_RETURN_IF_ERROR(Probe());
+  if (!socket_) Reset();
+  auto drop_socket = [&] {
+    if (socket_) {
+      socket_->set(zmq::sockopt::linger, 0);
+      socket_->close();
+      socket_.reset();
+    }
+  };
+  auto send = [&](const std::string& f) {
+    zmq::message_t delimiter;
+    return socket_->send(delimiter, zmq::send_flags::sndmore | zmq::send_flags::dontwait) &&
+           socket_->send(zmq::buffer(f), zmq::send_flags::dontwait);
+  };
+  if (!send(frame)) {
+    drop_socket();
+    return absl::UnavailableError(absl::StrCat("cannot send ", what, " to polykvd at ",
+                                               endpoint_, " (is the daemon running?)"));
+  }
+  // A daemon that stamps replies with its instance also sends heartbeats: only then is
+  // silence a failure. Older daemons get the plain overall timeout.
+  const std::string known_instance = last_instance_;
+  const bool heartbeats = !known_instance.empty();
+  std::string instance;  // of the daemon handling this request, from its first message
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(timeout_ms);
+  auto last_heard = start;
+  auto last_probe = start;
+  auto last_ping = start - std::chrono::hours(1);
+  uint64_t ping_id = 0;
+  auto restarted = [&](const std::string& was, const std::string& now) {
+    drop_socket();
+    return absl::AbortedError(absl::StrCat(
+        "polykvd at ", endpoint_, " restarted while the ", what, " was in progress (instance ",
+        was.substr(0, 8), " -> ", now.substr(0, 8), "): the request was lost; send it again"));
+  };
+  while (true) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      drop_socket();
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, " got no reply from polykvd at ", endpoint_, " within ", timeout_ms, " ms"));
+    }
+    if (now - last_probe >= std::chrono::seconds(1)) {
+      last_probe = now;
+      if (Status alive = Probe(); !alive.ok()) {
+        drop_socket();
+        return absl::UnavailableError(absl::StrCat(
+            "polykvd went away during ", what, ": ", alive.message(), "; the request was lost"));
+      }
+    }
+    if (heartbeats) {
+      const auto quiet = now - last_heard;
+      if (quiet >= std::chrono::milliseconds(silence_ms)) {
+        drop_socket();
+        return absl::UnavailableError(absl::StrCat(
+            "no word from polykvd at ", endpoint_, " for ",
+            std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count(), " ms during ",
+            what, " (it sends a heartbeat every ", ipc::kHeartbeatMs,
+            " ms): the daemon died or hung; the request was lost"));
+      }
+      if (quiet >= std::chrono::milliseconds(silence_ms / 2) &&
+          now - last_ping >= std::chrono::milliseconds(silence_ms / 4 + 1)) {
+        last_ping = now;
+        ipc::Request ping;
+        ping.type = ipc::MessageType::kPing;
+        ping.id = ping_id = NextRequestId();
+        (void)send(ipc::EncodeRequest(ping));
+      }
+    }
+    zmq::pollitem_t item{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(kPollSliceMs));
+    if (!(item.revents & ZMQ_POLLIN)) continue;
+    std::string payload;
+    bool more = true;
+    while (more) {
+      zmq::message_t part;
+      if (!socket_->recv(part, zmq::recv_flags::dontwait)) break;
+      more = part.more();
+      payload.assign(static_cast<const char*>(part.data()), part.size());
+    }
+    if (payload.empty()) continue;
+    StatusOr<ipc::Reply> reply = ipc::DecodeReply(payload);
+    if (!reply.ok()) {
+      drop_socket();
+      return Status(reply.status().code(), absl::StrCat("malformed reply from polykvd at ",
+                                                        endpoint_, ": ",
+                                                        reply.status().message()));
+    }
+    if (!reply->instance.empty()) last_instance_ = reply->instance;
+    if (ping_id != 0 && reply->id == ping_id) {
+      const std::string& expected = instance.empty() ? known_instance : instance;
+      if (!reply->instance.empty() && !expected.empty() && reply->instance != expected) {
+        return restarted(expected, reply->instance);
+      }
+      continue;  // alive, same daemon: keep waiting for word of our request
+    }
+    if (reply->id != request.id) continue;  // stale
+    last_heard = Clock::now();
+    if (!reply->instance.empty()) {
+      if (instance.empty()) instance = reply->instance;
+      if (reply->instance != instance) return restarted(instance, reply->instance);
+    }
+    if (reply->type == ipc::MessageType::kProgress) {
+      if (on_progress && !reply->heartbeat) on_progress(*reply);
+      continue;
+    }
+    return reply;
+  }
 }
 
 }  // namespace polykv::client

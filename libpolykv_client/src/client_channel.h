@@ -18,6 +18,10 @@ namespace polykv::client {
 /// zmq socket). Implements the ZeroMQ guide's "Lazy Pirate": each try waits `try_timeout_ms`
 /// for the reply whose id matches the request (stale replies of earlier tries or requests
 /// are dropped), then the socket is closed with LINGER=0 and rebuilt before the next try.
+/// For ipc:// endpoints the socket file is probed with connect(2) before the first try and
+/// between tries, so a missing socket, a dead daemon's stale socket (ECONNREFUSED) and a
+/// socket this uid may not open (EACCES) fail at once with a precise error instead of
+/// after every try's timeout.
 class Channel {
  public:
   /// Does not connect yet (the socket is built lazily by Call).
@@ -41,13 +45,30 @@ class Channel {
                               const std::function<void(const ipc::Reply&)>& on_progress = {},
                               const std::atomic<bool>* cancel = nullptr);
 
+  /// One long request with PROGRESS (CREATE_POOL), sent once and never resent. Fails fast
+  /// when the daemon goes away: kUnavailable when its socket stops accepting (probed every
+  /// second) or, for daemons that send heartbeats (an instance id in their replies), when
+  /// nothing arrives for `silence_ms`; kAborted when replies start coming from another
+  /// daemon instance (a restart on the same endpoint: the request is lost). After
+  /// `silence_ms / 2` of silence it PINGs to tell a restart from a hang.
+  /// kDeadlineExceeded after `timeout_ms` in all. Returns the final reply (ok or error).
+  StatusOr<ipc::Reply> CallStreaming(ipc::Request request, int timeout_ms, int silence_ms,
+                                     const std::function<void(const ipc::Reply&)>& on_progress);
+
   const std::string& endpoint() const { return endpoint_; }
+  /// Instance id of the daemon that sent the last reply seen on this channel ("" if none,
+  /// or a daemon too old to send one).
+  const std::string& last_instance() const { return last_instance_; }
+  /// kOk when the endpoint's socket accepts connections (always OK for non-ipc endpoints).
+  Status Probe() const;
 
  private:
   void Reset();  ///< closes the socket (LINGER=0) and connects a fresh one
   std::shared_ptr<zmq::context_t> context_;
   std::string endpoint_;
   std::unique_ptr<zmq::socket_t> socket_;
+  std::string ipc_path_;  ///< socket file of an ipc:// endpoint, "" otherwise
+  std::string last_instance_;
 };
 
 /// A process-wide unique, never-zero request id.

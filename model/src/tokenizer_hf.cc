@@ -291,6 +291,12 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const std::string& path
     if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
       for (const json& a : j["added_tokens"]) {
         if (!a.is_object() || !a.contains("id") || !a.contains("content")) continue;
+        // An id written as a float (or too large for an integer, which the parser reads as
+        // a float) must not be converted: that conversion is undefined behaviour.
+        if (!a["id"].is_number_integer()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ": added_tokens id ", Short(a["id"]), " is not an integer id"));
+        }
         POLYKV_RETURN_IF_ERROR(put(a["id"].get<int64_t>(), a["content"].get<std::string>(),
                                    a.value("special", false) ? kControl : kUserDefined));
       }

@@ -228,8 +228,8 @@ TEST_F(AgentsStories, PoolUnchangedByAgentsAndLateAgentMatchesFirst) {
   const std::string pool = Create("k8v3");
   ASSERT_FALSE(pool.empty());
   const auto& st = GetStories();
-  const uint64_t digest_before = ShmDigest(pool);
-  ASSERT_NE(digest_before, 0u) << "cannot read " << ShmPath(pool);
+  const uint64_t digest_before = PoolDigest(daemon_->endpoint(), pool);
+  ASSERT_NE(digest_before, 0u) << "cannot map pool " << pool;
   polykv_client* c = nullptr;
   ASSERT_EQ(polykv_connect(daemon_->endpoint().c_str(), 5000, &c), POLYKV_OK);
   polykv_pool* p = nullptr;
@@ -254,7 +254,7 @@ TEST_F(AgentsStories, PoolUnchangedByAgentsAndLateAgentMatchesFirst) {
   EXPECT_EQ(Ids(first).size(), static_cast<size_t>(kNewTokens));
 
   EXPECT_EQ(polykv_pool_verify(p), POLYKV_OK) << polykv_last_error();
-  EXPECT_EQ(ShmDigest(pool), digest_before);
+  EXPECT_EQ(PoolDigest(daemon_->endpoint(), pool), digest_before);
   polykv_detach(p);
   polykv_disconnect(c);
 }
@@ -388,7 +388,7 @@ TEST_F(AgentsStories, SigkilledAgentLeavesPoolIntactAndLeaseExpires) {
   ASSERT_FALSE(pool.empty());
   const auto& st = GetStories();
   json first = RunAgentProcess(*daemon_, pool, st.prompts[1]);
-  const uint64_t digest = ShmDigest(pool);
+  const uint64_t digest = PoolDigest(daemon_->endpoint(), pool);
   ASSERT_NE(digest, 0u);
 
   Process victim;
@@ -404,7 +404,7 @@ TEST_F(AgentsStories, SigkilledAgentLeavesPoolIntactAndLeaseExpires) {
   victim.Kill(SIGKILL);
   ASSERT_TRUE(victim.Wait(10000));
 
-  EXPECT_EQ(ShmDigest(pool), digest);
+  EXPECT_EQ(PoolDigest(daemon_->endpoint(), pool), digest);
   json next = RunAgentProcess(*daemon_, pool, st.prompts[1]);
   EXPECT_EQ(Ids(next), Ids(first));
   // The dead agent's lease (2 s) expires and is swept.

@@ -1,7 +1,7 @@
 // Multi-process test harness: temp dirs, child processes (posix_spawn, output to files,
 // bounded waits), a polykvd process guard that always cleans up (SIGTERM, then SIGKILL,
-// then removes its socket and the shm segments of the pools it created), and helpers over
-// the C client API.
+// then removes its socket and any named segment an older daemon would have left), and
+// helpers over the C client API and the raw control protocol.
 #pragma once
 
 #include <fcntl.h>
@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -24,8 +25,13 @@
 
 #include <gtest/gtest.h>
 
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
 #include "polykv/client.h"
 #include "polykv/ipc/pool_layout.h"
+#include "polykv/ipc/protocol.h"
+#include "polykv/ipc/sealed_region.h"
 
 extern char** environ;
 
@@ -166,16 +172,52 @@ inline const std::string& ShmPrefix() {
   return prefix;
 }
 
-/// Path of the POSIX shm object of a host pool (the daemon names it prefix + first 16 hex).
+/// Path a host pool would have had as a named POSIX shm object (older daemons named them
+/// prefix + first 16 hex); pools are sealed memfds now, so nothing should ever be there.
 inline std::string ShmPath(const std::string& pool_id) {
   return "/dev/shm" + ShmPrefix() + pool_id.substr(0, 16);
 }
 
-/// Checksum64 over the whole shm file of a pool (header included); 0 when unreadable.
-inline uint64_t ShmDigest(const std::string& pool_id) {
-  std::string bytes = ReadFile(ShmPath(pool_id));
-  if (bytes.empty()) return 0;
-  return ipc::Checksum64(bytes.data(), bytes.size());
+/// One raw request/reply on a fresh DEALER socket (no retry); nullopt on timeout.
+inline std::optional<ipc::Reply> RawCall(const std::string& endpoint, ipc::Request req,
+                                         int timeout_ms = 5000) {
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.connect(endpoint);
+  req.id = 4242;
+  s.send(zmq::message_t(), zmq::send_flags::sndmore);
+  s.send(zmq::buffer(ipc::EncodeRequest(req)), zmq::send_flags::none);
+  zmq::pollitem_t item{static_cast<void*>(s), 0, ZMQ_POLLIN, 0};
+  zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms));
+  if (!(item.revents & ZMQ_POLLIN)) return std::nullopt;
+  std::vector<zmq::message_t> parts;
+  (void)zmq::recv_multipart(s, std::back_inserter(parts));
+  if (parts.empty()) return std::nullopt;
+  auto r = ipc::DecodeReply(parts.back().to_string_view());
+  if (!r.ok()) return std::nullopt;
+  return *r;
+}
+
+/// Checksum64 over a whole host pool (header included), read through the same sealed
+/// memfd agents map (ATTACH, descriptor socket, DETACH); 0 when it cannot be read.
+inline uint64_t PoolDigest(const std::string& endpoint, const std::string& pool_id) {
+  ipc::Request attach;
+  attach.type = ipc::MessageType::kAttach;
+  attach.pool_id = pool_id;
+  auto a = RawCall(endpoint, attach);
+  if (!a || !a->ok || !a->memory) return 0;
+  uint64_t digest = 0;
+  auto fd = ipc::RequestPoolFd(a->memory->fd_socket, a->lease_id, 5000);
+  if (fd.ok()) {
+    auto region = ipc::SealedRegion::MapSealed(*std::move(fd), 0);
+    if (region.ok()) digest = ipc::Checksum64(region->data(), region->size());
+  }
+  ipc::Request detach;
+  detach.type = ipc::MessageType::kDetach;
+  detach.lease_id = a->lease_id;
+  (void)RawCall(endpoint, detach);
+  return digest;
 }
 
 /// polykvd as a child process on a private endpoint; always cleaned up.

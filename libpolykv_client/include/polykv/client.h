@@ -85,9 +85,27 @@ typedef struct polykv_daemon_info_t {
   uint64_t memory_cap;  /**< configured cap in bytes (0 = none reported) */
 } polykv_daemon_info;
 
+/** Daemon status (polykv_daemon_get_status). Set `struct_size` = sizeof(polykv_daemon_status)
+ *  before the call; the library fills the rest. */
+typedef struct polykv_daemon_status_t {
+  uint32_t struct_size;          /**< in: sizeof(polykv_daemon_status) */
+  char version[32];              /**< daemon version string */
+  char instance[33];             /**< 32 hex chars, new at every daemon start */
+  uint32_t pid;                  /**< daemon process id */
+  uint64_t memory_used;          /**< bytes of pool memory in use (active backend) */
+  uint64_t memory_cap;           /**< configured pool memory cap (0 = none) */
+  uint64_t model_cache_bytes;    /**< estimated weight bytes of the models kept loaded */
+  uint32_t model_cache_models;   /**< models kept loaded */
+  uint32_t model_cache_capacity; /**< most models kept (LRU) */
+  uint32_t creates_queued;       /**< creates waiting for a worker */
+  uint32_t creates_running;      /**< creates being built */
+  uint32_t create_queue_capacity;/**< more waiting creates are refused (RESOURCE_EXHAUSTED) */
+} polykv_daemon_status;
+
 /** Options of polykv_create_pool. Initialise with polykv_create_options_init(). Exactly one
  *  of `document` (UTF-8 text, tokenized by the daemon) or `token_ids` (+ `token_count`) must
- *  be given. Pointers are borrowed for the duration of the call. */
+ *  be given. Pointers are borrowed for the duration of the call. A NUL-terminated
+ *  `document` cannot hold NUL bytes: use polykv_create_pool_from_text for arbitrary text. */
 typedef struct polykv_create_options_t {
   uint32_t struct_version;  /**< POLYKV_CREATE_OPTIONS_VERSION (set by _init) */
   const char* model;        /**< model path (resolved by the daemon); required */
@@ -116,9 +134,13 @@ POLYKV_CLIENT_API const char* polykv_last_error(void);
 
 /** Connects to polykvd at `endpoint` (NULL = default endpoint, or $POLYKV_ENDPOINT) and
  *  PINGs it. `timeout_ms` (<= 0: 5000) bounds each try of a request; a request is tried 3
- *  times, each on a fresh DEALER socket (Lazy Pirate), so a call fails after ~3 x timeout_ms.
+ *  times, each on a fresh DEALER socket (Lazy Pirate), so a call fails after ~3 x timeout_ms
+ *  when the daemon does not answer. For ipc:// endpoints the socket file is checked first,
+ *  so these fail at once with their own message: no socket, a stale socket nobody listens on
+ *  (POLYKV_UNAVAILABLE) and a socket this user may not open (POLYKV_PERMISSION_DENIED).
  *  A client may be used from several threads (calls are serialised).
- *  Errors: POLYKV_UNAVAILABLE / POLYKV_DEADLINE_EXCEEDED when no daemon answers. */
+ *  Errors: POLYKV_UNAVAILABLE / POLYKV_DEADLINE_EXCEEDED when no daemon answers,
+ *  POLYKV_PERMISSION_DENIED (socket mode, or the daemon refuses this uid). */
 POLYKV_CLIENT_API polykv_status polykv_connect(const char* endpoint, int timeout_ms, polykv_client** out);
 /** Closes the connection (detaches nothing: detach pools first). NULL is a no-op. */
 POLYKV_CLIENT_API void polykv_disconnect(polykv_client* client);
@@ -129,10 +151,14 @@ POLYKV_CLIENT_API polykv_status polykv_list_pools(polykv_client* client, polykv_
                                 size_t* count);
 
 /** Attaches `pool_id`: takes a lease (renewed by a background thread with its own socket
- *  until detach), maps the pool read-only (POSIX shm, or CUDA IPC for cuda pools), verifies
- *  the header checksum and that the header's id is `pool_id`. The pool stays usable after
- *  polykv_disconnect of its client. Errors: POLYKV_NOT_FOUND (unknown pool),
- *  POLYKV_DATA_LOSS (bad header), POLYKV_UNAVAILABLE. */
+ *  until detach) and maps the whole pool read-only: a host pool's sealed memfd is fetched
+ *  from the daemon's descriptor socket (SCM_RIGHTS) and refused unless sealed against
+ *  writes, so nobody (the daemon's uid and root included) can change it while mapped; cuda
+ *  pools come through CUDA IPC; pools of older daemons (named POSIX shm) get their payload
+ *  checksum verified. Checks the header checksum and that the header's id is `pool_id`.
+ *  The pool stays usable after polykv_disconnect of its client. Errors: POLYKV_NOT_FOUND
+ *  (unknown pool), POLYKV_DATA_LOSS (bad header or payload), POLYKV_PERMISSION_DENIED
+ *  (descriptor not sealed, or this uid is not a reader), POLYKV_UNAVAILABLE. */
 POLYKV_CLIENT_API polykv_status polykv_attach(polykv_client* client, const char* pool_id, polykv_pool** out);
 /** Stops renewal, releases the lease (DETACH; skipped when the lease is already gone),
  *  unmaps and frees `pool` in every case. Returns POLYKV_UNAVAILABLE when the daemon did not
@@ -168,12 +194,36 @@ POLYKV_CLIENT_API polykv_status polykv_ping(polykv_client* client, polykv_daemon
  *  PROGRESS messages to `progress` (may be NULL) and waiting for the reply, at most
  *  opts->timeout_ms (not retried: POLYKV_DEADLINE_EXCEEDED when it runs out). Pools are
  *  content-addressed: when an identical pool exists, it is returned with *created = 0.
- *  `created` may be NULL. Errors: POLYKV_INVALID_ARGUMENT (bad options, codec, ids),
- *  POLYKV_NOT_FOUND (model), POLYKV_RESOURCE_EXHAUSTED (memory cap), POLYKV_UNAVAILABLE. */
+ *  `created` may be NULL. The daemon sends a heartbeat every second while the create is
+ *  queued or running, so a daemon that dies or hangs is noticed within seconds:
+ *  POLYKV_UNAVAILABLE (its socket stops accepting, or 5 s without a word), POLYKV_ABORTED
+ *  (another daemon instance now answers on the endpoint: the create was lost),
+ *  POLYKV_CANCELLED (the daemon was stopped with SIGTERM). Other errors:
+ *  POLYKV_INVALID_ARGUMENT (bad options, codec, ids, a document that is not UTF-8 — the
+ *  message names the byte offset), POLYKV_NOT_FOUND (model), POLYKV_PERMISSION_DENIED (not
+ *  an operator, or a model outside the daemon's model folders), POLYKV_RESOURCE_EXHAUSTED
+ *  (memory cap, or the daemon's create queue is full). */
 POLYKV_CLIENT_API polykv_status polykv_create_pool(polykv_client* client,
                                                    const polykv_create_options* opts,
                                                    polykv_progress_fn progress, void* user,
                                                    polykv_pool_info* out, int* created);
+
+/** Like polykv_create_pool, with the document given as `document_size` bytes at `document`
+ *  (NUL bytes included; opts->document must be NULL, opts->token_ids unused). The text must
+ *  be valid UTF-8: otherwise POLYKV_INVALID_ARGUMENT "... not valid UTF-8 at byte offset N"
+ *  and nothing is sent (it is never altered on the way). */
+POLYKV_CLIENT_API polykv_status polykv_create_pool_from_text(polykv_client* client,
+                                                             const polykv_create_options* opts,
+                                                             const char* document,
+                                                             size_t document_size,
+                                                             polykv_progress_fn progress,
+                                                             void* user, polykv_pool_info* out,
+                                                             int* created);
+
+/** PING with the daemon's full status: instance, memory, model cache, create queue.
+ *  Errors: POLYKV_INVALID_ARGUMENT when out->struct_size is too small, POLYKV_UNAVAILABLE. */
+POLYKV_CLIENT_API polykv_status polykv_daemon_get_status(polykv_client* client,
+                                                         polykv_daemon_status* out);
 
 /** Evicts `pool_id`. Without `force` the daemon refuses while leases are live
  *  (POLYKV_FAILED_PRECONDITION); with it, lease holders see POLYKV_NOT_FOUND on their next

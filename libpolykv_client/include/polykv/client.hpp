@@ -178,6 +178,10 @@ struct DaemonInfo {
   std::string version;
   uint32_t pid = 0;
   uint64_t memory_used = 0, memory_cap = 0;  ///< bytes
+  std::string instance;                      ///< 32 hex chars, new at every daemon start
+  uint64_t model_cache_bytes = 0;            ///< estimated weights of the models kept loaded
+  uint32_t model_cache_models = 0, model_cache_capacity = 0;
+  uint32_t creates_queued = 0, creates_running = 0, create_queue_capacity = 0;
 };
 
 /// Options of Client::CreatePool (see polykv_create_options). Give `document` or
@@ -228,12 +232,25 @@ class Client {
   Client& operator=(const Client&) = delete;
   ~Client() { polykv_disconnect(c_); }
 
-  /// PING: daemon version, pid, memory.
+  /// PING: daemon version, pid, instance, memory, model cache and create queue.
   Result<DaemonInfo> Ping() {
-    polykv_daemon_info d{};
-    polykv_status s = polykv_ping(c_, &d);
+    polykv_daemon_status d{};
+    d.struct_size = sizeof(d);
+    polykv_status s = polykv_daemon_get_status(c_, &d);
     if (s != POLYKV_OK) return Status::FromC(s);
-    return DaemonInfo{d.version, d.pid, d.memory_used, d.memory_cap};
+    DaemonInfo info;
+    info.version = d.version;
+    info.pid = d.pid;
+    info.memory_used = d.memory_used;
+    info.memory_cap = d.memory_cap;
+    info.instance = d.instance;
+    info.model_cache_bytes = d.model_cache_bytes;
+    info.model_cache_models = d.model_cache_models;
+    info.model_cache_capacity = d.model_cache_capacity;
+    info.creates_queued = d.creates_queued;
+    info.creates_running = d.creates_running;
+    info.create_queue_capacity = d.create_queue_capacity;
+    return info;
   }
   /// All published pools.
   Result<std::vector<PoolInfo>> ListPools() {
@@ -259,12 +276,14 @@ class Client {
     if (s != POLYKV_OK) return Status::FromC(s);
     return PoolInfo::FromC(info);
   }
-  /// CREATE_POOL, streaming progress to `progress` (may be empty).
+  /// CREATE_POOL, streaming progress to `progress` (may be empty). The document goes as all
+  /// of its bytes (NULs included); it must be valid UTF-8 (kInvalidArgument naming the
+  /// byte offset otherwise).
   Result<CreatedPool> CreatePool(const CreateOptions& options, const ProgressFn& progress = {}) {
     polykv_create_options o;
     polykv_create_options_init(&o);
     o.model = options.model.c_str();
-    o.document = options.token_ids.empty() ? options.document.c_str() : nullptr;
+    o.document = nullptr;
     o.token_ids = options.token_ids.empty() ? nullptr : options.token_ids.data();
     o.token_count = options.token_ids.size();
     o.codec = options.codec.c_str();
@@ -274,8 +293,11 @@ class Client {
     o.timeout_ms = options.timeout_ms;
     polykv_pool_info info{};
     int created = 0;
-    polykv_status s = polykv_create_pool(c_, &o, progress ? &Client::ProgressTrampoline : nullptr,
-                                         const_cast<ProgressFn*>(&progress), &info, &created);
+    const bool text = options.token_ids.empty();
+    polykv_status s = polykv_create_pool_from_text(
+        c_, &o, text ? options.document.data() : nullptr, text ? options.document.size() : 0,
+        progress ? &Client::ProgressTrampoline : nullptr, const_cast<ProgressFn*>(&progress),
+        &info, &created);
     if (s != POLYKV_OK) return Status::FromC(s);
     return CreatedPool{PoolInfo::FromC(info), created != 0};
   }

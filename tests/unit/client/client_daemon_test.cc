@@ -117,16 +117,18 @@ TEST_F(ClientDaemonTest, AttachDecodesBitExactlyLikeTheModelsOwnPrefill) {
   }
   EXPECT_TRUE(pool->Verify().ok());
 
-  // Mapped read-only: every mapping of the pool's shm object in this process is r--s.
+  // Mapped read-only: the pool's sealed memfd has exactly one mapping in this process, r--s,
+  // and no named segment exists.
   std::ifstream maps("/proc/self/maps");
   std::string line;
   int mappings = 0;
   while (std::getline(maps, line)) {
-    if (line.find(daemon_->ShmPath(id)) == std::string::npos) continue;
+    if (line.find(daemon_->MemfdName(id)) == std::string::npos) continue;
     EXPECT_EQ(line.substr(line.find(' ') + 1, 4), "r--s") << line;
     ++mappings;
   }
   EXPECT_EQ(mappings, 1);
+  EXPECT_NE(access(daemon_->ShmPath(id).c_str(), F_OK), 0);
 }
 
 TEST_F(ClientDaemonTest, RenewalKeepsPoolAttachedThenForcedEvictRefusesDecode) {

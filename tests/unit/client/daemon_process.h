@@ -30,6 +30,13 @@ inline std::string Stories260K() {
   return std::string(POLYKV_TEST_DATA_DIR) + "/models/stories260K";
 }
 
+/// $POLYKV_TEST_TIMEOUT_SCALE (default 1): multiplies the bounds (sanitizer builds).
+inline int Scale() {
+  const char* v = std::getenv("POLYKV_TEST_TIMEOUT_SCALE");
+  int s = v != nullptr ? std::atoi(v) : 1;
+  return s >= 1 ? s : 1;
+}
+
 inline std::string Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;
@@ -65,7 +72,7 @@ class DaemonProcess {
       execv(argv[0], argv.data());
       _exit(127);
     }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30 * Scale());
     while (std::chrono::steady_clock::now() < deadline) {
       if (!Running()) return;
       polykv_client* c = nullptr;
@@ -93,11 +100,16 @@ class DaemonProcess {
   bool ready() const { return ready_; }
   const std::string& endpoint() const { return endpoint_; }
   std::string log() const { return dir_.empty() ? "" : Slurp(dir_ + "/polykvd.log"); }
-  /// /dev/shm path of a host pool of this daemon.
+  /// /dev/shm path a host pool of this daemon would have had as a named segment (older
+  /// daemons); host pools are sealed memfds now and never appear there.
   std::string ShmPath(const std::string& pool_id) const {
     return "/dev/shm" + shm_prefix_ + pool_id.substr(0, 16);
   }
-  /// Remembers a pool id so its shm segment is removed even if the daemon is killed.
+  /// How a host pool's mapping appears in /proc/self/maps: "/memfd:<prefix>...".
+  std::string MemfdName(const std::string& pool_id) const {
+    return "/memfd:" + shm_prefix_.substr(1) + pool_id.substr(0, 16);
+  }
+  /// Remembers a pool id so a leftover named segment is removed even if the daemon is killed.
   void Track(const std::string& pool_id) { pools_.push_back(pool_id); }
 
   /// SIGTERM, then SIGKILL after 10 s. Returns the exit status (-1 if killed or not run).
@@ -105,7 +117,7 @@ class DaemonProcess {
     if (pid_ <= 0) return exit_status_;
     if (!exited_) {
       kill(pid_, SIGTERM);
-      for (int i = 0; i < 1000 && Running(); ++i) {
+      for (int i = 0; i < 1000 * Scale() && Running(); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
       if (Running()) {

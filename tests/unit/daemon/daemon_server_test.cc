@@ -16,6 +16,7 @@ namespace polykv::daemon {
 namespace {
 
 using testing::CreateRequest;
+using testing::MemfdObjects;
 using testing::RawClient;
 using testing::ShmObjects;
 using testing::TempDir;
@@ -86,6 +87,41 @@ TEST(DaemonFlagsTest, FlagsAndConfigFile) {
     CLI::App app;
     AddDaemonFlags(app, o);
     EXPECT_THROW(app.parse(std::vector<std::string>{"--backend=tpu"}), CLI::ValidationError);
+  }
+}
+
+TEST(DaemonFlagsTest, RolesModelFoldersQueueAndTheShippedExampleConfig) {
+  {
+    DaemonOptions o;
+    CLI::App app;
+    AddDaemonFlags(app, o);
+    ASSERT_NO_THROW(app.parse(std::vector<std::string>{
+        "--shutdown-grace-seconds=2.5", "--model-cache-bytes=4G", "--model-cache-models=3",
+        "--max-queued-creates=5", "--create-workers=3", "--reader-gid=1001",
+        "--reader-uid=1000", "--operator-gid=1002", "--operator-uid=7", "--models-dir=/m2",
+        "--models-dir=/m1", "--fd-socket=/run/x.fds"}));
+    // (CLI11 parses the vector in reverse order.)
+    EXPECT_EQ(o.models_dirs, (std::vector<std::string>{"/m1", "/m2"}));
+    EXPECT_EQ(o.operator_uids, (std::vector<uint32_t>{7}));
+    EXPECT_EQ(o.operator_gids, (std::vector<uint32_t>{1002}));
+    EXPECT_EQ(o.reader_uids, (std::vector<uint32_t>{1000}));
+    EXPECT_EQ(o.reader_gids, (std::vector<uint32_t>{1001}));
+    EXPECT_EQ(o.create_workers, 3);
+    EXPECT_EQ(o.max_queued_creates, 5);
+    EXPECT_EQ(o.model_cache_models, 3u);
+    EXPECT_EQ(o.model_cache_bytes, 4ull << 30);
+    EXPECT_DOUBLE_EQ(o.shutdown_grace_seconds, 2.5);
+    EXPECT_EQ(o.fd_socket, "/run/x.fds");
+  }
+  {
+    DaemonOptions o;
+    CLI::App app;
+    AddDaemonFlags(app, o);
+    const std::string conf = std::string(POLYKV_SOURCE_DIR) + "/systemd/polykvd.conf.example";
+    ASSERT_NO_THROW(app.parse(std::vector<std::string>{"--config=" + conf})) << conf;
+    EXPECT_EQ(o.models_dirs, (std::vector<std::string>{"/var/lib/polykv/models"}));
+    EXPECT_EQ(o.max_queued_creates, 8);
+    EXPECT_EQ(o.memory_cap, 8ull << 30);
   }
 }
 
@@ -161,7 +197,11 @@ TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
     EXPECT_EQ(r->pool->codec, codec);
     EXPECT_EQ(r->pool->tokens, 40u);
     ASSERT_FALSE(progress.empty());
-    EXPECT_EQ(progress.front().stage, "prefill");
+    // Acknowledged at once ("queued"), then the stages of the build.
+    EXPECT_EQ(progress.front().stage, "queued");
+    EXPECT_TRUE(std::any_of(progress.begin(), progress.end(),
+                            [](const ipc::Reply& p) { return p.stage == "prefill"; }));
+    for (const auto& p : progress) EXPECT_FALSE(p.instance.empty()) << "instance on every reply";
     EXPECT_EQ(progress.back().stage, "publish");
     EXPECT_EQ(progress.back().done, progress.back().total);
   }
@@ -171,7 +211,8 @@ TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
   ASSERT_TRUE(s.ok() && s->ok);
   ASSERT_EQ(s->pools.size(), 2u);
   EXPECT_EQ(s->memory_used, s->pools[0].total_bytes + s->pools[1].total_bytes);
-  EXPECT_EQ(ShmObjects(prefix_).size(), 2u);
+  EXPECT_EQ(MemfdObjects(prefix_).size(), 2u);
+  EXPECT_TRUE(ShmObjects(prefix_).empty()) << "host pools are memfds, never named segments";
 
   // Same create again -> same pool, created=false.
   auto again = c.Call(CreateRequest("k8v3"), 60000);
@@ -188,10 +229,11 @@ TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
   EXPECT_EQ(a->lease_ms, 30000);
   ASSERT_TRUE(a->memory.has_value());
   EXPECT_EQ(a->memory->backend, "host");
-  EXPECT_EQ(a->memory->shm_name, prefix_ + attach.pool_id.substr(0, 16));
+  EXPECT_EQ(a->memory->transport, "memfd");
+  EXPECT_EQ(a->memory->fd_socket, dir_.socket() + ".fds");
   EXPECT_EQ(a->pool->leases, 1u);
-  auto shm = ipc::ShmRegion::OpenReadOnly(a->memory->shm_name);
-  ASSERT_TRUE(shm.ok());
+  auto shm = testing::MapPool(a->memory->fd_socket, a->lease_id);
+  ASSERT_TRUE(shm.ok()) << shm.status();
   EXPECT_TRUE(ipc::PoolReader::Open(shm->data(), shm->size(), true).ok());
 
   ipc::Request renew;
@@ -219,7 +261,8 @@ TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
   auto rn2 = c.Call(renew);
   ASSERT_TRUE(rn2.ok());
   EXPECT_EQ(rn2->code, "NOT_FOUND");
-  EXPECT_EQ(ShmObjects(prefix_).size(), 1u);
+  shm = absl::UnknownError("unmapped");
+  EXPECT_EQ(MemfdObjects(prefix_).size(), 1u);
 }
 
 TEST_F(DaemonServerTest, ConcurrentCreatesFromTwoClientsYieldOnePool) {
@@ -239,7 +282,7 @@ TEST_F(DaemonServerTest, ConcurrentCreatesFromTwoClientsYieldOnePool) {
   ASSERT_TRUE(r1->ok && r2->ok) << r1->error << r2->error;
   EXPECT_EQ(r1->pool->id, r2->pool->id);
   EXPECT_EQ(r1->created + r2->created, 1);
-  EXPECT_EQ(ShmObjects(prefix_).size(), 1u);
+  EXPECT_EQ(MemfdObjects(prefix_).size(), 1u);
 }
 
 TEST_F(DaemonServerTest, ForcedEvictInvalidatesLeasesAndPingAnswersDuringCreate) {
@@ -266,7 +309,7 @@ TEST_F(DaemonServerTest, ForcedEvictInvalidatesLeasesAndPingAnswersDuringCreate)
   EXPECT_FALSE(rn->ok);
   EXPECT_EQ(rn->code, "NOT_FOUND");
   EXPECT_NE(rn->error.find("pool evicted"), std::string::npos) << rn->error;
-  EXPECT_TRUE(ShmObjects(prefix_).empty());
+  EXPECT_TRUE(MemfdObjects(prefix_).empty());
   auto again = c.Call(attach);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->code, "NOT_FOUND");
@@ -313,7 +356,7 @@ TEST_F(DaemonServerTest, MemoryCapExceededIsAnErrorAndLeavesNothing) {
   ipc::Request list;
   list.type = ipc::MessageType::kList;
   EXPECT_TRUE(c.Call(list)->pools.empty());
-  EXPECT_TRUE(ShmObjects(prefix_).empty());
+  EXPECT_TRUE(MemfdObjects(prefix_).empty());
 }
 
 TEST_F(DaemonServerTest, BadFramesGetErrorsAndDaemonKeepsServing) {
@@ -386,18 +429,37 @@ TEST_F(DaemonServerTest, SecondDaemonOnLiveEndpointRefuses) {
   EXPECT_TRUE(c.Ping().ok()) << "the first daemon is unaffected";
 }
 
+TEST_F(DaemonServerTest, RefusesASocketFolderSomeoneElseOwns) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root to give a folder to another uid";
+  TempDir d;
+  const std::string dir = d.path() + "/theirs";
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  ASSERT_EQ(chown(dir.c_str(), 4242, 4242), 0);
+  DaemonOptions o;
+  o.endpoint = "ipc://" + dir + "/control.sock";
+  o.backend = "host";
+  o.shm_prefix = prefix_;
+  auto owned = Daemon::Start(o);
+  ASSERT_FALSE(owned.ok());
+  EXPECT_EQ(owned.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(owned.status().message()).find("belongs to uid 4242"), std::string::npos)
+      << owned.status();
+}
+
 TEST_F(DaemonServerTest, StopRemovesSocketPidAndSegments) {
   StartDaemon();
   {
     RawClient c(dir_.endpoint());
     ASSERT_TRUE(c.Call(CreateRequest("k8v3"), 60000)->ok);
   }
-  EXPECT_EQ(ShmObjects(prefix_).size(), 1u);
+  EXPECT_EQ(MemfdObjects(prefix_).size(), 1u);
   EXPECT_EQ(access((dir_.socket() + ".pid").c_str(), F_OK), 0);
+  EXPECT_EQ(access((dir_.socket() + ".fds").c_str(), F_OK), 0);
   StopDaemon();
-  EXPECT_TRUE(ShmObjects(prefix_).empty());
+  EXPECT_TRUE(MemfdObjects(prefix_).empty());
   EXPECT_NE(access(dir_.socket().c_str(), F_OK), 0);
   EXPECT_NE(access((dir_.socket() + ".pid").c_str(), F_OK), 0);
+  EXPECT_NE(access((dir_.socket() + ".fds").c_str(), F_OK), 0);
 }
 
 TEST_F(DaemonServerTest, UidNotAllowedGetsPermissionDenied) {

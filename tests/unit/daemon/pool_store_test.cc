@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "polykv/ipc/shm_region.h"
+#include "polykv/ipc/sealed_region.h"
 #include "pool_manager.h"
 #include "test_util.h"
 
@@ -60,14 +60,21 @@ class PoolStoreTest : public ::testing::Test {
     manager_ = std::make_unique<PoolManager>(std::move(o));
     return *manager_;
   }
-  // The bytes agents map for pool `id` (attaches and detaches).
+  // The bytes agents map for pool `id` (attaches, maps the sealed memfd as an agent does,
+  // detaches).
   std::string MappedBytes(const std::string& id) {
     auto g = manager_->Attach(id, 1);
     EXPECT_TRUE(g.ok()) << g.status();
     if (!g.ok()) return "";
-    auto shm = ipc::ShmRegion::OpenReadOnly(g->memory.shm_name);
-    EXPECT_TRUE(shm.ok()) << shm.status();
-    std::string bytes(static_cast<const char*>(shm->data()), g->memory.size);
+    EXPECT_EQ(g->memory.transport, "memfd");
+    auto fd = manager_->PoolFd(g->lease_id);
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    if (!fd.ok()) return "";
+    auto region = ipc::SealedRegion::MapSealed(*std::move(fd), g->memory.size);
+    EXPECT_TRUE(region.ok()) << region.status();
+    if (!region.ok()) return "";
+    EXPECT_EQ(ipc::GetSeals(region->fd()) & ipc::kPoolSealsRequired, ipc::kPoolSealsRequired);
+    std::string bytes(static_cast<const char*>(region->data()), g->memory.size);
     EXPECT_TRUE(manager_->Detach(g->lease_id).ok());
     return bytes;
   }
@@ -92,7 +99,7 @@ TEST_F(PoolStoreTest, PoolSurvivesRestartByteForByteAndRestoresOnAttach) {
   EXPECT_EQ(ReadAll(file).substr(fs::file_size(file) - bytes.size()), bytes);
 
   PoolManager& b = Restart();
-  EXPECT_TRUE(testing::ShmObjects(prefix_).empty()) << "the old manager released its pool";
+  EXPECT_TRUE(testing::MemfdObjects(prefix_).empty()) << "the old manager released its pool";
   EXPECT_TRUE(b.List().empty()) << "lazy: nothing is published before use";
   EXPECT_EQ(store_->count(), 1u);
   EXPECT_EQ(MappedBytes(before.id.substr(0, 12)), bytes) << "restored by a prefix attach";
@@ -134,7 +141,8 @@ TEST_F(PoolStoreTest, CreateAfterRestartRestoresInsteadOfPrefilling) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->created);
   EXPECT_TRUE(r->restored);
-  EXPECT_EQ(stages, std::vector<std::string>{"publish"}) << "no prefill, no encode";
+  // The fresh manager loads the model (for the content id), then publishes from the file.
+  EXPECT_EQ(stages, (std::vector<std::string>{"load", "publish"})) << "no prefill, no encode";
   EXPECT_EQ(r->info.id, id);
   EXPECT_EQ(MappedBytes(id), bytes);
   EXPECT_EQ(b.restored_count(), 1u);
@@ -149,7 +157,8 @@ TEST_F(PoolStoreTest, PreloadPublishesEveryPersistedPool) {
   PoolManager& b = Restart();
   EXPECT_EQ(b.PreloadPersisted(), 2);
   EXPECT_EQ(b.List().size(), 2u);
-  EXPECT_EQ(testing::ShmObjects(prefix_).size(), 2u);
+  EXPECT_EQ(testing::MemfdObjects(prefix_).size(), 2u) << "one sealed memfd per pool";
+  EXPECT_TRUE(testing::ShmObjects(prefix_).empty()) << "no POSIX shm objects";
   EXPECT_EQ(b.restored_count(), 2u);
   EXPECT_EQ(b.PreloadPersisted(), 2) << "already published pools count, nothing is redone";
   EXPECT_EQ(b.restored_count(), 2u);
@@ -194,7 +203,7 @@ TEST_F(PoolStoreTest, CorruptFileIsQuarantinedAndNeverServed) {
   EXPECT_EQ(store_->count(), 0u);
   EXPECT_TRUE(b.List().empty());
   EXPECT_EQ(b.memory_used(), 0u) << "the reservation was released";
-  EXPECT_TRUE(testing::ShmObjects(prefix_).empty());
+  EXPECT_TRUE(testing::MemfdObjects(prefix_).empty()) << "the memfd was closed";
   // The next create prefills again and persists a good file.
   auto r = b.CreatePool(CreateRequest("k8v3"), nullptr);
   ASSERT_TRUE(r.ok()) << r.status();

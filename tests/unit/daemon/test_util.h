@@ -1,5 +1,6 @@
 // Test helpers for polykvd: a temp dir endpoint that is always removed, a raw DEALER
-// client speaking the control protocol, shm-object listing, and the stories260K path.
+// client speaking the control protocol, shm-object and memfd listing, mapping a pool the way
+// an agent does (descriptor socket + seals check), and the stories260K path.
 #pragma once
 
 #include <dirent.h>
@@ -17,6 +18,7 @@
 #include <zmq_addon.hpp>
 
 #include "polykv/ipc/protocol.h"
+#include "polykv/ipc/sealed_region.h"
 
 namespace polykv::daemon::testing {
 
@@ -60,6 +62,32 @@ inline std::vector<std::string> ShmObjects(const std::string& prefix) {
     closedir(d);
   }
   return out;
+}
+
+/// Descriptors of this process that are pool memfds of `prefix` ("/polykv-..."): their
+/// /proc/self/fd links read "/memfd:<prefix without '/'>... (deleted)".
+inline std::vector<std::string> MemfdObjects(const std::string& prefix) {
+  std::vector<std::string> out;
+  const std::string want = "/memfd:" + prefix.substr(1);
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      char buf[512];
+      std::string link = std::string("/proc/self/fd/") + e->d_name;
+      ssize_t n = readlink(link.c_str(), buf, sizeof(buf) - 1);
+      if (n <= 0) continue;
+      buf[n] = '\0';
+      if (std::string(buf).rfind(want, 0) == 0) out.push_back(buf);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+/// Fetches a pool's sealed memfd with a lease, as an agent does, and maps it read-only.
+inline StatusOr<ipc::SealedRegion> MapPool(const std::string& fd_socket,
+                                           const std::string& lease_id) {
+  POLYKV_ASSIGN_OR_RETURN(ipc::UniqueFd fd, ipc::RequestPoolFd(fd_socket, lease_id, 5000));
+  return ipc::SealedRegion::MapSealed(std::move(fd), 0);
 }
 
 /// Removes leftovers of a test's prefix (cleanup even when a test fails).

@@ -283,5 +283,126 @@ TEST(ProtocolTest, DefaultEndpointHonoursEnv) {
   EXPECT_NE(e.find("control.sock"), std::string::npos) << e;
 }
 
+// Issue 16, minor: version 2^64-1 was printed as "-1".
+TEST(ProtocolTest, HugeVersionIsPrintedAsSent) {
+  auto r = DecodeRequest(
+      R"({"magic":"PKV1","version":18446744073709551615,"type":"PING","id":1})");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(r.status().message()),
+            "protocol version 18446744073709551615 is not supported (this side speaks 1)");
+  r = DecodeRequest(R"({"magic":"PKV1","version":-3,"type":"PING","id":1})");
+  EXPECT_EQ(std::string(r.status().message()),
+            "protocol version -3 is not supported (this side speaks 1)");
+}
+
+// Issue 16, minor: error replies echoed client input at full size.
+TEST(ProtocolTest, ErrorRepliesAreCappedAndEchoesAbbreviated) {
+  const std::string huge(10 << 20, 'z');
+  Reply r = ErrorReply(MessageType::kAttach, 3, absl::NotFoundError("unknown pool " + huge));
+  EXPECT_LE(r.error.size(), kMaxErrorBytes + 32);
+  EXPECT_NE(r.error.find("... (10485773 bytes)"), std::string::npos) << r.error.substr(0, 80);
+  EXPECT_LT(EncodeReply(r).size(), 2 * kMaxErrorBytes);
+  auto bad_type = DecodeRequest(R"({"magic":"PKV1","version":1,"type":")" + huge + R"(","id":1})");
+  EXPECT_LT(bad_type.status().message().size(), 200u);
+  Reply echoed = ErrorReplyForFrame(huge, bad_type.status());
+  EXPECT_LT(EncodeReply(echoed).size(), 2 * kMaxErrorBytes);
+  // Abbreviate never splits a UTF-8 sequence.
+  EXPECT_EQ(Abbreviate("h\xc3\xa9llo", 2), "h... (6 bytes)");
+  EXPECT_EQ(Abbreviate("short", 10), "short");
+}
+
+// Issue 16, D4/D5: documents keep every byte and invalid UTF-8 is named, not replaced.
+TEST(ProtocolTest, DocumentsKeepNulBytesAndTheirLength) {
+  Request req;
+  req.type = MessageType::kCreatePool;
+  req.model = "m";
+  req.document = std::string("A\0B\0", 4);
+  const std::string frame = EncodeRequest(req);
+  EXPECT_NE(frame.find(R"("document":"A\u0000B\u0000")"), std::string::npos) << frame;
+  EXPECT_NE(frame.find(R"("document_bytes":4)"), std::string::npos) << frame;
+  auto back = DecodeRequest(frame);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->document, req.document);
+  // A frame whose document lost bytes on the way is refused.
+  auto cut = DecodeRequest(
+      R"({"magic":"PKV1","version":1,"type":"CREATE_POOL","id":1,"model":"m","document":"A","document_bytes":3})");
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(cut.status().message()).find("holds 1 bytes but 'document_bytes' says 3"),
+            std::string::npos)
+      << cut.status();
+}
+
+TEST(ProtocolTest, ValidateUtf8NamesTheOffset) {
+  EXPECT_TRUE(ValidateUtf8("plain ascii", "x").ok());
+  EXPECT_TRUE(ValidateUtf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "x").ok());
+  struct Case {
+    std::string text;
+    size_t offset;
+  } cases[] = {
+      {"caf\xe9", 3},              // Latin-1 byte
+      {"ab\xc3", 2},               // truncated sequence
+      {"\xc0\xaf", 0},             // overlong '/'
+      {"x\xed\xa0\x80", 1},        // UTF-16 surrogate
+      {"xy\xf4\x90\x80\x80", 2},    // above U+10FFFF
+      {"ok\x80", 2},               // lone continuation byte
+  };
+  for (const auto& c : cases) {
+    Status s = ValidateUtf8(c.text, "the document");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(s.message()).find("at byte offset " + std::to_string(c.offset) + " "),
+              std::string::npos)
+        << s;
+  }
+  Request req;
+  req.pool_id = "\xff";
+  EXPECT_EQ(std::string(ValidateRequest(req).message()),
+            "the pool id is not valid UTF-8 at byte offset 0 (byte 0xff); send UTF-8 text, or "
+            "token ids");
+}
+
+TEST(ProtocolTest, InstanceHeartbeatAndDaemonFiguresRoundTrip) {
+  Reply p;
+  p.type = MessageType::kProgress;
+  p.id = 9;
+  p.instance = std::string(32, 'e');
+  p.stage = "queued";
+  p.heartbeat = true;
+  auto back = DecodeReply(EncodeReply(p));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->instance, p.instance);
+  EXPECT_TRUE(back->heartbeat);
+  Reply ping;
+  ping.type = MessageType::kPing;
+  ping.instance = "abc";
+  ping.model_cache_bytes = 1u << 30;
+  ping.model_cache_models = 2;
+  ping.model_cache_capacity = 3;
+  ping.creates_queued = 4;
+  ping.creates_running = 1;
+  ping.create_queue_capacity = 8;
+  MemoryHandle m;
+  m.backend = "host";
+  m.transport = "memfd";
+  m.fd_socket = "/run/polykv/control.sock.fds";
+  m.size = 123;
+  ping.memory = m;
+  back = DecodeReply(EncodeReply(ping));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->model_cache_bytes, 1u << 30);
+  EXPECT_EQ(back->model_cache_models, 2u);
+  EXPECT_EQ(back->model_cache_capacity, 3u);
+  EXPECT_EQ(back->creates_queued, 4u);
+  EXPECT_EQ(back->creates_running, 1u);
+  EXPECT_EQ(back->create_queue_capacity, 8u);
+  ASSERT_TRUE(back->memory.has_value());
+  EXPECT_EQ(back->memory->transport, "memfd");
+  EXPECT_EQ(back->memory->fd_socket, m.fd_socket);
+  EXPECT_EQ(DecodeReply(R"({"magic":"PKV1","version":1,"type":"ATTACH","id":1,"ok":true,)"
+                        R"("memory":{"backend":"host","transport":"pigeon","size":1}})")
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace polykv::ipc

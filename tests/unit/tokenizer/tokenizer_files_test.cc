@@ -130,6 +130,22 @@ TEST(TokenizerJsonTest, UnsupportedPreTokenizerAndModel) {
   t = LoadTokenizer(dir + "/tokenizer.json");
   EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(t.status().message().find("Unigram"), std::string::npos) << t.status();
+  // Found by fuzz_tokenizer_json: an added token id too large for an integer was converted
+  // from a double (undefined behaviour); it is refused.
+  WriteFile(dir + "/tokenizer.json",
+            R"({"added_tokens": [{"id": 26222222222222222222222222222, "content": "x"}],)"
+            R"( "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false},)"
+            R"( "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
+  t = LoadTokenizer(dir + "/tokenizer.json");
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
+  EXPECT_NE(std::string(t.status().message()).find("is not an integer id"), std::string::npos)
+      << t.status();
+  WriteFile(dir + "/tokenizer.json",
+            R"({"added_tokens": [{"id": 1.5, "content": "x"}],)"
+            R"( "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false},)"
+            R"( "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
+  EXPECT_EQ(LoadTokenizer(dir + "/tokenizer.json").status().code(),
+            absl::StatusCode::kInvalidArgument);
   WriteFile(dir + "/tokenizer.json", "{not json");
   EXPECT_EQ(LoadTokenizer(dir + "/tokenizer.json").status().code(),
             absl::StatusCode::kInvalidArgument);

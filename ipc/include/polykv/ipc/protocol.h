@@ -9,6 +9,13 @@
 //             "code":"NOT_FOUND","error":"unknown pool 3fa2..."}
 //   progress {"magic":"PKV1","version":1,"type":"PROGRESS","id":7,"stage":"prefill",
 //             "done":512,"total":2048}   (zero or more before a CREATE_POOL reply)
+//
+// Every reply of polykvd carries "instance": 32 random hex chars drawn at start-up, so a
+// client notices a daemon restart on the same endpoint. While a CREATE_POOL that asked for
+// progress is queued or running, polykvd sends a PROGRESS at least every kHeartbeatMs
+// (repeating the last stage with "heartbeat":true when nothing moved): silence longer than
+// that means the daemon died or hung. Strings are UTF-8; a document is sent as a JSON
+// string (NUL bytes as \u0000) together with its byte length "document_bytes".
 #pragma once
 
 #include <cstdint>
@@ -26,6 +33,11 @@ inline constexpr char kProtocolMagic[] = "PKV1";
 inline constexpr int kProtocolVersion = 1;
 /// Largest accepted message (bytes); larger ones get an error reply (RESOURCE_EXHAUSTED).
 inline constexpr size_t kMaxMessageBytes = 16u << 20;
+/// Longest "error" text of a reply; longer ones are cut (client input is never echoed at
+/// full size).
+inline constexpr size_t kMaxErrorBytes = 1024;
+/// polykvd sends a PROGRESS at least this often while a create with progress is in flight.
+inline constexpr int kHeartbeatMs = 1000;
 
 enum class MessageType {
   kCreatePool, kAttach, kRenew, kDetach, kList, kStats, kEvict, kPing, kProgress,
@@ -40,7 +52,11 @@ StatusOr<MessageType> ParseMessageType(std::string_view name);
 /// Where a pool's bytes live and how another process maps them.
 struct MemoryHandle {
   std::string backend;       ///< "host" or "cuda"
-  std::string shm_name;      ///< host: POSIX shm object name ("/polykv-<id16>")
+  /// host: "memfd" (a sealed memfd, fetched from `fd_socket` with the lease id) or "shm"
+  /// (legacy: a POSIX shm object named `shm_name`). Empty reads as "shm".
+  std::string transport;
+  std::string fd_socket;     ///< host/memfd: Unix socket path that hands out the descriptor
+  std::string shm_name;      ///< host/shm: POSIX shm object name ("/polykv-<id16>")
   CudaIpcHandle cuda;        ///< cuda: 64-byte handle + offset + size + device UUID
   uint64_t size = 0;         ///< bytes of the pool region
 };
@@ -69,7 +85,9 @@ struct Request {
   uint64_t id = 0;               ///< echoed in the reply
   // CREATE_POOL
   std::string model;             ///< model path (resolved against the daemon's search path)
-  std::string document;          ///< text to tokenize, or empty when token_ids is given
+  std::string document;          ///< text to tokenize (UTF-8, may hold NUL bytes), or empty
+  /// Byte length of `document` as the client sent it (checked by the daemon; 0 = unknown).
+  uint64_t document_bytes = 0;
   std::vector<int32_t> token_ids;
   bool add_bos = true;
   std::string codec = "k8v3";    ///< "k8v2" | "k8v3" | "k8v4" | "none"
@@ -92,9 +110,13 @@ struct Reply {
   bool ok = true;
   std::string code;              ///< absl status code name on error ("NOT_FOUND", ...)
   std::string error;             ///< human-readable error
+  /// The answering daemon's instance id (32 hex chars, new at every start).
+  std::string instance;
   // PROGRESS
-  std::string stage;             ///< "tokenize" | "prefill" | "encode" | "publish"
+  /// "queued" | "load" | "tokenize" | "prefill" | "encode" | "publish"
+  std::string stage;
   int64_t done = 0, total = 0;
+  bool heartbeat = false;        ///< a repeat of the last stage (nothing moved)
   // CREATE_POOL, ATTACH, STATS(one pool)
   std::optional<PoolInfo> pool;
   bool created = false;          ///< CREATE_POOL: false when the pool already existed
@@ -109,9 +131,15 @@ struct Reply {
   std::string daemon_version;
   uint32_t daemon_pid = 0;
   uint64_t memory_used = 0, memory_cap = 0;  ///< bytes, for the active backend
+  // PING / STATS / LIST: the daemon's model cache and create queue
+  uint64_t model_cache_bytes = 0;      ///< estimated bytes of the cached models' weights
+  uint32_t model_cache_models = 0;     ///< models in the cache
+  uint32_t model_cache_capacity = 0;   ///< most models kept (LRU)
+  uint32_t creates_queued = 0, creates_running = 0, create_queue_capacity = 0;
 };
 
-/// Serializes to one JSON frame.
+/// Serializes to one JSON frame. Invalid UTF-8 in a string field is replaced by U+FFFD, so
+/// callers that must not alter text check ValidateRequest first (the client library does).
 std::string EncodeRequest(const Request& request);
 std::string EncodeReply(const Reply& reply);
 /// Parses and validates a frame: magic, version, type, field types, size <= kMaxMessageBytes.
@@ -127,6 +155,15 @@ Reply ErrorReply(MessageType type, uint64_t request_id, const Status& status);
 Reply ErrorReplyForFrame(std::string_view frame, const Status& status);
 /// The Status carried by an error reply (OkStatus for ok replies).
 Status ReplyStatus(const Reply& reply);
+
+/// OK when `text` is valid UTF-8; else kInvalidArgument "<field> is not valid UTF-8 at byte
+/// offset N".
+Status ValidateUtf8(absl::string_view text, absl::string_view field);
+/// Checks what EncodeRequest needs: every string field valid UTF-8 (see ValidateUtf8).
+Status ValidateRequest(const Request& request);
+/// `text` itself when at most `max_bytes` long, else its first bytes (cut at a UTF-8
+/// boundary) + "... (N bytes)".
+std::string Abbreviate(absl::string_view text, size_t max_bytes);
 
 /// Default control endpoint: ipc:///run/polykv/control.sock when /run/polykv is writable,
 /// else ipc://$XDG_RUNTIME_DIR/polykv/control.sock, else ipc:///tmp/polykv-<uid>/control.sock.

@@ -1,0 +1,156 @@
+// A LlamaModel stand-in for daemon fault tests: real tokenizer (the GPT-2 vocabulary GGUF of
+// tests/data/tokenizer), deterministic K/V, and hooks that let a test hold a prefill or a
+// load where it wants (to create "in flight", "queued" or "blocked" states on purpose).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "pool_manager.h"
+#include "polykv/model/llama.h"
+#include "polykv/model/tokenizer.h"
+
+namespace polykv::daemon::testing {
+
+/// Opens once; every waiter returns after Open().
+class Gate {
+ public:
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  void Wait() {
+    entered_.fetch_add(1);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+  /// How many callers reached Wait().
+  int entered() const { return entered_.load(); }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  std::atomic<int> entered_{0};
+};
+
+class FakeModel : public model::LlamaModel {
+ public:
+  /// `before_prefill` runs at the start of every Prefill (e.g. Gate::Wait).
+  explicit FakeModel(std::string fingerprint, std::function<void()> before_prefill = {},
+                     std::shared_ptr<std::atomic<int>> live = nullptr)
+      : fingerprint_(std::move(fingerprint)),
+        before_prefill_(std::move(before_prefill)),
+        live_(std::move(live)) {
+    if (live_) live_->fetch_add(1);
+    auto tok = model::LoadTokenizer(std::string(POLYKV_TEST_DATA_DIR) +
+                                    "/tokenizer/ggml-vocab-gpt-2.gguf");
+    if (tok.ok()) tokenizer_ = *std::move(tok);
+    config_.architecture = "llama";
+    config_.layers = 2;
+    config_.hidden = 16;
+    config_.heads = 2;
+    config_.kv_heads = 2;
+    config_.head_dim = 8;
+    config_.ffn = 32;
+    config_.vocab = tokenizer_ ? tokenizer_->vocab_size() : 512;
+    config_.max_positions = 4096;
+  }
+  ~FakeModel() override {
+    if (live_) live_->fetch_sub(1);
+  }
+  const model::ModelConfig& config() const override { return config_; }
+  const model::Tokenizer* tokenizer() const override { return tokenizer_.get(); }
+  const std::string& fingerprint() const override { return fingerprint_; }
+  torch::Device device() const override { return torch::kCPU; }
+  torch::ScalarType dtype() const override { return torch::kFloat32; }
+  model::KvCache NewCache(int64_t) const override { return {}; }
+  StatusOr<model::KvCache> NewCacheWithPrefix(std::shared_ptr<const model::KvPrefix>,
+                                              std::vector<int32_t>, int64_t) const override {
+    return absl::UnimplementedError("fake model");
+  }
+  StatusOr<model::KvCache> FreezeAsPrefix(model::KvCache&&, int64_t) const override {
+    return absl::UnimplementedError("fake model");
+  }
+  model::WeightStorage weight_storage() const override { return model::WeightStorage::kCopy; }
+  int64_t WeightBytesPerToken() const override { return 0; }
+  StatusOr<torch::Tensor> Forward(absl::Span<const int32_t>, model::KvCache&, bool) override {
+    return absl::UnimplementedError("fake model");
+  }
+  StatusOr<model::PrefillResult> Prefill(
+      absl::Span<const int32_t> tokens, int64_t chunk,
+      const std::function<void(int64_t, int64_t)>& progress) override {
+    if (before_prefill_) before_prefill_();
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    model::PrefillResult r;
+    for (int l = 0; l < config_.layers; ++l) {
+      torch::Tensor k = torch::empty({config_.kv_heads, n, config_.head_dim});
+      torch::Tensor v = torch::empty_like(k);
+      float* kp = k.data_ptr<float>();
+      float* vp = v.data_ptr<float>();
+      for (int64_t i = 0; i < k.numel(); ++i) {
+        const int64_t t = (i / config_.head_dim) % n;
+        kp[i] = 0.01f * static_cast<float>(tokens[t] % 97) + 0.1f * l + 0.001f * (i % 7);
+        vp[i] = 0.02f * static_cast<float>(tokens[t] % 89) - 0.05f * l + 0.003f * (i % 5);
+      }
+      r.k.push_back(k);
+      r.v.push_back(v);
+    }
+    for (int64_t done = std::min(chunk, n); progress; done = std::min(done + chunk, n)) {
+      progress(done, n);
+      if (done == n) break;
+    }
+    r.last_logits = torch::zeros({config_.vocab});
+    return r;
+  }
+  StatusOr<model::GenerateResult> Generate(model::KvCache&, absl::Span<const int32_t>,
+                                           const model::SamplingOptions&) override {
+    return absl::UnimplementedError("fake model");
+  }
+  StatusOr<model::PerplexityResult> Perplexity(absl::Span<const int32_t>, int64_t,
+                                               int64_t) override {
+    return absl::UnimplementedError("fake model");
+  }
+
+ private:
+  model::ModelConfig config_;
+  std::unique_ptr<model::Tokenizer> tokenizer_;
+  std::string fingerprint_;
+  std::function<void()> before_prefill_;
+  std::shared_ptr<std::atomic<int>> live_;
+};
+
+/// A loader making FakeModels (fingerprint "fake"), counting its calls and optionally
+/// running `before_load` first (e.g. to block a load).
+struct FakeLoader {
+  std::shared_ptr<std::atomic<int>> loads = std::make_shared<std::atomic<int>>(0);
+  /// FakeModels alive (0 again once every PoolManager holding one is gone), and made.
+  std::shared_ptr<std::atomic<int>> live = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<std::atomic<int>> made = std::make_shared<std::atomic<int>>(0);
+  std::function<void()> before_load;
+  std::function<void()> before_prefill;
+  ModelLoader Get() const {
+    auto loads_ = loads;
+    auto live_ = live;
+    auto made_ = made;
+    auto before_load_ = before_load;
+    auto before_prefill_ = before_prefill;
+    return [loads_, live_, made_, before_load_, before_prefill_](const std::string&)
+               -> StatusOr<std::unique_ptr<model::LlamaModel>> {
+      loads_->fetch_add(1);
+      if (before_load_) before_load_();
+      auto m = std::make_unique<FakeModel>("fake", before_prefill_, live_);
+      made_->fetch_add(1);
+      return std::unique_ptr<model::LlamaModel>(std::move(m));
+    };
+  }
+};
+
+}  // namespace polykv::daemon::testing
