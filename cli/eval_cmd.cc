@@ -169,6 +169,10 @@ Status RunEval(const EvalArgs& a) {
         s != "semantic" && s != "plots")
       return absl::InvalidArgumentError(absl::StrCat(
           "--sections: unknown '", s, "' (ppl, ablations, layers, greedy, agents, semantic, plots)"));
+  if (sections.count("agents"))
+    return absl::UnimplementedError(
+        "--sections agents (1/3/10/15 agents through the daemon) is not implemented yet; "
+        "`polykv-cli agent --score-ids` scores one window through a pool");
   POLYKV_ASSIGN_OR_RETURN(std::vector<eval::CodecSpec> codecs, eval::ParseCodecList(a.codecs));
   POLYKV_ASSIGN_OR_RETURN(eval::CodecSpec base, eval::ParseCodecSpec(a.base));
   model::LoadOptions lo;
