@@ -121,9 +121,13 @@ TEST(EvalCodecSpec, PoolSizeIsExact) {
   EXPECT_EQ(p.bytes, 4096 + align(4 * 1451) + 30 * per_layer);
   EXPECT_EQ(p.bf16_bytes, int64_t{30} * 4 * vectors * 64);
   EXPECT_NEAR(p.ratio, 2.77, 0.01);
-  // 6-bit per-channel keys, 4-bit values, f16 norms: 6 + 4 + 0.25 bits per K/V pair + scales.
+  // 6-bit per-channel keys, 4-bit values, f16 norms, 1,024 tokens (every section already a
+  // multiple of 256): K 3,072 x 48 B, scales 3 x 64 x 4 B, V 3,072 x 32 B, norms 3,072 x 2 B
+  // per layer, plus the 4,096-byte header and 4,096 bytes of token ids.
   const PoolSize q = PoolSizeOf(ParseCodecSpec("k6c-v4-n16").value(), 30, 3, 64, 1024);
-  EXPECT_NEAR(q.bits_per_value, (6 + 4 + 0.25) / 2, 0.02);
+  EXPECT_EQ(q.bytes, 4096 + 4096 + 30 * (147456 + 768 + 98304 + 6144));
+  EXPECT_DOUBLE_EQ(q.bits_per_value, 8.0 * q.bytes / (2.0 * 30 * 3 * 1024 * 64));
+  EXPECT_NEAR(q.bits_per_value, 5.1462, 1e-4);  // (6 + 4 + 0.25) / 2 + scales and header
 }
 
 TEST(EvalWindows, LayoutOfContextInputAndTargets) {
