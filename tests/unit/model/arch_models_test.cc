@@ -291,5 +291,101 @@ TEST_F(ArchModelsTest, SlidingWindowIsRefusedPastTheWindow) {
   }
 }
 
+// The config.json files of real models as published (every field kept; only the dimensions
+// shrunk to the tiny weights, ids kept below the tiny vocabulary) load: no field of theirs is
+// refused, and each reads as the model means it. Where the weights fit the config exactly,
+// the logits equal the reference.
+TEST_F(ArchModelsTest, PublishedConfigsLoad) {
+  struct Published {
+    const char* name;
+    const char* weights;    // case whose safetensors are used
+    const char* expect_as;  // case whose reference logits must come out, or nullptr
+    const char* config;
+  };
+  const Published kPublished[] = {
+      {"Qwen2.5-0.5B-Instruct", "qwen2_hf", "qwen2_hf", R"({
+        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
+        "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+        "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2",
+        "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+        "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+        "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false,
+        "vocab_size": 151936})"},
+      {"Mistral-7B-v0.1", "mistral_hf", "mistral_hf", R"({
+        "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+        "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+        "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+        "transformers_version": "4.34.0.dev0", "use_cache": true, "vocab_size": 32000})"},
+      {"Llama-3.1-8B-Instruct", "mistral_hf", nullptr, R"({
+        "architectures": ["LlamaForCausalLM"], "attention_bias": false,
+        "attention_dropout": 0.0, "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu", "hidden_size": 4096,
+        "initializer_range": 0.02, "intermediate_size": 14336,
+        "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+        "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+        "transformers_version": "4.42.3", "use_cache": true, "vocab_size": 128256})"},
+  };
+  for (const Published& p : kPublished) {
+    SCOPED_TRACE(p.name);
+    json cfg = json::parse(p.config);
+    // The tiny weights' dimensions; ids inside their vocabulary.
+    cfg["hidden_size"] = 64;
+    cfg["intermediate_size"] = 96;
+    cfg["num_attention_heads"] = 4;
+    cfg["num_key_value_heads"] = 2;
+    cfg["num_hidden_layers"] = 2;
+    cfg["vocab_size"] = 64;
+    cfg["bos_token_id"] = 1;
+    cfg["eos_token_id"] = cfg["eos_token_id"].is_array() ? json{2, 3} : json(2);
+    const fs::path d = tmp_ / (std::string("published_") + p.name);
+    fs::create_directories(d);
+    fs::copy_file(fs::path(Find(p.weights).path) / "model.safetensors", d / "model.safetensors",
+                  fs::copy_options::overwrite_existing);
+    std::ofstream(d / "config.json") << cfg.dump(2);
+    for (const Variant& v : kVariants) {
+      SCOPED_TRACE(v.name);
+      Case c;
+      c.name = p.name;
+      c.path = d.string();
+      auto m = Load(c, v);
+      ASSERT_NE(m, nullptr);
+      const ModelConfig& mc = m->config();
+      EXPECT_EQ(mc.architecture, cfg["model_type"].get<std::string>());
+      EXPECT_FLOAT_EQ(mc.rope_theta, cfg["rope_theta"].get<float>());
+      EXPECT_EQ(mc.max_positions, cfg["max_position_embeddings"].get<int32_t>());
+      EXPECT_EQ(mc.head_dim, 16);
+      EXPECT_EQ(mc.eos_id, 2);
+      if (mc.architecture == "qwen2") {
+        EXPECT_TRUE(mc.qkv_bias);
+        EXPECT_EQ(mc.sliding_window, 0);  // use_sliding_window false
+      } else if (mc.architecture == "mistral") {
+        EXPECT_EQ(mc.sliding_window, 4096);
+      } else {
+        EXPECT_FALSE(mc.qkv_bias);
+        EXPECT_EQ(mc.rope_scaling.type, RopeScalingType::kLlama3);
+        EXPECT_DOUBLE_EQ(mc.rope_scaling.factor, 8);
+        EXPECT_EQ(mc.rope_scaling.original_max_positions, 8192);
+      }
+      KvCache cache = m->NewCache(12);
+      auto l = m->Forward(*tokens_, cache, /*all_logits=*/true);
+      ASSERT_TRUE(l.ok()) << l.status();
+      EXPECT_TRUE(torch::isfinite(*l).all().item<bool>());
+      if (p.expect_as != nullptr) {
+        const float diff = MaxDiff(*l, Find(p.expect_as).logits);
+        EXPECT_LT(diff, kTolerance) << "max |logit - reference| = " << diff;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace polykv::model
