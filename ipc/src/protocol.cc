@@ -114,6 +114,8 @@ json PoolInfoToJson(const PoolInfo& p) {
   return json{{"id", p.id},
               {"model", p.model},
               {"model_fingerprint", p.model_fingerprint},
+              {"architecture", p.architecture},
+              {"tokenizer_family", p.tokenizer_family},
               {"codec", p.codec},
               {"backend", p.backend},
               {"tokens", p.tokens},
@@ -143,6 +145,8 @@ StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
   POLYKV_RETURN_IF_ERROR(Get(j, "id", &p.id));
   POLYKV_RETURN_IF_ERROR(Get(j, "model", &p.model));
   POLYKV_RETURN_IF_ERROR(Get(j, "model_fingerprint", &p.model_fingerprint));
+  POLYKV_RETURN_IF_ERROR(Get(j, "architecture", &p.architecture));
+  POLYKV_RETURN_IF_ERROR(Get(j, "tokenizer_family", &p.tokenizer_family));
   POLYKV_RETURN_IF_ERROR(Get(j, "codec", &p.codec));
   POLYKV_RETURN_IF_ERROR(Get(j, "backend", &p.backend));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "tokens", &p.tokens));
