@@ -72,6 +72,15 @@ class FakeModel : public model::LlamaModel {
   torch::Device device() const override { return torch::kCPU; }
   torch::ScalarType dtype() const override { return torch::kFloat32; }
   model::KvCache NewCache(int64_t) const override { return {}; }
+  StatusOr<model::KvCache> NewCacheWithPrefix(std::shared_ptr<const model::KvPrefix>,
+                                              std::vector<int32_t>, int64_t) const override {
+    return absl::UnimplementedError("fake model");
+  }
+  StatusOr<model::KvCache> FreezeAsPrefix(model::KvCache&&, int64_t) const override {
+    return absl::UnimplementedError("fake model");
+  }
+  model::WeightStorage weight_storage() const override { return model::WeightStorage::kCopy; }
+  int64_t WeightBytesPerToken() const override { return 0; }
   StatusOr<torch::Tensor> Forward(absl::Span<const int32_t>, model::KvCache&, bool) override {
     return absl::UnimplementedError("fake model");
   }
