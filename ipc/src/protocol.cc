@@ -470,7 +470,11 @@ StatusOr<Reply> DecodeReply(std::string_view frame) {
     POLYKV_ASSIGN_OR_RETURN(r.pool, PoolInfoFromJson(*it, "pool"));
   }
   POLYKV_RETURN_IF_ERROR(Get(j, "created", &r.created));
-  if (auto it = j.find("pools"); it != j.end() && !it->is_null()) {
+  // Only LIST and STATS replies carry pools (as EncodeReply writes them): a "pools" field in
+  // any other reply is ignored, so decode(encode(r)) == r (found by fuzz_protocol).
+  if (auto it = j.find("pools");
+      it != j.end() && !it->is_null() &&
+      (r.type == MessageType::kList || r.type == MessageType::kStats)) {
     if (!it->is_array()) return WrongType("pools", "an array", *it);
     for (const auto& p : *it) {
       POLYKV_ASSIGN_OR_RETURN(PoolInfo info, PoolInfoFromJson(p, "pools[]"));
