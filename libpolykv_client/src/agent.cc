@@ -112,6 +112,18 @@ std::string ChatDocument(std::string_view document, std::string_view instruction
   return absl::StrCat("<|im_start|>system\n", std::string(instruction), "\n\n", std::string(document), "<|im_end|>\n");
 }
 
+Status PooledAgent::AttachPool(const std::string& id, polykv_pool** pool,
+                               polykv_pool_info* info) {
+  POLYKV_RETURN_IF_ERROR(EnsureConnected(nullptr));
+  polykv_status cs = polykv_attach(client_, id.c_str(), pool);
+  if (cs != POLYKV_OK) {
+    Status s = FromCStatus(cs, absl::StrCat("attach pool ", id));
+    if (IsConnectionError(s)) Disconnect();
+    return s;
+  }
+  return FromCStatus(polykv_pool_get_info(*pool, info), "pool info");
+}
+
 StatusOr<std::unique_ptr<PooledAgent>> PooledAgent::Create(const AgentOptions& options) {
   std::unique_ptr<PooledAgent> agent(new PooledAgent());
   agent->options_ = options;
@@ -206,16 +218,9 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
 
   // ---- attach (connect lazily; a dead connection is rebuilt on the next Run) ----
   auto t_attach = Clock::now();
-  POLYKV_RETURN_IF_ERROR(EnsureConnected(nullptr));
   PoolGuard guard;
-  polykv_status cs = polykv_attach(client_, id.c_str(), &guard.pool);
-  if (cs != POLYKV_OK) {
-    Status s = FromCStatus(cs, absl::StrCat("attach pool ", id));
-    if (IsConnectionError(s)) Disconnect();
-    return s;
-  }
   polykv_pool_info info{};
-  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_get_info(guard.pool, &info), "pool info"));
+  POLYKV_RETURN_IF_ERROR(AttachPool(id, &guard.pool, &info));
   st.attach_ms = MsSince(t_attach);
 
   // ---- the pool must come from this model ----
@@ -293,16 +298,9 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
       if (id < 0 || id >= cfg.vocab)
         return absl::InvalidArgumentError(absl::StrCat("score: token id ", id, " outside the vocabulary"));
   const std::string id(pool_id);
-  POLYKV_RETURN_IF_ERROR(EnsureConnected(nullptr));
   PoolGuard guard;
-  polykv_status cs = polykv_attach(client_, id.c_str(), &guard.pool);
-  if (cs != POLYKV_OK) {
-    Status s = FromCStatus(cs, absl::StrCat("attach pool ", id));
-    if (IsConnectionError(s)) Disconnect();
-    return s;
-  }
   polykv_pool_info info{};
-  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_get_info(guard.pool, &info), "pool info"));
+  POLYKV_RETURN_IF_ERROR(AttachPool(id, &guard.pool, &info));
   if (model_->fingerprint() != info.model_fingerprint)
     return absl::FailedPreconditionError(absl::StrCat("pool ", id, " was prefilled with another model"));
   const int64_t tokens = static_cast<int64_t>(info.tokens);

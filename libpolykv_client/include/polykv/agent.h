@@ -27,6 +27,7 @@
 
 struct polykv_client;
 struct polykv_pool;
+struct polykv_pool_info_t;
 
 namespace polykv::client {
 
@@ -179,6 +180,9 @@ class PooledAgent {
                     int64_t extra_capacity, std::vector<int32_t> doc_ids, bool in_place,
                     model::KvCache* cache, AgentStats* st);
   void Disconnect();
+  /// Connects if needed and attaches pool `id` into `*pool` (detached by the caller's guard),
+  /// filling `*info`. A connection error drops the connection so the next call rebuilds it.
+  Status AttachPool(const std::string& id, ::polykv_pool** pool, ::polykv_pool_info_t* info);
 
   AgentOptions options_;
   std::unique_ptr<model::LlamaModel> model_;
