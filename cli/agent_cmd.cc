@@ -47,6 +47,7 @@ struct AgentArgs {
   std::string attend = "in-place";
   std::string weights = "auto";
   std::string hold_file;
+  std::string score_ids;
 };
 
 StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
@@ -147,6 +148,20 @@ Status RunAgent(const AgentArgs& a) {
     agent->set_hooks(std::move(hooks));
   }
 
+  if (!a.score_ids.empty()) {
+    // polykv-cli eval's agents section: continuation t_C .. t_L; inputs t_C .. t_{L-1}
+    // predict t_{C+1} .. t_L.
+    POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> cont, ParseIds(a.score_ids));
+    if (cont.size() < 2) return absl::InvalidArgumentError("--score-ids needs >= 2 ids");
+    std::vector<int32_t> in(cont.begin(), cont.end() - 1), tgt(cont.begin() + 1, cont.end());
+    POLYKV_ASSIGN_OR_RETURN(std::vector<double> nll, agent->Score(a.pool, in, tgt));
+    double sum = 0;
+    for (double x : nll) sum += x;
+    nlohmann::json j = {{"pool", a.pool}, {"pid", static_cast<int64_t>(getpid())},
+                        {"scored", nll.size()}, {"mean_nll", sum / static_cast<double>(nll.size())}};
+    std::cout << j.dump() << std::endl;
+    return absl::OkStatus();
+  }
   std::vector<int32_t> prompt_ids;
   if (!a.prompt_ids.empty()) {
     POLYKV_ASSIGN_OR_RETURN(prompt_ids, ParseIds(a.prompt_ids));
@@ -277,11 +292,15 @@ void RegisterAgentCommands(CLI::App& app) {
   cmd->add_option("--hold-while-exists", args->hold_file,
                   "after answering, keep the pool attached until FILE no longer exists "
                   "(memory measurements with many agents alive at once)");
+  cmd->add_option("--score-ids", args->score_ids,
+                  "instead of answering: score a continuation of the document, ids "
+                  "t_C..t_L (inputs t_C..t_{L-1} predict t_{C+1}..t_L); prints JSON with "
+                  "mean_nll (polykv-cli eval's agents section)");
   cmd->add_option("--debug-pause-after-layer", args->debug_pause_layer)->group("");
   cmd->add_option("--debug-pause-after-step", args->debug_pause_step)->group("");
   cmd->add_option("--debug-pause-ms", args->debug_pause_ms)->group("");
   cmd->callback([args] {
-    if (args->prompt.empty() && args->prompt_ids.empty()) {
+    if (args->prompt.empty() && args->prompt_ids.empty() && args->score_ids.empty()) {
       std::cerr << "error: give --prompt TEXT or --prompt-ids IDS" << std::endl;
       ExitCode() = 1;
       return;

@@ -181,6 +181,11 @@ int RunRoundtrip(const RoundtripOptions& o) {
   } else {
     return Fail("--dtype must be bf16, f16 or f32, got '" + o.dtype + "'");
   }
+  // The round trip measures int8 keys (QuantizeKeys); packed 4..7-bit keys are measured by
+  // `polykv-cli eval` (k<bits><t|h|c> specs).
+  if (o.k_bits != 8)
+    return Fail("--k-bits: key_bits must be 8 for codec roundtrip, got " + std::to_string(o.k_bits) +
+                " (packed 4..7-bit keys: polykv-cli eval --codecs k<bits>c-v3)");
   k::CodecConfig cfg;
   cfg.key_bits = o.k_bits;
   cfg.value_bits = o.v_bits;

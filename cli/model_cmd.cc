@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "commands.h"
 #include "polykv/model/llama.h"
+#include "polykv/model/perplexity.h"
 
 namespace polykv::cli {
 namespace {
@@ -39,6 +40,10 @@ struct PplArgs {
   int64_t stride = 0;
   int64_t max_tokens = 0;
   int threads = 0;
+  int64_t chunks = -1;
+  bool second_half = false;
+  int64_t batch = 512;
+  std::string weights = "auto";
 };
 
 void Fail(const std::string& msg) {
@@ -117,19 +122,60 @@ Status RunGenerate(const GenerateArgs& a, bool temperature_given) {
   return absl::OkStatus();
 }
 
-Status RunPpl(const PplArgs& a) {
+// llama-perplexity's protocol (model/perplexity.h): the whole file at once, chunks of N,
+// second half of each chunk scored.
+Status RunChunkedPpl(const PplArgs& a, model::LlamaModel& m, std::string text) {
+  const model::Tokenizer* tok = m.tokenizer();
+  // llama.cpp's -f drops one trailing newline of the file.
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode(text, /*add_bos=*/true));
+  const bool add_bos = tok->adds_bos();
+  model::ChunkedPerplexityOptions o;
+  o.context = a.context;
+  o.chunks = a.chunks;
+  o.replace_bos = add_bos;
+  o.bos_id = tok->bos_id();
+  o.rows = a.batch;
+  std::printf("tokens: %zu (BOS %s), context %lld, chunks %lld of %lld, %lld scored per chunk\n",
+              ids.size(), add_bos ? "added and put first in every chunk" : "not used",
+              static_cast<long long>(a.context),
+              static_cast<long long>(a.chunks < 0 ? static_cast<int64_t>(ids.size()) / a.context
+                                                  : std::min<int64_t>(a.chunks, ids.size() / a.context)),
+              static_cast<long long>(ids.size() / a.context),
+              static_cast<long long>(a.context - a.context / 2 - 1));
+  std::fflush(stdout);
+  o.progress = [](int64_t i, double ppl) {
+    std::printf("[%lld]%.4f,", static_cast<long long>(i), ppl);
+    std::fflush(stdout);
+  };
+  POLYKV_ASSIGN_OR_RETURN(model::ChunkedPerplexityResult r, model::ChunkedPerplexity(m, ids, o));
+  std::printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", r.ppl(), r.stderr_ppl());
+  std::printf("tokens scored: %lld\nmean NLL: %.6f\n", static_cast<long long>(r.count),
+              r.nll / static_cast<double>(r.count));
+  return absl::OkStatus();
+}
+
+Status RunPpl(const PplArgs& a, bool chunks_given) {
   if (a.context < 1) return absl::InvalidArgumentError("--context must be >= 1");
+  if (chunks_given && !a.second_half)
+    return absl::InvalidArgumentError(
+        "--chunks belongs to the llama-perplexity protocol: add --score-second-half");
+  if (a.second_half && (a.stride > 0 || a.max_tokens > 0))
+    return absl::InvalidArgumentError(
+        "--score-second-half tokenizes the whole file and scores chunks: --stride and "
+        "--max-tokens belong to the sliding-window mode");
   const int64_t stride = a.stride > 0 ? a.stride : a.context;
   if (stride > a.context) return absl::InvalidArgumentError("--stride must be <= --context");
   std::ifstream in(a.file, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(a.file, ": cannot open"));
   std::ostringstream ss;
   ss << in.rdbuf();
-  POLYKV_ASSIGN_OR_RETURN(auto m, LoadModel(a.model, a.threads));
+  POLYKV_ASSIGN_OR_RETURN(auto m, LoadModel(a.model, a.threads, a.weights));
   const model::Tokenizer* tok = m->tokenizer();
   if (tok == nullptr)
     return absl::InvalidArgumentError(absl::StrCat(a.model, " ships no tokenizer: cannot tokenize ", a.file));
   std::string text = ss.str();
+  if (a.second_half) return RunChunkedPpl(a, *m, std::move(text));
   // Large files: tokenize only a prefix long enough for --max-tokens (a token is rarely
   // more than 16 bytes), then cut to exactly max_tokens.
   if (a.max_tokens > 0 && static_cast<int64_t>(text.size()) > a.max_tokens * 16)
@@ -171,17 +217,38 @@ void RegisterModelCommands(CLI::App& app) {
   });
 
   auto pa = std::make_shared<PplArgs>();
-  CLI::App* ppl = app.add_subcommand("ppl", "Sliding-window perplexity of a text file");
+  CLI::App* ppl = app.add_subcommand(
+      "ppl",
+      "Perplexity of a text file.\n"
+      "Default: sliding windows of --context tokens advancing by --stride; every token after "
+      "the first is scored once (no BOS).\n"
+      "--score-second-half [--chunks K]: llama.cpp's llama-perplexity protocol, number for "
+      "number: the whole file tokenized at once (one trailing newline dropped, BOS in front "
+      "only when the model's metadata asks for it), split into floor(tokens / N) consecutive "
+      "chunks of N = --context tokens (at most K; at least 2N tokens needed); when the model "
+      "adds BOS the first token of each chunk is replaced by BOS; each chunk runs from an "
+      "empty cache and positions N/2 .. N-2 predict tokens N/2+1 .. N-1 (N - N/2 - 1 scored "
+      "per chunk). Prints the running PPL after each chunk ([i]ppl,) and 'Final estimate: "
+      "PPL = X +/- Y' with that tool's standard error.");
   ppl->add_option("--model", pa->model, "Model: .gguf file or HF folder")->required();
   ppl->add_option("--file", pa->file, "UTF-8 text file")->required();
-  ppl->add_option("--context", pa->context, "Window length in tokens")->required()->check(CLI::PositiveNumber);
+  ppl->add_option("--context", pa->context, "Window (or chunk) length in tokens")->required()->check(CLI::PositiveNumber);
   ppl->add_option("--stride", pa->stride, "Window step in tokens (default: --context)")
       ->check(CLI::PositiveNumber);
   ppl->add_option("--max-tokens", pa->max_tokens, "Score only the first N tokens of the file")
       ->check(CLI::PositiveNumber);
+  auto* chunks = ppl->add_option("--chunks", pa->chunks,
+                                 "llama-perplexity protocol: at most K chunks (default all)")
+                     ->check(CLI::PositiveNumber);
+  ppl->add_flag("--score-second-half", pa->second_half,
+                "llama-perplexity protocol (see above) instead of sliding windows");
+  ppl->add_option("--batch", pa->batch,
+                  "llama-perplexity protocol: rows per forward (llama.cpp's -ub, default 512)")
+      ->check(CLI::PositiveNumber);
   ppl->add_option("--threads", pa->threads, "Compute threads (0 = all cores)")->check(CLI::NonNegativeNumber);
-  ppl->callback([pa]() {
-    Status s = RunPpl(*pa);
+  ppl->add_option("--weights", pa->weights, "Weights: mapped, copy or auto");
+  ppl->callback([pa, chunks]() {
+    Status s = RunPpl(*pa, chunks->count() > 0);
     if (!s.ok()) Fail(s);
   });
 }

@@ -98,6 +98,8 @@ json InfoJson(const pc::PoolInfo& p) {
       {"id", p.id},
       {"model", p.model},
       {"model_fingerprint", p.model_fingerprint},
+      {"architecture", p.architecture},
+      {"tokenizer_family", p.tokenizer_family},
       {"codec", p.codec},
       {"backend", p.backend},
       {"tokens", p.tokens},
@@ -311,6 +313,8 @@ void PrintInfoHuman(const pc::PoolInfo& p) {
   std::printf("pool %s\n", p.id.c_str());
   row("model", p.model);
   row("fingerprint", p.model_fingerprint);
+  row("architecture", p.architecture.empty() ? "-" : p.architecture);
+  row("tokenizer family", p.tokenizer_family.empty() ? "-" : p.tokenizer_family);
   row("codec", p.codec);
   row("backend", p.backend);
   row("tokens", std::to_string(p.tokens));

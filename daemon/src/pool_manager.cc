@@ -521,6 +521,9 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
   POLYKV_ASSIGN_OR_RETURN(params.raw_dtype, DTypeOf(m.dtype()));
   params.model_fingerprint = m.fingerprint();
   params.tokenizer_fingerprint = tok != nullptr ? tok->Fingerprint() : "none";
+  // Recorded for `pools show` (both follow from the fingerprints, so not part of the id).
+  params.architecture = cfg.architecture;
+  params.tokenizer_family = tok != nullptr ? tok->family() : "none";
   const std::string pool_id =
       ComputePoolId(params.model_fingerprint, params.tokenizer_fingerprint, params, ids);
 
@@ -769,6 +772,8 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
   info.id = pool_id;
   info.model = model_name;
   info.model_fingerprint = params.model_fingerprint;
+  info.architecture = params.architecture;
+  info.tokenizer_family = params.tokenizer_family;
   info.codec = CodecLabel(params);
   info.backend = pool.memory.backend;
   info.tokens = params.tokens;

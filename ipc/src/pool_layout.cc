@@ -185,6 +185,13 @@ StatusOr<PoolLayout> ComputePoolLayout(const PoolParams& p) {
       p.tokenizer_fingerprint.size() >= sizeof(PoolHeader::tokenizer_fingerprint)) {
     return absl::InvalidArgumentError("pool fingerprints must be shorter than 72 chars");
   }
+  if (p.architecture.size() >= sizeof(PoolHeader::architecture) ||
+      p.tokenizer_family.size() >= sizeof(PoolHeader::tokenizer_family)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool architecture '", p.architecture, "' / tokenizer family '", p.tokenizer_family,
+        "' must be shorter than ", sizeof(PoolHeader::architecture), " / ",
+        sizeof(PoolHeader::tokenizer_family), " chars"));
+  }
   const kernels::LayerShape shape = ShapeOf(p);
   PoolLayout l;
   uint64_t off = kPoolHeaderBytes;
@@ -347,6 +354,9 @@ Status PoolWriter::Finalize() {
               params_.model_fingerprint.size());
   std::memcpy(h.tokenizer_fingerprint, params_.tokenizer_fingerprint.data(),
               params_.tokenizer_fingerprint.size());
+  std::memcpy(h.architecture, params_.architecture.data(), params_.architecture.size());
+  std::memcpy(h.tokenizer_family, params_.tokenizer_family.data(),
+              params_.tokenizer_family.size());
   h.layers = params_.layers;
   h.kv_heads = params_.kv_heads;
   h.head_dim = params_.head_dim;
@@ -420,6 +430,9 @@ StatusOr<PoolReader> PoolReader::Open(const void* base, uint64_t size, bool veri
                              strnlen(h.model_fingerprint, sizeof(h.model_fingerprint)));
   p.tokenizer_fingerprint.assign(
       h.tokenizer_fingerprint, strnlen(h.tokenizer_fingerprint, sizeof(h.tokenizer_fingerprint)));
+  p.architecture.assign(h.architecture, strnlen(h.architecture, sizeof(h.architecture)));
+  p.tokenizer_family.assign(h.tokenizer_family,
+                            strnlen(h.tokenizer_family, sizeof(h.tokenizer_family)));
   auto layout = ComputePoolLayout(p);
   if (!layout.ok()) {
     return absl::DataLossError(absl::StrCat("pool header describes an invalid pool: ",

@@ -114,6 +114,8 @@ json PoolInfoToJson(const PoolInfo& p) {
   return json{{"id", p.id},
               {"model", p.model},
               {"model_fingerprint", p.model_fingerprint},
+              {"architecture", p.architecture},
+              {"tokenizer_family", p.tokenizer_family},
               {"codec", p.codec},
               {"backend", p.backend},
               {"tokens", p.tokens},
@@ -143,6 +145,8 @@ StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
   POLYKV_RETURN_IF_ERROR(Get(j, "id", &p.id));
   POLYKV_RETURN_IF_ERROR(Get(j, "model", &p.model));
   POLYKV_RETURN_IF_ERROR(Get(j, "model_fingerprint", &p.model_fingerprint));
+  POLYKV_RETURN_IF_ERROR(Get(j, "architecture", &p.architecture));
+  POLYKV_RETURN_IF_ERROR(Get(j, "tokenizer_family", &p.tokenizer_family));
   POLYKV_RETURN_IF_ERROR(Get(j, "codec", &p.codec));
   POLYKV_RETURN_IF_ERROR(Get(j, "backend", &p.backend));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "tokens", &p.tokens));
@@ -466,7 +470,11 @@ StatusOr<Reply> DecodeReply(std::string_view frame) {
     POLYKV_ASSIGN_OR_RETURN(r.pool, PoolInfoFromJson(*it, "pool"));
   }
   POLYKV_RETURN_IF_ERROR(Get(j, "created", &r.created));
-  if (auto it = j.find("pools"); it != j.end() && !it->is_null()) {
+  // Only LIST and STATS replies carry pools (as EncodeReply writes them): a "pools" field in
+  // any other reply is ignored, so decode(encode(r)) == r (found by fuzz_protocol).
+  if (auto it = j.find("pools");
+      it != j.end() && !it->is_null() &&
+      (r.type == MessageType::kList || r.type == MessageType::kStats)) {
     if (!it->is_array()) return WrongType("pools", "an array", *it);
     for (const auto& p : *it) {
       POLYKV_ASSIGN_OR_RETURN(PoolInfo info, PoolInfoFromJson(p, "pools[]"));

@@ -53,12 +53,29 @@ std::vector<float>& ThreadScratch() {
   return s;
 }
 
+std::vector<int8_t>& ThreadKeyScratch() {
+  thread_local std::vector<int8_t> s;
+  return s;
+}
+
+std::vector<float>& ThreadNormScratch() {
+  thread_local std::vector<float> s;
+  return s;
+}
+
 }  // namespace
 
 int64_t PrefixView::LayerBytes() const {
   const LayerShape shape{kv_heads, tokens, head_dim};
   if (codec == PrefixCodec::kRaw) return 2 * shape.elements() * static_cast<int64_t>(DTypeSize(raw_dtype));
-  return CompressedLayerBytes(shape, config).total();
+  if (layers.empty()) return CompressedLayerBytes(shape, config).total();
+  int64_t sum = 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    CodecConfig c = config;
+    c.value_bits = ValueBitsOf(l);
+    sum += CompressedLayerBytes(shape, c).total();
+  }
+  return sum / static_cast<int64_t>(layers.size());
 }
 
 Status ValidatePrefixView(const PrefixView& v) {
@@ -70,6 +87,12 @@ Status ValidatePrefixView(const PrefixView& v) {
     if (v.tokens > 0) {
       POLYKV_RETURN_IF_ERROR(
           ValidateConfig(LayerShape{v.kv_heads, v.tokens, v.head_dim}, v.config));
+      for (size_t l = 0; l < v.layers.size(); ++l) {
+        const int b = v.ValueBitsOf(l);
+        if (b < 2 || b > 4)
+          return absl::InvalidArgumentError(
+              absl::StrCat("prefix view: layer ", l, " value_bits must be 2, 3 or 4, got ", b));
+      }
     }
   } else if (v.codec != PrefixCodec::kRaw) {
     return absl::InvalidArgumentError("prefix view: unknown codec");
@@ -123,6 +146,13 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
   if (opt.device == Device::kCuda) {
 #if defined(POLYKV_HAVE_CUDA)
     cuda::AttentionLaunch l;
+    if (pv != nullptr && pv->codec == PrefixCodec::kK8V &&
+        (pv->config.key_bits != 8 || pv->config.norm_dtype != DType::kF32 ||
+         pv->ValueBitsOf(a.layer) != pv->config.value_bits))
+      return absl::UnimplementedError(
+          "attention on CUDA reads 8-bit keys, f32 norms and one value bit width: this "
+          "prefix has packed keys, f16 norms or per-layer value bits (attend on the CPU, or "
+          "decode the pool)");
     if (pv != nullptr) {
       const PrefixLayer& pl = pv->layers[a.layer];
       l.prefix_tokens = pv->tokens;
@@ -131,7 +161,7 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
       l.pk = pl.k;
       l.pk_scales = pl.k_scales;
       l.pv = pl.v;
-      l.pv_norms = pl.v_norms;
+      l.pv_norms = static_cast<const float*>(pl.v_norms);
       l.key_scale_mode = static_cast<int>(pv->config.key_scale);
       l.seed = pv->config.rotation_seed;
       if (l.codec == 1) {
@@ -217,10 +247,15 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
   }
 
   math::ValueCodebook cb;
-  int64_t v_bytes = 0;
+  int64_t v_bytes = 0, k_bytes = 0;
+  int value_bits = 0;
+  const bool packed_keys = k8 && pv->config.key_bits != 8;
+  const bool f16_norms = k8 && pv->config.norm_dtype == DType::kF16;
   if (k8) {
-    POLYKV_ASSIGN_OR_RETURN(cb, internal::GetValueCodebook(pv->config.value_bits));
-    v_bytes = PackedVectorBytes(hd, pv->config.value_bits);
+    value_bits = pv->ValueBitsOf(a.layer);
+    POLYKV_ASSIGN_OR_RETURN(cb, internal::GetValueCodebook(value_bits));
+    v_bytes = PackedVectorBytes(hd, value_bits);
+    k_bytes = PackedKeyVectorBytes(hd, pv->config.key_bits);
   }
 
   // Partial states [kv_head][task][j]: m, l, o[hd].
@@ -246,14 +281,34 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
       c.t0 = task * C;
       c.t1 = std::min(P, c.t0 + C);
       if (k8) {
+        // The chunk's pointers start at its first token (t0 = 0 below): packed keys and f16
+        // norms of the chunk are widened into per-thread scratch first.
+        const int64_t t0 = c.t0, cnt = c.t1 - c.t0;
         c.key_kind = attn::kKeyI8;
-        c.k = static_cast<const int8_t*>(pl->k) + kvh * P * hd;
+        if (packed_keys) {
+          std::vector<int8_t>& kq = ThreadKeyScratch();
+          if (kq.size() < static_cast<size_t>(cnt * hd)) kq.resize(static_cast<size_t>(cnt * hd));
+          UnpackKeyVectors(static_cast<const uint8_t*>(pl->k) + (kvh * P + t0) * k_bytes, cnt, hd,
+                           pv->config.key_bits, kq.data());
+          c.k = kq.data();
+        } else {
+          c.k = static_cast<const int8_t*>(pl->k) + (kvh * P + t0) * hd;
+        }
         c.value_kind = attn::kValPacked;
-        c.v = static_cast<const uint8_t*>(pl->v) + kvh * P * v_bytes;
+        c.v = static_cast<const uint8_t*>(pl->v) + (kvh * P + t0) * v_bytes;
         c.v_bytes = v_bytes;
-        c.v_norms = pl->v_norms + kvh * P;
-        c.bits = pv->config.value_bits;
+        if (f16_norms) {
+          std::vector<float>& nf = ThreadNormScratch();
+          if (nf.size() < static_cast<size_t>(cnt)) nf.resize(static_cast<size_t>(cnt));
+          NormsFromF16(static_cast<const uint16_t*>(pl->v_norms) + kvh * P + t0, cnt, nf.data());
+          c.v_norms = nf.data();
+        } else {
+          c.v_norms = static_cast<const float*>(pl->v_norms) + kvh * P + t0;
+        }
+        c.bits = value_bits;
         c.levels = cb.levels;
+        c.t0 = 0;
+        c.t1 = cnt;
       } else {
         const int kind = RawKind(pv->raw_dtype);
         const int64_t es = static_cast<int64_t>(DTypeSize(pv->raw_dtype));

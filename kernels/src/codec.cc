@@ -1,5 +1,7 @@
 // Device-neutral entry points of the codec: validation, CPU/CUDA routing, byte accounting.
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "internal.h"
@@ -140,9 +142,13 @@ Status QuantizeKeysCuda(const void* k, DType dtype, const LayerShape& shape, Key
 
 Status ValidateConfig(const LayerShape& shape, const CodecConfig& config) {
   POLYKV_RETURN_IF_ERROR(CheckShape(shape));
-  if (config.key_bits != 8) {
+  if (config.key_bits < 4 || config.key_bits > 8) {
     return absl::InvalidArgumentError(
-        absl::StrCat("key_bits must be 8 (int8 keys), got ", config.key_bits));
+        absl::StrCat("key_bits must be 4..8, got ", config.key_bits));
+  }
+  if (config.norm_dtype != DType::kF32 && config.norm_dtype != DType::kF16) {
+    return absl::InvalidArgumentError(absl::StrCat("norm_dtype must be f32 or f16, got code ",
+                                                   static_cast<int>(config.norm_dtype)));
   }
   if (config.value_bits < 2 || config.value_bits > 4) {
     return absl::InvalidArgumentError(
@@ -236,6 +242,72 @@ Status DequantizeKeys(const int8_t* q, const float* scales, const LayerShape& sh
 #endif
 }
 
+int64_t PackedKeyVectorBytes(int32_t head_dim, int32_t bits) {
+  return bits >= 8 ? int64_t{head_dim} : math::PackedBytes(head_dim, bits);
+}
+
+Status EncodeKeys(const void* k, DType dtype, const LayerShape& shape, const CodecConfig& config,
+                  uint8_t* codes, float* scales, Device device, Stream stream) {
+  POLYKV_RETURN_IF_ERROR(ValidateConfig(shape, config));
+  if (config.key_bits == 8)
+    return QuantizeKeys(k, dtype, shape, config.key_scale, reinterpret_cast<int8_t*>(codes),
+                        scales, device, stream);
+  if (device != Device::kCpu)
+    return absl::UnimplementedError(absl::StrCat(
+        "packed keys (key_bits ", config.key_bits, ") are encoded on the CPU only"));
+  POLYKV_RETURN_IF_ERROR(CheckDType(dtype, "K dtype"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(k, "K input"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(codes, "K codes output"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(scales, "K scales output"));
+  std::vector<int8_t> q(static_cast<size_t>(shape.elements()));
+  POLYKV_RETURN_IF_ERROR(internal::QuantizeKeysCpu(k, dtype, shape, config.key_scale, nullptr,
+                                                   q.data(), scales, config.key_bits));
+  const int d = shape.head_dim;
+  const int64_t vb = PackedKeyVectorBytes(d, config.key_bits);
+  internal::ParallelFor(shape.vectors(), 256, [&](int64_t b, int64_t e) {
+    for (int64_t v = b; v < e; ++v)
+      math::PackKeyCodes(q.data() + v * d, d, config.key_bits, codes + v * vb);
+  });
+  return absl::OkStatus();
+}
+
+Status DecodeKeys(const uint8_t* codes, const float* scales, const LayerShape& shape,
+                  const CodecConfig& config, void* out, DType out_dtype, Device device,
+                  Stream stream) {
+  POLYKV_RETURN_IF_ERROR(ValidateConfig(shape, config));
+  if (config.key_bits == 8)
+    return DequantizeKeys(reinterpret_cast<const int8_t*>(codes), scales, shape, config.key_scale,
+                          out, out_dtype, device, stream);
+  if (device != Device::kCpu)
+    return absl::UnimplementedError(absl::StrCat(
+        "packed keys (key_bits ", config.key_bits, ") are decoded on the CPU only"));
+  POLYKV_RETURN_IF_ERROR(CheckDType(out_dtype, "K output dtype"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(codes, "K codes"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(scales, "K scales"));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(out, "K output"));
+  std::vector<int8_t> q(static_cast<size_t>(shape.elements()));
+  UnpackKeyVectors(codes, shape.vectors(), shape.head_dim, config.key_bits, q.data());
+  internal::DequantizeKeysCpu(q.data(), scales, shape, config.key_scale, out, out_dtype);
+  return absl::OkStatus();
+}
+
+void UnpackKeyVectors(const uint8_t* codes, int64_t n, int32_t head_dim, int32_t bits, int8_t* q) {
+  if (bits >= 8) {
+    std::memcpy(q, codes, static_cast<size_t>(n * head_dim));
+    return;
+  }
+  const int64_t vb = PackedKeyVectorBytes(head_dim, bits);
+  for (int64_t v = 0; v < n; ++v) math::UnpackKeyCodes(codes + v * vb, head_dim, bits, q + v * head_dim);
+}
+
+void NormsToF16(const float* in, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = math::FloatToF16(in[i]);
+}
+
+void NormsFromF16(const uint16_t* in, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = math::F16ToFloat(in[i]);
+}
+
 int64_t PackedVectorBytes(int32_t head_dim, int32_t bits) {
   return math::PackedBytes(head_dim, bits);
 }
@@ -297,10 +369,10 @@ Status DecodeValues(const uint8_t* packed, const float* norms, const LayerShape&
 
 LayerBytes CompressedLayerBytes(const LayerShape& shape, const CodecConfig& config) {
   LayerBytes b;
-  b.key_codes = shape.elements();
+  b.key_codes = shape.vectors() * PackedKeyVectorBytes(shape.head_dim, config.key_bits);
   b.key_scales = 4 * KeyScaleCount(shape, config.key_scale);
   b.value_codes = shape.vectors() * PackedVectorBytes(shape.head_dim, config.value_bits);
-  b.value_norms = 4 * shape.vectors();
+  b.value_norms = (config.norm_dtype == DType::kF16 ? 2 : 4) * shape.vectors();
   return b;
 }
 

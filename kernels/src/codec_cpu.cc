@@ -118,7 +118,7 @@ void ScaleRow(const float* scales, const LayerShape& shape, KeyScaleMode mode, i
 }  // namespace
 
 Status QuantizeKeysCpu(const void* k, DType dtype, const LayerShape& shape, KeyScaleMode mode,
-                       const float* given_scales, int8_t* q, float* scales_out) {
+                       const float* given_scales, int8_t* q, float* scales_out, int bits) {
   const int d = shape.head_dim;
   const int64_t heads = shape.kv_heads, tokens = shape.tokens;
   std::atomic<int64_t> bad{kNoBadIndex};
@@ -161,7 +161,9 @@ Status QuantizeKeysCpu(const void* k, DType dtype, const LayerShape& shape, KeyS
         s = std::max(s, mx[i]);
       }
     }
-    for (int64_t i = 0; i < n_scales; ++i) scales_out[i] = math::KeyScaleFromAbsmax(scales_out[i]);
+    for (int64_t i = 0; i < n_scales; ++i)
+      scales_out[i] = bits == 8 ? math::KeyScaleFromAbsmax(scales_out[i])
+                                : math::KeyScaleFromAbsmaxBits(scales_out[i], bits);
     scales = scales_out;
   }
 
@@ -186,6 +188,10 @@ Status QuantizeKeysCpu(const void* k, DType dtype, const LayerShape& shape, KeyS
         }
       }
       QuantizeRow(row.data(), srow.data(), d, q + off);
+      if (bits < 8) {
+        const int qm = math::KeyQMax(bits);
+        for (int i = 0; i < d; ++i) q[off + i] = static_cast<int8_t>(std::clamp<int>(q[off + i], -qm, qm));
+      }
     }
   });
   if (bad.load() != kNoBadIndex) return NonFiniteError("K", k, dtype, shape, bad.load());

@@ -112,6 +112,18 @@ std::string ChatDocument(std::string_view document, std::string_view instruction
   return absl::StrCat("<|im_start|>system\n", std::string(instruction), "\n\n", std::string(document), "<|im_end|>\n");
 }
 
+Status PooledAgent::AttachPool(const std::string& id, polykv_pool** pool,
+                               polykv_pool_info* info) {
+  POLYKV_RETURN_IF_ERROR(EnsureConnected(nullptr));
+  polykv_status cs = polykv_attach(client_, id.c_str(), pool);
+  if (cs != POLYKV_OK) {
+    Status s = FromCStatus(cs, absl::StrCat("attach pool ", id));
+    if (IsConnectionError(s)) Disconnect();
+    return s;
+  }
+  return FromCStatus(polykv_pool_get_info(*pool, info), "pool info");
+}
+
 StatusOr<std::unique_ptr<PooledAgent>> PooledAgent::Create(const AgentOptions& options) {
   std::unique_ptr<PooledAgent> agent(new PooledAgent());
   agent->options_ = options;
@@ -206,16 +218,9 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
 
   // ---- attach (connect lazily; a dead connection is rebuilt on the next Run) ----
   auto t_attach = Clock::now();
-  POLYKV_RETURN_IF_ERROR(EnsureConnected(nullptr));
   PoolGuard guard;
-  polykv_status cs = polykv_attach(client_, id.c_str(), &guard.pool);
-  if (cs != POLYKV_OK) {
-    Status s = FromCStatus(cs, absl::StrCat("attach pool ", id));
-    if (IsConnectionError(s)) Disconnect();
-    return s;
-  }
   polykv_pool_info info{};
-  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_get_info(guard.pool, &info), "pool info"));
+  POLYKV_RETURN_IF_ERROR(AttachPool(id, &guard.pool, &info));
   st.attach_ms = MsSince(t_attach);
 
   // ---- the pool must come from this model ----
@@ -278,6 +283,59 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
   (void)guard.Release();
   st.peak_rss_bytes = PeakRssBytes();
   return result;
+}
+
+StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
+                                                 absl::Span<const int32_t> input_ids,
+                                                 absl::Span<const int32_t> target_ids,
+                                                 int64_t rows) {
+  if (input_ids.empty() || input_ids.size() != target_ids.size())
+    return absl::InvalidArgumentError(absl::StrCat("score: ", input_ids.size(), " inputs and ",
+                                                   target_ids.size(), " targets (need equal, > 0)"));
+  const model::ModelConfig& cfg = model_->config();
+  for (absl::Span<const int32_t> span : {input_ids, target_ids})
+    for (int32_t id : span)
+      if (id < 0 || id >= cfg.vocab)
+        return absl::InvalidArgumentError(absl::StrCat("score: token id ", id, " outside the vocabulary"));
+  const std::string id(pool_id);
+  PoolGuard guard;
+  polykv_pool_info info{};
+  POLYKV_RETURN_IF_ERROR(AttachPool(id, &guard.pool, &info));
+  if (model_->fingerprint() != info.model_fingerprint)
+    return absl::FailedPreconditionError(absl::StrCat("pool ", id, " was prefilled with another model"));
+  const int64_t tokens = static_cast<int64_t>(info.tokens);
+  std::vector<int32_t> doc_ids(tokens);
+  POLYKV_RETURN_IF_ERROR(FromCStatus(
+      polykv_pool_token_ids(guard.pool, doc_ids.data(), doc_ids.size()), "pool token ids"));
+  const bool in_place = options_.attend == Attend::kInPlace &&
+                        model_->weight_storage() == model::WeightStorage::kMapped &&
+                        std::string(info.backend) == "host";
+  AgentStats st;
+  model::KvCache cache;
+  POLYKV_RETURN_IF_ERROR(BuildCache(guard.pool, id, tokens, static_cast<int64_t>(input_ids.size()) + 1,
+                                    std::move(doc_ids), in_place, &cache, &st));
+  std::vector<double> nll;
+  try {
+    torch::NoGradGuard ng;
+    for (size_t done = 0; done < input_ids.size();) {
+      const size_t n = std::min<size_t>(static_cast<size_t>(std::max<int64_t>(rows, 1)),
+                                        input_ids.size() - done);
+      POLYKV_ASSIGN_OR_RETURN(torch::Tensor logits,
+                              model_->Forward(input_ids.subspan(done, n), cache, /*all_logits=*/true));
+      std::vector<int64_t> tgt(target_ids.begin() + done, target_ids.begin() + done + n);
+      torch::Tensor lp = torch::log_softmax(logits.to(torch::kFloat32).cpu(), -1)
+                             .gather(1, torch::tensor(tgt, torch::kInt64).unsqueeze(1))
+                             .to(torch::kFloat64)
+                             .contiguous();
+      for (size_t i = 0; i < n; ++i) nll.push_back(-lp.data_ptr<double>()[i]);
+      done += n;
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("score: ", e.what()));
+  }
+  cache = model::KvCache();
+  (void)guard.Release();
+  return nll;
 }
 
 Status PooledAgent::BuildCache(::polykv_pool* pool, const std::string& id, int64_t tokens,

@@ -91,6 +91,8 @@ void ToCInfo(const ipc::PoolInfo& p, polykv_pool_info* out) {
   CopyString(out->backend, sizeof(out->backend), p.backend);
   CopyString(out->model, sizeof(out->model), p.model);
   CopyString(out->model_fingerprint, sizeof(out->model_fingerprint), p.model_fingerprint);
+  CopyString(out->architecture, sizeof(out->architecture), p.architecture);
+  CopyString(out->tokenizer_family, sizeof(out->tokenizer_family), p.tokenizer_family);
   out->layers = p.layers;
   out->kv_heads = p.kv_heads;
   out->head_dim = p.head_dim;

@@ -42,6 +42,61 @@ LlamaBase::LlamaBase(ModelConfig config, std::unique_ptr<Tokenizer> tokenizer,
   for (int64_t i = 0; i < half; ++i)
     f[i] = 1.0 / std::pow(static_cast<double>(config_.rope_theta),
                           static_cast<double>(2 * i) / config_.head_dim);
+  ScaleRopeFrequencies(config_, f);
+  if (config_.rope_scaling.type == RopeScalingType::kYarn)
+    rope_attention_factor_ = config_.rope_scaling.attention_factor;
+}
+
+void ScaleRopeFrequencies(const ModelConfig& c, double* f) {
+  const RopeScaling& rs = c.rope_scaling;
+  const int64_t half = c.head_dim / 2;
+  const double kPi = 3.14159265358979323846;
+  switch (rs.type) {
+    case RopeScalingType::kNone:
+    case RopeScalingType::kLinear:  // applied to the positions (RopeTables)
+      return;
+    case RopeScalingType::kLlama3: {
+      // HF _compute_llama3_parameters.
+      const double orig = rs.original_max_positions;
+      const double low_wavelen = orig / rs.low_freq_factor,
+                   high_wavelen = orig / rs.high_freq_factor;
+      for (int64_t j = 0; j < half; ++j) {
+        const double wavelen = 2 * kPi / f[j];
+        if (wavelen < high_wavelen) continue;
+        if (wavelen > low_wavelen) {
+          f[j] /= rs.factor;
+        } else {
+          const double smooth =
+              (orig / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+          f[j] = (1 - smooth) * f[j] / rs.factor + smooth * f[j];
+        }
+      }
+      return;
+    }
+    case RopeScalingType::kYarn: {
+      // HF _compute_yarn_parameters (= llama.cpp's ggml_rope_yarn_corr_dims, ext_factor 1).
+      const double d = c.head_dim, base = c.rope_theta, orig = rs.original_max_positions;
+      const auto corr_dim = [&](double rotations) {
+        return d * std::log(orig / (rotations * 2 * kPi)) / (2 * std::log(base));
+      };
+      double lo = corr_dim(rs.beta_fast), hi = corr_dim(rs.beta_slow);
+      if (rs.truncate) {
+        lo = std::floor(lo);
+        hi = std::ceil(hi);
+      }
+      lo = std::max(lo, 0.0);
+      hi = std::min(hi, d - 1);
+      if (lo == hi) hi += 0.001;
+      for (int64_t j = 0; j < half; ++j) {
+        const double ramp = std::clamp((static_cast<double>(j) - lo) / (hi - lo), 0.0, 1.0);
+        f[j] = f[j] / rs.factor * ramp + f[j] * (1 - ramp);
+      }
+      return;
+    }
+    case RopeScalingType::kFreqFactors:
+      for (int64_t j = 0; j < half; ++j) f[j] /= rs.freq_factors[static_cast<size_t>(j)];
+      return;
+  }
 }
 
 KvCache LlamaBase::NewCache(int64_t capacity) const {
@@ -55,10 +110,27 @@ KvCache LlamaBase::NewCache(int64_t capacity) const {
   return c;
 }
 
+Status LlamaBase::CheckWindow(int64_t past, int64_t n) const {
+  const int64_t w = config_.sliding_window;
+  if (w <= 0 || past + n <= w) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat(
+      "this ", config_.architecture, " model uses sliding-window attention over ", w,
+      " positions, which PolyKV does not implement: it computes full attention, the same "
+      "only while a sequence holds at most ",
+      w, " positions, and this step would reach ", past + n, " (", past, " cached + ", n,
+      " new); keep document and prompt within ", w, " tokens"));
+}
+
+StatusOr<torch::Tensor> LlamaBase::Step(absl::Span<const int32_t> tokens, KvCache& cache,
+                                        int64_t logits_from) {
+  POLYKV_RETURN_IF_ERROR(CheckWindow(cache.length, static_cast<int64_t>(tokens.size())));
+  return ForwardImpl(tokens, cache, logits_from);
+}
+
 StatusOr<torch::Tensor> LlamaBase::Forward(absl::Span<const int32_t> tokens, KvCache& cache,
                                            bool all_logits) {
   if (tokens.empty()) return absl::InvalidArgumentError("Forward: empty token list");
-  return ForwardImpl(tokens, cache, all_logits ? 0 : static_cast<int64_t>(tokens.size()) - 1);
+  return Step(tokens, cache, all_logits ? 0 : static_cast<int64_t>(tokens.size()) - 1);
 }
 
 StatusOr<PrefillResult> LlamaBase::Prefill(absl::Span<const int32_t> tokens, int64_t chunk,
@@ -67,11 +139,12 @@ StatusOr<PrefillResult> LlamaBase::Prefill(absl::Span<const int32_t> tokens, int
   if (chunk <= 0)
     return absl::InvalidArgumentError(absl::StrCat("Prefill: chunk must be > 0, got ", chunk));
   const int64_t n = static_cast<int64_t>(tokens.size());
+  POLYKV_RETURN_IF_ERROR(CheckWindow(0, n));  // before any work
   KvCache cache = NewCache(n);
   torch::Tensor logits;
   for (int64_t done = 0; done < n;) {
     const int64_t m = std::min(chunk, n - done);
-    POLYKV_ASSIGN_OR_RETURN(logits, ForwardImpl(tokens.subspan(done, m), cache, m - 1));
+    POLYKV_ASSIGN_OR_RETURN(logits, Step(tokens.subspan(done, m), cache, m - 1));
     done += m;
     if (progress) progress(done, n);
   }
@@ -113,7 +186,7 @@ StatusOr<GenerateResult> LlamaBase::Generate(KvCache& cache, absl::Span<const in
   }
   GenerateResult r;
   std::mt19937_64 rng(options.seed);
-  StatusOr<torch::Tensor> first = ForwardImpl(feed, cache, static_cast<int64_t>(feed.size()) - 1);
+  StatusOr<torch::Tensor> first = Step(feed, cache, static_cast<int64_t>(feed.size()) - 1);
   if (!first.ok()) {
     if (recompute) {  // leave the cache as it was
       cache.tokens.push_back(feed[0]);
@@ -130,8 +203,7 @@ StatusOr<GenerateResult> LlamaBase::Generate(KvCache& cache, absl::Span<const in
     // Append the token's K/V; the last one needs no logits (logits_from = 1: none).
     const bool last = i + 1 == options.max_new_tokens;
     const int32_t one[1] = {tok};
-    POLYKV_ASSIGN_OR_RETURN(logits,
-                            ForwardImpl(absl::MakeConstSpan(one, 1), cache, last ? 1 : 0));
+    POLYKV_ASSIGN_OR_RETURN(logits, Step(absl::MakeConstSpan(one, 1), cache, last ? 1 : 0));
   }
   r.total_ms = MsSince(t0);
   return r;
@@ -160,7 +232,7 @@ StatusOr<PerplexityResult> LlamaBase::Perplexity(absl::Span<const int32_t> token
       const int64_t s = std::max(prev_e, b);
       KvCache cache = NewCache(e - b);
       POLYKV_ASSIGN_OR_RETURN(torch::Tensor logits,
-                              ForwardImpl(tokens.subspan(b, e - b), cache, s - b));  // [e-s][vocab]
+                              Step(tokens.subspan(b, e - b), cache, s - b));  // [e-s][vocab]
       std::vector<int64_t> tgt(tokens.begin() + s + 1, tokens.begin() + e + 1);
       auto target = torch::tensor(tgt, torch::kLong).to(logits.device()).unsqueeze(1);
       auto lp = torch::log_softmax(logits, -1).gather(1, target);
@@ -296,7 +368,9 @@ void LlamaBase::RopeTables(int64_t past, int64_t n, float* cos, float* sin) cons
     const double pos = static_cast<double>(past + i) / config_.rope_linear_scale;
     for (int64_t j = 0; j < half; ++j) {
       const double a = pos * f[j];
-      const float c = static_cast<float>(std::cos(a)), s = static_cast<float>(std::sin(a));
+      // YaRN scales cos and sin (x 1.0 elsewhere: exact).
+      const float c = static_cast<float>(std::cos(a) * rope_attention_factor_),
+                  s = static_cast<float>(std::sin(a) * rope_attention_factor_);
       cos[i * 2 * half + j] = cos[i * 2 * half + j + half] = c;
       sin[i * 2 * half + j] = sin[i * 2 * half + j + half] = s;
     }
@@ -323,7 +397,8 @@ class TorchLlama final : public LlamaBase {
     int64_t b = 0;
     auto add = [&](const torch::Tensor& t) { b += t.defined() ? t.numel() * t.element_size() : 0; };
     for (const auto& l : w_.layers) {
-      for (const torch::Tensor* t : {&l.attn_norm, &l.wqkv, &l.wo, &l.ffn_norm, &l.wgate_up, &l.wdown})
+      for (const torch::Tensor* t :
+           {&l.attn_norm, &l.wqkv, &l.bqkv, &l.wo, &l.bo, &l.ffn_norm, &l.wgate_up, &l.wdown})
         add(*t);
     }
     add(w_.norm);
@@ -374,7 +449,13 @@ class TorchLlama final : public LlamaBase {
       torch::Tensor pos = torch::arange(past, total, torch::kFloat64) / config_.rope_linear_scale;
       torch::Tensor freqs = torch::outer(pos, inv_freq_);  // [n][hd/2]
       torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-      torch::Tensor cos = emb.cos().to(dtype_).to(device_), sin = emb.sin().to(dtype_).to(device_);
+      torch::Tensor cos = emb.cos(), sin = emb.sin();
+      if (rope_attention_factor_ != 1) {  // YaRN: cos and sin scaled (HF attention_scaling)
+        cos.mul_(rope_attention_factor_);
+        sin.mul_(rope_attention_factor_);
+      }
+      cos = cos.to(dtype_).to(device_);
+      sin = sin.to(dtype_).to(device_);
       torch::Tensor mask;  // [n][total], true where key position > query position
       if (n > 1) mask = torch::ones({n, total}, dev.dtype(torch::kBool)).triu(past + 1);
       const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
@@ -383,7 +464,8 @@ class TorchLlama final : public LlamaBase {
       for (int l = 0; l < config_.layers; ++l) {
         const LayerWeights& lw = w_.layers[l];
         torch::Tensor h = RmsNorm(x, lw.attn_norm);
-        torch::Tensor qkv = torch::linear(h, lw.wqkv);  // [n][(H+2KV)*hd]
+        torch::Tensor qkv = lw.bqkv.defined() ? torch::linear(h, lw.wqkv, lw.bqkv)
+                                              : torch::linear(h, lw.wqkv);  // [n][(H+2KV)*hd]
         torch::Tensor q = qkv.narrow(1, 0, H * hd).view({n, H, hd}).transpose(0, 1);
         torch::Tensor k = qkv.narrow(1, H * hd, KV * hd).view({n, KV, hd}).transpose(0, 1);
         torch::Tensor v = qkv.narrow(1, (H + KV) * hd, KV * hd).view({n, KV, hd}).transpose(0, 1);
@@ -399,7 +481,7 @@ class TorchLlama final : public LlamaBase {
           scores.view({KV, G, n, total}).masked_fill_(mask, -std::numeric_limits<float>::infinity());
         torch::Tensor p = torch::softmax(scores, -1).to(dtype_);
         torch::Tensor o = torch::bmm(p, V).view({H, n, hd}).transpose(0, 1).reshape({n, H * hd});
-        x = x + torch::linear(o, lw.wo);
+        x = x + (lw.bo.defined() ? torch::linear(o, lw.wo, lw.bo) : torch::linear(o, lw.wo));
         h = RmsNorm(x, lw.ffn_norm);
         torch::Tensor gu = torch::linear(h, lw.wgate_up);  // [n][2F]
         x = x + torch::linear(torch::silu(gu.narrow(1, 0, F)) * gu.narrow(1, F, F), lw.wdown);
@@ -433,6 +515,22 @@ const char* WeightStorageName(WeightStorage w) {
       return "mapped";
     case WeightStorage::kCopy:
       return "copy";
+  }
+  return "unknown";
+}
+
+const char* RopeScalingName(RopeScalingType t) {
+  switch (t) {
+    case RopeScalingType::kNone:
+      return "none";
+    case RopeScalingType::kLinear:
+      return "linear";
+    case RopeScalingType::kLlama3:
+      return "llama3";
+    case RopeScalingType::kYarn:
+      return "yarn";
+    case RopeScalingType::kFreqFactors:
+      return "freq_factors";
   }
   return "unknown";
 }

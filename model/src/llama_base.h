@@ -40,6 +40,12 @@ class LlamaBase : public LlamaModel {
   virtual StatusOr<torch::Tensor> ForwardImpl(absl::Span<const int32_t> tokens, KvCache& cache,
                                               int64_t logits_from) = 0;
 
+  /// ForwardImpl after CheckWindow: every forward pass of LlamaBase goes through here.
+  StatusOr<torch::Tensor> Step(absl::Span<const int32_t> tokens, KvCache& cache,
+                               int64_t logits_from);
+  /// kOutOfRange when a model with a sliding window (ModelConfig::sliding_window) would hold
+  /// more than that many positions after `n` more at `past` (full attention would differ).
+  Status CheckWindow(int64_t past, int64_t n) const;
   /// Checks the cache's tensors (suffix) and prefix against the model.
   Status CheckCache(const KvCache& c) const;
   /// Grows the suffix to hold `needed` positions (reallocation to max(needed, 2 x capacity)).
@@ -47,7 +53,8 @@ class LlamaBase : public LlamaModel {
   /// Checks token ids against the vocabulary.
   Status CheckTokens(absl::Span<const int32_t> tokens) const;
   /// RoPE angles' cos and sin for positions [past, past + n): [n][head_dim] each (HF layout:
-  /// the head_dim/2 frequencies twice), computed in f64 and rounded to f32.
+  /// the head_dim/2 frequencies twice), computed in f64 and rounded to f32; both times
+  /// rope_attention_factor_ (YaRN).
   void RopeTables(int64_t past, int64_t n, float* cos, float* sin) const;
 
   bool IsEos(int32_t id) const;
@@ -59,7 +66,12 @@ class LlamaBase : public LlamaModel {
   std::string fingerprint_;
   torch::Device device_;
   torch::ScalarType dtype_;
-  torch::Tensor inv_freq_;  // [head_dim/2] f64, CPU
+  torch::Tensor inv_freq_;            // [head_dim/2] f64, CPU, after ScaleRopeFrequencies
+  double rope_attention_factor_ = 1;  // YaRN's cos/sin multiplier (1 otherwise)
 };
+
+/// Applies config.rope_scaling (llama3, yarn, freq_factors; none and linear leave them) to
+/// the head_dim/2 RoPE frequencies f[j] = theta^(-2j/head_dim), in place.
+void ScaleRopeFrequencies(const ModelConfig& config, double* f);
 
 }  // namespace polykv::model::internal

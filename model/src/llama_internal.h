@@ -19,7 +19,9 @@ namespace polykv::model::internal {
 struct LayerWeights {
   torch::Tensor attn_norm;  ///< [hidden]
   torch::Tensor wqkv;       ///< [(heads + 2*kv_heads)*head_dim][hidden]: q, k, v rows
+  torch::Tensor bqkv;  ///< [(heads + 2*kv_heads)*head_dim] q, k, v biases (qkv_bias) or undefined
   torch::Tensor wo;         ///< [hidden][heads*head_dim]
+  torch::Tensor bo;         ///< [hidden] output-projection bias (o_bias) or undefined
   torch::Tensor ffn_norm;   ///< [hidden]
   torch::Tensor wgate_up;   ///< [2*ffn][hidden]: gate rows then up rows
   torch::Tensor wdown;      ///< [hidden][ffn]
@@ -47,16 +49,22 @@ struct MappedLayer {
   MappedMatrix q, k, v, o, gate, up, down;
   const float* attn_norm = nullptr;  ///< [hidden] f32
   const float* ffn_norm = nullptr;   ///< [hidden] f32
+  /// Projection biases, f32, in the row order of the matrix they follow (GGUF Llama q/k
+  /// biases are interleaved like their rows); nullptr without qkv_bias / o_bias.
+  const float* bq = nullptr;  ///< [heads*head_dim]
+  const float* bk = nullptr;  ///< [kv_heads*head_dim]
+  const float* bv = nullptr;  ///< [kv_heads*head_dim]
+  const float* bo = nullptr;  ///< [hidden]
 };
 
 /// All weights of a mapped model: views into read-only file mappings, no private copies
-/// except the RMSNorm vectors of files that store them in f16/bf16 (hidden floats each).
+/// except the RMSNorm and bias vectors of files that store them in f16/bf16.
 struct MappedWeights {
   MappedMatrix embed;    ///< [vocab][hidden]
   std::vector<MappedLayer> layers;
   const float* norm = nullptr;  ///< [hidden] f32
   MappedMatrix lm_head;  ///< [vocab][hidden] (the embedding when tied)
-  std::vector<std::vector<float>> converted;       ///< f32 copies of non-f32 norm vectors
+  std::vector<std::vector<float>> converted;       ///< f32 copies of non-f32 norm/bias vectors
   std::vector<std::shared_ptr<const void>> files;  ///< the mappings (kept alive)
 };
 
@@ -77,8 +85,10 @@ struct LoadedModel {
   std::string fingerprint;
 };
 
-/// Source of weights in HF layout: `role` is one of embed, attn_norm, q, k, v, o, ffn_norm,
-/// gate, up, down, norm, output; `layer` is -1 for the non-layer tensors.
+/// Source of weights in HF layout: `role` is one of embed, attn_norm, q, k, v, o, q_bias,
+/// k_bias, v_bias, o_bias, ffn_norm, gate, up, down, norm, output; `layer` is -1 for the
+/// non-layer tensors. Get returns HF row order (GGUF Llama q/k rows and biases
+/// un-permuted); GetRaw the file's own bytes and order.
 class WeightReader {
  public:
   virtual ~WeightReader() = default;
@@ -94,6 +104,10 @@ class WeightReader {
                                      const std::vector<int64_t>& shape) = 0;
   /// The file mappings GetRaw points into (kept alive by the model).
   virtual std::vector<std::shared_ptr<const void>> Mappings() = 0;
+  /// After the weights were built: kUnimplemented naming the first tensor of the file(s)
+  /// that no role read (e.g. a Qwen3 q_norm, an MLP bias): a tensor PolyKV does not
+  /// compute with is refused, never ignored.
+  virtual Status CheckAllTensorsUsed() const = 0;
 };
 
 /// Builds views of every weight through `reader` (GetRaw) and checks each against the
@@ -115,7 +129,7 @@ Status ValidateConfig(const ModelConfig& config, const std::string& source);
 
 /// HF folder: config.json + model.safetensors or model.safetensors.index.json.
 StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const LoadOptions& options);
-/// A llama-architecture GGUF file.
+/// A GGUF file of general.architecture llama or qwen2.
 StatusOr<LoadedModel> LoadGgufModel(const std::string& path, const LoadOptions& options);
 
 /// Hex SHA-256 of `prefix` followed by the bytes of each file in order.

@@ -1,6 +1,7 @@
 // Loader pieces shared by the HF and GGUF paths: config checks, weight fusion, SHA-256.
 #include <openssl/evp.h>
 
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
@@ -27,6 +28,43 @@ Status ValidateConfig(const ModelConfig& c, const std::string& source) {
   if (!(c.rms_eps > 0)) return bad(absl::StrCat("RMS norm epsilon must be > 0, got ", c.rms_eps));
   if (!(c.rope_linear_scale > 0))
     return bad(absl::StrCat("rope scaling factor must be > 0, got ", c.rope_linear_scale));
+  const RopeScaling& rs = c.rope_scaling;
+  const std::string rt = absl::StrCat("rope scaling '", RopeScalingName(rs.type), "': ");
+  switch (rs.type) {
+    case RopeScalingType::kNone:
+    case RopeScalingType::kLinear:
+      break;
+    case RopeScalingType::kLlama3:
+      if (!(rs.factor > 0)) return bad(absl::StrCat(rt, "factor must be > 0, got ", rs.factor));
+      if (!(rs.low_freq_factor > 0) || !(rs.high_freq_factor > rs.low_freq_factor))
+        return bad(absl::StrCat(rt, "need 0 < low_freq_factor < high_freq_factor, got ",
+                                rs.low_freq_factor, " and ", rs.high_freq_factor));
+      if (rs.original_max_positions <= 0)
+        return bad(absl::StrCat(rt, "original_max_position_embeddings must be > 0, got ",
+                                rs.original_max_positions));
+      break;
+    case RopeScalingType::kYarn:
+      if (!(rs.factor >= 1)) return bad(absl::StrCat(rt, "factor must be >= 1, got ", rs.factor));
+      if (rs.original_max_positions <= 0)
+        return bad(absl::StrCat(rt, "original context length must be > 0, got ",
+                                rs.original_max_positions));
+      if (!(rs.beta_fast > 0) || !(rs.beta_slow > 0))
+        return bad(absl::StrCat(rt, "beta_fast and beta_slow must be > 0, got ", rs.beta_fast,
+                                " and ", rs.beta_slow));
+      if (!(rs.attention_factor > 0) || !std::isfinite(rs.attention_factor))
+        return bad(absl::StrCat(rt, "attention factor must be > 0, got ", rs.attention_factor));
+      break;
+    case RopeScalingType::kFreqFactors:
+      if (static_cast<int64_t>(rs.freq_factors.size()) != c.head_dim / 2)
+        return bad(absl::StrCat(rt, rs.freq_factors.size(), " factors for head_dim ", c.head_dim,
+                                " (need head_dim / 2)"));
+      for (float f : rs.freq_factors)
+        if (!(f > 0) || !std::isfinite(f))
+          return bad(absl::StrCat(rt, "every factor must be finite and > 0, got ", f));
+      break;
+  }
+  if (c.sliding_window < 0)
+    return bad(absl::StrCat("sliding window must be >= 0, got ", c.sliding_window));
   return absl::OkStatus();
 }
 
@@ -55,8 +93,19 @@ Status BuildWeights(const ModelConfig& c, WeightReader& reader, const LoadOption
         const auto dt = q.scalar_type();
         lw.wqkv = to_target(torch::cat({q, k.to(dt), v.to(dt)}, 0));
       }
+      if (c.qkv_bias) {
+        POLYKV_ASSIGN_OR_RETURN(torch::Tensor bq, reader.Get("q_bias", l, {q_rows}));
+        POLYKV_ASSIGN_OR_RETURN(torch::Tensor bk, reader.Get("k_bias", l, {kv_rows}));
+        POLYKV_ASSIGN_OR_RETURN(torch::Tensor bv, reader.Get("v_bias", l, {kv_rows}));
+        const auto dt = bq.scalar_type();
+        lw.bqkv = to_target(torch::cat({bq, bk.to(dt), bv.to(dt)}, 0));
+      }
       POLYKV_ASSIGN_OR_RETURN(torch::Tensor o, reader.Get("o", l, {h, q_rows}));
       lw.wo = to_target(o);
+      if (c.o_bias) {
+        POLYKV_ASSIGN_OR_RETURN(torch::Tensor bo, reader.Get("o_bias", l, {h}));
+        lw.bo = to_target(bo);
+      }
       POLYKV_ASSIGN_OR_RETURN(torch::Tensor fn, reader.Get("ffn_norm", l, {h}));
       lw.ffn_norm = to_target(fn);
       {
@@ -99,7 +148,8 @@ StatusOr<MappedMatrix> MapMatrix(WeightReader& reader, const std::string& role, 
   return m;
 }
 
-// A [hidden] norm vector as f32: the mapping itself when stored as f32, else a small copy.
+// A norm or bias vector of n values as f32: the mapping itself when stored as aligned f32,
+// else a small private copy.
 StatusOr<const float*> MapVector(WeightReader& reader, const std::string& role, int layer,
                                  int64_t n, MappedWeights* out) {
   POLYKV_ASSIGN_OR_RETURN(RawTensor t, reader.GetRaw(role, layer, {n}));
@@ -110,8 +160,13 @@ StatusOr<const float*> MapVector(WeightReader& reader, const std::string& role, 
     return static_cast<const float*>(t.data);
   }
   std::vector<float> f(static_cast<size_t>(n));
-  POLYKV_RETURN_IF_ERROR(kernels::DequantizeValues(static_cast<kernels::WeightType>(t.type), t.data,
-                                                   t.bytes, n, f.data()));
+  Status s = kernels::DequantizeValues(static_cast<kernels::WeightType>(t.type), t.data, t.bytes, n,
+                                       f.data());
+  if (!s.ok())
+    return Status(
+        s.code(),
+        absl::StrCat("tensor ", layer < 0 ? role : absl::StrCat("layer ", layer, " ", role), ": ",
+                     s.message()));
   out->converted.push_back(std::move(f));
   return out->converted.back().data();
 }
@@ -121,7 +176,7 @@ StatusOr<const float*> MapVector(WeightReader& reader, const std::string& role, 
 Status BuildMappedWeights(const ModelConfig& c, WeightReader& reader, MappedWeights* out) {
   const int64_t h = c.hidden, q_rows = int64_t{c.heads} * c.head_dim,
                 kv_rows = int64_t{c.kv_heads} * c.head_dim;
-  out->converted.reserve(static_cast<size_t>(2 * c.layers + 1));  // pointers stay valid
+  out->converted.reserve(static_cast<size_t>(6 * c.layers + 1));  // pointers stay valid
   POLYKV_ASSIGN_OR_RETURN(out->embed, MapMatrix(reader, "embed", -1, c.vocab, h, 0));
   out->layers.assign(static_cast<size_t>(c.layers), MappedLayer{});
   for (int l = 0; l < c.layers; ++l) {
@@ -130,7 +185,15 @@ Status BuildMappedWeights(const ModelConfig& c, WeightReader& reader, MappedWeig
     POLYKV_ASSIGN_OR_RETURN(lw.q, MapMatrix(reader, "q", l, q_rows, h, c.heads));
     POLYKV_ASSIGN_OR_RETURN(lw.k, MapMatrix(reader, "k", l, kv_rows, h, c.kv_heads));
     POLYKV_ASSIGN_OR_RETURN(lw.v, MapMatrix(reader, "v", l, kv_rows, h, 0));
+    if (c.qkv_bias) {
+      POLYKV_ASSIGN_OR_RETURN(lw.bq, MapVector(reader, "q_bias", l, q_rows, out));
+      POLYKV_ASSIGN_OR_RETURN(lw.bk, MapVector(reader, "k_bias", l, kv_rows, out));
+      POLYKV_ASSIGN_OR_RETURN(lw.bv, MapVector(reader, "v_bias", l, kv_rows, out));
+    }
     POLYKV_ASSIGN_OR_RETURN(lw.o, MapMatrix(reader, "o", l, h, q_rows, 0));
+    if (c.o_bias) {
+      POLYKV_ASSIGN_OR_RETURN(lw.bo, MapVector(reader, "o_bias", l, h, out));
+    }
     POLYKV_ASSIGN_OR_RETURN(lw.ffn_norm, MapVector(reader, "ffn_norm", l, h, out));
     POLYKV_ASSIGN_OR_RETURN(lw.gate, MapMatrix(reader, "gate", l, c.ffn, h, 0));
     POLYKV_ASSIGN_OR_RETURN(lw.up, MapMatrix(reader, "up", l, c.ffn, h, 0));

@@ -5,10 +5,11 @@
 //
 // Per forward of n rows:
 //   x = embedding rows (dequantized one row each)
-//   per layer: h = RMSNorm(x); q, k, v = h W^T (one shared pass over the activations);
-//     GGUF Q/K outputs de-interleaved per head (llama.cpp stores those rows for interleaved
-//     RoPE); RoPE (HF rotate_half); k, v appended to the private suffix; attention;
-//     x += o Wo^T; h = RMSNorm(x); x += (silu(h Wg^T) * h Wu^T) Wd^T
+//   per layer: h = RMSNorm(x); q, k, v = h W^T (+ biases; one shared pass over the
+//     activations); GGUF Llama Q/K outputs de-interleaved per head (llama.cpp stores those
+//     rows, and their biases, for interleaved RoPE); RoPE (HF rotate_half); k, v appended to
+//     the private suffix; attention; x += o Wo^T (+ bias); h = RMSNorm(x);
+//     x += (silu(h Wg^T) * h Wu^T) Wd^T
 //   logits = RMSNorm(x) Wout^T for the requested rows.
 // Matrix products of n <= LoadOptions::quantized_rows rows run on the quantized kernels;
 // longer ones dequantize row tiles of W into a scratch buffer and call libtorch's GEMM.
@@ -47,6 +48,10 @@ class MappedLlama final : public LlamaBase {
       for (const MappedMatrix* mm : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) add(*mm);
     add(w_.lm_head);
     bytes_per_token_ += static_cast<int64_t>(config_.hidden) * 4 * (2 * config_.layers + 1);
+    const int64_t bias_floats =
+        (config_.qkv_bias ? int64_t{config_.heads + 2 * config_.kv_heads} * config_.head_dim : 0) +
+        (config_.o_bias ? config_.hidden : 0);
+    bytes_per_token_ += bias_floats * 4 * config_.layers;
   }
 
   WeightStorage weight_storage() const override { return WeightStorage::kMapped; }
@@ -68,6 +73,7 @@ class MappedLlama final : public LlamaBase {
       return absl::InvalidArgumentError(absl::StrCat("prefix holds ", v.tokens, " positions but ",
                                                      tokens.size(), " token ids were given"));
     POLYKV_RETURN_IF_ERROR(CheckTokens(tokens));
+    POLYKV_RETURN_IF_ERROR(CheckWindow(0, v.tokens));
     KvCache c;
     try {
       c = NewCache(capacity);
@@ -155,6 +161,15 @@ class MappedLlama final : public LlamaBase {
     return kernels::MatMulShared(absl::MakeConstSpan(o, k), x, n, cols, cols);
   }
 
+  // y[i][j] += b[j] for i < n, j < width (a projection's bias, f32).
+  static void AddBias(float* y, int64_t n, int64_t width, const float* b) {
+    if (b == nullptr) return;
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = y + i * width;
+      for (int64_t j = 0; j < width; ++j) row[j] += b[j];
+    }
+  }
+
   // GGUF Q/K rows: row 2j + s of a head holds HF row s * hd/2 + j.
   void Deinterleave(float* y, int64_t n, int32_t heads) {
     const int hd = config_.head_dim, half = hd / 2;
@@ -235,6 +250,9 @@ class MappedLlama final : public LlamaBase {
       const MappedLayer& lw = w_.layers[static_cast<size_t>(l)];
       kernels::RmsNormRows(x, lw.attn_norm, n, D, config_.rms_eps, h);
       POLYKV_RETURN_IF_ERROR(LinearShared({{&lw.q, q}, {&lw.k, k}, {&lw.v, v}}, h, n, D));
+      AddBias(q, n, H * hd, lw.bq);  // in the rows' own (possibly interleaved) order
+      AddBias(k, n, KV * hd, lw.bk);
+      AddBias(v, n, KV * hd, lw.bv);
       if (lw.q.interleaved_heads > 0) Deinterleave(q, n, static_cast<int32_t>(H));
       if (lw.k.interleaved_heads > 0) Deinterleave(k, n, static_cast<int32_t>(KV));
       float* ck = cache.k[l].data_ptr<float>();
@@ -268,6 +286,7 @@ class MappedLlama final : public LlamaBase {
         POLYKV_RETURN_IF_ERROR(kernels::AttentionForward(a));
       }
       POLYKV_RETURN_IF_ERROR(Linear(lw.o, att, n, t, D));
+      AddBias(t, n, D, lw.bo);
       for (int64_t i = 0; i < n * D; ++i) x[i] += t[i];
       kernels::RmsNormRows(x, lw.ffn_norm, n, D, config_.rms_eps, h);
       POLYKV_RETURN_IF_ERROR(LinearShared({{&lw.gate, g}, {&lw.up, u}}, h, n, D));

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 namespace polykv::fuzz {
@@ -47,13 +48,20 @@ class MemFile {
   int fd_;
 };
 
-/// A private folder under /dev/shm (or /tmp) for inputs that must be named files.
+/// A private folder under /dev/shm (or /tmp) for inputs that must be named files; removed
+/// when the fuzzer exits normally (a crash leaves it next to its artifact).
 inline const std::string& TempFolder() {
   static const std::string dir = [] {
     std::string tmpl = (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") +
                        std::string("/polykv-fuzz-XXXXXX");
     char* p = mkdtemp(tmpl.data());
     if (p == nullptr) std::abort();
+    // The handler runs after `dir` is destroyed: it removes a copy that is never freed.
+    static const std::string* keep = new std::string(p);
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(*keep, ec);
+    });
     return std::string(p);
   }();
   return dir;

@@ -27,6 +27,7 @@
 
 struct polykv_client;
 struct polykv_pool;
+struct polykv_pool_info_t;
 
 namespace polykv::client {
 
@@ -144,6 +145,13 @@ class PooledAgent {
   StatusOr<AgentResult> RunText(std::string_view pool_id, std::string_view prompt,
                                 const model::SamplingOptions& sampling);
 
+  /// Scores a continuation of the pool's document (polykv-cli eval's agents section): runs
+  /// `input_ids` after the document (attending to the pool as Run does) and returns
+  /// -log p(targets[i]) of each input position i (targets.size() == input.size()), computed
+  /// in forwards of at most `rows` rows. Errors as Run; kInvalidArgument for sizes or ids.
+  StatusOr<std::vector<double>> Score(std::string_view pool_id, absl::Span<const int32_t> input_ids,
+                                      absl::Span<const int32_t> target_ids, int64_t rows = 512);
+
   /// Baseline without a pool: prefills `document_ids` itself (Forward in chunks of 512),
   /// then generates from `prompt_ids` exactly as Run does: in place, the prefilled document
   /// becomes a read-only raw prefix (LlamaModel::FreezeAsPrefix), so with a codec-none pool
@@ -172,6 +180,9 @@ class PooledAgent {
                     int64_t extra_capacity, std::vector<int32_t> doc_ids, bool in_place,
                     model::KvCache* cache, AgentStats* st);
   void Disconnect();
+  /// Connects if needed and attaches pool `id` into `*pool` (detached by the caller's guard),
+  /// filling `*info`. A connection error drops the connection so the next call rebuilds it.
+  Status AttachPool(const std::string& id, ::polykv_pool** pool, ::polykv_pool_info_t* info);
 
   AgentOptions options_;
   std::unique_ptr<model::LlamaModel> model_;

@@ -75,6 +75,8 @@ typedef struct polykv_pool_info_t {
   uint64_t overhead_bytes;    /**< header + token ids + alignment padding */
   int64_t created_unix_ms;    /**< when the daemon published the pool (ms since epoch) */
   double prefill_ms, encode_ms, publish_ms; /**< daemon-side build times (ms) */
+  char architecture[32];      /**< model architecture the pool was built with ("llama", "qwen2", ...) */
+  char tokenizer_family[48];  /**< "bpe/llama3", "bpe/qwen2", "spm", ... ("none" without one) */
 } polykv_pool_info;
 
 /** PING reply: the daemon's identity and memory use. */

@@ -131,6 +131,8 @@ struct PoolInfo {
   std::string backend;            ///< "host" or "cuda"
   std::string model;              ///< model path given at create
   std::string model_fingerprint;  ///< hex SHA-256
+  std::string architecture;       ///< "llama", "qwen2", "mistral" (model it was built with)
+  std::string tokenizer_family;   ///< "bpe/llama3", "spm", ... ("none" without a tokenizer)
   uint32_t layers = 0, kv_heads = 0, head_dim = 0;
   uint64_t tokens = 0;
   uint64_t total_bytes = 0;       ///< whole shared region
@@ -150,6 +152,8 @@ struct PoolInfo {
     p.backend = c.backend;
     p.model = c.model;
     p.model_fingerprint = c.model_fingerprint;
+    p.architecture = c.architecture;
+    p.tokenizer_family = c.tokenizer_family;
     p.layers = c.layers;
     p.kv_heads = c.kv_heads;
     p.head_dim = c.head_dim;

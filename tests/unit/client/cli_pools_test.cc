@@ -75,6 +75,8 @@ TEST_F(CliPoolsTest, CreateListShowEvictRoundTrip) {
   EXPECT_EQ(show["head_dim"], 8);
   EXPECT_EQ(show["tokens"], 11);
   EXPECT_EQ(show["backend"], "host");
+  EXPECT_EQ(show["architecture"], "llama");
+  EXPECT_EQ(show["tokenizer_family"], "none");  // stories260K ships no tokenizer
   const json& b = show["bytes"];
   EXPECT_EQ(b["key_codes"].get<uint64_t>() + b["key_scales"].get<uint64_t>() +
                 b["value_codes"].get<uint64_t>() + b["value_norms"].get<uint64_t>() +
@@ -89,6 +91,8 @@ TEST_F(CliPoolsTest, CreateListShowEvictRoundTrip) {
   CommandResult human = Cli({"pools", "show", id.substr(0, 12)});
   EXPECT_EQ(human.status, 0) << human.err;
   EXPECT_NE(human.out.find("pool " + id), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("architecture       llama\n"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("tokenizer family   none\n"), std::string::npos) << human.out;
 
   json evicted = CliJson({"pools", "evict", id});
   EXPECT_EQ(evicted["evicted"], true);

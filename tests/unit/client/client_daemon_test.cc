@@ -98,6 +98,8 @@ TEST_F(ClientDaemonTest, AttachDecodesBitExactlyLikeTheModelsOwnPrefill) {
   EXPECT_EQ(info.head_dim, 8u);
   EXPECT_EQ(info.tokens, kIds.size());
   EXPECT_EQ(info.model_fingerprint, (*model)->fingerprint());
+  EXPECT_EQ(info.architecture, "llama");
+  EXPECT_EQ(info.tokenizer_family, "none");  // stories260K ships no tokenizer
   EXPECT_EQ(info.key_codes_bytes + info.key_scales_bytes + info.value_codes_bytes +
                 info.value_norms_bytes + info.overhead_bytes,
             info.total_bytes);

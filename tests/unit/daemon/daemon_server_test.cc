@@ -16,6 +16,7 @@ namespace polykv::daemon {
 namespace {
 
 using testing::CreateRequest;
+using testing::MemfdCountSettled;
 using testing::MemfdObjects;
 using testing::RawClient;
 using testing::ShmObjects;
@@ -262,7 +263,7 @@ TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
   ASSERT_TRUE(rn2.ok());
   EXPECT_EQ(rn2->code, "NOT_FOUND");
   shm = absl::UnknownError("unmapped");
-  EXPECT_EQ(MemfdObjects(prefix_).size(), 1u);
+  EXPECT_EQ(MemfdCountSettled(prefix_, 1), 1u);
 }
 
 TEST_F(DaemonServerTest, ConcurrentCreatesFromTwoClientsYieldOnePool) {

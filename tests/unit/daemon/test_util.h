@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <zmq.hpp>
@@ -81,6 +82,18 @@ inline std::vector<std::string> MemfdObjects(const std::string& prefix) {
     closedir(d);
   }
   return out;
+}
+
+/// Number of this process's memfds with `prefix`, once it equals `want` or `timeout_ms` has
+/// passed. The descriptor server closes its duplicate just after sendmsg returns, which can be
+/// after the receiving test thread has moved on: a count right after a descriptor pass races.
+inline size_t MemfdCountSettled(const std::string& prefix, size_t want, int timeout_ms = 5000) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const size_t n = MemfdObjects(prefix).size();
+    if (n == want || std::chrono::steady_clock::now() > deadline) return n;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 /// Fetches a pool's sealed memfd with a lease, as an agent does, and maps it read-only.

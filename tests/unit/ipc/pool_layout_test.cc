@@ -24,6 +24,8 @@ PoolParams SmallParams(PoolCodec codec) {
   p.raw_dtype = DType::kF32;
   p.model_fingerprint = std::string(64, 'a');
   p.tokenizer_fingerprint = "none";
+  p.architecture = "qwen2";
+  p.tokenizer_family = "bpe/qwen2";
   return p;
 }
 
@@ -118,6 +120,16 @@ TEST(PoolLayoutTest, RejectsBadParams) {
   p = SmallParams(PoolCodec::kK8V);
   p.model_fingerprint = std::string(100, 'x');
   EXPECT_EQ(ComputePoolLayout(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = SmallParams(PoolCodec::kK8V);
+  p.architecture = std::string(32, 'a');  // 31 + NUL fit
+  EXPECT_NE(std::string(ComputePoolLayout(p).status().message()).find("architecture"),
+            std::string::npos);
+  p.architecture = std::string(31, 'a');
+  p.tokenizer_family = std::string(48, 'b');
+  EXPECT_NE(std::string(ComputePoolLayout(p).status().message()).find("tokenizer family"),
+            std::string::npos);
+  p.tokenizer_family = std::string(47, 'b');
+  EXPECT_TRUE(ComputePoolLayout(p).ok());
 }
 
 TEST(PoolLayoutTest, NoneRoundTripIsBitExact) {
@@ -129,6 +141,9 @@ TEST(PoolLayoutTest, NoneRoundTripIsBitExact) {
   EXPECT_EQ(r->params().tokens, p.tokens);
   EXPECT_EQ(r->params().model_fingerprint, p.model_fingerprint);
   EXPECT_EQ(r->params().tokenizer_fingerprint, "none");
+  EXPECT_EQ(r->params().architecture, "qwen2");
+  EXPECT_EQ(r->params().tokenizer_family, "bpe/qwen2");
+  EXPECT_STREQ(r->header().architecture, "qwen2");
   EXPECT_EQ(r->header().pool_id[0], 0x5A);
   EXPECT_EQ(r->TokenIds(), Ids(p.tokens));
   for (uint32_t l = 0; l < p.layers; ++l) {

@@ -91,6 +91,8 @@ TEST(ProtocolTest, ReplyRoundTripWithPoolAndCudaHandle) {
   info.id = std::string(64, 'f');
   info.model = "m";
   info.model_fingerprint = "fp";
+  info.architecture = "qwen2";
+  info.tokenizer_family = "bpe/qwen2";
   info.codec = "k8v3";
   info.backend = "cuda";
   info.tokens = 1000;
@@ -129,6 +131,8 @@ TEST(ProtocolTest, ReplyRoundTripWithPoolAndCudaHandle) {
   EXPECT_EQ(d->pool->id, info.id);
   EXPECT_EQ(d->pool->total_bytes, info.total_bytes);
   EXPECT_EQ(d->pool->layers, 30u);
+  EXPECT_EQ(d->pool->architecture, "qwen2");
+  EXPECT_EQ(d->pool->tokenizer_family, "bpe/qwen2");
   EXPECT_DOUBLE_EQ(d->pool->effective_ratio, 3.25);
   EXPECT_EQ(d->pool->created_unix_ms, info.created_unix_ms);
   EXPECT_DOUBLE_EQ(d->pool->publish_ms, 0.25);

@@ -29,6 +29,8 @@ std::vector<float> Gauss(size_t n, uint64_t seed, float sigma = 1.0f) {
 struct TestPrefix {
   PrefixView view;
   std::vector<int8_t> kq;
+  std::vector<uint8_t> kpacked;  // key_bits < 8
+  std::vector<uint16_t> norms16;  // f16 norms
   std::vector<float> kscales, norms;
   std::vector<uint8_t> vpacked;
   std::vector<float> kraw, vraw;      // raw f32 (kRaw f32)
@@ -37,8 +39,11 @@ struct TestPrefix {
 };
 
 // codec: "none-f32", "none-f16", "none-bf16", or value bits 2/3/4 with a key scale mode.
+// key_bits < 8 packs the keys; f16_norms stores f16 norms; layer_bits > 0 encodes the values
+// at that width and records it in PrefixLayer::value_bits (config.value_bits stays `bits`).
 TestPrefix MakePrefix(int kv_heads, int64_t tokens, int hd, const std::string& codec, int bits,
-                      KeyScaleMode mode, uint64_t seed) {
+                      KeyScaleMode mode, uint64_t seed, int key_bits = 8, bool f16_norms = false,
+                      int layer_bits = 0) {
   TestPrefix p;
   const LayerShape shape{kv_heads, tokens, hd};
   p.kraw = Gauss(shape.elements(), seed, 1.5f);
@@ -80,19 +85,33 @@ TestPrefix MakePrefix(int kv_heads, int64_t tokens, int hd, const std::string& c
   p.view.config.value_bits = bits;
   p.view.config.key_scale = mode;
   p.view.config.rotation_seed = seed * 7919;
-  p.kq.resize(shape.elements());
+  p.view.config.key_bits = key_bits;
+  p.view.config.norm_dtype = f16_norms ? DType::kF16 : DType::kF32;
+  CodecConfig vcfg = p.view.config;
+  if (layer_bits > 0) vcfg.value_bits = layer_bits;
+  p.kpacked.resize(shape.vectors() * PackedKeyVectorBytes(hd, key_bits));
   p.kscales.resize(KeyScaleCount(shape, mode));
-  EXPECT_TRUE(QuantizeKeys(p.kraw.data(), DType::kF32, shape, mode, p.kq.data(), p.kscales.data()).ok());
-  p.vpacked.resize(shape.vectors() * PackedVectorBytes(hd, bits));
+  EXPECT_TRUE(EncodeKeys(p.kraw.data(), DType::kF32, shape, p.view.config, p.kpacked.data(),
+                         p.kscales.data()).ok());
+  p.vpacked.resize(shape.vectors() * PackedVectorBytes(hd, vcfg.value_bits));
   p.norms.resize(shape.vectors());
-  EXPECT_TRUE(EncodeValues(p.vraw.data(), DType::kF32, shape, p.view.config, p.vpacked.data(),
+  EXPECT_TRUE(EncodeValues(p.vraw.data(), DType::kF32, shape, vcfg, p.vpacked.data(),
                            p.norms.data()).ok());
+  if (f16_norms) {
+    p.norms16.resize(p.norms.size());
+    NormsToF16(p.norms.data(), static_cast<int64_t>(p.norms.size()), p.norms16.data());
+    NormsFromF16(p.norms16.data(), static_cast<int64_t>(p.norms.size()), p.norms.data());
+  }
   p.kdec.resize(shape.elements());
   p.vdec.resize(shape.elements());
-  EXPECT_TRUE(DequantizeKeys(p.kq.data(), p.kscales.data(), shape, mode, p.kdec.data(), DType::kF32).ok());
-  EXPECT_TRUE(DecodeValues(p.vpacked.data(), p.norms.data(), shape, p.view.config, p.vdec.data(),
+  EXPECT_TRUE(DecodeKeys(p.kpacked.data(), p.kscales.data(), shape, p.view.config, p.kdec.data(),
+                         DType::kF32).ok());
+  EXPECT_TRUE(DecodeValues(p.vpacked.data(), p.norms.data(), shape, vcfg, p.vdec.data(),
                            DType::kF32).ok());
-  p.view.layers[0] = PrefixLayer{p.kq.data(), p.kscales.data(), p.vpacked.data(), p.norms.data()};
+  p.view.layers[0] = PrefixLayer{p.kpacked.data(), p.kscales.data(), p.vpacked.data(),
+                                 f16_norms ? static_cast<const void*>(p.norms16.data())
+                                           : static_cast<const void*>(p.norms.data()),
+                                 layer_bits};
   return p;
 }
 
@@ -139,11 +158,15 @@ struct Shape {
   int64_t prefix, suffix, n;
 };
 
-void CheckCase(const Shape& sh, const std::string& codec, int bits, KeyScaleMode mode) {
+void CheckCase(const Shape& sh, const std::string& codec, int bits, KeyScaleMode mode,
+               int key_bits = 8, bool f16_norms = false, int layer_bits = 0) {
   SCOPED_TRACE(::testing::Message() << codec << " bits=" << bits << " mode=" << static_cast<int>(mode)
+                                    << " key_bits=" << key_bits << " f16_norms=" << f16_norms
+                                    << " layer_bits=" << layer_bits
                                     << " hd=" << sh.hd << " prefix=" << sh.prefix
                                     << " suffix=" << sh.suffix << " n=" << sh.n);
-  TestPrefix p = MakePrefix(sh.kv_heads, sh.prefix, sh.hd, codec, bits, mode, 11 + sh.hd);
+  TestPrefix p = MakePrefix(sh.kv_heads, sh.prefix, sh.hd, codec, bits, mode, 11 + sh.hd,
+                            key_bits, f16_norms, layer_bits);
   const int64_t cap = sh.suffix + 5;
   const auto ks = Gauss(static_cast<size_t>(sh.kv_heads * cap * sh.hd), 21, 1.5f);
   const auto vs = Gauss(static_cast<size_t>(sh.kv_heads * cap * sh.hd), 22);
@@ -199,6 +222,62 @@ TEST(Attention, InPlaceEqualsDecodedPrefixForEveryCodecAndIsa) {
     for (int bits : {2, 3, 4})
       for (KeyScaleMode m : modes) CheckCase(sh, "k8v", bits, m);
   }
+}
+
+TEST(Attention, InPlacePackedKeysF16NormsAndLayerBits) {
+  // Keys of 4..7 bits (packed, unpacked per chunk), f16 norms (widened per chunk) and a
+  // layer whose value bits differ from the view's: the same result as plain attention over
+  // what the prefix decodes to, on every ISA.
+  const Shape shapes[] = {
+      {9, 3, 64, 600, 20, 1},
+      {4, 2, 8, 40, 300, 64},
+      {8, 2, 80, 257, 3, 1},
+  };
+  for (const Shape& sh : shapes) {
+    for (int kb : {4, 5, 6, 7})
+      CheckCase(sh, "k8v", 4, KeyScaleMode::kPerChannel, kb, kb % 2 == 0);
+    CheckCase(sh, "k8v", 3, KeyScaleMode::kPerTensor, 8, true);
+    CheckCase(sh, "k8v", 3, KeyScaleMode::kPerHead, 6, false, 4);
+    CheckCase(sh, "k8v", 4, KeyScaleMode::kPerChannel, 8, false, 2);
+  }
+}
+
+TEST(Codec, PackedKeysRoundTripAndLayout) {
+  // 8 codes of 6 bits fill 6 bytes; code = q + 32, LSB first.
+  const int8_t q[8] = {-31, -1, 0, 1, 31, 5, -5, 2};
+  uint8_t packed[6] = {};
+  math::PackKeyCodes(q, 8, 6, packed);
+  uint64_t w = 0;
+  for (int b = 0; b < 6; ++b) w |= uint64_t{packed[b]} << (8 * b);
+  for (int k = 0; k < 8; ++k) EXPECT_EQ(static_cast<int>((w >> (6 * k)) & 63), q[k] + 32) << k;
+  int8_t back[8];
+  math::UnpackKeyCodes(packed, 8, 6, back);
+  for (int k = 0; k < 8; ++k) EXPECT_EQ(back[k], q[k]);
+  // Every width 4..7 and a head_dim that is not a multiple of 8.
+  for (int bits = 4; bits <= 7; ++bits) {
+    const LayerShape shape{2, 17, 13};
+    auto k = Gauss(static_cast<size_t>(shape.elements()), 5 + bits, 2.0f);
+    CodecConfig c;
+    c.key_bits = bits;
+    c.key_scale = KeyScaleMode::kPerChannel;
+    std::vector<uint8_t> codes(shape.vectors() * PackedKeyVectorBytes(13, bits));
+    EXPECT_EQ(PackedKeyVectorBytes(13, bits), (13 * bits + 7) / 8);
+    std::vector<float> scales(KeyScaleCount(shape, c.key_scale)), out(k.size());
+    ASSERT_TRUE(EncodeKeys(k.data(), DType::kF32, shape, c, codes.data(), scales.data()).ok());
+    ASSERT_TRUE(DecodeKeys(codes.data(), scales.data(), shape, c, out.data(), DType::kF32).ok());
+    const int qm = (1 << (bits - 1)) - 1;
+    for (size_t i = 0; i < k.size(); ++i) {
+      const float s = scales[(i / (17 * 13)) * 13 + i % 13];
+      EXPECT_LE(std::fabs(out[i] - k[i]), 0.5f * s * 1.0001f) << bits << " " << i;
+      EXPECT_LE(std::fabs(out[i] / s), qm + 1e-3f);
+    }
+  }
+  CodecConfig bad;
+  bad.key_bits = 3;
+  EXPECT_FALSE(ValidateConfig({1, 1, 8}, bad).ok());
+  bad.key_bits = 8;
+  bad.norm_dtype = DType::kBF16;
+  EXPECT_FALSE(ValidateConfig({1, 1, 8}, bad).ok());
 }
 
 TEST(Attention, NoPrefixAndOddHeadDim) {

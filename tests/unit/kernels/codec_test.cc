@@ -549,7 +549,9 @@ TEST(CodecConfig, RejectsBadShapesAndBits) {
   c2.value_bits = 1;
   EXPECT_EQ(ValidateConfig({1, 1, 8}, c2).code(), absl::StatusCode::kInvalidArgument);
   CodecConfig c3 = cfg;
-  c3.key_bits = 4;
+  c3.key_bits = 3;  // packed keys take 4..8 bits (issue 10)
+  EXPECT_NE(msg({1, 1, 8}, c3).find("key_bits"), std::string::npos);
+  c3.key_bits = 9;
   EXPECT_NE(msg({1, 1, 8}, c3).find("key_bits"), std::string::npos);
   std::vector<float> x(8, 1.0f);
   std::vector<uint8_t> p(3);

@@ -36,6 +36,7 @@ struct Options {
   std::string drop_tensor;     // leave one tensor out
   std::string extra_key;       // add a u32 metadata key with value 4096
   std::string rope_scaling;    // llama.rope.scaling.type
+  std::string extra_tensor;    // add a [64] F32 tensor of this name
 };
 
 // Builds a GGUF of stories260K from its safetensors weights, read back through the model's
@@ -100,6 +101,7 @@ std::string BuildStoriesGguf(const Options& o) {
   }
   add("output_norm.weight", get("model.norm.weight", {64}));
   if (o.separate_output) add("output.weight", embed);
+  if (!o.extra_tensor.empty()) add(o.extra_tensor, torch::ones({64}));
   return w.Build();
 }
 
@@ -181,17 +183,55 @@ TEST_F(GgufLoaderTest, Errors) {
   EXPECT_NE(std::string(b.status().message()).find("missing tensor 'blk.2.ffn_up.weight'"),
             std::string::npos) << b.status();
 
+  // A sliding window loads; sequences longer than it are refused (tests/unit/model/
+  // arch_models_test.cc checks every entry point on a Mistral model).
   o = {};
   o.extra_key = "llama.attention.sliding_window";
   auto c = LoadGguf(o, "stories_swa.gguf");
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(std::string(c.status().message()).find("sliding_window"), std::string::npos);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->config().sliding_window, 4096);
+  auto long_prefill = (*c)->Prefill(std::vector<int32_t>(4097, 1), 512);
+  EXPECT_EQ(long_prefill.status().code(), absl::StatusCode::kOutOfRange) << long_prefill.status();
+  EXPECT_NE(std::string(long_prefill.status().message()).find("sliding-window"), std::string::npos);
 
   o = {};
-  o.rope_scaling = "yarn";
-  auto d = LoadGguf(o, "stories_yarn.gguf");
+  o.rope_scaling = "longrope";
+  auto d = LoadGguf(o, "stories_longrope.gguf");
   EXPECT_EQ(d.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(std::string(d.status().message()).find("'yarn'"), std::string::npos);
+  EXPECT_NE(std::string(d.status().message()).find("'longrope'"), std::string::npos);
+
+  // Every other metadata key and every unused tensor is refused by name.
+  for (const auto& [k, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"llama.attention.scale", "unsupported metadata 'llama.attention.scale'"},
+           {"llama.logit_scale", "unsupported metadata 'llama.logit_scale'"},
+           {"llama.expert_count", "mixture of experts"},
+           {"llama.attention.value_length", "different key and value head sizes"},
+           {"llama.rope.scaling.yarn_beta_fast", "a YaRN parameter"},
+           {"qwen2.block_count", "outside the namespaces"},
+           {"split.count", "split over several GGUF files"}}) {
+    o = {};
+    o.extra_key = k;
+    auto r = LoadGguf(o, "stories_extra_key.gguf");
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << k << ": " << r.status();
+    EXPECT_NE(std::string(r.status().message()).find(needle), std::string::npos) << r.status();
+  }
+  for (const WeightStorage ws : {WeightStorage::kMapped, WeightStorage::kCopy}) {
+    o = {};
+    o.extra_tensor = "blk.0.attn_q_norm.weight";  // Qwen3-style QK-norm
+    LoadOptions lo;
+    lo.weights = ws;
+    auto r = LlamaModel::Load(WriteTempFile("stories_qnorm.gguf", BuildStoriesGguf(o)), lo);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
+    EXPECT_NE(
+        std::string(r.status().message()).find("unsupported tensor 'blk.0.attn_q_norm.weight'"),
+        std::string::npos)
+        << r.status();
+  }
+  // Biases come in q/k/v threes: a lone k bias is unused, and refused.
+  o = {};
+  o.extra_tensor = "blk.0.attn_k.bias";
+  auto lone = LoadGguf(o, "stories_kbias.gguf");
+  EXPECT_EQ(lone.status().code(), absl::StatusCode::kUnimplemented) << lone.status();
 
   o = {};
   o.drop_tensor = "token_embd.weight";

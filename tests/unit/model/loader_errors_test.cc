@@ -196,26 +196,82 @@ TEST_F(LoaderErrorsTest, UnsupportedArchitectureFields) {
   const json base = config_;
   const std::vector<std::pair<json, std::string>> cases = {
       {{{"model_type", "gpt2"}}, "'model_type': 'gpt2'"},
-      {{{"sliding_window", 4096}}, "'sliding_window'"},
-      {{{"attention_bias", true}}, "'attention_bias'"},
+      {{{"sliding_window", 4096}}, "'sliding_window'"},  // not a LlamaConfig field
       {{{"mlp_bias", true}}, "'mlp_bias'"},
       {{{"hidden_act", "gelu"}}, "'hidden_act'"},
-      {{{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}}, "type 'llama3'"},
+      {{{"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 8.0}}}}, "type 'dynamic'"},
+      {{{"rope_scaling", {{"rope_type", "longrope"}, {"factor", 8.0}}}}, "type 'longrope'"},
+      {{{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"short_factor", {1.0}}}}},
+       "'rope_scaling.short_factor' for rope type 'yarn'"},
+      {{{"partial_rotary_factor", 0.5}}, "partial RoPE"},
       {{{"quantization_config", {{"bits", 4}}}}, "'quantization_config'"},
+      {{{"auto_map", {{"AutoModelForCausalLM", "modeling_x.X"}}}}, "'auto_map'"},
+      {{{"some_new_knob", 3}}, "unsupported field 'some_new_knob'"},
+      {{{"logit_scale", 0.5}}, "unsupported field 'logit_scale'"},
+      {{{"model_type", "qwen2"}, {"attention_bias", true}}, "unsupported field 'attention_bias'"},
+      {{{"model_type", "mistral"}, {"mlp_bias", false}}, "unsupported field 'mlp_bias'"},
+      {{{"architectures", {"LlamaForSequenceClassification"}}}, "LlamaForSequenceClassification"},
   };
   for (const auto& [patch, needle] : cases) {
     config_ = base;
     config_.merge_patch(patch);
     ExpectError(LoadWithRealWeights(), absl::StatusCode::kUnimplemented, needle);
   }
-  // Accepted: mistral without sliding window, null rope_scaling, linear scaling.
-  for (const json& patch : {json{{"model_type", "mistral"}, {"sliding_window", nullptr}},
-                            json{{"rope_scaling", nullptr}}}) {
+  // Present but incomplete or unmatched by the weights: kInvalidArgument naming what lacks.
+  for (const auto& [patch, needle] : std::vector<std::pair<json, std::string>>{
+           {{{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}}, "'low_freq_factor'"},
+           {{{"rope_scaling", {{"rope_type", "yarn"}}}}, "'factor'"},
+           {{{"attention_bias", true}}, "missing tensor 'model.layers.0.self_attn.q_proj.bias'"},
+           {{{"model_type", "qwen2"}}, "missing tensor 'model.layers.0.self_attn.q_proj.bias'"}}) {
+    config_ = base;
+    config_.merge_patch(patch);
+    ExpectError(LoadWithRealWeights(), absl::StatusCode::kInvalidArgument, needle);
+  }
+  // Accepted: mistral without sliding window, null rope_scaling, inert fields, transformers
+  // v5's rope_parameters.
+  for (const json& patch :
+       {json{{"model_type", "mistral"}, {"sliding_window", nullptr}},
+        json{{"rope_scaling", nullptr}},
+        json{{"use_cache", false},
+             {"pretraining_tp", 1},
+             {"transformers_version", "4.46.0"},
+             {"pad_token_id", 0},
+             {"attention_dropout", 0.0},
+             {"attention_bias", false}},
+        json{{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}}}) {
     config_ = base;
     config_.merge_patch(patch);
     config_.update(patch);  // merge_patch drops nulls; keep them explicitly
     EXPECT_TRUE(LoadWithRealWeights().ok()) << patch.dump();
   }
+  // Mistral's window defaults to 4096 (MistralConfig) when config.json does not say.
+  config_ = base;
+  config_["model_type"] = "mistral";
+  ASSERT_TRUE(LoadWithRealWeights().ok());
+  auto m = LlamaModel::Load(dir_.string());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config().sliding_window, 4096);
+}
+
+TEST_F(LoaderErrorsTest, UnusedTensorsAreRefused) {
+  for (const std::string name : {"model.layers.0.self_attn.q_norm.weight",
+                                 "model.layers.1.mlp.up_proj.bias", "lm_head.weight"}) {
+    Checkpoint ck = LoadStories();
+    // Reuse model.norm.weight's bytes ([64] f32) under the extra name.
+    json e = ck.header["model.norm.weight"];
+    if (name == "lm_head.weight") e = ck.header["model.embed_tokens.weight"];
+    ck.header[name] = e;
+    const absl::Status s = LoadWith(Safetensors(ck.header, ck.data));
+    if (name == "lm_head.weight") {  // tied: HF ties lm_head to the embedding on load
+      EXPECT_TRUE(s.ok()) << s;
+      continue;
+    }
+    ExpectError(s, absl::StatusCode::kUnimplemented, "unsupported tensor '" + name + "'");
+  }
+  // Old checkpoints' RoPE buffer is not a weight.
+  Checkpoint ck = LoadStories();
+  ck.header["model.layers.0.self_attn.rotary_emb.inv_freq"] = ck.header["model.norm.weight"];
+  EXPECT_TRUE(LoadWith(Safetensors(ck.header, ck.data)).ok());
 }
 
 TEST_F(LoaderErrorsTest, LinearRopeScalingChangesOutputs) {

@@ -71,7 +71,15 @@ struct PoolHeader {
   uint32_t reserved0;
   uint64_t payload_checksum;     ///< over [header_bytes, total_bytes)
   uint64_t header_checksum;      ///< over the header with this field zeroed
-  uint8_t reserved[4096 - 8 - 4 - 4 - 8 - 32 - 72 - 72 - 4 * 4 - 8 - 4 * 4 - 8 - 4 - 4 - 8 - 8];
+  /// Model architecture the pool was prefilled with ("llama", "qwen2", "mistral"),
+  /// NUL-terminated; empty in pools written before it was recorded (the bytes were reserved
+  /// and zero).
+  char architecture[32];
+  /// Tokenizer family ("bpe/llama3", "bpe/qwen2", "spm", "none" without a tokenizer),
+  /// NUL-terminated; empty in older pools.
+  char tokenizer_family[48];
+  uint8_t reserved[4096 - 8 - 4 - 4 - 8 - 32 - 72 - 72 - 4 * 4 - 8 - 4 * 4 - 8 - 4 - 4 - 8 - 8 -
+                   32 - 48];
 };
 static_assert(sizeof(PoolHeader) == kPoolHeaderBytes, "PoolHeader must be 4096 bytes");
 
@@ -86,6 +94,8 @@ struct PoolParams {
   kernels::DType raw_dtype = kernels::DType::kF32;  ///< for PoolCodec::kNone
   std::string model_fingerprint;
   std::string tokenizer_fingerprint;
+  std::string architecture;      ///< < 32 chars (PoolHeader::architecture)
+  std::string tokenizer_family;  ///< < 48 chars (PoolHeader::tokenizer_family)
 };
 
 /// Byte offsets of one layer's sections from the start of the region.

@@ -66,6 +66,8 @@ struct PoolInfo {
   std::string id;            ///< 64 hex chars (SHA-256 content address)
   std::string model;         ///< model path as given at create
   std::string model_fingerprint;
+  std::string architecture;      ///< model architecture it was built with ("llama", "qwen2", ...)
+  std::string tokenizer_family;  ///< "bpe/llama3", "spm", ... ("none" without a tokenizer)
   std::string codec;         ///< "k8v3", "k8v2", "k8v4" or "none"
   std::string backend;       ///< "host" or "cuda"
   uint64_t tokens = 0;

@@ -51,10 +51,11 @@ enum class PrefixCodec : uint8_t {
 
 /// One layer of a prefix (pointers into a read-only region; not owned).
 struct PrefixLayer {
-  const void* k = nullptr;         ///< int8 codes or raw K
+  const void* k = nullptr;         ///< int8 codes, packed key codes (key_bits < 8) or raw K
   const float* k_scales = nullptr; ///< kK8V: KeyScaleCount f32 scales
   const void* v = nullptr;         ///< packed V codes or raw V
-  const float* v_norms = nullptr;  ///< kK8V: f32 norms [kv_heads * tokens]
+  const void* v_norms = nullptr;   ///< kK8V: norms [kv_heads * tokens], f32 or f16 (norm_dtype)
+  int32_t value_bits = 0;          ///< kK8V: this layer's value bits; 0 = config.value_bits
 };
 
 /// A read-only shared prefix of a KV cache: the document's K/V for every layer.
@@ -64,10 +65,19 @@ struct PrefixView {
   int64_t tokens = 0;
   PrefixCodec codec = PrefixCodec::kRaw;
   DType raw_dtype = DType::kF32;  ///< kRaw
-  CodecConfig config;             ///< kK8V: value_bits, key_scale, rotation_seed
+  /// kK8V: key_bits (8, or 4..7 packed: unpacked per chunk into int8 scratch), value_bits
+  /// (per layer: PrefixLayer::value_bits), key_scale, rotation_seed, norm_dtype (f16 norms
+  /// are widened per chunk). The CUDA kernels take 8-bit keys, f32 norms and one value bit
+  /// width only (kUnimplemented otherwise).
+  CodecConfig config;
   std::vector<PrefixLayer> layers;
-  /// Bytes read per layer when every prefix token is attended to (K, scales, V, norms).
+  /// Bytes read per layer when every prefix token is attended to (K, scales, V, norms),
+  /// averaged over the layers when their value bits differ.
   int64_t LayerBytes() const;
+  /// Value bits of layer `l` (kK8V).
+  int32_t ValueBitsOf(size_t l) const {
+    return l < layers.size() && layers[l].value_bits > 0 ? layers[l].value_bits : config.value_bits;
+  }
 };
 
 /// Checks a view: sizes >= 1 (tokens may be 0), head_dim <= 512, codec parameters valid,

@@ -13,6 +13,12 @@
 //    each z_i -> nearest Lloyd-Max level for N(0,1) at b bits; indices packed densely.
 //    Decode reverses every step.
 //
+// Keys with fewer bits (key_bits b in 4..7): scale = absmax / (2^(b-1) - 1) per group,
+// q = rne(x / scale) clamped to +-(2^(b-1) - 1), stored as the unsigned code q + 2^(b-1)
+// (1 .. 2^b - 1; 0 is never written) in the same dense LSB-first bit stream as the value
+// codes below, one key vector = PackedKeyVectorBytes(head_dim, b) bytes, vectors in the order
+// [kv_heads][tokens]. b = 8 stores the int8 q itself (two's complement), as before.
+//
 // Rounding: keys round to nearest, ties to EVEN (x / scale clamped to +-127, then rounded
 // with the 1.5 * 2^23 constant, equal to rintf). Values pick the nearest Lloyd-Max level; a
 // z exactly on a midpoint between two levels takes the lower level. A zero V vector stores
@@ -109,11 +115,15 @@ struct LayerShape {
 
 /// Codec parameters; all of them are part of a pool's format.
 struct CodecConfig {
-  int32_t key_bits = 8;    ///< only 8 is supported
+  int32_t key_bits = 8;    ///< 8 (int8 codes) or 4..7 (packed codes, see above)
   int32_t value_bits = 3;  ///< 2, 3 or 4
   KeyScaleMode key_scale = KeyScaleMode::kPerTensor;
   uint64_t rotation_seed = 0x9E3779B97F4A7C15ull;  ///< seeds the random signs D
   bool norm_correction = false;  ///< store ||v|| / ||reconstruction of u|| instead of ||v||
+  /// How a pool stores the value norms: kF32 or kF16 (round to nearest even). EncodeValues
+  /// and DecodeValues always take f32 norms; NormsToF16 / NormsFromF16 convert, so an f16
+  /// pool decodes with the rounded norms.
+  DType norm_dtype = DType::kF32;
 };
 
 /// Sets the number of CPU threads the codec uses (n < 1: all hardware threads, the
@@ -124,7 +134,7 @@ void SetCodecThreads(int n);
 int CodecThreads();
 
 /// Checks a shape and config; kInvalidArgument naming the bad field (kv_heads, tokens,
-/// head_dim >= 1; key_bits 8; value_bits 2, 3 or 4).
+/// head_dim >= 1; key_bits 4..8; value_bits 2, 3 or 4; norm_dtype f32 or f16).
 Status ValidateConfig(const LayerShape& shape, const CodecConfig& config);
 
 // ---------------------------------------------------------------------------------------
@@ -159,6 +169,30 @@ int64_t KeyScaleCount(const LayerShape& shape, KeyScaleMode mode);
                                     KeyScaleMode mode, void* out, DType out_dtype,
                                     Device device = Device::kCpu, Stream stream = nullptr);
 
+/// Bytes of one key vector's codes: head_dim for 8 bits, else ceil(bits * head_dim / 8).
+int64_t PackedKeyVectorBytes(int32_t head_dim, int32_t bits);
+
+/// Encodes K [kv_heads][tokens][head_dim] (dtype) at config.key_bits with config.key_scale
+/// into `codes` ([vectors][PackedKeyVectorBytes]) and f32 `scales` (KeyScaleCount). 8 bits:
+/// the bytes of QuantizeKeys. Errors as QuantizeKeys; kUnimplemented for packed keys
+/// (key_bits < 8) on Device::kCuda.
+[[nodiscard]] Status EncodeKeys(const void* k, DType dtype, const LayerShape& shape,
+                                const CodecConfig& config, uint8_t* codes, float* scales,
+                                Device device = Device::kCpu, Stream stream = nullptr);
+
+/// Inverse of EncodeKeys: out = q * scale as `out_dtype`. Same errors.
+[[nodiscard]] Status DecodeKeys(const uint8_t* codes, const float* scales, const LayerShape& shape,
+                                const CodecConfig& config, void* out, DType out_dtype,
+                                Device device = Device::kCpu, Stream stream = nullptr);
+
+/// The signed key values q of `n` packed key vectors of `bits` (4..8) into int8
+/// [n][head_dim] (8 bits: a copy). Host memory.
+void UnpackKeyVectors(const uint8_t* codes, int64_t n, int32_t head_dim, int32_t bits, int8_t* q);
+
+/// Value norms f32 -> f16 (round to nearest even; host memory) and back.
+void NormsToF16(const float* in, int64_t n, uint16_t* out);
+void NormsFromF16(const uint16_t* in, int64_t n, float* out);
+
 // ---------------------------------------------------------------------------------------
 // Values: TurboQuant-MSE at b bits.
 // ---------------------------------------------------------------------------------------
@@ -191,10 +225,10 @@ StatusOr<std::vector<float>> LloydMaxCodebook(int32_t bits);
 
 /// Exact compressed size of one layer (K and V), in bytes.
 struct LayerBytes {
-  int64_t key_codes = 0;    ///< int8 K: elements
+  int64_t key_codes = 0;    ///< vectors * PackedKeyVectorBytes (int8 K: elements)
   int64_t key_scales = 0;   ///< 4 * KeyScaleCount
   int64_t value_codes = 0;  ///< vectors * PackedVectorBytes
-  int64_t value_norms = 0;  ///< 4 * vectors
+  int64_t value_norms = 0;  ///< 4 (f32) or 2 (f16) * vectors
   int64_t total() const { return key_codes + key_scales + value_codes + value_norms; }
 };
 

@@ -153,6 +153,48 @@ POLYKV_HD inline float DequantizeKey(int8_t q, float scale) {
   return static_cast<float>(q) * scale;
 }
 
+/// Largest |q| of a `bits`-bit key (4..8): 2^(bits-1) - 1 (127 for int8).
+POLYKV_HD inline int KeyQMax(int bits) { return (1 << (bits - 1)) - 1; }
+
+/// Scale of a key group of `bits` bits from its absmax: absmax / KeyQMax(bits), or 1 for an
+/// all-zero group (bits 8: KeyScaleFromAbsmax).
+POLYKV_HD inline float KeyScaleFromAbsmaxBits(float absmax, int bits) {
+  return absmax > 0.0f ? absmax / static_cast<float>(KeyQMax(bits)) : 1.0f;
+}
+
+/// Packs n signed key values (|q| <= KeyQMax(bits), bits 4..7) as unsigned codes
+/// q + 2^(bits-1) into the dense LSB-first bit stream of PackCodes (codec.h): groups of 8
+/// codes fill exactly `bits` bytes. Writes PackedBytes(n, bits) bytes.
+POLYKV_HD inline void PackKeyCodes(const int8_t* POLYKV_HD_RESTRICT q, int n, int bits,
+                                   uint8_t* POLYKV_HD_RESTRICT out) {
+  const int off = 1 << (bits - 1);
+  for (int i = 0; i < n; i += 8) {
+    const int cnt = n - i < 8 ? n - i : 8;
+    uint64_t w = 0;
+    for (int k = 0; k < cnt; ++k)
+      w |= static_cast<uint64_t>(static_cast<uint32_t>(q[i + k] + off)) << (k * bits);
+    uint8_t* o = out + (i / 8) * bits;
+    const int nb = (cnt * bits + 7) / 8;
+    for (int b = 0; b < nb; ++b) o[b] = static_cast<uint8_t>(w >> (8 * b));
+  }
+}
+
+/// Inverse of PackKeyCodes: n signed key values from PackedBytes(n, bits) bytes.
+POLYKV_HD inline void UnpackKeyCodes(const uint8_t* POLYKV_HD_RESTRICT in, int n, int bits,
+                                     int8_t* POLYKV_HD_RESTRICT q) {
+  const int off = 1 << (bits - 1);
+  const uint64_t mask = (uint64_t{1} << bits) - 1u;
+  for (int i = 0; i < n; i += 8) {
+    const int cnt = n - i < 8 ? n - i : 8;
+    const uint8_t* p = in + (i / 8) * bits;
+    const int nb = (cnt * bits + 7) / 8;
+    uint64_t w = 0;
+    for (int b = 0; b < nb; ++b) w |= static_cast<uint64_t>(p[b]) << (8 * b);
+    for (int k = 0; k < cnt; ++k)
+      q[i + k] = static_cast<int8_t>(static_cast<int>((w >> (k * bits)) & mask) - off);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Values: TurboQuant-MSE.
 // ---------------------------------------------------------------------------------------

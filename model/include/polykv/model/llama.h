@@ -13,9 +13,14 @@
 //    dequantized into private libtorch tensors of the compute dtype and every op runs on
 //    libtorch (the reference path; required for CUDA).
 //
-// Architecture: RMSNorm, RoPE (rope_theta from the model, HF rotate_half layout),
-// SwiGLU MLP, grouped-query attention, tied or separate output embeddings
-// (Llama 2/3, SmolLM/SmolLM2, TinyLlama, Mistral without sliding window).
+// Architecture: RMSNorm, RoPE (rope_theta from the model, HF rotate_half layout; linear,
+// Llama 3.1 ("llama3"), YaRN or file-given per-frequency scaling), SwiGLU MLP, grouped-query
+// attention with optional q/k/v and output-projection biases, tied or separate output
+// embeddings: Llama 2/3/3.1/3.2, SmolLM/SmolLM2, TinyLlama, Qwen2/Qwen2.5 (GGUF `qwen2`, HF
+// Qwen2ForCausalLM) and Mistral. Sliding-window attention is not implemented: a model with
+// a window (Mistral 7B v0.1's 4096) runs while every query sees the whole window, and a
+// step that would reach past it is refused (kOutOfRange) instead of computing full
+// attention.
 #pragma once
 
 #include <cstdint>
@@ -33,14 +38,64 @@
 
 namespace polykv::model {
 
-/// Hyper-parameters read from config.json or GGUF llama.* metadata.
+/// How RoPE frequencies are scaled (HF config.json `rope_scaling` / `rope_parameters`; GGUF
+/// {arch}.rope.scaling.* and the `rope_freqs.weight` tensor).
+enum class RopeScalingType : uint8_t {
+  kNone = 0,
+  kLinear = 1,       ///< positions divided by ModelConfig::rope_linear_scale (HF/GGUF "linear")
+  kLlama3 = 2,       ///< Llama 3.1: per-frequency smooth interpolation (HF rope_type "llama3")
+  kYarn = 3,         ///< YaRN (Peng et al. 2023, arXiv:2309.00071): ramp + attention factor
+  kFreqFactors = 4,  ///< frequencies divided by per-frequency factors stored in the file
+                     ///< (GGUF `rope_freqs.weight`: how llama.cpp stores Llama 3.1 scaling)
+};
+
+/// "none", "linear", "llama3", "yarn", "freq_factors".
+const char* RopeScalingName(RopeScalingType t);
+
+/// Parameters of RoPE scaling; only those of `type` are meaningful. The frequencies are
+/// inv_freq_j = theta^(-2j/head_dim) for j < head_dim/2 before scaling.
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  /// llama3, yarn: context extension factor s (linear keeps its factor in
+  /// ModelConfig::rope_linear_scale).
+  double factor = 1;
+  /// llama3: wavelengths 2 pi / inv_freq above original_max_positions / low_freq_factor are
+  /// divided by `factor`, below original_max_positions / high_freq_factor kept, and in
+  /// between interpolated with smooth = (original / wavelen - low) / (high - low):
+  /// inv_freq' = (1 - smooth) inv_freq / factor + smooth inv_freq (HF
+  /// _compute_llama3_parameters).
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;
+  /// llama3, yarn: the context length of pre-training.
+  int32_t original_max_positions = 0;
+  /// yarn: correction range [lo, hi], where dimension d(r) = head_dim ln(original / (2 pi r))
+  /// / (2 ln theta) makes r rotations over the original context: lo = d(beta_fast), hi =
+  /// d(beta_slow), floor/ceil'ed when `truncate`, clamped to [0, head_dim - 1] (hi += 0.001
+  /// when equal); ramp_j = clamp((j - lo) / (hi - lo), 0, 1) and
+  /// inv_freq'_j = inv_freq_j / factor * ramp_j + inv_freq_j * (1 - ramp_j)
+  /// (HF _compute_yarn_parameters; llama.cpp's ggml_rope_yarn_corr_dims with ext_factor 1).
+  double beta_fast = 32;
+  double beta_slow = 1;
+  bool truncate = true;
+  /// yarn: cos and sin are multiplied by this (so attention logits by its square): the
+  /// file's explicit value, else 0.1 ln(factor) + 1 (with HF mscale / mscale_all_dim, the
+  /// ratio of those terms).
+  double attention_factor = 1;
+  /// freq_factors: [head_dim/2] divisors, inv_freq'_j = inv_freq_j / freq_factors[j].
+  std::vector<float> freq_factors;
+};
+
+/// Hyper-parameters read from config.json or GGUF {arch}.* metadata: the source of truth
+/// for both runtimes.
 struct ModelConfig {
-  std::string architecture;   ///< "llama"
+  /// "llama", "mistral" or "qwen2" (HF model_type; GGUF general.architecture, where
+  /// Mistral models are "llama").
+  std::string architecture;
   int32_t layers = 0;
   int32_t hidden = 0;
   int32_t heads = 0;          ///< query heads
   int32_t kv_heads = 0;       ///< GQA: KV heads (divides heads)
-  int32_t head_dim = 0;       ///< hidden / heads
+  int32_t head_dim = 0;       ///< hidden / heads unless the model says otherwise
   int32_t ffn = 0;            ///< SwiGLU intermediate size
   int32_t vocab = 0;
   int32_t max_positions = 0;  ///< context length the model was trained for
@@ -48,8 +103,19 @@ struct ModelConfig {
   /// Linear RoPE scaling (HF rope_scaling {type: linear, factor}): positions are divided
   /// by this factor; 1 = none.
   float rope_linear_scale = 1.f;
+  /// Every other RoPE scaling (rope_scaling.type kLinear mirrors rope_linear_scale).
+  RopeScaling rope_scaling;
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;
+  /// Biases added after the q, k and v projections ([heads*head_dim], [kv_heads*head_dim]
+  /// x2): Qwen2 always, Llama with attention_bias.
+  bool qkv_bias = false;
+  /// Bias added after the output projection ([hidden]): Llama with attention_bias.
+  bool o_bias = false;
+  /// > 0: the model uses sliding-window attention over this many positions (query p sees
+  /// keys p - W < j <= p). PolyKV computes full causal attention, identical while the
+  /// sequence holds at most W positions, and refuses (kOutOfRange) any step past that.
+  int32_t sliding_window = 0;
   int32_t bos_id = -1;
   int32_t eos_id = -1;
 };
