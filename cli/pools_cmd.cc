@@ -237,6 +237,7 @@ json DaemonJson(const pc::DaemonInfo& d, const std::string& endpoint) {
               {"memory_used", d.memory_used},
               {"memory_cap", d.memory_cap},
               {"model_cache", {{"bytes", d.model_cache_bytes},
+                               {"mapped_bytes", d.model_cache_mapped_bytes},
                                {"models", d.model_cache_models},
                                {"capacity", d.model_cache_capacity}}},
               {"creates", {{"queued", d.creates_queued},
@@ -247,7 +248,11 @@ json DaemonJson(const pc::DaemonInfo& d, const std::string& endpoint) {
 std::string CacheLine(const pc::DaemonInfo& d) {
   return "model cache " + std::to_string(d.model_cache_models) + " of " +
          std::to_string(d.model_cache_capacity) + " model(s), " +
-         HumanBytes(d.model_cache_bytes) + "; creates " + std::to_string(d.creates_running) +
+         HumanBytes(d.model_cache_bytes) +
+         (d.model_cache_mapped_bytes > 0
+              ? " (" + HumanBytes(d.model_cache_mapped_bytes) + " mapped from the model files)"
+              : std::string()) +
+         "; creates " + std::to_string(d.creates_running) +
          " running, " + std::to_string(d.creates_queued) + " of " +
          std::to_string(d.create_queue_capacity) + " queued";
 }

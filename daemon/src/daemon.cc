@@ -595,6 +595,7 @@ void Daemon::Impl::DaemonFigures(ipc::Reply* r) {
   r->memory_cap = manager->memory_cap();
   const ModelCacheStats cache = manager->model_cache();
   r->model_cache_bytes = cache.bytes;
+  r->model_cache_mapped_bytes = cache.mapped_bytes;
   r->model_cache_models = cache.models;
   r->model_cache_capacity = cache.capacity;
   std::lock_guard<std::mutex> lock(creates->mu);

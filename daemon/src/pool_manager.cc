@@ -158,6 +158,16 @@ uint64_t ModelWeightBytes(const model::ModelConfig& c, torch::ScalarType dtype) 
   return params * static_cast<uint64_t>(c10::elementSize(dtype));
 }
 
+uint64_t ModelHeldBytes(const model::LlamaModel& model, uint64_t* mapped) {
+  if (model.weight_storage() == model::WeightStorage::kMapped) {
+    const uint64_t m = static_cast<uint64_t>(std::max<int64_t>(0, model.WeightBytesPerToken()));
+    *mapped = m;
+    return m;
+  }
+  *mapped = 0;
+  return ModelWeightBytes(model.config(), model.dtype());
+}
+
 StatusOr<CodecChoice> ParseCodecName(const std::string& name) {
   if (name == "none") return CodecChoice{ipc::PoolCodec::kNone, 0};
   if (name == "k8v2") return CodecChoice{ipc::PoolCodec::kK8V, 2};
@@ -411,10 +421,11 @@ StatusOr<std::shared_ptr<PoolManager::ModelEntry>> PoolManager::GetModel(
     return Status(m.status().code(), msg);
   }
   entry->model = *std::move(m);
-  entry->bytes = ModelWeightBytes(entry->model->config(), entry->model->dtype());
+  entry->bytes = ModelHeldBytes(*entry->model, &entry->mapped_bytes);
   entry->loaded = true;
-  spdlog::info("loaded model {} in {:.0f} ms ({} MiB of weights, fingerprint {})",
-               opened.key.canonical, MsSince(t0), entry->bytes >> 20,
+  spdlog::info("loaded model {} in {:.0f} ms ({} MiB of weights, {} MiB of them mapped from the "
+               "file; fingerprint {})",
+               opened.key.canonical, MsSince(t0), entry->bytes >> 20, entry->mapped_bytes >> 20,
                entry->model->fingerprint().substr(0, 16));
   progress("load", 1, 1);
   {
@@ -457,6 +468,7 @@ ModelCacheStats PoolManager::model_cache() const {
   for (const auto& [key, e] : models_) {
     if (!e->loaded) continue;
     s.bytes += e->bytes;
+    s.mapped_bytes += e->mapped_bytes;
     ++s.models;
   }
   return s;

@@ -93,7 +93,8 @@ struct CreateResult {
 
 /// The model cache as reported by PING / STATS / LIST.
 struct ModelCacheStats {
-  uint64_t bytes = 0;     ///< estimated weight bytes of the cached models
+  uint64_t bytes = 0;         ///< weight bytes the cached models hold (ModelHeldBytes)
+  uint64_t mapped_bytes = 0;  ///< of which mapped read-only from the model files
   uint32_t models = 0;
   uint32_t capacity = 0;  ///< PoolManagerOptions::model_cache_models
 };
@@ -101,6 +102,13 @@ struct ModelCacheStats {
 /// Estimated bytes of a model's weights in this runtime: every tensor of LlamaWeights
 /// (embeddings, fused q/k/v, o, gate/up, down, norms, untied lm_head) x dtype size.
 uint64_t ModelWeightBytes(const model::ModelConfig& config, torch::ScalarType dtype);
+
+/// Weight bytes a loaded model holds in memory. A model whose weights are used where they lie
+/// (WeightStorage::kMapped) holds its stored-format matrices and vectors mapped read-only from
+/// the file (LlamaModel::WeightBytesPerToken; page cache shared with every agent mapping the
+/// same file), all reported in `*mapped`; a libtorch copy (kCopy) holds ModelWeightBytes of
+/// private memory and *mapped = 0.
+uint64_t ModelHeldBytes(const model::LlamaModel& model, uint64_t* mapped);
 
 /// Result of Attach / Renew.
 struct LeaseGrant {
@@ -235,7 +243,8 @@ class PoolManager {
     std::mutex load_mu;  ///< held while loading
     bool loaded = false;
     std::unique_ptr<model::LlamaModel> model;
-    uint64_t bytes = 0;  ///< ModelWeightBytes
+    uint64_t bytes = 0;         ///< ModelHeldBytes
+    uint64_t mapped_bytes = 0;  ///< of which mapped from the model file
     // Forward passes are not reentrant: one create at a time holds the model (`running`).
     // A flag + condition variable rather than a timed mutex, so that waiting creates can be
     // cancelled (and ThreadSanitizer, which does not see pthread_mutex_clocklock, agrees).

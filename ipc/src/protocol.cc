@@ -433,6 +433,7 @@ std::string EncodeReply(const Reply& r) {
     j["memory_used"] = r.memory_used;
     j["memory_cap"] = r.memory_cap;
     j["model_cache_bytes"] = r.model_cache_bytes;
+    j["model_cache_mapped_bytes"] = r.model_cache_mapped_bytes;
     j["model_cache_models"] = r.model_cache_models;
     j["model_cache_capacity"] = r.model_cache_capacity;
     j["creates_queued"] = r.creates_queued;
@@ -492,6 +493,7 @@ StatusOr<Reply> DecodeReply(std::string_view frame) {
   POLYKV_RETURN_IF_ERROR(GetInt(j, "memory_used", &r.memory_used));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "memory_cap", &r.memory_cap));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "model_cache_bytes", &r.model_cache_bytes));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "model_cache_mapped_bytes", &r.model_cache_mapped_bytes));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "model_cache_models", &r.model_cache_models));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "model_cache_capacity", &r.model_cache_capacity));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "creates_queued", &r.creates_queued));

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -507,7 +508,10 @@ polykv_status polykv_daemon_get_status(polykv_client* client, polykv_daemon_stat
   if (client == nullptr || out == nullptr) {
     return Fail(POLYKV_INVALID_ARGUMENT, "polykv_daemon_get_status: client or out is NULL");
   }
-  if (out->struct_size < sizeof(polykv_daemon_status)) {
+  // Callers built against the header before model_cache_mapped_bytes pass a smaller struct:
+  // they get every field their struct has.
+  constexpr size_t kMinSize = offsetof(polykv_daemon_status, model_cache_mapped_bytes);
+  if (out->struct_size < kMinSize || out->struct_size > sizeof(polykv_daemon_status)) {
     return Fail(POLYKV_INVALID_ARGUMENT,
                 absl::StrCat("polykv_daemon_get_status: out->struct_size is ", out->struct_size,
                              ", expected sizeof(polykv_daemon_status) = ",
@@ -518,19 +522,22 @@ polykv_status polykv_daemon_get_status(polykv_client* client, polykv_daemon_stat
     req.type = ipc::MessageType::kPing;
     POLYKV_ASSIGN_OR_RETURN(ipc::Reply reply, client->Call(req));
     const uint32_t size = out->struct_size;
-    std::memset(out, 0, sizeof(*out));
-    out->struct_size = size;
-    CopyString(out->version, sizeof(out->version), reply.daemon_version);
-    CopyString(out->instance, sizeof(out->instance), reply.instance);
-    out->pid = reply.daemon_pid;
-    out->memory_used = reply.memory_used;
-    out->memory_cap = reply.memory_cap;
-    out->model_cache_bytes = reply.model_cache_bytes;
-    out->model_cache_models = reply.model_cache_models;
-    out->model_cache_capacity = reply.model_cache_capacity;
-    out->creates_queued = reply.creates_queued;
-    out->creates_running = reply.creates_running;
-    out->create_queue_capacity = reply.create_queue_capacity;
+    polykv_daemon_status full;
+    std::memset(&full, 0, sizeof(full));
+    full.struct_size = size;
+    CopyString(full.version, sizeof(full.version), reply.daemon_version);
+    CopyString(full.instance, sizeof(full.instance), reply.instance);
+    full.pid = reply.daemon_pid;
+    full.memory_used = reply.memory_used;
+    full.memory_cap = reply.memory_cap;
+    full.model_cache_bytes = reply.model_cache_bytes;
+    full.model_cache_models = reply.model_cache_models;
+    full.model_cache_capacity = reply.model_cache_capacity;
+    full.creates_queued = reply.creates_queued;
+    full.creates_running = reply.creates_running;
+    full.create_queue_capacity = reply.create_queue_capacity;
+    full.model_cache_mapped_bytes = reply.model_cache_mapped_bytes;
+    std::memcpy(out, &full, size);
     return Status();
   });
 }

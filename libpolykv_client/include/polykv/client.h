@@ -96,12 +96,15 @@ typedef struct polykv_daemon_status_t {
   uint32_t pid;                  /**< daemon process id */
   uint64_t memory_used;          /**< bytes of pool memory in use (active backend) */
   uint64_t memory_cap;           /**< configured pool memory cap (0 = none) */
-  uint64_t model_cache_bytes;    /**< estimated weight bytes of the models kept loaded */
+  uint64_t model_cache_bytes;    /**< weight bytes the models kept loaded hold */
   uint32_t model_cache_models;   /**< models kept loaded */
   uint32_t model_cache_capacity; /**< most models kept (LRU) */
   uint32_t creates_queued;       /**< creates waiting for a worker */
   uint32_t creates_running;      /**< creates being built */
   uint32_t create_queue_capacity;/**< more waiting creates are refused (RESOURCE_EXHAUSTED) */
+  uint64_t model_cache_mapped_bytes; /**< of model_cache_bytes, mapped read-only from the model
+                                          files (page cache shared with agents); filled when
+                                          struct_size covers it */
 } polykv_daemon_status;
 
 /** Options of polykv_create_pool. Initialise with polykv_create_options_init(). Exactly one

@@ -183,7 +183,8 @@ struct DaemonInfo {
   uint32_t pid = 0;
   uint64_t memory_used = 0, memory_cap = 0;  ///< bytes
   std::string instance;                      ///< 32 hex chars, new at every daemon start
-  uint64_t model_cache_bytes = 0;            ///< estimated weights of the models kept loaded
+  uint64_t model_cache_bytes = 0;            ///< weight bytes the models kept loaded hold
+  uint64_t model_cache_mapped_bytes = 0;     ///< of which mapped read-only from model files
   uint32_t model_cache_models = 0, model_cache_capacity = 0;
   uint32_t creates_queued = 0, creates_running = 0, create_queue_capacity = 0;
 };
@@ -249,6 +250,7 @@ class Client {
     info.memory_cap = d.memory_cap;
     info.instance = d.instance;
     info.model_cache_bytes = d.model_cache_bytes;
+    info.model_cache_mapped_bytes = d.model_cache_mapped_bytes;
     info.model_cache_models = d.model_cache_models;
     info.model_cache_capacity = d.model_cache_capacity;
     info.creates_queued = d.creates_queued;

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <thread>
 
+#include "pool_manager.h"
+#include "polykv/model/llama.h"
 #include "test_util.h"
 
 namespace polykv::daemon {
@@ -212,6 +214,17 @@ TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
   ASSERT_TRUE(s.ok() && s->ok);
   ASSERT_EQ(s->pools.size(), 2u);
   EXPECT_EQ(s->memory_used, s->pools[0].total_bytes + s->pools[1].total_bytes);
+  {
+    // The model cache counts what the loaded model holds: stories260K's weights are used where
+    // they lie in the file, so all of them are mapped bytes, in the file's own formats (f32
+    // here; for a Q4_1 file this is the file's blocks, not a dequantized size).
+    auto probe = model::LlamaModel::Load(testing::Stories260K());
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    ASSERT_EQ((*probe)->weight_storage(), model::WeightStorage::kMapped);
+    EXPECT_EQ(s->model_cache_models, 1u);
+    EXPECT_EQ(s->model_cache_mapped_bytes, static_cast<uint64_t>((*probe)->WeightBytesPerToken()));
+    EXPECT_EQ(s->model_cache_bytes, s->model_cache_mapped_bytes);
+  }
   EXPECT_EQ(MemfdObjects(prefix_).size(), 2u);
   EXPECT_TRUE(ShmObjects(prefix_).empty()) << "host pools are memfds, never named segments";
 

@@ -111,6 +111,7 @@ TEST_F(PoolManagerFaults, ModelCacheIsKeyedByFileIdentityBoundedAndCounted) {
   EXPECT_EQ(cache.capacity, 1u);
   testing::FakeModel probe("x");
   EXPECT_EQ(cache.bytes, ModelWeightBytes(probe.config(), torch::kFloat32));
+  EXPECT_EQ(cache.mapped_bytes, 0u) << "a libtorch copy holds private memory, nothing mapped";
   EXPECT_GT(cache.bytes, 0u);
   // Another file: the cache holds one model, so the first is dropped (LRU) ...
   const std::string other = WriteFile(dir_.path() + "/other.gguf", "another file");

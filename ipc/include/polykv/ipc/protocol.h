@@ -134,7 +134,8 @@ struct Reply {
   uint32_t daemon_pid = 0;
   uint64_t memory_used = 0, memory_cap = 0;  ///< bytes, for the active backend
   // PING / STATS / LIST: the daemon's model cache and create queue
-  uint64_t model_cache_bytes = 0;      ///< estimated bytes of the cached models' weights
+  uint64_t model_cache_bytes = 0;      ///< weight bytes the cached models hold
+  uint64_t model_cache_mapped_bytes = 0;  ///< of which mapped read-only from model files
   uint32_t model_cache_models = 0;     ///< models in the cache
   uint32_t model_cache_capacity = 0;   ///< most models kept (LRU)
   uint32_t creates_queued = 0, creates_running = 0, create_queue_capacity = 0;
