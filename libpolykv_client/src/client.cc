@@ -785,10 +785,11 @@ polykv_status polykv_decode_layer(const polykv_pool* pool, uint32_t layer, void*
   return Guarded("polykv_decode_layer", [&]() -> Status {
     const auto out_dtype = static_cast<polykv::kernels::DType>(dtype);
     if (pool->cuda) {
-      return polykv::client::DecodeDeviceLayerToHost(*pool->reader, pool->cuda->device(), layer,
-                                                     k_out, v_out, out_dtype);
+      POLYKV_RETURN_IF_ERROR(polykv::client::DecodeDeviceLayerToHost(
+          *pool->reader, pool->cuda->device(), layer, k_out, v_out, out_dtype));
+    } else {
+      POLYKV_RETURN_IF_ERROR(pool->reader->DecodeLayer(layer, k_out, v_out, out_dtype));
     }
-    POLYKV_RETURN_IF_ERROR(pool->reader->DecodeLayer(layer, k_out, v_out, out_dtype));
     // The lease may have been lost while decoding: never hand out possibly stale data.
     auto [after, why] = pool->LeaseState();
     if (after != POLYKV_OK) return Status(static_cast<absl::StatusCode>(after), why);
