@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +24,8 @@
 #include "commands.h"
 #include "polykv/client.hpp"
 #include "polykv/ipc/pool_file.h"
+#include "polykv/ipc/pool_layout.h"
+#include "polykv/model/llama.h"
 
 namespace polykv::cli {
 namespace {
@@ -121,6 +124,12 @@ json InfoJson(const pc::PoolInfo& p) {
       {"prefill_ms", p.prefill_ms},
       {"encode_ms", p.encode_ms},
       {"publish_ms", p.publish_ms},
+      {"fidelity",
+       {{"layers", p.fidelity_layers},
+        {"key_rel_mse_mean", p.key_rel_mse_mean},
+        {"key_rel_mse_max", p.key_rel_mse_max},
+        {"value_rel_mse_mean", p.value_rel_mse_mean},
+        {"value_rel_mse_max", p.value_rel_mse_max}}},
   };
 }
 
@@ -343,6 +352,15 @@ void PrintInfoHuman(const pc::PoolInfo& p) {
   std::snprintf(times, sizeof(times), "prefill %.1f ms, encode %.1f ms, publish %.1f ms",
                 p.prefill_ms, p.encode_ms, p.publish_ms);
   row("build time", times);
+  if (p.fidelity_layers > 0) {
+    char fid[160];
+    std::snprintf(fid, sizeof(fid), "keys %.3g (max %.3g), values %.3g (max %.3g) over %u layers",
+                  p.key_rel_mse_mean, p.key_rel_mse_max, p.value_rel_mse_mean,
+                  p.value_rel_mse_max, p.fidelity_layers);
+    row("rel. MSE at build", fid);
+  } else {
+    row("rel. MSE at build", "not recorded");
+  }
 }
 
 void RunShow(const CommonArgs& args, const std::string& id) {
@@ -426,6 +444,8 @@ void RunExport(const CommonArgs& args, const std::string& id, const std::string&
   info.id = p.id;
   info.model = p.model;
   info.model_fingerprint = p.model_fingerprint;
+  info.architecture = p.architecture;
+  info.tokenizer_family = p.tokenizer_family;
   info.codec = p.codec;
   info.backend = p.backend;
   info.tokens = p.tokens;
@@ -444,6 +464,11 @@ void RunExport(const CommonArgs& args, const std::string& id, const std::string&
   info.prefill_ms = p.prefill_ms;
   info.encode_ms = p.encode_ms;
   info.publish_ms = p.publish_ms;
+  info.fidelity_layers = p.fidelity_layers;
+  info.key_rel_mse_mean = p.key_rel_mse_mean;
+  info.key_rel_mse_max = p.key_rel_mse_max;
+  info.value_rel_mse_mean = p.value_rel_mse_mean;
+  info.value_rel_mse_max = p.value_rel_mse_max;
   polykv::Status w = ipc::WritePoolFile(file, info, base, std::min<uint64_t>(size, p.total_bytes));
   if (!w.ok()) {
     return ReportError(pc::Status(pc::StatusCode::kInternal, std::string(w.message())));
@@ -453,6 +478,138 @@ void RunExport(const CommonArgs& args, const std::string& id, const std::string&
   } else {
     std::cout << "exported " << *full << " to " << file << "\n";
   }
+}
+
+// `pools verify ID | --file FILE [--model M]`: the payload checksum, then the reconstruction
+// error recorded at build, measured again against a fresh prefill of the pool's own tokens
+// with the model (the pool's model path unless --model is given).
+struct VerifyArgs {
+  std::string file;
+  std::string model;
+  int threads = 0;
+  double tolerance = 0.02;
+};
+
+void VerifyRegion(const CommonArgs& args, const VerifyArgs& v, const std::string& what,
+                  const void* base, uint64_t size, const std::string& recorded_model) {
+  auto reader = ipc::PoolReader::Open(base, size, /*verify_payload=*/true);
+  if (!reader.ok()) {
+    return ReportError(pc::Status(pc::StatusCode::kDataLoss,
+                                  what + ": " + std::string(reader.status().message())));
+  }
+  const std::vector<ipc::LayerFidelity> recorded = reader->RecordedFidelity();
+  std::string model_path = v.model.empty() ? recorded_model : v.model;
+  const bool can_measure = !model_path.empty() && access(model_path.c_str(), R_OK) == 0;
+  std::vector<ipc::LayerFidelity> measured;
+  std::string problem;
+  if (can_measure && !recorded.empty()) {
+    model::LoadOptions load;
+    load.threads = v.threads;
+    auto m = model::LlamaModel::Load(model_path, load);
+    if (!m.ok()) {
+      return ReportError(pc::Status(pc::StatusCode::kFailedPrecondition,
+                                    "load " + model_path + ": " + std::string(m.status().message())));
+    }
+    if ((*m)->fingerprint() != reader->params().model_fingerprint) {
+      return ReportError(pc::Status(pc::StatusCode::kFailedPrecondition,
+                                    model_path + " is not the model " + what +
+                                        " was built with (fingerprints differ)"));
+    }
+    const std::vector<int32_t> ids = reader->TokenIds();
+    auto pre = (*m)->Prefill(ids, 512, nullptr);
+    if (!pre.ok()) {
+      return ReportError(pc::Status(pc::StatusCode::kInternal,
+                                    "prefill: " + std::string(pre.status().message())));
+    }
+    for (uint32_t l = 0; l < reader->params().layers; ++l) {
+      torch::Tensor k = pre->k[l].to(torch::kCPU).to(torch::kFloat32).contiguous();
+      torch::Tensor vv = pre->v[l].to(torch::kCPU).to(torch::kFloat32).contiguous();
+      auto f = reader->MeasureFidelity(l, k.data_ptr<float>(), vv.data_ptr<float>(),
+                                       kernels::DType::kF32);
+      if (!f.ok()) {
+        return ReportError(pc::Status(pc::StatusCode::kInternal, std::string(f.status().message())));
+      }
+      measured.push_back(*f);
+      const auto off = [&](double a, double b) { return std::fabs(a - b) > v.tolerance * b + 1e-7; };
+      if (problem.empty() && (off(f->key_rel_mse, recorded[l].key_rel_mse) ||
+                              off(f->value_rel_mse, recorded[l].value_rel_mse))) {
+        char buf[200];
+        std::snprintf(buf, sizeof(buf),
+                      "layer %u: recorded rel. MSE keys %.4g values %.4g, measured now %.4g / %.4g",
+                      l, recorded[l].key_rel_mse, recorded[l].value_rel_mse, f->key_rel_mse,
+                      f->value_rel_mse);
+        problem = buf;
+      }
+    }
+  }
+  if (args.json) {
+    json layers = json::array();
+    for (size_t l = 0; l < recorded.size(); ++l) {
+      json row = {{"layer", l},
+                  {"key_rel_mse", recorded[l].key_rel_mse},
+                  {"value_rel_mse", recorded[l].value_rel_mse}};
+      if (l < measured.size()) {
+        row["measured_key_rel_mse"] = measured[l].key_rel_mse;
+        row["measured_value_rel_mse"] = measured[l].value_rel_mse;
+      }
+      layers.push_back(row);
+    }
+    std::cout << json{{"pool", what},
+                      {"payload_checksum", "ok"},
+                      {"fidelity_recorded", !recorded.empty()},
+                      {"fidelity_checked", !measured.empty()},
+                      {"model", measured.empty() ? "" : model_path},
+                      {"ok", problem.empty()},
+                      {"layers", layers}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf("%s: payload checksum ok\n", what.c_str());
+    if (recorded.empty()) {
+      std::printf("reconstruction error: not recorded in this pool\n");
+    } else {
+      std::printf("%5s %16s %16s%s\n", "layer", "key rel. MSE", "value rel. MSE",
+                  measured.empty() ? "" : "   measured now (keys / values)");
+      for (size_t l = 0; l < recorded.size(); ++l) {
+        std::printf("%5zu %16.4g %16.4g", l, recorded[l].key_rel_mse, recorded[l].value_rel_mse);
+        if (l < measured.size())
+          std::printf("   %.4g / %.4g", measured[l].key_rel_mse, measured[l].value_rel_mse);
+        std::printf("\n");
+      }
+      if (measured.empty())
+        std::printf("recorded errors not re-measured: %s\n",
+                    model_path.empty() ? "pass --model" : ("cannot read " + model_path).c_str());
+      else if (problem.empty())
+        std::printf("recorded errors re-measured with %s: match (tolerance %.0f%%)\n",
+                    model_path.c_str(), 100 * v.tolerance);
+    }
+  }
+  if (!problem.empty()) ReportError(pc::Status(pc::StatusCode::kDataLoss, what + ": " + problem));
+}
+
+void RunVerify(const CommonArgs& args, const std::string& id, const VerifyArgs& v) {
+  if (!v.file.empty()) {
+    auto m = ipc::ReadPoolFileManifest(v.file);
+    if (!m.ok()) return ReportError(pc::Status(pc::StatusCode::kDataLoss, std::string(m.status().message())));
+    std::vector<uint8_t> region(m->pool_bytes);
+    polykv::Status s = ipc::ReadPoolFileInto(v.file, *m, region.data(), region.size());
+    if (!s.ok()) return ReportError(pc::Status(pc::StatusCode::kDataLoss, std::string(s.message())));
+    return VerifyRegion(args, v, v.file, region.data(), region.size(), m->info.model);
+  }
+  if (id.empty()) {
+    return ReportError(pc::Status(pc::StatusCode::kInvalidArgument, "give a pool ID or --file FILE"));
+  }
+  auto client = Connect(args);
+  if (!client.ok()) return ReportError(client.status());
+  auto full = ResolvePoolId(*client, id);
+  if (!full.ok()) return ReportError(full.status());
+  auto pool = client->Attach(*full);
+  if (!pool.ok()) return ReportError(pool.status());
+  const void* base = nullptr;
+  uint64_t size = 0;
+  pc::Status st = pc::Status::FromC(polykv_pool_mapping(pool->get(), &base, &size));
+  if (!st.ok()) return ReportError(st);
+  VerifyRegion(args, v, "pool " + *full, base, size, pool->info().model);
 }
 
 // `pools import FILE [--state-dir DIR]`: verifies the file completely, then places it in
@@ -545,6 +702,22 @@ void RegisterPoolsCommands(CLI::App& app) {
   evict->add_option("ID", pool_id, "pool id (64 hex chars, or a unique prefix)")->required();
   evict->add_flag("--force", force, "evict even while agents hold leases");
   evict->callback([] { RunEvict(pools_args, pool_id, force); });
+
+  static VerifyArgs verify_args;
+  CLI::App* ver = pools->add_subcommand(
+      "verify",
+      "Check a pool (ID) or a pool file (--file): payload checksum, then the reconstruction error "
+      "recorded at build, measured again against a fresh prefill of the pool's tokens");
+  ver->fallthrough();
+  ver->add_option("ID", pool_id, "pool id (64 hex chars, or a unique prefix)");
+  ver->add_option("--file", verify_args.file, "a pool file (`pools export`) instead of a pool");
+  ver->add_option("--model", verify_args.model,
+                  "model to re-measure with (default: the path the pool was created with)");
+  ver->add_option("--threads", verify_args.threads, "compute threads (0 = all cores)");
+  ver->add_option("--tolerance", verify_args.tolerance,
+                  "relative difference allowed between recorded and measured errors")
+      ->capture_default_str();
+  ver->callback([] { RunVerify(pools_args, pool_id, verify_args); });
 
   static std::string file, state_dir = "/var/lib/polykv";
   CLI::App* exp = pools->add_subcommand(

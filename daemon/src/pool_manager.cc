@@ -158,6 +158,29 @@ uint64_t ModelWeightBytes(const model::ModelConfig& c, torch::ScalarType dtype) 
   return params * static_cast<uint64_t>(c10::elementSize(dtype));
 }
 
+namespace {
+
+// Mean and largest per-layer relative MSE into `info` (the pool's header keeps every layer).
+void SetFidelity(const std::vector<float>& key, const std::vector<float>& value,
+                 ipc::PoolInfo* info) {
+  info->fidelity_layers = 0;
+  info->key_rel_mse_mean = info->key_rel_mse_max = 0;
+  info->value_rel_mse_mean = info->value_rel_mse_max = 0;
+  if (key.empty() || key.size() != value.size() || key.size() > ipc::kPoolFidelityLayers) return;
+  double ks = 0, vs = 0;
+  for (size_t l = 0; l < key.size(); ++l) {
+    ks += key[l];
+    vs += value[l];
+    info->key_rel_mse_max = std::max<double>(info->key_rel_mse_max, key[l]);
+    info->value_rel_mse_max = std::max<double>(info->value_rel_mse_max, value[l]);
+  }
+  info->fidelity_layers = static_cast<uint32_t>(key.size());
+  info->key_rel_mse_mean = ks / static_cast<double>(key.size());
+  info->value_rel_mse_mean = vs / static_cast<double>(key.size());
+}
+
+}  // namespace
+
 uint64_t ModelHeldBytes(const model::LlamaModel& model, uint64_t* mapped) {
   if (model.weight_storage() == model::WeightStorage::kMapped) {
     const uint64_t m = static_cast<uint64_t>(std::max<int64_t>(0, model.WeightBytesPerToken()));
@@ -798,6 +821,7 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
   info.value_codes = layout.value_codes;
   info.value_norms = layout.value_norms;
   info.overhead = layout.overhead;
+  SetFidelity(writer->key_rel_mse(), writer->value_rel_mse(), &info);
   info.bf16_bytes = ipc::Bf16CacheBytes(params);
   info.effective_ratio = static_cast<double>(info.bf16_bytes) / static_cast<double>(needed);
   info.created_unix_ms = UnixMs();
@@ -1143,6 +1167,18 @@ StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
     pool.memory.fd_socket = options_.fd_socket;
   }
   pool.info = m.info;
+  if (pool.info.fidelity_layers == 0 && pool.region.has_value()) {
+    // A manifest written before fidelity was recorded: the header may still hold it.
+    if (auto reader = ipc::PoolReader::Open(pool.region->data(), pool.region->size(), false);
+        reader.ok()) {
+      std::vector<float> k, v;
+      for (const ipc::LayerFidelity& f : reader->RecordedFidelity()) {
+        k.push_back(static_cast<float>(f.key_rel_mse));
+        v.push_back(static_cast<float>(f.value_rel_mse));
+      }
+      SetFidelity(k, v, &pool.info);
+    }
+  }
   pool.info.backend = pool.memory.backend;
   pool.info.leases = 0;
   CreateResult result;

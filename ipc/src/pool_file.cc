@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "polykv/ipc/pool_layout.h"
+#include "protocol_json.h"
 
 namespace polykv::ipc {
 namespace {
@@ -62,30 +63,12 @@ uint64_t PreludeChecksum(const uint8_t* prelude, const std::string& manifest) {
 }
 
 json ManifestJson(const PoolInfo& p, uint32_t pool_format_version, uint64_t checksum) {
-  return json{{"file_version", kPoolFileVersion},
-              {"pool_format_version", pool_format_version},
-              {"checksum", "xxh64:" + Hex16(checksum)},
-              {"id", p.id},
-              {"model", p.model},
-              {"model_fingerprint", p.model_fingerprint},
-              {"codec", p.codec},
-              {"backend", p.backend},
-              {"tokens", p.tokens},
-              {"layers", p.layers},
-              {"kv_heads", p.kv_heads},
-              {"head_dim", p.head_dim},
-              {"total_bytes", p.total_bytes},
-              {"key_codes", p.key_codes},
-              {"key_scales", p.key_scales},
-              {"value_codes", p.value_codes},
-              {"value_norms", p.value_norms},
-              {"overhead", p.overhead},
-              {"bf16_bytes", p.bf16_bytes},
-              {"effective_ratio", p.effective_ratio},
-              {"created_unix_ms", p.created_unix_ms},
-              {"prefill_ms", p.prefill_ms},
-              {"encode_ms", p.encode_ms},
-              {"publish_ms", p.publish_ms}};
+  json j = internal::PoolInfoJson(p);  // the protocol's field names, one list
+  j.erase("leases");                   // a live figure, not a property of the file
+  j["file_version"] = kPoolFileVersion;
+  j["pool_format_version"] = pool_format_version;
+  j["checksum"] = "xxh64:" + Hex16(checksum);
+  return j;
 }
 
 // Writes all of `data` at the file offset `off`.
@@ -227,28 +210,16 @@ StatusOr<PoolFileManifest> ReadPoolFileManifest(const std::string& path) {
   try {
     json j = json::parse(manifest);
     m.pool_format_version = j.at("pool_format_version").get<uint32_t>();
-    PoolInfo& p = m.info;
-    p.id = j.at("id").get<std::string>();
-    p.model = j.at("model").get<std::string>();
-    p.model_fingerprint = j.at("model_fingerprint").get<std::string>();
-    p.codec = j.at("codec").get<std::string>();
-    p.backend = j.at("backend").get<std::string>();
-    p.tokens = j.at("tokens").get<uint64_t>();
-    p.layers = j.at("layers").get<uint32_t>();
-    p.kv_heads = j.at("kv_heads").get<uint32_t>();
-    p.head_dim = j.at("head_dim").get<uint32_t>();
-    p.total_bytes = j.at("total_bytes").get<uint64_t>();
-    p.key_codes = j.at("key_codes").get<uint64_t>();
-    p.key_scales = j.at("key_scales").get<uint64_t>();
-    p.value_codes = j.at("value_codes").get<uint64_t>();
-    p.value_norms = j.at("value_norms").get<uint64_t>();
-    p.overhead = j.at("overhead").get<uint64_t>();
-    p.bf16_bytes = j.at("bf16_bytes").get<uint64_t>();
-    p.effective_ratio = j.at("effective_ratio").get<double>();
-    p.created_unix_ms = j.at("created_unix_ms").get<int64_t>();
-    p.prefill_ms = j.at("prefill_ms").get<double>();
-    p.encode_ms = j.at("encode_ms").get<double>();
-    p.publish_ms = j.at("publish_ms").get<double>();
+    for (const char* field : {"id", "model_fingerprint", "codec", "tokens", "layers",
+                              "total_bytes", "checksum"}) {
+      if (!j.contains(field))
+        return absl::DataLossError(absl::StrCat(path, ": bad manifest: no \"", field, "\""));
+    }
+    auto info = internal::PoolInfoFromJsonObject(j, "manifest");
+    if (!info.ok()) {
+      return absl::DataLossError(absl::StrCat(path, ": bad manifest: ", info.status().message()));
+    }
+    m.info = *std::move(info);
     if (j.at("checksum").get<std::string>() != "xxh64:" + Hex16(m.pool_checksum)) {
       return absl::DataLossError(absl::StrCat(path, ": manifest and prelude checksums differ"));
     }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -166,6 +167,61 @@ Status CheckLayerArgs(uint32_t layer, uint32_t layers) {
   return absl::OkStatus();
 }
 
+// Decodes the layer at `lo` of a region (host or device) into K and V of `out_dtype`.
+Status DecodeLayerAt(const uint8_t* base, const PoolParams& params, const LayerOffsets& lo,
+                     void* k_out, void* v_out, DType out_dtype, kernels::Device device,
+                     kernels::Stream stream) {
+  const kernels::LayerShape shape = ShapeOf(params);
+  if (params.codec == PoolCodec::kNone) {
+    POLYKV_RETURN_IF_ERROR(CopyConvert(k_out, out_dtype, base + lo.k, params.raw_dtype,
+                                       shape.elements(), device, stream));
+    return CopyConvert(v_out, out_dtype, base + lo.v, params.raw_dtype, shape.elements(), device,
+                       stream);
+  }
+  const auto& c = params.codec_config;
+  POLYKV_RETURN_IF_ERROR(kernels::DequantizeKeys(
+      reinterpret_cast<const int8_t*>(base + lo.k),
+      reinterpret_cast<const float*>(base + lo.k_scales), shape, c.key_scale, k_out, out_dtype,
+      device, stream));
+  return kernels::DecodeValues(base + lo.v, reinterpret_cast<const float*>(base + lo.v_norms),
+                               shape, c, v_out, out_dtype, device, stream);
+}
+
+// sum((dec - ref)^2) / sum(ref^2), in double; when ref is all zero: 0 if dec is too, else 1.
+double RelativeMse(const float* ref, const float* dec, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double r = ref[i], d = static_cast<double>(dec[i]) - r;
+    num += d * d;
+    den += r * r;
+  }
+  if (den > 0) return num / den;
+  return num > 0 ? 1.0 : 0.0;
+}
+
+// Decodes the host layer at `lo` and measures it against K and V of `dtype` (host memory).
+Status MeasureLayerAt(const uint8_t* base, const PoolParams& params, const LayerOffsets& lo,
+                      const void* k, const void* v, DType dtype, LayerFidelity* out) {
+  const int64_t n = ShapeOf(params).elements();
+  std::vector<float> kd(static_cast<size_t>(n)), vd(static_cast<size_t>(n));
+  POLYKV_RETURN_IF_ERROR(DecodeLayerAt(base, params, lo, kd.data(), vd.data(), DType::kF32,
+                                       kernels::Device::kCpu, nullptr));
+  std::vector<float> kr, vr;
+  const float* kf = static_cast<const float*>(k);
+  const float* vf = static_cast<const float*>(v);
+  if (dtype != DType::kF32) {
+    kr.resize(static_cast<size_t>(n));
+    vr.resize(static_cast<size_t>(n));
+    POLYKV_RETURN_IF_ERROR(CopyConvert(kr.data(), DType::kF32, k, dtype, n, kernels::Device::kCpu, nullptr));
+    POLYKV_RETURN_IF_ERROR(CopyConvert(vr.data(), DType::kF32, v, dtype, n, kernels::Device::kCpu, nullptr));
+    kf = kr.data();
+    vf = vr.data();
+  }
+  out->key_rel_mse = RelativeMse(kf, kd.data(), n);
+  out->value_rel_mse = RelativeMse(vf, vd.data(), n);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 StatusOr<PoolLayout> ComputePoolLayout(const PoolParams& p) {
@@ -301,6 +357,10 @@ StatusOr<PoolWriter> PoolWriter::Create(void* base, uint64_t size, const PoolPar
   w.params_ = params;
   w.layout_ = std::move(layout);
   w.written_.assign(params.layers, false);
+  if (device == kernels::Device::kCpu) {
+    w.key_rel_mse_.assign(params.layers, 0.0f);
+    w.value_rel_mse_.assign(params.layers, 0.0f);
+  }
   w.pool_id_.assign(pool_id.begin(), pool_id.end());
   w.device_ = device;
   // An all-zero header (no magic) until Finalize: a half-written pool never reads as valid.
@@ -332,6 +392,13 @@ Status PoolWriter::WriteLayer(uint32_t layer, const void* k, const void* v,
     POLYKV_RETURN_IF_ERROR(kernels::EncodeValues(v, dtype, shape, c, base + lo.v,
                                                  reinterpret_cast<float*>(base + lo.v_norms),
                                                  device_));
+  }
+  if (device_ == kernels::Device::kCpu) {
+    // What the codec lost on this layer, measured on the bytes just written.
+    LayerFidelity f;
+    POLYKV_RETURN_IF_ERROR(MeasureLayerAt(base, params_, lo, k, v, dtype, &f));
+    key_rel_mse_[layer] = static_cast<float>(f.key_rel_mse);
+    value_rel_mse_[layer] = static_cast<float>(f.value_rel_mse);
   }
   written_[layer] = true;
   return absl::OkStatus();
@@ -368,6 +435,13 @@ Status PoolWriter::Finalize() {
   h.key_scale_mode = static_cast<uint32_t>(params_.codec_config.key_scale);
   h.rotation_seed = params_.codec_config.rotation_seed;
   h.norm_correction = params_.codec_config.norm_correction ? 1 : 0;
+  if (!key_rel_mse_.empty() && params_.layers <= kPoolFidelityLayers) {
+    h.fidelity_layers = params_.layers;
+    for (uint32_t l = 0; l < params_.layers; ++l) {
+      h.key_rel_mse[l] = key_rel_mse_[l];
+      h.value_rel_mse[l] = value_rel_mse_[l];
+    }
+  }
   const uint8_t* base = static_cast<const uint8_t*>(base_);
   POLYKV_ASSIGN_OR_RETURN(h.payload_checksum,
                           ChecksumRange(base + kPoolHeaderBytes,
@@ -460,21 +534,31 @@ Status PoolReader::DecodeLayer(uint32_t layer, void* k_out, void* v_out,
   if (k_out == nullptr || v_out == nullptr) {
     return absl::InvalidArgumentError("K or V output is null");
   }
-  const LayerOffsets& lo = layout_.layer[layer];
-  const kernels::LayerShape shape = ShapeOf(params_);
-  if (params_.codec == PoolCodec::kNone) {
-    POLYKV_RETURN_IF_ERROR(CopyConvert(k_out, out_dtype, base_ + lo.k, params_.raw_dtype,
-                                       shape.elements(), device_, stream));
-    return CopyConvert(v_out, out_dtype, base_ + lo.v, params_.raw_dtype, shape.elements(),
-                       device_, stream);
+  return DecodeLayerAt(base_, params_, layout_.layer[layer], k_out, v_out, out_dtype, device_,
+                       stream);
+}
+
+std::vector<LayerFidelity> PoolReader::RecordedFidelity() const {
+  std::vector<LayerFidelity> out;
+  const uint32_t n = header_.fidelity_layers;
+  if (n == 0 || n != params_.layers || n > kPoolFidelityLayers) return out;
+  out.resize(n);
+  for (uint32_t l = 0; l < n; ++l) {
+    out[l].key_rel_mse = header_.key_rel_mse[l];
+    out[l].value_rel_mse = header_.value_rel_mse[l];
   }
-  const auto& c = params_.codec_config;
-  POLYKV_RETURN_IF_ERROR(kernels::DequantizeKeys(
-      reinterpret_cast<const int8_t*>(base_ + lo.k),
-      reinterpret_cast<const float*>(base_ + lo.k_scales), shape, c.key_scale, k_out,
-      out_dtype, device_, stream));
-  return kernels::DecodeValues(base_ + lo.v, reinterpret_cast<const float*>(base_ + lo.v_norms),
-                               shape, c, v_out, out_dtype, device_, stream);
+  return out;
+}
+
+StatusOr<LayerFidelity> PoolReader::MeasureFidelity(uint32_t layer, const void* k, const void* v,
+                                                    kernels::DType dtype) const {
+  POLYKV_RETURN_IF_ERROR(CheckLayerArgs(layer, params_.layers));
+  if (k == nullptr || v == nullptr) return absl::InvalidArgumentError("reference K or V is null");
+  if (device_ != kernels::Device::kCpu)
+    return absl::FailedPreconditionError("measuring fidelity needs a host pool");
+  LayerFidelity f;
+  POLYKV_RETURN_IF_ERROR(MeasureLayerAt(base_, params_, layout_.layer[layer], k, v, dtype, &f));
+  return f;
 }
 
 Status PoolReader::VerifyPayload() const {

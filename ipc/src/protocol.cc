@@ -10,6 +10,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "protocol_json.h"
 
 namespace polykv::ipc {
 namespace {
@@ -134,7 +135,12 @@ json PoolInfoToJson(const PoolInfo& p) {
               {"created_unix_ms", p.created_unix_ms},
               {"prefill_ms", p.prefill_ms},
               {"encode_ms", p.encode_ms},
-              {"publish_ms", p.publish_ms}};
+              {"publish_ms", p.publish_ms},
+              {"fidelity_layers", p.fidelity_layers},
+              {"key_rel_mse_mean", p.key_rel_mse_mean},
+              {"key_rel_mse_max", p.key_rel_mse_max},
+              {"value_rel_mse_mean", p.value_rel_mse_mean},
+              {"value_rel_mse_max", p.value_rel_mse_max}};
 }
 
 StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
@@ -166,6 +172,11 @@ StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
   POLYKV_RETURN_IF_ERROR(Get(j, "prefill_ms", &p.prefill_ms));
   POLYKV_RETURN_IF_ERROR(Get(j, "encode_ms", &p.encode_ms));
   POLYKV_RETURN_IF_ERROR(Get(j, "publish_ms", &p.publish_ms));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "fidelity_layers", &p.fidelity_layers));
+  POLYKV_RETURN_IF_ERROR(Get(j, "key_rel_mse_mean", &p.key_rel_mse_mean));
+  POLYKV_RETURN_IF_ERROR(Get(j, "key_rel_mse_max", &p.key_rel_mse_max));
+  POLYKV_RETURN_IF_ERROR(Get(j, "value_rel_mse_mean", &p.value_rel_mse_mean));
+  POLYKV_RETURN_IF_ERROR(Get(j, "value_rel_mse_max", &p.value_rel_mse_max));
   return p;
 }
 
@@ -633,4 +644,13 @@ std::string DefaultEndpoint() {
   return absl::StrCat("ipc:///tmp/polykv-", getuid(), "/control.sock");
 }
 
+namespace internal {
+
+nlohmann::json PoolInfoJson(const PoolInfo& p) { return PoolInfoToJson(p); }
+
+StatusOr<PoolInfo> PoolInfoFromJsonObject(const nlohmann::json& j, const std::string& where) {
+  return PoolInfoFromJson(j, where);
+}
+
+}  // namespace internal
 }  // namespace polykv::ipc

@@ -114,6 +114,11 @@ void ToCInfo(const ipc::PoolInfo& p, polykv_pool_info* out) {
   out->prefill_ms = p.prefill_ms;
   out->encode_ms = p.encode_ms;
   out->publish_ms = p.publish_ms;
+  out->fidelity_layers = p.fidelity_layers;
+  out->key_rel_mse_mean = p.key_rel_mse_mean;
+  out->key_rel_mse_max = p.key_rel_mse_max;
+  out->value_rel_mse_mean = p.value_rel_mse_mean;
+  out->value_rel_mse_max = p.value_rel_mse_max;
 }
 
 std::string Hex(const uint8_t* bytes, size_t n) {
@@ -793,6 +798,23 @@ polykv_status polykv_decode_layer(const polykv_pool* pool, uint32_t layer, void*
     // The lease may have been lost while decoding: never hand out possibly stale data.
     auto [after, why] = pool->LeaseState();
     if (after != POLYKV_OK) return Status(static_cast<absl::StatusCode>(after), why);
+    return Status();
+  });
+}
+
+polykv_status polykv_pool_fidelity(const polykv_pool* pool, float* key_rel_mse,
+                                   float* value_rel_mse, size_t capacity, size_t* layers) {
+  if (pool == nullptr || layers == nullptr)
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_fidelity: pool or layers is NULL");
+  if (capacity > 0 && (key_rel_mse == nullptr || value_rel_mse == nullptr))
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_fidelity: output arrays are NULL");
+  return Guarded("polykv_pool_fidelity", [&]() -> Status {
+    const std::vector<ipc::LayerFidelity> f = pool->reader->RecordedFidelity();
+    *layers = f.size();
+    for (size_t l = 0; l < f.size() && l < capacity; ++l) {
+      key_rel_mse[l] = static_cast<float>(f[l].key_rel_mse);
+      value_rel_mse[l] = static_cast<float>(f[l].value_rel_mse);
+    }
     return Status();
   });
 }

@@ -77,6 +77,12 @@ typedef struct polykv_pool_info_t {
   double prefill_ms, encode_ms, publish_ms; /**< daemon-side build times (ms) */
   char architecture[32];      /**< model architecture the pool was built with ("llama", "qwen2", ...) */
   char tokenizer_family[48];  /**< "bpe/llama3", "bpe/qwen2", "spm", ... ("none" without one) */
+  /* Reconstruction error the daemon recorded in the pool's header at build: per-layer
+   * relative MSE sum((x' - x)^2) / sum(x^2) of decoded keys / values; the per-layer values
+   * come from polykv_pool_fidelity on an attached pool. fidelity_layers = 0: not recorded. */
+  uint32_t fidelity_layers;
+  double key_rel_mse_mean, key_rel_mse_max;
+  double value_rel_mse_mean, value_rel_mse_max;
 } polykv_pool_info;
 
 /** PING reply: the daemon's identity and memory use. */
@@ -186,6 +192,13 @@ POLYKV_CLIENT_API polykv_status polykv_decode_layer(const polykv_pool* pool, uin
                                   void* v_out, polykv_dtype dtype);
 /** Recomputes the payload checksum of the mapped pool (POLYKV_DATA_LOSS on mismatch). */
 POLYKV_CLIENT_API polykv_status polykv_pool_verify(const polykv_pool* pool);
+/** The per-layer reconstruction error recorded in the pool's header at build (relative MSE
+ *  of decoded keys and values, see polykv_pool_info): writes min(capacity, layers) values to
+ *  each of key_rel_mse / value_rel_mse (either may be NULL when capacity is 0) and the
+ *  recorded layer count to *layers (0: not recorded). */
+POLYKV_CLIENT_API polykv_status polykv_pool_fidelity(const polykv_pool* pool, float* key_rel_mse,
+                                                     float* value_rel_mse, size_t capacity,
+                                                     size_t* layers);
 /** Status of the pool's lease as last seen by the renewal thread (POLYKV_OK while valid). */
 POLYKV_CLIENT_API polykv_status polykv_pool_lease_status(const polykv_pool* pool);
 

@@ -143,6 +143,9 @@ struct PoolInfo {
            value_norms_bytes = 0, overhead_bytes = 0;
   int64_t created_unix_ms = 0;
   double prefill_ms = 0, encode_ms = 0, publish_ms = 0;
+  /// Reconstruction error recorded at build (see polykv_pool_info); 0 layers: not recorded.
+  uint32_t fidelity_layers = 0;
+  double key_rel_mse_mean = 0, key_rel_mse_max = 0, value_rel_mse_mean = 0, value_rel_mse_max = 0;
 
   /// Converts from the C struct.
   static PoolInfo FromC(const polykv_pool_info& c) {
@@ -171,6 +174,11 @@ struct PoolInfo {
     p.prefill_ms = c.prefill_ms;
     p.encode_ms = c.encode_ms;
     p.publish_ms = c.publish_ms;
+    p.fidelity_layers = c.fidelity_layers;
+    p.key_rel_mse_mean = c.key_rel_mse_mean;
+    p.key_rel_mse_max = c.key_rel_mse_max;
+    p.value_rel_mse_mean = c.value_rel_mse_mean;
+    p.value_rel_mse_max = c.value_rel_mse_max;
     return p;
   }
   /// Elements of one of K or V of a layer: kv_heads * tokens * head_dim.

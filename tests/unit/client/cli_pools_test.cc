@@ -2,6 +2,10 @@
 // --json and parsing stdout; errors print "error: <STATUS_NAME>: message" with exit code 1.
 #include <sys/stat.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,6 +106,65 @@ TEST_F(CliPoolsTest, CreateListShowEvictRoundTrip) {
   CommandResult again = Cli({"pools", "show", id});
   EXPECT_EQ(again.status, 1);
   EXPECT_EQ(again.err.rfind("error: NOT_FOUND: unknown pool " + id, 0), 0u) << again.err;
+}
+
+// The reconstruction error recorded at build: shown by `pools show`, re-measured by
+// `pools verify` against a fresh prefill, and a flipped byte in a pool file is DATA_LOSS.
+TEST_F(CliPoolsTest, FidelityIsRecordedShownAndVerified) {
+  const std::string ids =
+      "1,461,461,401,401,401,461,378,455,473,456,300,301,302,303,304,305,306,307,308,309,310";
+  json created = CliJson({"pools", "create", "--model", testing::Stories260K(), "--token-ids",
+                          ids, "--codec", "k8v3"});
+  const std::string id = created.value("id", "");
+  ASSERT_EQ(id.size(), 64u) << created.dump();
+  daemon_->Track(id);
+  json show = CliJson({"pools", "show", id});
+  const json& f = show["fidelity"];
+  EXPECT_EQ(f["layers"], show["layers"]) << show.dump();
+  const double km = f["key_rel_mse_mean"].get<double>(), vm = f["value_rel_mse_mean"].get<double>();
+  EXPECT_GT(km, 0.0);
+  EXPECT_LT(km, 0.05) << "int8 keys lose little";
+  EXPECT_GT(vm, km) << "3-bit values lose more than int8 keys";
+  EXPECT_LT(vm, 0.3);
+  EXPECT_GE(f["key_rel_mse_max"].get<double>(), km);
+  EXPECT_GE(f["value_rel_mse_max"].get<double>(), vm);
+  CommandResult human = Cli({"pools", "show", id});
+  EXPECT_NE(human.out.find("rel. MSE at build  keys "), std::string::npos) << human.out;
+
+  // Re-measured with the model: the same errors.
+  json verified = CliJson({"pools", "verify", id, "--model", testing::Stories260K()});
+  EXPECT_EQ(verified["ok"], true) << verified.dump();
+  EXPECT_EQ(verified["fidelity_checked"], true);
+  ASSERT_EQ(verified["layers"].size(), show["layers"].get<size_t>());
+  for (const json& row : verified["layers"]) {
+    EXPECT_NEAR(row["measured_value_rel_mse"].get<double>(), row["value_rel_mse"].get<double>(),
+                0.02 * row["value_rel_mse"].get<double>() + 1e-7);
+  }
+
+  // A pool file copy: verified as it is, refused with one byte flipped in the payload.
+  char tmpl[] = "/tmp/polykv-verify-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, file = dir + "/pool.pkv";
+  CommandResult exported = Cli({"pools", "export", id, file});
+  ASSERT_EQ(exported.status, 0) << exported.err;
+  json file_ok = CliJson({"pools", "verify", "--file", file, "--model", testing::Stories260K()});
+  EXPECT_EQ(file_ok["ok"], true) << file_ok.dump();
+  {
+    std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(0, std::ios::end);
+    const std::streamoff size = io.tellg();
+    io.seekg(size - 100);
+    char c = 0;
+    io.read(&c, 1);
+    c = static_cast<char>(c ^ 0x01);
+    io.seekp(size - 100);
+    io.write(&c, 1);
+  }
+  CommandResult flipped = Cli({"pools", "verify", "--file", file});
+  EXPECT_EQ(flipped.status, 1) << flipped.out;
+  EXPECT_EQ(flipped.err.rfind("error: DATA_LOSS: ", 0), 0u) << flipped.err;
+  std::remove(file.c_str());
+  rmdir(dir.c_str());
 }
 
 TEST_F(CliPoolsTest, BadInputGivesClearErrors) {

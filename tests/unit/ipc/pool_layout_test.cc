@@ -269,5 +269,80 @@ TEST(PoolLayoutTest, WriterRejectsBadUse) {
   EXPECT_FALSE(w->WriteLayer(1, k.data(), k.data(), DType::kF32).ok());
 }
 
+
+// sum((dec - ref)^2) / sum(ref^2) in double, as the header should record it.
+double RelMse(const std::vector<float>& ref, const std::vector<float>& dec) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(dec[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return num / den;
+}
+
+TEST(PoolLayoutTest, HeaderRecordsPerLayerReconstructionError) {
+  for (PoolCodec codec : {PoolCodec::kK8V, PoolCodec::kNone}) {
+    PoolParams p = SmallParams(codec);
+    auto layout = ComputePoolLayout(p).value();
+    std::vector<uint8_t> region(layout.total_bytes);
+    auto w = PoolWriter::Create(region.data(), region.size(), p, std::vector<uint8_t>(32, 7),
+                                Ids(p.tokens));
+    ASSERT_TRUE(w.ok()) << w.status();
+    std::vector<std::vector<float>> ks, vs;
+    for (uint32_t l = 0; l < p.layers; ++l) {
+      ks.push_back(RandomKv(p, 2 * l));
+      vs.push_back(RandomKv(p, 2 * l + 1));
+      ASSERT_TRUE(w->WriteLayer(l, ks[l].data(), vs[l].data(), DType::kF32).ok());
+    }
+    ASSERT_TRUE(w->Finalize().ok());
+    auto r = PoolReader::Open(region.data(), region.size(), true);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->header().fidelity_layers, p.layers);
+    const std::vector<LayerFidelity> rec = r->RecordedFidelity();
+    ASSERT_EQ(rec.size(), p.layers);
+    const size_t n = ks[0].size();
+    for (uint32_t l = 0; l < p.layers; ++l) {
+      std::vector<float> kd(n), vd(n);
+      ASSERT_TRUE(r->DecodeLayer(l, kd.data(), vd.data(), DType::kF32).ok());
+      const double ek = RelMse(ks[l], kd), ev = RelMse(vs[l], vd);
+      if (codec == PoolCodec::kNone) {
+        EXPECT_EQ(rec[l].key_rel_mse, 0.0);  // f32 stored as it is
+        EXPECT_EQ(rec[l].value_rel_mse, 0.0);
+        continue;
+      }
+      // Recorded as f32: within its rounding of the double computed here.
+      EXPECT_NEAR(rec[l].key_rel_mse, ek, 1e-6 * ek) << "layer " << l;
+      EXPECT_NEAR(rec[l].value_rel_mse, ev, 1e-6 * ev) << "layer " << l;
+      // int8 keys of N(0, 1.5^2) values per tensor scale: about 1e-4; 3-bit values: ~3.4e-2.
+      EXPECT_GT(ek, 1e-6);
+      EXPECT_LT(ek, 1e-2);
+      EXPECT_GT(ev, 1e-2);
+      EXPECT_LT(ev, 1e-1);
+      auto again = r->MeasureFidelity(l, ks[l].data(), vs[l].data(), DType::kF32);
+      ASSERT_TRUE(again.ok()) << again.status();
+      EXPECT_DOUBLE_EQ(again->key_rel_mse, ek);
+      EXPECT_DOUBLE_EQ(again->value_rel_mse, ev);
+    }
+    // The recorded errors are under the header checksum: changing one is DATA_LOSS.
+    auto* h = reinterpret_cast<PoolHeader*>(region.data());
+    h->value_rel_mse[0] *= 0.5f;
+    auto bad = PoolReader::Open(region.data(), region.size(), false);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  }
+}
+
+TEST(PoolLayoutTest, MeasureFidelityRejectsBadArguments) {
+  PoolParams p = SmallParams(PoolCodec::kK8V);
+  auto region = BuildPool(p);
+  auto r = PoolReader::Open(region.data(), region.size(), true);
+  ASSERT_TRUE(r.ok());
+  auto k = RandomKv(p, 0);
+  EXPECT_EQ(r->MeasureFidelity(p.layers, k.data(), k.data(), DType::kF32).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(r->MeasureFidelity(0, nullptr, k.data(), DType::kF32).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace polykv::ipc

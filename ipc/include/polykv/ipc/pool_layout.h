@@ -41,6 +41,8 @@ inline constexpr char kPoolMagic[8] = {'P', 'K', 'V', 'P', 'O', 'O', 'L', '1'};
 inline constexpr uint32_t kPoolFormatVersion = 1;
 inline constexpr uint32_t kPoolHeaderBytes = 4096;
 inline constexpr uint64_t kPoolSectionAlign = 256;
+/// Most layers whose reconstruction error the header records (PoolHeader::fidelity_layers).
+inline constexpr uint32_t kPoolFidelityLayers = 256;
 
 /// How K and V are stored.
 enum class PoolCodec : uint32_t {
@@ -78,8 +80,17 @@ struct PoolHeader {
   /// Tokenizer family ("bpe/llama3", "bpe/qwen2", "spm", "none" without a tokenizer),
   /// NUL-terminated; empty in older pools.
   char tokenizer_family[48];
+  /// Reconstruction error measured when the pool was written (PoolWriter, host writes): per
+  /// layer, the relative MSE sum((x' - x)^2) / sum(x^2) of the decoded keys (values) x' against
+  /// the K (V) given to WriteLayer, over the whole layer. 0 layers: not recorded (pools
+  /// written on a device, with more than kPoolFidelityLayers layers, or before it was
+  /// recorded: these bytes were reserved and zero). Covered by header_checksum.
+  uint32_t fidelity_layers;
+  uint32_t reserved1;
+  float key_rel_mse[kPoolFidelityLayers];
+  float value_rel_mse[kPoolFidelityLayers];
   uint8_t reserved[4096 - 8 - 4 - 4 - 8 - 32 - 72 - 72 - 4 * 4 - 8 - 4 * 4 - 8 - 4 - 4 - 8 - 8 -
-                   32 - 48];
+                   32 - 48 - 4 - 4 - 2 * 4 * kPoolFidelityLayers];
 };
 static_assert(sizeof(PoolHeader) == kPoolHeaderBytes, "PoolHeader must be 4096 bytes");
 
@@ -140,6 +151,10 @@ class PoolWriter {
   /// was not written.
   [[nodiscard]] Status Finalize();
   const PoolLayout& layout() const { return layout_; }
+  /// Per-layer reconstruction error of the layers written so far (host writes; empty on a
+  /// device): what Finalize records in the header.
+  const std::vector<float>& key_rel_mse() const { return key_rel_mse_; }
+  const std::vector<float>& value_rel_mse() const { return value_rel_mse_; }
 
  private:
   PoolWriter() = default;
@@ -150,6 +165,14 @@ class PoolWriter {
   std::vector<bool> written_;
   std::vector<uint8_t> pool_id_;
   kernels::Device device_ = kernels::Device::kCpu;
+  std::vector<float> key_rel_mse_, value_rel_mse_;  ///< [layers] (host writes)
+};
+
+/// Relative reconstruction error of one layer: sum((x' - x)^2) / sum(x^2) of the keys and of
+/// the values (when sum(x^2) = 0: 0 if the decoded values are 0 too, else 1).
+struct LayerFidelity {
+  double key_rel_mse = 0;
+  double value_rel_mse = 0;
 };
 
 /// Read-only view of a published pool. Never writes to the region.
@@ -172,6 +195,14 @@ class PoolReader {
                                    kernels::Stream stream = nullptr) const;
   /// Recomputes the payload checksum and compares it with the header's.
   [[nodiscard]] Status VerifyPayload() const;
+  /// The per-layer reconstruction error recorded in the header at build (empty when not
+  /// recorded; see PoolHeader::fidelity_layers).
+  std::vector<LayerFidelity> RecordedFidelity() const;
+  /// Decodes layer `layer` (host pools) and measures it against reference K and V
+  /// ([kv_heads][tokens][head_dim] in `dtype`, host memory), e.g. a fresh prefill of the
+  /// pool's tokens. Errors: kInvalidArgument (layer, null), kFailedPrecondition on a device.
+  StatusOr<LayerFidelity> MeasureFidelity(uint32_t layer, const void* k, const void* v,
+                                          kernels::DType dtype) const;
   /// First byte of the region (host or device address).
   const uint8_t* base() const { return base_; }
   kernels::Device device() const { return device_; }

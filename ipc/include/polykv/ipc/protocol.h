@@ -79,6 +79,11 @@ struct PoolInfo {
   uint32_t leases = 0;       ///< live leases
   int64_t created_unix_ms = 0;
   double prefill_ms = 0, encode_ms = 0, publish_ms = 0;
+  /// Reconstruction error recorded in the pool's header at build (ipc::PoolHeader): layers
+  /// recorded (0: none) and the mean / largest per-layer relative MSE of keys and values.
+  uint32_t fidelity_layers = 0;
+  double key_rel_mse_mean = 0, key_rel_mse_max = 0;
+  double value_rel_mse_mean = 0, value_rel_mse_max = 0;
 };
 
 /// A request from a client. Fields not used by `type` are ignored.
