@@ -326,7 +326,7 @@ TEST(PoolLayoutTest, HeaderRecordsPerLayerReconstructionError) {
     }
     // The recorded errors are under the header checksum: changing one is DATA_LOSS.
     auto* h = reinterpret_cast<PoolHeader*>(region.data());
-    h->value_rel_mse[0] *= 0.5f;
+    h->value_rel_mse[0] += 0.25f;
     auto bad = PoolReader::Open(region.data(), region.size(), false);
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
   }
