@@ -427,8 +427,10 @@ void RunEvict(const CommonArgs& args, const std::string& id, bool force) {
   }
 }
 
-// `pools export ID FILE`: the pool's region as mapped, behind a manifest (ipc/pool_file.h).
-void RunExport(const CommonArgs& args, const std::string& id, const std::string& file) {
+// Attaches pool `id` (full or a unique prefix) and calls use(full_id, pool, base, size) with
+// its read-only mapping while the lease is held; errors are reported.
+template <typename F>
+void WithMappedPool(const CommonArgs& args, const std::string& id, F&& use) {
   auto client = Connect(args);
   if (!client.ok()) return ReportError(client.status());
   auto full = ResolvePoolId(*client, id);
@@ -439,45 +441,72 @@ void RunExport(const CommonArgs& args, const std::string& id, const std::string&
   uint64_t size = 0;
   pc::Status st = pc::Status::FromC(polykv_pool_mapping(pool->get(), &base, &size));
   if (!st.ok()) return ReportError(st);
-  const pc::PoolInfo& p = pool->info();
-  ipc::PoolInfo info;
-  info.id = p.id;
-  info.model = p.model;
-  info.model_fingerprint = p.model_fingerprint;
-  info.architecture = p.architecture;
-  info.tokenizer_family = p.tokenizer_family;
-  info.codec = p.codec;
-  info.backend = p.backend;
-  info.tokens = p.tokens;
-  info.layers = p.layers;
-  info.kv_heads = p.kv_heads;
-  info.head_dim = p.head_dim;
-  info.total_bytes = p.total_bytes;
-  info.key_codes = p.key_codes_bytes;
-  info.key_scales = p.key_scales_bytes;
-  info.value_codes = p.value_codes_bytes;
-  info.value_norms = p.value_norms_bytes;
-  info.overhead = p.overhead_bytes;
-  info.bf16_bytes = p.bf16_bytes;
-  info.effective_ratio = p.effective_ratio;
-  info.created_unix_ms = p.created_unix_ms;
-  info.prefill_ms = p.prefill_ms;
-  info.encode_ms = p.encode_ms;
-  info.publish_ms = p.publish_ms;
-  info.fidelity_layers = p.fidelity_layers;
-  info.key_rel_mse_mean = p.key_rel_mse_mean;
-  info.key_rel_mse_max = p.key_rel_mse_max;
-  info.value_rel_mse_mean = p.value_rel_mse_mean;
-  info.value_rel_mse_max = p.value_rel_mse_max;
-  polykv::Status w = ipc::WritePoolFile(file, info, base, std::min<uint64_t>(size, p.total_bytes));
-  if (!w.ok()) {
-    return ReportError(pc::Status(pc::StatusCode::kInternal, std::string(w.message())));
+  use(*full, *pool, base, size);
+}
+
+// Reads a pool file's manifest and its verified region into `region` (ipc/pool_file.h);
+// a bad manifest is reported with `manifest_code`, a bad region with DATA_LOSS.
+bool ReadVerifiedPoolFile(const std::string& file, pc::StatusCode manifest_code,
+                          ipc::PoolFileManifest* manifest, std::vector<uint8_t>* region) {
+  auto m = ipc::ReadPoolFileManifest(file);
+  if (!m.ok()) {
+    ReportError(pc::Status(manifest_code, std::string(m.status().message())));
+    return false;
   }
-  if (args.json) {
-    std::cout << json{{"id", *full}, {"file", file}, {"bytes", p.total_bytes}}.dump(2) << "\n";
-  } else {
-    std::cout << "exported " << *full << " to " << file << "\n";
+  region->assign(m->pool_bytes, 0);
+  polykv::Status s = ipc::ReadPoolFileInto(file, *m, region->data(), region->size());
+  if (!s.ok()) {
+    ReportError(pc::Status(pc::StatusCode::kDataLoss, std::string(s.message())));
+    return false;
   }
+  *manifest = *std::move(m);
+  return true;
+}
+
+// `pools export ID FILE`: the pool's region as mapped, behind a manifest (ipc/pool_file.h).
+void RunExport(const CommonArgs& args, const std::string& id, const std::string& file) {
+  WithMappedPool(args, id, [&](const std::string& full, const auto& pool, const void* base,
+                               uint64_t size) {
+    const pc::PoolInfo& p = pool.info();
+    ipc::PoolInfo info;
+    info.id = p.id;
+    info.model = p.model;
+    info.model_fingerprint = p.model_fingerprint;
+    info.architecture = p.architecture;
+    info.tokenizer_family = p.tokenizer_family;
+    info.codec = p.codec;
+    info.backend = p.backend;
+    info.tokens = p.tokens;
+    info.layers = p.layers;
+    info.kv_heads = p.kv_heads;
+    info.head_dim = p.head_dim;
+    info.total_bytes = p.total_bytes;
+    info.key_codes = p.key_codes_bytes;
+    info.key_scales = p.key_scales_bytes;
+    info.value_codes = p.value_codes_bytes;
+    info.value_norms = p.value_norms_bytes;
+    info.overhead = p.overhead_bytes;
+    info.bf16_bytes = p.bf16_bytes;
+    info.effective_ratio = p.effective_ratio;
+    info.created_unix_ms = p.created_unix_ms;
+    info.prefill_ms = p.prefill_ms;
+    info.encode_ms = p.encode_ms;
+    info.publish_ms = p.publish_ms;
+    info.fidelity_layers = p.fidelity_layers;
+    info.key_rel_mse_mean = p.key_rel_mse_mean;
+    info.key_rel_mse_max = p.key_rel_mse_max;
+    info.value_rel_mse_mean = p.value_rel_mse_mean;
+    info.value_rel_mse_max = p.value_rel_mse_max;
+    polykv::Status w = ipc::WritePoolFile(file, info, base, std::min<uint64_t>(size, p.total_bytes));
+    if (!w.ok()) {
+      return ReportError(pc::Status(pc::StatusCode::kInternal, std::string(w.message())));
+    }
+    if (args.json) {
+      std::cout << json{{"id", full}, {"file", file}, {"bytes", p.total_bytes}}.dump(2) << "\n";
+    } else {
+      std::cout << "exported " << full << " to " << file << "\n";
+    }
+  });
 }
 
 // `pools verify ID | --file FILE [--model M]`: the payload checksum, then the reconstruction
@@ -589,52 +618,39 @@ void VerifyRegion(const CommonArgs& args, const VerifyArgs& v, const std::string
 
 void RunVerify(const CommonArgs& args, const std::string& id, const VerifyArgs& v) {
   if (!v.file.empty()) {
-    auto m = ipc::ReadPoolFileManifest(v.file);
-    if (!m.ok()) return ReportError(pc::Status(pc::StatusCode::kDataLoss, std::string(m.status().message())));
-    std::vector<uint8_t> region(m->pool_bytes);
-    polykv::Status s = ipc::ReadPoolFileInto(v.file, *m, region.data(), region.size());
-    if (!s.ok()) return ReportError(pc::Status(pc::StatusCode::kDataLoss, std::string(s.message())));
-    return VerifyRegion(args, v, v.file, region.data(), region.size(), m->info.model);
+    ipc::PoolFileManifest m;
+    std::vector<uint8_t> region;
+    if (!ReadVerifiedPoolFile(v.file, pc::StatusCode::kDataLoss, &m, &region)) return;
+    return VerifyRegion(args, v, v.file, region.data(), region.size(), m.info.model);
   }
   if (id.empty()) {
     return ReportError(pc::Status(pc::StatusCode::kInvalidArgument, "give a pool ID or --file FILE"));
   }
-  auto client = Connect(args);
-  if (!client.ok()) return ReportError(client.status());
-  auto full = ResolvePoolId(*client, id);
-  if (!full.ok()) return ReportError(full.status());
-  auto pool = client->Attach(*full);
-  if (!pool.ok()) return ReportError(pool.status());
-  const void* base = nullptr;
-  uint64_t size = 0;
-  pc::Status st = pc::Status::FromC(polykv_pool_mapping(pool->get(), &base, &size));
-  if (!st.ok()) return ReportError(st);
-  VerifyRegion(args, v, "pool " + *full, base, size, pool->info().model);
+  WithMappedPool(args, id, [&](const std::string& full, const auto& pool, const void* base,
+                               uint64_t size) {
+    VerifyRegion(args, v, "pool " + full, base, size, pool.info().model);
+  });
 }
 
 // `pools import FILE [--state-dir DIR]`: verifies the file completely, then places it in
 // polykvd's state folder (atomically); the daemon restores it on the first create or attach
 // of its id (or at the next start with --preload).
 void RunImport(const CommonArgs& args, const std::string& file, const std::string& state_dir) {
-  auto m = ipc::ReadPoolFileManifest(file);
-  if (!m.ok()) {
-    return ReportError(pc::Status(pc::StatusCode::kInvalidArgument, std::string(m.status().message())));
-  }
-  std::vector<uint8_t> region(m->pool_bytes);
-  polykv::Status s = ipc::ReadPoolFileInto(file, *m, region.data(), region.size());
-  if (!s.ok()) return ReportError(pc::Status(pc::StatusCode::kDataLoss, std::string(s.message())));
-  const std::string dest = state_dir + "/pools/" + m->info.id + ".pkv";
-  s = ipc::WritePoolFile(dest, m->info, region.data(), region.size());
+  ipc::PoolFileManifest manifest;
+  std::vector<uint8_t> region;
+  if (!ReadVerifiedPoolFile(file, pc::StatusCode::kInvalidArgument, &manifest, &region)) return;
+  const std::string dest = state_dir + "/pools/" + manifest.info.id + ".pkv";
+  polykv::Status s = ipc::WritePoolFile(dest, manifest.info, region.data(), region.size());
   if (!s.ok()) {
     return ReportError(pc::Status(pc::StatusCode::kInternal,
                                   std::string(s.message()) + " (is --state-dir polykvd's?)"));
   }
   if (args.json) {
-    std::cout << json{{"id", m->info.id}, {"file", dest}, {"bytes", m->pool_bytes}}.dump(2)
+    std::cout << json{{"id", manifest.info.id}, {"file", dest}, {"bytes", manifest.pool_bytes}}.dump(2)
               << "\n";
   } else {
-    std::cout << "imported " << m->info.id << " (" << m->info.codec << ", " << m->info.tokens
-              << " tokens, model " << m->info.model << ") into " << dest << "\n";
+    std::cout << "imported " << manifest.info.id << " (" << manifest.info.codec << ", " << manifest.info.tokens
+              << " tokens, model " << manifest.info.model << ") into " << dest << "\n";
   }
 }
 
