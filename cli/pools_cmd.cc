@@ -13,8 +13,11 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -44,11 +47,12 @@ struct CreateArgs {
   std::string model;
   std::string document;
   std::string token_ids;
-  std::string codec = "k8v3";
+  std::string codec;  // "" = k8v3, or a child's parent's codec
   std::string key_scale = "tensor";
   bool norm_correction = false;
   bool no_bos = false;
   int create_timeout_s = 600;
+  std::string parent;  // a child pool (pool tree): the parent's id or unique prefix
 };
 
 /// Prints "error: <STATUS_NAME>: message" and sets the exit code.
@@ -130,6 +134,8 @@ json InfoJson(const pc::PoolInfo& p) {
         {"key_rel_mse_max", p.key_rel_mse_max},
         {"value_rel_mse_mean", p.value_rel_mse_mean},
         {"value_rel_mse_max", p.value_rel_mse_max}}},
+      {"parent", p.parent},
+      {"parent_tokens", p.parent_tokens},
   };
 }
 
@@ -301,12 +307,38 @@ void RunList(const CommonArgs& args) {
     std::cout << "no pools (" << CacheLine(*daemon) << ")\n";
     return;
   }
-  std::printf("%-64s  %-5s  %-4s  %8s  %6s  %11s  %6s  %6s\n", "ID", "CODEC", "MEM", "TOKENS",
-              "LAYERS", "SIZE", "RATIO", "LEASES");
+  // The pool tree: every child right under its parent, indented by its depth.
+  std::map<std::string, std::vector<const pc::PoolInfo*>> children;
+  std::set<std::string> ids;
+  for (const auto& p : *pools) ids.insert(p.id);
+  std::vector<const pc::PoolInfo*> roots;
   for (const auto& p : *pools) {
-    std::printf("%-64s  %-5s  %-4s  %8llu  %6u  %11s  %5.2fx  %6u\n", p.id.c_str(),
-                p.codec.c_str(), p.backend.c_str(), static_cast<unsigned long long>(p.tokens),
-                p.layers, HumanBytes(p.total_bytes).c_str(), p.effective_ratio, p.leases);
+    if (!p.parent.empty() && ids.count(p.parent)) {
+      children[p.parent].push_back(&p);
+    } else {
+      roots.push_back(&p);
+    }
+  }
+  std::vector<std::pair<const pc::PoolInfo*, int>> rows;  // pool, depth
+  std::function<void(const pc::PoolInfo*, int)> walk = [&](const pc::PoolInfo* p, int depth) {
+    rows.emplace_back(p, depth);
+    for (const pc::PoolInfo* c : children[p->id]) walk(c, depth + 1);
+  };
+  for (const pc::PoolInfo* r : roots) walk(r, 0);
+  int width = 64;
+  for (const auto& [p, depth] : rows) width = std::max(width, 64 + 3 * depth);
+  std::printf("%-*s  %-5s  %-4s  %8s  %6s  %11s  %6s  %6s\n", width, "ID", "CODEC", "MEM",
+              "TOKENS", "LAYERS", "SIZE", "RATIO", "LEASES");
+  for (const auto& [p, depth] : rows) {
+    std::string name;
+    for (int d = 1; d < depth; ++d) name += "   ";
+    if (depth > 0) name += "└─ ";
+    name += p->id;
+    // "└─ " is 3 columns but 7 bytes: pad by columns, not bytes.
+    const int pad = width - (64 + 3 * depth);
+    std::printf("%s%*s  %-5s  %-4s  %8llu  %6u  %11s  %5.2fx  %6u\n", name.c_str(), pad, "",
+                p->codec.c_str(), p->backend.c_str(), static_cast<unsigned long long>(p->tokens),
+                p->layers, HumanBytes(p->total_bytes).c_str(), p->effective_ratio, p->leases);
   }
   std::printf("pool memory %s used of %s; %s\n", HumanBytes(daemon->memory_used).c_str(),
               daemon->memory_cap ? HumanBytes(daemon->memory_cap).c_str() : "no cap",
@@ -332,6 +364,12 @@ void PrintInfoHuman(const pc::PoolInfo& p) {
   row("codec", p.codec);
   row("backend", p.backend);
   row("tokens", std::to_string(p.tokens));
+  if (!p.parent.empty()) {
+    row("parent", p.parent);
+    row("positions", std::to_string(p.parent_tokens) + " .. " +
+                         std::to_string(p.parent_tokens + p.tokens - 1) + " (after the parent chain's " +
+                         std::to_string(p.parent_tokens) + ")");
+  }
   row("layers", std::to_string(p.layers));
   row("kv_heads", std::to_string(p.kv_heads));
   row("head_dim", std::to_string(p.head_dim));
@@ -380,6 +418,7 @@ void RunShow(const CommonArgs& args, const std::string& id) {
 void RunCreate(const CommonArgs& args, const CreateArgs& c) {
   pc::CreateOptions opts;
   opts.model = c.model;
+  opts.parent = c.parent;
   if (!c.token_ids.empty()) {
     auto ids = ParseTokenIds(c.token_ids);
     if (!ids.ok()) return ReportError(ids.status());
@@ -497,6 +536,8 @@ void RunExport(const CommonArgs& args, const std::string& id, const std::string&
     info.key_rel_mse_max = p.key_rel_mse_max;
     info.value_rel_mse_mean = p.value_rel_mse_mean;
     info.value_rel_mse_max = p.value_rel_mse_max;
+    info.parent = p.parent;
+    info.parent_tokens = p.parent_tokens;
     polykv::Status w = ipc::WritePoolFile(file, info, base, std::min<uint64_t>(size, p.total_bytes));
     if (!w.ok()) {
       return ReportError(pc::Status(pc::StatusCode::kInternal, std::string(w.message())));
@@ -528,7 +569,10 @@ void VerifyRegion(const CommonArgs& args, const VerifyArgs& v, const std::string
   }
   const std::vector<ipc::LayerFidelity> recorded = reader->RecordedFidelity();
   std::string model_path = v.model.empty() ? recorded_model : v.model;
-  const bool can_measure = !model_path.empty() && access(model_path.c_str(), R_OK) == 0;
+  // A child pool's K/V were computed after its parent chain: a prefill of its own tokens
+  // alone is not its reference.
+  const bool child = reader->params().parent_tokens > 0;
+  const bool can_measure = !child && !model_path.empty() && access(model_path.c_str(), R_OK) == 0;
   std::vector<ipc::LayerFidelity> measured;
   std::string problem;
   if (can_measure && !recorded.empty()) {
@@ -607,7 +651,9 @@ void VerifyRegion(const CommonArgs& args, const VerifyArgs& v, const std::string
       }
       if (measured.empty())
         std::printf("recorded errors not re-measured: %s\n",
-                    model_path.empty() ? "pass --model" : ("cannot read " + model_path).c_str());
+                    child ? "a child pool (its reference is a prefill after its parent chain)"
+                    : model_path.empty() ? "pass --model"
+                                         : ("cannot read " + model_path).c_str());
       else if (problem.empty())
         std::printf("recorded errors re-measured with %s: match (tolerance %.0f%%)\n",
                     model_path.c_str(), 100 * v.tolerance);
@@ -687,15 +733,18 @@ void RegisterPoolsCommands(CLI::App& app) {
   CLI::App* create = pools->add_subcommand(
       "create", "Prefill a document, compress its KV cache and publish it as a pool");
   create->fallthrough();
-  create->add_option("--model", create_args.model, "model path (.gguf or HF folder)")
-      ->required();
+  create->add_option("--model", create_args.model,
+                     "model path (.gguf or HF folder); with --parent, the parent's by default");
+  create->add_option("--parent", create_args.parent,
+                     "a child pool on top of this pool (id or unique prefix): holds only the "
+                     "document's KV, prefilled after the parent chain's; takes its codec");
   auto* doc = create->add_option("--document", create_args.document,
                                  "document text file ('-' = stdin)");
   auto* ids = create->add_option("--token-ids", create_args.token_ids,
                                  "explicit token ids, e.g. 1,2,3");
   doc->excludes(ids);
   ids->excludes(doc);
-  create->add_option("--codec", create_args.codec, "pool codec")
+  create->add_option("--codec", create_args.codec, "pool codec (default k8v3; a child: its parent's)")
       ->check(CLI::IsMember({"k8v3", "k8v2", "k8v4", "none"}));
   create->add_option("--key-scale", create_args.key_scale, "int8 key scale granularity")
       ->check(CLI::IsMember({"tensor", "head", "channel"}));
@@ -706,6 +755,10 @@ void RegisterPoolsCommands(CLI::App& app) {
                      "give up waiting for the daemon after this many seconds")
       ->check(CLI::Range(1, 86400));
   create->callback([] {
+    if (create_args.model.empty() && create_args.parent.empty()) {
+      return ReportError(pc::Status(pc::StatusCode::kInvalidArgument,
+                                    "pools create needs --model PATH (or --parent ID)"));
+    }
     if (create_args.document.empty() && create_args.token_ids.empty()) {
       return ReportError(pc::Status(pc::StatusCode::kInvalidArgument,
                                     "pools create needs --document FILE or --token-ids 1,2,3"));

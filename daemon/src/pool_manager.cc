@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -179,6 +180,40 @@ void SetFidelity(const std::vector<float>& key, const std::vector<float>& value,
   info->value_rel_mse_mean = vs / static_cast<double>(key.size());
 }
 
+// A child pool's prefill: `ids` at positions after the parent chain's (`views`, root first,
+// holding `parent_tokens`), attending to the chain's KV where it lies (the same split
+// attention agents run), in chunks of `chunk`. Returns the new tokens' K/V
+// [kv_heads][ids][head_dim] per layer, like LlamaModel::Prefill.
+StatusOr<model::PrefillResult> PrefillAfterParent(
+    model::LlamaModel& m, const std::vector<kernels::PrefixView>& views,
+    const std::vector<int32_t>& parent_tokens, const std::vector<int32_t>& ids, int64_t chunk,
+    const std::function<void(int64_t, int64_t)>& on_chunk) {
+  auto prefix = std::make_shared<model::KvPrefix>();
+  prefix->view = views.front();
+  prefix->tail.assign(views.begin() + 1, views.end());
+  const int64_t n = static_cast<int64_t>(ids.size());
+  auto cache = m.NewCacheWithPrefix(std::move(prefix), parent_tokens, n);
+  if (!cache.ok()) {
+    return Status(cache.status().code(),
+                  absl::StrCat("a child pool is prefilled attending to its parent in place: ",
+                               cache.status().message()));
+  }
+  chunk = std::max<int64_t>(chunk, 1);
+  const absl::Span<const int32_t> all(ids);
+  for (int64_t off = 0; off < n; off += chunk) {
+    const int64_t len = std::min(chunk, n - off);
+    auto logits = m.Forward(all.subspan(off, len), *cache, /*all_logits=*/false);
+    if (!logits.ok()) return logits.status();
+    on_chunk(off + len, n);
+  }
+  model::PrefillResult out;
+  for (size_t l = 0; l < cache->k.size(); ++l) {
+    out.k.push_back(cache->k[l].narrow(1, 0, n).contiguous());
+    out.v.push_back(cache->v[l].narrow(1, 0, n).contiguous());
+  }
+  return out;
+}
+
 }  // namespace
 
 uint64_t ModelHeldBytes(const model::LlamaModel& model, uint64_t* mapped) {
@@ -221,6 +256,11 @@ std::string ComputePoolId(const std::string& model_fingerprint,
       ";norm_correction=", p.codec_config.norm_correction ? 1 : 0,
       ";raw_dtype=", static_cast<int>(p.raw_dtype), ";tokens=", token_ids.size(),
       std::string(1, '\0'));
+  // A child pool (pool tree): the same tokens after another parent are other KV.
+  if (!p.parent_id.empty()) {
+    absl::StrAppend(&meta, "parent=", p.parent_id, ";parent_tokens=", p.parent_tokens,
+                    std::string(1, '\0'));
+  }
   std::vector<uint8_t> ids(4 * token_ids.size());
   for (size_t i = 0; i < token_ids.size(); ++i) {
     uint32_t v = static_cast<uint32_t>(token_ids[i]);
@@ -505,13 +545,37 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
                                                const std::atomic<bool>* cancel) {
   ProgressFn progress = progress_in ? progress_in : [](const std::string&, int64_t, int64_t) {};
   if (Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
-  POLYKV_ASSIGN_OR_RETURN(CodecChoice codec, ParseCodecName(request.codec));
-  POLYKV_ASSIGN_OR_RETURN(kernels::KeyScaleMode key_scale, ParseKeyScale(request.key_scale));
-  POLYKV_ASSIGN_OR_RETURN(OpenedModel opened, OpenModel(request.model, who));
+  // A child pool (pool tree): its parent chain first; the model and codec follow from it.
+  std::shared_ptr<ParentChain> chain;
+  if (!request.parent.empty()) {
+    POLYKV_ASSIGN_OR_RETURN(chain, OpenParentChain(request.parent));
+  }
+  const ipc::PoolInfo* parent = chain ? &chain->infos.back() : nullptr;
+  CodecChoice codec;
+  kernels::KeyScaleMode key_scale = kernels::KeyScaleMode::kPerTensor;
+  if (parent == nullptr) {
+    POLYKV_ASSIGN_OR_RETURN(codec, ParseCodecName(request.codec));
+    POLYKV_ASSIGN_OR_RETURN(key_scale, ParseKeyScale(request.key_scale));
+  } else if (!request.codec.empty() && request.codec != parent->codec) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a child pool takes its parent's codec: parent pool ", parent->id.substr(0, 16), " is ",
+        parent->codec, ", the create asks for \"", ipc::Abbreviate(request.codec, 32), "\""));
+  }
+  const std::string model_name =
+      parent != nullptr && request.model.empty() ? parent->model : request.model;
+  POLYKV_ASSIGN_OR_RETURN(OpenedModel opened, OpenModel(model_name, who));
   POLYKV_ASSIGN_OR_RETURN(std::shared_ptr<ModelEntry> entry,
-                          GetModel(std::move(opened), request.model, progress));
+                          GetModel(std::move(opened), model_name, progress));
   model::LlamaModel& m = *entry->model;
   const model::ModelConfig& cfg = m.config();
+  if (parent != nullptr && m.fingerprint() != parent->model_fingerprint) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model \"", ipc::Abbreviate(model_name, 256), "\" (fingerprint ",
+        m.fingerprint().substr(0, 16), ") is not the model parent pool ",
+        parent->id.substr(0, 16), " was prefilled with (", parent->model, ", fingerprint ",
+        parent->model_fingerprint.substr(0, 16), ")"));
+  }
+  const int64_t parent_tokens = chain ? static_cast<int64_t>(chain->tokens.size()) : 0;
 
   // Tokens.
   std::vector<int32_t> ids;
@@ -526,7 +590,8 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
     }
     POLYKV_RETURN_IF_ERROR(ipc::ValidateUtf8(request.document, "the document"));
     progress("tokenize", 0, 1);
-    POLYKV_ASSIGN_OR_RETURN(ids, tok->Encode(request.document, request.add_bos));
+    // A child's text continues its parent's: never a BOS in the middle of a sequence.
+    POLYKV_ASSIGN_OR_RETURN(ids, tok->Encode(request.document, chain ? false : request.add_bos));
     progress("tokenize", 1, 1);
   }
   if (ids.empty()) return absl::InvalidArgumentError("the document has no tokens");
@@ -537,10 +602,12 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
                                                      cfg.vocab));
     }
   }
-  if (cfg.max_positions > 0 && static_cast<int64_t>(ids.size()) > cfg.max_positions) {
-    return absl::InvalidArgumentError(absl::StrCat("document of ", ids.size(),
-                                                   " tokens exceeds the model's context of ",
-                                                   cfg.max_positions));
+  if (cfg.max_positions > 0 &&
+      parent_tokens + static_cast<int64_t>(ids.size()) > cfg.max_positions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "document of ", ids.size(), " tokens",
+        chain ? absl::StrCat(" after a parent chain of ", parent_tokens) : std::string(),
+        " exceeds the model's context of ", cfg.max_positions));
   }
 
   // Pool parameters and content address.
@@ -549,11 +616,20 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
   params.kv_heads = static_cast<uint32_t>(cfg.kv_heads);
   params.head_dim = static_cast<uint32_t>(cfg.head_dim);
   params.tokens = ids.size();
-  params.codec = codec.codec;
-  if (codec.codec == ipc::PoolCodec::kK8V) params.codec_config.value_bits = codec.value_bits;
-  params.codec_config.key_scale = key_scale;
-  params.codec_config.norm_correction = request.norm_correction;
-  POLYKV_ASSIGN_OR_RETURN(params.raw_dtype, DTypeOf(m.dtype()));
+  if (chain) {
+    // The parent's codec parameters: the agents attend to the chain as one prefix.
+    params.codec = chain->leaf_params.codec;
+    params.codec_config = chain->leaf_params.codec_config;
+    params.raw_dtype = chain->leaf_params.raw_dtype;
+    params.parent_id = parent->id;
+    params.parent_tokens = static_cast<uint64_t>(parent_tokens);
+  } else {
+    params.codec = codec.codec;
+    if (codec.codec == ipc::PoolCodec::kK8V) params.codec_config.value_bits = codec.value_bits;
+    params.codec_config.key_scale = key_scale;
+    params.codec_config.norm_correction = request.norm_correction;
+    POLYKV_ASSIGN_OR_RETURN(params.raw_dtype, DTypeOf(m.dtype()));
+  }
   params.model_fingerprint = m.fingerprint();
   params.tokenizer_fingerprint = tok != nullptr ? tok->Fingerprint() : "none";
   // Recorded for `pools show` (both follow from the fingerprints, so not part of the id).
@@ -603,7 +679,7 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
     persisted.reset();
   }
   if (!persisted) {
-    result = Build(request.model, entry.get(), pool_id, params, ids, progress, cancel);
+    result = Build(model_name, entry.get(), pool_id, params, ids, progress, cancel, chain.get());
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -625,7 +701,8 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
                                           const ipc::PoolParams& params,
                                           const std::vector<int32_t>& ids,
                                           const ProgressFn& progress,
-                                          const std::atomic<bool>* cancel) {
+                                          const std::atomic<bool>* cancel,
+                                          const ParentChain* chain) {
   POLYKV_ASSIGN_OR_RETURN(ipc::PoolLayout layout, ipc::ComputePoolLayout(params));
   const uint64_t needed = layout.total_bytes;
   const bool cuda = options_.backend == "cuda";
@@ -718,11 +795,13 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
   {
     StatusOr<model::PrefillResult> r = absl::InternalError("prefill did not run");
     try {
-      r = entry->model->Prefill(ids, options_.prefill_chunk,
-                                [&](int64_t done, int64_t total) {
-                                  if (Cancelled(cancel)) throw CreateCancelled();
-                                  progress("prefill", done, total);
-                                });
+      auto on_chunk = [&](int64_t done, int64_t total) {
+        if (Cancelled(cancel)) throw CreateCancelled();
+        progress("prefill", done, total);
+      };
+      r = chain != nullptr ? PrefillAfterParent(*entry->model, chain->views, chain->tokens, ids,
+                                                options_.prefill_chunk, on_chunk)
+                           : entry->model->Prefill(ids, options_.prefill_chunk, on_chunk);
     } catch (const CreateCancelled&) {
       r = absl::CancelledError("polykvd is shutting down: the create was cancelled");
     } catch (const std::exception& e) {
@@ -824,6 +903,8 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
   SetFidelity(writer->key_rel_mse(), writer->value_rel_mse(), &info);
   info.bf16_bytes = ipc::Bf16CacheBytes(params);
   info.effective_ratio = static_cast<double>(info.bf16_bytes) / static_cast<double>(needed);
+  info.parent = params.parent_id;
+  info.parent_tokens = params.parent_tokens;
   info.created_unix_ms = UnixMs();
   info.prefill_ms = prefill_ms;
   info.encode_ms = encode_ms;
@@ -857,6 +938,13 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
       used_ -= needed;
       return absl::CancelledError("polykvd is shutting down: the create was cancelled");
     }
+    if (chain != nullptr && pools_.count(params.parent_id) == 0) {
+      // Evicted meanwhile: a child without its parent cannot be attended to.
+      used_ -= needed;
+      if (options_.store) options_.store->Remove(pool_id);
+      return absl::AbortedError(absl::StrCat("parent pool ", params.parent_id.substr(0, 16),
+                                             " was evicted during the create of its child"));
+    }
     info.publish_ms = MsSince(t0);
     pool.seq = ++seq_;
     auto [it, inserted] = pools_.emplace(pool_id, std::move(pool));
@@ -874,6 +962,111 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
 }
 
 // ---- pools and leases -----------------------------------------------------------------
+
+StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain(
+    const std::string& parent_id) {
+  constexpr int kMaxTreeDepth = 64;
+  bool restore = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto r = ResolvePoolIdLocked(parent_id);
+    restore = !r.ok() && r.status().code() == absl::StatusCode::kNotFound && options_.store;
+  }
+  if (restore) {  // a persisted parent is published from its file first
+    auto r = RestorePersisted(parent_id);
+    if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) return r.status();
+  }
+  auto chain = std::make_shared<ParentChain>();
+  std::vector<std::pair<ipc::UniqueFd, uint64_t>> fds;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto resolved = ResolvePoolIdLocked(parent_id);
+    if (!resolved.ok()) {
+      return Status(resolved.status().code(),
+                    absl::StrCat("parent pool: ", resolved.status().message()));
+    }
+    for (std::string id = *resolved; !id.empty();) {
+      if (fds.size() >= kMaxTreeDepth) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "pool tree under ", resolved->substr(0, 16), " is deeper than ", kMaxTreeDepth));
+      }
+      auto it = pools_.find(id);
+      if (it == pools_.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "parent chain of ", resolved->substr(0, 16), " is broken: pool ", id.substr(0, 16),
+            " is not published"));
+      }
+      if (!it->second.region) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("parent pool ", id.substr(0, 16), " is on the ", it->second.memory.backend,
+                         " backend: pool trees are built from host pools"));
+      }
+      const int fd = fcntl(it->second.region->fd(), F_DUPFD_CLOEXEC, 0);
+      if (fd < 0) {
+        return absl::InternalError(absl::StrCat("dup of pool memfd: ", std::strerror(errno)));
+      }
+      fds.emplace_back(ipc::UniqueFd(fd), it->second.region->size());
+      chain->infos.push_back(it->second.info);
+      id = it->second.info.parent;
+    }
+  }
+  std::reverse(fds.begin(), fds.end());
+  std::reverse(chain->infos.begin(), chain->infos.end());
+  for (size_t i = 0; i < fds.size(); ++i) {
+    POLYKV_ASSIGN_OR_RETURN(ipc::SealedRegion map,
+                            ipc::SealedRegion::MapSealed(std::move(fds[i].first), fds[i].second));
+    chain->maps.push_back(std::move(map));
+    const ipc::SealedRegion& r = chain->maps.back();
+    POLYKV_ASSIGN_OR_RETURN(ipc::PoolReader reader,
+                            ipc::PoolReader::Open(r.data(), r.size(), /*verify_payload=*/false));
+    if (reader.params().parent_tokens != chain->tokens.size()) {
+      return absl::DataLossError(absl::StrCat(
+          "pool ", chain->infos[i].id.substr(0, 16), " says it follows ",
+          reader.params().parent_tokens, " positions, its parent chain holds ",
+          chain->tokens.size()));
+    }
+    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView view, ipc::PrefixViewOf(reader));
+    chain->views.push_back(std::move(view));
+    const std::vector<int32_t> ids = reader.TokenIds();
+    chain->tokens.insert(chain->tokens.end(), ids.begin(), ids.end());
+    chain->leaf_params = reader.params();
+  }
+  return chain;
+}
+
+std::vector<std::string> PoolManager::ChildrenLocked(const std::string& id) const {
+  std::vector<std::string> out;
+  for (const auto& [child, pool] : pools_) {
+    if (pool.info.parent == id) out.push_back(child);
+  }
+  return out;
+}
+
+int PoolManager::EvictTreeLocked(const std::string& id) {
+  int n = 0;
+  for (const std::string& child : ChildrenLocked(id)) n += EvictTreeLocked(child);
+  auto pool = pools_.find(id);
+  if (pool == pools_.end()) return n;
+  uint32_t invalidated = 0;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.pool_id == id) {
+      evicted_leases_.insert(it->first);
+      auto next = std::next(it);
+      EraseLeaseLocked(it);
+      it = next;
+      ++invalidated;
+    } else {
+      ++it;
+    }
+  }
+  used_ -= pool->second.info.total_bytes;
+  pools_.erase(pool);  // closes the memfd (agents' mappings stay valid) / frees device memory
+  if (options_.store) options_.store->Remove(id);
+  spdlog::info("evicted pool {}{}", id.substr(0, 16),
+               invalidated > 0 ? absl::StrCat(" (forced, ", invalidated, " lease(s) invalidated)")
+                               : "");
+  return n + 1;
+}
 
 StatusOr<std::string> PoolManager::ResolvePoolIdLocked(const std::string& id) const {
   if (id.empty()) return absl::InvalidArgumentError("pool id is empty");
@@ -1016,41 +1209,61 @@ Status PoolManager::Evict(const std::string& pool_id, bool force) {
   std::lock_guard<std::mutex> lock(mu_);
   DropExpiredLeasesLocked();
   auto resolved = ResolvePoolIdLocked(pool_id);
+  std::optional<ipc::PoolFileManifest> on_disk;
   if (!resolved.ok()) {
     // A pool that is only on disk (not restored since the restart): remove its file.
-    std::optional<ipc::PoolFileManifest> m;
     if (resolved.status().code() == absl::StatusCode::kNotFound && options_.store) {
-      m = options_.store->Find(pool_id);
+      on_disk = options_.store->Find(pool_id);
     }
-    if (!m) return resolved.status();
-    options_.store->Remove(m->info.id);
-    spdlog::info("evicted persisted pool {}", m->info.id.substr(0, 16));
+    if (!on_disk) return resolved.status();
+  }
+  const std::string id = resolved.ok() ? *resolved : on_disk->info.id;
+  // Its descendants: in memory, and persisted ones not restored since the restart.
+  std::vector<std::string> children = ChildrenLocked(id);
+  std::map<std::string, std::vector<std::string>> disk_children;  // parent -> children
+  if (options_.store) {
+    for (const ipc::PoolFileManifest& m : options_.store->List()) {
+      if (!m.info.parent.empty() && pools_.count(m.info.id) == 0) {
+        disk_children[m.info.parent].push_back(m.info.id);
+      }
+    }
+  }
+  std::vector<std::string> disk_tree;  // persisted-only descendants of id
+  for (std::vector<std::string> todo = {id}; !todo.empty();) {
+    const std::string p = todo.back();
+    todo.pop_back();
+    for (const std::string& c : disk_children[p]) {
+      disk_tree.push_back(c);
+      todo.push_back(c);
+    }
+    for (const std::string& c : ChildrenLocked(p)) todo.push_back(c);
+  }
+  const size_t child_count = children.size() + disk_children[id].size();
+  if (child_count > 0 && !force) {
+    std::vector<std::string> names;
+    for (const std::string& c : children) names.push_back(c.substr(0, 16));
+    for (const std::string& c : disk_children[id]) names.push_back(c.substr(0, 16));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool ", id.substr(0, 16), " has ", child_count, " child pool(s) (",
+        absl::StrJoin(names, ", "),
+        "): evict them first, or evict with force to drop the whole subtree"));
+  }
+  for (const std::string& c : disk_tree) {
+    options_.store->Remove(c);
+    spdlog::info("evicted persisted pool {} (child of an evicted pool)", c.substr(0, 16));
+  }
+  if (!resolved.ok()) {
+    options_.store->Remove(id);
+    spdlog::info("evicted persisted pool {}", id.substr(0, 16));
     return absl::OkStatus();
   }
-  const std::string id = *resolved;
   auto pool = pools_.find(id);
   const uint32_t live = pool->second.leases;
   if (live > 0 && !force) {
     return absl::FailedPreconditionError(absl::StrCat(
         "pool ", id.substr(0, 16), " has ", live, " live lease(s); evict with force to drop it"));
   }
-  if (live > 0) {
-    for (auto it = leases_.begin(); it != leases_.end();) {
-      if (it->second.pool_id == id) {
-        evicted_leases_.insert(it->first);
-        auto next = std::next(it);
-        EraseLeaseLocked(it);
-        it = next;
-      } else {
-        ++it;
-      }
-    }
-  }
-  used_ -= pool->second.info.total_bytes;
-  pools_.erase(pool);  // closes the memfd (agents' mappings stay valid) / frees device memory
-  if (options_.store) options_.store->Remove(id);
-  spdlog::info("evicted pool {}{}", id.substr(0, 16),
-               live > 0 ? absl::StrCat(" (forced, ", live, " lease(s) invalidated)") : "");
+  EvictTreeLocked(id);
   return absl::OkStatus();
 }
 
@@ -1203,7 +1416,8 @@ StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
   return result;
 }
 
-StatusOr<ipc::PoolInfo> PoolManager::RestorePersisted(const std::string& id_or_prefix) {
+StatusOr<ipc::PoolInfo> PoolManager::RestorePersisted(const std::string& id_or_prefix,
+                                                      int depth) {
   if (!options_.store) return absl::NotFoundError("polykvd runs without a state folder");
   std::optional<ipc::PoolFileManifest> m = options_.store->Find(id_or_prefix);
   if (!m) return absl::NotFoundError(absl::StrCat("unknown pool ", ipc::Abbreviate(id_or_prefix, 64)));
@@ -1212,6 +1426,30 @@ StatusOr<ipc::PoolInfo> PoolManager::RestorePersisted(const std::string& id_or_p
     std::lock_guard<std::mutex> lock(mu_);
     if (shutdown_.load()) return absl::CancelledError("polykvd is shutting down");
     if (auto it = pools_.find(id); it != pools_.end()) return InfoLocked(it->second);
+  }
+  if (!m->info.parent.empty()) {
+    // A child pool (pool tree) is served only with its parent chain.
+    bool published = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      published = pools_.count(m->info.parent) > 0;
+    }
+    if (!published && depth >= 64) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("persisted pool ", id.substr(0, 16), ": parent chain deeper than 64"));
+    }
+    if (!published) {
+      auto parent = RestorePersisted(m->info.parent, depth + 1);
+      if (!parent.ok()) {
+        spdlog::error("state: pool {} needs its parent pool {}, which is not available ({}); "
+                      "not served", id.substr(0, 16), m->info.parent.substr(0, 16),
+                      std::string(parent.status().message()));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "persisted pool ", id.substr(0, 16), " needs its parent pool ",
+            m->info.parent.substr(0, 16), ", which is not available: ",
+            parent.status().message()));
+      }
+    }
   }
   // The pool's model must be present (inside the model folders, when configured) and the
   // same file it was made with. The daemon itself asks: a trusted requester.

@@ -132,7 +132,8 @@ StatusOr<kernels::KeyScaleMode> ParseKeyScale(const std::string& name);
 /// Hex SHA-256 content address of a pool: over "polykv-pool-v1", the model fingerprint,
 /// the tokenizer fingerprint ("none" without a tokenizer), the codec parameters (codec,
 /// key bits, value bits, key scale mode, rotation seed, norm correction, raw dtype) and the
-/// token ids (int32 little-endian).
+/// token ids (int32 little-endian); for a child pool (pool tree) also the parent's id and the
+/// parent chain's length.
 std::string ComputePoolId(const std::string& model_fingerprint,
                           const std::string& tokenizer_fingerprint,
                           const ipc::PoolParams& params, const std::vector<int32_t>& token_ids);
@@ -156,6 +157,14 @@ class PoolManager {
   /// kPermissionDenied (model outside the model folders, or an untrusted requester without
   /// --models-dir), kResourceExhausted (memory cap: names used/cap/needed; nothing is left
   /// behind), kCancelled, codec/model errors as returned.
+  /// With `request.parent` (a pool tree), the pool holds only the new tokens' KV: they are
+  /// prefilled attending in place to the parent chain's (read-only mappings of its sealed
+  /// memfds, so an evict meanwhile cannot pull them away) and encoded with the parent's
+  /// codec parameters; the model defaults to the parent's. Further errors: kNotFound (no such
+  /// parent), kInvalidArgument (another codec or model than the parent's, parent chain +
+  /// document longer than the model's context), kFailedPrecondition (a CUDA backend or a
+  /// runtime that cannot attend in place), kAborted (the parent was evicted during the
+  /// create: nothing is published).
   StatusOr<CreateResult> CreatePool(const ipc::Request& request, const ProgressFn& progress,
                                     const Requester& who = {},
                                     const std::atomic<bool>* cancel = nullptr);
@@ -168,8 +177,9 @@ class PoolManager {
   StatusOr<LeaseGrant> Renew(const std::string& lease_id);
   /// Releases a lease. Errors: kNotFound.
   Status Detach(const std::string& lease_id);
-  /// Removes a pool. Errors: kNotFound; kFailedPrecondition when it has live leases and
-  /// !force. A forced eviction invalidates its leases.
+  /// Removes a pool. Errors: kNotFound; kFailedPrecondition when it has live leases or child
+  /// pools (pool tree, in memory or persisted) and !force. A forced eviction invalidates its
+  /// leases and evicts its descendants too (a child is not usable without its parent).
   Status Evict(const std::string& pool_id, bool force);
   /// Drops leases past their expiry; returns how many (logged as one line per sweep).
   int SweepExpiredLeases();
@@ -183,7 +193,9 @@ class PoolManager {
   /// fingerprint differs (kFailedPrecondition, logged), then reads and verifies the bytes
   /// (a corrupt file is quarantined: kDataLoss). Returns the pool at once when it is already
   /// published. Errors: also kNotFound (not persisted), kResourceExhausted (memory cap).
-  StatusOr<ipc::PoolInfo> RestorePersisted(const std::string& pool_id);
+  /// A child pool (pool tree) restores its parent chain first (kFailedPrecondition when a
+  /// parent is not available); `depth` bounds that recursion (callers leave it 0).
+  StatusOr<ipc::PoolInfo> RestorePersisted(const std::string& pool_id, int depth = 0);
   /// Restores every persisted pool (--preload), most recently used first, stopping at the
   /// memory cap; returns how many were published. Failures are logged, not returned.
   int PreloadPersisted();
@@ -270,10 +282,25 @@ class PoolManager {
   void EraseLeaseLocked(std::map<std::string, Lease>::iterator it);
   ipc::PoolInfo InfoLocked(const Pool& pool) const;
   bool Cancelled(const std::atomic<bool>* cancel) const;
+  /// The parent chain of a child pool being created: root first, each pool mapped read-only
+  /// from a duplicate of its sealed memfd (independent of the Pool entries).
+  struct ParentChain {
+    std::vector<ipc::PoolInfo> infos;
+    std::vector<ipc::SealedRegion> maps;
+    std::vector<kernels::PrefixView> views;
+    std::vector<int32_t> tokens;  ///< all positions of the chain
+    ipc::PoolParams leaf_params;  ///< the parent's pool parameters (codec, shape)
+  };
+  StatusOr<std::shared_ptr<ParentChain>> OpenParentChain(const std::string& parent_id);
   StatusOr<CreateResult> Build(const std::string& model_name, ModelEntry* entry,
                                const std::string& pool_id, const ipc::PoolParams& params,
                                const std::vector<int32_t>& token_ids, const ProgressFn& progress,
-                               const std::atomic<bool>* cancel);
+                               const std::atomic<bool>* cancel,
+                               const ParentChain* chain = nullptr);
+  /// Evicts `id` and its descendants (mu_ held); returns how many pools went.
+  int EvictTreeLocked(const std::string& id);
+  /// Full ids of the pools in memory whose parent is `id` (mu_ held).
+  std::vector<std::string> ChildrenLocked(const std::string& id) const;
 
   PoolManagerOptions options_;
   std::vector<std::string> roots_;        // canonical model folders

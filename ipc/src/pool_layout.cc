@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "device_memory.h"
 
@@ -248,6 +249,21 @@ StatusOr<PoolLayout> ComputePoolLayout(const PoolParams& p) {
         "' must be shorter than ", sizeof(PoolHeader::architecture), " / ",
         sizeof(PoolHeader::tokenizer_family), " chars"));
   }
+  if (p.parent_id.empty() != (p.parent_tokens == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("pool parent id '", p.parent_id,
+                                                   "' and parent_tokens ", p.parent_tokens,
+                                                   " must be given together"));
+  }
+  if (!p.parent_id.empty() &&
+      (p.parent_id.size() != 64 ||
+       p.parent_id.find_first_not_of("0123456789abcdef") != std::string::npos)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool parent id '", p.parent_id, "' is not 64 lowercase hex chars"));
+  }
+  if (p.parent_tokens + p.tokens > (uint64_t{1} << 31)) {
+    return absl::InvalidArgumentError(absl::StrCat("pool parent_tokens ", p.parent_tokens,
+                                                   " + tokens ", p.tokens, " exceed 2^31"));
+  }
   const kernels::LayerShape shape = ShapeOf(p);
   PoolLayout l;
   uint64_t off = kPoolHeaderBytes;
@@ -435,6 +451,11 @@ Status PoolWriter::Finalize() {
   h.key_scale_mode = static_cast<uint32_t>(params_.codec_config.key_scale);
   h.rotation_seed = params_.codec_config.rotation_seed;
   h.norm_correction = params_.codec_config.norm_correction ? 1 : 0;
+  if (!params_.parent_id.empty()) {
+    const std::string parent = absl::HexStringToBytes(params_.parent_id);
+    std::memcpy(h.parent_id, parent.data(), std::min(parent.size(), sizeof(h.parent_id)));
+    h.parent_tokens = params_.parent_tokens;
+  }
   if (!key_rel_mse_.empty() && params_.layers <= kPoolFidelityLayers) {
     h.fidelity_layers = params_.layers;
     for (uint32_t l = 0; l < params_.layers; ++l) {
@@ -507,6 +528,12 @@ StatusOr<PoolReader> PoolReader::Open(const void* base, uint64_t size, bool veri
   p.architecture.assign(h.architecture, strnlen(h.architecture, sizeof(h.architecture)));
   p.tokenizer_family.assign(h.tokenizer_family,
                             strnlen(h.tokenizer_family, sizeof(h.tokenizer_family)));
+  static constexpr uint8_t kNoParent[sizeof(h.parent_id)] = {};
+  if (std::memcmp(h.parent_id, kNoParent, sizeof(h.parent_id)) != 0) {
+    p.parent_id = absl::BytesToHexString(absl::string_view(
+        reinterpret_cast<const char*>(h.parent_id), sizeof(h.parent_id)));
+  }
+  p.parent_tokens = h.parent_tokens;
   auto layout = ComputePoolLayout(p);
   if (!layout.ok()) {
     return absl::DataLossError(absl::StrCat("pool header describes an invalid pool: ",

@@ -140,7 +140,9 @@ json PoolInfoToJson(const PoolInfo& p) {
               {"key_rel_mse_mean", p.key_rel_mse_mean},
               {"key_rel_mse_max", p.key_rel_mse_max},
               {"value_rel_mse_mean", p.value_rel_mse_mean},
-              {"value_rel_mse_max", p.value_rel_mse_max}};
+              {"value_rel_mse_max", p.value_rel_mse_max},
+              {"parent", p.parent},
+              {"parent_tokens", p.parent_tokens}};
 }
 
 StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
@@ -177,6 +179,8 @@ StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
   POLYKV_RETURN_IF_ERROR(Get(j, "key_rel_mse_max", &p.key_rel_mse_max));
   POLYKV_RETURN_IF_ERROR(Get(j, "value_rel_mse_mean", &p.value_rel_mse_mean));
   POLYKV_RETURN_IF_ERROR(Get(j, "value_rel_mse_max", &p.value_rel_mse_max));
+  POLYKV_RETURN_IF_ERROR(Get(j, "parent", &p.parent));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "parent_tokens", &p.parent_tokens));
   return p;
 }
 
@@ -319,6 +323,7 @@ std::string EncodeRequest(const Request& r) {
       j["key_scale"] = r.key_scale;
       j["norm_correction"] = r.norm_correction;
       j["progress"] = r.progress;
+      if (!r.parent.empty()) j["parent"] = r.parent;
       break;
     case MessageType::kAttach:
       j["pool_id"] = r.pool_id;
@@ -381,6 +386,7 @@ StatusOr<Request> DecodeRequest(std::string_view frame) {
   POLYKV_RETURN_IF_ERROR(Get(j, "key_scale", &r.key_scale));
   POLYKV_RETURN_IF_ERROR(Get(j, "norm_correction", &r.norm_correction));
   POLYKV_RETURN_IF_ERROR(Get(j, "progress", &r.progress));
+  POLYKV_RETURN_IF_ERROR(Get(j, "parent", &r.parent));
   POLYKV_RETURN_IF_ERROR(Get(j, "pool_id", &r.pool_id));
   POLYKV_RETURN_IF_ERROR(Get(j, "force", &r.force));
   POLYKV_RETURN_IF_ERROR(Get(j, "lease_id", &r.lease_id));
@@ -388,7 +394,8 @@ StatusOr<Request> DecodeRequest(std::string_view frame) {
   // Per-type required fields.
   switch (r.type) {
     case MessageType::kCreatePool:
-      if (r.model.empty()) return absl::InvalidArgumentError("field 'model' is required");
+      if (r.model.empty() && r.parent.empty())
+        return absl::InvalidArgumentError("field 'model' is required (or 'parent')");
       if (r.document.empty() && r.token_ids.empty()) {
         return absl::InvalidArgumentError(
             "CREATE_POOL needs a non-empty 'document' or 'token_ids'");
@@ -622,6 +629,7 @@ Status ValidateRequest(const Request& r) {
   POLYKV_RETURN_IF_ERROR(ValidateUtf8(r.lease_id, "the lease id"));
   POLYKV_RETURN_IF_ERROR(ValidateUtf8(r.codec, "the codec"));
   POLYKV_RETURN_IF_ERROR(ValidateUtf8(r.key_scale, "the key scale"));
+  POLYKV_RETURN_IF_ERROR(ValidateUtf8(r.parent, "the parent pool id"));
   return absl::OkStatus();
 }
 

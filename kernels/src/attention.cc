@@ -133,19 +133,34 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
                                                    a.suffix_capacity, "]"));
   if (a.q == nullptr || a.out == nullptr || a.k_suffix == nullptr || a.v_suffix == nullptr)
     return absl::InvalidArgumentError("attention: null query, output or suffix pointer");
-  const PrefixView* pv = a.prefix != nullptr && a.prefix->tokens > 0 ? a.prefix : nullptr;
-  if (pv != nullptr) {
-    if (pv->kv_heads != a.kv_heads || pv->head_dim != hd)
+  // The prefix's segments in position order (empty ones dropped); pv = the first.
+  std::vector<const PrefixView*> segs;
+  if (a.prefix != nullptr && a.prefix->tokens > 0) segs.push_back(a.prefix);
+  for (const PrefixView& t : a.prefix_tail)
+    if (t.tokens > 0) segs.push_back(&t);
+  const PrefixView* pv = segs.empty() ? nullptr : segs.front();
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const PrefixView* sv = segs[s];
+    if (sv->kv_heads != a.kv_heads || sv->head_dim != hd)
       return absl::InvalidArgumentError(absl::StrCat(
-          "attention: prefix has kv_heads ", pv->kv_heads, ", head_dim ", pv->head_dim,
-          "; the model ", a.kv_heads, ", ", hd));
-    if (a.layer < 0 || a.layer >= static_cast<int32_t>(pv->layers.size()))
-      return absl::InvalidArgumentError(
-          absl::StrCat("attention: layer ", a.layer, " outside the prefix's ", pv->layers.size()));
+          "attention: prefix segment ", s, " has kv_heads ", sv->kv_heads, ", head_dim ",
+          sv->head_dim, "; the model ", a.kv_heads, ", ", hd));
+    if (a.layer < 0 || a.layer >= static_cast<int32_t>(sv->layers.size()))
+      return absl::InvalidArgumentError(absl::StrCat("attention: layer ", a.layer,
+                                                     " outside prefix segment ", s, "'s ",
+                                                     sv->layers.size()));
+    if (sv->codec != pv->codec ||
+        (pv->codec == PrefixCodec::kK8V && sv->config.rotation_seed != pv->config.rotation_seed))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attention: prefix segment ", s, " differs from segment 0 in codec or rotation seed"));
   }
   if (opt.device == Device::kCuda) {
 #if defined(POLYKV_HAVE_CUDA)
     cuda::AttentionLaunch l;
+    if (segs.size() > 1)
+      return absl::UnimplementedError(
+          "attention on CUDA reads one prefix segment: this prefix has a parent pool's "
+          "segments too (attend on the CPU, or decode the pools)");
     if (pv != nullptr && pv->codec == PrefixCodec::kK8V &&
         (pv->config.key_bits != 8 || pv->config.norm_dtype != DType::kF32 ||
          pv->ValueBitsOf(a.layer) != pv->config.value_bits))
@@ -201,21 +216,57 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
 
   const int G = a.heads / a.kv_heads;
   const int nq = static_cast<int>(G * a.n);
-  const int64_t P = pv != nullptr ? pv->tokens : 0;
   const int64_t C = kAttentionChunk;
-  const int64_t pc = (P + C - 1) / C, sc = (a.suffix_length + C - 1) / C;
-  const int64_t tasks_per_head = pc + sc;
   const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool k8 = pv != nullptr && pv->codec == PrefixCodec::kK8V;
 
-  // Queries per KV head, j = row * G + group: suffix copy (softmax scale) and prefix copy
-  // (softmax scale x key scale for int8 keys).
-  std::vector<float> qs(static_cast<size_t>(a.kv_heads) * nq * hd);
-  std::vector<float> qp(pv != nullptr ? qs.size() : 0);
+  // Per segment: its layer, length, first chunk task, codebook and packed sizes.
+  struct Segment {
+    const PrefixView* view = nullptr;
+    const PrefixLayer* layer = nullptr;
+    int64_t tokens = 0;
+    int64_t first_task = 0;
+    math::ValueCodebook cb;
+    int value_bits = 0;
+    int64_t v_bytes = 0, k_bytes = 0;
+    bool packed_keys = false, f16_norms = false;
+  };
+  std::vector<Segment> seg(segs.size());
+  int64_t P = 0, pc = 0;
+  for (size_t s = 0; s < segs.size(); ++s) {
+    Segment& g = seg[s];
+    g.view = segs[s];
+    g.layer = &segs[s]->layers[a.layer];
+    g.tokens = segs[s]->tokens;
+    g.first_task = pc;
+    if (k8) {
+      g.value_bits = g.view->ValueBitsOf(a.layer);
+      POLYKV_ASSIGN_OR_RETURN(g.cb, internal::GetValueCodebook(g.value_bits));
+      g.v_bytes = PackedVectorBytes(hd, g.value_bits);
+      g.k_bytes = PackedKeyVectorBytes(hd, g.view->config.key_bits);
+      g.packed_keys = g.view->config.key_bits != 8;
+      g.f16_norms = g.view->config.norm_dtype == DType::kF16;
+    }
+    P += g.tokens;
+    pc += (g.tokens + C - 1) / C;
+  }
+  const int64_t sc = (a.suffix_length + C - 1) / C;
+  const int64_t tasks_per_head = pc + sc;
+  // The segment of prefix chunk task `task` (< pc).
+  auto segment_of = [&](int64_t task) {
+    size_t s = 0;
+    while (s + 1 < seg.size() && seg[s + 1].first_task <= task) ++s;
+    return s;
+  };
+
+  // Queries per KV head, j = row * G + group: suffix copy (softmax scale) and one prefix copy
+  // per segment (softmax scale x the segment's key scale for int8 keys).
+  const size_t q_floats = static_cast<size_t>(a.kv_heads) * nq * hd;
+  std::vector<float> qs(q_floats);
+  std::vector<float> qp(q_floats * seg.size());
   std::vector<int64_t> lim_suffix(nq), lim_prefix(nq, P);
   for (int64_t i = 0; i < a.n; ++i)
     for (int g = 0; g < G; ++g) lim_suffix[i * G + g] = a.suffix_length - a.n + i + 1;
-  const bool k8 = pv != nullptr && pv->codec == PrefixCodec::kK8V;
-  const PrefixLayer* pl = pv != nullptr ? &pv->layers[a.layer] : nullptr;
   for (int kvh = 0; kvh < a.kv_heads; ++kvh) {
     for (int64_t i = 0; i < a.n; ++i) {
       for (int g = 0; g < G; ++g) {
@@ -223,39 +274,29 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
         const int64_t j = i * G + g;
         float* ds = qs.data() + (static_cast<int64_t>(kvh) * nq + j) * hd;
         for (int d = 0; d < hd; ++d) ds[d] = src[d] * softmax_scale;
-        if (pv == nullptr) continue;
-        float* dp = qp.data() + (static_cast<int64_t>(kvh) * nq + j) * hd;
-        for (int d = 0; d < hd; ++d) {
-          float ks = 1.0f;
-          if (k8) {
-            switch (pv->config.key_scale) {
-              case KeyScaleMode::kPerTensor:
-                ks = pl->k_scales[0];
-                break;
-              case KeyScaleMode::kPerHead:
-                ks = pl->k_scales[kvh];
-                break;
-              case KeyScaleMode::kPerChannel:
-                ks = pl->k_scales[kvh * hd + d];
-                break;
+        for (size_t s = 0; s < seg.size(); ++s) {
+          const PrefixLayer* pl = seg[s].layer;
+          float* dp = qp.data() + s * q_floats + (static_cast<int64_t>(kvh) * nq + j) * hd;
+          for (int d = 0; d < hd; ++d) {
+            float ks = 1.0f;
+            if (k8) {
+              switch (seg[s].view->config.key_scale) {
+                case KeyScaleMode::kPerTensor:
+                  ks = pl->k_scales[0];
+                  break;
+                case KeyScaleMode::kPerHead:
+                  ks = pl->k_scales[kvh];
+                  break;
+                case KeyScaleMode::kPerChannel:
+                  ks = pl->k_scales[kvh * hd + d];
+                  break;
+              }
             }
+            dp[d] = src[d] * softmax_scale * ks;
           }
-          dp[d] = src[d] * softmax_scale * ks;
         }
       }
     }
-  }
-
-  math::ValueCodebook cb;
-  int64_t v_bytes = 0, k_bytes = 0;
-  int value_bits = 0;
-  const bool packed_keys = k8 && pv->config.key_bits != 8;
-  const bool f16_norms = k8 && pv->config.norm_dtype == DType::kF16;
-  if (k8) {
-    value_bits = pv->ValueBitsOf(a.layer);
-    POLYKV_ASSIGN_OR_RETURN(cb, internal::GetValueCodebook(value_bits));
-    v_bytes = PackedVectorBytes(hd, value_bits);
-    k_bytes = PackedKeyVectorBytes(hd, pv->config.key_bits);
   }
 
   // Partial states [kv_head][task][j]: m, l, o[hd].
@@ -275,47 +316,51 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
     c.m = m.data();
     c.l = l.data();
     c.o = o.data();
-    if (task < pc) {  // prefix chunk
-      c.q = qp.data() + kvh * nq * hd;
+    if (task < pc) {  // prefix chunk of segment s
+      const size_t s = segment_of(task);
+      const Segment& g = seg[s];
+      const PrefixLayer* pl = g.layer;
+      const int64_t Ps = g.tokens;
+      c.q = qp.data() + s * q_floats + kvh * nq * hd;
       c.limit = lim_prefix.data();
-      c.t0 = task * C;
-      c.t1 = std::min(P, c.t0 + C);
+      c.t0 = (task - g.first_task) * C;
+      c.t1 = std::min(Ps, c.t0 + C);
       if (k8) {
         // The chunk's pointers start at its first token (t0 = 0 below): packed keys and f16
         // norms of the chunk are widened into per-thread scratch first.
         const int64_t t0 = c.t0, cnt = c.t1 - c.t0;
         c.key_kind = attn::kKeyI8;
-        if (packed_keys) {
+        if (g.packed_keys) {
           std::vector<int8_t>& kq = ThreadKeyScratch();
           if (kq.size() < static_cast<size_t>(cnt * hd)) kq.resize(static_cast<size_t>(cnt * hd));
-          UnpackKeyVectors(static_cast<const uint8_t*>(pl->k) + (kvh * P + t0) * k_bytes, cnt, hd,
-                           pv->config.key_bits, kq.data());
+          UnpackKeyVectors(static_cast<const uint8_t*>(pl->k) + (kvh * Ps + t0) * g.k_bytes, cnt,
+                           hd, g.view->config.key_bits, kq.data());
           c.k = kq.data();
         } else {
-          c.k = static_cast<const int8_t*>(pl->k) + (kvh * P + t0) * hd;
+          c.k = static_cast<const int8_t*>(pl->k) + (kvh * Ps + t0) * hd;
         }
         c.value_kind = attn::kValPacked;
-        c.v = static_cast<const uint8_t*>(pl->v) + (kvh * P + t0) * v_bytes;
-        c.v_bytes = v_bytes;
-        if (f16_norms) {
+        c.v = static_cast<const uint8_t*>(pl->v) + (kvh * Ps + t0) * g.v_bytes;
+        c.v_bytes = g.v_bytes;
+        if (g.f16_norms) {
           std::vector<float>& nf = ThreadNormScratch();
           if (nf.size() < static_cast<size_t>(cnt)) nf.resize(static_cast<size_t>(cnt));
-          NormsFromF16(static_cast<const uint16_t*>(pl->v_norms) + kvh * P + t0, cnt, nf.data());
+          NormsFromF16(static_cast<const uint16_t*>(pl->v_norms) + kvh * Ps + t0, cnt, nf.data());
           c.v_norms = nf.data();
         } else {
-          c.v_norms = static_cast<const float*>(pl->v_norms) + kvh * P + t0;
+          c.v_norms = static_cast<const float*>(pl->v_norms) + kvh * Ps + t0;
         }
-        c.bits = value_bits;
-        c.levels = cb.levels;
+        c.bits = g.value_bits;
+        c.levels = g.cb.levels;
         c.t0 = 0;
         c.t1 = cnt;
       } else {
-        const int kind = RawKind(pv->raw_dtype);
-        const int64_t es = static_cast<int64_t>(DTypeSize(pv->raw_dtype));
+        const int kind = RawKind(g.view->raw_dtype);
+        const int64_t es = static_cast<int64_t>(DTypeSize(g.view->raw_dtype));
         c.key_kind = kind;
         c.value_kind = kind;  // same numbering for raw kinds
-        c.k = static_cast<const uint8_t*>(pl->k) + kvh * P * hd * es;
-        c.v = static_cast<const uint8_t*>(pl->v) + kvh * P * hd * es;
+        c.k = static_cast<const uint8_t*>(pl->k) + kvh * Ps * hd * es;
+        c.v = static_cast<const uint8_t*>(pl->v) + kvh * Ps * hd * es;
       }
     } else {  // suffix chunk
       const int64_t s = task - pc;

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -124,6 +126,79 @@ Status PooledAgent::AttachPool(const std::string& id, polykv_pool** pool,
   return FromCStatus(polykv_pool_get_info(*pool, info), "pool info");
 }
 
+struct PooledAgent::AttachedChain {
+  std::vector<std::unique_ptr<PoolGuard>> guards;  ///< root first
+  std::vector<polykv_pool_info> infos;             ///< root first
+  int64_t tokens = 0;                              ///< positions of the whole chain
+  uint64_t total_bytes = 0, bf16_bytes = 0;        ///< summed over the chain
+  const polykv_pool_info& leaf() const { return infos.back(); }
+  /// Detaches the leaf first; the first error is returned (the others are still detached).
+  Status Release() {
+    Status first;
+    for (auto it = guards.rbegin(); it != guards.rend(); ++it) {
+      Status s = (*it)->Release();
+      if (first.ok() && !s.ok()) first = s;
+    }
+    return first;
+  }
+};
+
+Status PooledAgent::AttachChain(const std::string& id, AttachedChain* chain) {
+  constexpr size_t kMaxTreeDepth = 64;
+  const model::ModelConfig& cfg = model_->config();
+  std::vector<std::unique_ptr<PoolGuard>> guards;  // leaf first
+  std::vector<polykv_pool_info> infos;
+  for (std::string next = id; !next.empty();) {
+    if (guards.size() >= kMaxTreeDepth) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pool ", id, ": parent chain deeper than ", kMaxTreeDepth));
+    }
+    auto guard = std::make_unique<PoolGuard>();
+    polykv_pool_info info{};
+    POLYKV_RETURN_IF_ERROR(AttachPool(next, &guard->pool, &info));
+    const std::string what = guards.empty() ? absl::StrCat("pool ", id)
+                                            : absl::StrCat("parent pool ", info.id, " of ", id);
+    // ---- every pool of the chain must come from this model ----
+    if (model_->fingerprint() != info.model_fingerprint) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " was prefilled with model ", info.model, " (fingerprint ",
+          std::string(info.model_fingerprint).substr(0, 16), "...) but this agent loaded ",
+          options_.model_path, " (fingerprint ", model_->fingerprint().substr(0, 16),
+          "...): load the pool's model"));
+    }
+    if (static_cast<int32_t>(info.layers) != cfg.layers ||
+        static_cast<int32_t>(info.kv_heads) != cfg.kv_heads ||
+        static_cast<int32_t>(info.head_dim) != cfg.head_dim) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " shape layers=", info.layers, " kv_heads=", info.kv_heads,
+          " head_dim=", info.head_dim, " does not match the model (", cfg.layers, ", ",
+          cfg.kv_heads, ", ", cfg.head_dim, ")"));
+    }
+    if (info.tokens < 1) return absl::FailedPreconditionError(absl::StrCat(what, " is empty"));
+    if (!infos.empty() && info.parent_tokens + info.tokens != infos.back().parent_tokens) {
+      return absl::DataLossError(absl::StrCat(
+          what, " ends at position ", info.parent_tokens + info.tokens, " but its child follows ",
+          infos.back().parent_tokens, " positions"));
+    }
+    next = info.parent;
+    if (next.empty() && info.parent_tokens != 0) {
+      return absl::DataLossError(absl::StrCat(what, " has no parent but follows ",
+                                              info.parent_tokens, " positions"));
+    }
+    guards.push_back(std::move(guard));
+    infos.push_back(info);
+  }
+  chain->guards.assign(std::make_move_iterator(guards.rbegin()),
+                       std::make_move_iterator(guards.rend()));
+  chain->infos.assign(infos.rbegin(), infos.rend());
+  chain->tokens = static_cast<int64_t>(chain->leaf().parent_tokens + chain->leaf().tokens);
+  for (const polykv_pool_info& i : chain->infos) {
+    chain->total_bytes += i.total_bytes;
+    chain->bf16_bytes += i.bf16_bytes;
+  }
+  return absl::OkStatus();
+}
+
 StatusOr<std::unique_ptr<PooledAgent>> PooledAgent::Create(const AgentOptions& options) {
   std::unique_ptr<PooledAgent> agent(new PooledAgent());
   agent->options_ = options;
@@ -182,21 +257,16 @@ StatusOr<AgentResult> PooledAgent::RunText(std::string_view pool_id, std::string
 }
 
 StatusOr<std::vector<int32_t>> PooledAgent::PoolTokenIds(std::string_view pool_id) {
-  POLYKV_RETURN_IF_ERROR(EnsureConnected(nullptr));
-  std::string id(pool_id);
-  PoolGuard guard;
-  polykv_status s = polykv_attach(client_, id.c_str(), &guard.pool);
-  if (s != POLYKV_OK) {
-    Status st = FromCStatus(s, absl::StrCat("attach pool ", id));
-    if (IsConnectionError(st)) Disconnect();
-    return st;
+  AttachedChain chain;
+  POLYKV_RETURN_IF_ERROR(AttachChain(std::string(pool_id), &chain));
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < chain.infos.size(); ++i) {
+    std::vector<int32_t> part(chain.infos[i].tokens);
+    POLYKV_RETURN_IF_ERROR(FromCStatus(
+        polykv_pool_token_ids(chain.guards[i]->pool, part.data(), part.size()), "pool token ids"));
+    ids.insert(ids.end(), part.begin(), part.end());
   }
-  polykv_pool_info info{};
-  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_get_info(guard.pool, &info), "pool info"));
-  std::vector<int32_t> ids(info.tokens);
-  POLYKV_RETURN_IF_ERROR(
-      FromCStatus(polykv_pool_token_ids(guard.pool, ids.data(), ids.size()), "pool token ids"));
-  POLYKV_RETURN_IF_ERROR(guard.Release());
+  POLYKV_RETURN_IF_ERROR(chain.Release());
   return ids;
 }
 
@@ -216,42 +286,21 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
   AgentStats& st = result.stats;
   const std::string id(pool_id);
 
-  // ---- attach (connect lazily; a dead connection is rebuilt on the next Run) ----
+  // ---- attach the pool and its parent chain (connect lazily; a dead connection is rebuilt
+  // on the next Run); every pool must come from this model ----
   auto t_attach = Clock::now();
-  PoolGuard guard;
-  polykv_pool_info info{};
-  POLYKV_RETURN_IF_ERROR(AttachPool(id, &guard.pool, &info));
+  AttachedChain chain;
+  POLYKV_RETURN_IF_ERROR(AttachChain(id, &chain));
   st.attach_ms = MsSince(t_attach);
-
-  // ---- the pool must come from this model ----
-  if (model_->fingerprint() != info.model_fingerprint) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pool ", id, " was prefilled with model ", info.model, " (fingerprint ",
-        std::string(info.model_fingerprint).substr(0, 16), "...) but this agent loaded ",
-        options_.model_path, " (fingerprint ", model_->fingerprint().substr(0, 16),
-        "...): load the pool's model"));
-  }
-  if (static_cast<int32_t>(info.layers) != cfg.layers ||
-      static_cast<int32_t>(info.kv_heads) != cfg.kv_heads ||
-      static_cast<int32_t>(info.head_dim) != cfg.head_dim) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pool ", id, " shape layers=", info.layers, " kv_heads=", info.kv_heads,
-        " head_dim=", info.head_dim, " does not match the model (", cfg.layers, ", ",
-        cfg.kv_heads, ", ", cfg.head_dim, ")"));
-  }
-  const int64_t tokens = static_cast<int64_t>(info.tokens);
-  if (tokens < 1) return absl::FailedPreconditionError(absl::StrCat("pool ", id, " is empty"));
-  st.document_tokens = tokens;
+  const polykv_pool_info& info = chain.leaf();
+  st.document_tokens = chain.tokens;
   st.prompt_tokens = static_cast<int64_t>(prompt_ids.size());
-  st.pool_bytes = info.total_bytes;
-  st.pool_bf16_bytes = info.bf16_bytes;
+  st.pool_bytes = chain.total_bytes;
+  st.pool_bf16_bytes = chain.bf16_bytes;
   result.codec = info.codec;
 
-  // ---- the document's KV: a view of the mapped pool, or decoded into a private cache ----
+  // ---- the document's KV: views of the mapped pools, or decoded into a private cache ----
   auto t_decode = Clock::now();
-  std::vector<int32_t> doc_ids(tokens);
-  POLYKV_RETURN_IF_ERROR(FromCStatus(
-      polykv_pool_token_ids(guard.pool, doc_ids.data(), doc_ids.size()), "pool token ids"));
   const bool in_place = options_.attend == Attend::kInPlace &&
                         model_->weight_storage() == model::WeightStorage::kMapped &&
                         std::string(info.backend) == "host";
@@ -259,8 +308,7 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
   const int64_t extra =
       static_cast<int64_t>(prompt_ids.size()) + std::max<int32_t>(sampling.max_new_tokens, 0) + 1;
   model::KvCache cache;
-  POLYKV_RETURN_IF_ERROR(
-      BuildCache(guard.pool, id, tokens, extra, std::move(doc_ids), in_place, &cache, &st));
+  POLYKV_RETURN_IF_ERROR(BuildCache(chain, extra, in_place, &cache, &st));
   st.decode_ms = MsSince(t_decode);
   st.private_kv_bytes = CacheBytes(cache);
 
@@ -280,7 +328,7 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
 
   // The answer was computed from data checked under a valid lease; a failing DETACH (e.g.
   // the pool was evicted meanwhile, or the daemon left) does not invalidate it.
-  (void)guard.Release();
+  (void)chain.Release();
   st.peak_rss_bytes = PeakRssBytes();
   return result;
 }
@@ -298,22 +346,15 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
       if (id < 0 || id >= cfg.vocab)
         return absl::InvalidArgumentError(absl::StrCat("score: token id ", id, " outside the vocabulary"));
   const std::string id(pool_id);
-  PoolGuard guard;
-  polykv_pool_info info{};
-  POLYKV_RETURN_IF_ERROR(AttachPool(id, &guard.pool, &info));
-  if (model_->fingerprint() != info.model_fingerprint)
-    return absl::FailedPreconditionError(absl::StrCat("pool ", id, " was prefilled with another model"));
-  const int64_t tokens = static_cast<int64_t>(info.tokens);
-  std::vector<int32_t> doc_ids(tokens);
-  POLYKV_RETURN_IF_ERROR(FromCStatus(
-      polykv_pool_token_ids(guard.pool, doc_ids.data(), doc_ids.size()), "pool token ids"));
+  AttachedChain chain;
+  POLYKV_RETURN_IF_ERROR(AttachChain(id, &chain));
   const bool in_place = options_.attend == Attend::kInPlace &&
                         model_->weight_storage() == model::WeightStorage::kMapped &&
-                        std::string(info.backend) == "host";
+                        std::string(chain.leaf().backend) == "host";
   AgentStats st;
   model::KvCache cache;
-  POLYKV_RETURN_IF_ERROR(BuildCache(guard.pool, id, tokens, static_cast<int64_t>(input_ids.size()) + 1,
-                                    std::move(doc_ids), in_place, &cache, &st));
+  POLYKV_RETURN_IF_ERROR(
+      BuildCache(chain, static_cast<int64_t>(input_ids.size()) + 1, in_place, &cache, &st));
   std::vector<double> nll;
   try {
     torch::NoGradGuard ng;
@@ -334,71 +375,102 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
     return absl::InternalError(absl::StrCat("score: ", e.what()));
   }
   cache = model::KvCache();
-  (void)guard.Release();
+  (void)chain.Release();
   return nll;
 }
 
-Status PooledAgent::BuildCache(::polykv_pool* pool, const std::string& id, int64_t tokens,
-                               int64_t extra_capacity, std::vector<int32_t> doc_ids,
-                               bool in_place, model::KvCache* cache, AgentStats* st) {
+Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, bool in_place,
+                               model::KvCache* cache, AgentStats* st) {
   const model::ModelConfig& cfg = model_->config();
+  const size_t n = chain.infos.size();
+  std::vector<int32_t> doc_ids;
+  doc_ids.reserve(static_cast<size_t>(chain.tokens));
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<int32_t> part(chain.infos[i].tokens);
+    POLYKV_RETURN_IF_ERROR(FromCStatus(
+        polykv_pool_token_ids(chain.guards[i]->pool, part.data(), part.size()), "pool token ids"));
+    doc_ids.insert(doc_ids.end(), part.begin(), part.end());
+  }
+  std::vector<polykv_pool*> pools;
+  for (auto& g : chain.guards) pools.push_back(g->pool);
+  // The data is only trusted while every lease of the chain is valid.
+  auto check_leases = [pools, ids = chain.infos]() -> Status {
+    for (size_t i = 0; i < pools.size(); ++i) {
+      const polykv_status s = polykv_pool_lease_status(pools[i]);
+      if (s != POLYKV_OK) return FromCStatus(s, absl::StrCat("lease of pool ", ids[i].id));
+    }
+    return absl::OkStatus();
+  };
   if (in_place) {
-    const void* base = nullptr;
-    uint64_t size = 0;
-    POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_mapping(pool, &base, &size), "pool mapping"));
-    POLYKV_ASSIGN_OR_RETURN(ipc::PoolReader reader,
-                            ipc::PoolReader::Open(base, size, /*verify_payload=*/false));
-    const ipc::PoolParams& p = reader.params();
-    if (static_cast<int64_t>(p.tokens) != tokens)
-      return absl::DataLossError(absl::StrCat("pool ", id, ": header holds ", p.tokens,
-                                              " tokens, the daemon reported ", tokens));
     auto prefix = std::make_shared<model::KvPrefix>();
-    POLYKV_ASSIGN_OR_RETURN(prefix->view, ipc::PrefixViewOf(reader));
-    const kernels::PrefixView& v = prefix->view;
-    // Every forward step's results count only if the lease was still valid after it.
+    uint64_t bytes_per_token = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const void* base = nullptr;
+      uint64_t size = 0;
+      POLYKV_RETURN_IF_ERROR(
+          FromCStatus(polykv_pool_mapping(pools[i], &base, &size), "pool mapping"));
+      POLYKV_ASSIGN_OR_RETURN(ipc::PoolReader reader,
+                              ipc::PoolReader::Open(base, size, /*verify_payload=*/false));
+      const ipc::PoolParams& p = reader.params();
+      if (p.tokens != chain.infos[i].tokens || p.parent_tokens != chain.infos[i].parent_tokens)
+        return absl::DataLossError(absl::StrCat(
+            "pool ", chain.infos[i].id, ": header holds ", p.tokens, " tokens after ",
+            p.parent_tokens, ", the daemon reported ", chain.infos[i].tokens, " after ",
+            chain.infos[i].parent_tokens));
+      POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, ipc::PrefixViewOf(reader));
+      bytes_per_token += static_cast<uint64_t>(v.LayerBytes()) * v.layers.size();
+      if (i == 0) {
+        prefix->view = std::move(v);
+      } else {
+        prefix->tail.push_back(std::move(v));
+      }
+    }
+    // Every forward step's results count only if the leases were still valid after it.
     auto step = std::make_shared<int64_t>(0);
-    prefix->check = [this, pool, id, step]() -> Status {
+    prefix->check = [this, step, check_leases]() -> Status {
       if (hooks_.after_step) hooks_.after_step(*step);
       ++*step;
-      const polykv_status s = polykv_pool_lease_status(pool);
-      if (s != POLYKV_OK) return FromCStatus(s, absl::StrCat("lease of pool ", id));
-      return absl::OkStatus();
+      return check_leases();
     };
-    st->prefix_bytes_per_token = static_cast<uint64_t>(v.LayerBytes()) * v.layers.size();
+    st->prefix_bytes_per_token = bytes_per_token;
     POLYKV_ASSIGN_OR_RETURN(*cache, model_->NewCacheWithPrefix(std::move(prefix), std::move(doc_ids),
                                                                extra_capacity));
     return absl::OkStatus();
   }
-  // Decompressed: every layer decoded into the private cache.
+  // Decompressed: every layer of every pool decoded into the private cache, each pool at its
+  // own positions.
   POLYKV_ASSIGN_OR_RETURN(polykv_dtype cdtype, CDtypeOf(model_->dtype()));
-  *cache = model_->NewCache(tokens + extra_capacity);
-  if (static_cast<int32_t>(cache->k.size()) != cfg.layers || cache->capacity() < tokens)
+  *cache = model_->NewCache(chain.tokens + extra_capacity);
+  if (static_cast<int32_t>(cache->k.size()) != cfg.layers || cache->capacity() < chain.tokens)
     return absl::InternalError("model returned a cache of the wrong shape");
-  polykv_pool_info info{};
-  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_get_info(pool, &info), "pool info"));
   auto host_opts = torch::TensorOptions().dtype(model_->dtype()).device(torch::kCPU);
   try {
-    torch::Tensor k_buf = torch::empty({info.kv_heads, tokens, info.head_dim}, host_opts);
-    torch::Tensor v_buf = torch::empty({info.kv_heads, tokens, info.head_dim}, host_opts);
-    for (uint32_t l = 0; l < info.layers; ++l) {
-      const polykv_status cs = polykv_decode_layer(pool, l, k_buf.data_ptr(), v_buf.data_ptr(), cdtype);
-      if (cs != POLYKV_OK) {
-        Status s = FromCStatus(cs, absl::StrCat("decode layer ", l, " of pool ", id));
-        if (IsConnectionError(s)) Disconnect();
-        return s;
+    for (size_t i = 0; i < n; ++i) {
+      const polykv_pool_info& info = chain.infos[i];
+      const int64_t tokens = static_cast<int64_t>(info.tokens);
+      const int64_t off = static_cast<int64_t>(info.parent_tokens);
+      torch::Tensor k_buf = torch::empty({info.kv_heads, tokens, info.head_dim}, host_opts);
+      torch::Tensor v_buf = torch::empty({info.kv_heads, tokens, info.head_dim}, host_opts);
+      for (uint32_t l = 0; l < info.layers; ++l) {
+        const polykv_status cs =
+            polykv_decode_layer(pools[i], l, k_buf.data_ptr(), v_buf.data_ptr(), cdtype);
+        if (cs != POLYKV_OK) {
+          Status s = FromCStatus(cs, absl::StrCat("decode layer ", l, " of pool ", info.id));
+          if (IsConnectionError(s)) Disconnect();
+          return s;
+        }
+        cache->k[l].narrow(1, off, tokens).copy_(k_buf);
+        cache->v[l].narrow(1, off, tokens).copy_(v_buf);
+        if (hooks_.after_layer_decoded && i + 1 == n) hooks_.after_layer_decoded(l);
       }
-      cache->k[l].narrow(1, 0, tokens).copy_(k_buf);
-      cache->v[l].narrow(1, 0, tokens).copy_(v_buf);
-      if (hooks_.after_layer_decoded) hooks_.after_layer_decoded(l);
     }
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("copying decoded pool into the cache: ", e.what()));
   }
-  // The data is only trusted while the lease is: refuse if eviction/expiry was seen.
-  const polykv_status cs = polykv_pool_lease_status(pool);
-  if (cs != POLYKV_OK) return FromCStatus(cs, absl::StrCat("lease of pool ", id));
+  // The data is only trusted while the leases are: refuse if eviction/expiry was seen.
+  POLYKV_RETURN_IF_ERROR(check_leases());
   cache->tokens = std::move(doc_ids);
-  cache->length = tokens;
+  cache->length = chain.tokens;
   return absl::OkStatus();
 }
 

@@ -119,6 +119,8 @@ void ToCInfo(const ipc::PoolInfo& p, polykv_pool_info* out) {
   out->key_rel_mse_max = p.key_rel_mse_max;
   out->value_rel_mse_mean = p.value_rel_mse_mean;
   out->value_rel_mse_max = p.value_rel_mse_max;
+  CopyString(out->parent, sizeof(out->parent), p.parent);
+  out->parent_tokens = p.parent_tokens;
 }
 
 std::string Hex(const uint8_t* bytes, size_t n) {
@@ -293,7 +295,7 @@ void polykv_create_options_init(polykv_create_options* opts) {
   if (opts == nullptr) return;
   std::memset(opts, 0, sizeof(*opts));
   opts->struct_version = POLYKV_CREATE_OPTIONS_VERSION;
-  opts->codec = "k8v3";
+  opts->codec = nullptr;  // k8v3, or a child's parent's codec
   opts->key_scale = "tensor";
   opts->add_bos = 1;
   opts->timeout_ms = kDefaultCreateTimeoutMs;
@@ -401,12 +403,16 @@ polykv_status CreatePool(polykv_client* client, const polykv_create_options* opt
                          const char* document, size_t document_size, polykv_progress_fn progress,
                          void* user, polykv_pool_info* out, int* created, const char* what) {
   return Guarded(what, [&]() -> Status {
-    if (opts->struct_version != POLYKV_CREATE_OPTIONS_VERSION) {
+    if (opts->struct_version != 1 && opts->struct_version != POLYKV_CREATE_OPTIONS_VERSION) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "polykv_create_options.struct_version is ", opts->struct_version, ", expected ",
+          "polykv_create_options.struct_version is ", opts->struct_version, ", expected 1 or ",
           POLYKV_CREATE_OPTIONS_VERSION, " (call polykv_create_options_init)"));
     }
-    if (opts->model == nullptr || *opts->model == '\0') {
+    const char* parent =
+        opts->struct_version >= 2 && opts->parent != nullptr && *opts->parent != '\0'
+            ? opts->parent
+            : nullptr;
+    if (parent == nullptr && (opts->model == nullptr || *opts->model == '\0')) {
       return absl::InvalidArgumentError("create: model path is empty");
     }
     const bool has_doc = document != nullptr && document_size > 0;
@@ -421,7 +427,8 @@ polykv_status CreatePool(polykv_client* client, const polykv_create_options* opt
     }
     ipc::Request req;
     req.type = ipc::MessageType::kCreatePool;
-    req.model = opts->model;
+    req.model = opts->model != nullptr ? opts->model : "";
+    if (parent != nullptr) req.parent = parent;
     if (has_doc) {
       req.document.assign(document, document_size);  // every byte, NULs included
       // Refuse, rather than alter, text the protocol cannot carry (JSON strings are UTF-8).
@@ -429,9 +436,11 @@ polykv_status CreatePool(polykv_client* client, const polykv_create_options* opt
     }
     if (has_ids) req.token_ids.assign(opts->token_ids, opts->token_ids + opts->token_count);
     req.add_bos = opts->add_bos != 0;
-    req.codec = opts->codec ? opts->codec : "k8v3";
+    req.codec = opts->codec != nullptr && *opts->codec != '\0' ? opts->codec
+                : parent != nullptr                            ? ""
+                                                               : "k8v3";
     static const char* kCodecs[] = {"k8v3", "k8v2", "k8v4", "none"};
-    if (std::none_of(std::begin(kCodecs), std::end(kCodecs),
+    if (!(parent != nullptr && req.codec.empty()) && std::none_of(std::begin(kCodecs), std::end(kCodecs),
                      [&](const char* c) { return req.codec == c; })) {
       return absl::InvalidArgumentError(absl::StrCat(
           "create: unknown codec \"", ipc::Abbreviate(req.codec, 32),

@@ -296,13 +296,15 @@ Status LlamaBase::CheckTokens(absl::Span<const int32_t> tokens) const {
 Status LlamaBase::CheckCache(const KvCache& c) const {
   const int64_t p = c.prefix_length();
   if (c.prefix) {
-    const kernels::PrefixView& v = c.prefix->view;
-    if (static_cast<int>(v.layers.size()) != config_.layers || v.kv_heads != config_.kv_heads ||
-        v.head_dim != config_.head_dim)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KvCache: prefix of ", v.layers.size(), " layers, ", v.kv_heads, " KV heads, head_dim ",
-          v.head_dim, " for a model of ", config_.layers, ", ", config_.kv_heads, ", ",
-          config_.head_dim));
+    for (size_t s = 0; s <= c.prefix->tail.size(); ++s) {
+      const kernels::PrefixView& v = s == 0 ? c.prefix->view : c.prefix->tail[s - 1];
+      if (static_cast<int>(v.layers.size()) != config_.layers || v.kv_heads != config_.kv_heads ||
+          v.head_dim != config_.head_dim)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "KvCache: prefix segment ", s, " of ", v.layers.size(), " layers, ", v.kv_heads,
+            " KV heads, head_dim ", v.head_dim, " for a model of ", config_.layers, ", ",
+            config_.kv_heads, ", ", config_.head_dim));
+    }
   }
   if (c.k.empty() && c.v.empty()) {
     if (c.length != p)

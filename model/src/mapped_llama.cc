@@ -61,19 +61,23 @@ class MappedLlama final : public LlamaBase {
                                        std::vector<int32_t> tokens,
                                        int64_t capacity) const override {
     if (!prefix) return absl::InvalidArgumentError("NewCacheWithPrefix: null prefix");
-    const kernels::PrefixView& v = prefix->view;
-    if (static_cast<int>(v.layers.size()) != config_.layers || v.kv_heads != config_.kv_heads ||
-        v.head_dim != config_.head_dim)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prefix shape: ", v.layers.size(), " layers, ", v.kv_heads, " KV heads, head_dim ",
-          v.head_dim, "; the model has ", config_.layers, ", ", config_.kv_heads, ", ",
-          config_.head_dim));
-    POLYKV_RETURN_IF_ERROR(kernels::ValidatePrefixView(v));
-    if (static_cast<int64_t>(tokens.size()) != v.tokens)
-      return absl::InvalidArgumentError(absl::StrCat("prefix holds ", v.tokens, " positions but ",
-                                                     tokens.size(), " token ids were given"));
+    for (size_t s = 0; s <= prefix->tail.size(); ++s) {
+      const kernels::PrefixView& v = s == 0 ? prefix->view : prefix->tail[s - 1];
+      if (static_cast<int>(v.layers.size()) != config_.layers || v.kv_heads != config_.kv_heads ||
+          v.head_dim != config_.head_dim)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "prefix", s == 0 ? std::string() : absl::StrCat(" segment ", s), " shape: ",
+            v.layers.size(), " layers, ", v.kv_heads, " KV heads, head_dim ", v.head_dim,
+            "; the model has ", config_.layers, ", ", config_.kv_heads, ", ", config_.head_dim));
+      POLYKV_RETURN_IF_ERROR(kernels::ValidatePrefixView(v));
+    }
+    const int64_t prefix_tokens = prefix->tokens();
+    if (static_cast<int64_t>(tokens.size()) != prefix_tokens)
+      return absl::InvalidArgumentError(absl::StrCat("prefix holds ", prefix_tokens,
+                                                     " positions but ", tokens.size(),
+                                                     " token ids were given"));
     POLYKV_RETURN_IF_ERROR(CheckTokens(tokens));
-    POLYKV_RETURN_IF_ERROR(CheckWindow(0, v.tokens));
+    POLYKV_RETURN_IF_ERROR(CheckWindow(0, prefix_tokens));
     KvCache c;
     try {
       c = NewCache(capacity);
@@ -272,6 +276,7 @@ class MappedLlama final : public LlamaBase {
       } else {
         kernels::AttentionArgs a;
         a.prefix = cache.prefix ? &cache.prefix->view : nullptr;
+        if (cache.prefix) a.prefix_tail = cache.prefix->tail;
         a.layer = l;
         a.k_suffix = ck;
         a.v_suffix = cv;

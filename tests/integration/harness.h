@@ -276,7 +276,8 @@ class Daemon {
   /// Returns the pool id, or "" with `error` set.
   std::string CreatePool(const std::string& model, const std::vector<int32_t>& ids,
                          const std::string& codec, std::string* error,
-                         const std::string& document = "", bool add_bos = true) {
+                         const std::string& document = "", bool add_bos = true,
+                         const std::string& parent = "") {
     polykv_client* c = nullptr;
     if (polykv_connect(endpoint_.c_str(), 5000, &c) != POLYKV_OK) {
       if (error) *error = std::string("connect: ") + polykv_last_error();
@@ -291,8 +292,9 @@ class Daemon {
       o.token_ids = ids.data();
       o.token_count = ids.size();
     }
-    o.codec = codec.c_str();
+    o.codec = codec.empty() ? nullptr : codec.c_str();
     o.add_bos = add_bos ? 1 : 0;
+    o.parent = parent.empty() ? nullptr : parent.c_str();
     polykv_pool_info info{};
     polykv_status s = polykv_create_pool(c, &o, nullptr, nullptr, &info, nullptr);
     std::string err = polykv_last_error();

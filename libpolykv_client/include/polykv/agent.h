@@ -130,8 +130,9 @@ class PooledAgent {
   PooledAgent(const PooledAgent&) = delete;
   PooledAgent& operator=(const PooledAgent&) = delete;
 
-  /// Attaches `pool_id`, decodes it into a private cache, generates from `prompt_ids`
-  /// (appended after the document), detaches. Errors:
+  /// Attaches `pool_id` (a child pool: its parent chain too), attends to it in place or
+  /// decodes it into a private cache, generates from `prompt_ids` (appended after the
+  /// document: every pool of the chain), detaches. Errors:
   ///  kNotFound (unknown or evicted pool: "pool <id> was evicted"),
   ///  kFailedPrecondition (lease expired, or the pool's model fingerprint / shape does not
   ///  match the loaded model), kUnavailable / kDeadlineExceeded (daemon gone; the next
@@ -160,7 +161,8 @@ class PooledAgent {
                                        absl::Span<const int32_t> prompt_ids,
                                        const model::SamplingOptions& sampling);
 
-  /// Reads a pool's token ids (attach + read + detach). Errors as Run.
+  /// Reads the token ids an agent of the pool attends to (attach + read + detach): its parent
+  /// chain's (pool tree) and its own. Errors as Run.
   StatusOr<std::vector<int32_t>> PoolTokenIds(std::string_view pool_id);
 
   /// Encodes prompt text with the model's tokenizer (no BOS). kFailedPrecondition without
@@ -174,10 +176,17 @@ class PooledAgent {
 
  private:
   PooledAgent() = default;
+  /// The pools a Run attends to: the one asked for and its parent chain (pool tree), root
+  /// first, each attached with its own lease (defined in agent.cc).
+  struct AttachedChain;
   Status EnsureConnected(double* connect_ms);
-  /// Fills `cache` from the attached pool: a prefix view (in place) or decoded layers.
-  Status BuildCache(::polykv_pool* pool, const std::string& id, int64_t tokens,
-                    int64_t extra_capacity, std::vector<int32_t> doc_ids, bool in_place,
+  /// Attaches pool `id` and every parent up to the root, checking that each was prefilled
+  /// with this model and shape and that their positions follow one another. Errors: as Run;
+  /// kDataLoss for a chain whose positions do not add up.
+  Status AttachChain(const std::string& id, AttachedChain* chain);
+  /// Fills `cache` from the attached chain (positions 0 .. chain tokens - 1): prefix views of
+  /// every pool (in place) or their decoded layers.
+  Status BuildCache(AttachedChain& chain, int64_t extra_capacity, bool in_place,
                     model::KvCache* cache, AgentStats* st);
   void Disconnect();
   /// Connects if needed and attaches pool `id` into `*pool` (detached by the caller's guard),

@@ -83,6 +83,11 @@ typedef struct polykv_pool_info_t {
   uint32_t fidelity_layers;
   double key_rel_mse_mean, key_rel_mse_max;
   double value_rel_mse_mean, value_rel_mse_max;
+  /* A pool tree: the parent pool's id ("" for a root pool) and the positions of the whole
+   * parent chain, which this pool's `tokens` follow. A reader attends to the whole chain:
+   * attach the parent (by this id) too, and so on up to the root (PooledAgent does). */
+  char parent[65];
+  uint64_t parent_tokens;
 } polykv_pool_info;
 
 /** PING reply: the daemon's identity and memory use. */
@@ -123,15 +128,22 @@ typedef struct polykv_create_options_t {
   const char* document;     /**< text, or NULL when token_ids is given */
   const int32_t* token_ids; /**< token ids, or NULL when document is given */
   size_t token_count;       /**< number of token_ids */
-  const char* codec;        /**< "k8v3" (default, NULL), "k8v2", "k8v4" or "none" */
+  const char* codec;        /**< "k8v3" (default, NULL or ""), "k8v2", "k8v4" or "none"; for a
+                                 child pool NULL/"" = the parent's codec */
   const char* key_scale;    /**< "tensor" (default, NULL), "head" or "channel" */
   int norm_correction;      /**< non-zero: TurboQuant norm correction on values */
   int add_bos;              /**< non-zero (default): prepend BOS when tokenizing `document` */
   int timeout_ms;           /**< bound for the whole create; <= 0: 600000 (10 min) */
+  /* struct_version >= 2: */
+  const char* parent;       /**< NULL: a root pool. Else the id (or unique prefix) of the parent
+                                 pool: the new pool holds only `document`'s KV, prefilled after
+                                 the parent chain's (a pool tree); `model` may then be NULL (the
+                                 parent's), the document is tokenized without BOS, and the codec
+                                 is the parent's. */
 } polykv_create_options;
 
-/** Current version of polykv_create_options. */
-#define POLYKV_CREATE_OPTIONS_VERSION 1u
+/** Current version of polykv_create_options (1: without `parent`, also accepted). */
+#define POLYKV_CREATE_OPTIONS_VERSION 2u
 
 /** Progress callback of polykv_create_pool: `stage` is "tokenize", "prefill", "encode" or
  *  "publish"; `done` of `total` units (tokens for prefill, layers for encode). Called on the

@@ -146,6 +146,9 @@ struct PoolInfo {
   /// Reconstruction error recorded at build (see polykv_pool_info); 0 layers: not recorded.
   uint32_t fidelity_layers = 0;
   double key_rel_mse_mean = 0, key_rel_mse_max = 0, value_rel_mse_mean = 0, value_rel_mse_max = 0;
+  /// Pool tree: the parent's id ("" for a root pool) and the parent chain's positions.
+  std::string parent;
+  uint64_t parent_tokens = 0;
 
   /// Converts from the C struct.
   static PoolInfo FromC(const polykv_pool_info& c) {
@@ -179,6 +182,8 @@ struct PoolInfo {
     p.key_rel_mse_max = c.key_rel_mse_max;
     p.value_rel_mse_mean = c.value_rel_mse_mean;
     p.value_rel_mse_max = c.value_rel_mse_max;
+    p.parent = c.parent;
+    p.parent_tokens = c.parent_tokens;
     return p;
   }
   /// Elements of one of K or V of a layer: kv_heads * tokens * head_dim.
@@ -203,11 +208,14 @@ struct CreateOptions {
   std::string model;               ///< model path (resolved by the daemon)
   std::string document;            ///< text to tokenize (empty when token_ids is used)
   std::vector<int32_t> token_ids;  ///< explicit ids (empty when document is used)
-  std::string codec = "k8v3";      ///< "k8v3" | "k8v2" | "k8v4" | "none"
+  std::string codec;               ///< "k8v3" (default: "") | "k8v2" | "k8v4" | "none";
+                                   ///< a child's default is its parent's
   std::string key_scale = "tensor";  ///< "tensor" | "head" | "channel"
   bool norm_correction = false;
   bool add_bos = true;
   int timeout_ms = 600000;         ///< bound for the whole create (ms)
+  /// A child pool (pool tree): the parent's id or unique prefix; `model` may stay empty.
+  std::string parent;
 };
 
 /// Result of Client::CreatePool.
@@ -296,7 +304,8 @@ class Client {
   Result<CreatedPool> CreatePool(const CreateOptions& options, const ProgressFn& progress = {}) {
     polykv_create_options o;
     polykv_create_options_init(&o);
-    o.model = options.model.c_str();
+    o.model = options.model.empty() ? nullptr : options.model.c_str();
+    o.parent = options.parent.empty() ? nullptr : options.parent.c_str();
     o.document = nullptr;
     o.token_ids = options.token_ids.empty() ? nullptr : options.token_ids.data();
     o.token_count = options.token_ids.size();

@@ -43,7 +43,7 @@ struct TestPrefix {
 // at that width and records it in PrefixLayer::value_bits (config.value_bits stays `bits`).
 TestPrefix MakePrefix(int kv_heads, int64_t tokens, int hd, const std::string& codec, int bits,
                       KeyScaleMode mode, uint64_t seed, int key_bits = 8, bool f16_norms = false,
-                      int layer_bits = 0) {
+                      int layer_bits = 0, uint64_t rotation_seed = 0) {
   TestPrefix p;
   const LayerShape shape{kv_heads, tokens, hd};
   p.kraw = Gauss(shape.elements(), seed, 1.5f);
@@ -84,7 +84,7 @@ TestPrefix MakePrefix(int kv_heads, int64_t tokens, int hd, const std::string& c
   p.view.codec = PrefixCodec::kK8V;
   p.view.config.value_bits = bits;
   p.view.config.key_scale = mode;
-  p.view.config.rotation_seed = seed * 7919;
+  p.view.config.rotation_seed = rotation_seed != 0 ? rotation_seed : seed * 7919;
   p.view.config.key_bits = key_bits;
   p.view.config.norm_dtype = f16_norms ? DType::kF16 : DType::kF32;
   CodecConfig vcfg = p.view.config;
@@ -316,6 +316,151 @@ TEST(Attention, RawPrefixEqualsSameValuesHeldAsPrefixBitForBit) {
   two.threads = 2;
   ASSERT_TRUE(AttentionForward(a, two).ok());
   EXPECT_EQ(o1, o2);
+}
+
+// The prefix of `a` followed by that of `b` as one decoded prefix (for Reference).
+TestPrefix Concatenated(const TestPrefix& a, const TestPrefix& b) {
+  TestPrefix c;
+  c.view = a.view;
+  c.view.tokens = a.view.tokens + b.view.tokens;
+  const int kvh = a.view.kv_heads, hd = a.view.head_dim;
+  for (int h = 0; h < kvh; ++h) {
+    for (const TestPrefix* p : {&a, &b}) {
+      const int64_t n = p->view.tokens * hd;
+      c.kdec.insert(c.kdec.end(), p->kdec.begin() + h * n, p->kdec.begin() + (h + 1) * n);
+      c.vdec.insert(c.vdec.end(), p->vdec.begin() + h * n, p->vdec.begin() + (h + 1) * n);
+    }
+  }
+  return c;
+}
+
+TEST(Attention, PrefixSegmentsEqualTheConcatenatedPrefix) {
+  // A pool tree: a parent's segment then a child's, each encoded on its own (own key scales,
+  // even another key scale mode, the same rotation seed): plain attention over both decoded
+  // segments concatenated, on every ISA and thread count.
+  struct Case {
+    const char* codec;
+    int bits;
+    KeyScaleMode ma, mb;
+    int64_t pa, pb;
+  };
+  const Case cases[] = {
+      {"none-f32", 0, KeyScaleMode::kPerTensor, KeyScaleMode::kPerTensor, 300, 45},
+      {"none-bf16", 0, KeyScaleMode::kPerTensor, KeyScaleMode::kPerTensor, 256, 300},
+      {"k8v", 3, KeyScaleMode::kPerTensor, KeyScaleMode::kPerTensor, 600, 37},
+      {"k8v", 4, KeyScaleMode::kPerChannel, KeyScaleMode::kPerHead, 100, 260},
+      {"k8v", 2, KeyScaleMode::kPerHead, KeyScaleMode::kPerHead, 1, 1},
+  };
+  const int heads = 9, kvh = 3, hd = 64;
+  for (const Case& cs : cases) {
+    SCOPED_TRACE(::testing::Message() << cs.codec << cs.bits << " " << cs.pa << "+" << cs.pb);
+    TestPrefix a = MakePrefix(kvh, cs.pa, hd, cs.codec, cs.bits, cs.ma, 31, 8, false, 0, 4242);
+    TestPrefix b = MakePrefix(kvh, cs.pb, hd, cs.codec, cs.bits, cs.mb, 77, 8, false, 0, 4242);
+    TestPrefix cat = Concatenated(a, b);
+    const int64_t cap = 20, slen = 11, n = 3;
+    const auto ks = Gauss(kvh * cap * hd, 41, 1.5f), vs = Gauss(kvh * cap * hd, 42);
+    const auto q = Gauss(n * heads * hd, 43);
+    const auto ref = Reference(&cat, ks, vs, cap, slen, n, heads, kvh, hd, q);
+    std::vector<PrefixView> tail = {b.view};
+    AttentionArgs args;
+    args.prefix = &a.view;
+    args.prefix_tail = tail;
+    args.k_suffix = ks.data();
+    args.v_suffix = vs.data();
+    args.suffix_capacity = cap;
+    args.suffix_length = slen;
+    args.n = n;
+    args.heads = heads;
+    args.kv_heads = kvh;
+    args.head_dim = hd;
+    args.q = q.data();
+    for (Isa isa : SupportedIsas()) {
+      for (int threads : {1, 2}) {
+        std::vector<float> out(ref.size(), 1e30f);
+        args.out = out.data();
+        AttentionOptions o;
+        o.isa = static_cast<int>(isa);
+        o.threads = threads;
+        ASSERT_TRUE(AttentionForward(args, o).ok());
+        double max_err = 0;
+        for (size_t i = 0; i < ref.size(); ++i) max_err = std::max(max_err, std::fabs(out[i] - ref[i]));
+        EXPECT_LE(max_err, 2e-5) << IsaName(isa) << " threads " << threads;
+      }
+    }
+  }
+}
+
+TEST(Attention, PrefixSplitAtAChunkBoundaryIsBitIdentical) {
+  // Each segment is chunked from its own first token: a raw prefix of 700 tokens split at
+  // 512 (2 x kAttentionChunk) runs exactly the chunks and merges of the unsplit prefix.
+  const int kvh = 3, hd = 64, heads = 9;
+  TestPrefix whole = MakePrefix(kvh, 700, hd, "none-f32", 0, KeyScaleMode::kPerTensor, 9);
+  std::vector<float> ka, va, kb, vb;
+  for (int h = 0; h < kvh; ++h) {
+    const float* k = whole.kraw.data() + h * 700 * hd;
+    const float* v = whole.vraw.data() + h * 700 * hd;
+    ka.insert(ka.end(), k, k + 512 * hd);
+    va.insert(va.end(), v, v + 512 * hd);
+    kb.insert(kb.end(), k + 512 * hd, k + 700 * hd);
+    vb.insert(vb.end(), v + 512 * hd, v + 700 * hd);
+  }
+  PrefixView head = whole.view, tail = whole.view;
+  head.tokens = 512;
+  head.layers[0] = PrefixLayer{ka.data(), nullptr, va.data(), nullptr};
+  tail.tokens = 188;
+  tail.layers[0] = PrefixLayer{kb.data(), nullptr, vb.data(), nullptr};
+  const int64_t cap = 16;
+  const auto ks = Gauss(kvh * cap * hd, 1), vs = Gauss(kvh * cap * hd, 2), q = Gauss(2 * heads * hd, 3);
+  std::vector<float> o1(2 * heads * hd), o2(o1.size());
+  AttentionArgs a;
+  a.k_suffix = ks.data();
+  a.v_suffix = vs.data();
+  a.suffix_capacity = cap;
+  a.suffix_length = 9;
+  a.n = 2;
+  a.heads = heads;
+  a.kv_heads = kvh;
+  a.head_dim = hd;
+  a.q = q.data();
+  for (int threads : {1, 2}) {
+    AttentionOptions o;
+    o.threads = threads;
+    a.prefix = &whole.view;
+    a.prefix_tail = {};
+    a.out = o1.data();
+    ASSERT_TRUE(AttentionForward(a, o).ok());
+    std::vector<PrefixView> tails = {tail};
+    a.prefix = &head;
+    a.prefix_tail = tails;
+    a.out = o2.data();
+    ASSERT_TRUE(AttentionForward(a, o).ok());
+    EXPECT_EQ(o1, o2) << "threads " << threads;
+  }
+}
+
+TEST(Attention, PrefixSegmentsMustShareCodecAndRotation) {
+  TestPrefix a = MakePrefix(2, 10, 16, "k8v", 3, KeyScaleMode::kPerTensor, 1, 8, false, 0, 99);
+  TestPrefix b = MakePrefix(2, 10, 16, "k8v", 3, KeyScaleMode::kPerTensor, 2, 8, false, 0, 100);
+  TestPrefix r = MakePrefix(2, 10, 16, "none-f32", 0, KeyScaleMode::kPerTensor, 3);
+  std::vector<float> buf(4096);
+  AttentionArgs args;
+  args.k_suffix = args.v_suffix = buf.data();
+  args.q = buf.data();
+  args.out = buf.data() + 2048;
+  args.suffix_capacity = 4;
+  args.suffix_length = 1;
+  args.n = 1;
+  args.heads = 2;
+  args.kv_heads = 2;
+  args.head_dim = 16;
+  args.prefix = &a.view;
+  for (const PrefixView* bad : {&b.view, &r.view}) {
+    std::vector<PrefixView> tail = {*bad};
+    args.prefix_tail = tail;
+    const Status s = AttentionForward(args);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("segment 1"), std::string::npos) << s;
+  }
 }
 
 TEST(Attention, MergeHandlesEmptyPartsAndInfinities) {

@@ -89,8 +89,14 @@ struct PoolHeader {
   uint32_t reserved1;
   float key_rel_mse[kPoolFidelityLayers];
   float value_rel_mse[kPoolFidelityLayers];
+  /// A pool tree: positions of the parent chain this pool continues (0: a root pool). The
+  /// pool's `tokens` are its own, at positions parent_tokens .. parent_tokens + tokens - 1,
+  /// and its K/V were prefilled attending to the parent chain's KV.
+  uint64_t parent_tokens;
+  /// SHA-256 id of the parent pool (all zero for a root pool). Covered by header_checksum.
+  uint8_t parent_id[32];
   uint8_t reserved[4096 - 8 - 4 - 4 - 8 - 32 - 72 - 72 - 4 * 4 - 8 - 4 * 4 - 8 - 4 - 4 - 8 - 8 -
-                   32 - 48 - 4 - 4 - 2 * 4 * kPoolFidelityLayers];
+                   32 - 48 - 4 - 4 - 2 * 4 * kPoolFidelityLayers - 8 - 32];
 };
 static_assert(sizeof(PoolHeader) == kPoolHeaderBytes, "PoolHeader must be 4096 bytes");
 
@@ -107,6 +113,10 @@ struct PoolParams {
   std::string tokenizer_fingerprint;
   std::string architecture;      ///< < 32 chars (PoolHeader::architecture)
   std::string tokenizer_family;  ///< < 48 chars (PoolHeader::tokenizer_family)
+  /// A child pool (pool tree): the parent's id (64 lowercase hex) and the positions of the
+  /// whole parent chain; empty and 0 for a root pool.
+  std::string parent_id;
+  uint64_t parent_tokens = 0;
 };
 
 /// Byte offsets of one layer's sections from the start of the region.

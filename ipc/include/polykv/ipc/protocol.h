@@ -84,6 +84,11 @@ struct PoolInfo {
   uint32_t fidelity_layers = 0;
   double key_rel_mse_mean = 0, key_rel_mse_max = 0;
   double value_rel_mse_mean = 0, value_rel_mse_max = 0;
+  /// A pool tree: the parent pool's id (empty for a root pool) and the positions of the whole
+  /// parent chain; this pool's `tokens` follow them. Agents attach the chain and attend to
+  /// every pool of it in place.
+  std::string parent;
+  uint64_t parent_tokens = 0;
 };
 
 /// A request from a client. Fields not used by `type` are ignored.
@@ -97,7 +102,13 @@ struct Request {
   uint64_t document_bytes = 0;
   std::vector<int32_t> token_ids;
   bool add_bos = true;
-  std::string codec = "k8v3";    ///< "k8v2" | "k8v3" | "k8v4" | "none"
+  std::string codec = "k8v3";    ///< "k8v2" | "k8v3" | "k8v4" | "none" ("" with `parent`)
+  /// CREATE_POOL of a child pool (pool tree): the parent's id (full or a unique prefix). The
+  /// document (text tokenized without BOS unless add_bos, or token_ids) continues the parent
+  /// chain; the child is prefilled attending to the parent's KV and takes its codec
+  /// parameters (`codec` empty, or the parent's codec name; key_scale and norm_correction
+  /// are the parent's).
+  std::string parent;
   std::string key_scale = "tensor";  ///< "tensor" | "head" | "channel"
   bool norm_correction = false;
   bool progress = false;         ///< send PROGRESS messages

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "polykv/kernels/codec.h"
 #include "polykv/kernels/cpu.h"
 #include "polykv/status.h"
@@ -87,7 +88,15 @@ Status ValidatePrefixView(const PrefixView& view);
 /// Arguments of AttentionForward for one layer.
 struct AttentionArgs {
   const PrefixView* prefix = nullptr;  ///< may be null (no prefix)
-  int32_t layer = 0;                   ///< prefix layer
+  /// Further prefix segments after `prefix`, in position order (a pool tree: the root pool's
+  /// tokens, then each child's): a segment's positions follow those of the segments before
+  /// it. Each segment has its own layers (codes, key scales, norms); all must match `prefix`
+  /// in kv_heads, head_dim and codec, and kK8V segments in rotation seed (values are merged
+  /// in the rotated domain and un-rotated once). Each segment is chunked from its own first
+  /// token, so a split at a multiple of kAttentionChunk gives bit-identical results to one
+  /// segment holding both. The CUDA kernels take one segment (kUnimplemented otherwise).
+  absl::Span<const PrefixView> prefix_tail;
+  int32_t layer = 0;                   ///< prefix layer (of every segment)
   const float* k_suffix = nullptr;     ///< f32 [kv_heads][suffix_capacity][head_dim]
   const float* v_suffix = nullptr;
   int64_t suffix_capacity = 0;

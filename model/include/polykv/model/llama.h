@@ -157,6 +157,16 @@ struct LoadOptions {
 /// copied. Only the mapped runtime attends to prefixes.
 struct KvPrefix {
   kernels::PrefixView view;
+  /// Further read-only segments after `view`, in position order (a pool tree: the root
+  /// pool's tokens in `view`, then each child pool's): attended to as one prefix
+  /// (kernels::AttentionArgs::prefix_tail). Each must match the model as `view` does.
+  std::vector<kernels::PrefixView> tail;
+  /// Positions of all segments.
+  int64_t tokens() const {
+    int64_t n = view.tokens;
+    for (const kernels::PrefixView& t : tail) n += t.tokens;
+    return n;
+  }
   /// Called after every forward step that read the prefix; a non-OK status fails the step
   /// (e.g. the pool's lease expired or it was evicted), and its results are discarded.
   std::function<Status()> check;
@@ -178,7 +188,7 @@ struct KvCache {
   /// Suffix slots allocated.
   int64_t capacity() const { return k.empty() ? 0 : k[0].size(1); }
   /// Positions held by the shared prefix (0 without one).
-  int64_t prefix_length() const { return prefix ? prefix->view.tokens : 0; }
+  int64_t prefix_length() const { return prefix ? prefix->tokens() : 0; }
   /// Valid positions held privately.
   int64_t suffix_length() const { return length - prefix_length(); }
 };
@@ -235,9 +245,9 @@ class LlamaModel {
   /// An empty cache with room for `capacity` positions.
   virtual KvCache NewCache(int64_t capacity) const = 0;
 
-  /// A cache whose first prefix->view.tokens positions are the read-only `prefix` (ids
-  /// `tokens`), with room for `capacity` private positions after it. Errors:
-  /// kInvalidArgument when the prefix does not match the model (layers, kv_heads, head_dim)
+  /// A cache whose first prefix->tokens() positions are the read-only `prefix` (all its
+  /// segments; ids `tokens`), with room for `capacity` private positions after it. Errors:
+  /// kInvalidArgument when a segment does not match the model (layers, kv_heads, head_dim)
   /// or tokens.size() != its length; kFailedPrecondition for a runtime that cannot attend
   /// to a prefix in place (the libtorch copy runtime).
   virtual StatusOr<KvCache> NewCacheWithPrefix(std::shared_ptr<const KvPrefix> prefix,
