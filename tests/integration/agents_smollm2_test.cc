@@ -135,6 +135,36 @@ TEST_F(AgentsSmolLM2, NoneCodecAgentEqualsSingleProcessRun) {
   }
 }
 
+TEST_F(AgentsSmolLM2, ChildOfNonePoolEqualsOnePoolOfTheConcatenatedText) {
+  // A pool tree on real text: the article (system turn) as the parent, an agent's task
+  // prefix (a second system turn) as a child pool. The concatenated text splits at the
+  // special token <|im_start|>, so the child chain holds exactly the whole pool's tokens, and
+  // codec none gives the same greedy answers.
+  const std::string task =
+      "<|im_start|>system\nYou are a careful assistant: answer in one short sentence.<|im_end|>\n";
+  std::string err;
+  const std::string parent = daemon_->CreatePool(SmolLM2Path(), {}, "none", &err, Document(), false);
+  ASSERT_FALSE(parent.empty()) << err;
+  const std::string child = daemon_->CreatePool("", {}, "", &err, task, false, parent);
+  ASSERT_FALSE(child.empty()) << err << daemon_->log();
+  const std::string whole =
+      daemon_->CreatePool(SmolLM2Path(), {}, "none", &err, Document() + task, false);
+  ASSERT_FALSE(whole.empty()) << err;
+  std::vector<int32_t> chain = PoolIds(*daemon_, parent);
+  const std::vector<int32_t> own = PoolIds(*daemon_, child);
+  chain.insert(chain.end(), own.begin(), own.end());
+  EXPECT_EQ(chain, PoolIds(*daemon_, whole));
+  const polykv_pool_info ci = daemon_->Info(child);
+  EXPECT_EQ(ci.parent_tokens + ci.tokens, daemon_->Info(whole).tokens);
+  for (int q = 0; q < 2; ++q) {
+    json c = Agent(child, kQuestions[q], 32, /*ignore_eos=*/true);
+    json w = Agent(whole, kQuestions[q], 32, /*ignore_eos=*/true);
+    ASSERT_EQ(Ids(w).size(), 32u);
+    EXPECT_EQ(Ids(c), Ids(w)) << kQuestions[q] << ": " << c["answer"] << " vs " << w["answer"];
+    EXPECT_EQ(c["stats"]["document_tokens"], w["stats"]["document_tokens"]);
+  }
+}
+
 TEST_F(AgentsSmolLM2, K8V3GreedyAgreementOver64Tokens) {
   const std::string pool = Create("k8v3");
   ASSERT_FALSE(pool.empty());

@@ -34,11 +34,12 @@ class PoolManagerTest : public ::testing::Test {
     manager_.reset();
     testing::RemoveShmObjects(prefix_);
   }
-  PoolManager& Make(uint64_t cap = 0, int64_t lease_ms = 30000) {
+  PoolManager& Make(uint64_t cap = 0, int64_t lease_ms = 30000, int create_delay_ms = 0) {
     PoolManagerOptions o;
     o.backend = "host";
     o.memory_cap = cap;
     o.lease_ms = lease_ms;
+    o.test_create_delay_ms = create_delay_ms;
     o.shm_prefix = prefix_;
     manager_ = std::make_unique<PoolManager>(std::move(o));
     return *manager_;
@@ -78,6 +79,14 @@ TEST_F(PoolManagerTest, PoolIdIsContentAddressed) {
   q = p;
   q.codec_config.norm_correction = true;
   EXPECT_NE(a, ComputePoolId("m", "t", q, ids));
+  // A child pool (pool tree): the same tokens after another parent are another pool.
+  q = p;
+  q.parent_id = std::string(64, 'a');
+  q.parent_tokens = 10;
+  const std::string child = ComputePoolId("m", "t", q, ids);
+  EXPECT_NE(a, child);
+  q.parent_id = std::string(64, 'b');
+  EXPECT_NE(child, ComputePoolId("m", "t", q, ids));
 }
 
 TEST_F(PoolManagerTest, CreateNoneAndK8v3PublishReadablePools) {
@@ -289,6 +298,42 @@ TEST_F(PoolManagerTest, MemoryCapExceededLeavesNothingBehind) {
             absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(tiny.List().empty());
   EXPECT_TRUE(MemfdObjects(prefix_).empty());
+}
+
+TEST_F(PoolManagerTest, ChildCreateAbortsWhenItsParentIsEvictedMeanwhile) {
+  // The child's prefill reads the parent through its own read-only mappings, so a forced
+  // evict during the create cannot pull the memory away; the child is then not published
+  // (it could never be attended to), and its memory is released.
+  PoolManager& m = Make(0, 30000, /*create_delay_ms=*/600);
+  auto parent = m.CreatePool(CreateRequest("k8v3"), nullptr);
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  const uint64_t used = m.memory_used();
+  ipc::Request child = CreateRequest("");
+  child.model.clear();
+  child.token_ids.resize(40);
+  child.parent = parent->info.id.substr(0, 10);
+  StatusOr<CreateResult> r = absl::InternalError("not run");
+  std::thread t([&] { r = m.CreatePool(child, nullptr); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(m.Evict(parent->info.id, /*force=*/true).ok());
+  t.join();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("evicted"), std::string::npos) << r.status();
+  EXPECT_TRUE(m.List().empty());
+  EXPECT_EQ(m.memory_used(), 0u);
+  EXPECT_GT(used, 0u);
+  EXPECT_TRUE(MemfdObjects(prefix_).empty());
+  // Without the race the same child publishes, holding only its own 40 tokens.
+  auto p2 = m.CreatePool(CreateRequest("k8v3"), nullptr);
+  ASSERT_TRUE(p2.ok());
+  child.parent = p2->info.id;
+  auto c2 = m.CreatePool(child, nullptr);
+  ASSERT_TRUE(c2.ok()) << c2.status();
+  EXPECT_EQ(c2->info.tokens, 40u);
+  EXPECT_EQ(c2->info.parent, p2->info.id);
+  EXPECT_EQ(c2->info.parent_tokens, p2->info.tokens);
+  EXPECT_EQ(c2->info.model, p2->info.model) << "the parent's model by default";
+  EXPECT_EQ(m.Evict(p2->info.id, false).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(PoolManagerTest, BadRequestsAreErrors) {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -163,6 +164,42 @@ TEST(PoolLayoutTest, NoneRoundTripIsBitExact) {
     std::memcpy(&f, &u, 4);
     EXPECT_NEAR(f, k0[i], std::abs(k0[i]) / 128 + 1e-30) << i;
   }
+}
+
+TEST(PoolLayoutTest, ChildPoolRecordsItsParentInTheHeader) {
+  // A pool tree: parent id + parent chain length survive the round trip; a root pool reads
+  // back with neither; a flipped parent byte fails the header checksum.
+  PoolParams p = SmallParams(PoolCodec::kK8V);
+  p.parent_id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+  p.parent_tokens = 1438;
+  auto region = BuildPool(p);
+  auto r = PoolReader::Open(region.data(), region.size(), /*verify_payload=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->params().parent_id, p.parent_id);
+  EXPECT_EQ(r->params().parent_tokens, 1438u);
+  EXPECT_EQ(r->header().parent_id[0], 0x01);
+  EXPECT_EQ(r->header().parent_id[31], 0xef);
+  EXPECT_EQ(r->params().tokens, p.tokens);
+  auto root = BuildPool(SmallParams(PoolCodec::kK8V));
+  auto rr = PoolReader::Open(root.data(), root.size(), true);
+  ASSERT_TRUE(rr.ok());
+  EXPECT_EQ(rr->params().parent_id, "");
+  EXPECT_EQ(rr->params().parent_tokens, 0u);
+  region[offsetof(PoolHeader, parent_id) + 5] ^= 1;
+  auto bad = PoolReader::Open(region.data(), region.size(), false);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+  // Parent fields are given together, as 64 lowercase hex chars.
+  PoolParams q = SmallParams(PoolCodec::kK8V);
+  q.parent_tokens = 5;
+  EXPECT_EQ(ComputePoolLayout(q).status().code(), absl::StatusCode::kInvalidArgument);
+  q.parent_id = std::string(64, 'A');
+  EXPECT_EQ(ComputePoolLayout(q).status().code(), absl::StatusCode::kInvalidArgument);
+  q.parent_id = std::string(63, 'a');
+  EXPECT_EQ(ComputePoolLayout(q).status().code(), absl::StatusCode::kInvalidArgument);
+  q.parent_id = std::string(64, 'a');
+  EXPECT_TRUE(ComputePoolLayout(q).ok());
+  q.parent_tokens = 0;
+  EXPECT_EQ(ComputePoolLayout(q).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(PoolLayoutTest, K8v3DecodeEqualsDirectCodec) {

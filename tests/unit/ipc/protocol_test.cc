@@ -34,8 +34,17 @@ TEST(ProtocolTest, CreatePoolRequestRoundTrip) {
   r.key_scale = "channel";
   r.norm_correction = true;
   r.progress = true;
+  r.parent = "0123abcd";
   auto d = DecodeRequest(EncodeRequest(r));
   ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->parent, "0123abcd");
+  // A child pool's create may leave the model to the daemon (the parent's); a root may not.
+  Request child = r;
+  child.model.clear();
+  EXPECT_TRUE(DecodeRequest(EncodeRequest(child)).ok());
+  child.parent.clear();
+  EXPECT_EQ(DecodeRequest(EncodeRequest(child)).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(d->type, MessageType::kCreatePool);
   EXPECT_EQ(d->id, 42u);
   EXPECT_EQ(d->model, r.model);
@@ -108,6 +117,8 @@ TEST(ProtocolTest, ReplyRoundTripWithPoolAndCudaHandle) {
   info.bf16_bytes = 6;
   info.effective_ratio = 3.25;
   info.leases = 2;
+  info.parent = std::string(64, 'c');
+  info.parent_tokens = 777;
   info.created_unix_ms = 1700000000000;
   info.prefill_ms = 1.5;
   info.encode_ms = 2.5;
@@ -136,6 +147,8 @@ TEST(ProtocolTest, ReplyRoundTripWithPoolAndCudaHandle) {
   EXPECT_DOUBLE_EQ(d->pool->effective_ratio, 3.25);
   EXPECT_EQ(d->pool->created_unix_ms, info.created_unix_ms);
   EXPECT_DOUBLE_EQ(d->pool->publish_ms, 0.25);
+  EXPECT_EQ(d->pool->parent, info.parent);
+  EXPECT_EQ(d->pool->parent_tokens, 777u);
   EXPECT_EQ(d->lease_id, r.lease_id);
   EXPECT_EQ(d->lease_expires_unix_ms, r.lease_expires_unix_ms);
   EXPECT_EQ(d->lease_ms, 30000);
