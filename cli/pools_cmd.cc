@@ -744,8 +744,10 @@ void RegisterPoolsCommands(CLI::App& app) {
                                  "explicit token ids, e.g. 1,2,3");
   doc->excludes(ids);
   ids->excludes(doc);
-  create->add_option("--codec", create_args.codec, "pool codec (default k8v3; a child: its parent's)")
-      ->check(CLI::IsMember({"k8v3", "k8v2", "k8v4", "none"}));
+  create->add_option("--codec", create_args.codec,
+                     "pool codec: k8v3 (default), k8v2, k8v4, none, paper, default (the measured "
+                     "default, k7c-v3-e4x2-nc-n16) or a spec k<4..8><t|h|c>-v<2..4>[-e<b>[x<n>]]"
+                     "[-nc][-n16][-s<hex>]; a child pool: its parent's");
   create->add_option("--key-scale", create_args.key_scale, "int8 key scale granularity")
       ->check(CLI::IsMember({"tensor", "head", "channel"}));
   create->add_flag("--norm-correction", create_args.norm_correction,

@@ -1,71 +1,15 @@
-// Codec configurations the evaluation compares, named by short spec strings.
-//
-// Grammar: a preset name, or tokens joined by '-':
-//   k<bits><t|h|c>   keys: int<bits> (4..8) with one scale per tensor, KV head or channel
-//   v<bits>          values: TurboQuant-MSE at <bits> (2..4)
-//   e<bits>[x<n>]    the first n and last n layers' values at <bits> (boundary layers; n = 1)
-//   nc               norm correction (store ||v|| / ||u_hat||)
-//   n16              value norms stored as f16 instead of f32
-//   norot            no random signs / Walsh-Hadamard rotation (ablation only)
-//   s<hex>           rotation seed
-// Presets: "none" (full precision, the baseline), "paper" = k8t-v3 (PolyKV's exact
-// configuration: int8 keys, one scale per tensor, 3-bit values, f32 norms), "k8v2", "k8v3",
-// "k8v4" (the pool codecs of `pools create --codec`, per-tensor key scale), and "default"
-// (kDefaultCodecSpec).
+// The evaluation's codec specs are the pools' (polykv/ipc/codec_spec.h).
 #pragma once
 
-#include <cstdint>
-#include <string>
-#include <vector>
-
-#include "polykv/kernels/codec.h"
-#include "polykv/status.h"
+#include "polykv/ipc/codec_spec.h"
 
 namespace polykv::eval {
 
-/// The eval's default codec, chosen from the measured Pareto table (README, "Choosing the
-/// default codec"; SmolLM2-135M, 2K: +0.49% at 5.21 bits per value, 3.07x): 7-bit keys with
-/// one scale per channel, 3-bit values with the first and last two layers at 4 bits, norm
-/// correction, f16 norms. Pools (`pools create --codec`) still store k8v2/k8v3/k8v4 only.
-inline constexpr char kDefaultCodecSpec[] = "k7c-v3-e4x2-nc-n16";
-
-struct CodecSpec {
-  std::string name;  ///< as given (preset or spec)
-  bool none = false;
-  int key_bits = 8;
-  kernels::KeyScaleMode key_scale = kernels::KeyScaleMode::kPerTensor;
-  int value_bits = 3;
-  int edge_value_bits = 0;  ///< 0: boundary layers like the others
-  int edge_layers = 1;
-  bool norm_correction = false;
-  bool f16_norms = false;
-  bool rotation = true;
-  uint64_t seed = kernels::CodecConfig{}.rotation_seed;
-
-  /// Value bits of layer `layer` of `layers`.
-  int ValueBitsOf(int layer, int layers) const;
-  /// Canonical spec string (e.g. "k8t-v3"); "none" for full precision.
-  std::string Canonical() const;
-  /// The kernels codec config of layer `layer` (value_bits, key_scale, seed, correction).
-  kernels::CodecConfig LayerConfig(int layer, int layers) const;
-};
-
-/// Parses a preset or spec (see the file comment). kInvalidArgument naming the bad token.
-StatusOr<CodecSpec> ParseCodecSpec(const std::string& text);
-
-/// Parses a comma-separated list of specs.
-StatusOr<std::vector<CodecSpec>> ParseCodecList(const std::string& text);
-
-/// Exact bytes of a pool holding `tokens` tokens with `spec` (the pool layout of
-/// ipc/pool_layout.h: 4096-byte header, int32 token ids, every section 256-byte aligned;
-/// keys of < 8 bits packed densely per vector, norms 2 or 4 bytes), and derived figures.
-struct PoolSize {
-  int64_t bytes = 0;         ///< whole pool, header and token ids included
-  int64_t payload_bytes = 0; ///< K/V codes, scales and norms only
-  int64_t bf16_bytes = 0;    ///< the same KV cache in bf16
-  double bits_per_value = 0; ///< 8 * bytes / (2 * layers * kv_heads * tokens * head_dim)
-  double ratio = 0;          ///< bf16_bytes / bytes (effective ratio)
-};
-PoolSize PoolSizeOf(const CodecSpec& spec, int layers, int kv_heads, int head_dim, int64_t tokens);
+using ipc::CodecSpec;
+using ipc::kDefaultCodecSpec;
+using ipc::ParseCodecList;
+using ipc::ParseCodecSpec;
+using ipc::PoolSize;
+using ipc::PoolSizeOf;
 
 }  // namespace polykv::eval

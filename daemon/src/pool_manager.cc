@@ -82,10 +82,7 @@ StatusOr<kernels::DType> DTypeOf(torch::ScalarType t) {
   }
 }
 
-std::string CodecLabel(const ipc::PoolParams& p) {
-  if (p.codec == ipc::PoolCodec::kNone) return "none";
-  return absl::StrCat("k8v", p.codec_config.value_bits);
-}
+std::string CodecLabel(const ipc::PoolParams& p) { return ipc::PoolCodecLabel(p); }
 
 bool IsHex(const std::string& s) {
   for (char c : s) {
@@ -226,13 +223,19 @@ uint64_t ModelHeldBytes(const model::LlamaModel& model, uint64_t* mapped) {
   return ModelWeightBytes(model.config(), model.dtype());
 }
 
-StatusOr<CodecChoice> ParseCodecName(const std::string& name) {
-  if (name == "none") return CodecChoice{ipc::PoolCodec::kNone, 0};
-  if (name == "k8v2") return CodecChoice{ipc::PoolCodec::kK8V, 2};
-  if (name == "k8v3" || name.empty()) return CodecChoice{ipc::PoolCodec::kK8V, 3};
-  if (name == "k8v4") return CodecChoice{ipc::PoolCodec::kK8V, 4};
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown codec \"", ipc::Abbreviate(name, 32), "\" (expected k8v2, k8v3, k8v4 or none)"));
+StatusOr<CodecChoice> ParseCodecName(const std::string& name_in) {
+  const std::string name = name_in.empty() ? std::string(kDefaultPoolCodec) : name_in;
+  CodecChoice c;
+  POLYKV_ASSIGN_OR_RETURN(c.spec, ipc::ParseCodecSpec(name));
+  if (!c.spec.rotation) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "codec \"", ipc::Abbreviate(name, 48), "\": pools always rotate values (norot is an "
+        "eval ablation)"));
+  }
+  c.codec = c.spec.none ? ipc::PoolCodec::kNone : ipc::PoolCodec::kK8V;
+  c.value_bits = c.spec.none ? 0 : c.spec.value_bits;
+  c.named_bits_only = name == "k8v2" || name == "k8v3" || name == "k8v4";
+  return c;
 }
 
 StatusOr<kernels::KeyScaleMode> ParseKeyScale(const std::string& name) {
@@ -256,6 +259,15 @@ std::string ComputePoolId(const std::string& model_fingerprint,
       ";norm_correction=", p.codec_config.norm_correction ? 1 : 0,
       ";raw_dtype=", static_cast<int>(p.raw_dtype), ";tokens=", token_ids.size(),
       std::string(1, '\0'));
+  // Pool formats added later enter only when used, so earlier pools keep their ids.
+  if (p.codec == ipc::PoolCodec::kK8V && p.codec_config.norm_dtype != kernels::DType::kF32) {
+    absl::StrAppend(&meta, "norm_dtype=", static_cast<int>(p.codec_config.norm_dtype),
+                    std::string(1, '\0'));
+  }
+  if (p.codec == ipc::PoolCodec::kK8V && !p.layer_value_bits.empty()) {
+    absl::StrAppend(&meta, "layer_value_bits=", absl::StrJoin(p.layer_value_bits, ","),
+                    std::string(1, '\0'));
+  }
   // A child pool (pool tree): the same tokens after another parent are other KV.
   if (!p.parent_id.empty()) {
     absl::StrAppend(&meta, "parent=", p.parent_id, ";parent_tokens=", p.parent_tokens,
@@ -556,10 +568,21 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
   if (parent == nullptr) {
     POLYKV_ASSIGN_OR_RETURN(codec, ParseCodecName(request.codec));
     POLYKV_ASSIGN_OR_RETURN(key_scale, ParseKeyScale(request.key_scale));
-  } else if (!request.codec.empty() && request.codec != parent->codec) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a child pool takes its parent's codec: parent pool ", parent->id.substr(0, 16), " is ",
-        parent->codec, ", the create asks for \"", ipc::Abbreviate(request.codec, 32), "\""));
+  } else if (!request.codec.empty()) {
+    // Another name for the parent's codec is fine; another codec is not.
+    POLYKV_ASSIGN_OR_RETURN(codec, ParseCodecName(request.codec));
+    ipc::PoolParams asked = chain->leaf_params;
+    POLYKV_RETURN_IF_ERROR(ipc::ApplyCodecSpec(codec.spec, asked.layers, &asked));
+    if (codec.named_bits_only) {  // "k8v3" names no key scale or norm correction
+      asked.codec_config.key_scale = chain->leaf_params.codec_config.key_scale;
+      asked.codec_config.norm_correction = chain->leaf_params.codec_config.norm_correction;
+    }
+    if (ipc::PoolCodecLabel(asked) != parent->codec) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a child pool takes its parent's codec: parent pool ", parent->id.substr(0, 16),
+          " is ", parent->codec, ", the create asks for \"", ipc::Abbreviate(request.codec, 48),
+          "\""));
+    }
   }
   const std::string model_name =
       parent != nullptr && request.model.empty() ? parent->model : request.model;
@@ -624,10 +647,11 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
     params.parent_id = parent->id;
     params.parent_tokens = static_cast<uint64_t>(parent_tokens);
   } else {
-    params.codec = codec.codec;
-    if (codec.codec == ipc::PoolCodec::kK8V) params.codec_config.value_bits = codec.value_bits;
-    params.codec_config.key_scale = key_scale;
-    params.codec_config.norm_correction = request.norm_correction;
+    POLYKV_RETURN_IF_ERROR(ipc::ApplyCodecSpec(codec.spec, params.layers, &params));
+    if (codec.named_bits_only) {  // "k8v3" & co.: key scale and norm correction as asked
+      params.codec_config.key_scale = key_scale;
+      params.codec_config.norm_correction = request.norm_correction;
+    }
     POLYKV_ASSIGN_OR_RETURN(params.raw_dtype, DTypeOf(m.dtype()));
   }
   params.model_fingerprint = m.fingerprint();

@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "polykv/ipc/codec_spec.h"
 #include "polykv/ipc/cuda_ipc.h"
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/protocol.h"
@@ -119,12 +120,20 @@ struct LeaseGrant {
   ipc::MemoryHandle memory;       ///< Attach only
 };
 
-/// Parsed codec name: "k8v2" | "k8v3" | "k8v4" | "none".
+/// The codec of a CREATE_POOL that names none.
+inline constexpr char kDefaultPoolCodec[] = "k8v3";
+
+/// Parsed codec name: a preset ("none", "paper", "default", "k8v2" | "k8v3" | "k8v4") or a
+/// spec (ipc/codec_spec.h, e.g. "k7c-v3-e4x2-nc-n16"); "" = kDefaultPoolCodec.
 struct CodecChoice {
   ipc::PoolCodec codec = ipc::PoolCodec::kK8V;
   int32_t value_bits = 3;
+  ipc::CodecSpec spec;
+  /// "k8v2" / "k8v3" / "k8v4" (and ""): the request's key_scale and norm_correction apply;
+  /// a full spec carries its own.
+  bool named_bits_only = false;
 };
-/// Errors: kInvalidArgument naming the accepted names.
+/// Errors: kInvalidArgument naming the grammar and the accepted names.
 StatusOr<CodecChoice> ParseCodecName(const std::string& name);
 /// "tensor" | "head" | "channel". Errors: kInvalidArgument.
 StatusOr<kernels::KeyScaleMode> ParseKeyScale(const std::string& name);

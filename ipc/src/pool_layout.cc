@@ -170,8 +170,8 @@ Status CheckLayerArgs(uint32_t layer, uint32_t layers) {
 
 // Decodes the layer at `lo` of a region (host or device) into K and V of `out_dtype`.
 Status DecodeLayerAt(const uint8_t* base, const PoolParams& params, const LayerOffsets& lo,
-                     void* k_out, void* v_out, DType out_dtype, kernels::Device device,
-                     kernels::Stream stream) {
+                     int32_t value_bits, void* k_out, void* v_out, DType out_dtype,
+                     kernels::Device device, kernels::Stream stream) {
   const kernels::LayerShape shape = ShapeOf(params);
   if (params.codec == PoolCodec::kNone) {
     POLYKV_RETURN_IF_ERROR(CopyConvert(k_out, out_dtype, base + lo.k, params.raw_dtype,
@@ -179,13 +179,31 @@ Status DecodeLayerAt(const uint8_t* base, const PoolParams& params, const LayerO
     return CopyConvert(v_out, out_dtype, base + lo.v, params.raw_dtype, shape.elements(), device,
                        stream);
   }
-  const auto& c = params.codec_config;
-  POLYKV_RETURN_IF_ERROR(kernels::DequantizeKeys(
-      reinterpret_cast<const int8_t*>(base + lo.k),
-      reinterpret_cast<const float*>(base + lo.k_scales), shape, c.key_scale, k_out, out_dtype,
-      device, stream));
-  return kernels::DecodeValues(base + lo.v, reinterpret_cast<const float*>(base + lo.v_norms),
-                               shape, c, v_out, out_dtype, device, stream);
+  const kernels::CodecConfig& c = params.codec_config;
+  if (c.key_bits == 8) {
+    POLYKV_RETURN_IF_ERROR(kernels::DequantizeKeys(
+        reinterpret_cast<const int8_t*>(base + lo.k),
+        reinterpret_cast<const float*>(base + lo.k_scales), shape, c.key_scale, k_out,
+        out_dtype, device, stream));
+  } else {
+    POLYKV_RETURN_IF_ERROR(kernels::DecodeKeys(base + lo.k,
+                                               reinterpret_cast<const float*>(base + lo.k_scales),
+                                               shape, c, k_out, out_dtype, device, stream));
+  }
+  kernels::CodecConfig vc = c;
+  vc.value_bits = value_bits;
+  if (c.norm_dtype == DType::kF32) {
+    return kernels::DecodeValues(base + lo.v, reinterpret_cast<const float*>(base + lo.v_norms),
+                                 shape, vc, v_out, out_dtype, device, stream);
+  }
+  if (device != kernels::Device::kCpu) {
+    return absl::UnimplementedError("f16 value norms are decoded on the host only");
+  }
+  std::vector<float> norms(static_cast<size_t>(shape.vectors()));
+  kernels::NormsFromF16(reinterpret_cast<const uint16_t*>(base + lo.v_norms), shape.vectors(),
+                        norms.data());
+  return kernels::DecodeValues(base + lo.v, norms.data(), shape, vc, v_out, out_dtype, device,
+                               stream);
 }
 
 // sum((dec - ref)^2) / sum(ref^2), in double; when ref is all zero: 0 if dec is too, else 1.
@@ -201,12 +219,13 @@ double RelativeMse(const float* ref, const float* dec, int64_t n) {
 }
 
 // Decodes the host layer at `lo` and measures it against K and V of `dtype` (host memory).
-Status MeasureLayerAt(const uint8_t* base, const PoolParams& params, const LayerOffsets& lo,
-                      const void* k, const void* v, DType dtype, LayerFidelity* out) {
+Status MeasureLayerAt(const uint8_t* base, const PoolParams& params, uint32_t layer,
+                      const LayerOffsets& lo, const void* k, const void* v, DType dtype,
+                      LayerFidelity* out) {
   const int64_t n = ShapeOf(params).elements();
   std::vector<float> kd(static_cast<size_t>(n)), vd(static_cast<size_t>(n));
-  POLYKV_RETURN_IF_ERROR(DecodeLayerAt(base, params, lo, kd.data(), vd.data(), DType::kF32,
-                                       kernels::Device::kCpu, nullptr));
+  POLYKV_RETURN_IF_ERROR(DecodeLayerAt(base, params, lo, params.ValueBitsOf(layer), kd.data(),
+                                       vd.data(), DType::kF32, kernels::Device::kCpu, nullptr));
   std::vector<float> kr, vr;
   const float* kf = static_cast<const float*>(k);
   const float* vf = static_cast<const float*>(v);
@@ -293,26 +312,44 @@ StatusOr<PoolLayout> ComputePoolLayout(const PoolParams& p) {
     }
     case PoolCodec::kK8V: {
       const auto& c = p.codec_config;
-      if (c.key_bits != 8) {
+      if (c.key_bits < 4 || c.key_bits > 8) {
         return absl::InvalidArgumentError(
-            absl::StrCat("codec key_bits must be 8, got ", c.key_bits));
+            absl::StrCat("codec key_bits must be 4..8, got ", c.key_bits));
       }
       if (c.value_bits < 2 || c.value_bits > 4) {
         return absl::InvalidArgumentError(
             absl::StrCat("codec value_bits must be 2, 3 or 4, got ", c.value_bits));
+      }
+      if (c.norm_dtype != DType::kF32 && c.norm_dtype != DType::kF16) {
+        return absl::InvalidArgumentError("codec norm dtype must be f32 or f16");
+      }
+      if (!p.layer_value_bits.empty()) {
+        if (p.layer_value_bits.size() != p.layers || p.layers > kPoolFidelityLayers) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "per-layer value bits: ", p.layer_value_bits.size(), " entries for ", p.layers,
+              " layers (at most ", kPoolFidelityLayers, ")"));
+        }
+        for (size_t i = 0; i < p.layer_value_bits.size(); ++i) {
+          const int32_t b = p.layer_value_bits[i];
+          if (b != 0 && (b < 2 || b > 4)) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("layer ", i, " value bits must be 2, 3 or 4, got ", b));
+          }
+        }
       }
       if (c.key_scale != kernels::KeyScaleMode::kPerTensor &&
           c.key_scale != kernels::KeyScaleMode::kPerHead &&
           c.key_scale != kernels::KeyScaleMode::kPerChannel) {
         return absl::InvalidArgumentError("codec key_scale mode is unknown");
       }
-      const uint64_t kc = elements;
+      const uint64_t vectors = static_cast<uint64_t>(shape.vectors());
+      const uint64_t kc =
+          vectors * static_cast<uint64_t>(kernels::PackedKeyVectorBytes(shape.head_dim, c.key_bits));
       const uint64_t ks = 4 * static_cast<uint64_t>(kernels::KeyScaleCount(shape, c.key_scale));
-      const uint64_t vc = static_cast<uint64_t>(shape.vectors()) *
-                          static_cast<uint64_t>(kernels::PackedVectorBytes(shape.head_dim,
-                                                                           c.value_bits));
-      const uint64_t vn = 4 * static_cast<uint64_t>(shape.vectors());
+      const uint64_t vn = (c.norm_dtype == DType::kF16 ? 2 : 4) * vectors;
       for (uint32_t i = 0; i < p.layers; ++i) {
+        const uint64_t vc = vectors * static_cast<uint64_t>(kernels::PackedVectorBytes(
+                                          shape.head_dim, p.ValueBitsOf(i)));
         LayerOffsets lo;
         lo.k = off;
         off = AlignUp(off + kc);
@@ -401,18 +438,38 @@ Status PoolWriter::WriteLayer(uint32_t layer, const void* k, const void* v,
                                        shape.elements(), device_, nullptr));
   } else {
     const auto& c = params_.codec_config;
-    POLYKV_RETURN_IF_ERROR(kernels::QuantizeKeys(k, dtype, shape, c.key_scale,
-                                                 reinterpret_cast<int8_t*>(base + lo.k),
-                                                 reinterpret_cast<float*>(base + lo.k_scales),
-                                                 device_));
-    POLYKV_RETURN_IF_ERROR(kernels::EncodeValues(v, dtype, shape, c, base + lo.v,
-                                                 reinterpret_cast<float*>(base + lo.v_norms),
-                                                 device_));
+    if (device_ != kernels::Device::kCpu &&
+        (c.key_bits != 8 || c.norm_dtype != DType::kF32 || !params_.layer_value_bits.empty())) {
+      return absl::UnimplementedError(
+          "packed keys, f16 norms and per-layer value bits are encoded on the host only");
+    }
+    if (c.key_bits == 8) {
+      POLYKV_RETURN_IF_ERROR(kernels::QuantizeKeys(k, dtype, shape, c.key_scale,
+                                                   reinterpret_cast<int8_t*>(base + lo.k),
+                                                   reinterpret_cast<float*>(base + lo.k_scales),
+                                                   device_));
+    } else {
+      POLYKV_RETURN_IF_ERROR(kernels::EncodeKeys(k, dtype, shape, c, base + lo.k,
+                                                 reinterpret_cast<float*>(base + lo.k_scales)));
+    }
+    kernels::CodecConfig vc = c;
+    vc.value_bits = params_.ValueBitsOf(layer);
+    if (c.norm_dtype == DType::kF32) {
+      POLYKV_RETURN_IF_ERROR(kernels::EncodeValues(v, dtype, shape, vc, base + lo.v,
+                                                   reinterpret_cast<float*>(base + lo.v_norms),
+                                                   device_));
+    } else {
+      std::vector<float> norms(static_cast<size_t>(shape.vectors()));
+      POLYKV_RETURN_IF_ERROR(
+          kernels::EncodeValues(v, dtype, shape, vc, base + lo.v, norms.data(), device_));
+      kernels::NormsToF16(norms.data(), shape.vectors(),
+                          reinterpret_cast<uint16_t*>(base + lo.v_norms));
+    }
   }
   if (device_ == kernels::Device::kCpu) {
     // What the codec lost on this layer, measured on the bytes just written.
     LayerFidelity f;
-    POLYKV_RETURN_IF_ERROR(MeasureLayerAt(base, params_, lo, k, v, dtype, &f));
+    POLYKV_RETURN_IF_ERROR(MeasureLayerAt(base, params_, layer, lo, k, v, dtype, &f));
     key_rel_mse_[layer] = static_cast<float>(f.key_rel_mse);
     value_rel_mse_[layer] = static_cast<float>(f.value_rel_mse);
   }
@@ -451,6 +508,10 @@ Status PoolWriter::Finalize() {
   h.key_scale_mode = static_cast<uint32_t>(params_.codec_config.key_scale);
   h.rotation_seed = params_.codec_config.rotation_seed;
   h.norm_correction = params_.codec_config.norm_correction ? 1 : 0;
+  h.norm_dtype = static_cast<uint32_t>(params_.codec_config.norm_dtype);
+  for (size_t l = 0; l < params_.layer_value_bits.size() && l < kPoolFidelityLayers; ++l) {
+    h.layer_value_bits[l] = static_cast<uint8_t>(params_.layer_value_bits[l]);
+  }
   if (!params_.parent_id.empty()) {
     const std::string parent = absl::HexStringToBytes(params_.parent_id);
     std::memcpy(h.parent_id, parent.data(), std::min(parent.size(), sizeof(h.parent_id)));
@@ -534,6 +595,15 @@ StatusOr<PoolReader> PoolReader::Open(const void* base, uint64_t size, bool veri
         reinterpret_cast<const char*>(h.parent_id), sizeof(h.parent_id)));
   }
   p.parent_tokens = h.parent_tokens;
+  p.codec_config.norm_dtype = static_cast<DType>(h.norm_dtype);
+  bool per_layer = false;
+  for (uint32_t l = 0; l < kPoolFidelityLayers; ++l) per_layer |= h.layer_value_bits[l] != 0;
+  if (per_layer) {
+    if (h.layers > kPoolFidelityLayers) {
+      return absl::DataLossError("pool header has per-layer value bits for too many layers");
+    }
+    p.layer_value_bits.assign(h.layer_value_bits, h.layer_value_bits + h.layers);
+  }
   auto layout = ComputePoolLayout(p);
   if (!layout.ok()) {
     return absl::DataLossError(absl::StrCat("pool header describes an invalid pool: ",
@@ -561,8 +631,8 @@ Status PoolReader::DecodeLayer(uint32_t layer, void* k_out, void* v_out,
   if (k_out == nullptr || v_out == nullptr) {
     return absl::InvalidArgumentError("K or V output is null");
   }
-  return DecodeLayerAt(base_, params_, layout_.layer[layer], k_out, v_out, out_dtype, device_,
-                       stream);
+  return DecodeLayerAt(base_, params_, layout_.layer[layer], params_.ValueBitsOf(layer), k_out,
+                       v_out, out_dtype, device_, stream);
 }
 
 std::vector<LayerFidelity> PoolReader::RecordedFidelity() const {
@@ -584,7 +654,8 @@ StatusOr<LayerFidelity> PoolReader::MeasureFidelity(uint32_t layer, const void* 
   if (device_ != kernels::Device::kCpu)
     return absl::FailedPreconditionError("measuring fidelity needs a host pool");
   LayerFidelity f;
-  POLYKV_RETURN_IF_ERROR(MeasureLayerAt(base_, params_, layout_.layer[layer], k, v, dtype, &f));
+  POLYKV_RETURN_IF_ERROR(
+      MeasureLayerAt(base_, params_, layer, layout_.layer[layer], k, v, dtype, &f));
   return f;
 }
 
@@ -620,13 +691,15 @@ StatusOr<kernels::PrefixView> PrefixViewOf(const PoolReader& reader) {
     v.config = p.codec_config;
   }
   const uint8_t* b = reader.base();
-  for (const LayerOffsets& lo : reader.layout().layer) {
+  for (uint32_t l = 0; l < reader.layout().layer.size(); ++l) {
+    const LayerOffsets& lo = reader.layout().layer[l];
     kernels::PrefixLayer pl;
     pl.k = b + lo.k;
     pl.v = b + lo.v;
     if (v.codec == kernels::PrefixCodec::kK8V) {
       pl.k_scales = reinterpret_cast<const float*>(b + lo.k_scales);
-      pl.v_norms = reinterpret_cast<const float*>(b + lo.v_norms);
+      pl.v_norms = b + lo.v_norms;  // f32 or f16 (config.norm_dtype)
+      pl.value_bits = p.ValueBitsOf(l);
     }
     v.layers.push_back(pl);
   }

@@ -27,6 +27,7 @@
 #include "client_device.h"
 #include "polykv/ipc/cuda_ipc.h"
 #include "polykv/ipc/pool_layout.h"
+#include "polykv/ipc/codec_spec.h"
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
 #include "polykv/ipc/shm_region.h"
@@ -436,15 +437,12 @@ polykv_status CreatePool(polykv_client* client, const polykv_create_options* opt
     }
     if (has_ids) req.token_ids.assign(opts->token_ids, opts->token_ids + opts->token_count);
     req.add_bos = opts->add_bos != 0;
-    req.codec = opts->codec != nullptr && *opts->codec != '\0' ? opts->codec
-                : parent != nullptr                            ? ""
-                                                               : "k8v3";
-    static const char* kCodecs[] = {"k8v3", "k8v2", "k8v4", "none"};
-    if (!(parent != nullptr && req.codec.empty()) && std::none_of(std::begin(kCodecs), std::end(kCodecs),
-                     [&](const char* c) { return req.codec == c; })) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "create: unknown codec \"", ipc::Abbreviate(req.codec, 32),
-          "\" (expected k8v3, k8v2, k8v4 or none)"));
+    // "" = the daemon's default codec (a child: its parent's).
+    req.codec = opts->codec != nullptr ? opts->codec : "";
+    // Presets and specs (polykv/ipc/codec_spec.h) are checked here, with the daemon's rules.
+    if (!req.codec.empty()) {
+      auto spec = ipc::ParseCodecSpec(req.codec);
+      if (!spec.ok()) return Status(spec.status().code(), absl::StrCat("create: ", spec.status().message()));
     }
     req.key_scale = opts->key_scale ? opts->key_scale : "tensor";
     if (req.key_scale != "tensor" && req.key_scale != "head" && req.key_scale != "channel") {

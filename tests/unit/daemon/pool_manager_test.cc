@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "polykv/ipc/codec_spec.h"
 #include "polykv/ipc/sealed_region.h"
 #include "test_util.h"
 
@@ -334,6 +335,48 @@ TEST_F(PoolManagerTest, ChildCreateAbortsWhenItsParentIsEvictedMeanwhile) {
   EXPECT_EQ(c2->info.parent_tokens, p2->info.tokens);
   EXPECT_EQ(c2->info.model, p2->info.model) << "the parent's model by default";
   EXPECT_EQ(m.Evict(p2->info.id, false).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(PoolManagerTest, CodecSpecPoolsAreBuiltReadAndNamed) {
+  // A pool of the measured default spec: packed 7-bit keys (per channel), boundary layers at
+  // 4 bits, norm correction, f16 norms. Its size is the eval's (PoolSizeOf), "default" names
+  // the same pool, and an ablation-only spec is refused.
+  PoolManager& m = Make();
+  auto r = m.CreatePool(CreateRequest("k7c-v3-e4x2-nc-n16"), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->info.codec, "k7c-v3-e4x2-nc-n16");
+  const auto spec = ipc::ParseCodecSpec("default");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(static_cast<int64_t>(r->info.total_bytes),
+            ipc::PoolSizeOf(*spec, 5, 4, 8, 40).bytes);  // stories260K, 40 tokens
+  EXPECT_EQ(r->info.fidelity_layers, 5u);
+  EXPECT_GT(r->info.value_rel_mse_max, 0.0);
+  EXPECT_LT(r->info.value_rel_mse_max, 0.05);
+  auto again = m.CreatePool(CreateRequest("default"), nullptr);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(again->info.id, r->info.id);
+  // The mapped pool reads back with every parameter.
+  auto lease = m.Attach(r->info.id, 1);
+  ASSERT_TRUE(lease.ok());
+  auto region = MapLease(m, lease->lease_id);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto reader = ipc::PoolReader::Open(region->data(), region->size(), true);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->params().codec_config.key_bits, 7);
+  EXPECT_EQ(reader->params().codec_config.norm_dtype, kernels::DType::kF16);
+  EXPECT_EQ(reader->params().layer_value_bits, (std::vector<int32_t>{4, 4, 3, 4, 4}));
+  EXPECT_TRUE(m.Detach(lease->lease_id).ok());
+  // k8v3 with another key scale keeps its name; pools never skip the rotation.
+  auto req = CreateRequest("k8v3");
+  req.key_scale = "channel";
+  auto k8 = m.CreatePool(req, nullptr);
+  ASSERT_TRUE(k8.ok());
+  EXPECT_EQ(k8->info.codec, "k8v3");
+  EXPECT_EQ(m.CreatePool(CreateRequest("k8t-v3-norot"), nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.CreatePool(CreateRequest("k9t-v3"), nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(PoolManagerTest, BadRequestsAreErrors) {

@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "polykv/ipc/codec_spec.h"
+
 namespace polykv::ipc {
 namespace {
 
@@ -200,6 +202,72 @@ TEST(PoolLayoutTest, ChildPoolRecordsItsParentInTheHeader) {
   EXPECT_TRUE(ComputePoolLayout(q).ok());
   q.parent_tokens = 0;
   EXPECT_EQ(ComputePoolLayout(q).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PoolLayoutTest, CodecSpecPoolsDecodeAsTheCodecAndSizeAsTheEvalSays) {
+  // Packed keys, per-layer value bits and f16 norms: the pool decodes to exactly what the
+  // codec's own functions give (norms rounded to f16), its layout is the size the eval
+  // reports for the spec (PoolSizeOf), and the header keeps every parameter.
+  for (const char* name : {"k7c-v3-e4x2-nc-n16", "k4t-v2-n16", "k6h-v4-e2", "k8c-v3-e4-nc"}) {
+    SCOPED_TRACE(name);
+    PoolParams p = SmallParams(PoolCodec::kK8V);
+    p.layers = 5;
+    auto spec = ParseCodecSpec(name);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    ASSERT_TRUE(ApplyCodecSpec(*spec, p.layers, &p).ok());
+    PoolLayout layout;
+    auto region = BuildPool(p, &layout);
+    EXPECT_EQ(static_cast<int64_t>(layout.total_bytes),
+              PoolSizeOf(*spec, p.layers, p.kv_heads, p.head_dim, p.tokens).bytes);
+    auto r = PoolReader::Open(region.data(), region.size(), /*verify_payload=*/true);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(PoolCodecLabel(r->params()), CodecSpecOf(p).Canonical());
+    EXPECT_EQ(CodecSpecOf(r->params()).Canonical(), spec->Canonical());
+    EXPECT_EQ(r->params().codec_config.key_bits, spec->key_bits);
+    EXPECT_EQ(r->params().codec_config.norm_dtype, p.codec_config.norm_dtype);
+    EXPECT_EQ(r->params().layer_value_bits, p.layer_value_bits);
+    const kernels::LayerShape shape{static_cast<int32_t>(p.kv_heads), static_cast<int64_t>(p.tokens),
+                                    static_cast<int32_t>(p.head_dim)};
+    auto view = PrefixViewOf(*r);
+    ASSERT_TRUE(view.ok()) << view.status();
+    for (uint32_t l = 0; l < p.layers; ++l) {
+      kernels::CodecConfig c = spec->LayerConfig(static_cast<int>(l), static_cast<int>(p.layers));
+      EXPECT_EQ(view->ValueBitsOf(l), c.value_bits);
+      auto k = RandomKv(p, 2 * l), v = RandomKv(p, 2 * l + 1);
+      std::vector<uint8_t> kc(shape.vectors() * kernels::PackedKeyVectorBytes(shape.head_dim, c.key_bits));
+      std::vector<float> ks(kernels::KeyScaleCount(shape, c.key_scale)), kd(k.size());
+      ASSERT_TRUE(kernels::EncodeKeys(k.data(), DType::kF32, shape, c, kc.data(), ks.data()).ok());
+      ASSERT_TRUE(kernels::DecodeKeys(kc.data(), ks.data(), shape, c, kd.data(), DType::kF32).ok());
+      std::vector<uint8_t> vc(shape.vectors() * kernels::PackedVectorBytes(shape.head_dim, c.value_bits));
+      std::vector<float> norms(shape.vectors()), vd(v.size());
+      ASSERT_TRUE(kernels::EncodeValues(v.data(), DType::kF32, shape, c, vc.data(), norms.data()).ok());
+      if (c.norm_dtype == DType::kF16) {
+        std::vector<uint16_t> h(norms.size());
+        kernels::NormsToF16(norms.data(), shape.vectors(), h.data());
+        kernels::NormsFromF16(h.data(), shape.vectors(), norms.data());
+      }
+      ASSERT_TRUE(kernels::DecodeValues(vc.data(), norms.data(), shape, c, vd.data(), DType::kF32).ok());
+      std::vector<float> ko(k.size()), vo(v.size());
+      ASSERT_TRUE(r->DecodeLayer(l, ko.data(), vo.data(), DType::kF32).ok());
+      EXPECT_EQ(ko, kd) << "layer " << l;
+      EXPECT_EQ(vo, vd) << "layer " << l;
+      EXPECT_EQ(0, std::memcmp(region.data() + layout.layer[l].k, kc.data(), kc.size()));
+    }
+  }
+  // Pools rotate always; per-layer bits are checked.
+  PoolParams p = SmallParams(PoolCodec::kK8V);
+  EXPECT_EQ(ApplyCodecSpec(*ParseCodecSpec("k8t-v3-norot"), p.layers, &p).code(),
+            absl::StatusCode::kInvalidArgument);
+  p.layer_value_bits = {3, 5, 3};
+  EXPECT_EQ(ComputePoolLayout(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p.layer_value_bits = {3, 4};
+  EXPECT_EQ(ComputePoolLayout(p).status().code(), absl::StatusCode::kInvalidArgument);
+  // The names pools had before specs keep their labels.
+  PoolParams legacy = SmallParams(PoolCodec::kK8V);
+  legacy.codec_config.key_scale = kernels::KeyScaleMode::kPerChannel;
+  EXPECT_EQ(PoolCodecLabel(legacy), "k8v3");
+  ASSERT_TRUE(ApplyCodecSpec(*ParseCodecSpec("default"), 30, &legacy).ok());
+  EXPECT_EQ(PoolCodecLabel(legacy), "k7c-v3-e4x2-nc-n16");
 }
 
 TEST(PoolLayoutTest, K8v3DecodeEqualsDirectCodec) {

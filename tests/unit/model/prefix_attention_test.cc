@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "polykv/ipc/codec_spec.h"
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/model/llama.h"
 
@@ -37,6 +38,7 @@ struct Codec {
   ipc::PoolCodec codec;
   int bits;
   kernels::KeyScaleMode scale;
+  const char* spec = nullptr;  ///< a codec spec (ipc/codec_spec.h) instead of the fields
 };
 
 // A pool of `prefill` written in memory, as the daemon writes it.
@@ -56,6 +58,11 @@ MemoryPool MakePool(const LlamaModel& m, const PrefillResult& prefill,
   p.codec = c.codec;
   p.codec_config.value_bits = c.bits > 0 ? c.bits : 3;
   p.codec_config.key_scale = c.scale;
+  if (c.spec != nullptr) {
+    auto spec = ipc::ParseCodecSpec(c.spec);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    EXPECT_TRUE(ipc::ApplyCodecSpec(*spec, p.layers, &p).ok());
+  }
   p.raw_dtype = kernels::DType::kF32;
   p.model_fingerprint = m.fingerprint();
   auto layout = ipc::ComputePoolLayout(p);
@@ -90,12 +97,17 @@ void CompareInPlaceWithDecompressed(LlamaModel& m, const char* model_name, bool 
       {"k8v4/channel", ipc::PoolCodec::kK8V, 4, kernels::KeyScaleMode::kPerChannel},
       {"k8v2/head", ipc::PoolCodec::kK8V, 2, kernels::KeyScaleMode::kPerHead},
       {"k8v4/tensor", ipc::PoolCodec::kK8V, 4, kernels::KeyScaleMode::kPerTensor},
+      // Packed 7-bit keys, boundary layers at 4 bits, norm correction, f16 norms: the
+      // measured default (pools create --codec default).
+      {"k7c-v3-e4x2-nc-n16", ipc::PoolCodec::kK8V, 3, kernels::KeyScaleMode::kPerChannel,
+       "k7c-v3-e4x2-nc-n16"},
+      {"k5h-v2-e4-n16", ipc::PoolCodec::kK8V, 2, kernels::KeyScaleMode::kPerHead, "k5h-v2-e4-n16"},
   };
   for (const Codec& c : codecs) {
     // The larger model checks one configuration per value bit width and key scale mode.
     const std::string name = c.name;
     if (!all_codecs && name != "none" && name != "k8v2/head" && name != "k8v3/tensor" &&
-        name != "k8v4/channel")
+        name != "k8v4/channel" && name != "k7c-v3-e4x2-nc-n16")
       continue;
     MemoryPool pool = MakePool(m, *prefill, doc, c);
     auto view = ipc::PrefixViewOf(*pool.reader);

@@ -9,10 +9,11 @@
 //   | token ids: int32 [tokens]                   |
 //   +--------------------------------------------+
 //   | layer 0: codec k8vb:                        |
-//   |   K codes   int8  [kv_heads][tokens][head_dim]
+//   |   K codes   int8  [kv_heads][tokens][head_dim]  (key_bits 8; 4..7: packed,
+//   |                   [kv_heads*tokens][PackedKeyVectorBytes(head_dim, key_bits)])
 //   |   K scales  f32   [KeyScaleCount]           |
-//   |   V codes   u8    [kv_heads*tokens][PackedVectorBytes(head_dim, value_bits)]
-//   |   V norms   f32   [kv_heads*tokens]         |
+//   |   V codes   u8    [kv_heads*tokens][PackedVectorBytes(head_dim, the layer's bits)]
+//   |   V norms   f32 or f16 (norm_dtype) [kv_heads*tokens]
 //   |          codec none:                        |
 //   |   K raw     dtype [kv_heads][tokens][head_dim]
 //   |   V raw     dtype [kv_heads][tokens][head_dim]
@@ -65,7 +66,7 @@ struct PoolHeader {
   uint32_t codec;                ///< PoolCodec
   uint64_t tokens;
   uint32_t raw_dtype;            ///< kernels::DType of kNone payloads
-  uint32_t key_bits;             ///< 8
+  uint32_t key_bits;             ///< 8 (int8 codes) or 4..7 (packed, kernels::EncodeKeys)
   uint32_t value_bits;           ///< 2, 3 or 4
   uint32_t key_scale_mode;       ///< kernels::KeyScaleMode
   uint64_t rotation_seed;
@@ -95,8 +96,15 @@ struct PoolHeader {
   uint64_t parent_tokens;
   /// SHA-256 id of the parent pool (all zero for a root pool). Covered by header_checksum.
   uint8_t parent_id[32];
+  /// kK8V: how the value norms are stored: kernels::DType kF32 (0; also every pool written
+  /// before it was recorded) or kF16 (1).
+  uint32_t norm_dtype;
+  /// kK8V: per-layer value bits (2..4; 0 = value_bits), e.g. boundary layers at higher
+  /// precision; all 0 in pools of one width (and of more than kPoolFidelityLayers layers).
+  uint8_t layer_value_bits[kPoolFidelityLayers];
   uint8_t reserved[4096 - 8 - 4 - 4 - 8 - 32 - 72 - 72 - 4 * 4 - 8 - 4 * 4 - 8 - 4 - 4 - 8 - 8 -
-                   32 - 48 - 4 - 4 - 2 * 4 * kPoolFidelityLayers - 8 - 32];
+                   32 - 48 - 4 - 4 - 2 * 4 * kPoolFidelityLayers - 8 - 32 - 4 -
+                   kPoolFidelityLayers];
 };
 static_assert(sizeof(PoolHeader) == kPoolHeaderBytes, "PoolHeader must be 4096 bytes");
 
@@ -117,6 +125,14 @@ struct PoolParams {
   /// whole parent chain; empty and 0 for a root pool.
   std::string parent_id;
   uint64_t parent_tokens = 0;
+  /// kK8V: value bits per layer (empty = codec_config.value_bits for every layer; else
+  /// `layers` entries of 2..4, at most kPoolFidelityLayers layers).
+  std::vector<int32_t> layer_value_bits;
+  /// Value bits of layer `l`.
+  int32_t ValueBitsOf(uint32_t l) const {
+    return l < layer_value_bits.size() && layer_value_bits[l] > 0 ? layer_value_bits[l]
+                                                                   : codec_config.value_bits;
+  }
 };
 
 /// Byte offsets of one layer's sections from the start of the region.

@@ -1,13 +1,14 @@
-// Codec spec strings of the evaluation and their exact pool sizes.
-#include "eval/codec_spec.h"
+// Codec spec strings, their pool parameters and their exact pool sizes.
+#include "polykv/ipc/codec_spec.h"
 
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "polykv/ipc/pool_layout.h"
 
-namespace polykv::eval {
+namespace polykv::ipc {
 namespace {
 
 int64_t Align(int64_t x) { return (x + 255) / 256 * 256; }
@@ -153,4 +154,77 @@ PoolSize PoolSizeOf(const CodecSpec& spec, int layers, int kv_heads, int head_di
   return r;
 }
 
-}  // namespace polykv::eval
+Status ApplyCodecSpec(const CodecSpec& spec, uint32_t layers, PoolParams* p) {
+  if (spec.none) {
+    p->codec = PoolCodec::kNone;
+    p->layer_value_bits.clear();
+    return absl::OkStatus();
+  }
+  if (!spec.rotation) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "codec '", spec.name, "': pools always rotate values (norot is an eval ablation)"));
+  }
+  p->codec = PoolCodec::kK8V;
+  kernels::CodecConfig& c = p->codec_config;
+  c.key_bits = spec.key_bits;
+  c.value_bits = spec.value_bits;
+  c.key_scale = spec.key_scale;
+  c.rotation_seed = spec.seed;
+  c.norm_correction = spec.norm_correction;
+  c.norm_dtype = spec.f16_norms ? kernels::DType::kF16 : kernels::DType::kF32;
+  p->layer_value_bits.clear();
+  if (spec.edge_value_bits > 0 && spec.edge_value_bits != spec.value_bits) {
+    if (layers > kPoolFidelityLayers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "codec '", spec.name, "': boundary-layer bits need at most ", kPoolFidelityLayers,
+          " layers, the model has ", layers));
+    }
+    for (uint32_t l = 0; l < layers; ++l) {
+      p->layer_value_bits.push_back(spec.ValueBitsOf(static_cast<int>(l), static_cast<int>(layers)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+CodecSpec CodecSpecOf(const PoolParams& p) {
+  CodecSpec s;
+  if (p.codec == PoolCodec::kNone) {
+    s.none = true;
+    s.name = "none";
+    return s;
+  }
+  const kernels::CodecConfig& c = p.codec_config;
+  s.key_bits = c.key_bits;
+  s.key_scale = c.key_scale;
+  s.value_bits = c.value_bits;
+  s.seed = c.rotation_seed;
+  s.norm_correction = c.norm_correction;
+  s.f16_norms = c.norm_dtype == kernels::DType::kF16;
+  // Boundary layers: the first n and last n layers at one other width.
+  const int layers = static_cast<int>(p.layer_value_bits.size());
+  if (layers > 0) {
+    int n = 0;
+    while (n < layers / 2 && p.ValueBitsOf(n) != c.value_bits) ++n;
+    if (n > 0) {
+      s.edge_value_bits = p.ValueBitsOf(0);
+      s.edge_layers = n;
+    }
+  }
+  s.name = s.Canonical();
+  return s;
+}
+
+std::string PoolCodecLabel(const PoolParams& p) {
+  if (p.codec == PoolCodec::kNone) return "none";
+  const kernels::CodecConfig& c = p.codec_config;
+  bool one_width = true;
+  for (uint32_t l = 0; l < p.layer_value_bits.size(); ++l)
+    one_width &= p.ValueBitsOf(l) == c.value_bits;
+  if (c.key_bits == 8 && c.norm_dtype == kernels::DType::kF32 && one_width &&
+      c.rotation_seed == kernels::CodecConfig{}.rotation_seed) {
+    return absl::StrCat("k8v", c.value_bits);
+  }
+  return CodecSpecOf(p).Canonical();
+}
+
+}  // namespace polykv::ipc
