@@ -20,8 +20,10 @@
 #include "absl/strings/str_split.h"
 #include "commands.h"
 #include "eval/eval.h"
+#include "eval/eval_agents.h"
 #include "eval/eval_extra.h"
 #include "polykv/model/llama.h"
+#include "util/processes.h"
 
 namespace polykv::cli {
 namespace {
@@ -51,7 +53,6 @@ struct EvalArgs {
   std::vector<int> agents = {1, 3, 10, 15};
   int agent_windows = 2;
   int64_t agent_context = 2048;
-  int jobs = 2;
   std::string endpoint;
   std::string daemon;
   std::string python = "python3";
@@ -169,10 +170,6 @@ Status RunEval(const EvalArgs& a) {
         s != "semantic" && s != "plots")
       return absl::InvalidArgumentError(absl::StrCat(
           "--sections: unknown '", s, "' (ppl, ablations, layers, greedy, agents, semantic, plots)"));
-  if (sections.count("agents"))
-    return absl::UnimplementedError(
-        "--sections agents (1/3/10/15 agents through the daemon) is not implemented yet; "
-        "`polykv-cli agent --score-ids` scores one window through a pool");
   POLYKV_ASSIGN_OR_RETURN(std::vector<eval::CodecSpec> codecs, eval::ParseCodecList(a.codecs));
   POLYKV_ASSIGN_OR_RETURN(eval::CodecSpec base, eval::ParseCodecSpec(a.base));
   model::LoadOptions lo;
@@ -180,7 +177,11 @@ Status RunEval(const EvalArgs& a) {
   POLYKV_ASSIGN_OR_RETURN(auto m, model::LlamaModel::Load(a.model, lo));
   int64_t lmax = a.ablation_context;
   for (int64_t c : a.contexts) lmax = std::max(lmax, c);
-  const int wmax = std::max(a.windows, a.ablation_windows);
+  int wmax = std::max(a.windows, a.ablation_windows);
+  if (sections.count("agents")) {
+    lmax = std::max(lmax, a.agent_context);
+    wmax = std::max(wmax, a.agent_windows);
+  }
   POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
                           TokenizeText(*m, a.text, a.offset + wmax * (lmax + 1) + 16));
   Log(absl::StrCat(a.text, ": ", ids.size(), " tokens read"));
@@ -240,6 +241,25 @@ Status RunEval(const EvalArgs& a) {
       absl::StrAppend(&report, "## Per-layer reconstruction error (relative MSE, ", ctx.size(),
                       "-token prefill)\n\n", md, "\n");
     }
+  }
+  if (sections.count("agents")) {
+    eval::AgentEvalOptions ao;
+    ao.model_path = a.model;
+    ao.cli = SelfExe();
+    ao.daemon = a.daemon;
+    ao.endpoint = a.endpoint;
+    ao.work_dir = a.out + "/agents_work";
+    ao.counts = a.agents;
+    ao.windows = a.agent_windows;
+    ao.context = a.agent_context;
+    ao.score_fraction = a.score_fraction;
+    ao.offset = a.offset;
+    ao.log = Log;
+    POLYKV_ASSIGN_OR_RETURN(std::vector<eval::AgentRow> rows, eval::AgentInvariance(ids, codecs, ao));
+    POLYKV_RETURN_IF_ERROR(WriteFile(a.out + "/agents.csv", eval::AgentCsv(rows)));
+    absl::StrAppend(&report, "## Agent-count invariance (N agents at once on one pool per codec, ",
+                    a.agent_windows, " window(s) of ", a.agent_context, " tokens)\n\n",
+                    eval::AgentMarkdown(rows), "\n");
   }
   if (sections.count("greedy") || sections.count("semantic")) {
     eval::GreedyOptions go;
@@ -314,10 +334,12 @@ void RegisterEvalCommands(CLI::App& app) {
   cmd->add_option("--questions", a->questions, "Greedy/semantic: one question per line");
   cmd->add_option("--questions-n", a->questions_n, "Greedy/semantic: questions used");
   cmd->add_option("--greedy-tokens", a->greedy_tokens, "Greedy: tokens generated per answer");
-  cmd->add_option("--agents", a->agents, "Agents: agent counts, e.g. 1,3,10,15")->delimiter(',');
+  cmd->add_option("--agents", a->agents,
+                  "Agents: agent counts, e.g. 1,3,10,15 (each count's agents run at once, one "
+                  "`polykv-cli agent --score-ids` process each, on one pool per codec and window)")
+      ->delimiter(',');
   cmd->add_option("--agent-windows", a->agent_windows, "Agents: windows scored by every agent");
   cmd->add_option("--agent-context", a->agent_context, "Agents: context length L");
-  cmd->add_option("-j,--jobs", a->jobs, "Agents: agent processes alive at once");
   cmd->add_option("--endpoint", a->endpoint, "Agents: a running polykvd (default: start one)");
   cmd->add_option("--daemon", a->daemon, "Agents: polykvd binary (default: next to polykv-cli)");
   cmd->add_option("--python", a->python, "Python for plots and semantic similarity");

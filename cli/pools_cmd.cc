@@ -745,8 +745,9 @@ void RegisterPoolsCommands(CLI::App& app) {
   doc->excludes(ids);
   ids->excludes(doc);
   create->add_option("--codec", create_args.codec,
-                     "pool codec: k8v3 (default), k8v2, k8v4, none, paper, default (the measured "
-                     "default, k7c-v3-e4x2-nc-n16) or a spec k<4..8><t|h|c>-v<2..4>[-e<b>[x<n>]]"
+                     "pool codec: default (the measured default, k7c-v3-e4x3-nc-n16; the daemon's "
+                     "choice when not given: k8v3 on CUDA), paper (k8t-v3), k8v2, k8v3, k8v4, none "
+                     "or a spec k<4..8><t|h|c>-v<2..4>[-e<b>[x<n>]]"
                      "[-nc][-n16][-s<hex>]; a child pool: its parent's");
   create->add_option("--key-scale", create_args.key_scale, "int8 key scale granularity")
       ->check(CLI::IsMember({"tensor", "head", "channel"}));

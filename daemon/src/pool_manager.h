@@ -120,11 +120,14 @@ struct LeaseGrant {
   ipc::MemoryHandle memory;       ///< Attach only
 };
 
-/// The codec of a CREATE_POOL that names none.
-inline constexpr char kDefaultPoolCodec[] = "k8v3";
+/// The codec of a CREATE_POOL that names none, on the host backend: the measured default
+/// spec (ipc::kDefaultCodecSpec). The CUDA backend's default is kDefaultCudaPoolCodec: its
+/// kernels read 8-bit keys, f32 norms and one value width.
+inline constexpr char kDefaultPoolCodec[] = "default";
+inline constexpr char kDefaultCudaPoolCodec[] = "k8v3";
 
 /// Parsed codec name: a preset ("none", "paper", "default", "k8v2" | "k8v3" | "k8v4") or a
-/// spec (ipc/codec_spec.h, e.g. "k7c-v3-e4x2-nc-n16"); "" = kDefaultPoolCodec.
+/// spec (ipc/codec_spec.h, e.g. "k7c-v3-e4x3-nc-n16"); "" = kDefaultPoolCodec.
 struct CodecChoice {
   ipc::PoolCodec codec = ipc::PoolCodec::kK8V;
   int32_t value_bits = 3;

@@ -203,8 +203,8 @@ CodecSpec CodecSpecOf(const PoolParams& p) {
   // Boundary layers: the first n and last n layers at one other width.
   const int layers = static_cast<int>(p.layer_value_bits.size());
   if (layers > 0) {
-    int n = 0;
-    while (n < layers / 2 && p.ValueBitsOf(n) != c.value_bits) ++n;
+    int n = 0;  // the leading run (boundary regions that overlap cover every layer)
+    while (n < layers && p.ValueBitsOf(n) != c.value_bits) ++n;
     if (n > 0) {
       s.edge_value_bits = p.ValueBitsOf(0);
       s.edge_layers = n;

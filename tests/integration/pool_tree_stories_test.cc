@@ -123,7 +123,9 @@ class PoolTreeStories : public ::testing::Test {
     ASSERT_TRUE(daemon_->ready()) << "polykvd did not start:\n" << daemon_->log();
   }
   void TearDown() override {
-    if (daemon_) EXPECT_EQ(daemon_->Stop(), 0) << daemon_->log();
+    if (daemon_) {
+      EXPECT_EQ(daemon_->Stop(), 0) << daemon_->log();
+    }
   }
   std::string Create(const std::vector<int32_t>& ids, const std::string& codec,
                      const std::string& parent = "", std::string* error = nullptr) {

@@ -57,7 +57,7 @@ typedef struct polykv_pool polykv_pool;     /**< an attached, mapped pool (holds
 /** Description of a pool. Strings are NUL-terminated. Sizes in bytes. */
 typedef struct polykv_pool_info_t {
   char id[65];             /**< 64 hex chars */
-  char codec[48];          /**< "k8v3", "none", or a codec spec ("k7c-v3-e4x2-nc-n16") */
+  char codec[48];          /**< "k8v3", "none", or a codec spec ("k7c-v3-e4x3-nc-n16") */
   char backend[8];         /**< "host" or "cuda" */
   char model[512];         /**< model path given at create */
   char model_fingerprint[72];
@@ -128,9 +128,10 @@ typedef struct polykv_create_options_t {
   const char* document;     /**< text, or NULL when token_ids is given */
   const int32_t* token_ids; /**< token ids, or NULL when document is given */
   size_t token_count;       /**< number of token_ids */
-  const char* codec;        /**< NULL or "": the daemon's default (k8v3); else "k8v2", "k8v3",
+  const char* codec;        /**< NULL or "": the daemon's default (host: "default", CUDA: k8v3);
+                                 else "k8v2", "k8v3",
                                  "k8v4", "none", "paper", "default" (the measured default spec)
-                                 or a spec such as "k7c-v3-e4x2-nc-n16" (polykv-cli eval --help);
+                                 or a spec such as "k7c-v3-e4x3-nc-n16" (polykv-cli eval --help);
                                  for a child pool NULL/"" = the parent's codec */
   const char* key_scale;    /**< "tensor" (default, NULL), "head" or "channel" */
   int norm_correction;      /**< non-zero: TurboQuant norm correction on values */

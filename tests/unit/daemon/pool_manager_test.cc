@@ -345,17 +345,26 @@ TEST_F(PoolManagerTest, CodecSpecPoolsAreBuiltReadAndNamed) {
   auto r = m.CreatePool(CreateRequest("k7c-v3-e4x2-nc-n16"), nullptr);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->info.codec, "k7c-v3-e4x2-nc-n16");
-  const auto spec = ipc::ParseCodecSpec("default");
+  const auto spec = ipc::ParseCodecSpec("k7c-v3-e4x2-nc-n16");
   ASSERT_TRUE(spec.ok());
   EXPECT_EQ(static_cast<int64_t>(r->info.total_bytes),
             ipc::PoolSizeOf(*spec, 5, 4, 8, 40).bytes);  // stories260K, 40 tokens
   EXPECT_EQ(r->info.fidelity_layers, 5u);
   EXPECT_GT(r->info.value_rel_mse_max, 0.0);
   EXPECT_LT(r->info.value_rel_mse_max, 0.05);
-  auto again = m.CreatePool(CreateRequest("default"), nullptr);
+  auto again = m.CreatePool(CreateRequest("k7c-v3-e4x2-nc-n16"), nullptr);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_FALSE(again->created);
   EXPECT_EQ(again->info.id, r->info.id);
+  // No codec = "default" = ipc::kDefaultCodecSpec on the host backend (stories260K has 5
+  // layers: the first and last three overlap, every layer's values at 4 bits).
+  auto dflt = m.CreatePool(CreateRequest(""), nullptr);
+  ASSERT_TRUE(dflt.ok()) << dflt.status();
+  auto named = m.CreatePool(CreateRequest(ipc::kDefaultCodecSpec), nullptr);
+  ASSERT_TRUE(named.ok());
+  EXPECT_EQ(named->info.id, dflt->info.id);
+  EXPECT_FALSE(named->created);
+  EXPECT_EQ(dflt->info.codec, "k7c-v3-e4x5-nc-n16");
   // The mapped pool reads back with every parameter.
   auto lease = m.Attach(r->info.id, 1);
   ASSERT_TRUE(lease.ok());

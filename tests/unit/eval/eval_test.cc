@@ -3,13 +3,17 @@
 // (written by a real run on stories260K).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_split.h"
 #include "eval/eval.h"
+#include "eval/eval_agents.h"
 #include "eval/eval_extra.h"
 #include "polykv/model/llama.h"
 
@@ -220,6 +224,62 @@ TEST(EvalPpl, CsvColumnsFromARealRun) {
   const std::string pareto = ParetoMarkdown(*rows);
   EXPECT_NE(pareto.find("k8t-v3"), std::string::npos);
   EXPECT_NE(pareto.find("k8c-v4"), std::string::npos);
+}
+
+TEST(EvalAgents, NAgentsAtOnceScoreTheSameWindowsAsOne) {
+  // The paper's agent-count invariance through a real polykvd and agent processes: 1 and 3
+  // agents alive at once on one pool per codec and window. Every agent computes the same
+  // numbers (spread 0), the change does not depend on N, codec none is the reference
+  // (change 0), and it agrees with the in-process full-precision perplexity.
+  const std::string cli = POLYKV_BINARY_DIR "/cli/polykv-cli";
+  if (access(cli.c_str(), X_OK) != 0 || access(POLYKV_BINARY_DIR "/daemon/polykvd", X_OK) != 0)
+    GTEST_SKIP() << "polykv-cli or polykvd not built";
+  const std::string model = POLYKV_TEST_DATA_DIR "/models/stories260K";
+  std::vector<int32_t> ids(400);
+  for (int i = 0; i < 400; ++i) ids[i] = (i * 7919 + 13) % 512;
+  char tmpl[] = "/tmp/polykv-eval-agents-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  AgentEvalOptions o;
+  o.model_path = model;
+  o.cli = cli;
+  o.work_dir = tmpl;
+  o.counts = {1, 3};
+  o.windows = 2;
+  o.context = 64;
+  auto codecs = ParseCodecList("paper");
+  ASSERT_TRUE(codecs.ok());
+  auto rows = AgentInvariance(ids, *codecs, o);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 4u);  // none x {1, 3}, paper x {1, 3}
+  for (const AgentRow& r : *rows) {
+    SCOPED_TRACE(r.codec + " x" + std::to_string(r.agents));
+    EXPECT_EQ(r.windows, 2);
+    EXPECT_EQ(r.agent_spread, 0.0);
+    EXPECT_TRUE(std::isfinite(r.nll_codec));
+    EXPECT_GT(r.nll_codec, 0.0);
+  }
+  EXPECT_EQ((*rows)[0].codec, "none");
+  EXPECT_EQ((*rows)[0].change.mean, 0.0);
+  EXPECT_EQ((*rows)[1].nll_codec, (*rows)[0].nll_codec) << "none: 3 agents as 1";
+  EXPECT_EQ((*rows)[3].nll_codec, (*rows)[2].nll_codec) << "paper: 3 agents as 1";
+  EXPECT_EQ((*rows)[3].change.mean, (*rows)[2].change.mean);
+  EXPECT_NE((*rows)[2].nll_codec, (*rows)[0].nll_codec) << "the codec changes the numbers";
+  // The same windows in process (full precision prefix): the pool of codec none agrees.
+  model::LoadOptions lo;
+  lo.threads = 1;
+  auto m = model::LlamaModel::Load(model, lo);
+  ASSERT_TRUE(m.ok());
+  PplOptions po;
+  po.contexts = {64};
+  po.windows = 2;
+  auto inproc = PplVsContext(**m, ids, *codecs, po);
+  ASSERT_TRUE(inproc.ok()) << inproc.status();
+  EXPECT_NEAR(std::exp((*rows)[0].nll_full), (*inproc)[0].ppl_full, 1e-3 * (*inproc)[0].ppl_full);
+  const std::string csv = AgentCsv(*rows);
+  EXPECT_EQ(csv.substr(0, csv.find('\n')),
+            "codec,spec,agents,windows,nll_full,nll_codec,ppl_change_pct,ci_lo_pct,ci_hi_pct,"
+            "agent_spread");
+  std::filesystem::remove_all(tmpl);
 }
 
 }  // namespace

@@ -267,7 +267,7 @@ TEST(PoolLayoutTest, CodecSpecPoolsDecodeAsTheCodecAndSizeAsTheEvalSays) {
   legacy.codec_config.key_scale = kernels::KeyScaleMode::kPerChannel;
   EXPECT_EQ(PoolCodecLabel(legacy), "k8v3");
   ASSERT_TRUE(ApplyCodecSpec(*ParseCodecSpec("default"), 30, &legacy).ok());
-  EXPECT_EQ(PoolCodecLabel(legacy), "k7c-v3-e4x2-nc-n16");
+  EXPECT_EQ(PoolCodecLabel(legacy), kDefaultCodecSpec);
 }
 
 TEST(PoolLayoutTest, K8v3DecodeEqualsDirectCodec) {
