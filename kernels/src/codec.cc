@@ -4,7 +4,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "codec_internal.h"
 #include "internal.h"
+#include "polykv/kernels/cpu.h"
 #if defined(POLYKV_HAVE_CUDA)
 #include "codec_cuda.h"
 #endif
@@ -292,6 +294,22 @@ Status DecodeKeys(const uint8_t* codes, const float* scales, const LayerShape& s
 }
 
 void UnpackKeyVectors(const uint8_t* codes, int64_t n, int32_t head_dim, int32_t bits, int8_t* q) {
+  if (bits >= 8) {
+    std::memcpy(q, codes, static_cast<size_t>(n * head_dim));
+    return;
+  }
+#ifdef POLYKV_HAVE_AVX2_KERNELS
+  static const bool bmi2 = BestIsa() >= Isa::kAvx2;  // every kAvx2 CPU has BMI2
+  if (bmi2) {
+    codec::UnpackKeyVectorsBmi2(codes, n, head_dim, bits, q);
+    return;
+  }
+#endif
+  UnpackKeyVectorsScalar(codes, n, head_dim, bits, q);
+}
+
+void UnpackKeyVectorsScalar(const uint8_t* codes, int64_t n, int32_t head_dim, int32_t bits,
+                            int8_t* q) {
   if (bits >= 8) {
     std::memcpy(q, codes, static_cast<size_t>(n * head_dim));
     return;

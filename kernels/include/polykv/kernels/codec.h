@@ -188,6 +188,10 @@ int64_t PackedKeyVectorBytes(int32_t head_dim, int32_t bits);
 /// The signed key values q of `n` packed key vectors of `bits` (4..8) into int8
 /// [n][head_dim] (8 bits: a copy). Host memory.
 void UnpackKeyVectors(const uint8_t* codes, int64_t n, int32_t head_dim, int32_t bits, int8_t* q);
+/// The plain C++ reference of UnpackKeyVectors (which uses BMI2 PDEP on CPUs that have it;
+/// both give the same bytes).
+void UnpackKeyVectorsScalar(const uint8_t* codes, int64_t n, int32_t head_dim, int32_t bits,
+                            int8_t* q);
 
 /// Value norms f32 -> f16 (round to nearest even; host memory) and back.
 void NormsToF16(const float* in, int64_t n, uint16_t* out);
