@@ -32,21 +32,6 @@ struct Stories {
   std::vector<std::vector<int32_t>> prompts;  // 8-token prompts
 };
 
-std::vector<int32_t> Sample(model::LlamaModel& m, uint64_t seed, int n) {
-  model::KvCache cache = m.NewCache(n + 2);
-  model::SamplingOptions s;
-  s.greedy = false;
-  s.temperature = 1.0f;
-  s.top_p = 1.0f;
-  s.seed = seed;
-  s.max_new_tokens = n;
-  s.stop_at_eos = false;
-  std::vector<int32_t> bos = {1};
-  auto r = m.Generate(cache, bos, s);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? r->tokens : std::vector<int32_t>{};
-}
-
 Stories& GetStories() {
   static Stories* s = [] {
     auto* st = new Stories;
@@ -57,10 +42,10 @@ Stories& GetStories() {
     if (!m.ok()) return st;
     st->model = std::move(*m);
     st->document = {1};
-    auto body = Sample(*st->model, 7, 159);
+    auto body = SampleTokens(*st->model, 7, 159);
     st->document.insert(st->document.end(), body.begin(), body.end());
     for (uint64_t seed = 100; seed < 116; ++seed) {
-      auto p = Sample(*st->model, seed, 8);
+      auto p = SampleTokens(*st->model, seed, 8);
       st->prompts.push_back(p);
     }
     return st;

@@ -32,6 +32,7 @@
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
+#include "polykv/model/llama.h"
 
 extern char** environ;
 
@@ -334,6 +335,23 @@ class Daemon {
   bool ready_ = false;
   std::vector<std::string> pools_;
 };
+
+/// `n` tokens sampled from `m` after BOS (id 1; temperature 1, top-p 1, seeded): stories260K
+/// text as the model writes it, for documents and prompts that look like real input.
+inline std::vector<int32_t> SampleTokens(model::LlamaModel& m, uint64_t seed, int n) {
+  model::KvCache cache = m.NewCache(n + 2);
+  model::SamplingOptions s;
+  s.greedy = false;
+  s.temperature = 1.0f;
+  s.top_p = 1.0f;
+  s.seed = seed;
+  s.max_new_tokens = n;
+  s.stop_at_eos = false;
+  std::vector<int32_t> bos = {1};
+  auto r = m.Generate(cache, bos, s);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->tokens : std::vector<int32_t>{};
+}
 
 /// Comma-separated ids for --prompt-ids.
 inline std::string JoinIds(const std::vector<int32_t>& ids) {

@@ -32,21 +32,6 @@ struct Stories {
   std::vector<std::vector<int32_t>> prompts;  // 8-token prompts
 };
 
-std::vector<int32_t> Sample(model::LlamaModel& m, uint64_t seed, int n) {
-  model::KvCache cache = m.NewCache(n + 2);
-  model::SamplingOptions s;
-  s.greedy = false;
-  s.temperature = 1.0f;
-  s.top_p = 1.0f;
-  s.seed = seed;
-  s.max_new_tokens = n;
-  s.stop_at_eos = false;
-  std::vector<int32_t> bos = {1};
-  auto r = m.Generate(cache, bos, s);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? r->tokens : std::vector<int32_t>{};
-}
-
 Stories& GetStories() {
   static Stories* s = [] {
     auto* st = new Stories;
@@ -57,9 +42,9 @@ Stories& GetStories() {
     if (!m.ok()) return st;
     st->model = std::move(*m);
     st->document = {1};
-    auto body = Sample(*st->model, 11, 199);
+    auto body = SampleTokens(*st->model, 11, 199);
     st->document.insert(st->document.end(), body.begin(), body.end());
-    for (uint64_t seed = 200; seed < 203; ++seed) st->prompts.push_back(Sample(*st->model, seed, 8));
+    for (uint64_t seed = 200; seed < 203; ++seed) st->prompts.push_back(SampleTokens(*st->model, seed, 8));
     return st;
   }();
   return *s;
