@@ -132,6 +132,18 @@ struct PooledAgent::AttachedChain {
   int64_t tokens = 0;                              ///< positions of the whole chain
   uint64_t total_bytes = 0, bf16_bytes = 0;        ///< summed over the chain
   const polykv_pool_info& leaf() const { return infos.back(); }
+  /// The token ids of every pool, root first (positions 0 .. tokens - 1).
+  StatusOr<std::vector<int32_t>> TokenIds() const {
+    std::vector<int32_t> ids;
+    ids.reserve(static_cast<size_t>(tokens));
+    for (size_t i = 0; i < infos.size(); ++i) {
+      std::vector<int32_t> part(infos[i].tokens);
+      POLYKV_RETURN_IF_ERROR(FromCStatus(
+          polykv_pool_token_ids(guards[i]->pool, part.data(), part.size()), "pool token ids"));
+      ids.insert(ids.end(), part.begin(), part.end());
+    }
+    return ids;
+  }
   /// Detaches the leaf first; the first error is returned (the others are still detached).
   Status Release() {
     Status first;
@@ -259,13 +271,7 @@ StatusOr<AgentResult> PooledAgent::RunText(std::string_view pool_id, std::string
 StatusOr<std::vector<int32_t>> PooledAgent::PoolTokenIds(std::string_view pool_id) {
   AttachedChain chain;
   POLYKV_RETURN_IF_ERROR(AttachChain(std::string(pool_id), &chain));
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < chain.infos.size(); ++i) {
-    std::vector<int32_t> part(chain.infos[i].tokens);
-    POLYKV_RETURN_IF_ERROR(FromCStatus(
-        polykv_pool_token_ids(chain.guards[i]->pool, part.data(), part.size()), "pool token ids"));
-    ids.insert(ids.end(), part.begin(), part.end());
-  }
+  POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, chain.TokenIds());
   POLYKV_RETURN_IF_ERROR(chain.Release());
   return ids;
 }
@@ -383,14 +389,7 @@ Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, boo
                                model::KvCache* cache, AgentStats* st) {
   const model::ModelConfig& cfg = model_->config();
   const size_t n = chain.infos.size();
-  std::vector<int32_t> doc_ids;
-  doc_ids.reserve(static_cast<size_t>(chain.tokens));
-  for (size_t i = 0; i < n; ++i) {
-    std::vector<int32_t> part(chain.infos[i].tokens);
-    POLYKV_RETURN_IF_ERROR(FromCStatus(
-        polykv_pool_token_ids(chain.guards[i]->pool, part.data(), part.size()), "pool token ids"));
-    doc_ids.insert(doc_ids.end(), part.begin(), part.end());
-  }
+  POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> doc_ids, chain.TokenIds());
   std::vector<polykv_pool*> pools;
   for (auto& g : chain.guards) pools.push_back(g->pool);
   // The data is only trusted while every lease of the chain is valid.
