@@ -17,6 +17,8 @@ void RegisterPoolsCommands(CLI::App& app);
 void RegisterAgentCommands(CLI::App& app);
 /// `agents run` (agents_cmd.cc).
 void RegisterAgentsCommands(CLI::App& app);
+/// `keys generate` (keys_cmd.cc).
+void RegisterKeysCommands(CLI::App& app);
 /// `eval` (eval_cmd.cc; library code in cli/eval/).
 void RegisterEvalCommands(CLI::App& app);
 

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   polykv::cli::RegisterPoolsCommands(app);
   polykv::cli::RegisterAgentCommands(app);
   polykv::cli::RegisterAgentsCommands(app);
+  polykv::cli::RegisterKeysCommands(app);
   polykv::cli::RegisterEvalCommands(app);
   CLI11_PARSE(app, argc, argv);
   return polykv::cli::ExitCode();

@@ -136,7 +136,23 @@ json InfoJson(const pc::PoolInfo& p) {
         {"value_rel_mse_max", p.value_rel_mse_max}}},
       {"parent", p.parent},
       {"parent_tokens", p.parent_tokens},
+      {"origin", p.origin},
   };
+}
+
+json PeersJson(const std::vector<polykv_peer_info>& peers) {
+  json arr = json::array();
+  for (const polykv_peer_info& p : peers) {
+    arr.push_back(json{{"endpoint", p.endpoint},
+                       {"state", p.state},
+                       {"detail", p.detail},
+                       {"instance", p.instance},
+                       {"version", p.version},
+                       {"pools", p.pools},
+                       {"rtt_ms", p.rtt_ms},
+                       {"last_seen_unix_ms", p.last_seen_unix_ms}});
+  }
+  return arr;
 }
 
 /// Resolves a full id or a unique prefix of one (>= 4 hex chars) to a full pool id.
@@ -277,15 +293,28 @@ void RunPing(const CommonArgs& args) {
   if (!client.ok()) return ReportError(client.status());
   auto info = client->Ping();
   if (!info.ok()) return ReportError(info.status());
+  auto peers = client->Peers();
+  if (!peers.ok()) return ReportError(peers.status());
   const std::string endpoint = args.endpoint.empty() ? "(default)" : args.endpoint;
   if (args.json) {
-    std::cout << DaemonJson(*info, endpoint).dump(2) << "\n";
+    json j = DaemonJson(*info, endpoint);
+    j["peers"] = PeersJson(*peers);
+    std::cout << j.dump(2) << "\n";
   } else {
     std::cout << "polykvd " << info->version << " (pid " << info->pid << ", instance "
               << info->instance.substr(0, 8) << ") at " << endpoint << ": pool memory "
               << HumanBytes(info->memory_used) << " used of "
               << (info->memory_cap ? HumanBytes(info->memory_cap) : std::string("no cap"))
               << "; " << CacheLine(*info) << "\n";
+    for (const polykv_peer_info& p : *peers) {
+      std::printf("  peer %-28s %-8s", p.endpoint, p.state);
+      if (std::string(p.state) == "up") {
+        std::printf(" instance %.8s, %u pool(s), rtt %.1f ms", p.instance, p.pools, p.rtt_ms);
+      } else if (p.detail[0] != '\0') {
+        std::printf(" %s", p.detail);
+      }
+      std::printf("\n");
+    }
   }
 }
 
@@ -327,8 +356,11 @@ void RunList(const CommonArgs& args) {
   for (const pc::PoolInfo* r : roots) walk(r, 0);
   int width = 64;
   for (const auto& [p, depth] : rows) width = std::max(width, 64 + 3 * depth);
-  std::printf("%-*s  %-5s  %-4s  %8s  %6s  %11s  %6s  %6s\n", width, "ID", "CODEC", "MEM",
-              "TOKENS", "LAYERS", "SIZE", "RATIO", "LEASES");
+  size_t codec_width = 5;
+  for (const auto& [p, depth] : rows) codec_width = std::max(codec_width, p->codec.size());
+  const int cw = static_cast<int>(codec_width);
+  std::printf("%-*s  %-*s  %-4s  %8s  %6s  %11s  %6s  %6s  %s\n", width, "ID", cw, "CODEC", "MEM",
+              "TOKENS", "LAYERS", "SIZE", "RATIO", "LEASES", "ORIGIN");
   for (const auto& [p, depth] : rows) {
     std::string name;
     for (int d = 1; d < depth; ++d) name += "   ";
@@ -336,9 +368,11 @@ void RunList(const CommonArgs& args) {
     name += p->id;
     // "└─ " is 3 columns but 7 bytes: pad by columns, not bytes.
     const int pad = width - (64 + 3 * depth);
-    std::printf("%s%*s  %-5s  %-4s  %8llu  %6u  %11s  %5.2fx  %6u\n", name.c_str(), pad, "",
-                p->codec.c_str(), p->backend.c_str(), static_cast<unsigned long long>(p->tokens),
-                p->layers, HumanBytes(p->total_bytes).c_str(), p->effective_ratio, p->leases);
+    std::printf("%s%*s  %-*s  %-4s  %8llu  %6u  %11s  %5.2fx  %6u  %s\n", name.c_str(), pad, "",
+                cw, p->codec.c_str(), p->backend.c_str(),
+                static_cast<unsigned long long>(p->tokens), p->layers,
+                HumanBytes(p->total_bytes).c_str(), p->effective_ratio, p->leases,
+                p->origin.empty() ? "-" : p->origin.c_str());
   }
   std::printf("pool memory %s used of %s; %s\n", HumanBytes(daemon->memory_used).c_str(),
               daemon->memory_cap ? HumanBytes(daemon->memory_cap).c_str() : "no cap",
@@ -363,6 +397,7 @@ void PrintInfoHuman(const pc::PoolInfo& p) {
   row("tokenizer family", p.tokenizer_family.empty() ? "-" : p.tokenizer_family);
   row("codec", p.codec);
   row("backend", p.backend);
+  row("origin", p.origin.empty() ? "-" : p.origin);
   row("tokens", std::to_string(p.tokens));
   if (!p.parent.empty()) {
     row("parent", p.parent);
@@ -449,6 +484,25 @@ void RunCreate(const CommonArgs& args, const CreateArgs& c) {
   } else {
     if (!created->created) std::cerr << "pool already existed\n";
     std::cout << created->info.id << "\n";
+  }
+}
+
+void RunFetch(const CommonArgs& args, const std::string& id) {
+  auto client = Connect(args);
+  if (!client.ok()) return ReportError(client.status());
+  ProgressPrinter printer;
+  auto fetched = client->FetchPool(id, [&](const std::string& stage, int64_t done, int64_t total) {
+    printer.Update(stage, done, total);
+  });
+  printer.Finish();
+  if (!fetched.ok()) return ReportError(fetched.status());
+  if (args.json) {
+    json j = InfoJson(fetched->info);
+    j["fetched"] = fetched->created;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    if (!fetched->created) std::cerr << "the daemon already held the pool\n";
+    std::cout << fetched->info.id << "\n";
   }
 }
 
@@ -768,6 +822,13 @@ void RegisterPoolsCommands(CLI::App& app) {
     }
     RunCreate(pools_args, create_args);
   });
+
+  CLI::App* fetch = pools->add_subcommand(
+      "fetch", "Replicate a pool from the daemon's peers (--peer) without attaching it");
+  fetch->fallthrough();
+  fetch->add_option("ID", pool_id, "pool id (64 hex chars, or a unique prefix of >= 8)")
+      ->required();
+  fetch->callback([] { RunFetch(pools_args, pool_id); });
 
   CLI::App* evict = pools->add_subcommand("evict", "Remove a pool (--force: even with leases)");
   evict->fallthrough();

@@ -18,6 +18,7 @@ PACKAGES=(
   libsentencepiece-dev      # SentencePiece tokenizer.model files
   libssl-dev                # SHA-256 (pool ids, fingerprints)
   libxxhash-dev             # pool checksums (XXH64)
+  libucx-dev ucx-utils      # transfer between hosts (UCX ucp_get); ucx_perftest baseline
   libcpp-httplib-dev        # polykvd --metrics-listen (GET /metrics)
   curl python3-prometheus-client  # tests: scrape /metrics, parse the text format
   clang libclang-rt-dev     # fault suite: libFuzzer targets (scripts/fuzz.sh); gcc builds the rest

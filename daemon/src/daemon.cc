@@ -252,10 +252,37 @@ void AddDaemonFlags(CLI::App& app, DaemonOptions& o) {
   app.add_option("--metrics-listen", o.metrics_listen,
                  "Serve Prometheus metrics on http://HOST:PORT/metrics (e.g. 127.0.0.1:9464; "
                  "port 0 = any free port, logged)");
+  app.add_option("--listen", o.peer.listen,
+                 "Serve other daemons on tcp://ADDR:PORT (CURVE-authenticated; needs "
+                 "--key-file and --peer-keys-file)");
+  app.add_option("--peer", o.peer.peers,
+                 "Another daemon asked for pools this one lacks, tcp://HOST:PORT (repeatable; "
+                 "its public key must be in --peer-keys-file)");
+  app.add_option("--key-file", o.peer.key_file,
+                 "This daemon's CURVE key pair (polykv-cli keys generate FILE; mode 0600)");
+  app.add_option("--peer-keys-file", o.peer.peer_keys_file,
+                 "Trusted daemons' public keys: '<key> [tcp://HOST:PORT]' per line");
+  app.add_option("--peer-ping-seconds", o.peer.ping_seconds, "How often peers' state is checked")
+      ->check(CLI::Range(0.05, 3600.0))
+      ->capture_default_str();
+  app.add_option("--peer-timeout-ms", o.peer.call_timeout_ms,
+                 "Round trip allowed to one peer request")
+      ->check(CLI::Range(10, 600000))
+      ->capture_default_str();
+  app.add_option("--transfer-stall-ms", o.peer.stall_timeout_ms,
+                 "A pool transfer with no progress this long fails")
+      ->check(CLI::Range(100, 3600000))
+      ->capture_default_str();
   // Fault injection for the test suites; not shown in --help.
   app.add_option("--test-create-delay-ms", o.test_create_delay_ms)
       ->group("")
       ->check(CLI::Range(0, 3600000));
+  app.add_option("--test-transfer-chunk-delay-ms", o.peer.test_chunk_delay_ms)
+      ->group("")
+      ->check(CLI::Range(0, 60000));
+  app.add_option("--test-transfer-chunk-bytes", o.peer.chunk_bytes)
+      ->group("")
+      ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 30));
 }
 
 std::string IpcPath(const std::string& endpoint) {
@@ -377,7 +404,8 @@ Status CheckSocketFolder(const std::string& dir) {
 }
 
 bool NeedsOperator(ipc::MessageType t) {
-  return t == ipc::MessageType::kCreatePool || t == ipc::MessageType::kEvict;
+  return t == ipc::MessageType::kCreatePool || t == ipc::MessageType::kEvict ||
+         t == ipc::MessageType::kFetch;
 }
 
 /// A queued or running CREATE_POOL.
@@ -401,6 +429,7 @@ struct CreateShared {
   std::shared_ptr<PoolManager> manager;
   std::shared_ptr<PoolStore> store;  // the manager points at it (may be null)
   std::shared_ptr<Metrics> metrics;
+  std::shared_ptr<Peers> peers;  // the manager points at it (may be null)
   std::string instance;
   size_t capacity = 8;  // creates that may wait while every worker is busy
   size_t workers = 1;
@@ -455,24 +484,42 @@ void CreateWorker(std::shared_ptr<CreateShared> shared, std::shared_ptr<std::ato
     };
     StatusOr<CreateResult> result = absl::InternalError("create did not run");
     const auto t0 = Clock::now();
-    try {
-      result = shared->manager->CreatePool(req, progress, job.who, job.cancel.get());
-    } catch (const std::exception& e) {
-      result = absl::InternalError(absl::StrCat("create pool threw: ", e.what()));
-    }
     ipc::Reply r;
+    r.type = req.type;
+    r.id = req.id;
+    try {
+      if (req.type == ipc::MessageType::kCreatePool) {
+        result = shared->manager->CreatePool(req, progress, job.who, job.cancel.get());
+      } else {
+        // FETCH, or an ATTACH of a pool this daemon does not hold: replicate from a peer.
+        result = shared->manager->Replicate(req.pool_id, job.cancel.get(), progress);
+      }
+      if (result.ok() && req.type == ipc::MessageType::kAttach) {
+        auto g = shared->manager->Attach(result->info.id, req.client_pid);
+        if (!g.ok()) {
+          result = g.status();
+        } else {
+          r.lease_id = g->lease_id;
+          r.lease_expires_unix_ms = g->expires_unix_ms;
+          r.lease_ms = g->lease_ms;
+          r.memory = g->memory;
+          result->info = g->info;
+        }
+      }
+    } catch (const std::exception& e) {
+      result = absl::InternalError(absl::StrCat(
+          std::string(ipc::MessageTypeName(req.type)), " threw: ", e.what()));
+    }
     if (result.ok()) {
-      r.type = ipc::MessageType::kCreatePool;
-      r.id = req.id;
       r.pool = result->info;
       r.created = result->created;
-      if (result->created && !result->restored) {
+      if (result->created && !result->restored && !result->replicated) {
         shared->metrics->AddPrefillTokens(result->info.tokens);
       }
     } else {
-      r = ipc::ErrorReply(ipc::MessageType::kCreatePool, req.id, result.status());
+      r = ipc::ErrorReply(req.type, req.id, result.status());
     }
-    shared->metrics->ObserveRequest(ipc::MessageType::kCreatePool, r,
+    shared->metrics->ObserveRequest(req.type, r,
                                     std::chrono::duration<double>(Clock::now() - t0).count());
     shared->Post(CreateEvent{job.key, std::move(r), true});
     {
@@ -498,6 +545,7 @@ struct Daemon::Impl {
   std::unique_ptr<MetricsServer> metrics_server;
   std::shared_ptr<CreateShared> creates;
   std::unique_ptr<FdServer> fd_server;
+  std::shared_ptr<Peers> peers;  // --listen / --peer (null without)
 
   zmq::context_t ctx;
   std::unique_ptr<zmq::socket_t> router;
@@ -515,6 +563,7 @@ struct Daemon::Impl {
     std::string identity;
     bool delimiter = false;
     uint64_t request_id = 0;
+    ipc::MessageType type = ipc::MessageType::kCreatePool;
     bool progress = false;
     std::string stage = "queued";
     int64_t done = 0, total = 1;
@@ -612,6 +661,7 @@ ipc::Reply Daemon::Impl::Dispatch(const ipc::Request& req, uint32_t peer_pid) {
   switch (req.type) {
     case ipc::MessageType::kPing:
       DaemonFigures(&r);
+      if (peers) r.peers = peers->States();
       return r;
     case ipc::MessageType::kList:
       r.pools = manager->List();
@@ -655,6 +705,11 @@ ipc::Reply Daemon::Impl::Dispatch(const ipc::Request& req, uint32_t peer_pid) {
       Status s = manager->Evict(req.pool_id, req.force);
       return s.ok() ? r : fail(s);
     }
+    case ipc::MessageType::kPeerFetch:
+    case ipc::MessageType::kPeerRelease:
+      return fail(absl::PermissionDeniedError(absl::StrCat(
+          std::string(ipc::MessageTypeName(req.type)),
+          " is served only on the CURVE-authenticated peer channel (--listen)")));
     default:
       return fail(absl::InvalidArgumentError(absl::StrCat(
           "message type ", std::string(ipc::MessageTypeName(req.type)), " is not a request")));
@@ -671,6 +726,7 @@ void Daemon::Impl::StartCreate(std::string identity, bool delimiter, ipc::Reques
   t.identity = std::move(identity);
   t.delimiter = delimiter;
   t.request_id = req.id;
+  t.type = req.type;
   t.progress = req.progress;
   t.cancel = job.cancel;
   size_t queued = 0, running = 0;
@@ -688,7 +744,7 @@ void Daemon::Impl::StartCreate(std::string identity, bool delimiter, ipc::Reques
   if (full) {
     spdlog::warn("refused a create: {} queued, {} running", queued, running);
     SendRefusal(t.identity, t.delimiter,
-         ipc::ErrorReply(ipc::MessageType::kCreatePool, t.request_id,
+         ipc::ErrorReply(t.type, t.request_id,
                          absl::ResourceExhaustedError(absl::StrCat(
                              "the create queue is full (", queued, " waiting, ", running,
                              " running; --max-queued-creates ", creates->capacity,
@@ -828,6 +884,28 @@ void Daemon::Impl::HandleRouter() {
                                roles->Describe(Roles::kOperator), ")"))));
       continue;
     }
+    if (req->type == ipc::MessageType::kAttach && peers) {
+      // A pool neither here nor in the state folder: replicate it on a worker thread (the
+      // control loop never waits on the network).
+      bool known = manager->Info(req->pool_id).ok() ||
+                   (store && store->Find(req->pool_id).has_value());
+      if (!known) {
+        if (req->client_pid == 0) req->client_pid = peer_pid;
+        StartCreate(identity, delimiter, *std::move(req), Requester{peer_uid, false});
+        continue;
+      }
+    }
+    if (req->type == ipc::MessageType::kFetch) {
+      if (!peers) {
+        SendRefusal(identity, delimiter,
+                    ipc::ErrorReply(req->type, req->id,
+                                    absl::FailedPreconditionError(
+                                        "FETCH needs peer daemons: start polykvd with --peer")));
+        continue;
+      }
+      StartCreate(identity, delimiter, *std::move(req), Requester{peer_uid, false});
+      continue;
+    }
     if (req->type == ipc::MessageType::kCreatePool) {
       Requester who;
       who.uid = peer_uid;
@@ -867,9 +945,11 @@ void Daemon::Impl::Shutdown() {
     t.cancel->store(true);
     if (router) {
       Send(t.identity, t.delimiter,
-           ipc::ErrorReply(ipc::MessageType::kCreatePool, t.request_id,
-                           absl::CancelledError("polykvd is shutting down: the create was "
-                                                "cancelled (retry once it is back)")));
+           ipc::ErrorReply(t.type, t.request_id,
+                           absl::CancelledError(absl::StrCat(
+                               "polykvd is shutting down: the ",
+                               std::string(ipc::MessageTypeName(t.type)),
+                               " was cancelled (retry once it is back)"))));
     }
   }
   if (!tracked.empty()) spdlog::info("cancelled {} create(s) in flight", tracked.size());
@@ -911,6 +991,10 @@ void Daemon::Impl::Shutdown() {
   zap_stop.store(true);
   if (zap_thread.joinable()) zap_thread.join();
   metrics_server.reset();  // its handler reads the manager
+  if (left_behind == 0) {
+    if (creates) creates->peers.reset();
+    peers.reset();  // stops the peer channel and drops its transfers
+  }
   manager.reset();
   creates.reset();
   store.reset();  // a worker left behind still holds it through CreateShared
@@ -1078,6 +1162,19 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   impl->creates->manager = impl->manager;
   impl->creates->store = impl->store;
   impl->creates->metrics = impl->metrics;
+  if (o.peer.enabled()) {
+    Peers::Hooks hooks;
+    std::shared_ptr<PoolManager> m = impl->manager;
+    hooks.export_pool = [m](const std::string& id) { return m->ExportForPeer(id); };
+    hooks.list_pools = [m] { return m->List(); };
+    hooks.instance = impl->instance;
+    hooks.version = POLYKV_VERSION;
+    auto peers = Peers::Start(o.peer, std::move(hooks));
+    if (!peers.ok()) return peers.status();
+    impl->peers = std::shared_ptr<Peers>(*std::move(peers));
+    impl->manager->SetPeers(impl->peers.get());
+    impl->creates->peers = impl->peers;
+  }
   impl->creates->instance = impl->instance;
   impl->creates->capacity = static_cast<size_t>(o.max_queued_creates);
   impl->creates->workers = static_cast<size_t>(o.create_workers);

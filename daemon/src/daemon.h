@@ -15,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "peers.h"
 #include "pool_manager.h"
 #include "polykv/status.h"
 
@@ -53,6 +54,7 @@ struct DaemonOptions {
   uint64_t state_budget = 0;             ///< disk budget of pool files; 0 = unlimited
   bool preload = false;                  ///< restore every persisted pool at start
   std::string metrics_listen;            ///< HOST:PORT of GET /metrics (empty: off)
+  PeerOptions peer;                      ///< other daemons (--listen, --peer, key files)
   ModelLoader loader;                    ///< tests: inject a model loader
 };
 

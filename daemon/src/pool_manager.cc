@@ -934,6 +934,7 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
   info.created_unix_ms = UnixMs();
   info.prefill_ms = prefill_ms;
   info.encode_ms = encode_ms;
+  info.origin = "prefill";
   if (options_.store) {
     // Persist before publishing, so that an evict can never race the write. A pool that
     // cannot be written is still served (from memory only). Host pools are written from the
@@ -1336,8 +1337,16 @@ uint64_t PoolManager::lease_count() const {
 // ---- persisted pools (--state-dir) ----------------------------------------------------
 
 StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
-  const std::string& pool_id = m.info.id;
-  const uint64_t needed = m.pool_bytes;
+  return PublishFilled(
+      m.info, m.pool_bytes, "state",
+      [&](void* dst, uint64_t size) { return options_.store->ReadInto(m.info.id, dst, size); });
+}
+
+StatusOr<CreateResult> PoolManager::PublishFilled(const ipc::PoolInfo& source_info,
+                                                  uint64_t needed, const std::string& origin,
+                                                  const FillFn& fill) {
+  const std::string& pool_id = source_info.id;
+  const bool from_state = origin == "state";
   const bool cuda = options_.backend == "cuda";
   // The same memfd name as Build's ("/memfd:<prefix><first 16 hex of id> (deleted)").
   const std::string region_name =
@@ -1350,8 +1359,8 @@ StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
     if (options_.memory_cap > 0 && used_ + needed > options_.memory_cap) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "memory cap exceeded on backend ", options_.backend, ": used ", used_, " of cap ",
-          options_.memory_cap, " bytes, persisted pool ", pool_id.substr(0, 16), " needs ",
-          needed, " bytes"));
+          options_.memory_cap, " bytes, ", from_state ? "persisted" : "replicated", " pool ",
+          pool_id.substr(0, 16), " needs ", needed, " bytes"));
     }
     used_ += needed;
   }
@@ -1361,7 +1370,8 @@ StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
     used_ -= needed;
     pool.region.reset();  // the memfd goes away with its last descriptor
     pool.arena.reset();
-    spdlog::warn("restore of pool {} failed: {}", pool_id.substr(0, 16), why.ToString());
+    spdlog::warn("{} of pool {} failed: {}", from_state ? "restore" : "replication",
+                 pool_id.substr(0, 16), why.ToString());
     return why;
   };
   // Allocate and fill exactly as Build does: a sealed memfd for host pools (filled through
@@ -1380,9 +1390,35 @@ StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
     pool.region.emplace(*std::move(region));
     base = pool.region->writable_data();
   }
-  // Verifies the file's checksums and the pool (PoolReader::Open with the payload check);
-  // a corrupt file is quarantined by the store.
-  if (Status s = options_.store->ReadInto(pool_id, base, needed); !s.ok()) return release(s);
+  // The state folder verifies the file's checksums and the pool (PoolReader::Open with the
+  // payload check; a corrupt file is quarantined); a replica is verified here.
+  if (Status s = fill(base, needed); !s.ok()) return release(s);
+  if (!from_state) {
+    auto reader = ipc::PoolReader::Open(base, needed, /*verify_payload=*/true);
+    if (!reader.ok()) {
+      return release(Status(absl::StatusCode::kDataLoss,
+                            absl::StrCat("replica of pool ", pool_id.substr(0, 16),
+                                         " does not verify: ", reader.status().message())));
+    }
+    const std::string header_id = absl::BytesToHexString(absl::string_view(
+        reinterpret_cast<const char*>(reader->header().pool_id), sizeof(reader->header().pool_id)));
+    if (header_id != pool_id || reader->params().tokens != source_info.tokens ||
+        reader->params().parent_id != source_info.parent ||
+        reader->params().model_fingerprint != source_info.model_fingerprint) {
+      return release(Status(absl::StatusCode::kDataLoss,
+                            absl::StrCat("replica of pool ", pool_id.substr(0, 16),
+                                         " holds another pool than announced (header id ",
+                                         header_id.substr(0, 16), ", ", reader->params().tokens,
+                                         " tokens)")));
+    }
+    if (options_.store) {
+      // Persisted like a pool built here, so a restart restores it instead of fetching again.
+      if (Status s = options_.store->Save(source_info, base, needed); !s.ok()) {
+        spdlog::warn("replica of pool {} is not persisted: {}", pool_id.substr(0, 16),
+                     s.ToString());
+      }
+    }
+  }
   pool.memory.backend = cuda ? "cuda" : "host";
   pool.memory.size = needed;
   if (cuda) {
@@ -1405,7 +1441,8 @@ StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
     pool.memory.transport = "memfd";
     pool.memory.fd_socket = options_.fd_socket;
   }
-  pool.info = m.info;
+  pool.info = source_info;
+  pool.info.origin = origin;
   if (pool.info.fidelity_layers == 0 && pool.region.has_value()) {
     // A manifest written before fidelity was recorded: the header may still hold it.
     if (auto reader = ipc::PoolReader::Open(pool.region->data(), pool.region->size(), false);
@@ -1429,15 +1466,17 @@ StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
     }
     pool.info.publish_ms = MsSince(t0);
     pool.seq = ++seq_;
-    ++restored_;
+    if (from_state) ++restored_; else ++replicated_;
     auto [it, inserted] = pools_.emplace(pool_id, std::move(pool));
     POLYKV_CHECK(inserted);
     result.info = InfoLocked(it->second);
     result.created = true;
-    result.restored = true;
+    result.restored = from_state;
+    result.replicated = !from_state;
   }
-  spdlog::info("restored pool {} from {} ({}, {} tokens, {} bytes) in {:.1f} ms",
-               pool_id.substr(0, 16), options_.store->PathOf(pool_id), result.info.codec,
+  spdlog::info("{} pool {} from {} ({}, {} tokens, {} bytes) in {:.1f} ms",
+               from_state ? "restored" : "replicated", pool_id.substr(0, 16),
+               from_state ? options_.store->PathOf(pool_id) : origin, result.info.codec,
                result.info.tokens, needed, result.info.publish_ms);
   return result;
 }
@@ -1477,25 +1516,38 @@ StatusOr<ipc::PoolInfo> PoolManager::RestorePersisted(const std::string& id_or_p
       }
     }
   }
+  POLYKV_RETURN_IF_ERROR(
+      CheckServableModel(m->info, absl::StrCat("persisted pool ", id.substr(0, 16))));
+  // Join a create or restore of the same pool in progress.
+  std::shared_ptr<InFlight> flight;
+  POLYKV_ASSIGN_OR_RETURN(std::optional<ipc::PoolInfo> existing,
+                          JoinOrRegisterFlight(id, &flight));
+  if (existing) return *existing;
+  auto result = Restore(*m);
+  FinishFlight(id, flight, result.ok() ? absl::OkStatus() : result.status());
+  if (!result.ok()) return result.status();
+  return result->info;
+}
+
+Status PoolManager::CheckServableModel(const ipc::PoolInfo& info, const std::string& what) {
   // The pool's model must be present (inside the model folders, when configured) and the
   // same file it was made with. The daemon itself asks: a trusted requester.
-  auto opened = OpenModel(m->info.model, Requester{});
+  auto opened = OpenModel(info.model, Requester{});
   if (!opened.ok()) {
-    spdlog::error("state: pool {} needs model \"{}\", which is absent ({}); not served",
-                  id.substr(0, 16), m->info.model, std::string(opened.status().message()));
-    return absl::FailedPreconditionError(absl::StrCat(
-        "persisted pool ", id.substr(0, 16), " needs model \"", m->info.model,
-        "\", which is absent (", opened.status().message(), ")"));
+    spdlog::error("{} needs model \"{}\", which is absent ({}); not served", what, info.model,
+                  std::string(opened.status().message()));
+    return absl::FailedPreconditionError(absl::StrCat(what, " needs model \"", info.model,
+                                                      "\", which is absent (",
+                                                      opened.status().message(), ")"));
   }
   const std::string canonical = opened->key.canonical;
-  auto entry = GetModel(*std::move(opened), m->info.model,
+  auto entry = GetModel(*std::move(opened), info.model,
                         [](const std::string&, int64_t, int64_t) {});
   if (!entry.ok()) {
-    spdlog::error("state: pool {} needs model {}, which does not load ({}); not served",
-                  id.substr(0, 16), canonical, std::string(entry.status().message()));
-    return absl::FailedPreconditionError(absl::StrCat("persisted pool ", id.substr(0, 16),
-                                                      ": its model does not load: ",
-                                                      entry.status().message()));
+    spdlog::error("{} needs model {}, which does not load ({}); not served", what, canonical,
+                  std::string(entry.status().message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": its model does not load: ", entry.status().message()));
   }
   const std::string fingerprint = (*entry)->model->fingerprint();
   {
@@ -1504,45 +1556,185 @@ StatusOr<ipc::PoolInfo> PoolManager::RestorePersisted(const std::string& id_or_p
     entry->reset();
     TrimModelCacheLocked(nullptr);
   }
-  if (fingerprint != m->info.model_fingerprint) {
-    spdlog::error("state: pool {} was made with model {} of fingerprint {}, but that file now "
-                  "has fingerprint {}; not served",
-                  id.substr(0, 16), canonical, m->info.model_fingerprint.substr(0, 16),
+  if (fingerprint != info.model_fingerprint) {
+    spdlog::error("{} was made with model {} of fingerprint {}, but this daemon's file has "
+                  "fingerprint {}; not served",
+                  what, info.model, info.model_fingerprint.substr(0, 16),
                   fingerprint.substr(0, 16));
     return absl::FailedPreconditionError(absl::StrCat(
-        "persisted pool ", id.substr(0, 16), " was made with a different model file than ",
-        canonical, " (fingerprint ", m->info.model_fingerprint.substr(0, 16), " vs ",
-        fingerprint.substr(0, 16), ")"));
+        what, " was made with a different model file than ", canonical, " (fingerprint ",
+        info.model_fingerprint.substr(0, 16), " vs ", fingerprint.substr(0, 16), ")"));
   }
-  // Join a create or restore of the same pool in progress.
-  std::shared_ptr<InFlight> flight;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
+  return absl::OkStatus();
+}
+
+StatusOr<std::optional<ipc::PoolInfo>> PoolManager::JoinOrRegisterFlight(
+    const std::string& id, std::shared_ptr<InFlight>* flight) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (shutdown_.load()) return absl::CancelledError("polykvd is shutting down");
+    if (auto it = pools_.find(id); it != pools_.end()) return InfoLocked(it->second);
+    auto f = in_flight_.find(id);
+    if (f == in_flight_.end()) break;
+    std::shared_ptr<InFlight> other = f->second;
+    while (!other->done) {
+      other->cv.wait_for(lock, std::chrono::milliseconds(100));
       if (shutdown_.load()) return absl::CancelledError("polykvd is shutting down");
-      if (auto it = pools_.find(id); it != pools_.end()) return InfoLocked(it->second);
-      auto f = in_flight_.find(id);
-      if (f == in_flight_.end()) break;
-      std::shared_ptr<InFlight> other = f->second;
-      while (!other->done) {
-        other->cv.wait_for(lock, std::chrono::milliseconds(100));
-        if (shutdown_.load()) return absl::CancelledError("polykvd is shutting down");
-      }
-      if (!other->status.ok()) return other->status;
     }
-    flight = std::make_shared<InFlight>();
-    in_flight_[id] = flight;
+    if (!other->status.ok()) return other->status;
   }
-  auto result = Restore(*m);
+  *flight = std::make_shared<InFlight>();
+  in_flight_[id] = *flight;
+  return std::optional<ipc::PoolInfo>();
+}
+
+void PoolManager::FinishFlight(const std::string& id, const std::shared_ptr<InFlight>& flight,
+                               const Status& status) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     flight->done = true;
-    flight->status = result.ok() ? absl::OkStatus() : result.status();
+    flight->status = status;
     in_flight_.erase(id);
   }
   flight->cv.notify_all();
-  if (!result.ok()) return result.status();
-  return result->info;
+}
+
+namespace {
+bool IsFullPoolId(const std::string& id) {
+  return id.size() == 64 && id.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+}  // namespace
+
+StatusOr<CreateResult> PoolManager::Replicate(const std::string& pool_id,
+                                              const std::atomic<bool>* cancel,
+                                              const ProgressFn& progress, int depth) {
+  constexpr int kMaxTreeDepth = 64;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_.load()) return absl::CancelledError("polykvd is shutting down");
+    if (auto id = ResolvePoolIdLocked(pool_id); id.ok()) {
+      CreateResult r;
+      r.info = InfoLocked(pools_.at(*id));
+      return r;
+    } else if (id.status().code() != absl::StatusCode::kNotFound) {
+      return id.status();
+    }
+  }
+  if (options_.store && options_.store->Find(pool_id)) {
+    POLYKV_ASSIGN_OR_RETURN(ipc::PoolInfo info, RestorePersisted(pool_id));
+    CreateResult r;
+    r.info = info;
+    r.restored = true;
+    return r;
+  }
+  if (options_.peers == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown pool ", ipc::Abbreviate(pool_id, 64),
+                                            " (and no peer daemons are configured)"));
+  }
+  // A full id joins a replication of the same pool at once; a prefix once a peer named it.
+  std::shared_ptr<InFlight> flight;
+  std::string id;
+  if (IsFullPoolId(pool_id)) {
+    id = pool_id;
+    POLYKV_ASSIGN_OR_RETURN(std::optional<ipc::PoolInfo> existing,
+                            JoinOrRegisterFlight(id, &flight));
+    if (existing) {
+      CreateResult r;
+      r.info = *existing;
+      return r;
+    }
+  }
+  auto finish = [&](StatusOr<CreateResult> r) -> StatusOr<CreateResult> {
+    if (flight) FinishFlight(id, flight, r.ok() ? absl::OkStatus() : r.status());
+    return r;
+  };
+  auto offer = options_.peers->Find(pool_id);
+  if (!offer.ok()) return finish(offer.status());
+  struct ReleaseOnExit {
+    PeerSource* peers;
+    const PeerSource::Offer* offer;
+    ~ReleaseOnExit() { peers->Release(*offer); }
+  } release_on_exit{options_.peers, &*offer};
+  if (!IsFullPoolId(offer->info.id) || (!id.empty() && offer->info.id != id)) {
+    return finish(absl::DataLossError(absl::StrCat("peer ", offer->peer, " answered for pool ",
+                                                   ipc::Abbreviate(pool_id, 64), " with pool id \"",
+                                                   ipc::Abbreviate(offer->info.id, 64), "\"")));
+  }
+  if (id.empty()) {
+    id = offer->info.id;
+    POLYKV_ASSIGN_OR_RETURN(std::optional<ipc::PoolInfo> existing,
+                            JoinOrRegisterFlight(id, &flight));
+    if (existing) {
+      CreateResult r;
+      r.info = *existing;
+      return r;
+    }
+  }
+  const std::string what = absl::StrCat("peer pool ", id.substr(0, 16), " from ", offer->peer);
+  if (!offer->info.parent.empty()) {
+    // A child pool (pool tree) is served only with its parent chain: replicate it first.
+    if (depth >= kMaxTreeDepth) {
+      return finish(absl::FailedPreconditionError(
+          absl::StrCat(what, ": parent chain deeper than ", kMaxTreeDepth)));
+    }
+    auto parent = Replicate(offer->info.parent, cancel, progress, depth + 1);
+    if (!parent.ok()) {
+      return finish(Status(parent.status().code(),
+                           absl::StrCat(what, " needs its parent pool ",
+                                        offer->info.parent.substr(0, 16), ": ",
+                                        parent.status().message())));
+    }
+  }
+  if (Status s = CheckServableModel(offer->info, what); !s.ok()) return finish(s);
+  if (Cancelled(cancel)) return finish(absl::CancelledError("the fetch was cancelled"));
+  const auto t0 = Clock::now();
+  auto result = PublishFilled(offer->info, offer->pool_bytes, "peer " + offer->peer,
+                              [&](void* dst, uint64_t size) {
+                                return options_.peers->Pull(
+                                    *offer, dst, size, cancel,
+                                    [&](uint64_t done, uint64_t total) {
+                                      if (progress) {
+                                        progress("fetch", static_cast<int64_t>(done),
+                                                 static_cast<int64_t>(total));
+                                      }
+                                    });
+                              });
+  if (result.ok()) {
+    const double ms = MsSince(t0);
+    spdlog::info("fetched pool {} ({} bytes) from {} in {:.1f} ms ({:.1f} MB/s)",
+                 id.substr(0, 16), offer->pool_bytes, offer->peer, ms,
+                 ms > 0 ? offer->pool_bytes / (ms * 1e3) : 0.0);
+  }
+  return finish(std::move(result));
+}
+
+StatusOr<PoolExport> PoolManager::ExportForPeer(const std::string& pool_id) const {
+  ipc::UniqueFd fd;
+  PoolExport out;
+  uint64_t size = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    POLYKV_ASSIGN_OR_RETURN(std::string id, ResolvePoolIdLocked(pool_id));
+    const Pool& pool = pools_.at(id);
+    if (!pool.region) {
+      return absl::UnimplementedError(absl::StrCat(
+          "pool ", id.substr(0, 16), " is on the ", pool.memory.backend,
+          " backend: replication between daemons serves host pools"));
+    }
+    const int dup = fcntl(pool.region->fd(), F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) return absl::InternalError(absl::StrCat("dup of pool memfd: ", std::strerror(errno)));
+    fd = ipc::UniqueFd(dup);
+    size = pool.region->size();
+    out.info = InfoLocked(pool);
+  }
+  POLYKV_ASSIGN_OR_RETURN(ipc::SealedRegion map, ipc::SealedRegion::MapSealed(std::move(fd), size));
+  out.map.emplace(std::move(map));
+  return out;
+}
+
+uint64_t PoolManager::replicated_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return replicated_;
 }
 
 int PoolManager::PreloadPersisted() {

@@ -39,6 +39,32 @@ using ModelLoader =
 /// Progress of a CREATE_POOL: stage "load" | "tokenize" | "prefill" | "encode" | "publish".
 using ProgressFn = std::function<void(const std::string& stage, int64_t done, int64_t total)>;
 
+/// Pools held by other daemons (peers.h implements it over ZeroMQ + UCX). PoolManager asks
+/// it for a pool it neither holds nor finds in its state folder.
+class PeerSource {
+ public:
+  virtual ~PeerSource() = default;
+  /// A holder's answer to PEER_FETCH: the pool as it describes it and how to pull it.
+  struct Offer {
+    ipc::PoolInfo info;
+    uint64_t pool_bytes = 0;   ///< bytes of the pool region
+    std::string peer;          ///< tcp://HOST:PORT of the holder
+    std::string transfer_id;
+    std::string descriptor;    ///< ipc::UcxExposure::descriptor()
+  };
+  /// Asks the peers in order for `pool_id` (full id or unique prefix). Errors: kNotFound
+  /// when no peer holds it (naming what each said), kUnavailable when no peer answered.
+  virtual StatusOr<Offer> Find(const std::string& pool_id) = 0;
+  /// Pulls the offer's bytes into `dst` (`size` = offer.pool_bytes). `progress` gets (bytes
+  /// done, total). Errors: kUnavailable (the holder failed mid-transfer), kDeadlineExceeded
+  /// (stalled), kCancelled.
+  virtual Status Pull(const Offer& offer, void* dst, uint64_t size,
+                      const std::atomic<bool>* cancel,
+                      const std::function<void(uint64_t, uint64_t)>& progress) = 0;
+  /// Tells the holder the transfer is over (best effort, never blocks for long).
+  virtual void Release(const Offer& offer) = 0;
+};
+
 /// Configuration of a PoolManager.
 struct PoolManagerOptions {
   /// "host" or "cuda" (the daemon resolves "auto" before constructing the manager).
@@ -72,6 +98,9 @@ struct PoolManagerOptions {
   size_t model_cache_models = 2;
   /// ... and at most this many bytes of estimated weights (0 = no byte bound).
   uint64_t model_cache_bytes = 0;
+  /// Peer daemons (--peer), owned by the daemon; null = pools come only from prefill and
+  /// the state folder. Attach and Replicate of an unknown pool ask them.
+  PeerSource* peers = nullptr;
   /// Fault injection for tests: a cancellable pause of this many ms after the memory is
   /// reserved and before the prefill (a create that is "running" for a while).
   int test_create_delay_ms = 0;
@@ -90,6 +119,16 @@ struct CreateResult {
   ipc::PoolInfo info;
   bool created = false;  ///< false when the pool already existed (or another create made it)
   bool restored = false;  ///< created from the state folder (no prefill ran)
+  bool replicated = false;  ///< pulled from a peer daemon (no prefill ran)
+};
+
+/// A published pool's bytes held for a peer's transfer: a read-only mapping of a duplicate of
+/// its sealed memfd, so an evict meanwhile cannot pull the memory away.
+struct PoolExport {
+  ipc::PoolInfo info;
+  std::optional<ipc::SealedRegion> map;
+  const void* data() const { return map->data(); }
+  uint64_t size() const { return map->size(); }
 };
 
 /// The model cache as reported by PING / STATS / LIST.
@@ -213,6 +252,28 @@ class PoolManager {
   int PreloadPersisted();
   /// Pools restored from the store since start (counted once per pool published).
   uint64_t restored_count() const;
+
+  /// Publishes pool `pool_id` (full id or unique prefix) from a peer daemon (PeerSource):
+  /// returns it at once when published here, restores it when persisted here; else asks the
+  /// peers, checks the pool's model fingerprint against the model of that name this daemon
+  /// would serve (kFailedPrecondition naming both when it differs or is absent), replicates
+  /// the parent chain first for a child pool, pulls the bytes into a new sealed memfd,
+  /// verifies header and payload checksums (kDataLoss) and publishes it under the same id
+  /// (persisted too with a state folder). Concurrent calls for one pool share one transfer;
+  /// a failed or interrupted transfer publishes nothing and frees its memory. Errors: also
+  /// kNotFound (no peer holds it, or no peers), kResourceExhausted (memory cap), the
+  /// PeerSource's errors.
+  StatusOr<CreateResult> Replicate(const std::string& pool_id,
+                                   const std::atomic<bool>* cancel = nullptr,
+                                   const ProgressFn& progress = {}, int depth = 0);
+  /// Holds published host pool `pool_id` (full id or unique prefix) for a peer's transfer.
+  /// Errors: kNotFound, kInvalidArgument (ambiguous prefix), kUnimplemented (a pool in GPU
+  /// memory: replication stages host pools only).
+  StatusOr<PoolExport> ExportForPeer(const std::string& pool_id) const;
+  /// Pools replicated from peers since start.
+  uint64_t replicated_count() const;
+  /// Sets PoolManagerOptions::peers once, before requests are served.
+  void SetPeers(PeerSource* peers) { options_.peers = peers; }
   /// Distinct agent processes (client pids) holding live leases, by full pool id.
   std::map<std::string, uint32_t> AgentsByPool() const;
 
@@ -289,6 +350,20 @@ class PoolManager {
                                                  const ProgressFn& progress);
   void TrimModelCacheLocked(const ModelEntry* keep);
   StatusOr<CreateResult> Restore(const ipc::PoolFileManifest& manifest);
+  /// Fills a new pool region of `needed` bytes with `fill` and publishes it as `info` (Restore
+  /// and Replicate); `origin` is "state" or "peer tcp://...". Nothing is left on error.
+  using FillFn = std::function<Status(void* dst, uint64_t size)>;
+  StatusOr<CreateResult> PublishFilled(const ipc::PoolInfo& info, uint64_t needed,
+                                       const std::string& origin, const FillFn& fill);
+  /// OK when this daemon would serve a pool made with `info.model` of fingerprint
+  /// `info.model_fingerprint`; else kFailedPrecondition starting with `what`.
+  Status CheckServableModel(const ipc::PoolInfo& info, const std::string& what);
+  /// Waits for a create / restore / replication of `id` in flight. Returns the pool when it
+  /// is (or became) published; else registers `*flight` for the caller and returns nullopt.
+  StatusOr<std::optional<ipc::PoolInfo>> JoinOrRegisterFlight(const std::string& id,
+                                                              std::shared_ptr<InFlight>* flight);
+  void FinishFlight(const std::string& id, const std::shared_ptr<InFlight>& flight,
+                    const Status& status);
   StatusOr<std::string> ResolvePoolIdLocked(const std::string& id_or_prefix) const;
   void DropExpiredLeasesLocked();
   void EraseLeaseLocked(std::map<std::string, Lease>::iterator it);
@@ -328,6 +403,7 @@ class PoolManager {
   uint64_t used_ = 0;                                      // published + reserved bytes
   int64_t seq_ = 0;
   uint64_t restored_ = 0;                                  // pools restored from the store
+  uint64_t replicated_ = 0;                                // pools pulled from peers
   mutable std::mutex models_mu_;
   std::map<ModelKey, std::shared_ptr<ModelEntry>> models_;
   uint64_t model_tick_ = 0;

@@ -27,6 +27,8 @@ constexpr TypeName kTypeNames[] = {
     {MessageType::kList, "LIST"},              {MessageType::kStats, "STATS"},
     {MessageType::kEvict, "EVICT"},            {MessageType::kPing, "PING"},
     {MessageType::kProgress, "PROGRESS"},      {MessageType::kError, "ERROR"},
+    {MessageType::kFetch, "FETCH"},            {MessageType::kPeerFetch, "PEER_FETCH"},
+    {MessageType::kPeerRelease, "PEER_RELEASE"},
 };
 
 std::string Hex(const uint8_t* data, size_t n) {
@@ -142,7 +144,8 @@ json PoolInfoToJson(const PoolInfo& p) {
               {"value_rel_mse_mean", p.value_rel_mse_mean},
               {"value_rel_mse_max", p.value_rel_mse_max},
               {"parent", p.parent},
-              {"parent_tokens", p.parent_tokens}};
+              {"parent_tokens", p.parent_tokens},
+              {"origin", p.origin}};
 }
 
 StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
@@ -181,6 +184,28 @@ StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
   POLYKV_RETURN_IF_ERROR(Get(j, "value_rel_mse_max", &p.value_rel_mse_max));
   POLYKV_RETURN_IF_ERROR(Get(j, "parent", &p.parent));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "parent_tokens", &p.parent_tokens));
+  POLYKV_RETURN_IF_ERROR(Get(j, "origin", &p.origin));
+  return p;
+}
+
+json PeerToJson(const PeerState& p) {
+  return json{{"endpoint", p.endpoint}, {"state", p.state},
+              {"detail", p.detail},     {"instance", p.instance},
+              {"version", p.version},   {"pools", p.pools},
+              {"rtt_ms", p.rtt_ms},     {"last_seen_unix_ms", p.last_seen_unix_ms}};
+}
+
+StatusOr<PeerState> PeerFromJson(const json& j) {
+  if (!j.is_object()) return absl::InvalidArgumentError("field 'peers[]' must be an object");
+  PeerState p;
+  POLYKV_RETURN_IF_ERROR(Get(j, "endpoint", &p.endpoint));
+  POLYKV_RETURN_IF_ERROR(Get(j, "state", &p.state));
+  POLYKV_RETURN_IF_ERROR(Get(j, "detail", &p.detail));
+  POLYKV_RETURN_IF_ERROR(Get(j, "instance", &p.instance));
+  POLYKV_RETURN_IF_ERROR(Get(j, "version", &p.version));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "pools", &p.pools));
+  POLYKV_RETURN_IF_ERROR(Get(j, "rtt_ms", &p.rtt_ms));
+  POLYKV_RETURN_IF_ERROR(GetInt(j, "last_seen_unix_ms", &p.last_seen_unix_ms));
   return p;
 }
 
@@ -333,6 +358,16 @@ std::string EncodeRequest(const Request& r) {
       j["pool_id"] = r.pool_id;
       j["force"] = r.force;
       break;
+    case MessageType::kFetch:
+      j["pool_id"] = r.pool_id;
+      j["progress"] = r.progress;
+      break;
+    case MessageType::kPeerFetch:
+      j["pool_id"] = r.pool_id;
+      break;
+    case MessageType::kPeerRelease:
+      j["transfer_id"] = r.transfer_id;
+      break;
     case MessageType::kStats:
       if (!r.pool_id.empty()) j["pool_id"] = r.pool_id;
       break;
@@ -391,6 +426,7 @@ StatusOr<Request> DecodeRequest(std::string_view frame) {
   POLYKV_RETURN_IF_ERROR(Get(j, "force", &r.force));
   POLYKV_RETURN_IF_ERROR(Get(j, "lease_id", &r.lease_id));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "client_pid", &r.client_pid));
+  POLYKV_RETURN_IF_ERROR(Get(j, "transfer_id", &r.transfer_id));
   // Per-type required fields.
   switch (r.type) {
     case MessageType::kCreatePool:
@@ -403,7 +439,14 @@ StatusOr<Request> DecodeRequest(std::string_view frame) {
       break;
     case MessageType::kAttach:
     case MessageType::kEvict:
+    case MessageType::kFetch:
+    case MessageType::kPeerFetch:
       if (r.pool_id.empty()) return absl::InvalidArgumentError("field 'pool_id' is required");
+      break;
+    case MessageType::kPeerRelease:
+      if (r.transfer_id.empty()) {
+        return absl::InvalidArgumentError("field 'transfer_id' is required");
+      }
       break;
     case MessageType::kRenew:
     case MessageType::kDetach:
@@ -432,7 +475,9 @@ std::string EncodeReply(const Reply& r) {
     return Dump(j);
   }
   if (r.pool) j["pool"] = PoolInfoToJson(*r.pool);
-  if (r.type == MessageType::kCreatePool) j["created"] = r.created;
+  if (r.type == MessageType::kCreatePool || r.type == MessageType::kFetch) {
+    j["created"] = r.created;
+  }
   if (r.type == MessageType::kList || r.type == MessageType::kStats) {
     json arr = json::array();
     for (const auto& p : r.pools) arr.push_back(PoolInfoToJson(p));
@@ -457,6 +502,16 @@ std::string EncodeReply(const Reply& r) {
     j["creates_queued"] = r.creates_queued;
     j["creates_running"] = r.creates_running;
     j["create_queue_capacity"] = r.create_queue_capacity;
+  }
+  if (r.type == MessageType::kPing && !r.peers.empty()) {
+    json arr = json::array();
+    for (const auto& p : r.peers) arr.push_back(PeerToJson(p));
+    j["peers"] = std::move(arr);
+  }
+  if (r.type == MessageType::kPeerFetch) {
+    j["transfer_id"] = r.transfer_id;
+    j["descriptor"] = absl::Base64Escape(r.descriptor);
+    j["pool_bytes"] = r.pool_bytes;
   }
   return Dump(j);
 }
@@ -517,6 +572,23 @@ StatusOr<Reply> DecodeReply(std::string_view frame) {
   POLYKV_RETURN_IF_ERROR(GetInt(j, "creates_queued", &r.creates_queued));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "creates_running", &r.creates_running));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "create_queue_capacity", &r.create_queue_capacity));
+  if (auto it = j.find("peers");
+      it != j.end() && !it->is_null() && r.type == MessageType::kPing) {
+    if (!it->is_array()) return WrongType("peers", "an array", *it);
+    for (const auto& p : *it) {
+      POLYKV_ASSIGN_OR_RETURN(PeerState peer, PeerFromJson(p));
+      r.peers.push_back(std::move(peer));
+    }
+  }
+  if (r.type == MessageType::kPeerFetch) {
+    std::string descriptor64;
+    POLYKV_RETURN_IF_ERROR(Get(j, "transfer_id", &r.transfer_id));
+    POLYKV_RETURN_IF_ERROR(Get(j, "descriptor", &descriptor64));
+    POLYKV_RETURN_IF_ERROR(GetInt(j, "pool_bytes", &r.pool_bytes));
+    if (!absl::Base64Unescape(descriptor64, &r.descriptor)) {
+      return absl::InvalidArgumentError("field 'descriptor' is not base64");
+    }
+  }
   return r;
 }
 

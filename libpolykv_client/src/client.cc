@@ -122,6 +122,7 @@ void ToCInfo(const ipc::PoolInfo& p, polykv_pool_info* out) {
   out->value_rel_mse_max = p.value_rel_mse_max;
   CopyString(out->parent, sizeof(out->parent), p.parent);
   out->parent_tokens = p.parent_tokens;
+  CopyString(out->origin, sizeof(out->origin), p.origin);
 }
 
 std::string Hex(const uint8_t* bytes, size_t n) {
@@ -550,6 +551,62 @@ polykv_status polykv_daemon_get_status(polykv_client* client, polykv_daemon_stat
     full.create_queue_capacity = reply.create_queue_capacity;
     full.model_cache_mapped_bytes = reply.model_cache_mapped_bytes;
     std::memcpy(out, &full, size);
+    return Status();
+  });
+}
+
+polykv_status polykv_daemon_peers(polykv_client* client, polykv_peer_info* peers,
+                                  size_t capacity, size_t* count) {
+  if (client == nullptr || count == nullptr || (capacity > 0 && peers == nullptr)) {
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_daemon_peers: client, count or peers is NULL");
+  }
+  return Guarded("polykv_daemon_peers", [&]() -> Status {
+    ipc::Request req;
+    req.type = ipc::MessageType::kPing;
+    POLYKV_ASSIGN_OR_RETURN(ipc::Reply reply, client->Call(req));
+    *count = reply.peers.size();
+    for (size_t i = 0; i < reply.peers.size() && i < capacity; ++i) {
+      const ipc::PeerState& p = reply.peers[i];
+      polykv_peer_info& o = peers[i];
+      std::memset(&o, 0, sizeof(o));
+      CopyString(o.endpoint, sizeof(o.endpoint), p.endpoint);
+      CopyString(o.state, sizeof(o.state), p.state);
+      CopyString(o.detail, sizeof(o.detail), p.detail);
+      CopyString(o.instance, sizeof(o.instance), p.instance);
+      CopyString(o.version, sizeof(o.version), p.version);
+      o.pools = p.pools;
+      o.rtt_ms = p.rtt_ms;
+      o.last_seen_unix_ms = p.last_seen_unix_ms;
+    }
+    return Status();
+  });
+}
+
+polykv_status polykv_fetch_pool(polykv_client* client, const char* pool_id,
+                                polykv_progress_fn progress, void* user, polykv_pool_info* out,
+                                int* fetched) {
+  if (client == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_fetch_pool: client is NULL");
+  return Guarded("polykv_fetch_pool", [&]() -> Status {
+    POLYKV_RETURN_IF_ERROR(CheckPoolId(pool_id));
+    ipc::Request req;
+    req.type = ipc::MessageType::kFetch;
+    req.pool_id = pool_id;
+    req.progress = true;  // heartbeats: silence means the daemon died or hung
+    std::function<void(const ipc::Reply&)> on_progress;
+    if (progress) {
+      on_progress = [&](const ipc::Reply& p) { progress(p.stage.c_str(), p.done, p.total, user); };
+    }
+    StatusOr<ipc::Reply> reply;
+    {
+      std::lock_guard<std::mutex> lock(client->mu);
+      reply = client->channel->CallStreaming(req, kDefaultCreateTimeoutMs, kCreateSilenceMs,
+                                             on_progress);
+    }
+    if (!reply.ok()) return reply.status();
+    POLYKV_RETURN_IF_ERROR(ipc::ReplyStatus(*reply));
+    if (!reply->pool) return absl::InternalError("FETCH reply carries no pool description");
+    if (out) ToCInfo(*reply->pool, out);
+    if (fetched) *fetched = reply->created ? 1 : 0;
     return Status();
   });
 }

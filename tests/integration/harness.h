@@ -224,13 +224,20 @@ inline uint64_t PoolDigest(const std::string& endpoint, const std::string& pool_
 /// polykvd as a child process on a private endpoint; always cleaned up.
 class Daemon {
  public:
-  /// Starts polykvd (host backend) and waits until it answers PING.
-  explicit Daemon(int lease_seconds = 30, std::vector<std::string> extra = {}) {
+  /// Starts polykvd (host backend) and waits until it answers PING. `prefix` runs it under
+  /// another command (e.g. {"/usr/sbin/ip", "netns", "exec", NAME}, which execs polykvd).
+  explicit Daemon(int lease_seconds = 30, std::vector<std::string> extra = {},
+                  std::vector<std::string> prefix = {}) {
     endpoint_ = "ipc://" + dir_.path() + "/control.sock";
-    std::vector<std::string> argv = {DaemonPath(), "--endpoint", endpoint_, "--backend", "host",
-                                     "--lease-seconds", std::to_string(lease_seconds),
-                                     "--threads", "1", "--log-level", "warn",
-                                     "--shm-prefix", ShmPrefix()};
+    std::vector<std::string> argv = std::move(prefix);
+    for (const std::string& a : {DaemonPath(), std::string("--endpoint"), endpoint_,
+                                 std::string("--backend"), std::string("host"),
+                                 std::string("--lease-seconds"), std::to_string(lease_seconds),
+                                 std::string("--threads"), std::string("1"),
+                                 std::string("--log-level"), std::string("warn"),
+                                 std::string("--shm-prefix"), ShmPrefix()}) {
+      argv.push_back(a);
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     if (!proc_.Start(argv, dir_.path() + "/polykvd.out", dir_.path() + "/polykvd.err")) return;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);

@@ -88,7 +88,22 @@ typedef struct polykv_pool_info_t {
    * attach the parent (by this id) too, and so on up to the root (PooledAgent does). */
   char parent[65];
   uint64_t parent_tokens;
+  /* Where the answering daemon got the pool: "prefill", "state" (restored from its state
+   * folder) or "peer tcp://HOST:PORT" (replicated from another daemon). */
+  char origin[160];
 } polykv_pool_info;
+
+/** A peer daemon as the answering daemon last saw it (polykv_daemon_peers). */
+typedef struct polykv_peer_info_t {
+  char endpoint[160];         /**< tcp://HOST:PORT as configured */
+  char state[16];             /**< "up", "down", "refused" (CURVE key refused) or "unknown" */
+  char detail[512];           /**< why it is down or refused */
+  char instance[33];          /**< the peer's instance id (when up) */
+  char version[32];           /**< the peer's daemon version (when up) */
+  uint32_t pools;             /**< pools the peer holds (when up) */
+  double rtt_ms;              /**< round trip of the last check (ms) */
+  int64_t last_seen_unix_ms;  /**< last answer (ms since epoch; 0 = never) */
+} polykv_peer_info;
 
 /** PING reply: the daemon's identity and memory use. */
 typedef struct polykv_daemon_info_t {
@@ -257,6 +272,21 @@ POLYKV_CLIENT_API polykv_status polykv_create_pool_from_text(polykv_client* clie
  *  Errors: POLYKV_INVALID_ARGUMENT when out->struct_size is too small, POLYKV_UNAVAILABLE. */
 POLYKV_CLIENT_API polykv_status polykv_daemon_get_status(polykv_client* client,
                                                          polykv_daemon_status* out);
+
+/** The daemon's peer daemons (PING): *count = their number; the first min(capacity, *count)
+ *  are written to `peers` (NULL when capacity is 0). A daemon without --peer has none. */
+POLYKV_CLIENT_API polykv_status polykv_daemon_peers(polykv_client* client, polykv_peer_info* peers,
+                                                    size_t capacity, size_t* count);
+
+/** FETCH (operator): makes the daemon replicate pool `pool_id` (full id or unique prefix)
+ *  from its peers, streaming `progress` (stage "fetch", bytes); returns at once when the daemon
+ *  already holds it (*fetched = 0). Errors: POLYKV_NOT_FOUND (no peer holds it),
+ *  POLYKV_FAILED_PRECONDITION (no peers configured, or the pool's model fingerprint does not
+ *  match the daemon's model of that name), POLYKV_UNAVAILABLE (the holder failed during the
+ *  transfer: nothing is published), POLYKV_PERMISSION_DENIED (not an operator). */
+POLYKV_CLIENT_API polykv_status polykv_fetch_pool(polykv_client* client, const char* pool_id,
+                                                  polykv_progress_fn progress, void* user,
+                                                  polykv_pool_info* out, int* fetched);
 
 /** Evicts `pool_id`. Without `force` the daemon refuses while leases are live
  *  (POLYKV_FAILED_PRECONDITION); with it, lease holders see POLYKV_NOT_FOUND on their next

@@ -149,6 +149,8 @@ struct PoolInfo {
   /// Pool tree: the parent's id ("" for a root pool) and the parent chain's positions.
   std::string parent;
   uint64_t parent_tokens = 0;
+  /// "prefill", "state" or "peer tcp://HOST:PORT" (see polykv_pool_info).
+  std::string origin;
 
   /// Converts from the C struct.
   static PoolInfo FromC(const polykv_pool_info& c) {
@@ -184,6 +186,7 @@ struct PoolInfo {
     p.value_rel_mse_max = c.value_rel_mse_max;
     p.parent = c.parent;
     p.parent_tokens = c.parent_tokens;
+    p.origin = c.origin;
     return p;
   }
   /// Elements of one of K or V of a layer: kv_heads * tokens * head_dim.
@@ -323,6 +326,27 @@ class Client {
         &info, &created);
     if (s != POLYKV_OK) return Status::FromC(s);
     return CreatedPool{PoolInfo::FromC(info), created != 0};
+  }
+  /// The daemon's peers as it last saw them (empty without --peer).
+  Result<std::vector<polykv_peer_info>> Peers() {
+    size_t count = 0;
+    polykv_status s = polykv_daemon_peers(c_, nullptr, 0, &count);
+    if (s != POLYKV_OK) return Status::FromC(s);
+    std::vector<polykv_peer_info> out(count);
+    s = polykv_daemon_peers(c_, out.data(), out.size(), &count);
+    if (s != POLYKV_OK) return Status::FromC(s);
+    out.resize(std::min(count, out.size()));
+    return out;
+  }
+  /// FETCH: the daemon replicates pool `id` from a peer (see polykv_fetch_pool).
+  Result<CreatedPool> FetchPool(const std::string& id, const ProgressFn& progress = {}) {
+    polykv_pool_info info{};
+    int fetched = 0;
+    polykv_status s = polykv_fetch_pool(c_, id.c_str(),
+                                        progress ? &Client::ProgressTrampoline : nullptr,
+                                        const_cast<ProgressFn*>(&progress), &info, &fetched);
+    if (s != POLYKV_OK) return Status::FromC(s);
+    return CreatedPool{PoolInfo::FromC(info), fetched != 0};
   }
   /// EVICT (`force`: even with live leases).
   Status Evict(const std::string& id, bool force = false) {

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace polykv::ipc {
 namespace {
 
@@ -422,4 +424,87 @@ TEST(ProtocolTest, InstanceHeartbeatAndDaemonFiguresRoundTrip) {
 }
 
 }  // namespace
+TEST(ProtocolTest, PeerMessagesRoundTrip) {
+  // FETCH and PEER_FETCH need a pool id; PEER_RELEASE a transfer id.
+  Request fetch;
+  fetch.type = MessageType::kFetch;
+  fetch.id = 3;
+  fetch.pool_id = "abcdef0123";
+  fetch.progress = true;
+  auto req = DecodeRequest(EncodeRequest(fetch));
+  ASSERT_TRUE(req.ok()) << req.status();
+  EXPECT_EQ(req->type, MessageType::kFetch);
+  EXPECT_EQ(req->pool_id, "abcdef0123");
+  EXPECT_TRUE(req->progress);
+  for (const char* type : {"FETCH", "PEER_FETCH"}) {
+    auto bad = DecodeRequest(absl::StrCat(R"({"magic":"PKV1","version":1,"type":")", type,
+                                          R"(","id":1})"));
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << type;
+    EXPECT_NE(std::string(bad.status().message()).find("pool_id"), std::string::npos);
+  }
+  Request release;
+  release.type = MessageType::kPeerRelease;
+  release.transfer_id = "0123456789abcdef";
+  req = DecodeRequest(EncodeRequest(release));
+  ASSERT_TRUE(req.ok()) << req.status();
+  EXPECT_EQ(req->transfer_id, release.transfer_id);
+  release.transfer_id.clear();
+  EXPECT_EQ(DecodeRequest(EncodeRequest(release)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A PEER_FETCH reply carries the UCX descriptor as bytes (base64 on the wire).
+  Reply offer;
+  offer.type = MessageType::kPeerFetch;
+  offer.id = 5;
+  offer.transfer_id = "feed";
+  offer.pool_bytes = 188772352;
+  for (int i = 0; i < 300; ++i) offer.descriptor.push_back(static_cast<char>(i * 7));
+  PoolInfo info;
+  info.id = std::string(64, 'c');
+  info.origin = "peer tcp://10.0.0.1:7400";
+  offer.pool = info;
+  auto back = DecodeReply(EncodeReply(offer));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->descriptor, offer.descriptor);
+  EXPECT_EQ(back->transfer_id, "feed");
+  EXPECT_EQ(back->pool_bytes, 188772352u);
+  ASSERT_TRUE(back->pool.has_value());
+  EXPECT_EQ(back->pool->origin, info.origin);
+  EXPECT_EQ(DecodeReply(R"({"magic":"PKV1","version":1,"type":"PEER_FETCH","id":1,"ok":true,)"
+                        R"("descriptor":"!!not base64!!"})")
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // FETCH replies say whether the pool was pulled now; PING replies list the peers.
+  Reply fetched;
+  fetched.type = MessageType::kFetch;
+  fetched.created = true;
+  back = DecodeReply(EncodeReply(fetched));
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->created);
+  Reply ping;
+  ping.type = MessageType::kPing;
+  PeerState up;
+  up.endpoint = "tcp://10.0.0.1:7400";
+  up.state = "up";
+  up.instance = std::string(32, 'a');
+  up.version = "0.1.0";
+  up.pools = 3;
+  up.rtt_ms = 0.25;
+  up.last_seen_unix_ms = 1700000000000;
+  PeerState refused;
+  refused.endpoint = "tcp://10.0.0.2:7400";
+  refused.state = "refused";
+  refused.detail = "refused this daemon's CURVE key";
+  ping.peers = {up, refused};
+  back = DecodeReply(EncodeReply(ping));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->peers.size(), 2u);
+  EXPECT_EQ(back->peers[0].endpoint, up.endpoint);
+  EXPECT_EQ(back->peers[0].state, "up");
+  EXPECT_EQ(back->peers[0].pools, 3u);
+  EXPECT_EQ(back->peers[0].rtt_ms, 0.25);
+  EXPECT_EQ(back->peers[0].last_seen_unix_ms, 1700000000000);
+  EXPECT_EQ(back->peers[1].detail, refused.detail);
+}
+
 }  // namespace polykv::ipc

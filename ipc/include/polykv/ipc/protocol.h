@@ -44,6 +44,17 @@ enum class MessageType {
   /// "ERROR": reply type used only when a frame's own type could not be read (malformed
   /// JSON, missing/unknown "type"); always ok=false.
   kError,
+  /// "FETCH" (operator): replicate pool `pool_id` from a peer daemon (`pools fetch`); the
+  /// reply carries the pool once it is published here. With "progress", PROGRESS messages
+  /// (stage "fetch") come first.
+  kFetch,
+  /// Daemon-to-daemon, on the CURVE-authenticated TCP peer channel only (never accepted on
+  /// the local endpoint). "PEER_FETCH" {pool_id}: the holder registers the pool's memory
+  /// with UCX and replies {pool, pool_bytes, transfer_id, descriptor}; the bytes are then
+  /// pulled with one-sided UCX reads (ipc/ucx_transfer.h). "PEER_RELEASE" {transfer_id}:
+  /// the requester is done (the holder also drops a transfer on its own after a deadline).
+  kPeerFetch,
+  kPeerRelease,
 };
 /// "CREATE_POOL", "ATTACH", ... ; kInvalidArgument for unknown names.
 std::string_view MessageTypeName(MessageType type);
@@ -89,6 +100,23 @@ struct PoolInfo {
   /// every pool of it in place.
   std::string parent;
   uint64_t parent_tokens = 0;
+  /// Where this daemon got the pool: "prefill" (built here), "state" (restored from its
+  /// state folder) or "peer tcp://HOST:PORT" (replicated from another daemon).
+  std::string origin;
+};
+
+/// A peer daemon as this daemon last saw it (PING replies; `polykv-cli ping`).
+struct PeerState {
+  std::string endpoint;          ///< tcp://HOST:PORT as configured
+  /// "up" (answered the last PING), "down" (no answer), "refused" (CURVE handshake refused:
+  /// wrong or unknown key), "unknown" (not asked yet).
+  std::string state = "unknown";
+  std::string detail;            ///< why it is down or refused
+  std::string instance;          ///< the peer's instance id (when up)
+  std::string version;           ///< the peer's daemon version (when up)
+  uint32_t pools = 0;            ///< pools the peer holds (when up)
+  double rtt_ms = 0;             ///< round trip of the last PING
+  int64_t last_seen_unix_ms = 0; ///< last answer (0: never)
 };
 
 /// A request from a client. Fields not used by `type` are ignored.
@@ -119,6 +147,8 @@ struct Request {
   std::string lease_id;
   // ATTACH
   uint32_t client_pid = 0;
+  // PEER_RELEASE
+  std::string transfer_id;
 };
 
 /// A reply (or PROGRESS message) from polykvd.
@@ -155,6 +185,12 @@ struct Reply {
   uint32_t model_cache_models = 0;     ///< models in the cache
   uint32_t model_cache_capacity = 0;   ///< most models kept (LRU)
   uint32_t creates_queued = 0, creates_running = 0, create_queue_capacity = 0;
+  // PING: the configured peer daemons (empty without --peer)
+  std::vector<PeerState> peers;
+  // PEER_FETCH
+  std::string transfer_id;       ///< names the transfer in PEER_RELEASE
+  std::string descriptor;        ///< UcxExposure::descriptor() (bytes; base64 in JSON)
+  uint64_t pool_bytes = 0;       ///< bytes of the pool region to pull
 };
 
 /// Serializes to one JSON frame. Invalid UTF-8 in a string field is replaced by U+FFFD, so
