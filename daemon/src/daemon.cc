@@ -948,7 +948,7 @@ void Daemon::Impl::Shutdown() {
            ipc::ErrorReply(t.type, t.request_id,
                            absl::CancelledError(absl::StrCat(
                                "polykvd is shutting down: the ",
-                               std::string(ipc::MessageTypeName(t.type)),
+                               t.type == ipc::MessageType::kCreatePool ? "create" : "fetch",
                                " was cancelled (retry once it is back)"))));
     }
   }
