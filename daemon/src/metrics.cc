@@ -180,6 +180,10 @@ std::string Metrics::Render(const PoolManager& pools, const PoolStore* store) co
   Family(&out, "polykv_pools_restored_total", "counter",
          "Pools published from the state folder instead of a prefill.");
   Sample(&out, "polykv_pools_restored_total", "", static_cast<double>(pools.restored_count()));
+  Family(&out, "polykv_pools_replicated_total", "counter",
+         "Pools published from a peer daemon (UCX transfer) instead of a prefill.");
+  Sample(&out, "polykv_pools_replicated_total", "",
+         static_cast<double>(pools.replicated_count()));
 
   Family(&out, "polykv_prefill_tokens_total", "counter", "Tokens prefilled by pool creates.");
   Sample(&out, "polykv_prefill_tokens_total", "", static_cast<double>(prefill_tokens_.load()));

@@ -1717,9 +1717,21 @@ StatusOr<PoolExport> PoolManager::ExportForPeer(const std::string& pool_id) cons
     POLYKV_ASSIGN_OR_RETURN(std::string id, ResolvePoolIdLocked(pool_id));
     const Pool& pool = pools_.at(id);
     if (!pool.region) {
-      return absl::UnimplementedError(absl::StrCat(
-          "pool ", id.substr(0, 16), " is on the ", pool.memory.backend,
-          " backend: replication between daemons serves host pools"));
+      if (!pool.arena) {
+        return absl::InternalError(absl::StrCat("pool ", id.substr(0, 16), " holds no memory"));
+      }
+      // A pool in GPU memory: staged through host memory (the requester publishes it on its
+      // own backend, CopyFromHost for a CUDA one).
+      try {
+        out.staging.resize(pool.memory.size);
+      } catch (const std::bad_alloc&) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "no host memory to stage pool ", id.substr(0, 16), " (", pool.memory.size,
+            " bytes) for a peer"));
+      }
+      POLYKV_RETURN_IF_ERROR(pool.arena->CopyToHost(0, out.staging.data(), pool.memory.size));
+      out.info = InfoLocked(pool);
+      return out;
     }
     const int dup = fcntl(pool.region->fd(), F_DUPFD_CLOEXEC, 0);
     if (dup < 0) return absl::InternalError(absl::StrCat("dup of pool memfd: ", std::strerror(errno)));

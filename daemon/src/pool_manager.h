@@ -123,12 +123,14 @@ struct CreateResult {
 };
 
 /// A published pool's bytes held for a peer's transfer: a read-only mapping of a duplicate of
-/// its sealed memfd, so an evict meanwhile cannot pull the memory away.
+/// its sealed memfd (host pools), so an evict meanwhile cannot pull the memory away, or a host
+/// copy (pools in GPU memory: UCX from Debian has no CUDA transport, so they are staged).
 struct PoolExport {
   ipc::PoolInfo info;
   std::optional<ipc::SealedRegion> map;
-  const void* data() const { return map->data(); }
-  uint64_t size() const { return map->size(); }
+  std::vector<uint8_t> staging;
+  const void* data() const { return map ? map->data() : staging.data(); }
+  uint64_t size() const { return map ? map->size() : staging.size(); }
 };
 
 /// The model cache as reported by PING / STATS / LIST.
@@ -266,9 +268,9 @@ class PoolManager {
   StatusOr<CreateResult> Replicate(const std::string& pool_id,
                                    const std::atomic<bool>* cancel = nullptr,
                                    const ProgressFn& progress = {}, int depth = 0);
-  /// Holds published host pool `pool_id` (full id or unique prefix) for a peer's transfer.
-  /// Errors: kNotFound, kInvalidArgument (ambiguous prefix), kUnimplemented (a pool in GPU
-  /// memory: replication stages host pools only).
+  /// Holds published pool `pool_id` (full id or unique prefix) for a peer's transfer (a pool
+  /// in GPU memory is copied to host memory first). Errors: kNotFound, kInvalidArgument
+  /// (ambiguous prefix), kResourceExhausted (no host memory for the copy), CUDA errors.
   StatusOr<PoolExport> ExportForPeer(const std::string& pool_id) const;
   /// Pools replicated from peers since start.
   uint64_t replicated_count() const;

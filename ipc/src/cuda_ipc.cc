@@ -133,6 +133,15 @@ Status CudaArena::CopyFromHost(uint64_t offset, const void* src, uint64_t bytes)
   return internal::CopyToDevice(static_cast<uint8_t*>(ptr_) + offset, src, bytes);
 }
 
+Status CudaArena::CopyToHost(uint64_t offset, void* dst, uint64_t bytes) const {
+  if (ptr_ == nullptr) return absl::FailedPreconditionError("CUDA arena is empty");
+  if (offset > size_ || bytes > size_ - offset) {
+    return absl::OutOfRangeError(absl::StrCat("copy [", offset, ", +", bytes,
+                                              ") exceeds the arena of ", size_, " bytes"));
+  }
+  return internal::CopyToHost(dst, static_cast<const uint8_t*>(ptr_) + offset, bytes);
+}
+
 StatusOr<CudaIpcMapping> CudaIpcMapping::Open(const CudaIpcHandle& handle) {
   if (handle.version != 1) {
     return absl::InvalidArgumentError(
@@ -246,6 +255,7 @@ CudaArena& CudaArena::operator=(CudaArena&& o) noexcept {
 CudaArena::~CudaArena() = default;
 StatusOr<CudaIpcHandle> CudaArena::Export(uint64_t, uint64_t) const { return NoCuda(); }
 Status CudaArena::CopyFromHost(uint64_t, const void*, uint64_t) { return NoCuda(); }
+Status CudaArena::CopyToHost(uint64_t, void*, uint64_t) const { return NoCuda(); }
 
 StatusOr<CudaIpcMapping> CudaIpcMapping::Open(const CudaIpcHandle&) { return NoCuda(); }
 CudaIpcMapping::CudaIpcMapping(CudaIpcMapping&& o) noexcept

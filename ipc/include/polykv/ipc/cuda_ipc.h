@@ -41,6 +41,9 @@ class CudaArena {
   /// encoded on the host. Errors: kOutOfRange past the end; kUnimplemented in CPU-only
   /// builds; kInternal with the CUDA error string.
   [[nodiscard]] Status CopyFromHost(uint64_t offset, const void* src, uint64_t bytes);
+  /// Copies `bytes` at `offset` of the arena into host memory `dst` (synchronous).
+  /// Errors: kOutOfRange, kFailedPrecondition (empty arena or no CUDA), kInternal (CUDA).
+  [[nodiscard]] Status CopyToHost(uint64_t offset, void* dst, uint64_t bytes) const;
 
  private:
   CudaArena() = default;
