@@ -155,28 +155,13 @@ json PeersJson(const std::vector<polykv_peer_info>& peers) {
   return arr;
 }
 
-/// Resolves a full id or a unique prefix of one (>= 4 hex chars) to a full pool id.
+/// The full id of a pool named by its id or a unique prefix (>= 8 hex chars). The daemon
+/// resolves it (STATS), with the rules of every request that names a pool.
 pc::Result<std::string> ResolvePoolId(pc::Client& client, const std::string& id) {
   if (id.size() == 64) return id;
-  if (id.size() < 4) {
-    return pc::Status(pc::StatusCode::kInvalidArgument,
-                      "pool id \"" + id + "\" is too short (give 64 hex chars or a prefix of >= 4)");
-  }
-  auto pools = client.ListPools();
-  if (!pools.ok()) return pools.status();
-  std::string found;
-  for (const pc::PoolInfo& p : *pools) {
-    if (p.id.compare(0, id.size(), id) == 0) {
-      if (!found.empty()) {
-        return pc::Status(pc::StatusCode::kInvalidArgument,
-                          "pool id prefix " + id + " is ambiguous (matches " + found + " and " +
-                              p.id + ")");
-      }
-      found = p.id;
-    }
-  }
-  if (found.empty()) return pc::Status(pc::StatusCode::kNotFound, "unknown pool " + id);
-  return found;
+  auto info = client.GetPoolInfo(id);
+  if (!info.ok()) return info.status();
+  return info->id;
 }
 
 pc::Result<std::vector<int32_t>> ParseTokenIds(const std::string& text) {

@@ -404,8 +404,7 @@ Status CheckSocketFolder(const std::string& dir) {
 }
 
 bool NeedsOperator(ipc::MessageType t) {
-  return t == ipc::MessageType::kCreatePool || t == ipc::MessageType::kEvict ||
-         t == ipc::MessageType::kFetch;
+  return ipc::SpecOf(t).role == ipc::MessageRole::kOperator;
 }
 
 /// A queued or running CREATE_POOL.
@@ -705,12 +704,12 @@ ipc::Reply Daemon::Impl::Dispatch(const ipc::Request& req, uint32_t peer_pid) {
       Status s = manager->Evict(req.pool_id, req.force);
       return s.ok() ? r : fail(s);
     }
-    case ipc::MessageType::kPeerFetch:
-    case ipc::MessageType::kPeerRelease:
-      return fail(absl::PermissionDeniedError(absl::StrCat(
-          std::string(ipc::MessageTypeName(req.type)),
-          " is served only on the CURVE-authenticated peer channel (--listen)")));
     default:
+      if (ipc::SpecOf(req.type).role == ipc::MessageRole::kPeer) {
+        return fail(absl::PermissionDeniedError(absl::StrCat(
+            std::string(ipc::MessageTypeName(req.type)),
+            " is served only on the CURVE-authenticated peer channel (--listen)")));
+      }
       return fail(absl::InvalidArgumentError(absl::StrCat(
           "message type ", std::string(ipc::MessageTypeName(req.type)), " is not a request")));
   }
@@ -884,7 +883,8 @@ void Daemon::Impl::HandleRouter() {
                                roles->Describe(Roles::kOperator), ")"))));
       continue;
     }
-    if (req->type == ipc::MessageType::kAttach && peers) {
+    const ipc::MessageRuns runs = ipc::SpecOf(req->type).runs;
+    if (runs == ipc::MessageRuns::kInlineOrWorker && peers) {
       // A pool neither here nor in the state folder: replicate it on a worker thread (the
       // control loop never waits on the network).
       bool known = manager->Info(req->pool_id).ok() ||
@@ -895,18 +895,14 @@ void Daemon::Impl::HandleRouter() {
         continue;
       }
     }
-    if (req->type == ipc::MessageType::kFetch) {
-      if (!peers) {
+    if (runs == ipc::MessageRuns::kWorker) {  // CREATE_POOL, FETCH
+      if (req->type == ipc::MessageType::kFetch && !peers) {
         SendRefusal(identity, delimiter,
                     ipc::ErrorReply(req->type, req->id,
                                     absl::FailedPreconditionError(
                                         "FETCH needs peer daemons: start polykvd with --peer")));
         continue;
       }
-      StartCreate(identity, delimiter, *std::move(req), Requester{peer_uid, false});
-      continue;
-    }
-    if (req->type == ipc::MessageType::kCreatePool) {
       Requester who;
       who.uid = peer_uid;
       who.trusted_paths = ipc_path.empty() || !have_cred || peer_uid == 0 ||

@@ -287,6 +287,12 @@ ipc::Reply Peers::Answer(const ipc::Request& req) {
   r.instance = hooks_.instance;
   r.daemon_version = hooks_.version;
   r.daemon_pid = static_cast<uint32_t>(getpid());
+  if (!ipc::SpecOf(req.type).peer_channel) {
+    return ipc::ErrorReply(
+        req.type, req.id,
+        absl::PermissionDeniedError(absl::StrCat(std::string(ipc::MessageTypeName(req.type)),
+                                                 " is not served on the peer channel")));
+  }
   switch (req.type) {
     case ipc::MessageType::kPing:
       return r;

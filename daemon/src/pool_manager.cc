@@ -1114,6 +1114,10 @@ StatusOr<std::string> PoolManager::ResolvePoolIdLocked(const std::string& id) co
     }
     if (!found.empty()) return found;
   }
+  if (id.size() < 8) {
+    return absl::NotFoundError(absl::StrCat(
+        "unknown pool ", id, " (a prefix names a pool only with 8 or more hex chars)"));
+  }
   return absl::NotFoundError(absl::StrCat("unknown pool ", id));
 }
 
@@ -1634,15 +1638,16 @@ StatusOr<CreateResult> PoolManager::Replicate(const std::string& pool_id,
   // A full id joins a replication of the same pool at once; a prefix once a peer named it.
   std::shared_ptr<InFlight> flight;
   std::string id;
+  auto published = [](const ipc::PoolInfo& info) {
+    CreateResult r;
+    r.info = info;
+    return r;
+  };
   if (IsFullPoolId(pool_id)) {
     id = pool_id;
     POLYKV_ASSIGN_OR_RETURN(std::optional<ipc::PoolInfo> existing,
                             JoinOrRegisterFlight(id, &flight));
-    if (existing) {
-      CreateResult r;
-      r.info = *existing;
-      return r;
-    }
+    if (existing) return published(*existing);
   }
   auto finish = [&](StatusOr<CreateResult> r) -> StatusOr<CreateResult> {
     if (flight) FinishFlight(id, flight, r.ok() ? absl::OkStatus() : r.status());
@@ -1664,11 +1669,7 @@ StatusOr<CreateResult> PoolManager::Replicate(const std::string& pool_id,
     id = offer->info.id;
     POLYKV_ASSIGN_OR_RETURN(std::optional<ipc::PoolInfo> existing,
                             JoinOrRegisterFlight(id, &flight));
-    if (existing) {
-      CreateResult r;
-      r.info = *existing;
-      return r;
-    }
+    if (existing) return published(*existing);
   }
   const std::string what = absl::StrCat("peer pool ", id.substr(0, 16), " from ", offer->peer);
   if (!offer->info.parent.empty()) {

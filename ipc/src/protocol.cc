@@ -17,19 +17,33 @@ namespace {
 
 using json = nlohmann::json;
 
-struct TypeName {
-  MessageType type;
-  std::string_view name;
+using R = MessageRole;
+using Runs = MessageRuns;
+// The protocol's vocabulary, written once.
+constexpr MessageSpec kSpecs[] = {
+    // type                     name            required fields                    role
+    {MessageType::kCreatePool, "CREATE_POOL", kNeedsModelOrParent | kNeedsDocument, R::kOperator,
+     Runs::kWorker, false},
+    {MessageType::kAttach, "ATTACH", kNeedsPoolId, R::kReader, Runs::kInlineOrWorker, false},
+    {MessageType::kRenew, "RENEW", kNeedsLeaseId, R::kReader, Runs::kInline, false},
+    {MessageType::kDetach, "DETACH", kNeedsLeaseId, R::kReader, Runs::kInline, false},
+    {MessageType::kList, "LIST", 0, R::kReader, Runs::kInline, true},
+    {MessageType::kStats, "STATS", 0, R::kReader, Runs::kInline, false},
+    {MessageType::kEvict, "EVICT", kNeedsPoolId, R::kOperator, Runs::kInline, false},
+    {MessageType::kPing, "PING", 0, R::kReader, Runs::kInline, true},
+    {MessageType::kProgress, "PROGRESS", 0, R::kNone, Runs::kInline, false},
+    {MessageType::kError, "ERROR", 0, R::kNone, Runs::kInline, false},
+    {MessageType::kFetch, "FETCH", kNeedsPoolId, R::kOperator, Runs::kWorker, false},
+    {MessageType::kPeerFetch, "PEER_FETCH", kNeedsPoolId, R::kPeer, Runs::kInline, true},
+    {MessageType::kPeerRelease, "PEER_RELEASE", kNeedsTransferId, R::kPeer, Runs::kInline, true},
 };
-constexpr TypeName kTypeNames[] = {
-    {MessageType::kCreatePool, "CREATE_POOL"}, {MessageType::kAttach, "ATTACH"},
-    {MessageType::kRenew, "RENEW"},            {MessageType::kDetach, "DETACH"},
-    {MessageType::kList, "LIST"},              {MessageType::kStats, "STATS"},
-    {MessageType::kEvict, "EVICT"},            {MessageType::kPing, "PING"},
-    {MessageType::kProgress, "PROGRESS"},      {MessageType::kError, "ERROR"},
-    {MessageType::kFetch, "FETCH"},            {MessageType::kPeerFetch, "PEER_FETCH"},
-    {MessageType::kPeerRelease, "PEER_RELEASE"},
-};
+constexpr bool SpecsInEnumOrder() {
+  for (size_t i = 0; i < sizeof(kSpecs) / sizeof(kSpecs[0]); ++i) {
+    if (static_cast<size_t>(kSpecs[i].type) != i) return false;
+  }
+  return true;
+}
+static_assert(SpecsInEnumOrder(), "kSpecs: one row per MessageType, in enum order");
 
 std::string Hex(const uint8_t* data, size_t n) {
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(data), n));
@@ -320,14 +334,20 @@ std::string Dump(const json& j) {
 }  // namespace
 
 std::string_view MessageTypeName(MessageType type) {
-  for (const auto& t : kTypeNames) {
+  for (const auto& t : kSpecs) {
     if (t.type == type) return t.name;
   }
   return "UNKNOWN";
 }
 
+const MessageSpec& SpecOf(MessageType type) {
+  const size_t i = static_cast<size_t>(type);
+  return i < sizeof(kSpecs) / sizeof(kSpecs[0]) ? kSpecs[i]
+                                                 : kSpecs[static_cast<size_t>(MessageType::kError)];
+}
+
 StatusOr<MessageType> ParseMessageType(std::string_view name) {
-  for (const auto& t : kTypeNames) {
+  for (const auto& t : kSpecs) {
     if (t.name == name) return t.type;
   }
   return absl::InvalidArgumentError(
@@ -384,7 +404,7 @@ std::string EncodeRequest(const Request& r) {
 StatusOr<Request> DecodeRequest(std::string_view frame) {
   POLYKV_ASSIGN_OR_RETURN(json j, ParseFrame(frame));
   POLYKV_ASSIGN_OR_RETURN(Envelope e, ParseEnvelope(j));
-  if (e.type == MessageType::kProgress || e.type == MessageType::kError) {
+  if (SpecOf(e.type).role == MessageRole::kNone) {
     return absl::InvalidArgumentError(
         absl::StrCat("message type \"", std::string(MessageTypeName(e.type)), "\" is not a request"));
   }
@@ -427,33 +447,23 @@ StatusOr<Request> DecodeRequest(std::string_view frame) {
   POLYKV_RETURN_IF_ERROR(Get(j, "lease_id", &r.lease_id));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "client_pid", &r.client_pid));
   POLYKV_RETURN_IF_ERROR(Get(j, "transfer_id", &r.transfer_id));
-  // Per-type required fields.
-  switch (r.type) {
-    case MessageType::kCreatePool:
-      if (r.model.empty() && r.parent.empty())
-        return absl::InvalidArgumentError("field 'model' is required (or 'parent')");
-      if (r.document.empty() && r.token_ids.empty()) {
-        return absl::InvalidArgumentError(
-            "CREATE_POOL needs a non-empty 'document' or 'token_ids'");
-      }
-      break;
-    case MessageType::kAttach:
-    case MessageType::kEvict:
-    case MessageType::kFetch:
-    case MessageType::kPeerFetch:
-      if (r.pool_id.empty()) return absl::InvalidArgumentError("field 'pool_id' is required");
-      break;
-    case MessageType::kPeerRelease:
-      if (r.transfer_id.empty()) {
-        return absl::InvalidArgumentError("field 'transfer_id' is required");
-      }
-      break;
-    case MessageType::kRenew:
-    case MessageType::kDetach:
-      if (r.lease_id.empty()) return absl::InvalidArgumentError("field 'lease_id' is required");
-      break;
-    default:
-      break;
+  // Per-type required fields (kSpecs).
+  const uint32_t need = SpecOf(r.type).required;
+  if ((need & kNeedsModelOrParent) && r.model.empty() && r.parent.empty()) {
+    return absl::InvalidArgumentError("field 'model' is required (or 'parent')");
+  }
+  if ((need & kNeedsDocument) && r.document.empty() && r.token_ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(MessageTypeName(r.type)), " needs a non-empty 'document' or 'token_ids'"));
+  }
+  if ((need & kNeedsPoolId) && r.pool_id.empty()) {
+    return absl::InvalidArgumentError("field 'pool_id' is required");
+  }
+  if ((need & kNeedsLeaseId) && r.lease_id.empty()) {
+    return absl::InvalidArgumentError("field 'lease_id' is required");
+  }
+  if ((need & kNeedsTransferId) && r.transfer_id.empty()) {
+    return absl::InvalidArgumentError("field 'transfer_id' is required");
   }
   return r;
 }

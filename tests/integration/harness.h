@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -358,6 +359,19 @@ inline std::vector<int32_t> SampleTokens(model::LlamaModel& m, uint64_t seed, in
   auto r = m.Generate(cache, bos, s);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? r->tokens : std::vector<int32_t>{};
+}
+
+/// The "answer_ids" of a `polykv-cli agent --json` run that must have succeeded (a test
+/// failure, and {}, otherwise).
+inline std::vector<int32_t> AgentAnswerIds(const ProcessResult& r) {
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  if (r.exit_code != 0) return {};
+  try {
+    return nlohmann::json::parse(r.out).at("answer_ids").get<std::vector<int32_t>>();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what() << "\n" << r.out;
+    return {};
+  }
 }
 
 /// Comma-separated ids for --prompt-ids.

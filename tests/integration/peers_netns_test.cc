@@ -133,17 +133,6 @@ ProcessResult RunAgent(const std::vector<std::string>& prefix, const std::string
   return RunProcess(argv, dir, 120000);
 }
 
-std::vector<int32_t> AnswerIds(const ProcessResult& r) {
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  if (r.exit_code != 0) return {};
-  try {
-    return json::parse(r.out).at("answer_ids").get<std::vector<int32_t>>();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << e.what() << "\n" << r.out;
-    return {};
-  }
-}
-
 /// Pool memfds a process holds ("/memfd:<prefix>..." links in /proc/PID/fd).
 int MemfdsOf(pid_t pid) {
   int n = 0;
@@ -227,12 +216,12 @@ TEST_F(PeersNetns, AgentOnHostBAnswersFromHostAsPool) {
     std::string err;
     const std::string pool = a.CreatePool(StoriesPath(), Document(200, 1), codec, &err);
     ASSERT_FALSE(pool.empty()) << err;
-    const std::vector<int32_t> on_a = AnswerIds(RunAgent(ns_->ExecA(), a.endpoint(), pool,
+    const std::vector<int32_t> on_a = AgentAnswerIds(RunAgent(ns_->ExecA(), a.endpoint(), pool,
                                                          dir_.path()));
     ASSERT_EQ(on_a.size(), 24u);
     EXPECT_EQ(b.Info(pool).id[0], '\0') << "B does not hold it before an agent asks";
     // The agent talks only to daemon B; B replicates the pool from A on the agent's attach.
-    const std::vector<int32_t> on_b = AnswerIds(RunAgent(ns_->ExecB(), b.endpoint(), pool,
+    const std::vector<int32_t> on_b = AgentAnswerIds(RunAgent(ns_->ExecB(), b.endpoint(), pool,
                                                          dir_.path()));
     EXPECT_EQ(on_b, on_a) << "greedy output through the replica equals host A's";
     const polykv_pool_info info = b.Info(pool);

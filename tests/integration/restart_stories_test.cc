@@ -31,14 +31,7 @@ std::vector<int32_t> Answer(const Daemon& d, const std::string& pool,
                                 "--max-new-tokens", "32", "--ignore-eos", "--json",
                                 "--threads", "1"},
                                d.dir(), 120000);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  if (r.exit_code != 0) return {};
-  try {
-    return json::parse(r.out).at("answer_ids").get<std::vector<int32_t>>();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << e.what() << "\n" << r.out;
-    return {};
-  }
+  return AgentAnswerIds(r);
 }
 
 // Checksum64 of the region inside a pool file (the bytes after the 4096-aligned prelude).

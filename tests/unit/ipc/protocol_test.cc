@@ -507,4 +507,38 @@ TEST(ProtocolTest, PeerMessagesRoundTrip) {
   EXPECT_EQ(back->peers[1].detail, refused.detail);
 }
 
+TEST(ProtocolTest, MessageTableHasOneRowPerType) {
+  for (int i = 0; i <= static_cast<int>(MessageType::kPeerRelease); ++i) {
+    const auto t = static_cast<MessageType>(i);
+    const MessageSpec& spec = SpecOf(t);
+    EXPECT_EQ(spec.type, t) << i;
+    auto parsed = ParseMessageType(MessageTypeName(t));
+    ASSERT_TRUE(parsed.ok()) << i;
+    EXPECT_EQ(*parsed, t);
+  }
+  EXPECT_EQ(SpecOf(MessageType::kCreatePool).role, MessageRole::kOperator);
+  EXPECT_EQ(SpecOf(MessageType::kEvict).role, MessageRole::kOperator);
+  EXPECT_EQ(SpecOf(MessageType::kFetch).role, MessageRole::kOperator);
+  EXPECT_EQ(SpecOf(MessageType::kAttach).role, MessageRole::kReader);
+  EXPECT_EQ(SpecOf(MessageType::kPeerFetch).role, MessageRole::kPeer);
+  EXPECT_EQ(SpecOf(MessageType::kProgress).role, MessageRole::kNone);
+  EXPECT_EQ(SpecOf(MessageType::kCreatePool).runs, MessageRuns::kWorker);
+  EXPECT_EQ(SpecOf(MessageType::kAttach).runs, MessageRuns::kInlineOrWorker);
+  EXPECT_TRUE(SpecOf(MessageType::kPing).peer_channel);
+  EXPECT_FALSE(SpecOf(MessageType::kCreatePool).peer_channel);
+  // Required fields come from the table: RENEW without a lease id, CREATE_POOL without a model.
+  EXPECT_NE(std::string(DecodeRequest(R"({"magic":"PKV1","version":1,"type":"RENEW","id":1})")
+                            .status()
+                            .message())
+                .find("lease_id"),
+            std::string::npos);
+  EXPECT_NE(std::string(DecodeRequest(
+                            R"({"magic":"PKV1","version":1,"type":"CREATE_POOL","id":1,)"
+                            R"("token_ids":[1]})")
+                            .status()
+                            .message())
+                .find("'model' is required"),
+            std::string::npos);
+}
+
 }  // namespace polykv::ipc

@@ -60,6 +60,41 @@ enum class MessageType {
 std::string_view MessageTypeName(MessageType type);
 StatusOr<MessageType> ParseMessageType(std::string_view name);
 
+/// Request fields a message requires (MessageSpec::required, a bit set).
+enum RequiredField : uint32_t {
+  kNeedsPoolId = 1u << 0,        ///< "pool_id" non-empty
+  kNeedsLeaseId = 1u << 1,       ///< "lease_id" non-empty
+  kNeedsTransferId = 1u << 2,    ///< "transfer_id" non-empty
+  kNeedsModelOrParent = 1u << 3, ///< "model" or "parent" non-empty
+  kNeedsDocument = 1u << 4,      ///< "document" or "token_ids" non-empty
+};
+/// Who may send a request.
+enum class MessageRole {
+  kNone,      ///< not a request (PROGRESS, ERROR)
+  kReader,    ///< any allowed uid (reader or operator) on the local endpoint
+  kOperator,  ///< operators only on the local endpoint
+  kPeer,      ///< other daemons only, on the CURVE-authenticated peer channel
+};
+/// Where polykvd serves a request.
+enum class MessageRuns {
+  kInline,  ///< on the control loop (never blocks on a prefill or the network)
+  kWorker,  ///< on a create worker (bounded queue; PROGRESS heartbeats when asked for)
+  /// inline when the pool is here (or in the state folder), else on a worker (replication)
+  kInlineOrWorker,
+};
+/// The protocol as data: one row per message type. DecodeRequest checks `required`; polykvd
+/// checks `role`, routes by `runs` and serves `peer_channel` types on --listen.
+struct MessageSpec {
+  MessageType type;
+  std::string_view name;
+  uint32_t required;   ///< RequiredField bits
+  MessageRole role;
+  MessageRuns runs;
+  bool peer_channel;   ///< also answered on the peer channel (PING, LIST, PEER_*)
+};
+/// The row of `type` (every MessageType has one).
+const MessageSpec& SpecOf(MessageType type);
+
 /// Where a pool's bytes live and how another process maps them.
 struct MemoryHandle {
   std::string backend;       ///< "host" or "cuda"
