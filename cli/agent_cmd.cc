@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "util/token_ids.h"
 #include "polykv/agent.h"
 
 namespace polykv::cli {
@@ -49,27 +50,6 @@ struct AgentArgs {
   std::string hold_file;
   std::string score_ids;
 };
-
-StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
-  std::vector<int32_t> ids;
-  std::string item;
-  std::string norm = text;
-  for (char& c : norm) {
-    if (c == ',' || c == '\t' || c == '\n') c = ' ';
-  }
-  std::istringstream in(norm);
-  while (in >> item) {
-    char* end = nullptr;
-    errno = 0;
-    long v = std::strtol(item.c_str(), &end, 10);
-    if (end == item.c_str() || *end != '\0' || errno != 0 || v < 0 || v > INT32_MAX) {
-      return absl::InvalidArgumentError("--prompt-ids: '" + item + "' is not a token id");
-    }
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  if (ids.empty()) return absl::InvalidArgumentError("--prompt-ids: no token ids given");
-  return ids;
-}
 
 nlohmann::json StatsJson(const client::AgentStats& s) {
   return {{"attach_ms", s.attach_ms},
@@ -151,7 +131,7 @@ Status RunAgent(const AgentArgs& a) {
   if (!a.score_ids.empty()) {
     // polykv-cli eval's agents section: continuation t_C .. t_L; inputs t_C .. t_{L-1}
     // predict t_{C+1} .. t_L.
-    POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> cont, ParseIds(a.score_ids));
+    POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> cont, ParseTokenIds(a.score_ids, "--score-ids"));
     if (cont.size() < 2) return absl::InvalidArgumentError("--score-ids needs >= 2 ids");
     std::vector<int32_t> in(cont.begin(), cont.end() - 1), tgt(cont.begin() + 1, cont.end());
     POLYKV_ASSIGN_OR_RETURN(std::vector<double> nll, agent->Score(a.pool, in, tgt));
@@ -164,7 +144,7 @@ Status RunAgent(const AgentArgs& a) {
   }
   std::vector<int32_t> prompt_ids;
   if (!a.prompt_ids.empty()) {
-    POLYKV_ASSIGN_OR_RETURN(prompt_ids, ParseIds(a.prompt_ids));
+    POLYKV_ASSIGN_OR_RETURN(prompt_ids, ParseTokenIds(a.prompt_ids, "--prompt-ids"));
   } else {
     const std::string text = a.chat ? client::ChatQuestionPrompt(a.prompt) : a.prompt;
     POLYKV_ASSIGN_OR_RETURN(prompt_ids, agent->EncodePrompt(text));

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "commands.h"
+#include "util/token_ids.h"
 #include "polykv/model/llama.h"
 #include "polykv/model/perplexity.h"
 
@@ -52,18 +53,6 @@ void Fail(const std::string& msg) {
 }
 void Fail(const absl::Status& s) { Fail(std::string(s.message())); }
 
-StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
-  std::vector<int32_t> ids;
-  for (absl::string_view part : absl::StrSplit(text, absl::ByAnyChar(", "), absl::SkipEmpty())) {
-    int32_t v;
-    if (!absl::SimpleAtoi(part, &v))
-      return absl::InvalidArgumentError(absl::StrCat("--prompt-ids: '", part, "' is not an integer id"));
-    ids.push_back(v);
-  }
-  if (ids.empty()) return absl::InvalidArgumentError("--prompt-ids: no ids given");
-  return ids;
-}
-
 StatusOr<model::WeightStorage> ParseWeights(const std::string& w) {
   if (w == "auto") return model::WeightStorage::kAuto;
   if (w == "mapped") return model::WeightStorage::kMapped;
@@ -88,7 +77,7 @@ Status RunGenerate(const GenerateArgs& a, bool temperature_given) {
   std::vector<int32_t> ids;
   if (!a.prompt_ids.empty()) {
     if (a.chat) return absl::InvalidArgumentError("--chat needs --prompt (text), not --prompt-ids");
-    POLYKV_ASSIGN_OR_RETURN(ids, ParseIds(a.prompt_ids));
+    POLYKV_ASSIGN_OR_RETURN(ids, ParseTokenIds(a.prompt_ids, "--prompt-ids"));
   } else {
     if (tok == nullptr)
       return absl::InvalidArgumentError(

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "util/token_ids.h"
 #include "polykv/client.hpp"
 #include "polykv/ipc/pool_file.h"
 #include "polykv/ipc/pool_layout.h"
@@ -162,30 +163,6 @@ pc::Result<std::string> ResolvePoolId(pc::Client& client, const std::string& id)
   auto info = client.GetPoolInfo(id);
   if (!info.ok()) return info.status();
   return info->id;
-}
-
-pc::Result<std::vector<int32_t>> ParseTokenIds(const std::string& text) {
-  std::string norm = text;
-  for (char& c : norm) {
-    if (c == ',' || c == '\t' || c == '\n' || c == '\r') c = ' ';
-  }
-  std::istringstream in(norm);
-  std::vector<int32_t> ids;
-  std::string item;
-  while (in >> item) {
-    char* end = nullptr;
-    errno = 0;
-    long long v = std::strtoll(item.c_str(), &end, 10);
-    if (end == item.c_str() || *end != '\0' || errno != 0 || v < 0 || v > INT32_MAX) {
-      return pc::Status(pc::StatusCode::kInvalidArgument,
-                        "--token-ids: \"" + item + "\" is not a token id (expected 1,2,3)");
-    }
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  if (ids.empty()) {
-    return pc::Status(pc::StatusCode::kInvalidArgument, "--token-ids: no token ids given");
-  }
-  return ids;
 }
 
 pc::Result<std::string> ReadFile(const std::string& path) {
@@ -440,8 +417,11 @@ void RunCreate(const CommonArgs& args, const CreateArgs& c) {
   opts.model = c.model;
   opts.parent = c.parent;
   if (!c.token_ids.empty()) {
-    auto ids = ParseTokenIds(c.token_ids);
-    if (!ids.ok()) return ReportError(ids.status());
+    auto ids = ParseTokenIds(c.token_ids, "--token-ids");
+    if (!ids.ok()) {
+      return ReportError(pc::Status(static_cast<pc::StatusCode>(ids.status().code()),
+                                    std::string(ids.status().message())));
+    }
     opts.token_ids = std::move(*ids);
   } else {
     auto text = ReadFile(c.document);

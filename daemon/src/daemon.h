@@ -81,7 +81,7 @@ class Daemon {
   /// every queued or running create with CANCELLED, stops accepting, waits at most
   /// shutdown_grace_seconds for busy workers (a worker still blocked then is left behind),
   /// releases all pools, removes the socket, descriptor-socket and pid files.
-  Status Run(const std::atomic<bool>* external_stop = nullptr);
+  [[nodiscard]] Status Run(const std::atomic<bool>* external_stop = nullptr);
   /// Thread-safe (a single atomic store): asks Run to return.
   void Stop() { stop_.store(true); }
 

@@ -65,7 +65,7 @@ class Peers : public PeerSource {
   ~Peers() override;
 
   StatusOr<Offer> Find(const std::string& pool_id) override;
-  Status Pull(const Offer& offer, void* dst, uint64_t size, const std::atomic<bool>* cancel,
+  [[nodiscard]] Status Pull(const Offer& offer, void* dst, uint64_t size, const std::atomic<bool>* cancel,
               const std::function<void(uint64_t, uint64_t)>& progress) override;
   void Release(const Offer& offer) override;
 

@@ -58,7 +58,7 @@ class PeerSource {
   /// Pulls the offer's bytes into `dst` (`size` = offer.pool_bytes). `progress` gets (bytes
   /// done, total). Errors: kUnavailable (the holder failed mid-transfer), kDeadlineExceeded
   /// (stalled), kCancelled.
-  virtual Status Pull(const Offer& offer, void* dst, uint64_t size,
+  [[nodiscard]] virtual Status Pull(const Offer& offer, void* dst, uint64_t size,
                       const std::atomic<bool>* cancel,
                       const std::function<void(uint64_t, uint64_t)>& progress) = 0;
   /// Tells the holder the transfer is over (best effort, never blocks for long).
@@ -229,11 +229,11 @@ class PoolManager {
   /// kNotFound for unknown or expired leases.
   StatusOr<LeaseGrant> Renew(const std::string& lease_id);
   /// Releases a lease. Errors: kNotFound.
-  Status Detach(const std::string& lease_id);
+  [[nodiscard]] Status Detach(const std::string& lease_id);
   /// Removes a pool. Errors: kNotFound; kFailedPrecondition when it has live leases or child
   /// pools (pool tree, in memory or persisted) and !force. A forced eviction invalidates its
   /// leases and evicts its descendants too (a child is not usable without its parent).
-  Status Evict(const std::string& pool_id, bool force);
+  [[nodiscard]] Status Evict(const std::string& pool_id, bool force);
   /// Drops leases past their expiry; returns how many (logged as one line per sweep).
   int SweepExpiredLeases();
   /// A descriptor (dup) of the sealed memfd of the pool that `lease_id` holds.
@@ -359,7 +359,7 @@ class PoolManager {
                                        const std::string& origin, const FillFn& fill);
   /// OK when this daemon would serve a pool made with `info.model` of fingerprint
   /// `info.model_fingerprint`; else kFailedPrecondition starting with `what`.
-  Status CheckServableModel(const ipc::PoolInfo& info, const std::string& what);
+  [[nodiscard]] Status CheckServableModel(const ipc::PoolInfo& info, const std::string& what);
   /// Waits for a create / restore / replication of `id` in flight. Returns the pool when it
   /// is (or became) published; else registers `*flight` for the caller and returns nullopt.
   StatusOr<std::optional<ipc::PoolInfo>> JoinOrRegisterFlight(const std::string& id,

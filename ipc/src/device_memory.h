@@ -9,10 +9,10 @@
 namespace polykv::ipc::internal {
 
 /// cudaMemcpy host -> device of `bytes`. Errors: kUnimplemented without CUDA, kInternal.
-Status CopyToDevice(void* device_dst, const void* host_src, uint64_t bytes);
+[[nodiscard]] Status CopyToDevice(void* device_dst, const void* host_src, uint64_t bytes);
 /// cudaMemcpy device -> host of `bytes`.
-Status CopyToHost(void* host_dst, const void* device_src, uint64_t bytes);
+[[nodiscard]] Status CopyToHost(void* host_dst, const void* device_src, uint64_t bytes);
 /// cudaMemcpy device -> device of `bytes` (stream: cudaStream_t or nullptr).
-Status CopyDeviceToDevice(void* dst, const void* src, uint64_t bytes, void* stream);
+[[nodiscard]] Status CopyDeviceToDevice(void* dst, const void* src, uint64_t bytes, void* stream);
 
 }  // namespace polykv::ipc::internal

@@ -60,7 +60,7 @@ class Channel {
   /// or a daemon too old to send one).
   const std::string& last_instance() const { return last_instance_; }
   /// kOk when the endpoint's socket accepts connections (always OK for non-ipc endpoints).
-  Status Probe() const;
+  [[nodiscard]] Status Probe() const;
 
  private:
   void Reset();  ///< closes the socket (LINGER=0) and connects a fresh one

@@ -45,13 +45,13 @@ class LlamaBase : public LlamaModel {
                                int64_t logits_from);
   /// kOutOfRange when a model with a sliding window (ModelConfig::sliding_window) would hold
   /// more than that many positions after `n` more at `past` (full attention would differ).
-  Status CheckWindow(int64_t past, int64_t n) const;
+  [[nodiscard]] Status CheckWindow(int64_t past, int64_t n) const;
   /// Checks the cache's tensors (suffix) and prefix against the model.
-  Status CheckCache(const KvCache& c) const;
+  [[nodiscard]] Status CheckCache(const KvCache& c) const;
   /// Grows the suffix to hold `needed` positions (reallocation to max(needed, 2 x capacity)).
   void EnsureCapacity(KvCache& c, int64_t needed) const;
   /// Checks token ids against the vocabulary.
-  Status CheckTokens(absl::Span<const int32_t> tokens) const;
+  [[nodiscard]] Status CheckTokens(absl::Span<const int32_t> tokens) const;
   /// RoPE angles' cos and sin for positions [past, past + n): [n][head_dim] each (HF layout:
   /// the head_dim/2 frequencies twice), computed in f64 and rounded to f32; both times
   /// rope_attention_factor_ (YaRN).

@@ -107,25 +107,25 @@ class WeightReader {
   /// After the weights were built: kUnimplemented naming the first tensor of the file(s)
   /// that no role read (e.g. a Qwen3 q_norm, an MLP bias): a tensor PolyKV does not
   /// compute with is refused, never ignored.
-  virtual Status CheckAllTensorsUsed() const = 0;
+  [[nodiscard]] virtual Status CheckAllTensorsUsed() const = 0;
 };
 
 /// Builds views of every weight through `reader` (GetRaw) and checks each against the
 /// matrix kernels' formats: kUnimplemented naming a tensor whose type has no kernels,
 /// kInvalidArgument / kDataLoss for shapes the format cannot hold.
-Status BuildMappedWeights(const ModelConfig& config, WeightReader& reader, MappedWeights* out);
+[[nodiscard]] Status BuildMappedWeights(const ModelConfig& config, WeightReader& reader, MappedWeights* out);
 
 /// The mapped runtime (mapped_llama.cc).
 std::unique_ptr<LlamaModel> MakeMappedLlama(LoadedModel m, const LoadOptions& options);
 
 /// Reads every tensor through `reader`, fuses q/k/v and gate/up, converts to the target
 /// dtype/device one tensor at a time.
-Status BuildWeights(const ModelConfig& config, WeightReader& reader, const LoadOptions& options,
+[[nodiscard]] Status BuildWeights(const ModelConfig& config, WeightReader& reader, const LoadOptions& options,
                     LlamaWeights* out);
 
 /// Checks hyper-parameters for consistency (positive sizes, heads % kv_heads, even
 /// head_dim). kInvalidArgument naming `source` and the field.
-Status ValidateConfig(const ModelConfig& config, const std::string& source);
+[[nodiscard]] Status ValidateConfig(const ModelConfig& config, const std::string& source);
 
 /// HF folder: config.json + model.safetensors or model.safetensors.index.json.
 StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const LoadOptions& options);
@@ -138,6 +138,6 @@ StatusOr<std::string> Sha256OfFiles(const std::string& prefix,
 
 /// Converts a libtorch / std exception message to a Status (kResourceExhausted for
 /// allocation failures, else kInternal).
-Status StatusFromException(const std::exception& e, const std::string& context);
+[[nodiscard]] Status StatusFromException(const std::exception& e, const std::string& context);
 
 }  // namespace polykv::model::internal

@@ -42,7 +42,7 @@ struct Vocab {
 
   /// Fills token_to_id (first id wins for duplicates) and checks array sizes and special ids.
   /// Errors: kInvalidArgument naming the inconsistency.
-  Status Finish();
+  [[nodiscard]] Status Finish();
 };
 
 /// Tokenizer over a Vocab: special-token partition (control, user-defined and unknown
@@ -65,7 +65,7 @@ class VocabTokenizer : public Tokenizer {
  protected:
   /// Encodes one run of plain text (no special tokens in it). `after_special` is true at
   /// the start of the text and right after a special token.
-  virtual Status EncodeText(std::string_view text, bool after_special,
+  [[nodiscard]] virtual Status EncodeText(std::string_view text, bool after_special,
                             std::vector<int32_t>* out) const = 0;
   /// Appends the text of one non-control token; `first` for the first token rendered
   /// (SentencePiece strips the space it prefixed).

@@ -179,19 +179,19 @@ class PooledAgent {
   /// The pools a Run attends to: the one asked for and its parent chain (pool tree), root
   /// first, each attached with its own lease (defined in agent.cc).
   struct AttachedChain;
-  Status EnsureConnected(double* connect_ms);
+  [[nodiscard]] Status EnsureConnected(double* connect_ms);
   /// Attaches pool `id` and every parent up to the root, checking that each was prefilled
   /// with this model and shape and that their positions follow one another. Errors: as Run;
   /// kDataLoss for a chain whose positions do not add up.
-  Status AttachChain(const std::string& id, AttachedChain* chain);
+  [[nodiscard]] Status AttachChain(const std::string& id, AttachedChain* chain);
   /// Fills `cache` from the attached chain (positions 0 .. chain tokens - 1): prefix views of
   /// every pool (in place) or their decoded layers.
-  Status BuildCache(AttachedChain& chain, int64_t extra_capacity, bool in_place,
+  [[nodiscard]] Status BuildCache(AttachedChain& chain, int64_t extra_capacity, bool in_place,
                     model::KvCache* cache, AgentStats* st);
   void Disconnect();
   /// Connects if needed and attaches pool `id` into `*pool` (detached by the caller's guard),
   /// filling `*info`. A connection error drops the connection so the next call rebuilds it.
-  Status AttachPool(const std::string& id, ::polykv_pool** pool, ::polykv_pool_info_t* info);
+  [[nodiscard]] Status AttachPool(const std::string& id, ::polykv_pool** pool, ::polykv_pool_info_t* info);
 
   AgentOptions options_;
   std::unique_ptr<model::LlamaModel> model_;
@@ -216,6 +216,6 @@ uint64_t PeakRssBytes();
 uint64_t CacheBytes(const model::KvCache& cache);
 
 /// Converts a C API status code + message into a Status (codes match absl).
-Status FromCStatus(int code, std::string_view context);
+[[nodiscard]] Status FromCStatus(int code, std::string_view context);
 
 }  // namespace polykv::client

@@ -45,6 +45,6 @@ StatusOr<PeerKeys> ReadPeerKeysFile(const std::string& path);
 
 /// Parses "tcp://HOST:PORT" (HOST: a name, an IPv4 address or "*"; PORT 1..65535).
 /// Errors: kInvalidArgument naming `flag` and the text.
-Status CheckTcpEndpoint(const std::string& endpoint, const std::string& flag);
+[[nodiscard]] Status CheckTcpEndpoint(const std::string& endpoint, const std::string& flag);
 
 }  // namespace polykv::ipc

@@ -244,13 +244,13 @@ Reply ErrorReply(MessageType type, uint64_t request_id, const Status& status);
 /// when they can be read, else type kError and id 0.
 Reply ErrorReplyForFrame(std::string_view frame, const Status& status);
 /// The Status carried by an error reply (OkStatus for ok replies).
-Status ReplyStatus(const Reply& reply);
+[[nodiscard]] Status ReplyStatus(const Reply& reply);
 
 /// OK when `text` is valid UTF-8; else kInvalidArgument "<field> is not valid UTF-8 at byte
 /// offset N".
 Status ValidateUtf8(absl::string_view text, absl::string_view field);
 /// Checks what EncodeRequest needs: every string field valid UTF-8 (see ValidateUtf8).
-Status ValidateRequest(const Request& request);
+[[nodiscard]] Status ValidateRequest(const Request& request);
 /// `text` itself when at most `max_bytes` long, else its first bytes (cut at a UTF-8
 /// boundary) + "... (N bytes)".
 std::string Abbreviate(absl::string_view text, size_t max_bytes);

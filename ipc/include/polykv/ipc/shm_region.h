@@ -21,7 +21,7 @@ class ShmRegion {
   /// Maps an existing object read-only (PROT_READ). Errors: kNotFound, kPermissionDenied.
   static StatusOr<ShmRegion> OpenReadOnly(const std::string& name);
   /// Removes a shm object by name; OK if absent.
-  static Status Remove(const std::string& name);
+  [[nodiscard]] static Status Remove(const std::string& name);
 
   ShmRegion(ShmRegion&&) noexcept;
   ShmRegion& operator=(ShmRegion&&) noexcept;

@@ -69,7 +69,7 @@ class UcxEngine {
   /// descriptor must come over an authenticated channel. Every error path cancels the gets
   /// in flight, closes the endpoint (forced) and returns within about stall_timeout_ms plus
   /// two seconds. Thread-safe: concurrent pulls each run a worker of their own.
-  virtual Status Pull(const std::string& descriptor, void* dst, uint64_t size,
+  [[nodiscard]] virtual Status Pull(const std::string& descriptor, void* dst, uint64_t size,
                       const UcxPullOptions& options) = 0;
 
   /// Transports UCX chose for this context, as "tcp, self, ..." (for logs and ping).

@@ -83,7 +83,7 @@ struct PrefixView {
 
 /// Checks a view: sizes >= 1 (tokens may be 0), head_dim <= 512, codec parameters valid,
 /// non-null pointers for every layer. kInvalidArgument naming the field.
-Status ValidatePrefixView(const PrefixView& view);
+[[nodiscard]] Status ValidatePrefixView(const PrefixView& view);
 
 /// Arguments of AttentionForward for one layer.
 struct AttentionArgs {

@@ -135,7 +135,7 @@ int CodecThreads();
 
 /// Checks a shape and config; kInvalidArgument naming the bad field (kv_heads, tokens,
 /// head_dim >= 1; key_bits 4..8; value_bits 2, 3 or 4; norm_dtype f32 or f16).
-Status ValidateConfig(const LayerShape& shape, const CodecConfig& config);
+[[nodiscard]] Status ValidateConfig(const LayerShape& shape, const CodecConfig& config);
 
 // ---------------------------------------------------------------------------------------
 // Keys: int8 symmetric linear quantization.
