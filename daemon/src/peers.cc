@@ -300,6 +300,14 @@ ipc::Reply Peers::Answer(const ipc::Request& req) {
       r.pools = hooks_.list_pools();
       return r;
     case ipc::MessageType::kPeerFetch: {
+      {
+        // Refused before any memory is mapped or registered.
+        std::lock_guard<std::mutex> lock(mu_);
+        if (transfers_.size() >= 64) {
+          return ipc::ErrorReply(
+              req.type, req.id, absl::ResourceExhaustedError("64 transfers in flight: retry later"));
+        }
+      }
       auto pool = hooks_.export_pool(req.pool_id);
       if (!pool.ok()) return ipc::ErrorReply(req.type, req.id, pool.status());
       auto exposure = engine_->Expose(pool->data(), pool->size());
@@ -314,10 +322,6 @@ ipc::Reply Peers::Answer(const ipc::Request& req) {
       t.exposure = *std::move(exposure);
       t.deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(hold_s * 1000));
       std::lock_guard<std::mutex> lock(mu_);
-      if (transfers_.size() >= 64) {
-        return ipc::ErrorReply(req.type, req.id,
-                               absl::ResourceExhaustedError("64 transfers in flight: retry later"));
-      }
       spdlog::info("peer channel: serving pool {} ({} bytes) as transfer {}",
                    r.pool->id.substr(0, 16), r.pool_bytes, r.transfer_id.substr(0, 8));
       transfers_.emplace(r.transfer_id, std::move(t));
