@@ -2,9 +2,11 @@
 // 95% intervals, ablations, per-layer reconstruction error, greedy agreement, agents) for a
 // model, a text and codec configurations; CSV + markdown + PNG plots in --out.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -55,7 +57,7 @@ struct EvalArgs {
   int64_t agent_context = 2048;
   std::string endpoint;
   std::string daemon;
-  std::string python = "python3";
+  std::string python;  // empty: EvalPython()
 };
 
 void Fail(const std::string& msg) {
@@ -73,6 +75,30 @@ Status WriteFile(const std::string& path, const std::string& data) {
 void Log(const std::string& line) {
   std::fprintf(stderr, "eval: %s\n", line.c_str());
   std::fflush(stderr);
+}
+
+// The Python that runs scripts/eval_post.py: --python, else $POLYKV_EVAL_PYTHON, else the venv
+// scripts/install-eval-deps.sh makes (${POLYKV_EVAL_VENV:-$HOME/.cache/polykv/eval-venv}/bin/
+// python) when it exists, else python3.
+std::string EvalPython(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* p = std::getenv("POLYKV_EVAL_PYTHON"); p != nullptr && *p != '\0') return p;
+  std::string venv;
+  if (const char* v = std::getenv("POLYKV_EVAL_VENV"); v != nullptr && *v != '\0') {
+    venv = v;
+  } else if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
+    venv = absl::StrCat(h, "/.cache/polykv/eval-venv");
+  }
+  const std::string py = venv + "/bin/python";
+  if (!venv.empty() && access(py.c_str(), X_OK) == 0) return py;
+  return "python3";
+}
+
+// Single-quoted for /bin/sh.
+std::string ShellQuote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
 }
 
 // Ablation specs: `base` with one factor changed per value of each given list.
@@ -276,13 +302,19 @@ Status RunEval(const EvalArgs& a) {
   }
   POLYKV_RETURN_IF_ERROR(WriteFile(a.out + "/report.md", report));
   const std::string script = eval::FindScript("scripts/eval_post.py");
+  if ((sections.count("plots") || sections.count("semantic")) && script.empty())
+    Log("scripts/eval_post.py not found (looked in the current folder and above polykv-cli): "
+        "no plots or semantic similarity");
   if ((sections.count("plots") || sections.count("semantic")) && !script.empty()) {
-    const std::string cmd = absl::StrCat(a.python, " ", script, " --out '", a.out, "'",
+    const std::string cmd = absl::StrCat(ShellQuote(EvalPython(a.python)), " ", ShellQuote(script),
+                                         " --out ", ShellQuote(a.out),
                                          sections.count("semantic") ? " --semantic" : "",
                                          sections.count("plots") ? " --plots" : "");
     Log(absl::StrCat("running ", cmd));
     const int rc = std::system(cmd.c_str());
-    if (rc != 0) Log(absl::StrCat("the Python step failed (exit ", rc, "); CSV and markdown are written"));
+    if (rc != 0)
+      Log(absl::StrCat("the Python step failed (exit ", rc, "; bash scripts/install-eval-deps.sh "
+                       "installs its packages); CSV and markdown are written"));
   }
   std::cout << report;
   Log(absl::StrCat("wrote ", a.out, "/report.md and CSVs"));
@@ -342,7 +374,11 @@ void RegisterEvalCommands(CLI::App& app) {
   cmd->add_option("--agent-context", a->agent_context, "Agents: context length L");
   cmd->add_option("--endpoint", a->endpoint, "Agents: a running polykvd (default: start one)");
   cmd->add_option("--daemon", a->daemon, "Agents: polykvd binary (default: next to polykv-cli)");
-  cmd->add_option("--python", a->python, "Python for plots and semantic similarity");
+  cmd->add_option("--python", a->python,
+                  "Python for plots and semantic similarity (scripts/eval_post.py). Default: "
+                  "$POLYKV_EVAL_PYTHON, else the venv of scripts/install-eval-deps.sh "
+                  "(${POLYKV_EVAL_VENV:-$HOME/.cache/polykv/eval-venv}/bin/python) if it "
+                  "exists, else python3");
   cmd->callback([a]() {
     Status s = RunEval(*a);
     if (!s.ok()) Fail(std::string(s.message()));

@@ -110,9 +110,17 @@ def _truncate(ids):
     return ids if len(ids) <= MAX_SEQ else ids[:MAX_SEQ - 1] + [ids[-1]]
 
 
+# handle_chinese_chars ranges of HF tokenizers' BertNormalizer (its 0x2B920 included).
+_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+        (0x2B740, 0x2B81F), (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
 class WordPiece:
     """BERT uncased tokenization (basic + WordPiece), as tokenizer.json's BertNormalizer,
-    BertPreTokenizer and WordPiece model do."""
+    BertPreTokenizer and WordPiece model do in HF tokenizers: the same ids (the ctest
+    eval_post_semantic checks accents, CJK, control and format chars), except on ~500 code
+    points whose category differs between Python's Unicode tables and tokenizers' older ones
+    (punctuation and marks added since Unicode 10, e.g. U+061D, U+2E43..U+2E5D)."""
 
     def __init__(self, tj):
         self.vocab = tj["model"]["vocab"]
@@ -120,18 +128,40 @@ class WordPiece:
         self.prefix = tj["model"].get("continuing_subword_prefix", "##")
         self.max_chars = tj["model"].get("max_input_chars_per_word", 100)
 
-    def basic(self, text):
-        text = "".join(c for c in unicodedata.normalize("NFD", text.lower())
+    @staticmethod
+    def normalize(text):
+        # BertNormalizer, in its order: clean_text (drop NUL, U+FFFD and the categories Cc, Cf,
+        # Co, Cs but \t \n \r, e.g. U+200B, soft hyphen, ZWJ; unassigned Cn is kept;
+        # whitespace -> ' '), handle_chinese_chars (' c '), strip_accents (NFD, drop Mn),
+        # lowercase (per char: no final-sigma rule, as Rust's char::to_lowercase).
+        out = []
+        for c in text:
+            cp = ord(c)
+            if c in "\t\n\r":
+                out.append(" ")
+            elif cp == 0 or cp == 0xFFFD or unicodedata.category(c) in ("Cc", "Cf", "Co", "Cs"):
+                continue
+            elif c.isspace():
+                out.append(" ")
+            elif any(a <= cp <= b for a, b in _CJK):
+                out.append(" " + c + " ")
+            else:
+                out.append(c)
+        text = "".join(c for c in unicodedata.normalize("NFD", "".join(out))
                        if unicodedata.category(c) != "Mn")
+        return "".join(c.lower() for c in text)
+
+    def basic(self, text):
+        # BertPreTokenizer: split on whitespace; every punctuation char is a word of its own.
         words, cur = [], ""
-        for ch in text:
+        for ch in self.normalize(text):
             cp = ord(ch)
-            if ch.isspace() or unicodedata.category(ch).startswith("C"):
+            if ch.isspace():
                 if cur:
                     words.append(cur)
                 cur = ""
             elif (33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126 or
-                  unicodedata.category(ch).startswith("P") or 0x4E00 <= cp <= 0x9FFF):
+                  unicodedata.category(ch).startswith("P")):
                 if cur:
                     words.append(cur)
                 words.append(ch)

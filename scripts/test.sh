@@ -3,11 +3,16 @@
 # nvcc is present), fetches SmolLM2-135M-Instruct, and runs the whole ctest suite, the fault
 # suite's short forms included (labels fault: chaos, storm, fuzz; the fuzz targets are built
 # with clang in <build>/fuzz). GPU tests (label gpu) skip visibly on hosts without a GPU.
+# The eval venv (scripts/install-eval-deps.sh: numpy, tokenizers, all-MiniLM-L6-v2) is
+# installed too and exported as POLYKV_EVAL_PYTHON for the ctest eval_post_semantic.
 # POLYKV_CI_SANITIZE=1 adds the ASan+UBSan and ThreadSanitizer runs (scripts/sanitize.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
+POLYKV_EVAL_PYTHON="$(bash scripts/install-eval-deps.sh </dev/null | tail -n1)"
+export POLYKV_EVAL_PYTHON
+echo "test: eval Python at $POLYKV_EVAL_PYTHON" >&2
 BUILD=${POLYKV_BUILD_DIR:-build}
 JOBS=${POLYKV_JOBS:-$(nproc)}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPOLYKV_BUILD_TESTS=ON \

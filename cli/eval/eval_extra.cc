@@ -50,7 +50,7 @@ StatusOr<std::vector<GreedyRow>> GreedyAgreement(model::LlamaModel& m,
   if (!qf) return absl::NotFoundError(absl::StrCat(o.questions, ": cannot open"));
   std::vector<std::string> qs;
   for (std::string line; std::getline(qf, line) && static_cast<int>(qs.size()) < o.count;)
-    if (!line.empty()) qs.push_back(line);
+    if (!line.empty() && line[0] != '#') qs.push_back(line);  // '#': a comment, as `agents run`
   POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> doc_ids,
                           tok->Encode(client::ChatDocument(doc), tok->adds_bos()));
   const model::ModelConfig& cfg = m.config();
