@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
       variant[k] = std::move(*m);
     }
     std::printf("%-10s %16s %16s\n", "rows", "kernels tok/s", "GEMM tok/s");
-    for (int64_t n : {4, 8, 16, 32, 48, 64, 96, 128}) {
+    for (int64_t n : {4, 8, 16, 32, 48, 64, 96, 128, 256, 512}) {
       double tps[2];
       for (int k = 0; k < 2; ++k) {
         const double s = Now();

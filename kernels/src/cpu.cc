@@ -12,6 +12,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace polykv::kernels {
 namespace {
@@ -19,6 +23,7 @@ namespace {
 struct Features {
   bool avx2 = false;
   bool avx512 = false;
+  bool amx_int8 = false;  ///< CPUID AMX-TILE + AMX-INT8 and XCR0 tile state (not yet the permission)
 };
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -47,6 +52,9 @@ Features Detect() {
              avx512vl = (b >> 31) & 1, avx512vnni = (c >> 11) & 1;
   f.avx2 = ymm_state && avx2 && fma && f16c && bmi2;
   f.avx512 = f.avx2 && zmm_state && avx512f && avx512dq && avx512bw && avx512vl && avx512vnni;
+  const bool amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
+  const bool tile_state = (xcr0 & 0x60000) == 0x60000;  // XTILECFG (17) + XTILEDATA (18)
+  f.amx_int8 = f.avx512 && amx_tile && amx_int8 && tile_state;
 #endif
   return f;
 }
@@ -130,6 +138,23 @@ bool IsaSupported(Isa isa) {
       return Cpu().avx512;
   }
   return false;
+}
+
+bool AmxInt8Supported() {
+  static const bool ok = [] {
+#if defined(POLYKV_HAVE_AMX_KERNELS) && defined(__linux__) && defined(__x86_64__)
+    if (!IsaSupported(Isa::kAvx512) || !Cpu().amx_int8) return false;
+    const char* env = std::getenv("POLYKV_AMX");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    // Linux >= 5.16 hands the tile data state out on request only (else SIGILL on first use).
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ok;
 }
 
 Isa BestIsa() {

@@ -4,6 +4,7 @@
 #include "polykv/kernels/matmul.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -92,6 +93,15 @@ std::vector<uint8_t>& ActScratch(int which) {
   return buf[which];
 }
 
+// Per-thread scratch of the AMX panels (unpacked weights), 64-byte aligned.
+uint8_t* AmxPanelScratch(int64_t nb) {
+  thread_local std::vector<uint8_t> buf;
+  const size_t need = static_cast<size_t>(mm::AmxPanelScratchBytes(nb)) + 64;
+  if (buf.size() < need) buf.resize(need);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - p % 64) % 64);
+}
+
 }  // namespace
 
 const char* WeightTypeName(WeightType type) {
@@ -152,6 +162,15 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
         absl::StrCat("MatMul: x_stride ", x_stride, " < cols ", cols));
   POLYKV_ASSIGN_OR_RETURN(Isa isa, ResolveIsa(options));
   const mm::DotTable& table = TableOf(isa);
+  bool amx_on = false;
+  if (options.amx == 1) {
+    if (!AmxInt8Supported())
+      return absl::FailedPreconditionError(
+          "MatMul: AMX-INT8 tiles were requested, but this CPU, OS or build has none");
+    amx_on = true;
+  } else if (options.amx < 0) {
+    amx_on = isa == Isa::kAvx512 && n >= kAmxMinRows && AmxInt8Supported();
+  }
 
   struct Job {
     const MatMulOutput* out;
@@ -159,6 +178,8 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
     int act;
     int64_t nb;         // blocks (or values) per row
     int64_t row_begin;  // in the concatenation of all outputs' rows
+    int ti;             // mm::TypeIndex
+    bool amx;           // AMX tile panels (activations: kQ8 packed for the tiles)
   };
   Job jobs[8];
   std::vector<Job> more;
@@ -192,8 +213,9 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
     if (fn == nullptr)
       return absl::UnimplementedError(absl::StrCat("MatMul: no ", table.isa, " kernel for ",
                                                    kTypes[ti].name));
-    const int act = static_cast<int>(kTypes[ti].act);
-    job_list[njobs++] = Job{&o, fn, act, cols / kTypes[ti].values, total_rows};
+    const bool amx = amx_on && mm::AmxTypeSupported(ti);
+    const int act = amx ? static_cast<int>(ActKind::kQ8) : static_cast<int>(kTypes[ti].act);
+    job_list[njobs++] = Job{&o, fn, act, cols / kTypes[ti].values, total_rows, ti, amx};
     need[act] = true;
     total_rows += w.rows;
   }
@@ -233,6 +255,17 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
       const int64_t as = act_stride[job.act];
       float* y = job.out->y;
       const int64_t ys = job.out->y_stride;
+#ifdef POLYKV_HAVE_AMX_KERNELS
+      if (job.amx) {
+        uint8_t* scratch = AmxPanelScratch(job.nb);
+        for (int64_t o = rb; o < re; o += 16) {
+          const int m = static_cast<int>(std::min<int64_t>(16, re - o));
+          mm::AmxPanel(job.ti, static_cast<const uint8_t*>(w.data) + o * w.row_bytes, w.row_bytes,
+                       m, job.nb, a, as, n, y + o, ys, scratch);
+        }
+        continue;
+      }
+#endif
       for (int64_t o = rb; o < re; ++o) {
         const uint8_t* wrow = static_cast<const uint8_t*>(w.data) + o * w.row_bytes;
         for (int64_t i = 0; i < n; i += mm::kMaxRowsPerCall) {
@@ -271,6 +304,14 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
     run_rows(c * kChunk, std::min(total_rows, (c + 1) * kChunk));
   });
   return absl::OkStatus();
+}
+
+bool MatMulUsesTiles(WeightType type, int64_t n, const MatMulOptions& options) {
+  const int ti = TypeIndexOf(type);
+  if (ti < 0 || !mm::AmxTypeSupported(ti) || options.amx == 0 || !AmxInt8Supported()) return false;
+  if (options.amx == 1) return true;
+  auto isa = ResolveIsa(options);
+  return isa.ok() && *isa == Isa::kAvx512 && n >= kAmxMinRows;
 }
 
 Status DequantizeRows(const WeightView& w, int64_t begin, int64_t end, float* out) {

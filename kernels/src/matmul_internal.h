@@ -100,6 +100,19 @@ const DotTable& Avx2Table();
 const DotTable& Avx512Table();
 
 /// Dequantizes one block (BlockFormat values) of the type at `type_index` to f32.
+// ---- AMX-INT8 tiles (matmul_amx.cc; only called when AmxInt8Supported()) ------------
+
+/// Whether `type_index` has an AMX panel kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
+bool AmxTypeSupported(int type_index);
+/// Scratch bytes of AmxPanel for rows of nb blocks (64-byte aligned by the caller).
+inline int64_t AmxPanelScratchBytes(int64_t nb) { return nb * (512 + 2 * 64); }
+/// y[r * ys + o] for o < outputs (<= 16 weight rows from w, row_bytes apart) and the n
+/// activation rows at x (kQ8 rows, x_row_bytes apart): bit-identical to the scalar
+/// reference's dot products.
+void AmxPanel(int type_index, const uint8_t* w, int64_t row_bytes, int outputs, int64_t nb,
+              const uint8_t* x, int64_t x_row_bytes, int64_t n, float* y, int64_t ys,
+              uint8_t* scratch);
+
 using BlockDequantFn = void (*)(const uint8_t* block, float* out);
 /// nullptr for an index outside [0, kTypeCount).
 BlockDequantFn BlockDequant(int type_index);

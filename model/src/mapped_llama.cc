@@ -11,8 +11,9 @@
 //     the private suffix; attention; x += o Wo^T (+ bias); h = RMSNorm(x);
 //     x += (silu(h Wg^T) * h Wu^T) Wd^T
 //   logits = RMSNorm(x) Wout^T for the requested rows.
-// Matrix products of n <= LoadOptions::quantized_rows rows run on the quantized kernels;
-// longer ones dequantize row tiles of W into a scratch buffer and call libtorch's GEMM.
+// Matrix products of n <= LoadOptions::quantized_rows rows run on the quantized kernels, and
+// so do longer ones over weight types the AMX-INT8 tiles take (on CPUs that have them);
+// the rest dequantize row tiles of W into a scratch buffer and call libtorch's GEMM.
 // Attention without a prefix and n > kMappedGemmRows (a long prefill) runs as libtorch
 // batched GEMMs; every other case on kernels::AttentionForward.
 #include <ATen/Parallel.h>
@@ -126,9 +127,15 @@ class MappedLlama final : public LlamaBase {
  private:
   // y[n][rows] (row stride y_stride) = x[n][cols] W^T.
   Status Linear(const MappedMatrix& m, const float* x, int64_t n, float* y, int64_t y_stride) {
-    if (n <= quantized_rows_)
-      return kernels::MatMul(m.w, x, n, m.w.cols, y, y_stride);
+    if (OnKernels(m, n)) return kernels::MatMul(m.w, x, n, m.w.cols, y, y_stride);
     return LinearGemm(m, x, n, y, y_stride);
+  }
+
+  // Quantized kernels for up to quantized_rows_ rows, and for any number of rows where the
+  // AMX-INT8 tiles take the weight's type (faster than dequantized tiles + GEMM at every
+  // size); quantized_rows_ == 0 keeps every product in f32.
+  bool OnKernels(const MappedMatrix& m, int64_t n) const {
+    return quantized_rows_ > 0 && (n <= quantized_rows_ || kernels::MatMulUsesTiles(m.w.type, n));
   }
 
   // Dequantized row tiles of W times x with libtorch's GEMM.
@@ -155,8 +162,10 @@ class MappedLlama final : public LlamaBase {
   // Several products of the same activations (q/k/v, gate/up).
   Status LinearShared(std::initializer_list<std::pair<const MappedMatrix*, float*>> outs,
                       const float* x, int64_t n, int64_t cols) {
-    if (n > quantized_rows_) {
-      for (const auto& [m, y] : outs) POLYKV_RETURN_IF_ERROR(LinearGemm(*m, x, n, y, m->w.rows));
+    bool all_kernels = true;
+    for (const auto& [m, y] : outs) all_kernels = all_kernels && OnKernels(*m, n);
+    if (!all_kernels) {
+      for (const auto& [m, y] : outs) POLYKV_RETURN_IF_ERROR(Linear(*m, x, n, y, m->w.rows));
       return absl::OkStatus();
     }
     kernels::MatMulOutput o[4];

@@ -180,24 +180,118 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest, ::testing::ValuesIn(kAllTypes),
                          });
 
 TEST(MatMul, ResultsDoNotDependOnThreadsOrBatching) {
-  // The same activation row gives bit-identical outputs alone, in a batch of 64, and with
-  // 1 or 2 threads (fixed row partition; each output is one dot call).
-  for (WeightType type : {WeightType::kQ4_1, WeightType::kQ8_0, WeightType::kQ6_K}) {
-    const int64_t rows = 96, cols = 512, n = 64;
-    const auto wb = RandomWeights(type, rows, cols, 5);
-    const auto view = MakeWeightView(type, wb.data(), wb.size(), rows, cols).value();
-    const auto x = RandomActivations(n, cols, 6);
-    std::vector<float> batch(n * rows), single(rows);
-    MatMulOptions two;
-    two.threads = 2;
-    ASSERT_TRUE(MatMul(view, x.data(), n, cols, batch.data(), rows, two).ok());
-    for (int64_t r = 0; r < n; r += 9) {
-      MatMulOptions one;
-      one.threads = 1;
-      ASSERT_TRUE(MatMul(view, x.data() + r * cols, 1, cols, single.data(), rows, one).ok());
-      for (int64_t o = 0; o < rows; ++o) ASSERT_EQ(single[o], batch[r * rows + o]);
+  // Within one kernel family (vector kernels: amx = 0; AMX tiles: amx = 1, where the CPU has
+  // them), the same activation row gives bit-identical outputs alone, in a batch of 64, and
+  // with 1 or 2 threads (fixed row partition; each output is one dot call or one lane of a
+  // tile panel). The default (amx = -1) picks the family by the batch size: tiles from
+  // kAmxMinRows rows, which equal the scalar reference bit for bit (MatMulAmx below).
+  std::vector<int> families = {0};
+  if (AmxInt8Supported()) families.push_back(1);
+  for (int amx : families) {
+    for (WeightType type : {WeightType::kQ4_1, WeightType::kQ8_0, WeightType::kQ6_K}) {
+      SCOPED_TRACE(::testing::Message() << WeightTypeName(type) << " amx=" << amx);
+      const int64_t rows = 96, cols = 512, n = 64;
+      const auto wb = RandomWeights(type, rows, cols, 5);
+      const auto view = MakeWeightView(type, wb.data(), wb.size(), rows, cols).value();
+      const auto x = RandomActivations(n, cols, 6);
+      std::vector<float> batch(n * rows), single(rows);
+      MatMulOptions two;
+      two.threads = 2;
+      two.amx = amx;
+      ASSERT_TRUE(MatMul(view, x.data(), n, cols, batch.data(), rows, two).ok());
+      for (int64_t r = 0; r < n; r += 9) {
+        MatMulOptions one;
+        one.threads = 1;
+        one.amx = amx;
+        ASSERT_TRUE(MatMul(view, x.data() + r * cols, 1, cols, single.data(), rows, one).ok());
+        for (int64_t o = 0; o < rows; ++o) ASSERT_EQ(single[o], batch[r * rows + o]);
+      }
     }
   }
+}
+
+// AMX-INT8 tile panels vs the scalar reference: bit for bit, for every 32-value block type,
+// panels that are not whole (rows % 16 != 0, n % 16 != 0), 1 and 2 threads, and rows of 18
+// and 48 blocks (SmolLM2's 576 and 1536 columns).
+TEST(MatMulAmx, TilesEqualScalarReferenceBitForBit) {
+  if (!AmxInt8Supported()) {
+    MatMulOptions opt;
+    opt.amx = 1;
+    const auto wb = RandomWeights(WeightType::kQ4_1, 16, 64, 1);
+    const auto view = MakeWeightView(WeightType::kQ4_1, wb.data(), wb.size(), 16, 64).value();
+    const auto x = RandomActivations(1, 64, 2);
+    std::vector<float> y(16);
+    EXPECT_EQ(MatMul(view, x.data(), 1, 64, y.data(), 16, opt).code(),
+              absl::StatusCode::kFailedPrecondition);
+    GTEST_SKIP() << "this CPU/OS has no AMX-INT8 (or refused the tile state): requesting the "
+                    "tiles is refused with kFailedPrecondition, as checked";
+  }
+  for (WeightType type : {WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0,
+                          WeightType::kQ5_1, WeightType::kQ8_0}) {
+    for (int64_t cols : {int64_t{576}, int64_t{1536}}) {
+      const int64_t rows = 40;
+      const auto wb = RandomWeights(type, rows, cols, 11 + cols);
+      const auto view = MakeWeightView(type, wb.data(), wb.size(), rows, cols).value();
+      for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{16}, int64_t{17}, int64_t{40}}) {
+        const auto x = RandomActivations(n, cols, 7 + n);
+        std::vector<float> ref(static_cast<size_t>(n * rows));
+        MatMulOptions scalar;
+        scalar.isa = static_cast<int>(Isa::kScalar);
+        scalar.amx = 0;
+        ASSERT_TRUE(MatMul(view, x.data(), n, cols, ref.data(), rows, scalar).ok());
+        for (int threads : {1, 2}) {
+          SCOPED_TRACE(::testing::Message() << WeightTypeName(type) << " cols " << cols << " n "
+                                            << n << " threads " << threads);
+          MatMulOptions opt;
+          opt.amx = 1;
+          opt.threads = threads;
+          std::vector<float> y(static_cast<size_t>(n * (rows + 3)), -7.0f);
+          ASSERT_TRUE(MatMul(view, x.data(), n, cols, y.data(), rows + 3, opt).ok());
+          for (int64_t r = 0; r < n; ++r) {
+            for (int64_t o = 0; o < rows; ++o)
+              ASSERT_EQ(y[r * (rows + 3) + o], ref[r * rows + o]) << "row " << r << " out " << o;
+            for (int64_t o = rows; o < rows + 3; ++o)
+              ASSERT_EQ(y[r * (rows + 3) + o], -7.0f) << "wrote past the row";
+          }
+          // The default picks the tiles from kAmxMinRows rows on.
+          if (n >= kAmxMinRows && threads == 2) {
+            MatMulOptions def;
+            def.threads = 2;
+            std::vector<float> yd(static_cast<size_t>(n * rows));
+            ASSERT_TRUE(MatMul(view, x.data(), n, cols, yd.data(), rows, def).ok());
+            ASSERT_EQ(yd, ref);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Shared activations across outputs of different families (tiles for Q4_1/Q8_0, vector
+// kernels for Q4_K in the same call) equal separate products.
+TEST(MatMulAmx, MixedTypesInOneSharedCall) {
+  if (!AmxInt8Supported()) GTEST_SKIP() << "this CPU/OS has no AMX-INT8";
+  const int64_t cols = 512, n = 21;
+  const auto wa = RandomWeights(WeightType::kQ4_1, 37, cols, 1);
+  const auto wb = RandomWeights(WeightType::kQ8_0, 24, cols, 2);
+  const auto wc = RandomWeights(WeightType::kQ4_K, 8, cols, 3);
+  const auto va = MakeWeightView(WeightType::kQ4_1, wa.data(), wa.size(), 37, cols).value();
+  const auto vb = MakeWeightView(WeightType::kQ8_0, wb.data(), wb.size(), 24, cols).value();
+  const auto vc = MakeWeightView(WeightType::kQ4_K, wc.data(), wc.size(), 8, cols).value();
+  const auto x = RandomActivations(n, cols, 4);
+  std::vector<float> ya(n * 37), yb(n * 24), yc(n * 8), sa(n * 37), sb(n * 24), sc(n * 8);
+  const MatMulOutput outs[] = {{&va, ya.data(), 37}, {&vb, yb.data(), 24}, {&vc, yc.data(), 8}};
+  MatMulOptions two;
+  two.threads = 2;
+  ASSERT_TRUE(MatMulShared(outs, x.data(), n, cols, cols, two).ok());
+  MatMulOptions scalar;
+  scalar.isa = static_cast<int>(Isa::kScalar);
+  ASSERT_TRUE(MatMul(va, x.data(), n, cols, sa.data(), 37, scalar).ok());
+  ASSERT_TRUE(MatMul(vb, x.data(), n, cols, sb.data(), 24, scalar).ok());
+  ASSERT_TRUE(MatMul(vc, x.data(), n, cols, sc.data(), 8).ok());
+  EXPECT_EQ(ya, sa);  // tiles: the scalar reference bit for bit
+  EXPECT_EQ(yb, sb);
+  EXPECT_EQ(yc, sc);  // Q4_K: the vector kernels, as alone
 }
 
 TEST(MatMul, SharedActivationsEqualSeparateProducts) {

@@ -34,6 +34,13 @@ bool IsaSupported(Isa isa);
 /// stderr once). Cached after the first call.
 Isa BestIsa();
 
+/// Whether the AMX-INT8 tile kernels of the matrix products can run here: compiled in, the
+/// CPU has AMX-TILE and AMX-INT8 with AVX-512 (Isa::kAvx512), the OS enables the tile state
+/// (XCR0 bits 17 and 18) and granted this process the tile data state (Linux
+/// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), requested once). $POLYKV_AMX=0
+/// turns them off for the process (for comparisons). Cached after the first call.
+bool AmxInt8Supported();
+
 /// Every variant this CPU can execute, scalar first.
 std::vector<Isa> SupportedIsas();
 

@@ -41,6 +41,11 @@
 //        q6[l+64] = hi(ql[l]) | bits 4-5, q6[l+96] = hi(ql[l+32]) | bits 6-7 (ql += 64,
 //        qh += 32, scales += 8 per half).
 //
+// Batches of rows (n >= kAmxMinRows) on CPUs with AMX-INT8 use tile kernels for the 32-value
+// block types: panels of 16 weight rows x 16 activation rows, the weights' codes unpacked
+// to bytes and multiplied with the same 8-bit codes + residual codes (tdpbusd / tdpbssd),
+// then the scalar reference's f32 epilogue per block: bit-identical to the scalar reference.
+//
 // Threads: outputs are split over ComputeThreads() threads in contiguous row ranges (a
 // fixed partition of the rows: results do not depend on the thread count).
 #pragma once
@@ -100,6 +105,10 @@ struct WeightView {
 StatusOr<WeightView> MakeWeightView(WeightType type, const void* data, uint64_t available,
                                     int64_t rows, int64_t cols);
 
+/// Activation rows from which MatMul uses the AMX-INT8 tile kernels by default (where the
+/// CPU has them): measured with bench_matmul / bench_model --crossover (README).
+inline constexpr int64_t kAmxMinRows = 4;
+
 /// Options of the matrix kernels.
 struct MatMulOptions {
   /// kScalar/kAvx2/kAvx512 to force a variant (kFailedPrecondition when the CPU lacks
@@ -107,6 +116,13 @@ struct MatMulOptions {
   int isa = -1;
   /// Threads; 0 = ComputeThreads().
   int threads = 0;
+  /// AMX-INT8 tiles for the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; other types
+  /// keep the vector kernels): -1 (auto) uses them for n >= kAmxMinRows when the ISA is
+  /// avx512 and AmxInt8Supported(); 0 never; 1 for every n (kFailedPrecondition where
+  /// AmxInt8Supported() is false). Tile results equal the scalar reference bit for bit (the
+  /// same integer block sums, the same f32 operations in the same order); the vector kernels
+  /// differ from it by float reassociation (~1e-6 relative).
+  int amx = -1;
 };
 
 /// y[r * y_stride + o] = sum_i x[r * x_stride + i] * W[o][i] for r < n, o < W.rows.
@@ -115,6 +131,11 @@ struct MatMulOptions {
 /// weight type without kernels; kFailedPrecondition for a forced ISA the CPU lacks.
 [[nodiscard]] Status MatMul(const WeightView& w, const float* x, int64_t n, int64_t x_stride,
                             float* y, int64_t y_stride, const MatMulOptions& options = {});
+
+/// Whether MatMul of `n` rows over a `type` weight with `options` runs on the AMX-INT8 tiles
+/// (which stay faster than dequantized tiles + f32 GEMM at every batch size: the runtime
+/// uses them for a long prefill too; bench_model --crossover).
+bool MatMulUsesTiles(WeightType type, int64_t n, const MatMulOptions& options = {});
 
 /// One output of MatMulShared: a weight matrix and where its product goes.
 struct MatMulOutput {

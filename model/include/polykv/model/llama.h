@@ -147,8 +147,10 @@ struct LoadOptions {
   /// kInvalidArgument.
   WeightStorage weights = WeightStorage::kAuto;
   /// Mapped runtime: forwards of up to this many rows multiply on the quantized kernels
-  /// (8-bit activations for quantized weights); longer ones, and all of them when 0, use
-  /// f32 products on dequantized weight tiles (exact f32 activations, slower for few rows).
+  /// (8-bit activations for quantized weights), and so do longer ones over the weight types
+  /// of the AMX-INT8 tiles where the CPU has them (kernels::MatMulUsesTiles: faster than GEMM
+  /// at every size); the rest, and all of them when 0, use f32 products on dequantized
+  /// weight tiles (exact f32 activations, slower for few rows).
   int64_t quantized_rows = kMappedGemmRows;
 };
 
