@@ -374,7 +374,7 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
       c.v = a.v_suffix + kvh * a.suffix_capacity * hd;
     }
     std::vector<float>& scratch = ThreadScratch();
-    const size_t need = static_cast<size_t>((c.t1 - c.t0) * (2 * hd + nq));
+    const size_t need = static_cast<size_t>((c.t1 - c.t0) * (3 * hd + nq) + 16 * hd);
     if (scratch.size() < need) scratch.resize(need);
     c.scratch = scratch.data();
     chunk(c);

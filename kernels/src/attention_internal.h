@@ -27,7 +27,9 @@ struct ChunkArgs {
   int32_t bits = 3;               ///< packed: value bits (2, 3 or 4)
   const float* levels = nullptr;  ///< packed: 2^bits Lloyd-Max levels
   int64_t t0 = 0, t1 = 0;
-  float* scratch = nullptr;       ///< >= (t1 - t0) * (2 * hd + nq) floats
+  /// >= (t1 - t0) * (3 * hd + nq) + 16 * hd floats: keys, values and scores of the chunk,
+  /// and the keys transposed (AVX-512, many queries)
+  float* scratch = nullptr;
   // Outputs per query j: max score m[j], sum l[j], o[j * hd] = normalized output
   // (packed values: in the rotated code domain, sum p_t norm_t levels[code_t] / l).
   float* m = nullptr;

@@ -152,6 +152,76 @@ struct Vec16 {
                          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
   }
 };
+
+// Query rows from which the AVX-512 build computes a chunk's scores on transposed keys
+// (an agent's prompt: its rows x the GQA group): keys in lanes, one FMA chain per score over
+// head_dim in order and no horizontal reductions; the keys' transposition is shared by the
+// queries. Below it (decode: one row x the group) the key-row tiles above stay cheaper.
+constexpr int kTransposedQueries = 12;
+
+// 16 x 16 f32 transpose in registers: r[i] = row i on entry, column i on return.
+inline void Transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 1]),
+                  c = _mm512_castps_pd(t[4 * k + 2]), d = _mm512_castps_pd(t[4 * k + 3]);
+    r[4 * k + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int k = 0; k < 2; ++k)
+    for (int c = 0; c < 4; ++c) {
+      t[8 * k + c] = _mm512_shuffle_f32x4(r[8 * k + c], r[8 * k + 4 + c], 0x88);
+      t[8 * k + 4 + c] = _mm512_shuffle_f32x4(r[8 * k + c], r[8 * k + 4 + c], 0xdd);
+    }
+  for (int c = 0; c < 8; ++c) {
+    r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+    r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
+  }
+}
+
+// kt[i * tp + t] = k[t * hd + i] for t < tk (zero for tk <= t < tp, tp = tk rounded up to 16).
+inline void TransposeKeys(const float* k, int hd, int64_t tk, float* kt, int64_t tp) {
+  for (int64_t t = 0; t < tp; t += 16) {
+    const int rows = static_cast<int>(tk - t < 16 ? tk - t : 16);
+    for (int i = 0; i < hd; i += 16) {
+      __m512 r[16];
+      for (int u = 0; u < 16; ++u)
+        r[u] = u < rows ? _mm512_loadu_ps(k + (t + u) * hd + i) : _mm512_setzero_ps();
+      Transpose16(r);
+      for (int c = 0; c < 16; ++c) _mm512_storeu_ps(kt + (i + c) * tp + t, r[c]);
+    }
+  }
+}
+
+// Scores of QB queries (rows of q, stride hd) against KV vectors of 16 keys at kt + t
+// (transposed, row stride tp): s[j * ss + t + 16 v + lane] for lanes below `valid` keys.
+// Each score is one FMA chain over head_dim in order, whatever the tile.
+template <int QB, int KV>
+inline void ScoreTileT(const float* q, int hd, const float* kt, int64_t tp, int64_t t,
+                       int64_t valid, float* s, int64_t ss) {
+  __m512 acc[QB][KV];
+  for (int j = 0; j < QB; ++j)
+    for (int v = 0; v < KV; ++v) acc[j][v] = _mm512_setzero_ps();
+  for (int i = 0; i < hd; ++i) {
+    __m512 kv[KV];
+    for (int v = 0; v < KV; ++v) kv[v] = _mm512_loadu_ps(kt + i * tp + t + 16 * v);
+    for (int j = 0; j < QB; ++j) {
+      const __m512 qb = _mm512_set1_ps(q[j * hd + i]);
+      for (int v = 0; v < KV; ++v) acc[j][v] = _mm512_fmadd_ps(qb, kv[v], acc[j][v]);
+    }
+  }
+  for (int v = 0; v < KV; ++v) {
+    const int64_t left = valid - 16 * v;
+    const __mmask16 m = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+    for (int j = 0; j < QB; ++j) _mm512_mask_storeu_ps(s + j * ss + t + 16 * v, m, acc[j][v]);
+  }
+}
 #endif
 
 // Four dot-product accumulators -> their four sums.
@@ -235,7 +305,7 @@ inline void WithCount(int n, F&& f) {
 
 // The chunk on vectors of V::W lanes (hd % V::W == 0), keys and values already f32.
 template <class V>
-void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbuf) {
+void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbuf, float* kt) {
   const int hd = a.hd;
   const int64_t T = a.t1 - a.t0;
   // Per-query token counts; tokens a query may not see get p = 0 (exact: adds +0).
@@ -254,8 +324,35 @@ void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbu
     tmax = e > tmax ? e : tmax;
   }
   // Scores s[j][t] for t < tmax.
-  const int64_t tk = tmax / V::KB * V::KB;
   int j0 = 0;
+  bool transposed = false;
+#ifdef __AVX512F__
+  if constexpr (V::W == 16) {
+    if (a.nq >= kTransposedQueries && kt != nullptr) {
+      const int64_t tp = (tmax + 15) / 16 * 16;
+      TransposeKeys(kf, hd, tmax, kt, tp);
+      auto row = [&](int jb, auto qb) {
+        constexpr int kQ = decltype(qb)::value;
+        int64_t t = 0;
+        for (; t + 64 <= tp; t += 64)
+          ScoreTileT<kQ, 4>(a.q + jb * hd, hd, kt, tp, t, tmax - t, sbuf + jb * T, T);
+        if (t < tp) {
+          WithCount<3>(static_cast<int>((tp - t) / 16), [&](auto kvn) {
+            ScoreTileT<kQ, decltype(kvn)::value>(a.q + jb * hd, hd, kt, tp, t, tmax - t,
+                                                 sbuf + jb * T, T);
+          });
+        }
+      };
+      for (; j0 + 4 <= a.nq; j0 += 4) row(j0, std::integral_constant<int, 4>{});
+      if (j0 < a.nq) WithCount<3>(a.nq - j0, [&](auto n) { row(j0, n); });
+      j0 = a.nq;
+      transposed = true;
+    }
+  }
+#else
+  (void)kt;
+#endif
+  const int64_t tk = transposed ? tmax : tmax / V::KB * V::KB;
   for (; j0 + V::QB <= a.nq; j0 += V::QB)
     for (int64_t t = 0; t < tk; t += V::KB)
       ScoreTile<V, V::QB, V::KB>(a.q + j0 * hd, kf + t * hd, hd, sbuf + j0 * T + t, T);
@@ -398,11 +495,11 @@ void ChunkSimd(const ChunkArgs& a) {
   }
 #ifdef __AVX512F__
   if (hd % 16 == 0) {
-    ChunkTiles<Vec16>(a, kf, vf, sbuf);
+    ChunkTiles<Vec16>(a, kf, vf, sbuf, sbuf + static_cast<int64_t>(a.nq) * T);
     return;
   }
 #endif
-  ChunkTiles<Vec8>(a, kf, vf, sbuf);
+  ChunkTiles<Vec8>(a, kf, vf, sbuf, nullptr);
 }
 
 }  // namespace

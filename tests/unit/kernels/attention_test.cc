@@ -413,7 +413,9 @@ TEST(Attention, PrefixSegmentsEqualTheConcatenatedPrefix) {
 
 TEST(Attention, PrefixSplitAtAChunkBoundaryIsBitIdentical) {
   // Each segment is chunked from its own first token: a raw prefix of 700 tokens split at
-  // 512 (2 x kAttentionChunk) runs exactly the chunks and merges of the unsplit prefix.
+  // 512 (2 x kAttentionChunk) runs exactly the chunks and merges of the unsplit prefix;
+  // for 2 query rows (decode-like) and 7 (a prompt: 21 queries per KV head, the AVX-512
+  // build's transposed-key scores), on every ISA.
   const int kvh = 3, hd = 64, heads = 9;
   TestPrefix whole = MakePrefix(kvh, 700, hd, "none-f32", 0, KeyScaleMode::kPerTensor, 9);
   std::vector<float> ka, va, kb, vb;
@@ -431,31 +433,36 @@ TEST(Attention, PrefixSplitAtAChunkBoundaryIsBitIdentical) {
   tail.tokens = 188;
   tail.layers[0] = PrefixLayer{kb.data(), nullptr, vb.data(), nullptr};
   const int64_t cap = 16;
-  const auto ks = Gauss(kvh * cap * hd, 1), vs = Gauss(kvh * cap * hd, 2), q = Gauss(2 * heads * hd, 3);
-  std::vector<float> o1(2 * heads * hd), o2(o1.size());
-  AttentionArgs a;
-  a.k_suffix = ks.data();
-  a.v_suffix = vs.data();
-  a.suffix_capacity = cap;
-  a.suffix_length = 9;
-  a.n = 2;
-  a.heads = heads;
-  a.kv_heads = kvh;
-  a.head_dim = hd;
-  a.q = q.data();
-  for (int threads : {1, 2}) {
-    AttentionOptions o;
-    o.threads = threads;
-    a.prefix = &whole.view;
-    a.prefix_tail = {};
-    a.out = o1.data();
-    ASSERT_TRUE(AttentionForward(a, o).ok());
-    std::vector<PrefixView> tails = {tail};
-    a.prefix = &head;
-    a.prefix_tail = tails;
-    a.out = o2.data();
-    ASSERT_TRUE(AttentionForward(a, o).ok());
-    EXPECT_EQ(o1, o2) << "threads " << threads;
+  for (int64_t rows : {int64_t{2}, int64_t{7}}) {
+    const auto ks = Gauss(kvh * cap * hd, 1), vs = Gauss(kvh * cap * hd, 2),
+               q = Gauss(rows * heads * hd, 3);
+    std::vector<float> o1(rows * heads * hd), o2(o1.size());
+    AttentionArgs a;
+    a.k_suffix = ks.data();
+    a.v_suffix = vs.data();
+    a.suffix_capacity = cap;
+    a.suffix_length = 9;
+    a.n = rows;
+    a.heads = heads;
+    a.kv_heads = kvh;
+    a.head_dim = hd;
+    a.q = q.data();
+    for (Isa isa : SupportedIsas())
+      for (int threads : {1, 2}) {
+        AttentionOptions o;
+        o.isa = static_cast<int>(isa);
+        o.threads = threads;
+        a.prefix = &whole.view;
+        a.prefix_tail = {};
+        a.out = o1.data();
+        ASSERT_TRUE(AttentionForward(a, o).ok());
+        std::vector<PrefixView> tails = {tail};
+        a.prefix = &head;
+        a.prefix_tail = tails;
+        a.out = o2.data();
+        ASSERT_TRUE(AttentionForward(a, o).ok());
+        EXPECT_EQ(o1, o2) << IsaName(isa) << " threads " << threads << " rows " << rows;
+      }
   }
 }
 
