@@ -12,20 +12,14 @@
 
 #ifdef POLYKV_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "polykv/cuda_status.h"
 #endif
 
 namespace polykv::ipc {
 
 #ifdef POLYKV_HAVE_CUDA
 namespace {
-
-Status CudaError(cudaError_t err, const std::string& what) {
-  if (err == cudaErrorMemoryAllocation) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
-  }
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(err), ": ",
-                                          cudaGetErrorString(err)));
-}
 
 std::string KeyOf(const CudaIpcHandle& h) {
   return std::string(reinterpret_cast<const char*>(h.handle), sizeof(h.handle)) +
@@ -76,7 +70,7 @@ StatusOr<CudaArena> CudaArena::Allocate(uint64_t size) {
   cudaError_t err = cudaMalloc(&a.ptr_, size);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return CudaError(err, absl::StrCat("cudaMalloc(", size, ")"));
+    return CudaStatus(err, absl::StrCat("cudaMalloc(", size, ")"));
   }
   a.size_ = size;
   return a;
@@ -109,15 +103,15 @@ StatusOr<CudaIpcHandle> CudaArena::Export(uint64_t offset, uint64_t size) const 
   CudaIpcHandle h;
   cudaIpcMemHandle_t mem;
   cudaError_t err = cudaIpcGetMemHandle(&mem, ptr_);
-  if (err != cudaSuccess) return CudaError(err, "cudaIpcGetMemHandle");
+  if (err != cudaSuccess) return CudaStatus(err, "cudaIpcGetMemHandle");
   static_assert(sizeof(mem) == sizeof(h.handle), "cudaIpcMemHandle_t must be 64 bytes");
   std::memcpy(h.handle, &mem, sizeof(h.handle));
   cudaPointerAttributes attr{};
   err = cudaPointerGetAttributes(&attr, ptr_);
-  if (err != cudaSuccess) return CudaError(err, "cudaPointerGetAttributes");
+  if (err != cudaSuccess) return CudaStatus(err, "cudaPointerGetAttributes");
   cudaDeviceProp prop{};
   err = cudaGetDeviceProperties(&prop, attr.device);
-  if (err != cudaSuccess) return CudaError(err, "cudaGetDeviceProperties");
+  if (err != cudaSuccess) return CudaStatus(err, "cudaGetDeviceProperties");
   std::memcpy(h.device_uuid, &prop.uuid, sizeof(h.device_uuid));
   h.offset = offset;
   h.size = size;
@@ -172,13 +166,13 @@ StatusOr<CudaIpcMapping> CudaIpcMapping::Open(const CudaIpcHandle& handle) {
       base = it->second.base;
     } else {
       err = cudaSetDevice(device);
-      if (err != cudaSuccess) return CudaError(err, "cudaSetDevice");
+      if (err != cudaSuccess) return CudaStatus(err, "cudaSetDevice");
       cudaIpcMemHandle_t mem;
       std::memcpy(&mem, handle.handle, sizeof(mem));
       err = cudaIpcOpenMemHandle(&base, mem, cudaIpcMemLazyEnablePeerAccess);
       if (err != cudaSuccess) {
         cudaGetLastError();
-        return CudaError(err, "cudaIpcOpenMemHandle");
+        return CudaStatus(err, "cudaIpcOpenMemHandle");
       }
       Registry()[key] = OpenAllocation{base, device, 1};
     }
@@ -186,7 +180,7 @@ StatusOr<CudaIpcMapping> CudaIpcMapping::Open(const CudaIpcHandle& handle) {
   err = cudaSetDevice(device);
   if (err != cudaSuccess) {
     Release(key);
-    return CudaError(err, "cudaSetDevice");
+    return CudaStatus(err, "cudaSetDevice");
   }
   CudaIpcMapping m;
   m.data_ = static_cast<const uint8_t*>(base) + handle.offset;
@@ -219,16 +213,16 @@ namespace internal {
 
 Status CopyToDevice(void* dst, const void* src, uint64_t bytes) {
   cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
-  return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "cudaMemcpy H2D");
+  return err == cudaSuccess ? absl::OkStatus() : CudaStatus(err, "cudaMemcpy H2D");
 }
 Status CopyToHost(void* dst, const void* src, uint64_t bytes) {
   cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
-  return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "cudaMemcpy D2H");
+  return err == cudaSuccess ? absl::OkStatus() : CudaStatus(err, "cudaMemcpy D2H");
 }
 Status CopyDeviceToDevice(void* dst, const void* src, uint64_t bytes, void* stream) {
   cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
                                     static_cast<cudaStream_t>(stream));
-  return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "cudaMemcpyAsync D2D");
+  return err == cudaSuccess ? absl::OkStatus() : CudaStatus(err, "cudaMemcpyAsync D2D");
 }
 }  // namespace internal
 

@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "attention_cuda.h"
+#include "polykv/cuda_status.h"
 #endif
 #include "internal.h"
 #include "thread_pool.h"
@@ -196,10 +197,8 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
     l.head_dim = a.head_dim;
     l.q = a.q;
     l.out = a.out;
-    const cudaError_t e = cuda::InvokeAttention(l, static_cast<cudaStream_t>(opt.stream));
-    if (e != cudaSuccess)
-      return absl::InternalError(absl::StrCat("attention on CUDA: ", cudaGetErrorString(e)));
-    return absl::OkStatus();
+    return CudaStatus(cuda::InvokeAttention(l, static_cast<cudaStream_t>(opt.stream)),
+                      "attention kernel");
 #else
     return absl::UnimplementedError(
         "attention on Device::kCuda requested but PolyKV was built without CUDA");

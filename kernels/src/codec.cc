@@ -9,6 +9,7 @@
 #include "polykv/kernels/cpu.h"
 #if defined(POLYKV_HAVE_CUDA)
 #include "codec_cuda.h"
+#include "polykv/cuda_status.h"
 #endif
 
 namespace polykv::kernels {
@@ -72,20 +73,15 @@ Status CheckDevice(Device device, const LayerShape& shape) {
 }
 
 #if defined(POLYKV_HAVE_CUDA)
-Status CudaError(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(what, ": CUDA error ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
-}
 
 // A device-side "first bad index" cell: allocated, set to ~0, read back after the kernels.
 class DeviceBadIndex {
  public:
   Status Init(cudaStream_t stream) {
     stream_ = stream;
-    POLYKV_RETURN_IF_ERROR(CudaError(
+    POLYKV_RETURN_IF_ERROR(CudaStatus(
         cudaMalloc(reinterpret_cast<void**>(&ptr_), sizeof(unsigned long long)), "cudaMalloc"));
-    return CudaError(cudaMemsetAsync(ptr_, 0xFF, sizeof(unsigned long long), stream), "cudaMemset");
+    return CudaStatus(cudaMemsetAsync(ptr_, 0xFF, sizeof(unsigned long long), stream), "cudaMemset");
   }
   ~DeviceBadIndex() {
     if (ptr_ != nullptr) cudaFree(ptr_);
@@ -94,9 +90,9 @@ class DeviceBadIndex {
   // Waits for the stream; returns the bad index or -1.
   StatusOr<int64_t> Read() {
     unsigned long long host = ~0ull;
-    POLYKV_RETURN_IF_ERROR(CudaError(
+    POLYKV_RETURN_IF_ERROR(CudaStatus(
         cudaMemcpyAsync(&host, ptr_, sizeof(host), cudaMemcpyDeviceToHost, stream_), "cudaMemcpy"));
-    POLYKV_RETURN_IF_ERROR(CudaError(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+    POLYKV_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
     return host == ~0ull ? int64_t{-1} : static_cast<int64_t>(host);
   }
 
@@ -124,13 +120,13 @@ Status QuantizeKeysCuda(const void* k, DType dtype, const LayerShape& shape, Key
   POLYKV_RETURN_IF_ERROR(bad.Init(s));
   const float* scales = given_scales;
   if (scales == nullptr) {
-    POLYKV_RETURN_IF_ERROR(CudaError(
+    POLYKV_RETURN_IF_ERROR(CudaStatus(
         cuda::InvokeKeyScales(k, DTypeCode(dtype), shape.kv_heads, shape.tokens, shape.head_dim,
                               static_cast<int>(mode), scales_out, bad.get(), s),
         "key scales kernel"));
     scales = scales_out;
   }
-  POLYKV_RETURN_IF_ERROR(CudaError(
+  POLYKV_RETURN_IF_ERROR(CudaStatus(
       cuda::InvokeQuantizeKeys(k, DTypeCode(dtype), shape.kv_heads, shape.tokens, shape.head_dim,
                                static_cast<int>(mode), scales, q, bad.get(), s),
       "key quantize kernel"));
@@ -233,7 +229,7 @@ Status DequantizeKeys(const int8_t* q, const float* scales, const LayerShape& sh
     return absl::OkStatus();
   }
 #if defined(POLYKV_HAVE_CUDA)
-  return CudaError(
+  return CudaStatus(
       cuda::InvokeDequantizeKeys(q, scales, shape.kv_heads, shape.tokens, shape.head_dim,
                                  static_cast<int>(mode), out, DTypeCode(out_dtype),
                                  static_cast<cudaStream_t>(stream)),
@@ -347,7 +343,7 @@ Status EncodeValues(const void* v, DType dtype, const LayerShape& shape, const C
   DeviceBadIndex bad;
   POLYKV_RETURN_IF_ERROR(bad.Init(s));
   POLYKV_RETURN_IF_ERROR(
-      CudaError(cuda::InvokeEncodeValues(v, DTypeCode(dtype), shape.vectors(), shape.head_dim, cb,
+      CudaStatus(cuda::InvokeEncodeValues(v, DTypeCode(dtype), shape.vectors(), shape.head_dim, cb,
                                          config.rotation_seed, config.norm_correction, packed,
                                          norms, bad.get(), s),
                 "value encode kernel"));
@@ -375,7 +371,7 @@ Status DecodeValues(const uint8_t* packed, const float* norms, const LayerShape&
     return absl::OkStatus();
   }
 #if defined(POLYKV_HAVE_CUDA)
-  return CudaError(cuda::InvokeDecodeValues(packed, norms, shape.vectors(), shape.head_dim, cb,
+  return CudaStatus(cuda::InvokeDecodeValues(packed, norms, shape.vectors(), shape.head_dim, cb,
                                             config.rotation_seed, out, DTypeCode(out_dtype),
                                             static_cast<cudaStream_t>(stream)),
                    "value decode kernel");

@@ -5,6 +5,8 @@
 
 #if defined(POLYKV_HAVE_CUDA)
 #include <cuda_runtime_api.h>
+
+#include "polykv/cuda_status.h"
 #endif
 
 namespace polykv::client {
@@ -19,14 +21,6 @@ struct DeviceBuffer {
     if (ptr) cudaFree(ptr);
   }
 };
-
-Status CudaStatus(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status();
-  if (err == cudaErrorMemoryAllocation) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
-  }
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
-}
 
 }  // namespace
 

@@ -331,5 +331,15 @@ TEST(CodecSumSquares, FixedLaneOrder) {
   EXPECT_EQ(m::SumSquares(x.data(), 11), expect);
 }
 
+// A value-code width outside 1..4 that reaches the per-vector math (a broken invariant:
+// widths are validated where they enter) stops the process with a message; it used to be
+// packed silently as 4 bits.
+TEST(CodecDispatchDeathTest, UnsupportedWidthStopsLoudly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  std::vector<uint8_t> codes(16, 1), out(16);
+  EXPECT_DEATH(m::PackCodes(codes.data(), 16, 5, out.data()), "5-bit value codes reached a kernel");
+  EXPECT_DEATH(m::PackCodes(codes.data(), 16, 0, out.data()), "0-bit value codes reached a kernel");
+}
+
 }  // namespace
 }  // namespace polykv::kernels

@@ -23,12 +23,58 @@
 #endif
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #if defined(__SSE2__) && !defined(__CUDACC__)
 #include <emmintrin.h>
 #endif
 
+/// The one dispatch of a value-code width (bits 1..4) to a compile-time constant: runs
+/// `...` with `constexpr int kBits` equal to `bits` (FlashInfer's DISPATCH_* style). Widths
+/// are validated where they enter (ValidateCodecConfig, the pool header reader), so another
+/// width here is a broken invariant: it stops the process loudly (host: a message and
+/// abort(); device: __trap()), never a silent default.
+#define POLYKV_DISPATCH_VALUE_BITS(bits, kBits, ...)                   \
+  switch (bits) {                                                       \
+    case 1: {                                                           \
+      constexpr int kBits = 1;                                          \
+      __VA_ARGS__;                                                      \
+      break;                                                            \
+    }                                                                   \
+    case 2: {                                                           \
+      constexpr int kBits = 2;                                          \
+      __VA_ARGS__;                                                      \
+      break;                                                            \
+    }                                                                   \
+    case 3: {                                                           \
+      constexpr int kBits = 3;                                          \
+      __VA_ARGS__;                                                      \
+      break;                                                            \
+    }                                                                   \
+    case 4: {                                                           \
+      constexpr int kBits = 4;                                          \
+      __VA_ARGS__;                                                      \
+      break;                                                            \
+    }                                                                   \
+    default:                                                            \
+      ::polykv::kernels::math::UnsupportedBits(bits);                   \
+  }
+
 namespace polykv::kernels::math {
+
+/// Stops the process: a value-code width outside 1..4 reached a kernel (see
+/// POLYKV_DISPATCH_VALUE_BITS).
+POLYKV_HD inline void UnsupportedBits(int bits) {
+#if defined(__CUDA_ARCH__)
+  (void)bits;
+  __trap();
+#else
+  std::fprintf(stderr, "polykv: internal error: %d-bit value codes reached a kernel (1..4)\n",
+               bits);
+  std::abort();
+#endif
+}
 
 /// Largest head_dim the CUDA kernels accept (one thread keeps a vector in local memory).
 constexpr int kMaxCudaHeadDim = 512;
@@ -411,20 +457,7 @@ POLYKV_HD inline void PackCodesT(const uint8_t* POLYKV_HD_RESTRICT codes, int n,
 /// Writes exactly PackedBytes(n, bits) bytes; unused high bits of the last byte are 0.
 POLYKV_HD inline void PackCodes(const uint8_t* POLYKV_HD_RESTRICT codes, int n, int bits,
                                 uint8_t* POLYKV_HD_RESTRICT out) {
-  switch (bits) {
-    case 1:
-      PackCodesT<1>(codes, n, out);
-      break;
-    case 2:
-      PackCodesT<2>(codes, n, out);
-      break;
-    case 3:
-      PackCodesT<3>(codes, n, out);
-      break;
-    default:
-      PackCodesT<4>(codes, n, out);
-      break;
-  }
+  POLYKV_DISPATCH_VALUE_BITS(bits, kBits, PackCodesT<kBits>(codes, n, out));
 }
 
 /// Inverse of PackCodes: reads n codes of `bits` bits from PackedBytes(n, bits) bytes.
@@ -516,20 +549,7 @@ POLYKV_HD inline float EncodeValueVector(float* POLYKV_HD_RESTRICT x, int d,
   for (int i = 0; i < d; ++i) x[i] = x[i] * signs[i];
   BlockFwht(x, d, block);
   const float scale = sqrtf(static_cast<float>(d) / static_cast<float>(block)) / norm;
-  switch (cb.bits) {
-    case 1:
-      QuantizeToCodes<1>(x, d, scale, cb, codes);
-      break;
-    case 2:
-      QuantizeToCodes<2>(x, d, scale, cb, codes);
-      break;
-    case 3:
-      QuantizeToCodes<3>(x, d, scale, cb, codes);
-      break;
-    default:
-      QuantizeToCodes<4>(x, d, scale, cb, codes);
-      break;
-  }
+  POLYKV_DISPATCH_VALUE_BITS(cb.bits, kBits, QuantizeToCodes<kBits>(x, d, scale, cb, codes));
   PackCodes(codes, d, cb.bits, packed);
   if (!norm_correction) return norm;
   for (int i = 0; i < d; ++i) x[i] = cb.levels[codes[i]];
@@ -543,20 +563,7 @@ POLYKV_HD inline float EncodeValueVector(float* POLYKV_HD_RESTRICT x, int d,
 POLYKV_HD inline void DecodeValueVector(const uint8_t* POLYKV_HD_RESTRICT packed, float norm, int d,
                                         const float* POLYKV_HD_RESTRICT signs,
                                         const ValueCodebook& cb, float* POLYKV_HD_RESTRICT out) {
-  switch (cb.bits) {
-    case 1:
-      UnpackLevels<1>(packed, d, cb, out);
-      break;
-    case 2:
-      UnpackLevels<2>(packed, d, cb, out);
-      break;
-    case 3:
-      UnpackLevels<3>(packed, d, cb, out);
-      break;
-    default:
-      UnpackLevels<4>(packed, d, cb, out);
-      break;
-  }
+  POLYKV_DISPATCH_VALUE_BITS(cb.bits, kBits, UnpackLevels<kBits>(packed, d, cb, out));
   const int block = HadamardBlock(d);
   BlockFwht(out, d, block);
   const float scale = norm / sqrtf(static_cast<float>(d) * static_cast<float>(block));

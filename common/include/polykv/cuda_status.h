@@ -1,0 +1,24 @@
+// The one mapping of CUDA runtime errors to Status, for the sources built with CUDA
+// (POLYKV_HAVE_CUDA: kernels, ipc, the client): cudaSuccess is OK, out of device memory
+// (cudaErrorMemoryAllocation) is kResourceExhausted, anything else kInternal; the message
+// names the call, the error's name and its text.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "polykv/status.h"
+
+namespace polykv {
+
+/// `what`: the call or kernel that failed, e.g. "cudaMalloc (decoded K)".
+[[nodiscard]] inline Status CudaStatus(cudaError_t err, absl::string_view what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  const std::string msg =
+      absl::StrCat(what, ": CUDA error ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+}  // namespace polykv
