@@ -21,6 +21,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "bench_documents.h"
 #include "daemon.h"
 #include "polykv/ipc/protocol.h"
 
@@ -93,27 +94,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
 
-  const char* src_env = std::getenv("POLYKV_SOURCE_DIR");
-  const std::string src = src_env != nullptr
-                              ? std::string(src_env)
-                              : std::filesystem::path(__FILE__).parent_path().parent_path().string();
-  Request create;
-  create.type = MessageType::kCreatePool;
-  create.codec = codec;
   std::string model_label;
-  const char* gguf = std::getenv("POLYKV_SMOLLM2_GGUF");
-  if (gguf != nullptr && std::filesystem::exists(gguf)) {
-    create.model = gguf;
-    std::ifstream f(src + "/data/wikitext-2/robert_boulter.txt");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    create.document = ss.str();
-    model_label = "SmolLM2-135M Q4_1, robert_boulter.txt";
-  } else {
-    create.model = src + "/tests/data/models/stories260K";
-    for (int i = 0; i < 256; ++i) create.token_ids.push_back(i == 0 ? 1 : (i * 37 + 5) % 500 + 3);
-    model_label = "stories260K, 256 token ids (set POLYKV_SMOLLM2_GGUF for SmolLM2)";
-  }
+  const Request create = polykv::bench::DocumentCreateRequest(codec, &model_label);
 
   char dir_tmpl[] = "/tmp/polykv-bench-restart-XXXXXX";
   const std::string dir = mkdtemp(dir_tmpl);

@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "polykv/ipc/pool_layout.h"
+#include "daemon_process_fixture.h"
 #include "process_util.h"
 #include "test_util.h"
 
@@ -39,31 +40,9 @@ std::string JoinIds(const std::vector<int32_t>& ids) {
   return s;
 }
 
-class ProcessFaults : public ::testing::Test {
+class ProcessFaults : public testing::DaemonProcessFixture {
  protected:
-  void SetUp() override {
-    prefix_ = "/polykv-pf" + std::to_string(getpid()) + "-";
-    testing::RemoveShmObjects(prefix_);
-    log_ = dir_.path() + "/polykvd.log";
-    ASSERT_TRUE(Exists(DaemonBinary())) << DaemonBinary();
-  }
-  void TearDown() override {
-    for (pid_t p : pids_) {
-      if (kill(p, 0) == 0) {
-        kill(p, SIGKILL);
-        waitpid(p, nullptr, 0);
-      }
-    }
-    testing::RemoveShmObjects(prefix_);
-    if (HasFailure()) std::cerr << "--- polykvd log ---\n" << ReadText(log_);
-  }
-  std::vector<std::string> Args(std::vector<std::string> extra = {}) {
-    std::vector<std::string> a = {DaemonBinary(), "--endpoint", dir_.endpoint(), "--backend",
-                                  "host", "--shm-prefix", prefix_, "--threads", "1",
-                                  "--log-level", "debug"};
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
-  }
+  ProcessFaults() : DaemonProcessFixture("pf") {}
   pid_t StartDaemon(std::vector<std::string> extra = {}, std::vector<std::string> wrap = {}) {
     std::vector<std::string> argv = wrap;
     for (auto& a : Args(std::move(extra))) argv.push_back(a);
@@ -94,9 +73,6 @@ class ProcessFaults : public ::testing::Test {
     return WaitFor([&] { return ReadText(err_path).find("prefill 0/40") != std::string::npos; },
                    20000);
   }
-  TempDir dir_;
-  std::string prefix_, log_;
-  std::vector<pid_t> pids_;
 };
 
 // D1: before, `pools create` waited its whole timeout (600 s) after the daemon died.

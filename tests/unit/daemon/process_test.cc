@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "daemon_process_fixture.h"
 #include "process_util.h"
 #include "test_util.h"
 
@@ -33,31 +34,9 @@ using testing::Spawn;
 using testing::WaitExit;
 std::string ReadFile(const std::string& path) { return testing::ReadText(path); }
 
-class ProcessTest : public ::testing::Test {
+class ProcessTest : public testing::DaemonProcessFixture {
  protected:
-  void SetUp() override {
-    prefix_ = "/polykv-pt" + std::to_string(getpid()) + "-";
-    testing::RemoveShmObjects(prefix_);
-    log_ = dir_.path() + "/polykvd.log";
-    ASSERT_TRUE(Exists(DaemonBinary())) << DaemonBinary();
-  }
-  void TearDown() override {
-    for (pid_t p : pids_) {
-      if (kill(p, 0) == 0) {
-        kill(p, SIGKILL);
-        waitpid(p, nullptr, 0);
-      }
-    }
-    testing::RemoveShmObjects(prefix_);
-    if (HasFailure()) std::cerr << "--- polykvd log ---\n" << ReadFile(log_);
-  }
-  std::vector<std::string> Args(std::vector<std::string> extra = {}) {
-    std::vector<std::string> a = {DaemonBinary(), "--endpoint", dir_.endpoint(), "--backend",
-                                  "host", "--shm-prefix", prefix_, "--threads", "1",
-                                  "--log-level", "debug"};
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
-  }
+  ProcessTest() : DaemonProcessFixture("pt") {}
   // Starts polykvd and waits until it answers PING.
   pid_t StartDaemon(std::vector<std::string> extra = {}) {
     pid_t pid = Spawn(Args(std::move(extra)), log_);
@@ -79,9 +58,6 @@ class ProcessTest : public ::testing::Test {
     ADD_FAILURE() << "polykvd did not answer PING";
     return pid;
   }
-  TempDir dir_;
-  std::string prefix_, log_;
-  std::vector<pid_t> pids_;
 };
 
 TEST_F(ProcessTest, ServesAndExitsCleanlyOnSigterm) {

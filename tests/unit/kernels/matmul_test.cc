@@ -267,34 +267,9 @@ TEST(MatMulAmx, TilesEqualScalarReferenceBitForBit) {
   }
 }
 
-// Shared activations across outputs of different families (tiles for Q4_1/Q8_0, vector
-// kernels for Q4_K in the same call) equal separate products.
-TEST(MatMulAmx, MixedTypesInOneSharedCall) {
-  if (!AmxInt8Supported()) GTEST_SKIP() << "this CPU/OS has no AMX-INT8";
-  const int64_t cols = 512, n = 21;
-  const auto wa = RandomWeights(WeightType::kQ4_1, 37, cols, 1);
-  const auto wb = RandomWeights(WeightType::kQ8_0, 24, cols, 2);
-  const auto wc = RandomWeights(WeightType::kQ4_K, 8, cols, 3);
-  const auto va = MakeWeightView(WeightType::kQ4_1, wa.data(), wa.size(), 37, cols).value();
-  const auto vb = MakeWeightView(WeightType::kQ8_0, wb.data(), wb.size(), 24, cols).value();
-  const auto vc = MakeWeightView(WeightType::kQ4_K, wc.data(), wc.size(), 8, cols).value();
-  const auto x = RandomActivations(n, cols, 4);
-  std::vector<float> ya(n * 37), yb(n * 24), yc(n * 8), sa(n * 37), sb(n * 24), sc(n * 8);
-  const MatMulOutput outs[] = {{&va, ya.data(), 37}, {&vb, yb.data(), 24}, {&vc, yc.data(), 8}};
-  MatMulOptions two;
-  two.threads = 2;
-  ASSERT_TRUE(MatMulShared(outs, x.data(), n, cols, cols, two).ok());
-  MatMulOptions scalar;
-  scalar.isa = static_cast<int>(Isa::kScalar);
-  ASSERT_TRUE(MatMul(va, x.data(), n, cols, sa.data(), 37, scalar).ok());
-  ASSERT_TRUE(MatMul(vb, x.data(), n, cols, sb.data(), 24, scalar).ok());
-  ASSERT_TRUE(MatMul(vc, x.data(), n, cols, sc.data(), 8).ok());
-  EXPECT_EQ(ya, sa);  // tiles: the scalar reference bit for bit
-  EXPECT_EQ(yb, sb);
-  EXPECT_EQ(yc, sc);  // Q4_K: the vector kernels, as alone
-}
-
 TEST(MatMul, SharedActivationsEqualSeparateProducts) {
+  // n = 5 >= kAmxMinRows: on CPUs with AMX, Q4_1 and Q8_0 run on the tiles and Q4_K on the
+  // vector kernels within the same shared call.
   const int64_t cols = 256, n = 5;
   const auto wa = RandomWeights(WeightType::kQ4_1, 40, cols, 1);
   const auto wb = RandomWeights(WeightType::kQ8_0, 24, cols, 2);
