@@ -212,17 +212,15 @@ CudaIpcMapping::~CudaIpcMapping() { Release(key_); }
 namespace internal {
 
 Status CopyToDevice(void* dst, const void* src, uint64_t bytes) {
-  cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
-  return err == cudaSuccess ? absl::OkStatus() : CudaStatus(err, "cudaMemcpy H2D");
+  return CudaStatus(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
 }
 Status CopyToHost(void* dst, const void* src, uint64_t bytes) {
-  cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
-  return err == cudaSuccess ? absl::OkStatus() : CudaStatus(err, "cudaMemcpy D2H");
+  return CudaStatus(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
 }
 Status CopyDeviceToDevice(void* dst, const void* src, uint64_t bytes, void* stream) {
-  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                    static_cast<cudaStream_t>(stream));
-  return err == cudaSuccess ? absl::OkStatus() : CudaStatus(err, "cudaMemcpyAsync D2D");
+  return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                    static_cast<cudaStream_t>(stream)),
+                    "cudaMemcpyAsync D2D");
 }
 }  // namespace internal
 

@@ -305,7 +305,7 @@ inline void WithCount(int n, F&& f) {
 
 // The chunk on vectors of V::W lanes (hd % V::W == 0), keys and values already f32.
 template <class V>
-void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbuf, float* kt) {
+void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbuf) {
   const int hd = a.hd;
   const int64_t T = a.t1 - a.t0;
   // Per-query token counts; tokens a query may not see get p = 0 (exact: adds +0).
@@ -328,7 +328,8 @@ void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbu
   bool transposed = false;
 #ifdef __AVX512F__
   if constexpr (V::W == 16) {
-    if (a.nq >= kTransposedQueries && kt != nullptr) {
+    if (a.nq >= kTransposedQueries) {
+      float* kt = sbuf + static_cast<int64_t>(a.nq) * T;  // scratch after the scores
       const int64_t tp = (tmax + 15) / 16 * 16;
       TransposeKeys(kf, hd, tmax, kt, tp);
       auto row = [&](int jb, auto qb) {
@@ -349,8 +350,6 @@ void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbu
       transposed = true;
     }
   }
-#else
-  (void)kt;
 #endif
   const int64_t tk = transposed ? tmax : tmax / V::KB * V::KB;
   for (; j0 + V::QB <= a.nq; j0 += V::QB)
@@ -495,11 +494,11 @@ void ChunkSimd(const ChunkArgs& a) {
   }
 #ifdef __AVX512F__
   if (hd % 16 == 0) {
-    ChunkTiles<Vec16>(a, kf, vf, sbuf, sbuf + static_cast<int64_t>(a.nq) * T);
+    ChunkTiles<Vec16>(a, kf, vf, sbuf);
     return;
   }
 #endif
-  ChunkTiles<Vec8>(a, kf, vf, sbuf, nullptr);
+  ChunkTiles<Vec8>(a, kf, vf, sbuf);
 }
 
 }  // namespace

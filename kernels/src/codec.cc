@@ -73,7 +73,6 @@ Status CheckDevice(Device device, const LayerShape& shape) {
 }
 
 #if defined(POLYKV_HAVE_CUDA)
-
 // A device-side "first bad index" cell: allocated, set to ~0, read back after the kernels.
 class DeviceBadIndex {
  public:

@@ -4,7 +4,6 @@
 #include "polykv/kernels/matmul.h"
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -93,6 +92,14 @@ std::vector<uint8_t>& ActScratch(int which) {
   return buf[which];
 }
 
+// Whether products of n rows use the AMX tiles for the weight types they take: the one rule
+// behind MatMulShared and MatMulUsesTiles (options.amx: -1 auto from kAmxMinRows rows on the
+// avx512 variant, 0 never, 1 always; every case needs AmxInt8Supported()).
+bool TilesWanted(const MatMulOptions& options, Isa isa, int64_t n) {
+  if (options.amx == 0 || !AmxInt8Supported()) return false;
+  return options.amx == 1 || (isa == Isa::kAvx512 && n >= kAmxMinRows);
+}
+
 // Per-thread scratch of the AMX panels (unpacked weights), 64-byte aligned.
 uint8_t* AmxPanelScratch(int64_t nb) {
   thread_local std::vector<uint8_t> buf;
@@ -162,15 +169,10 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
         absl::StrCat("MatMul: x_stride ", x_stride, " < cols ", cols));
   POLYKV_ASSIGN_OR_RETURN(Isa isa, ResolveIsa(options));
   const mm::DotTable& table = TableOf(isa);
-  bool amx_on = false;
-  if (options.amx == 1) {
-    if (!AmxInt8Supported())
-      return absl::FailedPreconditionError(
-          "MatMul: AMX-INT8 tiles were requested, but this CPU, OS or build has none");
-    amx_on = true;
-  } else if (options.amx < 0) {
-    amx_on = isa == Isa::kAvx512 && n >= kAmxMinRows && AmxInt8Supported();
-  }
+  if (options.amx == 1 && !AmxInt8Supported())
+    return absl::FailedPreconditionError(
+        "MatMul: AMX-INT8 tiles were requested, but this CPU, OS or build has none");
+  const bool amx_on = TilesWanted(options, isa, n);
 
   struct Job {
     const MatMulOutput* out;
@@ -179,7 +181,7 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
     int64_t nb;         // blocks (or values) per row
     int64_t row_begin;  // in the concatenation of all outputs' rows
     int ti;             // mm::TypeIndex
-    bool amx;           // AMX tile panels (activations: kQ8 packed for the tiles)
+    bool amx;           // AMX tile panels (activations: kQ8 rows, read as the A tiles)
   };
   Job jobs[8];
   std::vector<Job> more;
@@ -308,10 +310,9 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
 
 bool MatMulUsesTiles(WeightType type, int64_t n, const MatMulOptions& options) {
   const int ti = TypeIndexOf(type);
-  if (ti < 0 || !mm::AmxTypeSupported(ti) || options.amx == 0 || !AmxInt8Supported()) return false;
-  if (options.amx == 1) return true;
+  if (ti < 0 || !mm::AmxTypeSupported(ti)) return false;
   auto isa = ResolveIsa(options);
-  return isa.ok() && *isa == Isa::kAvx512 && n >= kAmxMinRows;
+  return isa.ok() && TilesWanted(options, *isa, n);
 }
 
 Status DequantizeRows(const WeightView& w, int64_t begin, int64_t end, float* out) {

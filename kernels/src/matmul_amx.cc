@@ -171,10 +171,10 @@ inline void Epilogue(const int32_t* c1, const int32_t* c2, const float* dvec, co
 }
 
 // One group of m (<= 16; kRows = 16 for whole groups) activation rows at x against the
-// unpacked panel: y[j * ys + o] for j < m, o < outputs.
+// unpacked panel: y[j * ys + o] for j < m and the panel's outputs o (lanes set in `live`).
 template <Kind K, int kRows>
 void Group(const uint8_t* codes, const float* dvec, const float* fvec, const uint8_t* x,
-           int64_t xrb, int64_t nb, int m, int outputs, float* y, int64_t ys) {
+           int64_t xrb, int64_t nb, int m, __mmask16 live, float* y, int64_t ys) {
   __m512 acc[16];
   for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
   alignas(64) int32_t cbuf[2][2][256];
@@ -201,7 +201,6 @@ void Group(const uint8_t* codes, const float* dvec, const float* fvec, const uin
   const int p = static_cast<int>((nb - 1) & 1);
   Epilogue<K, kRows>(cbuf[p][0], cbuf[p][1], dvec + 16 * (nb - 1), fvec + 16 * (nb - 1), x, xrb, nb,
                      nb - 1, m, acc);
-  const __mmask16 live = static_cast<__mmask16>(outputs >= 16 ? 0xFFFF : (1u << outputs) - 1);
   for (int j = 0; j < m; ++j) _mm512_mask_storeu_ps(y + j * ys, live, acc[j]);
 }
 
@@ -232,13 +231,12 @@ void PanelRows(const uint8_t* w, int64_t row_bytes, int outputs, int64_t nb, con
   if (whole > 0) {
     LoadConfig(16);
     for (int64_t g = 0; g < whole; ++g)
-      Group<K, 16>(codes, dvec, fvec, x + 16 * g * xrb, xrb, nb, 16, outputs, y + 16 * g * ys, ys);
+      Group<K, 16>(codes, dvec, fvec, x + 16 * g * xrb, xrb, nb, 16, live, y + 16 * g * ys, ys);
   }
   if (n % 16 != 0) {
     const int m = static_cast<int>(n % 16);
     LoadConfig(m);
-    Group<K, 15>(codes, dvec, fvec, x + 16 * whole * xrb, xrb, nb, m, outputs, y + 16 * whole * ys,
-                 ys);
+    Group<K, 15>(codes, dvec, fvec, x + 16 * whole * xrb, xrb, nb, m, live, y + 16 * whole * ys, ys);
   }
   _tile_release();
 }
