@@ -4,6 +4,8 @@
 #include "polykv/kernels/matmul.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +54,7 @@ int64_t ActRowBytes(ActKind kind, int64_t cols) {
       return cols * 4;
     case ActKind::kQ8:
     case ActKind::kQ8P:
+    case ActKind::kQ8T:
       return mm::ActQ8RowBytes(cols / 32);
     case ActKind::kQ8K:
       return cols / 256 * static_cast<int64_t>(sizeof(ActQ8K));
@@ -100,10 +103,21 @@ bool TilesWanted(const MatMulOptions& options, Isa isa, int64_t n) {
   return options.amx == 1 || (isa == Isa::kAvx512 && n >= kAmxMinRows);
 }
 
-// Per-thread scratch of the AMX panels (unpacked weights), 64-byte aligned.
-uint8_t* AmxPanelScratch(int64_t nb) {
+// Whether the many-row kernels (DotTable::rows) may run: options.rows_kernels, where -1
+// (auto) follows $POLYKV_ROWS_KERNELS (0 = off, for whole-program comparisons).
+bool RowsKernelsWanted(const MatMulOptions& options, int64_t n) {
+  static const bool env_off = [] {
+    const char* e = std::getenv("POLYKV_ROWS_KERNELS");
+    return e != nullptr && std::string_view(e) == "0";
+  }();
+  if (n < mm::kRowsFnMinRows || options.rows_kernels == 0) return false;
+  return options.rows_kernels == 1 || !env_off;
+}
+
+// Per-thread scratch of the AMX and RowsFn panels (unpacked weights), 64-byte aligned.
+uint8_t* PanelScratch(int64_t bytes) {
   thread_local std::vector<uint8_t> buf;
-  const size_t need = static_cast<size_t>(mm::AmxPanelScratchBytes(nb)) + 64;
+  const size_t need = static_cast<size_t>(bytes) + 64;
   if (buf.size() < need) buf.resize(need);
   const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
   return buf.data() + ((64 - p % 64) % 64);
@@ -177,6 +191,7 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
   struct Job {
     const MatMulOutput* out;
     mm::DotFn fn;
+    mm::RowsFn rows;    // all n activation rows per weight row (kQ8T), or nullptr
     int act;
     int64_t nb;         // blocks (or values) per row
     int64_t row_begin;  // in the concatenation of all outputs' rows
@@ -216,8 +231,11 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
       return absl::UnimplementedError(absl::StrCat("MatMul: no ", table.isa, " kernel for ",
                                                    kTypes[ti].name));
     const bool amx = amx_on && mm::AmxTypeSupported(ti);
-    const int act = amx ? static_cast<int>(ActKind::kQ8) : static_cast<int>(kTypes[ti].act);
-    job_list[njobs++] = Job{&o, fn, act, cols / kTypes[ti].values, total_rows, ti, amx};
+    const mm::RowsFn rows_fn = !amx && RowsKernelsWanted(options, n) ? table.rows[ti] : nullptr;
+    const int act = amx       ? static_cast<int>(ActKind::kQ8)
+                    : rows_fn ? static_cast<int>(ActKind::kQ8T)
+                              : static_cast<int>(kTypes[ti].act);
+    job_list[njobs++] = Job{&o, fn, rows_fn, act, cols / kTypes[ti].values, total_rows, ti, amx};
     need[act] = true;
     total_rows += w.rows;
   }
@@ -228,7 +246,7 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
   act[0] = reinterpret_cast<const uint8_t*>(x);
   act_stride[0] = x_stride * 4;
   const int threads = std::max(1, options.threads > 0 ? options.threads : ComputeThreads());
-  if ((need[1] || need[2]) && cols % 32 != 0)
+  if ((need[1] || need[2] || need[4]) && cols % 32 != 0)
     return absl::InvalidArgumentError("MatMul: cols % 32 != 0");
   if (need[3] && cols % 256 != 0) return absl::InvalidArgumentError("MatMul: cols % 256 != 0");
   bool quantize = false;
@@ -259,7 +277,7 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
       const int64_t ys = job.out->y_stride;
 #ifdef POLYKV_HAVE_AMX_KERNELS
       if (job.amx) {
-        uint8_t* scratch = AmxPanelScratch(job.nb);
+        uint8_t* scratch = PanelScratch(mm::AmxPanelScratchBytes(job.nb));
         for (int64_t o = rb; o < re; o += 16) {
           const int m = static_cast<int>(std::min<int64_t>(16, re - o));
           mm::AmxPanel(job.ti, static_cast<const uint8_t*>(w.data) + o * w.row_bytes, w.row_bytes,
@@ -268,6 +286,15 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
         continue;
       }
 #endif
+      if (job.rows != nullptr) {
+        uint8_t* scratch = PanelScratch(mm::RowsPanelScratchBytes(job.nb));
+        for (int64_t o = rb; o < re; o += 16) {
+          const int m = static_cast<int>(std::min<int64_t>(16, re - o));
+          job.rows(static_cast<const uint8_t*>(w.data) + o * w.row_bytes, w.row_bytes, m, job.nb,
+                   a, as, n, y + o, ys, scratch);
+        }
+        continue;
+      }
       for (int64_t o = rb; o < re; ++o) {
         const uint8_t* wrow = static_cast<const uint8_t*>(w.data) + o * w.row_bytes;
         for (int64_t i = 0; i < n; i += mm::kMaxRowsPerCall) {
@@ -286,10 +313,11 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
 #endif
   auto quantize_rows = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      for (int k : {1, 2}) {
-        if (need[k])
-          quantize_q8(x + i * x_stride, cols, k == 2,
-                      const_cast<uint8_t*>(act[k]) + i * act_stride[k]);
+      for (int k : {1, 2, 4}) {
+        if (!need[k]) continue;
+        uint8_t* row = const_cast<uint8_t*>(act[k]) + i * act_stride[k];
+        quantize_q8(x + i * x_stride, cols, k == 2, row);
+        if (k == 4) mm::InterleaveActQ8T(row, cols / 32);
       }
       if (need[3])
         mm::QuantizeActQ8K(x + i * x_stride, cols,

@@ -1,3 +1,5 @@
+
+
 // The AVX-512 table of the matrix kernels (compiled with -mavx512f -mavx512bw -mavx512dq
 // -mavx512vl -mavx512vnni -mfma -mf16c; the dispatcher calls it only on CPUs with all of
 // them). Q4_0/Q4_1/Q8_0 use vpdpbusd (u8 x s8 -> i32 without the i16 saturation step) on
@@ -160,6 +162,148 @@ void DotQ4Vnni(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, floa
   }
 }
 
+// Q4_0 / Q4_1 against n kQ8T rows (RowsFn), for a panel of up to 16 weight rows.
+// Unpacked once per panel into `scratch`: per weight row, each full group of 16 blocks as a
+// PanelGroup (4 dword-interleaved nibble registers, dword i = 4 code bytes of block i, whose
+// low nibbles pair with activation register t and high nibbles with register 4 + t; the 16
+// blocks' scales), and the blocks after the last full group in pairs as PanelPairs (two
+// blocks' 32 nibbles each in natural order, their scales spread over 8 lanes each).
+// Activation rows are then taken kJ at a time (their codes stay in L1) against every weight
+// row: per activation row and group, 16 vpdpbusd (codes and residual codes) and one f32
+// epilogue for all 16 blocks (each int32 lane holds one block's exact sum); per pair, 2
+// vpdpbusd and one epilogue. The 16 rows' accumulators are reduced together
+// (ReduceRows16) into one vector of outputs.
+struct alignas(64) PanelGroup {
+  __m512i lo[4], hi[4];
+  __m512 d, f;  // d_b, and m_b (Q4_1) or -8 d_b (Q4_0)
+};
+struct alignas(64) PanelPair {
+  __m512i q;    // bytes 0..31: block b's values 0..31, 32..63: block b + 1's (0 if none)
+  __m512 d, f;  // lanes 0..7: block b's d (f at lane 0 only), lanes 8..15: block b + 1's
+};
+
+// Lane r of the result = the sum of the 16 lanes of v[r] (r < 16).
+inline __m512 ReduceRows16(const __m512* v) {
+  __m512 u[8], w[4], x[2];
+  for (int k = 0; k < 8; ++k)  // lanes 0..7: row 2k (8 partial sums), 8..15: row 2k + 1
+    u[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+  for (int k = 0; k < 4; ++k)  // 128-bit lane q: row 4k + q (4 partial sums)
+    w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0xDD));
+  for (int k = 0; k < 2; ++k)  // lane q: rows 4 (2k) + q, 4 (2k + 1) + q (2 partials each)
+    x[k] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0x44),
+                         _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0xEE));
+  // Lane 4 q + m: row q + 4 m.
+  const __m512 y = _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xDD));
+  return _mm512_permutexvar_ps(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), y);
+}
+
+template <bool kMin>
+void Q4RowsT(const uint8_t* w, int64_t row_bytes, int rows, int64_t nb, const uint8_t* x,
+             int64_t xrb, int64_t n, float* y, int64_t ys, uint8_t* scratch) {
+  constexpr int kB = kMin ? 20 : 18, kQs = kMin ? 4 : 2;
+  constexpr int64_t kJ = 8;
+  const int64_t groups = nb / 16, pairs = (nb % 16 + 1) / 2;
+  PanelGroup* panel = reinterpret_cast<PanelGroup*>(scratch);
+  PanelPair* tail = reinterpret_cast<PanelPair*>(panel + 16 * groups);
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i offs = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(kB));
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* wr = w + r * row_bytes;
+    for (int64_t g = 0; g < groups; ++g) {
+      PanelGroup& pg = panel[r * groups + g];
+      const uint8_t* wg = wr + 16 * g * kB + kQs;
+      for (int t = 0; t < 4; ++t) {
+        const __m512i v = _mm512_i32gather_epi32(offs, wg + 4 * t, 1);
+        pg.lo[t] = _mm512_and_si512(v, m4);
+        pg.hi[t] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+      }
+      __m512 dv, mv;
+      Halves16<kB>(wr, 16 * g, 16, &dv, &mv);
+      pg.d = dv;
+      pg.f = kMin ? mv : _mm512_mul_ps(dv, _mm512_set1_ps(-8.0f));
+    }
+    for (int64_t p = 0; p < pairs; ++p) {
+      PanelPair& pp = tail[r * pairs + p];
+      const int64_t b = 16 * groups + 2 * p;
+      const bool two = b + 1 < nb;
+      const __m256i q0 = Nibbles32(wr + b * kB + kQs);
+      const __m256i q1 = two ? Nibbles32(wr + (b + 1) * kB + kQs) : _mm256_setzero_si256();
+      pp.q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+      const float d0 = H16(wr + b * kB), d1 = two ? H16(wr + (b + 1) * kB) : 0.0f;
+      const float f0 = kMin ? H16(wr + b * kB + 2) : -8.0f * d0;
+      const float f1 = !two ? 0.0f : kMin ? H16(wr + (b + 1) * kB + 2) : -8.0f * d1;
+      pp.d = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+      pp.f = _mm512_setr_ps(f0, 0, 0, 0, 0, 0, 0, 0, f1, 0, 0, 0, 0, 0, 0, 0);
+    }
+  }
+  const __m512i spread2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  alignas(64) __m512 acc[16][kJ];
+  for (int64_t j0 = 0; j0 < n; j0 += kJ) {
+    const int64_t nj = n - j0 < kJ ? n - j0 : kJ;
+    const uint8_t* xs = x + j0 * xrb;
+    for (int r = 0; r < rows; ++r) {
+      __m512* a = acc[r];
+      for (int64_t j = 0; j < nj; ++j) a[j] = _mm512_setzero_ps();
+      for (int64_t g = 0; g < groups; ++g) {
+        const PanelGroup& pg = panel[r * groups + g];
+        for (int64_t j = 0; j < nj; ++j) {
+          const uint8_t* xj = xs + j * xrb;
+          const uint8_t* q1 = xj + 512 * g;
+          const uint8_t* q2 = q1 + 32 * nb;
+          __m512i p = _mm512_setzero_si512(), p2 = _mm512_setzero_si512();
+          __m512i e = _mm512_setzero_si512(), e2 = _mm512_setzero_si512();
+          for (int t = 0; t < 4; ++t) {
+            p = _mm512_dpbusd_epi32(p, pg.lo[t], _mm512_loadu_si512(q1 + 64 * t));
+            p2 = _mm512_dpbusd_epi32(p2, pg.lo[t], _mm512_loadu_si512(q2 + 64 * t));
+            e = _mm512_dpbusd_epi32(e, pg.hi[t], _mm512_loadu_si512(q1 + 256 + 64 * t));
+            e2 = _mm512_dpbusd_epi32(e2, pg.hi[t], _mm512_loadu_si512(q2 + 256 + 64 * t));
+          }
+          p = _mm512_add_epi32(p, e);
+          p2 = _mm512_add_epi32(p2, e2);
+          const __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(p, 8), p2));
+          const __m512 sc = _mm512_mul_ps(pg.d, _mm512_loadu_ps(ActQ8Dx(xj, nb) + 16 * g));
+          a[j] = _mm512_fmadd_ps(v, sc, a[j]);
+          a[j] = _mm512_fmadd_ps(pg.f, _mm512_loadu_ps(ActQ8Ds(xj, nb) + 16 * g), a[j]);
+        }
+      }
+      for (int64_t pi = 0; pi < pairs; ++pi) {
+        const PanelPair& pp = tail[r * pairs + pi];
+        const int64_t b = 16 * groups + 2 * pi;
+        const bool two = b + 1 < nb;
+        const __mmask16 live = two ? 0xFFFF : 0x00FF;
+        for (int64_t j = 0; j < nj; ++j) {
+          const uint8_t* xj = xs + j * xrb;
+          // Bytes past the last block (b + 1 == nb) meet zero weights; they lie inside the
+          // row (the residual codes or the scales follow the codes).
+          const __m512i c1 = _mm512_loadu_si512(xj + 32 * b);
+          const __m512i c2 = _mm512_loadu_si512(xj + 32 * nb + 32 * b);
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), pp.q, c1);
+          const __m512i p2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), pp.q, c2);
+          const __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(p, 8), p2));
+          const __m512 dx = _mm512_permutexvar_ps(
+              spread2, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(two ? 3 : 1, ActQ8Dx(xj, nb) + b)));
+          const __m512 ds = _mm512_permutexvar_ps(
+              spread2, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(two ? 3 : 1, ActQ8Ds(xj, nb) + b)));
+          a[j] = _mm512_mask3_fmadd_ps(v, _mm512_mul_ps(pp.d, dx), a[j], live);
+          a[j] = _mm512_fmadd_ps(pp.f, ds, a[j]);
+        }
+      }
+    }
+    for (int r = rows; r < 16; ++r)
+      for (int64_t j = 0; j < nj; ++j) acc[r][j] = _mm512_setzero_ps();
+    const __mmask16 out_mask = static_cast<__mmask16>(rows >= 16 ? 0xFFFF : (1u << rows) - 1);
+    for (int64_t j = 0; j < nj; ++j) {
+      __m512 v[16];
+      for (int r = 0; r < 16; ++r) v[r] = acc[r][j];
+      _mm512_mask_storeu_ps(y + (j0 + j) * ys, out_mask, ReduceRows16(v));
+    }
+  }
+}
+
 // Q8_0 against kQ8 rows: two blocks per register, weights biased to unsigned (q + 128,
 // corrected by 128 sum_b d_b ds_b).
 template <int kNx>
@@ -270,6 +414,8 @@ const DotTable& Avx512Table() {
     d.dot[kTQ4_0] = POLYKV_MM_ROWS8(DotQ4Vnni, false);
     d.dot[kTQ4_1] = POLYKV_MM_ROWS8(DotQ4Vnni, true);
     d.dot[kTQ8_0] = POLYKV_MM_ROWS8_0(DotQ8_0Vnni);
+    d.rows[kTQ4_0] = &Q4RowsT<false>;
+    d.rows[kTQ4_1] = &Q4RowsT<true>;
     return d;
   }();
   return t;

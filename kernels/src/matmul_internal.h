@@ -26,6 +26,11 @@ namespace polykv::kernels::mm {
 ///    b2[16:32] b3[16:32]] (128 bytes), so that 4 blocks' low nibbles meet their 64 values
 ///    in one 512-bit (or two 256-bit) loads; the nb % 4 blocks after the last full group are
 ///    stored naturally.
+///  - kQ8T (Q4_0, Q4_1 weights against many rows on AVX-512, Q4RowsFn): each full group of
+///    16 blocks (512 codes) is stored as 8 registers of 16 dwords, register k's dword i =
+///    dword k (values 4k..4k+3) of block 16 g + i, so that one vpdpbusd multiplies 4 values
+///    of 16 blocks and each int32 lane holds one block's sum; the nb % 16 blocks after the
+///    last full group are stored naturally. Written as kQ8 then InterleaveActQ8T.
 inline constexpr int64_t kActQ8BytesPerBlock = 72;
 static inline int64_t ActQ8RowBytes(int64_t nb) { return kActQ8BytesPerBlock * nb; }
 /// The residual codes q2 (same layout as the codes at the row's start).
@@ -57,8 +62,14 @@ struct ActQ8K {
 static_assert(sizeof(ActQ8K) == 580, "ActQ8K layout");
 
 /// Activation family a weight type multiplies with.
-enum class ActKind : int { kF32 = 0, kQ8 = 1, kQ8P = 2, kQ8K = 3 };
-inline constexpr int kActKinds = 4;
+enum class ActKind : int { kF32 = 0, kQ8 = 1, kQ8P = 2, kQ8K = 3, kQ8T = 4 };
+inline constexpr int kActKinds = 5;
+
+/// Byte offset of value v (0..31) of block b in the codes of a kQ8T row.
+static inline int64_t ActQ8TCodeOffset(int64_t nb, int64_t b, int v) {
+  if (b >= nb / 16 * 16) return 32 * b + v;
+  return 512 * (b / 16) + 64 * (v / 4) + 4 * (b % 16) + v % 4;
+}
 
 /// Internal dense index of the supported weight types (tables are indexed by it).
 enum TypeIndex : int {
@@ -86,11 +97,29 @@ using DotFn = void (*)(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t x
 /// Most activation rows one DotFn call handles.
 inline constexpr int kMaxRowsPerCall = 8;
 
+/// Dot products of a panel of `rows` (1..16) weight rows (`nb` blocks each, row_bytes apart)
+/// with all `n` activation rows (kQ8T rows, x_row_bytes apart): y[j * ys + r] for j < n,
+/// r < rows. The panel's blocks are unpacked once into `scratch` (RowsPanelScratchBytes,
+/// 64-byte aligned) and shared by every activation row.
+using RowsFn = void (*)(const uint8_t* w, int64_t row_bytes, int rows, int64_t nb,
+                        const uint8_t* x, int64_t x_row_bytes, int64_t n, float* y, int64_t ys,
+                        uint8_t* scratch);
+/// Scratch bytes of a RowsFn panel of 16 rows of nb blocks: per row, 640 bytes per full
+/// 16-block group and 192 per pair of the blocks after them.
+inline int64_t RowsPanelScratchBytes(int64_t nb) {
+  return 16 * (nb / 16 * 640 + (nb % 16 + 1) / 2 * 192);
+}
+
+/// Fewest activation rows for which a RowsFn is used instead of the DotFn.
+inline constexpr int64_t kRowsFnMinRows = 4;
+
 /// One ISA's kernels; a null entry means "no kernel for this type in this ISA" (dispatch
-/// reports it as an error, never falls back silently).
+/// reports it as an error, never falls back silently). `rows` entries are optional: types
+/// with one take kQ8T activations for kRowsFnMinRows rows or more.
 struct DotTable {
   const char* isa = "";
   DotFn dot[kTypeCount] = {};
+  RowsFn rows[kTypeCount] = {};
 };
 
 const DotTable& ScalarTable();
@@ -120,6 +149,9 @@ BlockDequantFn BlockDequant(int type_index);
 /// Quantizes cols (a multiple of 32) f32 values to one Q8 activation row (layout above;
 /// `permuted` selects kQ8P order).
 void QuantizeActQ8(const float* x, int64_t cols, bool permuted, uint8_t* row);
+/// Rewrites the full 16-block groups of a kQ8 row's codes and residual codes (nb blocks) in
+/// kQ8T order, in place.
+void InterleaveActQ8T(uint8_t* row, int64_t nb);
 /// Dequantizes nb blocks of the type at `type_index` with AVX2 and the scalar reference's
 /// exact results; false (nothing written) for a type it has no code for. AVX2 builds only.
 bool DequantizeBlocksAvx2(int type_index, const uint8_t* src, int64_t nb, float* out);

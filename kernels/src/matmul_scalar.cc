@@ -369,6 +369,19 @@ void QuantizeActQ8(const float* x, int64_t cols, bool permuted, uint8_t* row) {
   }
 }
 
+void InterleaveActQ8T(uint8_t* row, int64_t nb) {
+  const int64_t full = nb / 16 * 16;
+  uint8_t* const regions[2] = {row, row + 32 * nb};
+  for (uint8_t* codes : regions) {
+    for (int64_t g = 0; g < full; g += 16) {
+      uint8_t natural[512];
+      std::memcpy(natural, codes + 32 * g, sizeof(natural));
+      for (int64_t b = g; b < g + 16; ++b)
+        for (int v = 0; v < 32; ++v) codes[ActQ8TCodeOffset(nb, b, v)] = natural[32 * (b - g) + v];
+    }
+  }
+}
+
 void QuantizeActQ8K(const float* x, int64_t cols, ActQ8K* out) {
   for (int64_t b = 0; b < cols / 256; ++b) {
     const float* xb = x + 256 * b;

@@ -96,13 +96,17 @@ TEST_P(MatMulTest, EveryIsaMatchesScalarAndDequantizedProduct) {
   const WeightType type = GetParam();
   const BlockFormat f = WeightBlockFormat(type).value();
   // Block types: 1 block; 18 blocks (SmolLM2's 576 columns: 4 groups of 4 + 2 single
-  // blocks, one partial gather of 2); 7; 48 (3 full gathers of 16). f32 family: odd lengths.
+  // blocks, one partial gather of 2; for the many-row kernels one group of 16 + one pair);
+  // 7 (many-row kernels: 4 pairs, the last one single); 48 (3 full gathers of 16); 33 (two
+  // groups of 16 + one single block). f32 family: odd lengths.
   const bool blocks = f.values > 1;
   const std::vector<Case> cases = {
       {37, blocks ? f.values : 37, 1},        // ragged rows; f32: cols not a multiple of 8
       {37, blocks ? 18 * f.values : 576, 3},  // 3 activation rows in one call
+      {37, blocks ? 18 * f.values : 576, 9},  // 9 rows: the many-row kernels, j-blocks 8 + 1
       {16, blocks ? 7 * f.values : 291, 5},   // 4 + 1
       {53, blocks ? 48 * f.values : 1536, 64},  // 64 rows: 16 calls of 4
+      {21, blocks ? 33 * f.values : 1056, 4},   // ragged panel of 5 rows after 16
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << WeightTypeName(type) << " rows=" << c.rows
@@ -149,13 +153,18 @@ TEST_P(MatMulTest, EveryIsaMatchesScalarAndDequantizedProduct) {
       }
     }
     // (1) every SIMD variant vs the scalar reference (float reassociation only), 1 and 2
-    // threads (the partition must not change any value).
+    // threads (the partition must not change any value), with and without the many-row
+    // kernels (rows_kernels; they exist for Q4_0/Q4_1 on avx512 and run from 4 rows).
     for (Isa isa : SupportedIsas()) {
       for (int threads : {1, 2}) {
-        SCOPED_TRACE(::testing::Message() << IsaName(isa) << " threads=" << threads);
+       for (int rows_kernels : {0, 1}) {
+        SCOPED_TRACE(::testing::Message() << IsaName(isa) << " threads=" << threads
+                                          << " rows_kernels=" << rows_kernels);
         MatMulOptions opt;
         opt.isa = static_cast<int>(isa);
         opt.threads = threads;
+        opt.rows_kernels = rows_kernels;
+        opt.amx = 0;
         std::vector<float> y(static_cast<size_t>(c.n * (c.rows + 3)), -7.0f);
         ASSERT_TRUE(MatMul(*view, x.data(), c.n, c.cols, y.data(), c.rows + 3, opt).ok());
         for (int64_t r = 0; r < c.n; ++r) {
@@ -169,6 +178,7 @@ TEST_P(MatMulTest, EveryIsaMatchesScalarAndDequantizedProduct) {
           for (int64_t o = c.rows; o < c.rows + 3; ++o)
             ASSERT_EQ(y[r * (c.rows + 3) + o], -7.0f) << "wrote past the row";
         }
+       }
       }
     }
   }
@@ -185,26 +195,34 @@ TEST(MatMul, ResultsDoNotDependOnThreadsOrBatching) {
   // with 1 or 2 threads (fixed row partition; each output is one dot call or one lane of a
   // tile panel). The default (amx = -1) picks the family by the batch size: tiles from
   // kAmxMinRows rows, which equal the scalar reference bit for bit (MatMulAmx below).
-  std::vector<int> families = {0};
+  // The many-row kernels (family 2: rows_kernels = 1, amx = 0) run from kRowsFnMinRows = 4
+  // rows, so their smallest batch is 4 rows: rows r..r+3 against the batch of 64.
+  std::vector<int> families = {0, 2};
   if (AmxInt8Supported()) families.push_back(1);
-  for (int amx : families) {
+  for (int family : families) {
+    const int amx = family == 1 ? 1 : 0;
+    const int rows_kernels = family == 2 ? 1 : 0;
+    const int64_t small = family == 2 ? 4 : 1;
     for (WeightType type : {WeightType::kQ4_1, WeightType::kQ8_0, WeightType::kQ6_K}) {
-      SCOPED_TRACE(::testing::Message() << WeightTypeName(type) << " amx=" << amx);
+      SCOPED_TRACE(::testing::Message() << WeightTypeName(type) << " family=" << family);
       const int64_t rows = 96, cols = 512, n = 64;
       const auto wb = RandomWeights(type, rows, cols, 5);
       const auto view = MakeWeightView(type, wb.data(), wb.size(), rows, cols).value();
       const auto x = RandomActivations(n, cols, 6);
-      std::vector<float> batch(n * rows), single(rows);
+      std::vector<float> batch(n * rows), single(small * rows);
       MatMulOptions two;
       two.threads = 2;
       two.amx = amx;
+      two.rows_kernels = rows_kernels;
       ASSERT_TRUE(MatMul(view, x.data(), n, cols, batch.data(), rows, two).ok());
-      for (int64_t r = 0; r < n; r += 9) {
+      for (int64_t r = 0; r + small <= n; r += 9) {
         MatMulOptions one;
         one.threads = 1;
         one.amx = amx;
-        ASSERT_TRUE(MatMul(view, x.data() + r * cols, 1, cols, single.data(), rows, one).ok());
-        for (int64_t o = 0; o < rows; ++o) ASSERT_EQ(single[o], batch[r * rows + o]);
+        one.rows_kernels = rows_kernels;
+        ASSERT_TRUE(
+            MatMul(view, x.data() + r * cols, small, cols, single.data(), rows, one).ok());
+        for (int64_t o = 0; o < small * rows; ++o) ASSERT_EQ(single[o], batch[r * rows + o]);
       }
     }
   }

@@ -123,6 +123,12 @@ struct MatMulOptions {
   /// same integer block sums, the same f32 operations in the same order); the vector kernels
   /// differ from it by float reassociation (~1e-6 relative).
   int amx = -1;
+  /// Many-row kernels of the avx512 variant for Q4_0/Q4_1 (16 blocks per register, the
+  /// weight row unpacked once for all n rows): -1 (auto) / 1 use them for n >= 4 rows where
+  /// AMX tiles do not run, 0 keeps the per-row kernels (for comparison in benchmarks and
+  /// tests; $POLYKV_ROWS_KERNELS=0 does the same for -1). Their results differ from the
+  /// scalar reference by float reassociation only.
+  int rows_kernels = -1;
 };
 
 /// y[r * y_stride + o] = sum_i x[r * x_stride + i] * W[o][i] for r < n, o < W.rows.
