@@ -376,8 +376,9 @@ void InterleaveActQ8T(uint8_t* row, int64_t nb) {
     for (int64_t g = 0; g < full; g += 16) {
       uint8_t natural[512];
       std::memcpy(natural, codes + 32 * g, sizeof(natural));
-      for (int64_t b = g; b < g + 16; ++b)
-        for (int v = 0; v < 32; ++v) codes[ActQ8TCodeOffset(nb, b, v)] = natural[32 * (b - g) + v];
+      for (int64_t b = g; b < g + 16; ++b)  // dword v / 4 of each block (ActQ8TCodeOffset)
+        for (int v = 0; v < 32; v += 4)
+          std::memcpy(codes + ActQ8TCodeOffset(nb, b, v), natural + 32 * (b - g) + v, 4);
     }
   }
 }
