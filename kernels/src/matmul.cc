@@ -253,10 +253,13 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
   for (int k = 1; k < mm::kActKinds; ++k) {
     if (!need[k]) continue;
     quantize = true;
-    const int64_t rb = ActRowBytes(static_cast<ActKind>(k), cols);
+    // Rows start on 64-byte boundaries (whole-register loads of the codes never split a
+    // cache line; kQ8T rows' groups are 512 bytes, their residual codes at 32 nb).
+    const int64_t rb = (ActRowBytes(static_cast<ActKind>(k), cols) + 63) / 64 * 64;
     std::vector<uint8_t>& buf = ActScratch(k);
-    if (buf.size() < static_cast<size_t>(rb * n)) buf.resize(static_cast<size_t>(rb * n));
-    act[k] = buf.data();
+    if (buf.size() < static_cast<size_t>(rb * n + 64)) buf.resize(static_cast<size_t>(rb * n + 64));
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(buf.data());
+    act[k] = buf.data() + (64 - addr % 64) % 64;
     act_stride[k] = rb;
   }
   const bool parallel = threads > 1 && (total_rows * n >= 256);
