@@ -72,6 +72,16 @@ Status CheckDevice(Device device, const LayerShape& shape) {
 #endif
 }
 
+// The Device::kCuda branch of an entry point: `statement` in CUDA builds; elsewhere
+// CheckDevice has already refused kCuda, so reaching it is an internal error.
+#if defined(POLYKV_HAVE_CUDA)
+#define POLYKV_CUDA_BRANCH(statement) statement
+#else
+#define POLYKV_CUDA_BRANCH(statement) \
+  (void)stream;                       \
+  return absl::InternalError("CUDA branch reached in a build without CUDA")
+#endif
+
 #if defined(POLYKV_HAVE_CUDA)
 // A device-side "first bad index" cell: allocated, set to ~0, read back after the kernels.
 class DeviceBadIndex {
@@ -80,7 +90,8 @@ class DeviceBadIndex {
     stream_ = stream;
     POLYKV_RETURN_IF_ERROR(CudaStatus(
         cudaMalloc(reinterpret_cast<void**>(&ptr_), sizeof(unsigned long long)), "cudaMalloc"));
-    return CudaStatus(cudaMemsetAsync(ptr_, 0xFF, sizeof(unsigned long long), stream), "cudaMemset");
+    return CudaStatus(cudaMemsetAsync(ptr_, 0xFF, sizeof(unsigned long long), stream),
+                      "cudaMemset");
   }
   ~DeviceBadIndex() {
     if (ptr_ != nullptr) cudaFree(ptr_);
@@ -133,6 +144,22 @@ Status QuantizeKeysCuda(const void* k, DType dtype, const LayerShape& shape, Key
   if (bad_index >= 0) return DeviceNonFiniteError("K", k, dtype, shape, bad_index);
   return absl::OkStatus();
 }
+
+Status EncodeValuesCuda(const void* v, DType dtype, const LayerShape& shape,
+                        const CodecConfig& config, const math::ValueCodebook& cb, uint8_t* packed,
+                        float* norms, Stream stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  DeviceBadIndex bad;
+  POLYKV_RETURN_IF_ERROR(bad.Init(s));
+  POLYKV_RETURN_IF_ERROR(
+      CudaStatus(cuda::InvokeEncodeValues(v, DTypeCode(dtype), shape.vectors(), shape.head_dim, cb,
+                                          config.rotation_seed, config.norm_correction, packed,
+                                          norms, bad.get(), s),
+                 "value encode kernel"));
+  POLYKV_ASSIGN_OR_RETURN(int64_t bad_index, bad.Read());
+  if (bad_index >= 0) return DeviceNonFiniteError("V", v, dtype, shape, bad_index);
+  return absl::OkStatus();
+}
 #endif  // POLYKV_HAVE_CUDA
 
 }  // namespace
@@ -140,8 +167,7 @@ Status QuantizeKeysCuda(const void* k, DType dtype, const LayerShape& shape, Key
 Status ValidateConfig(const LayerShape& shape, const CodecConfig& config) {
   POLYKV_RETURN_IF_ERROR(CheckShape(shape));
   if (config.key_bits < 4 || config.key_bits > 8) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key_bits must be 4..8, got ", config.key_bits));
+    return absl::InvalidArgumentError(absl::StrCat("key_bits must be 4..8, got ", config.key_bits));
   }
   if (config.norm_dtype != DType::kF32 && config.norm_dtype != DType::kF16) {
     return absl::InvalidArgumentError(absl::StrCat("norm_dtype must be f32 or f16, got code ",
@@ -178,12 +204,7 @@ Status QuantizeKeys(const void* k, DType dtype, const LayerShape& shape, KeyScal
   if (device == Device::kCpu) {
     return internal::QuantizeKeysCpu(k, dtype, shape, mode, nullptr, q, scales);
   }
-#if defined(POLYKV_HAVE_CUDA)
-  return QuantizeKeysCuda(k, dtype, shape, mode, nullptr, q, scales, stream);
-#else
-  (void)stream;
-  return absl::InternalError("unreachable");
-#endif
+  POLYKV_CUDA_BRANCH(return QuantizeKeysCuda(k, dtype, shape, mode, nullptr, q, scales, stream));
 }
 
 Status QuantizeKeysWithScales(const void* k, DType dtype, const LayerShape& shape,
@@ -206,12 +227,7 @@ Status QuantizeKeysWithScales(const void* k, DType dtype, const LayerShape& shap
     }
     return internal::QuantizeKeysCpu(k, dtype, shape, mode, scales, q, nullptr);
   }
-#if defined(POLYKV_HAVE_CUDA)
-  return QuantizeKeysCuda(k, dtype, shape, mode, scales, q, nullptr, stream);
-#else
-  (void)stream;
-  return absl::InternalError("unreachable");
-#endif
+  POLYKV_CUDA_BRANCH(return QuantizeKeysCuda(k, dtype, shape, mode, scales, q, nullptr, stream));
 }
 
 Status DequantizeKeys(const int8_t* q, const float* scales, const LayerShape& shape,
@@ -227,16 +243,11 @@ Status DequantizeKeys(const int8_t* q, const float* scales, const LayerShape& sh
     internal::DequantizeKeysCpu(q, scales, shape, mode, out, out_dtype);
     return absl::OkStatus();
   }
-#if defined(POLYKV_HAVE_CUDA)
-  return CudaStatus(
+  POLYKV_CUDA_BRANCH(return CudaStatus(
       cuda::InvokeDequantizeKeys(q, scales, shape.kv_heads, shape.tokens, shape.head_dim,
                                  static_cast<int>(mode), out, DTypeCode(out_dtype),
                                  static_cast<cudaStream_t>(stream)),
-      "key dequantize kernel");
-#else
-  (void)stream;
-  return absl::InternalError("unreachable");
-#endif
+      "key dequantize kernel"));
 }
 
 int64_t PackedKeyVectorBytes(int32_t head_dim, int32_t bits) {
@@ -247,11 +258,11 @@ Status EncodeKeys(const void* k, DType dtype, const LayerShape& shape, const Cod
                   uint8_t* codes, float* scales, Device device, Stream stream) {
   POLYKV_RETURN_IF_ERROR(ValidateConfig(shape, config));
   if (config.key_bits == 8)
-    return QuantizeKeys(k, dtype, shape, config.key_scale, reinterpret_cast<int8_t*>(codes),
-                        scales, device, stream);
+    return QuantizeKeys(k, dtype, shape, config.key_scale, reinterpret_cast<int8_t*>(codes), scales,
+                        device, stream);
   if (device != Device::kCpu)
-    return absl::UnimplementedError(absl::StrCat(
-        "packed keys (key_bits ", config.key_bits, ") are encoded on the CPU only"));
+    return absl::UnimplementedError(
+        absl::StrCat("packed keys (key_bits ", config.key_bits, ") are encoded on the CPU only"));
   POLYKV_RETURN_IF_ERROR(CheckDType(dtype, "K dtype"));
   POLYKV_RETURN_IF_ERROR(CheckPtr(k, "K input"));
   POLYKV_RETURN_IF_ERROR(CheckPtr(codes, "K codes output"));
@@ -276,8 +287,8 @@ Status DecodeKeys(const uint8_t* codes, const float* scales, const LayerShape& s
     return DequantizeKeys(reinterpret_cast<const int8_t*>(codes), scales, shape, config.key_scale,
                           out, out_dtype, device, stream);
   if (device != Device::kCpu)
-    return absl::UnimplementedError(absl::StrCat(
-        "packed keys (key_bits ", config.key_bits, ") are decoded on the CPU only"));
+    return absl::UnimplementedError(
+        absl::StrCat("packed keys (key_bits ", config.key_bits, ") are decoded on the CPU only"));
   POLYKV_RETURN_IF_ERROR(CheckDType(out_dtype, "K output dtype"));
   POLYKV_RETURN_IF_ERROR(CheckPtr(codes, "K codes"));
   POLYKV_RETURN_IF_ERROR(CheckPtr(scales, "K scales"));
@@ -310,7 +321,8 @@ void UnpackKeyVectorsScalar(const uint8_t* codes, int64_t n, int32_t head_dim, i
     return;
   }
   const int64_t vb = PackedKeyVectorBytes(head_dim, bits);
-  for (int64_t v = 0; v < n; ++v) math::UnpackKeyCodes(codes + v * vb, head_dim, bits, q + v * head_dim);
+  for (int64_t v = 0; v < n; ++v)
+    math::UnpackKeyCodes(codes + v * vb, head_dim, bits, q + v * head_dim);
 }
 
 void NormsToF16(const float* in, int64_t n, uint16_t* out) {
@@ -337,22 +349,7 @@ Status EncodeValues(const void* v, DType dtype, const LayerShape& shape, const C
   if (device == Device::kCpu) {
     return internal::EncodeValuesCpu(v, dtype, shape, config, cb, packed, norms);
   }
-#if defined(POLYKV_HAVE_CUDA)
-  auto s = static_cast<cudaStream_t>(stream);
-  DeviceBadIndex bad;
-  POLYKV_RETURN_IF_ERROR(bad.Init(s));
-  POLYKV_RETURN_IF_ERROR(
-      CudaStatus(cuda::InvokeEncodeValues(v, DTypeCode(dtype), shape.vectors(), shape.head_dim, cb,
-                                         config.rotation_seed, config.norm_correction, packed,
-                                         norms, bad.get(), s),
-                "value encode kernel"));
-  POLYKV_ASSIGN_OR_RETURN(int64_t bad_index, bad.Read());
-  if (bad_index >= 0) return DeviceNonFiniteError("V", v, dtype, shape, bad_index);
-  return absl::OkStatus();
-#else
-  (void)stream;
-  return absl::InternalError("unreachable");
-#endif
+  POLYKV_CUDA_BRANCH(return EncodeValuesCuda(v, dtype, shape, config, cb, packed, norms, stream));
 }
 
 Status DecodeValues(const uint8_t* packed, const float* norms, const LayerShape& shape,
@@ -369,15 +366,11 @@ Status DecodeValues(const uint8_t* packed, const float* norms, const LayerShape&
     internal::DecodeValuesCpu(packed, norms, shape, config, cb, out, out_dtype);
     return absl::OkStatus();
   }
-#if defined(POLYKV_HAVE_CUDA)
-  return CudaStatus(cuda::InvokeDecodeValues(packed, norms, shape.vectors(), shape.head_dim, cb,
-                                            config.rotation_seed, out, DTypeCode(out_dtype),
-                                            static_cast<cudaStream_t>(stream)),
-                   "value decode kernel");
-#else
-  (void)stream;
-  return absl::InternalError("unreachable");
-#endif
+  POLYKV_CUDA_BRANCH(
+      return CudaStatus(cuda::InvokeDecodeValues(packed, norms, shape.vectors(), shape.head_dim, cb,
+                                                 config.rotation_seed, out, DTypeCode(out_dtype),
+                                                 static_cast<cudaStream_t>(stream)),
+                        "value decode kernel"));
 }
 
 LayerBytes CompressedLayerBytes(const LayerShape& shape, const CodecConfig& config) {
