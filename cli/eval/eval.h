@@ -35,7 +35,7 @@ struct Window {
 /// `count` consecutive non-overlapping windows of L + 1 tokens from token `offset` on.
 /// kInvalidArgument when the text is too short (naming how many tokens are needed) or
 /// scored is outside [1, L - 1].
-StatusOr<std::vector<Window>> MakeWindows(const std::vector<int32_t>& ids, int64_t context_length,
+[[nodiscard]] StatusOr<std::vector<Window>> MakeWindows(const std::vector<int32_t>& ids, int64_t context_length,
                                           int64_t scored, int count, int64_t offset = 0);
 
 /// Relative MSE sum |x_hat - x|^2 / sum |x|^2 of one layer's keys and values.
@@ -61,7 +61,7 @@ class WindowScorer {
   [[nodiscard]] Status Prepare(const Window& w);
   /// Mean NLL (nats per scored token) of the prepared window with the context's K/V taken
   /// through `spec` ("none": unchanged). Per-layer errors go to `errors` when non-null.
-  StatusOr<double> MeanNll(const CodecSpec& spec, std::vector<LayerError>* errors = nullptr);
+  [[nodiscard]] StatusOr<double> MeanNll(const CodecSpec& spec, std::vector<LayerError>* errors = nullptr);
   /// Wall seconds of the last Prepare / MeanNll.
   double prepare_s() const { return prepare_s_; }
   double score_s() const { return score_s_; }
@@ -101,13 +101,13 @@ struct PplOptions {
 
 /// The PPL-vs-context table for `codecs` (the baseline is always scored): one row per
 /// (context, codec). Contexts above the model's max_positions are skipped (logged).
-StatusOr<std::vector<PplRow>> PplVsContext(model::LlamaModel& m, const std::vector<int32_t>& ids,
+[[nodiscard]] StatusOr<std::vector<PplRow>> PplVsContext(model::LlamaModel& m, const std::vector<int32_t>& ids,
                                            const std::vector<CodecSpec>& codecs,
                                            const PplOptions& o);
 
 /// Per-layer reconstruction error of `spec` for a real prefill of `context` (the model's K/V
 /// of those tokens).
-StatusOr<std::vector<LayerError>> LayerErrors(model::LlamaModel& m,
+[[nodiscard]] StatusOr<std::vector<LayerError>> LayerErrors(model::LlamaModel& m,
                                               const std::vector<int32_t>& context,
                                               const CodecSpec& spec);
 

@@ -46,7 +46,7 @@ struct AgentRow {
 /// Runs the section for every codec (codec "none" is added as the reference when absent).
 /// Errors: kInvalidArgument (too few tokens, counts < 1), kUnavailable (no daemon), and the
 /// first agent's error.
-StatusOr<std::vector<AgentRow>> AgentInvariance(const std::vector<int32_t>& ids,
+[[nodiscard]] StatusOr<std::vector<AgentRow>> AgentInvariance(const std::vector<int32_t>& ids,
                                                 const std::vector<CodecSpec>& codecs,
                                                 const AgentEvalOptions& o);
 

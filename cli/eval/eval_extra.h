@@ -34,7 +34,7 @@ struct GreedyRow {
 
 /// Prefills the framed document once, then answers every question greedily with the full
 /// cache and with each codec's reconstruction of it (attended to in place).
-StatusOr<std::vector<GreedyRow>> GreedyAgreement(model::LlamaModel& m,
+[[nodiscard]] StatusOr<std::vector<GreedyRow>> GreedyAgreement(model::LlamaModel& m,
                                                  const std::vector<CodecSpec>& codecs,
                                                  const GreedyOptions& o);
 

@@ -60,7 +60,7 @@ struct DaemonOptions {
 
 /// "4G", "512M", "1.5GiB", "1000000" -> bytes (K/M/G/T = 1024^n; KB/MB/GB/TB = 1000^n).
 /// Errors: kInvalidArgument naming the text.
-StatusOr<uint64_t> ParseByteSize(const std::string& text);
+[[nodiscard]] StatusOr<uint64_t> ParseByteSize(const std::string& text);
 
 /// Adds polykvd's flags (and --config FILE, TOML/INI) to `app`, writing into `options`.
 /// Bad values (e.g. --memory-cap 4X) make app.parse throw CLI::ValidationError.
@@ -74,7 +74,7 @@ class Daemon {
  public:
   /// Startup checks and bind. Errors: kAlreadyExists when a live daemon answers PING on the
   /// endpoint; kInvalidArgument for bad options; kUnavailable when binding fails.
-  static StatusOr<std::unique_ptr<Daemon>> Start(DaemonOptions options);
+  [[nodiscard]] static StatusOr<std::unique_ptr<Daemon>> Start(DaemonOptions options);
   ~Daemon();
 
   /// Serves requests until Stop() or `*external_stop` becomes true; then shuts down: answers

@@ -27,7 +27,7 @@ class FdServer {
   /// Binds `path` (a stale socket file there is replaced; any other file is an error),
   /// sets its mode (and group polykv when that group exists) and starts serving.
   /// Errors: kFailedPrecondition (path is not a socket), kUnavailable (bind/listen).
-  static StatusOr<std::unique_ptr<FdServer>> Start(const std::string& path, uint32_t mode,
+  [[nodiscard]] static StatusOr<std::unique_ptr<FdServer>> Start(const std::string& path, uint32_t mode,
                                                    std::shared_ptr<PoolManager> manager,
                                                    Authorize authorize);
   /// Stops the thread and removes the socket file.

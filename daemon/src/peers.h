@@ -61,10 +61,10 @@ class Peers : public PeerSource {
   /// server and ping threads. Errors: kInvalidArgument (a --listen or --peer without key
   /// files: a daemon without keys refuses TCP; a --peer whose key the peer-keys file lacks;
   /// malformed endpoints), the key readers' errors, kUnavailable (bind, UCX).
-  static StatusOr<std::unique_ptr<Peers>> Start(PeerOptions options, Hooks hooks);
+  [[nodiscard]] static StatusOr<std::unique_ptr<Peers>> Start(PeerOptions options, Hooks hooks);
   ~Peers() override;
 
-  StatusOr<Offer> Find(const std::string& pool_id) override;
+  [[nodiscard]] StatusOr<Offer> Find(const std::string& pool_id) override;
   [[nodiscard]] Status Pull(const Offer& offer, void* dst, uint64_t size, const std::atomic<bool>* cancel,
               const std::function<void(uint64_t, uint64_t)>& progress) override;
   void Release(const Offer& offer) override;
@@ -80,7 +80,7 @@ class Peers : public PeerSource {
   Peers(PeerOptions options, Hooks hooks) : options_(std::move(options)), hooks_(std::move(hooks)) {}
   /// One request/reply with peer `endpoint` on a fresh CURVE DEALER (LINGER 0). A refused
   /// handshake is kPermissionDenied naming the peer; no answer is kUnavailable.
-  StatusOr<ipc::Reply> Call(const std::string& endpoint, ipc::Request request, int timeout_ms);
+  [[nodiscard]] StatusOr<ipc::Reply> Call(const std::string& endpoint, ipc::Request request, int timeout_ms);
   void ServeLoop();
   void PingLoop();
   void HandleZap(zmq::socket_t& zap);

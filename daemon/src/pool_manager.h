@@ -54,7 +54,7 @@ class PeerSource {
   };
   /// Asks the peers in order for `pool_id` (full id or unique prefix). Errors: kNotFound
   /// when no peer holds it (naming what each said), kUnavailable when no peer answered.
-  virtual StatusOr<Offer> Find(const std::string& pool_id) = 0;
+  [[nodiscard]] virtual StatusOr<Offer> Find(const std::string& pool_id) = 0;
   /// Pulls the offer's bytes into `dst` (`size` = offer.pool_bytes). `progress` gets (bytes
   /// done, total). Errors: kUnavailable (the holder failed mid-transfer), kDeadlineExceeded
   /// (stalled), kCancelled.
@@ -178,9 +178,9 @@ struct CodecChoice {
   bool named_bits_only = false;
 };
 /// Errors: kInvalidArgument naming the grammar and the accepted names.
-StatusOr<CodecChoice> ParseCodecName(const std::string& name);
+[[nodiscard]] StatusOr<CodecChoice> ParseCodecName(const std::string& name);
 /// "tensor" | "head" | "channel". Errors: kInvalidArgument.
-StatusOr<kernels::KeyScaleMode> ParseKeyScale(const std::string& name);
+[[nodiscard]] StatusOr<kernels::KeyScaleMode> ParseKeyScale(const std::string& name);
 
 /// Hex SHA-256 content address of a pool: over "polykv-pool-v1", the model fingerprint,
 /// the tokenizer fingerprint ("none" without a tokenizer), the codec parameters (codec,
@@ -218,16 +218,16 @@ class PoolManager {
   /// document longer than the model's context), kFailedPrecondition (a CUDA backend or a
   /// runtime that cannot attend in place), kAborted (the parent was evicted during the
   /// create: nothing is published).
-  StatusOr<CreateResult> CreatePool(const ipc::Request& request, const ProgressFn& progress,
+  [[nodiscard]] StatusOr<CreateResult> CreatePool(const ipc::Request& request, const ProgressFn& progress,
                                     const Requester& who = {},
                                     const std::atomic<bool>* cancel = nullptr);
 
   /// Grants a lease on a published pool (`pool_id`: full id or a unique prefix of >= 8 hex).
   /// Errors: kNotFound, kInvalidArgument (ambiguous prefix).
-  StatusOr<LeaseGrant> Attach(const std::string& pool_id, uint32_t client_pid);
+  [[nodiscard]] StatusOr<LeaseGrant> Attach(const std::string& pool_id, uint32_t client_pid);
   /// Extends a lease. Errors: kNotFound "pool evicted" for leases of a force-evicted pool,
   /// kNotFound for unknown or expired leases.
-  StatusOr<LeaseGrant> Renew(const std::string& lease_id);
+  [[nodiscard]] StatusOr<LeaseGrant> Renew(const std::string& lease_id);
   /// Releases a lease. Errors: kNotFound.
   [[nodiscard]] Status Detach(const std::string& lease_id);
   /// Removes a pool. Errors: kNotFound; kFailedPrecondition when it has live leases or child
@@ -239,7 +239,7 @@ class PoolManager {
   /// A descriptor (dup) of the sealed memfd of the pool that `lease_id` holds.
   /// Errors: kNotFound (unknown or expired lease, evicted pool), kFailedPrecondition (not a
   /// host pool).
-  StatusOr<ipc::UniqueFd> PoolFd(const std::string& lease_id);
+  [[nodiscard]] StatusOr<ipc::UniqueFd> PoolFd(const std::string& lease_id);
 
   /// Publishes persisted pool `pool_id` (full id or unique prefix) from the store: loads its
   /// model (by the name it was created with) and refuses it when the model is absent or its
@@ -248,7 +248,7 @@ class PoolManager {
   /// published. Errors: also kNotFound (not persisted), kResourceExhausted (memory cap).
   /// A child pool (pool tree) restores its parent chain first (kFailedPrecondition when a
   /// parent is not available); `depth` bounds that recursion (callers leave it 0).
-  StatusOr<ipc::PoolInfo> RestorePersisted(const std::string& pool_id, int depth = 0);
+  [[nodiscard]] StatusOr<ipc::PoolInfo> RestorePersisted(const std::string& pool_id, int depth = 0);
   /// Restores every persisted pool (--preload), most recently used first, stopping at the
   /// memory cap; returns how many were published. Failures are logged, not returned.
   int PreloadPersisted();
@@ -265,13 +265,13 @@ class PoolManager {
   /// a failed or interrupted transfer publishes nothing and frees its memory. Errors: also
   /// kNotFound (no peer holds it, or no peers), kResourceExhausted (memory cap), the
   /// PeerSource's errors.
-  StatusOr<CreateResult> Replicate(const std::string& pool_id,
+  [[nodiscard]] StatusOr<CreateResult> Replicate(const std::string& pool_id,
                                    const std::atomic<bool>* cancel = nullptr,
                                    const ProgressFn& progress = {}, int depth = 0);
   /// Holds published pool `pool_id` (full id or unique prefix) for a peer's transfer (a pool
   /// in GPU memory is copied to host memory first). Errors: kNotFound, kInvalidArgument
   /// (ambiguous prefix), kResourceExhausted (no host memory for the copy), CUDA errors.
-  StatusOr<PoolExport> ExportForPeer(const std::string& pool_id) const;
+  [[nodiscard]] StatusOr<PoolExport> ExportForPeer(const std::string& pool_id) const;
   /// Pools replicated from peers since start.
   uint64_t replicated_count() const;
   /// Sets PoolManagerOptions::peers once, before requests are served.
@@ -282,7 +282,7 @@ class PoolManager {
   /// Published pools, oldest first.
   std::vector<ipc::PoolInfo> List() const;
   /// One pool. Errors: kNotFound, kInvalidArgument (ambiguous prefix).
-  StatusOr<ipc::PoolInfo> Info(const std::string& pool_id) const;
+  [[nodiscard]] StatusOr<ipc::PoolInfo> Info(const std::string& pool_id) const;
   /// Bytes held by published and in-flight pools.
   uint64_t memory_used() const;
   uint64_t memory_cap() const { return options_.memory_cap; }
@@ -347,26 +347,26 @@ class PoolManager {
     std::string loader_path;  ///< "/proc/self/fd/<n>" (or the canonical path)
   };
 
-  StatusOr<OpenedModel> OpenModel(const std::string& name, const Requester& who) const;
-  StatusOr<std::shared_ptr<ModelEntry>> GetModel(OpenedModel opened, const std::string& name,
+  [[nodiscard]] StatusOr<OpenedModel> OpenModel(const std::string& name, const Requester& who) const;
+  [[nodiscard]] StatusOr<std::shared_ptr<ModelEntry>> GetModel(OpenedModel opened, const std::string& name,
                                                  const ProgressFn& progress);
   void TrimModelCacheLocked(const ModelEntry* keep);
-  StatusOr<CreateResult> Restore(const ipc::PoolFileManifest& manifest);
+  [[nodiscard]] StatusOr<CreateResult> Restore(const ipc::PoolFileManifest& manifest);
   /// Fills a new pool region of `needed` bytes with `fill` and publishes it as `info` (Restore
   /// and Replicate); `origin` is "state" or "peer tcp://...". Nothing is left on error.
   using FillFn = std::function<Status(void* dst, uint64_t size)>;
-  StatusOr<CreateResult> PublishFilled(const ipc::PoolInfo& info, uint64_t needed,
+  [[nodiscard]] StatusOr<CreateResult> PublishFilled(const ipc::PoolInfo& info, uint64_t needed,
                                        const std::string& origin, const FillFn& fill);
   /// OK when this daemon would serve a pool made with `info.model` of fingerprint
   /// `info.model_fingerprint`; else kFailedPrecondition starting with `what`.
   [[nodiscard]] Status CheckServableModel(const ipc::PoolInfo& info, const std::string& what);
   /// Waits for a create / restore / replication of `id` in flight. Returns the pool when it
   /// is (or became) published; else registers `*flight` for the caller and returns nullopt.
-  StatusOr<std::optional<ipc::PoolInfo>> JoinOrRegisterFlight(const std::string& id,
+  [[nodiscard]] StatusOr<std::optional<ipc::PoolInfo>> JoinOrRegisterFlight(const std::string& id,
                                                               std::shared_ptr<InFlight>* flight);
   void FinishFlight(const std::string& id, const std::shared_ptr<InFlight>& flight,
                     const Status& status);
-  StatusOr<std::string> ResolvePoolIdLocked(const std::string& id_or_prefix) const;
+  [[nodiscard]] StatusOr<std::string> ResolvePoolIdLocked(const std::string& id_or_prefix) const;
   void DropExpiredLeasesLocked();
   void EraseLeaseLocked(std::map<std::string, Lease>::iterator it);
   ipc::PoolInfo InfoLocked(const Pool& pool) const;
@@ -380,8 +380,8 @@ class PoolManager {
     std::vector<int32_t> tokens;  ///< all positions of the chain
     ipc::PoolParams leaf_params;  ///< the parent's pool parameters (codec, shape)
   };
-  StatusOr<std::shared_ptr<ParentChain>> OpenParentChain(const std::string& parent_id);
-  StatusOr<CreateResult> Build(const std::string& model_name, ModelEntry* entry,
+  [[nodiscard]] StatusOr<std::shared_ptr<ParentChain>> OpenParentChain(const std::string& parent_id);
+  [[nodiscard]] StatusOr<CreateResult> Build(const std::string& model_name, ModelEntry* entry,
                                const std::string& pool_id, const ipc::PoolParams& params,
                                const std::vector<int32_t>& token_ids, const ProgressFn& progress,
                                const std::atomic<bool>* cancel,

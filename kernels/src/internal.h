@@ -11,7 +11,7 @@
 namespace polykv::kernels::internal {
 
 /// Codebook (levels + midpoint thresholds) for `bits` in 1..4, computed once and cached.
-StatusOr<math::ValueCodebook> GetValueCodebook(int32_t bits);
+[[nodiscard]] StatusOr<math::ValueCodebook> GetValueCodebook(int32_t bits);
 
 /// Runs fn(begin, end) over [0, n) split into at most CodecThreads() contiguous chunks of
 /// at least `grain` items; the calling thread takes one chunk. Runs inline when one chunk.

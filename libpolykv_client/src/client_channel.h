@@ -36,12 +36,12 @@ class Channel {
   /// Returns the reply (ok or error reply: check ipc::ReplyStatus). Errors: kUnavailable
   /// when no try got a reply; kInvalidArgument / kFailedPrecondition for a malformed or
   /// version-mismatched reply.
-  StatusOr<ipc::Reply> Call(ipc::Request request, int try_timeout_ms, int tries,
+  [[nodiscard]] StatusOr<ipc::Reply> Call(ipc::Request request, int try_timeout_ms, int tries,
                             const std::function<void(const ipc::Reply&)>& on_progress = {},
                             const std::atomic<bool>* cancel = nullptr);
 
   /// Like Call but returns the reply's own status as the error for error replies.
-  StatusOr<ipc::Reply> CallOk(ipc::Request request, int try_timeout_ms, int tries,
+  [[nodiscard]] StatusOr<ipc::Reply> CallOk(ipc::Request request, int try_timeout_ms, int tries,
                               const std::function<void(const ipc::Reply&)>& on_progress = {},
                               const std::atomic<bool>* cancel = nullptr);
 
@@ -52,7 +52,7 @@ class Channel {
   /// daemon instance (a restart on the same endpoint: the request is lost). After
   /// `silence_ms / 2` of silence it PINGs to tell a restart from a hang.
   /// kDeadlineExceeded after `timeout_ms` in all. Returns the final reply (ok or error).
-  StatusOr<ipc::Reply> CallStreaming(ipc::Request request, int timeout_ms, int silence_ms,
+  [[nodiscard]] StatusOr<ipc::Reply> CallStreaming(ipc::Request request, int timeout_ms, int silence_ms,
                                      const std::function<void(const ipc::Reply&)>& on_progress);
 
   const std::string& endpoint() const { return endpoint_; }

@@ -52,7 +52,7 @@ extern const char kLlama3Regex[];
 /// A regex step. Patterns equal to the GPT-2 or Llama 3 regex (also llama.cpp's spellings of
 /// them) use the hand-written matchers. Errors: kUnimplemented naming an unsupported
 /// construct.
-StatusOr<PreStep> MakeRegexStep(const std::string& pattern,
+[[nodiscard]] StatusOr<PreStep> MakeRegexStep(const std::string& pattern,
                                 SplitBehavior behavior = SplitBehavior::kIsolated,
                                 bool invert = false);
 
@@ -61,7 +61,7 @@ class PreTokenizer {
  public:
   /// llama.cpp's pre-tokenizer for a tokenizer.ggml.pre value (its regex list, in order).
   /// Errors: kUnimplemented naming the value and listing the supported names.
-  static StatusOr<PreTokenizer> FromName(const std::string& pre);
+  [[nodiscard]] static StatusOr<PreTokenizer> FromName(const std::string& pre);
 
   /// A pre-tokenizer from explicit steps (tokenizer.json). name() is the llama.cpp family
   /// whose steps are identical (e.g. "llama3", "qwen2", "smollm"), else "custom".

@@ -40,7 +40,7 @@ struct Subject {
 /// match the empty string.
 class Regex {
  public:
-  static StatusOr<std::shared_ptr<const Regex>> Compile(std::string_view pattern);
+  [[nodiscard]] static StatusOr<std::shared_ptr<const Regex>> Compile(std::string_view pattern);
   ~Regex();
 
   /// All matches in cps[begin, end) left to right, as std::regex_iterator / HF find_iter:

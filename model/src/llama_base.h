@@ -23,13 +23,13 @@ class LlamaBase : public LlamaModel {
   torch::ScalarType dtype() const override { return dtype_; }
 
   KvCache NewCache(int64_t capacity) const override;
-  StatusOr<torch::Tensor> Forward(absl::Span<const int32_t> tokens, KvCache& cache,
+  [[nodiscard]] StatusOr<torch::Tensor> Forward(absl::Span<const int32_t> tokens, KvCache& cache,
                                   bool all_logits) override;
-  StatusOr<PrefillResult> Prefill(absl::Span<const int32_t> tokens, int64_t chunk,
+  [[nodiscard]] StatusOr<PrefillResult> Prefill(absl::Span<const int32_t> tokens, int64_t chunk,
                                   const std::function<void(int64_t, int64_t)>& progress) override;
-  StatusOr<GenerateResult> Generate(KvCache& cache, absl::Span<const int32_t> prompt,
+  [[nodiscard]] StatusOr<GenerateResult> Generate(KvCache& cache, absl::Span<const int32_t> prompt,
                                     const SamplingOptions& options) override;
-  StatusOr<PerplexityResult> Perplexity(absl::Span<const int32_t> tokens, int64_t context,
+  [[nodiscard]] StatusOr<PerplexityResult> Perplexity(absl::Span<const int32_t> tokens, int64_t context,
                                         int64_t stride) override;
 
  protected:
@@ -37,11 +37,11 @@ class LlamaBase : public LlamaModel {
   /// logits for positions >= logits_from (relative to the first new token):
   /// [n - logits_from][vocab] (logits_from == n: no logits, no lm_head work). Validates ids
   /// and the cache itself.
-  virtual StatusOr<torch::Tensor> ForwardImpl(absl::Span<const int32_t> tokens, KvCache& cache,
+  [[nodiscard]] virtual StatusOr<torch::Tensor> ForwardImpl(absl::Span<const int32_t> tokens, KvCache& cache,
                                               int64_t logits_from) = 0;
 
   /// ForwardImpl after CheckWindow: every forward pass of LlamaBase goes through here.
-  StatusOr<torch::Tensor> Step(absl::Span<const int32_t> tokens, KvCache& cache,
+  [[nodiscard]] StatusOr<torch::Tensor> Step(absl::Span<const int32_t> tokens, KvCache& cache,
                                int64_t logits_from);
   /// kOutOfRange when a model with a sliding window (ModelConfig::sliding_window) would hold
   /// more than that many positions after `n` more at `past` (full attention would differ).
@@ -58,7 +58,7 @@ class LlamaBase : public LlamaModel {
   void RopeTables(int64_t past, int64_t n, float* cos, float* sin) const;
 
   bool IsEos(int32_t id) const;
-  StatusOr<int32_t> Sample(const torch::Tensor& logits, const SamplingOptions& o,
+  [[nodiscard]] StatusOr<int32_t> Sample(const torch::Tensor& logits, const SamplingOptions& o,
                            std::mt19937_64& rng) const;
 
   ModelConfig config_;

@@ -94,13 +94,13 @@ class WeightReader {
   virtual ~WeightReader() = default;
   /// A CPU floating tensor shaped `shape` (HF [out][in]); kInvalidArgument naming the
   /// tensor when missing or shaped differently.
-  virtual StatusOr<torch::Tensor> Get(const std::string& role, int layer,
+  [[nodiscard]] virtual StatusOr<torch::Tensor> Get(const std::string& role, int layer,
                                       const std::vector<int64_t>& shape) = 0;
   /// Whether a separate output (lm_head) tensor exists.
   virtual bool HasOutput() = 0;
   /// The tensor where it lies in the mapping (no copy), checked to be shaped `shape`.
   /// kInvalidArgument naming the tensor when missing or shaped differently.
-  virtual StatusOr<RawTensor> GetRaw(const std::string& role, int layer,
+  [[nodiscard]] virtual StatusOr<RawTensor> GetRaw(const std::string& role, int layer,
                                      const std::vector<int64_t>& shape) = 0;
   /// The file mappings GetRaw points into (kept alive by the model).
   virtual std::vector<std::shared_ptr<const void>> Mappings() = 0;
@@ -128,12 +128,12 @@ std::unique_ptr<LlamaModel> MakeMappedLlama(LoadedModel m, const LoadOptions& op
 [[nodiscard]] Status ValidateConfig(const ModelConfig& config, const std::string& source);
 
 /// HF folder: config.json + model.safetensors or model.safetensors.index.json.
-StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const LoadOptions& options);
+[[nodiscard]] StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const LoadOptions& options);
 /// A GGUF file of general.architecture llama or qwen2.
-StatusOr<LoadedModel> LoadGgufModel(const std::string& path, const LoadOptions& options);
+[[nodiscard]] StatusOr<LoadedModel> LoadGgufModel(const std::string& path, const LoadOptions& options);
 
 /// Hex SHA-256 of `prefix` followed by the bytes of each file in order.
-StatusOr<std::string> Sha256OfFiles(const std::string& prefix,
+[[nodiscard]] StatusOr<std::string> Sha256OfFiles(const std::string& prefix,
                                     const std::vector<std::string>& paths);
 
 /// Converts a libtorch / std exception message to a Status (kResourceExhausted for

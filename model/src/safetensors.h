@@ -33,7 +33,7 @@ struct SafetensorsEntry {
 class SafetensorsFile {
  public:
   /// Errors: kNotFound (no file); kInvalidArgument naming the file and the bad field.
-  static StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  [[nodiscard]] static StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -45,7 +45,7 @@ class SafetensorsFile {
 
   /// Reads `entry` into a new contiguous CPU tensor of its own dtype (F32/F16/BF16).
   /// Errors: kUnimplemented for other dtypes; kDataLoss on a short read.
-  StatusOr<torch::Tensor> Read(const SafetensorsEntry& entry) const;
+  [[nodiscard]] StatusOr<torch::Tensor> Read(const SafetensorsEntry& entry) const;
 
   /// The bytes of `entry` inside the read-only mapping (valid while this object lives);
   /// empty for an entry that does not lie inside this file.

@@ -51,14 +51,14 @@ class VocabTokenizer : public Tokenizer {
  public:
   explicit VocabTokenizer(Vocab vocab);
 
-  StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_bos) const override;
-  StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const override;
+  [[nodiscard]] StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_bos) const override;
+  [[nodiscard]] StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(vocab_.tokens.size()); }
   int32_t bos_id() const override { return vocab_.bos; }
   int32_t eos_id() const override { return vocab_.eos; }
   bool adds_bos() const override { return vocab_.add_bos && vocab_.bos >= 0; }
   bool IsEndOfGeneration(int32_t id) const override { return eog_.count(id) > 0; }
-  StatusOr<std::string> ApplyChatTemplate(absl::Span<const ChatMessage> messages,
+  [[nodiscard]] StatusOr<std::string> ApplyChatTemplate(absl::Span<const ChatMessage> messages,
                                           bool add_generation_prompt) const override;
   std::string Fingerprint() const override { return fingerprint_; }
 
@@ -92,24 +92,24 @@ std::string Sha256Hex(std::string_view data);
 /// and a pre-tokenizer. `ignore_merges`: a whole pre-token found in the vocabulary is one
 /// token (llama3). `nfc`: text between special tokens is NFC-normalized first (a
 /// tokenizer.json NFC normalizer). Errors: kInvalidArgument for malformed merges.
-StatusOr<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(Vocab vocab,
+[[nodiscard]] StatusOr<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(Vocab vocab,
                                                       const std::vector<std::string>& merges,
                                                       bpe::PreTokenizer pre, bool ignore_merges,
                                                       bool nfc = false);
 
 /// SentencePiece BPE over a GGUF "llama" vocabulary (llama.cpp llm_tokenizer_spm).
-StatusOr<std::unique_ptr<Tokenizer>> MakeSpmTokenizer(Vocab vocab, std::vector<float> scores,
+[[nodiscard]] StatusOr<std::unique_ptr<Tokenizer>> MakeSpmTokenizer(Vocab vocab, std::vector<float> scores,
                                                       bool add_space_prefix);
 
 /// tokenizer.json (HF tokenizers, BPE model with a byte-level pre-tokenizer).
-StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const std::string& path);
+[[nodiscard]] StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const std::string& path);
 /// tokenizer.model through libsentencepiece.
-StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceModel(const std::string& path);
+[[nodiscard]] StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceModel(const std::string& path);
 
 /// ChatML rendering ("<|im_start|>role\ncontent<|im_end|>\n"...), with the default system
 /// prompt the template inserts when the first message is not a system message (if any).
 /// kUnimplemented when `chat_template` is not ChatML.
-StatusOr<std::string> RenderChatTemplate(const std::string& chat_template,
+[[nodiscard]] StatusOr<std::string> RenderChatTemplate(const std::string& chat_template,
                                          absl::Span<const ChatMessage> messages,
                                          bool add_generation_prompt);
 

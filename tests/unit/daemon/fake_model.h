@@ -72,19 +72,19 @@ class FakeModel : public model::LlamaModel {
   torch::Device device() const override { return torch::kCPU; }
   torch::ScalarType dtype() const override { return torch::kFloat32; }
   model::KvCache NewCache(int64_t) const override { return {}; }
-  StatusOr<model::KvCache> NewCacheWithPrefix(std::shared_ptr<const model::KvPrefix>,
+  [[nodiscard]] StatusOr<model::KvCache> NewCacheWithPrefix(std::shared_ptr<const model::KvPrefix>,
                                               std::vector<int32_t>, int64_t) const override {
     return absl::UnimplementedError("fake model");
   }
-  StatusOr<model::KvCache> FreezeAsPrefix(model::KvCache&&, int64_t) const override {
+  [[nodiscard]] StatusOr<model::KvCache> FreezeAsPrefix(model::KvCache&&, int64_t) const override {
     return absl::UnimplementedError("fake model");
   }
   model::WeightStorage weight_storage() const override { return model::WeightStorage::kCopy; }
   int64_t WeightBytesPerToken() const override { return 0; }
-  StatusOr<torch::Tensor> Forward(absl::Span<const int32_t>, model::KvCache&, bool) override {
+  [[nodiscard]] StatusOr<torch::Tensor> Forward(absl::Span<const int32_t>, model::KvCache&, bool) override {
     return absl::UnimplementedError("fake model");
   }
-  StatusOr<model::PrefillResult> Prefill(
+  [[nodiscard]] StatusOr<model::PrefillResult> Prefill(
       absl::Span<const int32_t> tokens, int64_t chunk,
       const std::function<void(int64_t, int64_t)>& progress) override {
     if (before_prefill_) before_prefill_();
@@ -110,11 +110,11 @@ class FakeModel : public model::LlamaModel {
     r.last_logits = torch::zeros({config_.vocab});
     return r;
   }
-  StatusOr<model::GenerateResult> Generate(model::KvCache&, absl::Span<const int32_t>,
+  [[nodiscard]] StatusOr<model::GenerateResult> Generate(model::KvCache&, absl::Span<const int32_t>,
                                            const model::SamplingOptions&) override {
     return absl::UnimplementedError("fake model");
   }
-  StatusOr<model::PerplexityResult> Perplexity(absl::Span<const int32_t>, int64_t,
+  [[nodiscard]] StatusOr<model::PerplexityResult> Perplexity(absl::Span<const int32_t>, int64_t,
                                                int64_t) override {
     return absl::UnimplementedError("fake model");
   }

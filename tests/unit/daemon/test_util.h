@@ -136,7 +136,7 @@ class RawClient {
     return parts.back().to_string();
   }
   /// Sends `req` and returns the final reply (PROGRESS messages go to `progress`).
-  StatusOr<ipc::Reply> Call(ipc::Request req, int timeout_ms = 20000,
+  [[nodiscard]] StatusOr<ipc::Reply> Call(ipc::Request req, int timeout_ms = 20000,
                             std::vector<ipc::Reply>* progress = nullptr) {
     req.id = ++next_id_;
     SendFrame(ipc::EncodeRequest(req));
@@ -157,7 +157,7 @@ class RawClient {
       return r;
     }
   }
-  StatusOr<ipc::Reply> Ping(int timeout_ms = 5000) {
+  [[nodiscard]] StatusOr<ipc::Reply> Ping(int timeout_ms = 5000) {
     ipc::Request r;
     r.type = ipc::MessageType::kPing;
     return Call(r, timeout_ms);

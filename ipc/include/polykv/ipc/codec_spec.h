@@ -54,10 +54,10 @@ struct CodecSpec {
 };
 
 /// Parses a preset or spec (see the file comment). kInvalidArgument naming the bad token.
-StatusOr<CodecSpec> ParseCodecSpec(const std::string& text);
+[[nodiscard]] StatusOr<CodecSpec> ParseCodecSpec(const std::string& text);
 
 /// Parses a comma-separated list of specs.
-StatusOr<std::vector<CodecSpec>> ParseCodecList(const std::string& text);
+[[nodiscard]] StatusOr<std::vector<CodecSpec>> ParseCodecList(const std::string& text);
 
 /// Exact bytes of a pool holding `tokens` tokens with `spec` (the pool layout of
 /// ipc/pool_layout.h: 4096-byte header, int32 token ids, every section 256-byte aligned;

@@ -29,14 +29,14 @@ class CudaArena {
   /// cudaMalloc `size` bytes on the current device and export it.
   /// Errors: kUnimplemented in CPU-only builds; kResourceExhausted when out of memory;
   /// kInternal with the CUDA error string otherwise.
-  static StatusOr<CudaArena> Allocate(uint64_t size);
+  [[nodiscard]] static StatusOr<CudaArena> Allocate(uint64_t size);
   CudaArena(CudaArena&&) noexcept;
   CudaArena& operator=(CudaArena&&) noexcept;
   ~CudaArena();
   void* data() const { return ptr_; }
   uint64_t size() const { return size_; }
   /// The handle for a pool at `offset` of `size` bytes inside this arena.
-  StatusOr<CudaIpcHandle> Export(uint64_t offset, uint64_t size) const;
+  [[nodiscard]] StatusOr<CudaIpcHandle> Export(uint64_t offset, uint64_t size) const;
   /// Copies `bytes` of host memory into the arena at `offset` (cudaMemcpy H2D), e.g. a pool
   /// encoded on the host. Errors: kOutOfRange past the end; kUnimplemented in CPU-only
   /// builds; kInternal with the CUDA error string.
@@ -58,7 +58,7 @@ class CudaIpcMapping {
   /// Finds the local device whose UUID matches, sets it, cudaIpcOpenMemHandle (or reuses an
   /// open mapping), and returns base + offset. Errors: kNotFound for an unknown UUID,
   /// kUnimplemented in CPU-only builds, kInternal with the CUDA error string.
-  static StatusOr<CudaIpcMapping> Open(const CudaIpcHandle& handle);
+  [[nodiscard]] static StatusOr<CudaIpcMapping> Open(const CudaIpcHandle& handle);
   CudaIpcMapping(CudaIpcMapping&&) noexcept;
   CudaIpcMapping& operator=(CudaIpcMapping&&) noexcept;
   ~CudaIpcMapping();

@@ -27,12 +27,12 @@ struct CurveKeyPair {
 };
 
 /// Generates a key pair (zmq_curve_keypair). Errors: kInternal (libzmq without CURVE).
-StatusOr<CurveKeyPair> GenerateCurveKeyPair();
+[[nodiscard]] StatusOr<CurveKeyPair> GenerateCurveKeyPair();
 /// The text of a key pair file (see the top of this file).
 std::string CurveKeyPairFileText(const CurveKeyPair& keys);
 /// Reads a key pair file. Errors: kNotFound, kPermissionDenied (readable by group or others:
 /// names the mode), kInvalidArgument (malformed: names the line).
-StatusOr<CurveKeyPair> ReadCurveKeyPairFile(const std::string& path);
+[[nodiscard]] StatusOr<CurveKeyPair> ReadCurveKeyPairFile(const std::string& path);
 
 /// A parsed peer-keys file.
 struct PeerKeys {
@@ -41,7 +41,7 @@ struct PeerKeys {
 };
 /// Errors: kNotFound, kInvalidArgument naming the line (bad key, bad endpoint, an endpoint
 /// listed twice with different keys).
-StatusOr<PeerKeys> ReadPeerKeysFile(const std::string& path);
+[[nodiscard]] StatusOr<PeerKeys> ReadPeerKeysFile(const std::string& path);
 
 /// Parses "tcp://HOST:PORT" (HOST: a name, an IPv4 address or "*"; PORT 1..65535).
 /// Errors: kInvalidArgument naming `flag` and the text.

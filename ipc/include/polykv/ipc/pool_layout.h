@@ -155,7 +155,7 @@ struct PoolLayout {
 };
 
 /// Validates params (kInvalidArgument naming the field) and computes the layout.
-StatusOr<PoolLayout> ComputePoolLayout(const PoolParams& params);
+[[nodiscard]] StatusOr<PoolLayout> ComputePoolLayout(const PoolParams& params);
 
 /// Bytes of the same KV cache held privately in bf16 (2 bytes x 2 tensors x elements).
 uint64_t Bf16CacheBytes(const PoolParams& params);
@@ -166,7 +166,7 @@ uint64_t Bf16CacheBytes(const PoolParams& params);
 class PoolWriter {
  public:
   /// Errors: kInvalidArgument when `size` < layout total, or token_ids.size() != tokens.
-  static StatusOr<PoolWriter> Create(void* base, uint64_t size, const PoolParams& params,
+  [[nodiscard]] static StatusOr<PoolWriter> Create(void* base, uint64_t size, const PoolParams& params,
                                      absl::Span<const uint8_t> pool_id,
                                      absl::Span<const int32_t> token_ids,
                                      kernels::Device device = kernels::Device::kCpu);
@@ -207,7 +207,7 @@ class PoolReader {
   /// Checks magic, version, header checksum, sizes; with `verify_payload` also the payload
   /// checksum (a full pass over the region). Errors: kDataLoss naming what failed,
   /// kInvalidArgument for an unknown version or a region smaller than total_bytes.
-  static StatusOr<PoolReader> Open(const void* base, uint64_t size, bool verify_payload,
+  [[nodiscard]] static StatusOr<PoolReader> Open(const void* base, uint64_t size, bool verify_payload,
                                    kernels::Device device = kernels::Device::kCpu);
   const PoolHeader& header() const { return header_; }
   const PoolParams& params() const { return params_; }
@@ -227,7 +227,7 @@ class PoolReader {
   /// Decodes layer `layer` (host pools) and measures it against reference K and V
   /// ([kv_heads][tokens][head_dim] in `dtype`, host memory), e.g. a fresh prefill of the
   /// pool's tokens. Errors: kInvalidArgument (layer, null), kFailedPrecondition on a device.
-  StatusOr<LayerFidelity> MeasureFidelity(uint32_t layer, const void* k, const void* v,
+  [[nodiscard]] StatusOr<LayerFidelity> MeasureFidelity(uint32_t layer, const void* k, const void* v,
                                           kernels::DType dtype) const;
   /// First byte of the region (host or device address).
   const uint8_t* base() const { return base_; }
@@ -246,7 +246,7 @@ class PoolReader {
 /// A read-only view of a host pool's K/V for attention in place (kernels/attention.h): per
 /// layer, pointers into the region `reader` was opened on (valid while it stays mapped).
 /// Errors: kFailedPrecondition for a device (CUDA) reader.
-StatusOr<kernels::PrefixView> PrefixViewOf(const PoolReader& reader);
+[[nodiscard]] StatusOr<kernels::PrefixView> PrefixViewOf(const PoolReader& reader);
 
 /// 64-bit checksum used by the pool format (XXH64 over `bytes`, seed 0).
 uint64_t Checksum64(const void* data, uint64_t bytes);

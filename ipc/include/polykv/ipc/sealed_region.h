@@ -54,12 +54,12 @@ class SealedRegion {
   /// reserves its pages (so a full memory budget is an error here, never a SIGBUS while
   /// writing) and maps it read-write. Errors: kInvalidArgument (size 0),
   /// kResourceExhausted (no memory), kInternal (memfd_create / sealing unsupported).
-  static StatusOr<SealedRegion> Create(const std::string& debug_name, uint64_t size);
+  [[nodiscard]] static StatusOr<SealedRegion> Create(const std::string& debug_name, uint64_t size);
   /// Maps a received descriptor read-only after checking that it is a memfd sealed with
   /// kPoolSealsRequired and at least `expected_size` bytes (0: any). Takes ownership of
   /// `fd`. Errors: kPermissionDenied naming the missing seals (the sender could still
   /// change the memory), kDataLoss (smaller than announced), kInternal (mmap).
-  static StatusOr<SealedRegion> MapSealed(UniqueFd fd, uint64_t expected_size);
+  [[nodiscard]] static StatusOr<SealedRegion> MapSealed(UniqueFd fd, uint64_t expected_size);
 
   SealedRegion(SealedRegion&& o) noexcept;
   SealedRegion& operator=(SealedRegion&& o) noexcept;
@@ -100,7 +100,7 @@ int GetSeals(int fd);
 /// Receives one packet of at most `max_bytes` and at most one descriptor, waiting up to
 /// `timeout_ms`. Extra descriptors are closed. Errors: kDeadlineExceeded, kUnavailable (peer
 /// closed), kInternal.
-StatusOr<std::pair<std::string, UniqueFd>> RecvWithFd(int socket, size_t max_bytes,
+[[nodiscard]] StatusOr<std::pair<std::string, UniqueFd>> RecvWithFd(int socket, size_t max_bytes,
                                                       int timeout_ms);
 
 /// Client side of polykvd's pool-descriptor socket: connects to `socket_path`, sends
@@ -108,7 +108,7 @@ StatusOr<std::pair<std::string, UniqueFd>> RecvWithFd(int socket, size_t max_byt
 /// ("OK <bytes>" + SCM_RIGHTS). The daemon checks the peer's uid (SO_PEERCRED) and that the
 /// lease is live. Errors: the daemon's status ("ERR <CODE> <message>"), kUnavailable (no
 /// socket / daemon gone), kPermissionDenied (socket not accessible), kDeadlineExceeded.
-StatusOr<UniqueFd> RequestPoolFd(const std::string& socket_path, const std::string& lease_id,
+[[nodiscard]] StatusOr<UniqueFd> RequestPoolFd(const std::string& socket_path, const std::string& lease_id,
                                  int timeout_ms);
 
 /// Probes an AF_UNIX stream socket path with connect(2), for a fast, precise error instead

@@ -17,9 +17,9 @@ class ShmRegion {
   /// Creates `name` ("/polykv-...") of `size` bytes, mode 0640, mapped read-write; the
   /// region is unlinked on destruction. Errors: kAlreadyExists, kResourceExhausted when
   /// /dev/shm is full (the object is removed again), kInternal otherwise.
-  static StatusOr<ShmRegion> Create(const std::string& name, uint64_t size);
+  [[nodiscard]] static StatusOr<ShmRegion> Create(const std::string& name, uint64_t size);
   /// Maps an existing object read-only (PROT_READ). Errors: kNotFound, kPermissionDenied.
-  static StatusOr<ShmRegion> OpenReadOnly(const std::string& name);
+  [[nodiscard]] static StatusOr<ShmRegion> OpenReadOnly(const std::string& name);
   /// Removes a shm object by name; OK if absent.
   [[nodiscard]] static Status Remove(const std::string& name);
 

@@ -51,12 +51,12 @@ class UcxEngine {
  public:
   /// ucp_init (RMA) + a worker + the progress thread. UCX reads its usual environment
   /// (UCX_TLS, UCX_NET_DEVICES, ...). Errors: kUnavailable naming the UCX call and status.
-  static StatusOr<std::unique_ptr<UcxEngine>> Create();
+  [[nodiscard]] static StatusOr<std::unique_ptr<UcxEngine>> Create();
   virtual ~UcxEngine() = default;
 
   /// Registers [data, data + size) for remote reads (read-only memory is fine) and packs its
   /// memory key. Errors: kInvalidArgument (null or size 0), kUnavailable (UCX).
-  virtual StatusOr<std::unique_ptr<UcxExposure>> Expose(const void* data, uint64_t size) = 0;
+  [[nodiscard]] virtual StatusOr<std::unique_ptr<UcxExposure>> Expose(const void* data, uint64_t size) = 0;
 
   /// Reads the whole exposed region described by `descriptor` into `dst` (`size` bytes,
   /// which must equal the exposed size). Blocks the calling thread (its own worker and

@@ -208,7 +208,7 @@ int64_t PackedVectorBytes(int32_t head_dim, int32_t bits);
 /// computed by Lloyd's algorithm on the Gaussian density (not tabulated).
 /// 3 bits: +-0.2451, +-0.7560, +-1.3439, +-2.1519. Errors: kInvalidArgument for bits
 /// outside 1..4.
-StatusOr<std::vector<float>> LloydMaxCodebook(int32_t bits);
+[[nodiscard]] StatusOr<std::vector<float>> LloydMaxCodebook(int32_t bits);
 
 /// Encodes V [kv_heads][tokens][head_dim] (dtype) into `packed`
 /// ([vectors][PackedVectorBytes]) and f32 `norms` ([vectors]).

@@ -24,7 +24,7 @@ enum class Isa : int {
 const char* IsaName(Isa isa);
 
 /// Parses "scalar" / "avx2" / "avx512"; kInvalidArgument naming the text otherwise.
-StatusOr<Isa> ParseIsa(const std::string& name);
+[[nodiscard]] StatusOr<Isa> ParseIsa(const std::string& name);
 
 /// Whether this CPU (and OS) can execute `isa` (CPUID leaf 7 + XGETBV); cached.
 bool IsaSupported(Isa isa);

@@ -86,7 +86,7 @@ struct BlockFormat {
 };
 
 /// Block format of `type`. Errors: kUnimplemented naming the type.
-StatusOr<BlockFormat> WeightBlockFormat(WeightType type);
+[[nodiscard]] StatusOr<BlockFormat> WeightBlockFormat(WeightType type);
 
 /// A read-only weight matrix [rows][cols] in its storage format. Not owning.
 struct WeightView {
@@ -102,7 +102,7 @@ struct WeightView {
 /// rows * row_bytes <= `available` bytes at `data`. Errors: kInvalidArgument naming the
 /// shape (e.g. "Q4_K needs cols to be a multiple of 256, got 576"), kDataLoss when the data
 /// would run past `available`, kUnimplemented for an unknown type.
-StatusOr<WeightView> MakeWeightView(WeightType type, const void* data, uint64_t available,
+[[nodiscard]] StatusOr<WeightView> MakeWeightView(WeightType type, const void* data, uint64_t available,
                                     int64_t rows, int64_t cols);
 
 /// Activation rows from which MatMul uses the AMX-INT8 tile kernels by default (where the

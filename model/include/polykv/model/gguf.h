@@ -59,7 +59,7 @@ class GgufFile {
   /// nested deeper than 8; kUnimplemented for a tensor of a ggml type whose size PolyKV does
   /// not know (e.g. "tensor blk.0.attn_q.weight has ggml type IQ2_XXS (16), which PolyKV does
   /// not support").
-  static StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
+  [[nodiscard]] static StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
@@ -70,13 +70,13 @@ class GgufFile {
   /// Typed metadata getters; kNotFound if absent, kInvalidArgument on a type mismatch
   /// (a nested array is a mismatch for every array getter), kOutOfRange when an integer
   /// does not fit the result type.
-  StatusOr<std::string> GetString(std::string_view key) const;
-  StatusOr<int64_t> GetInt(std::string_view key) const;   ///< any integer type
-  StatusOr<double> GetFloat(std::string_view key) const;  ///< f32/f64 (or integer)
-  StatusOr<bool> GetBool(std::string_view key) const;
-  StatusOr<std::vector<std::string>> GetStringArray(std::string_view key) const;
-  StatusOr<std::vector<float>> GetFloatArray(std::string_view key) const;
-  StatusOr<std::vector<int32_t>> GetIntArray(std::string_view key) const;
+  [[nodiscard]] StatusOr<std::string> GetString(std::string_view key) const;
+  [[nodiscard]] StatusOr<int64_t> GetInt(std::string_view key) const;   ///< any integer type
+  [[nodiscard]] StatusOr<double> GetFloat(std::string_view key) const;  ///< f32/f64 (or integer)
+  [[nodiscard]] StatusOr<bool> GetBool(std::string_view key) const;
+  [[nodiscard]] StatusOr<std::vector<std::string>> GetStringArray(std::string_view key) const;
+  [[nodiscard]] StatusOr<std::vector<float>> GetFloatArray(std::string_view key) const;
+  [[nodiscard]] StatusOr<std::vector<int32_t>> GetIntArray(std::string_view key) const;
   /// All metadata keys in file order.
   std::vector<std::string> Keys() const;
 
@@ -97,7 +97,7 @@ class GgufFile {
 /// Known sizes: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K..Q8_K, I8..I64, F64.
 /// Errors: kUnimplemented naming the type when unsupported; kInvalidArgument when
 /// `elements` is not a multiple of the block size.
-StatusOr<uint64_t> GgmlTypeBytes(uint32_t type, int64_t elements);
+[[nodiscard]] StatusOr<uint64_t> GgmlTypeBytes(uint32_t type, int64_t elements);
 
 /// Dequantizes `elements` values of `type` from `data` (`data_bytes` long) to f32 `out`.
 /// Supports F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (at least every

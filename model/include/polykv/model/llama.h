@@ -232,7 +232,7 @@ class LlamaModel {
   /// Loads a HF folder (config.json + model.safetensors or sharded index) or a .gguf file.
   /// Errors: kNotFound for a missing path; kInvalidArgument / kDataLoss for malformed files;
   /// kUnimplemented naming an unsupported architecture field or tensor type.
-  static StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& path,
+  [[nodiscard]] static StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& path,
                                                     const LoadOptions& options = {});
   virtual ~LlamaModel() = default;
 
@@ -252,7 +252,7 @@ class LlamaModel {
   /// kInvalidArgument when a segment does not match the model (layers, kv_heads, head_dim)
   /// or tokens.size() != its length; kFailedPrecondition for a runtime that cannot attend
   /// to a prefix in place (the libtorch copy runtime).
-  virtual StatusOr<KvCache> NewCacheWithPrefix(std::shared_ptr<const KvPrefix> prefix,
+  [[nodiscard]] virtual StatusOr<KvCache> NewCacheWithPrefix(std::shared_ptr<const KvPrefix> prefix,
                                                std::vector<int32_t> tokens,
                                                int64_t capacity) const = 0;
 
@@ -262,7 +262,7 @@ class LlamaModel {
   /// document itself computes exactly what an agent of a codec-none pool does. The tensors
   /// move into the prefix's owner. Errors: kInvalidArgument for an empty cache or one that
   /// already has a prefix; kFailedPrecondition as NewCacheWithPrefix.
-  virtual StatusOr<KvCache> FreezeAsPrefix(KvCache&& cache, int64_t capacity) const = 0;
+  [[nodiscard]] virtual StatusOr<KvCache> FreezeAsPrefix(KvCache&& cache, int64_t capacity) const = 0;
 
   /// How the weights are held (kMapped or kCopy, never kAuto).
   virtual WeightStorage weight_storage() const = 0;
@@ -277,12 +277,12 @@ class LlamaModel {
   /// [kv_heads][capacity][head_dim] in dtype()/device(), tokens.size() == length. Returns logits f32 [n][vocab] when `all_logits`, else
   /// [1][vocab] for the last position. Errors: kInvalidArgument for ids outside the vocab
   /// or an empty `tokens`; kResourceExhausted when out of memory.
-  virtual StatusOr<torch::Tensor> Forward(absl::Span<const int32_t> tokens, KvCache& cache,
+  [[nodiscard]] virtual StatusOr<torch::Tensor> Forward(absl::Span<const int32_t> tokens, KvCache& cache,
                                           bool all_logits = false) = 0;
 
   /// Prefills a document from scratch in chunks of `chunk` tokens, calling
   /// `progress(done, total)` after each. Returns K/V [kv_heads][tokens][head_dim] per layer.
-  virtual StatusOr<PrefillResult> Prefill(
+  [[nodiscard]] virtual StatusOr<PrefillResult> Prefill(
       absl::Span<const int32_t> tokens, int64_t chunk = 512,
       const std::function<void(int64_t, int64_t)>& progress = nullptr) = 0;
 
@@ -295,7 +295,7 @@ class LlamaModel {
   /// std::mt19937_64 seeded with `seed`: the same seed gives the same tokens.
   /// Errors: kInvalidArgument for an empty cache with an empty prompt, max_new_tokens < 0,
   /// temperature <= 0 or top_p outside (0, 1] when sampling, a malformed cache.
-  virtual StatusOr<GenerateResult> Generate(KvCache& cache, absl::Span<const int32_t> prompt,
+  [[nodiscard]] virtual StatusOr<GenerateResult> Generate(KvCache& cache, absl::Span<const int32_t> prompt,
                                             const SamplingOptions& options) = 0;
 
   /// Sliding-window perplexity: windows of `context` tokens advancing by `stride`; every
@@ -307,7 +307,7 @@ class LlamaModel {
   /// any context/stride, and token 0 is only ever context. Windows stop once e == n-1.
   /// Errors: kInvalidArgument for fewer than 2 tokens, context < 1, stride outside
   /// [1, context].
-  virtual StatusOr<PerplexityResult> Perplexity(absl::Span<const int32_t> tokens,
+  [[nodiscard]] virtual StatusOr<PerplexityResult> Perplexity(absl::Span<const int32_t> tokens,
                                                 int64_t context, int64_t stride) = 0;
 };
 

@@ -48,7 +48,7 @@ struct ChunkPlan {
 
 /// The chunks ChunkedPerplexity evaluates for `n` tokens. kInvalidArgument for N < 2 or
 /// n < 2N (as llama.cpp: "you need at least 2N tokens").
-StatusOr<std::vector<ChunkPlan>> PlanChunks(int64_t n, int64_t context, int64_t chunks);
+[[nodiscard]] StatusOr<std::vector<ChunkPlan>> PlanChunks(int64_t n, int64_t context, int64_t chunks);
 
 /// Result of ChunkedPerplexity.
 struct ChunkedPerplexityResult {
@@ -64,7 +64,7 @@ struct ChunkedPerplexityResult {
 
 /// Runs the protocol above. Errors: those of PlanChunks, kInvalidArgument for replace_bos
 /// with bos_id < 0, and the model's Forward errors.
-StatusOr<ChunkedPerplexityResult> ChunkedPerplexity(LlamaModel& m, absl::Span<const int32_t> tokens,
+[[nodiscard]] StatusOr<ChunkedPerplexityResult> ChunkedPerplexity(LlamaModel& m, absl::Span<const int32_t> tokens,
                                                     const ChunkedPerplexityOptions& o);
 
 }  // namespace polykv::model

@@ -34,12 +34,12 @@ class Tokenizer {
   /// BPE: pre-tokenizer regex set + merges; SentencePiece: U+2581 escape, space prefix,
   /// byte fallback). Errors: kInvalidArgument for text that cannot be encoded (invalid UTF-8
   /// is encoded byte-wise where the vocabulary allows it).
-  virtual StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_bos) const = 0;
+  [[nodiscard]] virtual StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_bos) const = 0;
 
   /// Text of `ids`: control tokens are rendered as their text ("<|im_end|>"), except a
   /// leading BOS when adds_bos(); SentencePiece drops the prefix space it added, so
   /// Decode(Encode(t, b)) == t. Errors: kOutOfRange naming an id < 0 or >= vocab_size.
-  virtual StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const = 0;
+  [[nodiscard]] virtual StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const = 0;
 
   virtual int32_t vocab_size() const = 0;
   /// -1 when the model has no such token.
@@ -53,7 +53,7 @@ class Tokenizer {
   /// Formats a conversation with the model's chat template (ChatML for SmolLM2-Instruct:
   /// "<|im_start|>role\ncontent<|im_end|>\n" ... then "<|im_start|>assistant\n" when
   /// `add_generation_prompt`). Errors: kUnimplemented for an unknown template.
-  virtual StatusOr<std::string> ApplyChatTemplate(absl::Span<const ChatMessage> messages,
+  [[nodiscard]] virtual StatusOr<std::string> ApplyChatTemplate(absl::Span<const ChatMessage> messages,
                                                   bool add_generation_prompt) const = 0;
 
   /// Hex SHA-256 (64 lowercase hex digits) over the tokenizer kind, token texts and types,
@@ -81,7 +81,7 @@ class Tokenizer {
 /// kUnimplemented naming an unknown tokenizer.ggml.model or tokenizer.ggml.pre;
 /// kInvalidArgument for inconsistent arrays, malformed merges or special ids outside the
 /// vocabulary.
-StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& gguf);
+[[nodiscard]] StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& gguf);
 
 /// Tokenizer from a path: a .gguf file (vocabulary-only GGUF is fine; recognized by its
 /// magic), a tokenizer.json (HF tokenizers byte-level BPE; its pre_tokenizer is run as
@@ -92,6 +92,6 @@ StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& gguf);
 /// of preference).
 /// Errors: kNotFound when there is none; kUnimplemented naming an unsupported model type,
 /// normalizer or pre_tokenizer; kInvalidArgument for malformed files.
-StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path);
+[[nodiscard]] StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path);
 
 }  // namespace polykv::model
