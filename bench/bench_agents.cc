@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
     o.token_ids = ids.data();
     o.token_count = ids.size();
     o.codec = codec.c_str();
-    polykv_pool_info info{};
+    polykv_pool_info info = polykv_pool_info_init();
     if (polykv_create_pool(c, &o, nullptr, nullptr, &info, nullptr) != POLYKV_OK) {
       std::fprintf(stderr, "error: create pool: %s\n", polykv_last_error());
       return false;
@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
                                           : static_cast<int64_t>(article.size());
     const std::vector<int32_t> doc = document(doc_n);
     std::string pool;
-    polykv_pool_info info{};
+    polykv_pool_info info = polykv_pool_info_init();
     if (!create(doc, &pool, &info)) return 1;
     const double weights_bytes = static_cast<double>(fs::is_directory(model_path)
                                                          ? 0

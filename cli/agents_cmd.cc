@@ -78,7 +78,7 @@ StatusOr<polykv_pool_info> FindPool(const AgentsArgs& a) {
     return Status(static_cast<absl::StatusCode>(s),
                   std::string("cannot reach polykvd: ") + polykv_last_error());
   }
-  polykv_pool_info info{};
+  polykv_pool_info info = polykv_pool_info_init();
   s = polykv_pool_info_by_id(c, a.pool.c_str(), &info);
   std::string detail = polykv_last_error();
   polykv_disconnect(c);

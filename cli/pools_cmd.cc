@@ -30,6 +30,7 @@
 #include "polykv/ipc/pool_file.h"
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/model/llama.h"
+#include "polykv/pool_info_c.h"
 
 namespace polykv::cli {
 namespace {
@@ -101,44 +102,37 @@ std::string FormatTime(int64_t unix_ms) {
   return buf;
 }
 
+// The --json form of a pool: every field of the one list (POLYKV_POOL_INFO_FIELDS) under its
+// wire name, with two groups nested as `pools` commands have always printed them (scripts
+// read bytes.key_codes, fidelity.layers, ...): the bytes by part plus the total, and the
+// reconstruction error recorded at build.
 json InfoJson(const pc::PoolInfo& p) {
-  return json{
-      {"id", p.id},
-      {"model", p.model},
-      {"model_fingerprint", p.model_fingerprint},
-      {"architecture", p.architecture},
-      {"tokenizer_family", p.tokenizer_family},
-      {"codec", p.codec},
-      {"backend", p.backend},
-      {"tokens", p.tokens},
-      {"layers", p.layers},
-      {"kv_heads", p.kv_heads},
-      {"head_dim", p.head_dim},
-      {"bytes",
-       {{"key_codes", p.key_codes_bytes},
-        {"key_scales", p.key_scales_bytes},
-        {"value_codes", p.value_codes_bytes},
-        {"value_norms", p.value_norms_bytes},
-        {"overhead", p.overhead_bytes},
-        {"total", p.total_bytes}}},
-      {"total_bytes", p.total_bytes},
-      {"bf16_bytes", p.bf16_bytes},
-      {"effective_ratio", p.effective_ratio},
-      {"leases", p.leases},
-      {"created_unix_ms", p.created_unix_ms},
-      {"prefill_ms", p.prefill_ms},
-      {"encode_ms", p.encode_ms},
-      {"publish_ms", p.publish_ms},
-      {"fidelity",
-       {{"layers", p.fidelity_layers},
-        {"key_rel_mse_mean", p.key_rel_mse_mean},
-        {"key_rel_mse_max", p.key_rel_mse_max},
-        {"value_rel_mse_mean", p.value_rel_mse_mean},
-        {"value_rel_mse_max", p.value_rel_mse_max}}},
-      {"parent", p.parent},
-      {"parent_tokens", p.parent_tokens},
-      {"origin", p.origin},
+  struct Nested {
+    const char* group;
+    const char* key;
+    const char* field;  // its top-level name, moved into the group
   };
+  static constexpr Nested kNested[] = {
+      {"bytes", "key_codes", "key_codes"},
+      {"bytes", "key_scales", "key_scales"},
+      {"bytes", "value_codes", "value_codes"},
+      {"bytes", "value_norms", "value_norms"},
+      {"bytes", "overhead", "overhead"},
+      {"fidelity", "layers", "fidelity_layers"},
+      {"fidelity", "key_rel_mse_mean", "key_rel_mse_mean"},
+      {"fidelity", "key_rel_mse_max", "key_rel_mse_max"},
+      {"fidelity", "value_rel_mse_mean", "value_rel_mse_mean"},
+      {"fidelity", "value_rel_mse_max", "value_rel_mse_max"},
+  };
+  const ipc::PoolInfo info = pc::FromCPoolInfo(p.raw);
+  json j = json::object();
+  ipc::ForEachPoolInfoField(info, [&](const char* key, const auto& value) { j[key] = value; });
+  for (const Nested& n : kNested) {
+    j[n.group][n.key] = j[n.field];
+    j.erase(n.field);
+  }
+  j["bytes"]["total"] = j["total_bytes"];  // also kept at the top level
+  return j;
 }
 
 json PeersJson(const std::vector<polykv_peer_info>& peers) {
@@ -341,6 +335,9 @@ void RunList(const CommonArgs& args) {
               CacheLine(*daemon).c_str());
 }
 
+// Hand-written rather than from the field list: rows are grouped, labelled and formatted for
+// reading (sizes with units and shares of the total, times as dates, the fidelity on one line,
+// the parent's positions as a range), not one field per row.
 void PrintInfoHuman(const pc::PoolInfo& p) {
   auto row = [](const char* name, const std::string& value) {
     std::printf("  %-18s %s\n", name, value.c_str());
@@ -526,37 +523,7 @@ void RunExport(const CommonArgs& args, const std::string& id, const std::string&
   WithMappedPool(args, id, [&](const std::string& full, const auto& pool, const void* base,
                                uint64_t size) {
     const pc::PoolInfo& p = pool.info();
-    ipc::PoolInfo info;
-    info.id = p.id;
-    info.model = p.model;
-    info.model_fingerprint = p.model_fingerprint;
-    info.architecture = p.architecture;
-    info.tokenizer_family = p.tokenizer_family;
-    info.codec = p.codec;
-    info.backend = p.backend;
-    info.tokens = p.tokens;
-    info.layers = p.layers;
-    info.kv_heads = p.kv_heads;
-    info.head_dim = p.head_dim;
-    info.total_bytes = p.total_bytes;
-    info.key_codes = p.key_codes_bytes;
-    info.key_scales = p.key_scales_bytes;
-    info.value_codes = p.value_codes_bytes;
-    info.value_norms = p.value_norms_bytes;
-    info.overhead = p.overhead_bytes;
-    info.bf16_bytes = p.bf16_bytes;
-    info.effective_ratio = p.effective_ratio;
-    info.created_unix_ms = p.created_unix_ms;
-    info.prefill_ms = p.prefill_ms;
-    info.encode_ms = p.encode_ms;
-    info.publish_ms = p.publish_ms;
-    info.fidelity_layers = p.fidelity_layers;
-    info.key_rel_mse_mean = p.key_rel_mse_mean;
-    info.key_rel_mse_max = p.key_rel_mse_max;
-    info.value_rel_mse_mean = p.value_rel_mse_mean;
-    info.value_rel_mse_max = p.value_rel_mse_max;
-    info.parent = p.parent;
-    info.parent_tokens = p.parent_tokens;
+    const ipc::PoolInfo info = pc::FromCPoolInfo(p.raw);  // leases: not written to the file
     polykv::Status w = ipc::WritePoolFile(file, info, base, std::min<uint64_t>(size, p.total_bytes));
     if (!w.ok()) {
       return ReportError(pc::Status(pc::StatusCode::kInternal, std::string(w.message())));

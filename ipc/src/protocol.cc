@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -127,39 +128,20 @@ Status GetInt(const json& j, const char* field, T* out) {
 
 // ---- PoolInfo / MemoryHandle ----
 
+// A field of any type of the list: integers are range-checked (GetInt).
+template <typename T>
+Status GetField(const json& j, const char* field, T* out) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    return GetInt(j, field, out);
+  } else {
+    return Get(j, field, out);
+  }
+}
+
 json PoolInfoToJson(const PoolInfo& p) {
-  return json{{"id", p.id},
-              {"model", p.model},
-              {"model_fingerprint", p.model_fingerprint},
-              {"architecture", p.architecture},
-              {"tokenizer_family", p.tokenizer_family},
-              {"codec", p.codec},
-              {"backend", p.backend},
-              {"tokens", p.tokens},
-              {"layers", p.layers},
-              {"kv_heads", p.kv_heads},
-              {"head_dim", p.head_dim},
-              {"total_bytes", p.total_bytes},
-              {"key_codes", p.key_codes},
-              {"key_scales", p.key_scales},
-              {"value_codes", p.value_codes},
-              {"value_norms", p.value_norms},
-              {"overhead", p.overhead},
-              {"bf16_bytes", p.bf16_bytes},
-              {"effective_ratio", p.effective_ratio},
-              {"leases", p.leases},
-              {"created_unix_ms", p.created_unix_ms},
-              {"prefill_ms", p.prefill_ms},
-              {"encode_ms", p.encode_ms},
-              {"publish_ms", p.publish_ms},
-              {"fidelity_layers", p.fidelity_layers},
-              {"key_rel_mse_mean", p.key_rel_mse_mean},
-              {"key_rel_mse_max", p.key_rel_mse_max},
-              {"value_rel_mse_mean", p.value_rel_mse_mean},
-              {"value_rel_mse_max", p.value_rel_mse_max},
-              {"parent", p.parent},
-              {"parent_tokens", p.parent_tokens},
-              {"origin", p.origin}};
+  json j = json::object();
+  ForEachPoolInfoField(p, [&](const char* key, const auto& value) { j[key] = value; });
+  return j;
 }
 
 StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
@@ -167,38 +149,11 @@ StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
     return absl::InvalidArgumentError(absl::StrCat("field '", where, "' must be an object"));
   }
   PoolInfo p;
-  POLYKV_RETURN_IF_ERROR(Get(j, "id", &p.id));
-  POLYKV_RETURN_IF_ERROR(Get(j, "model", &p.model));
-  POLYKV_RETURN_IF_ERROR(Get(j, "model_fingerprint", &p.model_fingerprint));
-  POLYKV_RETURN_IF_ERROR(Get(j, "architecture", &p.architecture));
-  POLYKV_RETURN_IF_ERROR(Get(j, "tokenizer_family", &p.tokenizer_family));
-  POLYKV_RETURN_IF_ERROR(Get(j, "codec", &p.codec));
-  POLYKV_RETURN_IF_ERROR(Get(j, "backend", &p.backend));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "tokens", &p.tokens));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "layers", &p.layers));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "kv_heads", &p.kv_heads));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "head_dim", &p.head_dim));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "total_bytes", &p.total_bytes));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "key_codes", &p.key_codes));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "key_scales", &p.key_scales));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "value_codes", &p.value_codes));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "value_norms", &p.value_norms));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "overhead", &p.overhead));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "bf16_bytes", &p.bf16_bytes));
-  POLYKV_RETURN_IF_ERROR(Get(j, "effective_ratio", &p.effective_ratio));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "leases", &p.leases));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "created_unix_ms", &p.created_unix_ms));
-  POLYKV_RETURN_IF_ERROR(Get(j, "prefill_ms", &p.prefill_ms));
-  POLYKV_RETURN_IF_ERROR(Get(j, "encode_ms", &p.encode_ms));
-  POLYKV_RETURN_IF_ERROR(Get(j, "publish_ms", &p.publish_ms));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "fidelity_layers", &p.fidelity_layers));
-  POLYKV_RETURN_IF_ERROR(Get(j, "key_rel_mse_mean", &p.key_rel_mse_mean));
-  POLYKV_RETURN_IF_ERROR(Get(j, "key_rel_mse_max", &p.key_rel_mse_max));
-  POLYKV_RETURN_IF_ERROR(Get(j, "value_rel_mse_mean", &p.value_rel_mse_mean));
-  POLYKV_RETURN_IF_ERROR(Get(j, "value_rel_mse_max", &p.value_rel_mse_max));
-  POLYKV_RETURN_IF_ERROR(Get(j, "parent", &p.parent));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "parent_tokens", &p.parent_tokens));
-  POLYKV_RETURN_IF_ERROR(Get(j, "origin", &p.origin));
+  Status status;
+  ForEachPoolInfoField(p, [&](const char* key, auto& value) {
+    if (status.ok()) status = GetField(j, key, &value);
+  });
+  if (!status.ok()) return status;
   return p;
 }
 

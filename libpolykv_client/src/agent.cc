@@ -166,7 +166,7 @@ Status PooledAgent::AttachChain(const std::string& id, AttachedChain* chain) {
           absl::StrCat("pool ", id, ": parent chain deeper than ", kMaxTreeDepth));
     }
     auto guard = std::make_unique<PoolGuard>();
-    polykv_pool_info info{};
+    polykv_pool_info info = polykv_pool_info_init();
     POLYKV_RETURN_IF_ERROR(AttachPool(next, &guard->pool, &info));
     const std::string what = guards.empty() ? absl::StrCat("pool ", id)
                                             : absl::StrCat("parent pool ", info.id, " of ", id);

@@ -31,6 +31,7 @@
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
 #include "polykv/ipc/shm_region.h"
+#include "polykv/pool_info_c.h"
 #include "polykv/status.h"
 
 namespace {
@@ -86,43 +87,54 @@ void CopyString(char* dst, size_t cap, const std::string& src) {
   dst[n] = '\0';
 }
 
-void ToCInfo(const ipc::PoolInfo& p, polykv_pool_info* out) {
-  std::memset(out, 0, sizeof(*out));
-  CopyString(out->id, sizeof(out->id), p.id);
-  CopyString(out->codec, sizeof(out->codec), p.codec);
-  CopyString(out->backend, sizeof(out->backend), p.backend);
-  CopyString(out->model, sizeof(out->model), p.model);
-  CopyString(out->model_fingerprint, sizeof(out->model_fingerprint), p.model_fingerprint);
-  CopyString(out->architecture, sizeof(out->architecture), p.architecture);
-  CopyString(out->tokenizer_family, sizeof(out->tokenizer_family), p.tokenizer_family);
-  out->layers = p.layers;
-  out->kv_heads = p.kv_heads;
-  out->head_dim = p.head_dim;
-  out->tokens = p.tokens;
-  out->total_bytes = p.total_bytes;
-  out->bf16_bytes = p.bf16_bytes;
-  out->effective_ratio = p.effective_ratio;
-  if (out->effective_ratio == 0 && p.total_bytes > 0) {
-    out->effective_ratio = static_cast<double>(p.bf16_bytes) / static_cast<double>(p.total_bytes);
+// ---- out-structs that grow (a leading uint32_t struct_size, members only appended) ----
+
+// The first polykv_pool_info / polykv_peer_info with struct_size ended with these members.
+constexpr size_t kPoolInfoV1Bytes =
+    offsetof(polykv_pool_info, origin) + sizeof(polykv_pool_info::origin);
+constexpr size_t kPeerInfoV1Bytes =
+    offsetof(polykv_peer_info, last_seen_unix_ms) + sizeof(polykv_peer_info::last_seen_unix_ms);
+
+// OK when the `struct_size` of argument `arg` of `fn` (a `type`) lies in [v1_bytes,
+// our_bytes]; else kInvalidArgument "<fn>: <arg>->struct_size is N, ..." with the sizes.
+Status CheckStructSize(const char* fn, const char* arg, const char* type, uint32_t struct_size,
+                       size_t v1_bytes, size_t our_bytes) {
+  if (struct_size < v1_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fn, ": ", arg, "->struct_size is ", struct_size, ", smaller than the first ", type, " (",
+        v1_bytes, " bytes): set it to sizeof(", type, "), e.g. with ", type, "_init()"));
   }
-  out->leases = p.leases;
-  out->key_codes_bytes = p.key_codes;
-  out->key_scales_bytes = p.key_scales;
-  out->value_codes_bytes = p.value_codes;
-  out->value_norms_bytes = p.value_norms;
-  out->overhead_bytes = p.overhead;
-  out->created_unix_ms = p.created_unix_ms;
-  out->prefill_ms = p.prefill_ms;
-  out->encode_ms = p.encode_ms;
-  out->publish_ms = p.publish_ms;
-  out->fidelity_layers = p.fidelity_layers;
-  out->key_rel_mse_mean = p.key_rel_mse_mean;
-  out->key_rel_mse_max = p.key_rel_mse_max;
-  out->value_rel_mse_mean = p.value_rel_mse_mean;
-  out->value_rel_mse_max = p.value_rel_mse_max;
-  CopyString(out->parent, sizeof(out->parent), p.parent);
-  out->parent_tokens = p.parent_tokens;
-  CopyString(out->origin, sizeof(out->origin), p.origin);
+  if (struct_size > our_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fn, ": ", arg, "->struct_size is ", struct_size, ", larger than this library's ", type,
+        " (", our_bytes, " bytes): the program was built against a newer client.h"));
+  }
+  return Status();
+}
+
+Status CheckPoolInfoSize(const char* fn, const char* arg, const polykv_pool_info* info) {
+  return CheckStructSize(fn, arg, "polykv_pool_info", info->struct_size, kPoolInfoV1Bytes,
+                         sizeof(polykv_pool_info));
+}
+
+// Writes the first `struct_size` bytes of `full` (the members of the caller's version, with
+// struct_size kept) to `dst`.
+template <typename CStruct>
+void WriteSized(const CStruct& full, uint32_t struct_size, void* dst) {
+  CStruct sized = full;
+  sized.struct_size = struct_size;
+  std::memcpy(dst, &sized, struct_size);
+}
+
+// `p` into a caller's polykv_pool_info of `struct_size` bytes at `dst` (size checked).
+void WritePoolInfo(const ipc::PoolInfo& p, uint32_t struct_size, void* dst) {
+  polykv_pool_info full;
+  polykv::client::ToCPoolInfo(p, &full);
+  WriteSized(full, struct_size, dst);
+}
+
+void ToCInfo(const ipc::PoolInfo& p, polykv_pool_info* out) {
+  WritePoolInfo(p, out->struct_size, out);
 }
 
 std::string Hex(const uint8_t* bytes, size_t n) {
@@ -352,11 +364,18 @@ polykv_status polykv_list_pools(polykv_client* client, polykv_pool_info* infos, 
   if (infos == nullptr && capacity > 0) {
     return Fail(POLYKV_INVALID_ARGUMENT, "polykv_list_pools: infos is NULL but capacity > 0");
   }
+  // Every element has the caller's version of the struct: infos[0].struct_size is the stride.
+  const uint32_t stride = capacity > 0 ? infos[0].struct_size : 0;
   return Guarded("polykv_list_pools", [&]() -> Status {
+    if (capacity > 0) {
+      POLYKV_RETURN_IF_ERROR(CheckPoolInfoSize("polykv_list_pools", "infos[0]", infos));
+    }
     ipc::Request req;
     req.type = ipc::MessageType::kList;
     POLYKV_ASSIGN_OR_RETURN(ipc::Reply reply, client->Call(req));
-    for (size_t i = 0; i < reply.pools.size() && i < capacity; ++i) ToCInfo(reply.pools[i], &infos[i]);
+    for (size_t i = 0; i < reply.pools.size() && i < capacity; ++i) {
+      WritePoolInfo(reply.pools[i], stride, reinterpret_cast<char*>(infos) + i * stride);
+    }
     if (count) *count = reply.pools.size();
     return Status();
   });
@@ -368,6 +387,7 @@ polykv_status polykv_pool_info_by_id(polykv_client* client, const char* pool_id,
     return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_info_by_id: client or out is NULL");
   }
   return Guarded("polykv_pool_info_by_id", [&]() -> Status {
+    POLYKV_RETURN_IF_ERROR(CheckPoolInfoSize("polykv_pool_info_by_id", "out", out));
     POLYKV_RETURN_IF_ERROR(CheckPoolId(pool_id));
     ipc::Request req;
     req.type = ipc::MessageType::kStats;
@@ -405,6 +425,7 @@ polykv_status CreatePool(polykv_client* client, const polykv_create_options* opt
                          const char* document, size_t document_size, polykv_progress_fn progress,
                          void* user, polykv_pool_info* out, int* created, const char* what) {
   return Guarded(what, [&]() -> Status {
+    if (out != nullptr) POLYKV_RETURN_IF_ERROR(CheckPoolInfoSize(what, "out", out));
     if (opts->struct_version != 1 && opts->struct_version != POLYKV_CREATE_OPTIONS_VERSION) {
       return absl::InvalidArgumentError(absl::StrCat(
           "polykv_create_options.struct_version is ", opts->struct_version, ", expected 1 or ",
@@ -560,15 +581,20 @@ polykv_status polykv_daemon_peers(polykv_client* client, polykv_peer_info* peers
   if (client == nullptr || count == nullptr || (capacity > 0 && peers == nullptr)) {
     return Fail(POLYKV_INVALID_ARGUMENT, "polykv_daemon_peers: client, count or peers is NULL");
   }
+  // As polykv_list_pools: peers[0].struct_size is every element's size (the stride).
+  const uint32_t stride = capacity > 0 ? peers[0].struct_size : 0;
   return Guarded("polykv_daemon_peers", [&]() -> Status {
+    if (capacity > 0) {
+      POLYKV_RETURN_IF_ERROR(CheckStructSize("polykv_daemon_peers", "peers[0]", "polykv_peer_info",
+                                             stride, kPeerInfoV1Bytes, sizeof(polykv_peer_info)));
+    }
     ipc::Request req;
     req.type = ipc::MessageType::kPing;
     POLYKV_ASSIGN_OR_RETURN(ipc::Reply reply, client->Call(req));
     *count = reply.peers.size();
     for (size_t i = 0; i < reply.peers.size() && i < capacity; ++i) {
       const ipc::PeerState& p = reply.peers[i];
-      polykv_peer_info& o = peers[i];
-      std::memset(&o, 0, sizeof(o));
+      polykv_peer_info o = polykv_peer_info_init();
       CopyString(o.endpoint, sizeof(o.endpoint), p.endpoint);
       CopyString(o.state, sizeof(o.state), p.state);
       CopyString(o.detail, sizeof(o.detail), p.detail);
@@ -577,6 +603,7 @@ polykv_status polykv_daemon_peers(polykv_client* client, polykv_peer_info* peers
       o.pools = p.pools;
       o.rtt_ms = p.rtt_ms;
       o.last_seen_unix_ms = p.last_seen_unix_ms;
+      WriteSized(o, stride, reinterpret_cast<char*>(peers) + i * stride);
     }
     return Status();
   });
@@ -587,6 +614,7 @@ polykv_status polykv_fetch_pool(polykv_client* client, const char* pool_id,
                                 int* fetched) {
   if (client == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_fetch_pool: client is NULL");
   return Guarded("polykv_fetch_pool", [&]() -> Status {
+    if (out != nullptr) POLYKV_RETURN_IF_ERROR(CheckPoolInfoSize("polykv_fetch_pool", "out", out));
     POLYKV_RETURN_IF_ERROR(CheckPoolId(pool_id));
     ipc::Request req;
     req.type = ipc::MessageType::kFetch;
@@ -797,6 +825,7 @@ polykv_status polykv_pool_get_info(const polykv_pool* pool, polykv_pool_info* ou
     return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_get_info: pool or out is NULL");
   }
   return Guarded("polykv_pool_get_info", [&]() -> Status {
+    POLYKV_RETURN_IF_ERROR(CheckPoolInfoSize("polykv_pool_get_info", "out", out));
     ToCInfo(pool->info, out);
     return Status();
   });

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     }
     const auto t2 = Clock::now();
     s = polykv_pool_verify(p);
-    polykv_pool_info info{};
+    polykv_pool_info info = polykv_pool_info_init();
     if (s == POLYKV_OK) s = polykv_pool_get_info(p, &info);
     const size_t n_el = polykv_pool_layer_elements(p);
     std::vector<float> k(n_el), v(n_el);

@@ -42,7 +42,7 @@ std::vector<int32_t> PoolIds(const Daemon& d, const std::string& pool) {
   if (polykv_connect(d.endpoint().c_str(), 5000, &c) != POLYKV_OK) return ids;
   polykv_pool* p = nullptr;
   if (polykv_attach(c, pool.c_str(), &p) == POLYKV_OK) {
-    polykv_pool_info info{};
+    polykv_pool_info info = polykv_pool_info_init();
     polykv_pool_get_info(p, &info);
     ids.resize(info.tokens);
     polykv_pool_token_ids(p, ids.data(), ids.size());

@@ -149,7 +149,7 @@ void DecodeErrors(const Daemon& d, const std::string& pool, const std::string& r
   polykv_pool *p = nullptr, *r = nullptr;
   ASSERT_EQ(polykv_attach(c, pool.c_str(), &p), POLYKV_OK) << polykv_last_error();
   ASSERT_EQ(polykv_attach(c, ref.c_str(), &r), POLYKV_OK) << polykv_last_error();
-  polykv_pool_info info{};
+  polykv_pool_info info = polykv_pool_info_init();
   ASSERT_EQ(polykv_pool_get_info(p, &info), POLYKV_OK);
   const size_t n = polykv_pool_layer_elements(p);
   std::vector<float> k(n), v(n), rk(n), rv(n);

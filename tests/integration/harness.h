@@ -304,7 +304,7 @@ class Daemon {
     o.codec = codec.empty() ? nullptr : codec.c_str();
     o.add_bos = add_bos ? 1 : 0;
     o.parent = parent.empty() ? nullptr : parent.c_str();
-    polykv_pool_info info{};
+    polykv_pool_info info = polykv_pool_info_init();
     polykv_status s = polykv_create_pool(c, &o, nullptr, nullptr, &info, nullptr);
     std::string err = polykv_last_error();
     polykv_disconnect(c);
@@ -328,7 +328,7 @@ class Daemon {
 
   /// Pool info (STATS), or a default struct with id "" when unknown.
   polykv_pool_info Info(const std::string& id) {
-    polykv_pool_info info{};
+    polykv_pool_info info = polykv_pool_info_init();
     polykv_client* c = nullptr;
     if (polykv_connect(endpoint_.c_str(), 5000, &c) != POLYKV_OK) return info;
     if (polykv_pool_info_by_id(c, id.c_str(), &info) != POLYKV_OK) info.id[0] = '\0';

@@ -150,7 +150,7 @@ TEST_F(PoolTreeStories, NoneChainEqualsOnePoolOfTheConcatenation) {
   // The child's and grandchild's K/V are those of the whole document's pool at their
   // positions: prefilled attending to the parent chain (float rounding only).
   std::vector<float> wk, wv, k, v;
-  polykv_pool_info wi{}, pi{};
+  polykv_pool_info wi = polykv_pool_info_init(), pi = polykv_pool_info_init();
   DecodeAll(*daemon_, whole, &wk, &wv, &wi);
   for (const auto& [id, from] : {std::pair<std::string, uint64_t>{root, 0},
                                  {child, 90}, {grandchild, 150}}) {

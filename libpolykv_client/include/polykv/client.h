@@ -7,7 +7,8 @@
  * Typical use:
  *   polykv_client* c;  polykv_connect(NULL, 5000, &c);          // default endpoint
  *   polykv_pool* p;    polykv_attach(c, "3fa2...", &p);          // lease + read-only map
- *   polykv_pool_info(p, &info);                                  // shape, codec, bytes
+ *   polykv_pool_info info = polykv_pool_info_init();
+ *   polykv_pool_get_info(p, &info);                              // shape, codec, bytes
  *   for (l...) polykv_decode_layer(p, l, k, v, POLYKV_DTYPE_F32); // [kv_heads][tokens][head_dim]
  *   polykv_detach(p);  polykv_disconnect(c);
  */
@@ -16,6 +17,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(_WIN32)
 #define POLYKV_CLIENT_API
@@ -54,8 +56,14 @@ typedef enum polykv_dtype { POLYKV_DTYPE_F32 = 0, POLYKV_DTYPE_F16 = 1, POLYKV_D
 typedef struct polykv_client polykv_client; /**< a connection to polykvd */
 typedef struct polykv_pool polykv_pool;     /**< an attached, mapped pool (holds a lease) */
 
-/** Description of a pool. Strings are NUL-terminated. Sizes in bytes. */
+/** Description of a pool. Strings are NUL-terminated. Sizes in bytes. An out-struct that
+ *  grows: make one with polykv_pool_info_init() (or set `struct_size` =
+ *  sizeof(polykv_pool_info) before the call); the library writes the members that fit in
+ *  struct_size, so a program built against an older header keeps working. A struct_size
+ *  smaller than the first version (every member up to `origin`) or larger than this library's
+ *  struct is refused with POLYKV_INVALID_ARGUMENT. New members are only ever appended. */
 typedef struct polykv_pool_info_t {
+  uint32_t struct_size;    /**< in: sizeof(polykv_pool_info) (polykv_pool_info_init) */
   char id[65];             /**< 64 hex chars */
   char codec[48];          /**< "k8v3", "none", or a codec spec ("k7c-v3-e4x3-nc-n16") */
   char backend[8];         /**< "host" or "cuda" */
@@ -91,10 +99,28 @@ typedef struct polykv_pool_info_t {
   /* Where the answering daemon got the pool: "prefill", "state" (restored from its state
    * folder) or "peer tcp://HOST:PORT" (replicated from another daemon). */
   char origin[160];
+  /* New members go here, after every member of the first version. */
 } polykv_pool_info;
 
-/** A peer daemon as the answering daemon last saw it (polykv_daemon_peers). */
+/** Defines `static inline T fn(void)`, which returns a zeroed T with struct_size = sizeof(T):
+ *  the initializer of each out-struct that grows. */
+#define POLYKV_DEFINE_STRUCT_INIT(T, fn)         \
+  static inline T fn(void) {                     \
+    T value;                                     \
+    memset(&value, 0, sizeof(value));            \
+    value.struct_size = (uint32_t)sizeof(value); \
+    return value;                                \
+  }
+
+/** A zeroed polykv_pool_info with struct_size set: `polykv_pool_info info =
+ *  polykv_pool_info_init();` (also for each element of an array given to
+ *  polykv_list_pools). */
+POLYKV_DEFINE_STRUCT_INIT(polykv_pool_info, polykv_pool_info_init)
+
+/** A peer daemon as the answering daemon last saw it (polykv_daemon_peers). An out-struct
+ *  that grows, as polykv_pool_info: make one with polykv_peer_info_init(). */
 typedef struct polykv_peer_info_t {
+  uint32_t struct_size;       /**< in: sizeof(polykv_peer_info) (polykv_peer_info_init) */
   char endpoint[160];         /**< tcp://HOST:PORT as configured */
   char state[16];             /**< "up", "down", "refused" (CURVE key refused) or "unknown" */
   char detail[512];           /**< why it is down or refused */
@@ -103,7 +129,11 @@ typedef struct polykv_peer_info_t {
   uint32_t pools;             /**< pools the peer holds (when up) */
   double rtt_ms;              /**< round trip of the last check (ms) */
   int64_t last_seen_unix_ms;  /**< last answer (ms since epoch; 0 = never) */
+  /* New members go here, after every member of the first version. */
 } polykv_peer_info;
+
+/** A zeroed polykv_peer_info with struct_size set. */
+POLYKV_DEFINE_STRUCT_INIT(polykv_peer_info, polykv_peer_info_init)
 
 /** PING reply: the daemon's identity and memory use. */
 typedef struct polykv_daemon_info_t {
@@ -187,7 +217,9 @@ POLYKV_CLIENT_API polykv_status polykv_connect(const char* endpoint, int timeout
 POLYKV_CLIENT_API void polykv_disconnect(polykv_client* client);
 
 /** Lists published pools: *count = their number; the first min(capacity, *count) are written
- *  to `infos` (which may be NULL when capacity is 0, to ask for the count). */
+ *  to `infos` (which may be NULL when capacity is 0, to ask for the count). infos[0].struct_size
+ *  is the size of every element (the array's stride), as each polykv_pool_info_init() sets it.
+ *  Errors: POLYKV_INVALID_ARGUMENT (struct_size, see polykv_pool_info), POLYKV_UNAVAILABLE. */
 POLYKV_CLIENT_API polykv_status polykv_list_pools(polykv_client* client, polykv_pool_info* infos, size_t capacity,
                                 size_t* count);
 
@@ -206,7 +238,8 @@ POLYKV_CLIENT_API polykv_status polykv_attach(polykv_client* client, const char*
  *  answer the DETACH (the lease then expires by itself). NULL is a no-op. */
 POLYKV_CLIENT_API polykv_status polykv_detach(polykv_pool* pool);
 
-/** Info of an attached pool. */
+/** Info of an attached pool. Errors: POLYKV_INVALID_ARGUMENT (NULL, or out->struct_size: see
+ *  polykv_pool_info). */
 POLYKV_CLIENT_API polykv_status polykv_pool_get_info(const polykv_pool* pool, polykv_pool_info* out);
 /** Token ids of the pool's document: writes min(capacity, tokens) ids. */
 POLYKV_CLIENT_API polykv_status polykv_pool_token_ids(const polykv_pool* pool, int32_t* ids, size_t capacity);
@@ -242,7 +275,8 @@ POLYKV_CLIENT_API polykv_status polykv_ping(polykv_client* client, polykv_daemon
  *  PROGRESS messages to `progress` (may be NULL) and waiting for the reply, at most
  *  opts->timeout_ms (not retried: POLYKV_DEADLINE_EXCEEDED when it runs out). Pools are
  *  content-addressed: when an identical pool exists, it is returned with *created = 0.
- *  `created` may be NULL. The daemon sends a heartbeat every second while the create is
+ *  `out` and `created` may be NULL; out->struct_size is checked before anything is sent.
+ *  The daemon sends a heartbeat every second while the create is
  *  queued or running, so a daemon that dies or hangs is noticed within seconds:
  *  POLYKV_UNAVAILABLE (its socket stops accepting, or 5 s without a word), POLYKV_ABORTED
  *  (another daemon instance now answers on the endpoint: the create was lost),
@@ -250,7 +284,8 @@ POLYKV_CLIENT_API polykv_status polykv_ping(polykv_client* client, polykv_daemon
  *  POLYKV_INVALID_ARGUMENT (bad options, codec, ids, a document that is not UTF-8 — the
  *  message names the byte offset), POLYKV_NOT_FOUND (model), POLYKV_PERMISSION_DENIED (not
  *  an operator, or a model outside the daemon's model folders), POLYKV_RESOURCE_EXHAUSTED
- *  (memory cap, or the daemon's create queue is full). */
+ *  (memory cap, or the daemon's create queue is full). POLYKV_INVALID_ARGUMENT also for a bad
+ *  out->struct_size (see polykv_pool_info). */
 POLYKV_CLIENT_API polykv_status polykv_create_pool(polykv_client* client,
                                                    const polykv_create_options* opts,
                                                    polykv_progress_fn progress, void* user,
@@ -274,7 +309,9 @@ POLYKV_CLIENT_API polykv_status polykv_daemon_get_status(polykv_client* client,
                                                          polykv_daemon_status* out);
 
 /** The daemon's peer daemons (PING): *count = their number; the first min(capacity, *count)
- *  are written to `peers` (NULL when capacity is 0). A daemon without --peer has none. */
+ *  are written to `peers` (NULL when capacity is 0). A daemon without --peer has none.
+ *  peers[0].struct_size is the size of every element (polykv_peer_info_init() sets it).
+ *  Errors: POLYKV_INVALID_ARGUMENT (struct_size too small or too large), POLYKV_UNAVAILABLE. */
 POLYKV_CLIENT_API polykv_status polykv_daemon_peers(polykv_client* client, polykv_peer_info* peers,
                                                     size_t capacity, size_t* count);
 
@@ -283,7 +320,8 @@ POLYKV_CLIENT_API polykv_status polykv_daemon_peers(polykv_client* client, polyk
  *  already holds it (*fetched = 0). Errors: POLYKV_NOT_FOUND (no peer holds it),
  *  POLYKV_FAILED_PRECONDITION (no peers configured, or the pool's model fingerprint does not
  *  match the daemon's model of that name), POLYKV_UNAVAILABLE (the holder failed during the
- *  transfer: nothing is published), POLYKV_PERMISSION_DENIED (not an operator). */
+ *  transfer: nothing is published), POLYKV_PERMISSION_DENIED (not an operator),
+ *  POLYKV_INVALID_ARGUMENT (`out` may be NULL; else its struct_size, see polykv_pool_info). */
 POLYKV_CLIENT_API polykv_status polykv_fetch_pool(polykv_client* client, const char* pool_id,
                                                   polykv_progress_fn progress, void* user,
                                                   polykv_pool_info* out, int* fetched);
@@ -295,7 +333,8 @@ POLYKV_CLIENT_API polykv_status polykv_evict(polykv_client* client, const char* 
                                              int force);
 
 /** STATS of one pool (no attach): shape, bytes by part, leases, build times.
- *  Errors: POLYKV_NOT_FOUND ("unknown pool <id>"). */
+ *  Errors: POLYKV_NOT_FOUND ("unknown pool <id>"), POLYKV_INVALID_ARGUMENT (NULL, or
+ *  out->struct_size: see polykv_pool_info). */
 POLYKV_CLIENT_API polykv_status polykv_pool_info_by_id(polykv_client* client,
                                                        const char* pool_id,
                                                        polykv_pool_info* out);

@@ -151,6 +151,9 @@ struct PoolInfo {
   uint64_t parent_tokens = 0;
   /// "prefill", "state" or "peer tcp://HOST:PORT" (see polykv_pool_info).
   std::string origin;
+  /// The C struct these members were copied from: every field, those added to
+  /// polykv_pool_info after this wrapper's members included.
+  polykv_pool_info raw = polykv_pool_info_init();
 
   /// Converts from the C struct.
   static PoolInfo FromC(const polykv_pool_info& c) {
@@ -187,6 +190,7 @@ struct PoolInfo {
     p.parent = c.parent;
     p.parent_tokens = c.parent_tokens;
     p.origin = c.origin;
+    p.raw = c;
     return p;
   }
   /// Elements of one of K or V of a layer: kv_heads * tokens * head_dim.
@@ -283,7 +287,7 @@ class Client {
       size_t count = 0;
       polykv_status s = polykv_list_pools(c_, nullptr, 0, &count);
       if (s != POLYKV_OK) return Status::FromC(s);
-      std::vector<polykv_pool_info> raw(count + 4);
+      std::vector<polykv_pool_info> raw(count + 4, polykv_pool_info_init());
       s = polykv_list_pools(c_, raw.data(), raw.size(), &count);
       if (s != POLYKV_OK) return Status::FromC(s);
       if (count > raw.size()) continue;  // pools were published in between
@@ -296,7 +300,7 @@ class Client {
   }
   /// STATS of one pool (kNotFound for an unknown id).
   Result<PoolInfo> GetPoolInfo(const std::string& id) {
-    polykv_pool_info info{};
+    polykv_pool_info info = polykv_pool_info_init();
     polykv_status s = polykv_pool_info_by_id(c_, id.c_str(), &info);
     if (s != POLYKV_OK) return Status::FromC(s);
     return PoolInfo::FromC(info);
@@ -317,7 +321,7 @@ class Client {
     o.norm_correction = options.norm_correction ? 1 : 0;
     o.add_bos = options.add_bos ? 1 : 0;
     o.timeout_ms = options.timeout_ms;
-    polykv_pool_info info{};
+    polykv_pool_info info = polykv_pool_info_init();
     int created = 0;
     const bool text = options.token_ids.empty();
     polykv_status s = polykv_create_pool_from_text(
@@ -332,7 +336,7 @@ class Client {
     size_t count = 0;
     polykv_status s = polykv_daemon_peers(c_, nullptr, 0, &count);
     if (s != POLYKV_OK) return Status::FromC(s);
-    std::vector<polykv_peer_info> out(count);
+    std::vector<polykv_peer_info> out(count, polykv_peer_info_init());
     s = polykv_daemon_peers(c_, out.data(), out.size(), &count);
     if (s != POLYKV_OK) return Status::FromC(s);
     out.resize(std::min(count, out.size()));
@@ -340,7 +344,7 @@ class Client {
   }
   /// FETCH: the daemon replicates pool `id` from a peer (see polykv_fetch_pool).
   Result<CreatedPool> FetchPool(const std::string& id, const ProgressFn& progress = {}) {
-    polykv_pool_info info{};
+    polykv_pool_info info = polykv_pool_info_init();
     int fetched = 0;
     polykv_status s = polykv_fetch_pool(c_, id.c_str(),
                                         progress ? &Client::ProgressTrampoline : nullptr,
@@ -379,7 +383,7 @@ class Pool {
     polykv_pool* p = nullptr;
     polykv_status s = polykv_attach(client.get(), id.c_str(), &p);
     if (s != POLYKV_OK) return Status::FromC(s);
-    polykv_pool_info info{};
+    polykv_pool_info info = polykv_pool_info_init();
     s = polykv_pool_get_info(p, &info);
     if (s != POLYKV_OK) {
       Status st = Status::FromC(s);

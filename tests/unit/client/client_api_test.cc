@@ -11,16 +11,19 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "fake_daemon.h"
 #include "polykv/client.h"
 #include "polykv/client.hpp"
@@ -28,6 +31,7 @@
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
 #include "polykv/ipc/shm_region.h"
+#include "polykv/pool_info_c.h"
 
 namespace polykv::client {
 namespace {
@@ -58,7 +62,7 @@ TEST(ClientStatusTest, LastErrorIsPerThread) {
 }
 
 TEST(ClientStatusTest, NullHandlesAreRejectedNotCrashing) {
-  polykv_pool_info info;
+  polykv_pool_info info = polykv_pool_info_init();
   EXPECT_EQ(polykv_ping(nullptr, nullptr), POLYKV_INVALID_ARGUMENT);
   EXPECT_EQ(polykv_list_pools(nullptr, nullptr, 0, nullptr), POLYKV_INVALID_ARGUMENT);
   EXPECT_EQ(polykv_pool_get_info(nullptr, &info), POLYKV_INVALID_ARGUMENT);
@@ -318,6 +322,133 @@ TEST(ClientCreateTest, CreateTimeoutIsDeadlineExceeded) {
   auto created = client->CreatePool(opts);
   EXPECT_EQ(created.status().code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(daemon.Count(ipc::MessageType::kCreatePool), 1);  // a create is never resent
+}
+
+// ---- polykv_pool_info: every field of the list, and a struct_size that must fit ---------
+
+// Field number `n` of POLYKV_POOL_INFO_FIELDS as a value no other field has; strings fit
+// the smallest C array (backend[8]).
+template <typename T>
+void SetDistinct(T* field, int n) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    *field = "s" + std::to_string(n);
+  } else {
+    *field = static_cast<T>(1000 * n + 7);
+  }
+}
+
+ipc::PoolInfo EveryFieldSet() {
+  ipc::PoolInfo p;
+  int n = 0;
+#define POLYKV_SET(type, name, json_key, c_name) SetDistinct(&p.name, ++n);
+  POLYKV_POOL_INFO_FIELDS(POLYKV_SET)
+#undef POLYKV_SET
+  return p;
+}
+
+template <size_t N>
+void ExpectCopied(const char (&c)[N], const std::string& value, const char* key) {
+  EXPECT_EQ(std::string(c), value) << key;
+}
+template <typename T>
+void ExpectCopied(const T& c, const T& value, const char* key) {
+  EXPECT_EQ(c, value) << key;
+}
+
+// Every C member holds its own field's value (the list's c_name mapping).
+void ExpectEveryField(const polykv_pool_info& c, const ipc::PoolInfo& p) {
+#define POLYKV_EXPECT(type, name, json_key, c_name) ExpectCopied(c.c_name, p.name, json_key);
+  POLYKV_POOL_INFO_FIELDS(POLYKV_EXPECT)
+#undef POLYKV_EXPECT
+}
+
+TEST(ClientPoolInfoTest, CConversionCopiesEveryField) {
+  const ipc::PoolInfo p = EveryFieldSet();
+  polykv_pool_info c;
+  std::memset(&c, 0xab, sizeof(c));
+  ToCPoolInfo(p, &c);
+  EXPECT_EQ(c.struct_size, sizeof(polykv_pool_info));
+  ExpectEveryField(c, p);
+  // The members whose C name differs, by name.
+  EXPECT_EQ(c.key_codes_bytes, p.key_codes);
+  EXPECT_EQ(c.overhead_bytes, p.overhead);
+  EXPECT_STREQ(c.origin, "s32");
+  // And back: the same PoolInfo, field by field.
+  const ipc::PoolInfo back = FromCPoolInfo(c);
+#define POLYKV_EXPECT_SAME(type, name, json_key, c_name) EXPECT_EQ(back.name, p.name) << json_key;
+  POLYKV_POOL_INFO_FIELDS(POLYKV_EXPECT_SAME)
+#undef POLYKV_EXPECT_SAME
+  // A string longer than its array is cut, NUL-terminated.
+  ipc::PoolInfo long_backend = p;
+  long_backend.backend = "abcdefghijk";
+  ToCPoolInfo(long_backend, &c);
+  EXPECT_STREQ(c.backend, "abcdefg");
+}
+
+TEST(ClientPoolInfoTest, LibraryFillsEveryFieldThroughTheWire) {
+  const ipc::PoolInfo p = EveryFieldSet();
+  FakeDaemon daemon([&](const ipc::Request& req) -> std::vector<ipc::Reply> {
+    ipc::Reply r = FakeDaemon::OkReply(req);
+    if (req.type == ipc::MessageType::kStats) r.pool = p;
+    if (req.type == ipc::MessageType::kList) r.pools = {p, p};
+    return {r};
+  });
+  polykv_client* c = nullptr;
+  ASSERT_EQ(polykv_connect(daemon.endpoint().c_str(), 500, &c), POLYKV_OK) << polykv_last_error();
+  polykv_pool_info info = polykv_pool_info_init();
+  ASSERT_EQ(polykv_pool_info_by_id(c, p.id.c_str(), &info), POLYKV_OK) << polykv_last_error();
+  EXPECT_EQ(info.struct_size, sizeof(polykv_pool_info));
+  ExpectEveryField(info, p);
+  polykv_pool_info list[2] = {polykv_pool_info_init(), polykv_pool_info_init()};
+  size_t count = 0;
+  ASSERT_EQ(polykv_list_pools(c, list, 2, &count), POLYKV_OK) << polykv_last_error();
+  ASSERT_EQ(count, 2u);
+  ExpectEveryField(list[1], p);
+  EXPECT_EQ(list[1].struct_size, sizeof(polykv_pool_info));
+  polykv_disconnect(c);
+}
+
+TEST(ClientPoolInfoTest, StructSizeOutsideTheKnownVersionsIsRefusedBeforeSending) {
+  FakeDaemon daemon([&](const ipc::Request& req) -> std::vector<ipc::Reply> {
+    return {FakeDaemon::OkReply(req)};
+  });
+  polykv_client* c = nullptr;
+  ASSERT_EQ(polykv_connect(daemon.endpoint().c_str(), 500, &c), POLYKV_OK) << polykv_last_error();
+  const size_t v1 = offsetof(polykv_pool_info, origin) + sizeof(polykv_pool_info::origin);
+  const std::string id(64, 'a');
+  polykv_pool_info info = polykv_pool_info_init();
+  info.struct_size = 0;  // e.g. `polykv_pool_info info{};`
+  EXPECT_EQ(polykv_pool_info_by_id(c, id.c_str(), &info), POLYKV_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(polykv_last_error()),
+            absl::StrCat("polykv_pool_info_by_id: out->struct_size is 0, smaller than the first ",
+                         "polykv_pool_info (", v1, " bytes): set it to ",
+                         "sizeof(polykv_pool_info), e.g. with polykv_pool_info_init()"));
+  info.struct_size = static_cast<uint32_t>(v1 - 1);
+  EXPECT_EQ(polykv_list_pools(c, &info, 1, nullptr), POLYKV_INVALID_ARGUMENT);
+  const std::string too_small =
+      absl::StrCat("polykv_list_pools: infos[0]->struct_size is ", v1 - 1, ", smaller");
+  EXPECT_EQ(std::string(polykv_last_error()).rfind(too_small, 0), 0u) << polykv_last_error();
+  info.struct_size = sizeof(polykv_pool_info) + 8;  // built against a newer client.h
+  EXPECT_EQ(polykv_fetch_pool(c, id.c_str(), nullptr, nullptr, &info, nullptr),
+            POLYKV_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(polykv_last_error()).find("larger than this library's polykv_pool_info"),
+            std::string::npos)
+      << polykv_last_error();
+  polykv_create_options o;
+  polykv_create_options_init(&o);
+  o.model = "m";
+  o.document = "text";
+  info.struct_size = 4;
+  EXPECT_EQ(polykv_create_pool(c, &o, nullptr, nullptr, &info, nullptr), POLYKV_INVALID_ARGUMENT);
+  polykv_peer_info peer = polykv_peer_info_init();
+  peer.struct_size = 4;
+  size_t peers = 0;
+  EXPECT_EQ(polykv_daemon_peers(c, &peer, 1, &peers), POLYKV_INVALID_ARGUMENT);
+  const std::string peers_error = polykv_last_error();
+  EXPECT_EQ(peers_error.rfind("polykv_daemon_peers: peers[0]->struct_size is 4, smaller", 0), 0u)
+      << peers_error;
+  EXPECT_EQ(daemon.requests().size(), 1u) << "only polykv_connect's PING was sent";
+  polykv_disconnect(c);
 }
 
 // ---- D1: a create notices a dead, hung or restarted daemon within seconds ------------

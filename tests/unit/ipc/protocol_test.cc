@@ -4,9 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <limits>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace polykv::ipc {
 namespace {
@@ -159,6 +163,69 @@ TEST(ProtocolTest, ReplyRoundTripWithPoolAndCudaHandle) {
   EXPECT_EQ(0, std::memcmp(d->memory->cuda.handle, m.cuda.handle, 64));
   EXPECT_EQ(0, std::memcmp(d->memory->cuda.device_uuid, m.cuda.device_uuid, 16));
   EXPECT_EQ(d->memory->cuda.offset, 512u);
+}
+
+// Field number `n` of POLYKV_POOL_INFO_FIELDS as a value no other field has (numbers near
+// their type's largest, so a narrowing or a lost digit shows).
+template <typename T>
+void SetDistinct(T* field, int n) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    *field = "v" + std::to_string(n);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    *field = n + 0.125;
+  } else {
+    *field = std::numeric_limits<T>::max() - static_cast<T>(n);
+  }
+}
+
+// Every field of the list crosses the wire under the name it has always had, and comes back
+// exactly, alone (STATS of one pool) and in a list.
+TEST(ProtocolTest, EveryPoolInfoFieldRoundTripsUnderItsWireName) {
+  PoolInfo info;
+  int n = 0;
+#define POLYKV_SET(type, name, json_key, c_name) SetDistinct(&info.name, ++n);
+  POLYKV_POOL_INFO_FIELDS(POLYKV_SET)
+#undef POLYKV_SET
+  // The wire names: old and new peers (and pool file manifests) depend on each of them.
+  const std::vector<std::string> kWireKeys = absl::StrSplit(
+      "id model model_fingerprint architecture tokenizer_family codec backend tokens layers "
+      "kv_heads head_dim total_bytes key_codes key_scales value_codes value_norms overhead "
+      "bf16_bytes effective_ratio leases created_unix_ms prefill_ms encode_ms publish_ms "
+      "fidelity_layers key_rel_mse_mean key_rel_mse_max value_rel_mse_mean value_rel_mse_max "
+      "parent parent_tokens origin",
+      ' ');
+  std::vector<std::string> keys;
+  ForEachPoolInfoField(info, [&](const char* key, const auto&) { keys.push_back(key); });
+  EXPECT_EQ(keys, kWireKeys);
+
+  Reply r;
+  r.type = MessageType::kStats;
+  r.pool = info;
+  r.pools = {PoolInfo(), info};
+  const std::string frame = EncodeReply(r);
+  for (const std::string& key : kWireKeys) {
+    EXPECT_NE(frame.find("\"" + key + "\":"), std::string::npos) << key;
+  }
+  auto d = DecodeReply(frame);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(d->pool.has_value());
+  ASSERT_EQ(d->pools.size(), 2u);
+#define POLYKV_EXPECT_SAME(type, name, json_key, c_name) \
+  EXPECT_EQ(d->pool->name, info.name) << json_key;       \
+  EXPECT_EQ(d->pools[1].name, info.name) << json_key;    \
+  EXPECT_EQ(d->pools[0].name, PoolInfo().name) << json_key;
+  POLYKV_POOL_INFO_FIELDS(POLYKV_EXPECT_SAME)
+#undef POLYKV_EXPECT_SAME
+  EXPECT_EQ(info.key_codes, std::numeric_limits<uint64_t>::max() - 13) << "13th field";
+
+  // A value its field cannot hold is refused, naming the field.
+  auto big = DecodeReply(R"({"magic":"PKV1","version":1,"type":"STATS","id":1,"ok":true,)"
+                         R"("pool":{"layers":4294967296}})");
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(big.status().message(), "field 'layers' out of range");
+  auto text = DecodeReply(R"({"magic":"PKV1","version":1,"type":"STATS","id":1,"ok":true,)"
+                          R"("pool":{"effective_ratio":"3"}})");
+  EXPECT_EQ(text.status().message(), "field 'effective_ratio' must be a number, got string");
 }
 
 TEST(ProtocolTest, ListStatsPingProgressRoundTrip) {

@@ -107,38 +107,79 @@ struct MemoryHandle {
   uint64_t size = 0;         ///< bytes of the pool region
 };
 
-/// Description of a pool (LIST, STATS, ATTACH, CREATE_POOL replies).
+/// Every field of PoolInfo, written once as data: X(type, name, json_key, c_name). The list
+/// makes the struct below, its JSON form in the protocol (and so in pool file manifests), the
+/// copy into the C API's polykv_pool_info (libpolykv_client/include/polykv/pool_info_c.h,
+/// where `c_name` is the member; the bytes by part carry a _bytes suffix there) and the
+/// CLI's --json output. `json_key` is the wire name: never change one (old peers read it);
+/// a new field is one more row (and, when the C API carries it, a member appended to
+/// polykv_pool_info). Every field defaults to 0 / "".
+// clang-format off
+#define POLYKV_POOL_INFO_FIELDS(X)                                                                \
+  /* id: 64 hex chars (SHA-256 content address); model: the path given at create */               \
+  X(std::string, id,                 "id",                 id)                                    \
+  X(std::string, model,              "model",              model)                                 \
+  X(std::string, model_fingerprint,  "model_fingerprint",  model_fingerprint)                     \
+  /* the model's architecture ("llama", "qwen2", ...) and tokenizer ("bpe/llama3", "spm", */      \
+  /* ...; "none" without one) */                                                                  \
+  X(std::string, architecture,       "architecture",       architecture)                          \
+  X(std::string, tokenizer_family,   "tokenizer_family",   tokenizer_family)                      \
+  /* "k8v3", "k8v2", "k8v4", "none" or a codec spec; backend "host" or "cuda" */                  \
+  X(std::string, codec,              "codec",              codec)                                 \
+  X(std::string, backend,            "backend",            backend)                               \
+  X(uint64_t,    tokens,             "tokens",             tokens)                                \
+  X(uint32_t,    layers,             "layers",             layers)                                \
+  X(uint32_t,    kv_heads,           "kv_heads",           kv_heads)                              \
+  X(uint32_t,    head_dim,           "head_dim",           head_dim)                              \
+  /* bytes: the whole region, then by part (the parts sum to total_bytes) */                      \
+  X(uint64_t,    total_bytes,        "total_bytes",        total_bytes)                           \
+  X(uint64_t,    key_codes,          "key_codes",          key_codes_bytes)                       \
+  X(uint64_t,    key_scales,         "key_scales",         key_scales_bytes)                      \
+  X(uint64_t,    value_codes,        "value_codes",        value_codes_bytes)                     \
+  X(uint64_t,    value_norms,        "value_norms",        value_norms_bytes)                     \
+  X(uint64_t,    overhead,           "overhead",           overhead_bytes)                        \
+  /* the same cache held privately in bf16; bf16_bytes / total_bytes (overhead included) */       \
+  X(uint64_t,    bf16_bytes,         "bf16_bytes",         bf16_bytes)                            \
+  X(double,      effective_ratio,    "effective_ratio",    effective_ratio)                       \
+  /* live leases; when the pool was published (ms since epoch); build times (ms) */               \
+  X(uint32_t,    leases,             "leases",             leases)                                \
+  X(int64_t,     created_unix_ms,    "created_unix_ms",    created_unix_ms)                       \
+  X(double,      prefill_ms,         "prefill_ms",         prefill_ms)                            \
+  X(double,      encode_ms,          "encode_ms",          encode_ms)                             \
+  X(double,      publish_ms,         "publish_ms",         publish_ms)                            \
+  /* Reconstruction error recorded in the pool's header at build (ipc::PoolHeader): layers */     \
+  /* recorded (0: none) and the mean / largest per-layer relative MSE of keys and values. */      \
+  X(uint32_t,    fidelity_layers,    "fidelity_layers",    fidelity_layers)                       \
+  X(double,      key_rel_mse_mean,   "key_rel_mse_mean",   key_rel_mse_mean)                      \
+  X(double,      key_rel_mse_max,    "key_rel_mse_max",    key_rel_mse_max)                       \
+  X(double,      value_rel_mse_mean, "value_rel_mse_mean", value_rel_mse_mean)                    \
+  X(double,      value_rel_mse_max,  "value_rel_mse_max",  value_rel_mse_max)                     \
+  /* A pool tree: the parent pool's id (empty for a root pool) and the positions of the */        \
+  /* whole parent chain; this pool's `tokens` follow them. Agents attach the chain and */         \
+  /* attend to every pool of it in place. */                                                      \
+  X(std::string, parent,             "parent",             parent)                                \
+  X(uint64_t,    parent_tokens,      "parent_tokens",      parent_tokens)                         \
+  /* Where this daemon got the pool: "prefill" (built here), "state" (restored from its */        \
+  /* state folder) or "peer tcp://HOST:PORT" (replicated from another daemon). */                 \
+  X(std::string, origin,             "origin",             origin)
+// clang-format on
+
+/// Description of a pool (LIST, STATS, ATTACH, CREATE_POOL replies): the fields of
+/// POLYKV_POOL_INFO_FIELDS, in its order.
 struct PoolInfo {
-  std::string id;            ///< 64 hex chars (SHA-256 content address)
-  std::string model;         ///< model path as given at create
-  std::string model_fingerprint;
-  std::string architecture;      ///< model architecture it was built with ("llama", "qwen2", ...)
-  std::string tokenizer_family;  ///< "bpe/llama3", "spm", ... ("none" without a tokenizer)
-  std::string codec;         ///< "k8v3", "k8v2", "k8v4" or "none"
-  std::string backend;       ///< "host" or "cuda"
-  uint64_t tokens = 0;
-  uint32_t layers = 0, kv_heads = 0, head_dim = 0;
-  uint64_t total_bytes = 0;  ///< whole region
-  uint64_t key_codes = 0, key_scales = 0, value_codes = 0, value_norms = 0, overhead = 0;
-  uint64_t bf16_bytes = 0;   ///< the same cache held privately in bf16
-  double effective_ratio = 0;  ///< bf16_bytes / total_bytes (overhead included)
-  uint32_t leases = 0;       ///< live leases
-  int64_t created_unix_ms = 0;
-  double prefill_ms = 0, encode_ms = 0, publish_ms = 0;
-  /// Reconstruction error recorded in the pool's header at build (ipc::PoolHeader): layers
-  /// recorded (0: none) and the mean / largest per-layer relative MSE of keys and values.
-  uint32_t fidelity_layers = 0;
-  double key_rel_mse_mean = 0, key_rel_mse_max = 0;
-  double value_rel_mse_mean = 0, value_rel_mse_max = 0;
-  /// A pool tree: the parent pool's id (empty for a root pool) and the positions of the whole
-  /// parent chain; this pool's `tokens` follow them. Agents attach the chain and attend to
-  /// every pool of it in place.
-  std::string parent;
-  uint64_t parent_tokens = 0;
-  /// Where this daemon got the pool: "prefill" (built here), "state" (restored from its
-  /// state folder) or "peer tcp://HOST:PORT" (replicated from another daemon).
-  std::string origin;
+#define POLYKV_POOL_INFO_MEMBER(type, name, json_key, c_name) type name{};
+  POLYKV_POOL_INFO_FIELDS(POLYKV_POOL_INFO_MEMBER)
+#undef POLYKV_POOL_INFO_MEMBER
 };
+
+/// Calls f(json_key, member) for every field of `info` (a PoolInfo, const or not), in the
+/// order of POLYKV_POOL_INFO_FIELDS.
+template <typename Info, typename F>
+void ForEachPoolInfoField(Info& info, F&& f) {
+#define POLYKV_POOL_INFO_VISIT(type, name, json_key, c_name) f(json_key, info.name);
+  POLYKV_POOL_INFO_FIELDS(POLYKV_POOL_INFO_VISIT)
+#undef POLYKV_POOL_INFO_VISIT
+}
 
 /// A peer daemon as this daemon last saw it (PING replies; `polykv-cli ping`).
 struct PeerState {
