@@ -16,6 +16,6 @@ nlohmann::json PoolInfoJson(const PoolInfo& p);
 
 /// Reads what PoolInfoJson wrote: absent fields keep their defaults, a field of the wrong
 /// type is kInvalidArgument naming it (`where` names the object in that message).
-StatusOr<PoolInfo> PoolInfoFromJsonObject(const nlohmann::json& j, const std::string& where);
+[[nodiscard]] StatusOr<PoolInfo> PoolInfoFromJsonObject(const nlohmann::json& j, const std::string& where);
 
 }  // namespace polykv::ipc::internal

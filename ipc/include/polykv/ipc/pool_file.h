@@ -54,7 +54,7 @@ struct PoolFileManifest {
 /// (no such file), kDataLoss (bad magic, checksum, JSON, or a file shorter than its
 /// region: truncated), kFailedPrecondition (a file version or pool format version this
 /// build does not read; the file may be fine for another build).
-StatusOr<PoolFileManifest> ReadPoolFileManifest(const std::string& path);
+[[nodiscard]] StatusOr<PoolFileManifest> ReadPoolFileManifest(const std::string& path);
 
 /// Reads the region of `path` into `dst` (`dst_bytes` >= manifest.pool_bytes, host memory)
 /// and verifies it: the file checksum, then PoolReader::Open with the payload checksum, the

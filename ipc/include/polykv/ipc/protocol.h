@@ -58,7 +58,7 @@ enum class MessageType {
 };
 /// "CREATE_POOL", "ATTACH", ... ; kInvalidArgument for unknown names.
 std::string_view MessageTypeName(MessageType type);
-StatusOr<MessageType> ParseMessageType(std::string_view name);
+[[nodiscard]] StatusOr<MessageType> ParseMessageType(std::string_view name);
 
 /// Request fields a message requires (MessageSpec::required, a bit set).
 enum RequiredField : uint32_t {
@@ -276,8 +276,8 @@ std::string EncodeReply(const Reply& reply);
 /// Parses and validates a frame: magic, version, type, field types, size <= kMaxMessageBytes.
 /// Errors: kInvalidArgument naming the bad field; kResourceExhausted when oversized;
 /// kFailedPrecondition for a version mismatch.
-StatusOr<Request> DecodeRequest(std::string_view frame);
-StatusOr<Reply> DecodeReply(std::string_view frame);
+[[nodiscard]] StatusOr<Request> DecodeRequest(std::string_view frame);
+[[nodiscard]] StatusOr<Reply> DecodeReply(std::string_view frame);
 
 /// An error reply for `request_id` carrying `status`'s code and message.
 Reply ErrorReply(MessageType type, uint64_t request_id, const Status& status);
