@@ -25,31 +25,11 @@ using nlohmann::json;
 
 constexpr int kNewTokens = 64;
 
-// Everything derived from the model, computed once per test process.
-struct Stories {
-  std::unique_ptr<model::LlamaModel> model;
-  std::vector<int32_t> document;              // 160 tokens sampled from the model
-  std::vector<std::vector<int32_t>> prompts;  // 8-token prompts
-};
-
+// Everything derived from the model, computed once per test process: a 160-token document
+// and 16 prompts of 8 tokens.
+using Stories = StoriesInputs;
 Stories& GetStories() {
-  static Stories* s = [] {
-    auto* st = new Stories;
-    model::LoadOptions lo;
-    lo.threads = 1;
-    auto m = model::LlamaModel::Load(StoriesPath(), lo);
-    EXPECT_TRUE(m.ok()) << m.status();
-    if (!m.ok()) return st;
-    st->model = std::move(*m);
-    st->document = {1};
-    auto body = SampleTokens(*st->model, 7, 159);
-    st->document.insert(st->document.end(), body.begin(), body.end());
-    for (uint64_t seed = 100; seed < 116; ++seed) {
-      auto p = SampleTokens(*st->model, seed, 8);
-      st->prompts.push_back(p);
-    }
-    return st;
-  }();
+  static Stories* s = MakeStoriesInputs(7, 159, 100, 16);
   return *s;
 }
 

@@ -361,6 +361,29 @@ inline std::vector<int32_t> SampleTokens(model::LlamaModel& m, uint64_t seed, in
   return r.ok() ? r->tokens : std::vector<int32_t>{};
 }
 
+/// stories260K loaded once (1 thread), a document of BOS + `doc_tokens` sampled tokens
+/// (seed `doc_seed`) and `prompts` 8-token prompts (seeds prompt_seed, prompt_seed + 1, ...).
+struct StoriesInputs {
+  std::unique_ptr<model::LlamaModel> model;  ///< null (and a test failure) if it did not load
+  std::vector<int32_t> document;
+  std::vector<std::vector<int32_t>> prompts;
+};
+inline StoriesInputs* MakeStoriesInputs(uint64_t doc_seed, int doc_tokens, uint64_t prompt_seed,
+                                        int prompts) {
+  auto* st = new StoriesInputs;
+  model::LoadOptions lo;
+  lo.threads = 1;
+  auto m = model::LlamaModel::Load(StoriesPath(), lo);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return st;
+  st->model = std::move(*m);
+  st->document = {1};
+  auto body = SampleTokens(*st->model, doc_seed, doc_tokens);
+  st->document.insert(st->document.end(), body.begin(), body.end());
+  for (int i = 0; i < prompts; ++i) st->prompts.push_back(SampleTokens(*st->model, prompt_seed + i, 8));
+  return st;
+}
+
 /// The "answer_ids" of a `polykv-cli agent --json` run that must have succeeded (a test
 /// failure, and {}, otherwise).
 inline std::vector<int32_t> AgentAnswerIds(const ProcessResult& r) {

@@ -26,27 +26,10 @@ using nlohmann::json;
 
 constexpr int kNewTokens = 48;
 
-struct Stories {
-  std::unique_ptr<model::LlamaModel> model;
-  std::vector<int32_t> document;              // 200 tokens sampled from the model
-  std::vector<std::vector<int32_t>> prompts;  // 8-token prompts
-};
-
+// The model, a 200-token document and 3 prompts of 8 tokens, once per test process.
+using Stories = StoriesInputs;
 Stories& GetStories() {
-  static Stories* s = [] {
-    auto* st = new Stories;
-    model::LoadOptions lo;
-    lo.threads = 1;
-    auto m = model::LlamaModel::Load(StoriesPath(), lo);
-    EXPECT_TRUE(m.ok()) << m.status();
-    if (!m.ok()) return st;
-    st->model = std::move(*m);
-    st->document = {1};
-    auto body = SampleTokens(*st->model, 11, 199);
-    st->document.insert(st->document.end(), body.begin(), body.end());
-    for (uint64_t seed = 200; seed < 203; ++seed) st->prompts.push_back(SampleTokens(*st->model, seed, 8));
-    return st;
-  }();
+  static Stories* s = MakeStoriesInputs(11, 199, 200, 3);
   return *s;
 }
 
