@@ -26,9 +26,6 @@ namespace {
 
 using simd::Exp1;
 using simd::Exp8;
-#ifdef __AVX512F__
-using simd::Exp16;
-#endif
 using simd::Hmax8;
 using simd::Hsum8;
 
@@ -386,33 +383,13 @@ void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbu
       continue;
     }
     int64_t t = 0;
-    float m = -__builtin_inff();
-#ifdef __AVX512F__
-    if constexpr (V::W == 16) {  // 16 lanes: the same maximum, the same p per token
-      __m512 mw = _mm512_set1_ps(-__builtin_inff());
-      for (; t + 16 <= end; t += 16) mw = _mm512_max_ps(mw, _mm512_loadu_ps(s + t));
-      m = _mm512_reduce_max_ps(mw);
-    }
-#endif
-    __m256 mv = _mm256_set1_ps(m);
+    __m256 mv = _mm256_set1_ps(-__builtin_inff());
     for (; t + 8 <= end; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
-    m = Hmax8(mv);
+    float m = Hmax8(mv);
     for (; t < end; ++t) m = s[t] > m ? s[t] : m;
     const __m256 mb = _mm256_set1_ps(m);
     __m256 lv = _mm256_setzero_ps();
     t = 0;
-#ifdef __AVX512F__
-    if constexpr (V::W == 16) {
-      const __m512 mw = _mm512_set1_ps(m);
-      __m512 lw = _mm512_setzero_ps();
-      for (; t + 16 <= end; t += 16) {
-        const __m512 p = Exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), mw));
-        _mm512_storeu_ps(s + t, p);
-        lw = _mm512_add_ps(lw, p);
-      }
-      lv = _mm256_add_ps(_mm512_castps512_ps256(lw), _mm512_extractf32x8_ps(lw, 1));
-    }
-#endif
     for (; t + 8 <= end; t += 8) {
       const __m256 p = Exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mb));
       _mm256_storeu_ps(s + t, p);

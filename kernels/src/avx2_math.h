@@ -43,14 +43,6 @@ inline __m256 Exp8(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-#ifdef __AVX512F__
-// Exp8 on the two halves of 16 lanes (the same value per lane).
-inline __m512 Exp16(__m512 x) {
-  return _mm512_insertf32x8(_mm512_castps256_ps512(Exp8(_mm512_castps512_ps256(x))),
-                            Exp8(_mm512_extractf32x8_ps(x, 1)), 1);
-}
-#endif
-
 inline float Exp1(float x) {
   return _mm_cvtss_f32(_mm256_castps256_ps128(Exp8(_mm256_set1_ps(x))));
 }

@@ -1,5 +1,3 @@
-
-
 // The AVX-512 table of the matrix kernels (compiled with -mavx512f -mavx512bw -mavx512dq
 // -mavx512vl -mavx512vnni -mfma -mf16c; the dispatcher calls it only on CPUs with all of
 // them). Q4_0/Q4_1/Q8_0 use vpdpbusd (u8 x s8 -> i32 without the i16 saturation step) on

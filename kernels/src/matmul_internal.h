@@ -26,7 +26,7 @@ namespace polykv::kernels::mm {
 ///    b2[16:32] b3[16:32]] (128 bytes), so that 4 blocks' low nibbles meet their 64 values
 ///    in one 512-bit (or two 256-bit) loads; the nb % 4 blocks after the last full group are
 ///    stored naturally.
-///  - kQ8T (Q4_0, Q4_1 weights against many rows on AVX-512, Q4RowsFn): each full group of
+///  - kQ8T (Q4_0, Q4_1 weights against many rows on AVX-512, Q4RowsT): each full group of
 ///    16 blocks (512 codes) is stored as 8 registers of 16 dwords, register k's dword i =
 ///    dword k (values 4k..4k+3) of block 16 g + i, so that one vpdpbusd multiplies 4 values
 ///    of 16 blocks and each int32 lane holds one block's sum; the nb % 16 blocks after the
