@@ -17,19 +17,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "polykv/agent.h"
 #include "polykv/client.h"
@@ -87,10 +86,16 @@ struct DaemonGuard {
     if (pid > 0) {
       kill(pid, SIGTERM);
       for (int i = 0; i < 100; ++i) {
-        if (waitpid(pid, nullptr, WNOHANG) == pid) { pid = -1; break; }
+        if (waitpid(pid, nullptr, WNOHANG) == pid) {
+          pid = -1;
+          break;
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
-      if (pid > 0) { kill(pid, SIGKILL); waitpid(pid, nullptr, 0); }
+      if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
     }
     std::error_code ec;
     if (!dir.empty()) fs::remove_all(dir, ec);
@@ -129,9 +134,11 @@ int main(int argc, char** argv) {
   bool skip_memory = false, skip_ttft = false, skip_decode = false;
   app.add_option("--model", model_path, "model (default $POLYKV_SMOLLM2_GGUF, else stories260K)");
   app.add_option("--in-place-agents", inplace_counts, "agent counts, in place")->delimiter(',');
-  app.add_option("--decompressed-agents", decompressed_counts, "agent counts, mapped + decompressed")
+  app.add_option("--decompressed-agents", decompressed_counts,
+                 "agent counts, mapped + decompressed")
       ->delimiter(',');
-  app.add_option("--copy-agents", copy_counts, "agent counts, f32 copy + decompressed")->delimiter(',');
+  app.add_option("--copy-agents", copy_counts, "agent counts, f32 copy + decompressed")
+      ->delimiter(',');
   app.add_option("--doc-tokens", doc_sizes, "document sizes for the TTFT table")->delimiter(',');
   app.add_option("--max-new-tokens", new_tokens, "tokens per answer (memory, TTFT)");
   app.add_option("--decode-tokens", decode_tokens, "tokens per decode measurement");
@@ -162,7 +169,8 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (c == nullptr) {
-    std::fprintf(stderr, "error: polykvd did not start:\n%s\n", ReadFile(d.dir + "/polykvd.err").c_str());
+    std::fprintf(stderr, "error: polykvd did not start:\n%s\n",
+                 ReadFile(d.dir + "/polykvd.err").c_str());
     return 1;
   }
   setenv("POLYKV_ENDPOINT", d.endpoint.c_str(), 1);
@@ -177,7 +185,8 @@ int main(int argc, char** argv) {
   ad.attend = client::Attend::kDecompressed;
   auto decomp_or = client::PooledAgent::Create(ad);
   if (!inplace_or.ok() || !decomp_or.ok()) {
-    std::fprintf(stderr, "error: %s\n", (!inplace_or.ok() ? inplace_or.status() : decomp_or.status()).ToString().c_str());
+    std::fprintf(stderr, "error: %s\n",
+                 (!inplace_or.ok() ? inplace_or.status() : decomp_or.status()).ToString().c_str());
     return 1;
   }
   client::PooledAgent& agent = **inplace_or;
@@ -194,8 +203,8 @@ int main(int argc, char** argv) {
     text.resize(std::min<size_t>(text.size(), need * 8));
     auto ids = tok->Encode(text, false);
     if (ids.ok()) corpus = *ids;
-    auto a = tok->Encode(client::ChatDocument(ReadFile(FindUp("data/wikitext-2/robert_boulter.txt"))),
-                         false);
+    auto a = tok->Encode(
+        client::ChatDocument(ReadFile(FindUp("data/wikitext-2/robert_boulter.txt"))), false);
     if (a.ok()) article = *a;
   }
   if (corpus.empty()) {
@@ -203,9 +212,11 @@ int main(int argc, char** argv) {
   }
   auto document = [&](int64_t n) -> std::vector<int32_t> {
     if (static_cast<int64_t>(article.size()) == n) return article;
-    return std::vector<int32_t>(corpus.begin(), corpus.begin() + std::min<int64_t>(n, corpus.size()));
+    return std::vector<int32_t>(corpus.begin(),
+                                corpus.begin() + std::min<int64_t>(n, corpus.size()));
   };
-  auto create = [&](const std::vector<int32_t>& ids, std::string* id, polykv_pool_info* out) -> bool {
+  auto create = [&](const std::vector<int32_t>& ids, std::string* id,
+                    polykv_pool_info* out) -> bool {
     polykv_create_options o;
     polykv_create_options_init(&o);
     o.model = model_path.c_str();
@@ -240,12 +251,12 @@ int main(int argc, char** argv) {
     std::string pool;
     polykv_pool_info info = polykv_pool_info_init();
     if (!create(doc, &pool, &info)) return 1;
-    const double weights_bytes = static_cast<double>(fs::is_directory(model_path)
-                                                         ? 0
-                                                         : fs::file_size(model_path));
-    std::printf("\n(1) memory: %zu-token document, pool %s MiB, %d new tokens per agent; every "
-                "agent alive at once, attached, after answering\n",
-                doc.size(), MiB(info.total_bytes).c_str(), new_tokens);
+    const double weights_bytes =
+        static_cast<double>(fs::is_directory(model_path) ? 0 : fs::file_size(model_path));
+    std::printf(
+        "\n(1) memory: %zu-token document, pool %s MiB, %d new tokens per agent; every "
+        "agent alive at once, attached, after answering\n",
+        doc.size(), MiB(info.total_bytes).c_str(), new_tokens);
     std::printf("%-26s %6s %14s %12s %12s %12s %18s\n", "set-up", "agents", "MemAvail drop",
                 "per agent", "agent PSS", "agent priv.", "system (pool + w +");
     std::printf("%-26s %6s %14s %12s %12s %12s %18s\n", "", "", "MiB", "MiB", "MiB", "MiB",
@@ -257,13 +268,17 @@ int main(int argc, char** argv) {
       bool weights_once;  // mapped: the file's pages count once for the whole host
     };
     const Setup setups[] = {
-        {"f32 copy + decompressed", {"--weights", "copy", "--attend", "decompressed"}, &copy_counts, false},
+        {"f32 copy + decompressed",
+         {"--weights", "copy", "--attend", "decompressed"},
+         &copy_counts,
+         false},
         {"mapped + decompressed", {"--attend", "decompressed"}, &decompressed_counts, true},
         {"mapped + in place", {"--attend", "in-place"}, &inplace_counts, true},
     };
     const std::vector<int32_t> prompt = prompt_for(0);
     std::string prompt_ids;
-    for (size_t k = 0; k < prompt.size(); ++k) prompt_ids += (k ? "," : "") + std::to_string(prompt[k]);
+    for (size_t k = 0; k < prompt.size(); ++k)
+      prompt_ids += (k ? "," : "") + std::to_string(prompt[k]);
     for (const Setup& su : setups) {
       for (int n : *su.counts) {
         const std::string hold = d.dir + "/hold";
@@ -272,11 +287,25 @@ int main(int argc, char** argv) {
         const double before = MemAvailable();
         std::vector<pid_t> pids;
         for (int i = 0; i < n; ++i) {
-          std::vector<std::string> argv = {cli_bin, "agent", "--pool", pool, "--model", model_path,
-                                           "--prompt-ids", prompt_ids, "--max-new-tokens",
-                                           std::to_string(new_tokens), "--json", "--threads", "1",
-                                           "--endpoint", d.endpoint, "--timeout-ms", "60000",
-                                           "--hold-while-exists", hold};
+          std::vector<std::string> argv = {cli_bin,
+                                           "agent",
+                                           "--pool",
+                                           pool,
+                                           "--model",
+                                           model_path,
+                                           "--prompt-ids",
+                                           prompt_ids,
+                                           "--max-new-tokens",
+                                           std::to_string(new_tokens),
+                                           "--json",
+                                           "--threads",
+                                           "1",
+                                           "--endpoint",
+                                           d.endpoint,
+                                           "--timeout-ms",
+                                           "60000",
+                                           "--hold-while-exists",
+                                           hold};
           argv.insert(argv.end(), su.flags.begin(), su.flags.end());
           pids.push_back(Spawn(argv, d.dir + "/a" + std::to_string(i) + ".out",
                                d.dir + "/a" + std::to_string(i) + ".err"));
@@ -286,7 +315,8 @@ int main(int argc, char** argv) {
         for (;;) {
           int holding = 0;
           for (int i = 0; i < n; ++i) {
-            if (ReadFile(d.dir + "/a" + std::to_string(i) + ".err").find("holding") != std::string::npos)
+            if (ReadFile(d.dir + "/a" + std::to_string(i) + ".err").find("holding") !=
+                std::string::npos)
               ++holding;
             int st = 0;
             if (waitpid(pids[i], &st, WNOHANG) == pids[i]) {
@@ -330,10 +360,11 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    std::printf("MemAvail drop = MemAvailable before the agents start - while all N hold (mean of "
-                "3 samples); agent PSS / private from each agent's smaps_rollup after its answer.\n"
-                "system = pool + model file (mapped set-ups: its pages are in the page cache "
-                "once for the host) + the measured drop.\n");
+    std::printf(
+        "MemAvail drop = MemAvailable before the agents start - while all N hold (mean of "
+        "3 samples); agent PSS / private from each agent's smaps_rollup after its answer.\n"
+        "system = pool + model file (mapped set-ups: its pages are in the page cache "
+        "once for the host) + the measured drop.\n");
     std::printf("\npaper's table (pool vs N private bf16 caches of the %zu-token document):\n",
                 doc.size());
     std::printf("%6s %12s %16s %10s\n", "agents", "pool MiB", "N x bf16 MiB", "ratio");
@@ -349,9 +380,10 @@ int main(int argc, char** argv) {
   model::SamplingOptions s;
   s.max_new_tokens = new_tokens;
   if (!skip_ttft) {
-    std::printf("\n(2) time to first token, 1 thread: via the pool vs prefilling the document itself\n");
-    std::printf("%8s %10s %12s %12s %14s %14s %10s %9s\n", "doc tok", "attach ms",
-                "TTFT place", "TTFT decomp", "prefill ms", "TTFT prefill", "prefill /", "greedy");
+    std::printf(
+        "\n(2) time to first token, 1 thread: via the pool vs prefilling the document itself\n");
+    std::printf("%8s %10s %12s %12s %14s %14s %10s %9s\n", "doc tok", "attach ms", "TTFT place",
+                "TTFT decomp", "prefill ms", "TTFT prefill", "prefill /", "greedy");
     std::printf("%8s %10s %12s %12s %14s %14s %10s %9s\n", "", "", "ms", "ms", "", "ms", "place",
                 "");
     for (int64_t n : doc_sizes) {
@@ -369,7 +401,11 @@ int main(int argc, char** argv) {
       auto b = agent.RunBaseline(doc, prompt, s);
       if (!r.ok() || !rd.ok() || !b.ok()) {
         std::fprintf(stderr, "error: %s\n",
-                     (!r.ok() ? r.status() : !rd.ok() ? rd.status() : b.status()).ToString().c_str());
+                     (!r.ok()    ? r.status()
+                      : !rd.ok() ? rd.status()
+                                 : b.status())
+                         .ToString()
+                         .c_str());
         return 1;
       }
       std::printf("%8lld %10.1f %12.1f %12.1f %14.1f %14.1f %9.1fx %9s\n", (long long)n,
@@ -379,10 +415,11 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       polykv_evict(c, pool.c_str(), 1);
     }
-    std::printf("TTFT in place = attach + prompt forward + first token; decompressed adds decoding "
-                "every layer; prefill = document forward (chunks of 512) + prompt + first token.\n"
-                "greedy: in-place answer vs the re-prefill answer (codec %s).\n",
-                codec.c_str());
+    std::printf(
+        "TTFT in place = attach + prompt forward + first token; decompressed adds decoding "
+        "every layer; prefill = document forward (chunks of 512) + prompt + first token.\n"
+        "greedy: in-place answer vs the re-prefill answer (codec %s).\n",
+        codec.c_str());
   }
 
   // ---- (3) decode speed, in place vs decompressed ----
@@ -404,7 +441,8 @@ int main(int argc, char** argv) {
         auto r = agent.Run(pool, prompt_for(1), ds);
         auto rd = decomp.Run(pool, prompt_for(1), ds);
         if (!r.ok() || !rd.ok()) {
-          std::fprintf(stderr, "error: %s\n", (!r.ok() ? r.status() : rd.status()).ToString().c_str());
+          std::fprintf(stderr, "error: %s\n",
+                       (!r.ok() ? r.status() : rd.status()).ToString().c_str());
           return 1;
         }
         // Decode rate after the first token (the prompt forward excluded).

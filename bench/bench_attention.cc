@@ -5,11 +5,10 @@
 // 1 thread. Baseline in the same run: the scalar reference and single-thread memcpy of the
 // bytes the call reads.
 #include <CLI/CLI.hpp>
-
-#include <ctime>
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <vector>
 
@@ -61,9 +60,10 @@ int main(int argc, char** argv) {
 
   constexpr int kHeads = 9, kKv = 3, kHd = 64;
   SetComputeThreads(1);
-  std::printf("bench_attention: one layer, %d heads / %d KV heads, head_dim %d, 1 thread, "
-              "median thread CPU time of %d calls (SmolLM2 has 30 such layers)\n\n",
-              kHeads, kKv, kHd, reps);
+  std::printf(
+      "bench_attention: one layer, %d heads / %d KV heads, head_dim %d, 1 thread, "
+      "median thread CPU time of %d calls (SmolLM2 has 30 such layers)\n\n",
+      kHeads, kKv, kHd, reps);
   std::printf("%-7s %-5s %-10s %-7s %12s %12s %12s %10s\n", "prefix", "rows", "prefix", "isa",
               "us/layer", "x30 ms", "GB/s read", "vs scalar");
   for (int64_t tokens : {1451, 4096}) {
@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::vector<float> kdec(shape.elements()), vdec(shape.elements());
-    if (!DequantizeKeys(kq.data(), ks.data(), shape, cfg.key_scale, kdec.data(), DType::kF32).ok() ||
+    if (!DequantizeKeys(kq.data(), ks.data(), shape, cfg.key_scale, kdec.data(), DType::kF32)
+             .ok() ||
         !DecodeValues(vp.data(), norms.data(), shape, cfg, vdec.data(), DType::kF32).ok()) {
       std::fprintf(stderr, "error: decoding the prefix failed\n");
       return 1;
@@ -140,9 +141,9 @@ int main(int argc, char** argv) {
                       pv == &k8 ? "k8v3" : "f32", IsaName(isa), s * 1e6, s * 30e3, bytes / s / 1e9,
                       scalar_s / s);
         }
-        std::printf("%-7lld %-5lld %-10s %-7s %12.1f %12.2f %12.2f\n", static_cast<long long>(tokens),
-                    static_cast<long long>(n), pv == &k8 ? "k8v3" : "f32", "memcpy", mc * 1e6,
-                    mc * 30e3, bytes / mc / 1e9);
+        std::printf("%-7lld %-5lld %-10s %-7s %12.1f %12.2f %12.2f\n",
+                    static_cast<long long>(tokens), static_cast<long long>(n),
+                    pv == &k8 ? "k8v3" : "f32", "memcpy", mc * 1e6, mc * 30e3, bytes / mc / 1e9);
       }
     }
   }

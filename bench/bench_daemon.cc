@@ -4,8 +4,10 @@
 // held (lease bookkeeping must not scan them); the agent side of an attach (descriptor over
 // SCM_RIGHTS + read-only map) and a payload checksum pass. SmolLM2-135M Q4_1 on robert_boulter.txt
 // when POLYKV_SMOLLM2_GGUF is set, else stories260K with fixed token ids.
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,9 +18,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <spdlog/spdlog.h>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -57,8 +56,8 @@ class Client {
       if (r->type == MessageType::kProgress || r->id != req.id) continue;
       if (!r->ok) {
         std::fprintf(stderr, "%s failed: %s %s\n",
-                     std::string(polykv::ipc::MessageTypeName(req.type)).c_str(),
-                     r->code.c_str(), r->error.c_str());
+                     std::string(polykv::ipc::MessageTypeName(req.type)).c_str(), r->code.c_str(),
+                     r->error.c_str());
         std::exit(1);
       }
       return *r;
@@ -182,8 +181,7 @@ int main(int argc, char** argv) {
   std::filesystem::remove_all(dir);
 
   std::printf("bench_daemon: %s, codec %s, %llu tokens, pool %llu bytes (%.2fx vs bf16)\n",
-              model_label.c_str(), info.codec.c_str(),
-              static_cast<unsigned long long>(info.tokens),
+              model_label.c_str(), info.codec.c_str(), static_cast<unsigned long long>(info.tokens),
               static_cast<unsigned long long>(info.total_bytes), info.effective_ratio);
   std::printf("%-28s %-6s %12s %14s %8s\n", "figure", "unit", "value", "baseline", "ratio");
   auto row = [](const char* fig, const char* unit, double v, const char* base_name, double b) {
@@ -214,9 +212,10 @@ int main(int argc, char** argv) {
   row("descriptor+map p50", "us", Percentile(fd_us, 0.5), "ping", ping50);
   row("descriptor+map p99", "us", Percentile(fd_us, 0.99), "ping", ping99);
   row("payload verify p50", "ms", Percentile(verify_ms, 0.5), "", 0);
-  std::printf("(%d ATTACH+DETACH round trips over ipc://, host backend; baseline 'tot' = "
-              "prefill+encode+publish, 'ping' = PING round trip, 'att' = ATTACH with no other "
-              "lease, in the same run)\n",
-              attaches);
+  std::printf(
+      "(%d ATTACH+DETACH round trips over ipc://, host backend; baseline 'tot' = "
+      "prefill+encode+publish, 'ping' = PING round trip, 'att' = ATTACH with no other "
+      "lease, in the same run)\n",
+      attaches);
   return 0;
 }

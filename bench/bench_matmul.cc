@@ -2,14 +2,13 @@
 // (decode) bandwidth in GB/s of weight bytes next to single-thread memcpy of the same bytes
 // (measured in the same run), and small-batch throughput (GMAC/s) for 4, 16 and 32 rows.
 // Usage: bench_matmul [--mib N] [--threads T] [--types Q4_1,Q8_0,...]
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "absl/strings/str_split.h"
 #include "polykv/kernels/codec_math.h"
@@ -85,8 +84,7 @@ int main(int argc, char** argv) {
     k::WeightType t = k::WeightType::kF32;
     bool found = false;
     for (uint32_t v = 0; v < 64; ++v) {
-      if (k::IsSupportedWeightType(v) &&
-          name == k::WeightTypeName(static_cast<k::WeightType>(v))) {
+      if (k::IsSupportedWeightType(v) && name == k::WeightTypeName(static_cast<k::WeightType>(v))) {
         t = static_cast<k::WeightType>(v);
         found = true;
       }

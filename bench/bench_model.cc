@@ -5,6 +5,7 @@
 // measured in the same run; memory after load (RSS, PSS, private) of each runtime.
 // Usage: bench_model [--model PATH] (default: env POLYKV_SMOLLM2_GGUF) [--decode-tokens N]
 //                    [--text FILE] [--threads N] [--skip-copy]
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,8 +16,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "polykv/kernels/cpu.h"
 #include "polykv/model/llama.h"
@@ -199,8 +198,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "error: %s\n", std::string(frozen.status().message()).c_str());
       return 1;
     }
-    std::printf("prompt forward after a %lld-token document (raw f32 prefix), 1 thread, median of 9\n",
-                static_cast<long long>(P));
+    std::printf(
+        "prompt forward after a %lld-token document (raw f32 prefix), 1 thread, median of 9\n",
+        static_cast<long long>(P));
     std::printf("%-6s %12s %16s\n", "rows", "ms", "ms per row");
     for (int64_t n : {1, 4, 16, 32}) {
       std::vector<double> t;
@@ -286,9 +286,10 @@ int main(int argc, char** argv) {
   for (int t : {1, max_threads}) {
     const Figures& fm = t == 1 ? m1 : m2;
     const double bw = bytes_per_token * fm.decode / 1e9;
-    std::printf("mapped decode, %d thread(s): %.1f tok/s x %.1f MiB = %.2f GB/s effective = %.0f%% "
-                "of single-thread memcpy\n",
-                t, fm.decode, bytes_per_token / 1048576.0, bw, 100.0 * bw / memcpy_gbps);
+    std::printf(
+        "mapped decode, %d thread(s): %.1f tok/s x %.1f MiB = %.2f GB/s effective = %.0f%% "
+        "of single-thread memcpy\n",
+        t, fm.decode, bytes_per_token / 1048576.0, bw, 100.0 * bw / memcpy_gbps);
   }
   return 0;
 }

@@ -4,18 +4,17 @@
 // through the codec (kernels API, the same calls the pool writer/reader make), then score the
 // next S tokens with Forward over that cache; the same window with the untouched cache is
 // the baseline. PolyKV paper (Patel & Joshi, 2026) reports +1.59% at 2K, +0.57% at 4K.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "polykv/kernels/codec.h"
 #include "polykv/model/llama.h"
@@ -28,8 +27,9 @@ namespace model = polykv::model;
 namespace {
 
 kernels::DType KDtype(torch::ScalarType t) {
-  return t == torch::kBFloat16 ? kernels::DType::kBF16
-         : t == torch::kFloat16 ? kernels::DType::kF16 : kernels::DType::kF32;
+  return t == torch::kBFloat16  ? kernels::DType::kBF16
+         : t == torch::kFloat16 ? kernels::DType::kF16
+                                : kernels::DType::kF32;
 }
 
 // Round-trips one layer tensor [kv_heads][tokens][head_dim] through the codec, in place.
@@ -41,10 +41,10 @@ Status RoundTrip(torch::Tensor& k, torch::Tensor& v, const kernels::CodecConfig&
   const kernels::DType dt = KDtype(k.scalar_type());
   std::vector<int8_t> q(shape.elements());
   std::vector<float> scales(kernels::KeyScaleCount(shape, cfg.key_scale));
-  POLYKV_RETURN_IF_ERROR(kernels::QuantizeKeys(k.data_ptr(), dt, shape, cfg.key_scale, q.data(),
-                                               scales.data()));
-  POLYKV_RETURN_IF_ERROR(kernels::DequantizeKeys(q.data(), scales.data(), shape, cfg.key_scale,
-                                                 k.data_ptr(), dt));
+  POLYKV_RETURN_IF_ERROR(
+      kernels::QuantizeKeys(k.data_ptr(), dt, shape, cfg.key_scale, q.data(), scales.data()));
+  POLYKV_RETURN_IF_ERROR(
+      kernels::DequantizeKeys(q.data(), scales.data(), shape, cfg.key_scale, k.data_ptr(), dt));
   std::vector<uint8_t> packed(shape.vectors() *
                               kernels::PackedVectorBytes(shape.head_dim, cfg.value_bits));
   std::vector<float> norms(shape.vectors());
@@ -94,7 +94,8 @@ std::string DataFile(const std::string& rel) {
   if (fs::exists("data/" + rel)) return "data/" + rel;
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  for (fs::path d = exe.parent_path(); !ec && !d.empty() && d != d.root_path(); d = d.parent_path()) {
+  for (fs::path d = exe.parent_path(); !ec && !d.empty() && d != d.root_path();
+       d = d.parent_path()) {
     if (fs::exists(d / "data" / rel)) return (d / "data" / rel).string();
   }
   return "data/" + rel;
@@ -104,7 +105,8 @@ std::string DataFile(const std::string& rel) {
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_pool_ppl: perplexity with the compressed pool vs full precision"};
-  std::string model_path = std::getenv("POLYKV_SMOLLM2_GGUF") ? std::getenv("POLYKV_SMOLLM2_GGUF") : "";
+  std::string model_path =
+      std::getenv("POLYKV_SMOLLM2_GGUF") ? std::getenv("POLYKV_SMOLLM2_GGUF") : "";
   std::string text_path = DataFile("wikitext-2/wiki.test.raw");
   std::vector<int64_t> contexts = {512, 2048, 4096};
   int64_t score = 256;
@@ -124,7 +126,8 @@ int main(int argc, char** argv) {
   app.add_option("--key-scale", key_scale, "tensor|head|channel");
   CLI11_PARSE(app, argc, argv);
   if (model_path.empty()) {
-    std::fprintf(stderr, "error: give --model or set POLYKV_SMOLLM2_GGUF (scripts/fetch-model.sh)\n");
+    std::fprintf(stderr,
+                 "error: give --model or set POLYKV_SMOLLM2_GGUF (scripts/fetch-model.sh)\n");
     return 1;
   }
   model::LoadOptions lo;
@@ -159,10 +162,11 @@ int main(int argc, char** argv) {
   kernels::KeyScaleMode ks = key_scale == "head"      ? kernels::KeyScaleMode::kPerHead
                              : key_scale == "channel" ? kernels::KeyScaleMode::kPerChannel
                                                       : kernels::KeyScaleMode::kPerTensor;
-  std::printf("bench_pool_ppl: %s, %s, %d window(s) x %lld scored tokens per context, keys int8 "
-              "(%s scale), values TurboQuant-MSE%s\n",
-              model_path.c_str(), text_path.c_str(), windows, (long long)score, key_scale.c_str(),
-              norm_correction ? " + norm correction" : "");
+  std::printf(
+      "bench_pool_ppl: %s, %s, %d window(s) x %lld scored tokens per context, keys int8 "
+      "(%s scale), values TurboQuant-MSE%s\n",
+      model_path.c_str(), text_path.c_str(), windows, (long long)score, key_scale.c_str(),
+      norm_correction ? " + norm correction" : "");
   std::printf("%-9s %-7s %8s %12s %12s %10s %10s\n", "context", "codec", "scored", "ppl full",
               "ppl pool", "change %", "prefill s");
   for (int64_t c : contexts) {

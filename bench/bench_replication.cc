@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,8 +21,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/ucx_transfer.h"
@@ -106,12 +105,14 @@ int Serve(int port) {
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_ANY);
   a.sin_port = htons(static_cast<uint16_t>(port));
-  if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) Die("bind: " + std::to_string(port));
+  if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
+    Die("bind: " + std::to_string(port));
   if (listen(ls, 16) != 0) Die("listen");
-  std::printf("serving pool region %llu bytes, Checksum64 %016llx, descriptor %zu bytes, "
-              "transports: %s, port %d\n",
-              static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(checksum),
-              desc.size(), (*engine)->transports().c_str(), port);
+  std::printf(
+      "serving pool region %llu bytes, Checksum64 %016llx, descriptor %zu bytes, "
+      "transports: %s, port %d\n",
+      static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(checksum),
+      desc.size(), (*engine)->transports().c_str(), port);
   std::printf("READY\n");
   std::fflush(stdout);
   for (;;) {
@@ -174,11 +175,11 @@ int Fetch(const std::string& host_port, int reps) {
   auto engine = UcxEngine::Create();
   if (!engine.ok()) Die("UcxEngine::Create: " + engine.status().ToString());
   std::vector<uint8_t> dst(served.size, 0);  // preallocated and touched once
-  std::printf("bench_replication: pool region %llu bytes (Llama-3-8B shape, 4096 tokens, k8v3), "
-              "Checksum64 %016llx, %d reps per setting, requester transports: %s\n",
-              static_cast<unsigned long long>(served.size),
-              static_cast<unsigned long long>(served.checksum), reps,
-              (*engine)->transports().c_str());
+  std::printf(
+      "bench_replication: pool region %llu bytes (Llama-3-8B shape, 4096 tokens, k8v3), "
+      "Checksum64 %016llx, %d reps per setting, requester transports: %s\n",
+      static_cast<unsigned long long>(served.size),
+      static_cast<unsigned long long>(served.checksum), reps, (*engine)->transports().c_str());
   const uint64_t chunks_mib[] = {1, 4, 16};
   const int depths[] = {1, 4, 8};
   struct Row {
@@ -217,8 +218,8 @@ int Fetch(const std::string& host_port, int reps) {
               "outstanding", "median MB/s", "min", "max");
   const Row* best = &rows[0];
   for (const Row& r : rows) {
-    std::printf("%-10llu %-11d %12.1f %10.1f %10.1f\n", static_cast<unsigned long long>(r.chunk_mib),
-                r.depth, r.median, r.min, r.max);
+    std::printf("%-10llu %-11d %12.1f %10.1f %10.1f\n",
+                static_cast<unsigned long long>(r.chunk_mib), r.depth, r.median, r.min, r.max);
     if (r.median > best->median) best = &r;
   }
   const Row* def = nullptr;  // UcxPullOptions defaults: 4 MiB, 8 outstanding

@@ -4,8 +4,10 @@
 // measured in the same run, each from Daemon::Start to an answered ATTACH. Also the cost of
 // persisting on the first create (create with vs without --state-dir). SmolLM2-135M Q4_1 on
 // robert_boulter.txt when POLYKV_SMOLLM2_GGUF is set, else stories260K with fixed token ids.
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -15,9 +17,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <spdlog/spdlog.h>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -167,8 +166,9 @@ int main(int argc, char** argv) {
   row("restart: lazy restore on ATTACH", lazy_ms);
   row("restart: restore on CREATE_POOL", create_restore_ms);
   row("restart: --preload", preload_ms);
-  std::printf("(each row a fresh in-process polykvd; prefill in the baseline %.1f ms of it, "
-              "encode %.1f ms; the model is loaded in every row, page cache warm)\n",
-              p.prefill_ms, p.encode_ms);
+  std::printf(
+      "(each row a fresh in-process polykvd; prefill in the baseline %.1f ms of it, "
+      "encode %.1f ms; the model is loaded in every row, page cache warm)\n",
+      p.prefill_ms, p.encode_ms);
   return 0;
 }

@@ -6,21 +6,20 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "commands.h"
-#include "util/token_ids.h"
 #include "polykv/agent.h"
+#include "util/token_ids.h"
 
 namespace polykv::cli {
 namespace {
@@ -96,8 +95,8 @@ Status RunAgent(const AgentArgs& a) {
   auto t_load = std::chrono::steady_clock::now();
   POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<client::PooledAgent> agent,
                           client::PooledAgent::Create(opts));
-  const double load_ms = std::chrono::duration<double, std::milli>(
-                             std::chrono::steady_clock::now() - t_load).count();
+  const double load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
   client::AgentHooks hold_hooks;
   if (!a.hold_file.empty()) {
     // For memory measurements: N agents alive at once, each attached after answering.
@@ -137,8 +136,10 @@ Status RunAgent(const AgentArgs& a) {
     POLYKV_ASSIGN_OR_RETURN(std::vector<double> nll, agent->Score(a.pool, in, tgt));
     double sum = 0;
     for (double x : nll) sum += x;
-    nlohmann::json j = {{"pool", a.pool}, {"pid", static_cast<int64_t>(getpid())},
-                        {"scored", nll.size()}, {"mean_nll", sum / static_cast<double>(nll.size())}};
+    nlohmann::json j = {{"pool", a.pool},
+                        {"pid", static_cast<int64_t>(getpid())},
+                        {"scored", nll.size()},
+                        {"mean_nll", sum / static_cast<double>(nll.size())}};
     std::cout << j.dump() << std::endl;
     return absl::OkStatus();
   }
@@ -192,11 +193,11 @@ Status RunAgent(const AgentArgs& a) {
   std::cout << (has_tok ? r.answer_text : IdsString(r.answer_ids)) << std::endl;
   if (a.stats) {
     const auto& s = r.stats;
-    std::printf("pool %s codec %s, attended %s: %lld document tokens, %lld prompt tokens, "
-                "%lld new tokens\n",
-                a.pool.c_str(), r.codec.c_str(), client::AttendName(r.attend),
-                (long long)s.document_tokens, (long long)s.prompt_tokens,
-                (long long)s.new_tokens);
+    std::printf(
+        "pool %s codec %s, attended %s: %lld document tokens, %lld prompt tokens, "
+        "%lld new tokens\n",
+        a.pool.c_str(), r.codec.c_str(), client::AttendName(r.attend), (long long)s.document_tokens,
+        (long long)s.prompt_tokens, (long long)s.new_tokens);
     std::printf("  model load          %10.1f ms\n", load_ms);
     std::printf("  attach              %10.1f ms\n", s.attach_ms);
     std::printf("  %-19s %10.1f ms\n",
@@ -220,10 +221,11 @@ Status RunAgent(const AgentArgs& a) {
     std::printf("  peak RSS            %10.1f MiB\n", client::PeakRssBytes() / 1048576.0);
   }
   if (base) {
-    std::printf("baseline (re-prefill the document): TTFT %.1f ms (prefill %.1f ms + prompt "
-                "%.1f ms) vs pool %.1f ms; greedy outputs %s\n",
-                base->ttft_ms, base->prefill_ms, base->prompt_first_token_ms, r.stats.ttft_ms,
-                base->answer_ids == r.answer_ids ? "match" : "differ");
+    std::printf(
+        "baseline (re-prefill the document): TTFT %.1f ms (prefill %.1f ms + prompt "
+        "%.1f ms) vs pool %.1f ms; greedy outputs %s\n",
+        base->ttft_ms, base->prefill_ms, base->prompt_first_token_ms, r.stats.ttft_ms,
+        base->answer_ids == r.answer_ids ? "match" : "differ");
     if (base->answer_ids != r.answer_ids) {
       std::cout << "baseline answer: "
                 << (has_tok ? base->answer_text : IdsString(base->answer_ids)) << std::endl;

@@ -20,18 +20,16 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "commands.h"
-#include "util/processes.h"
 #include "polykv/client.h"
 #include "polykv/status.h"
-
+#include "util/processes.h"
 
 namespace polykv::cli {
 namespace {
@@ -43,12 +41,12 @@ struct AgentsArgs {
   std::string pool;
   std::string model;
   std::string questions;
-  bool ids = false;      // question lines are token ids
-  bool raw = false;      // do not wrap questions in the chat template
+  bool ids = false;  // question lines are token ids
+  bool raw = false;  // do not wrap questions in the chat template
   int n = 4;
   int jobs = 0;
   int max_new_tokens = 48;
-  int threads = 0;       // per agent; 0 = cores / jobs
+  int threads = 0;  // per agent; 0 = cores / jobs
   bool baseline = true;
   bool json_out = false;
   std::string endpoint;
@@ -66,7 +64,8 @@ StatusOr<std::vector<std::string>> ReadQuestions(const std::string& path) {
     if (line.empty() || line[0] == '#') continue;
     out.push_back(line);
   }
-  if (out.empty()) return absl::InvalidArgumentError("questions file " + path + " has no questions");
+  if (out.empty())
+    return absl::InvalidArgumentError("questions file " + path + " has no questions");
   return out;
 }
 
@@ -93,11 +92,21 @@ StatusOr<polykv_pool_info> FindPool(const AgentsArgs& a) {
 
 std::vector<std::string> AgentArgv(const AgentsArgs& a, const std::string& exe,
                                    const std::string& prompt, int threads, bool baseline) {
-  std::vector<std::string> v = {exe, "agent", "--pool", a.pool, "--model", a.model, "--json",
-                                "--max-new-tokens", std::to_string(a.max_new_tokens),
-                                "--threads", std::to_string(threads),
-                                "--timeout-ms", std::to_string(a.timeout_ms),
-                                "--attend", a.attend};
+  std::vector<std::string> v = {exe,
+                                "agent",
+                                "--pool",
+                                a.pool,
+                                "--model",
+                                a.model,
+                                "--json",
+                                "--max-new-tokens",
+                                std::to_string(a.max_new_tokens),
+                                "--threads",
+                                std::to_string(threads),
+                                "--timeout-ms",
+                                std::to_string(a.timeout_ms),
+                                "--attend",
+                                a.attend};
   if (!a.endpoint.empty()) v.insert(v.end(), {"--endpoint", a.endpoint});
   if (a.ids) {
     v.insert(v.end(), {"--prompt-ids", prompt});
@@ -156,9 +165,8 @@ Status RunAgents(const AgentsArgs& a) {
     children[i].err_path = dir + "/agent" + std::to_string(i) + ".err";
   }
   auto t0 = std::chrono::steady_clock::now();
-  POLYKV_RETURN_IF_ERROR(RunAll(children, jobs, [&](const Child& c) {
-    return AgentArgv(a, exe, c.prompt, threads, false);
-  }));
+  POLYKV_RETURN_IF_ERROR(RunAll(
+      children, jobs, [&](const Child& c) { return AgentArgv(a, exe, c.prompt, threads, false); }));
   const double all_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
@@ -169,9 +177,8 @@ Status RunAgents(const AgentsArgs& a) {
     base[0].prompt = questions[0];
     base[0].out_path = dir + "/baseline.out";
     base[0].err_path = dir + "/baseline.err";
-    POLYKV_RETURN_IF_ERROR(RunAll(base, 1, [&](const Child& c) {
-      return AgentArgv(a, exe, c.prompt, threads, true);
-    }));
+    POLYKV_RETURN_IF_ERROR(RunAll(
+        base, 1, [&](const Child& c) { return AgentArgv(a, exe, c.prompt, threads, true); }));
   }
 
   // ---- collect ----
@@ -194,30 +201,29 @@ Status RunAgents(const AgentsArgs& a) {
   }
   const uint64_t n_bf16 = info.bf16_bytes * static_cast<uint64_t>(a.n);
   const int concurrent = std::min(jobs, a.n);
-  json summary = {
-      {"pool_id", info.id},
-      {"codec", info.codec},
-      {"document_tokens", info.tokens},
-      {"agents", a.n},
-      {"agents_ok", ok},
-      {"jobs", jobs},
-      {"threads_per_agent", threads},
-      {"wall_ms", all_ms},
-      {"pool_bytes", info.total_bytes},
-      {"bf16_cache_bytes_per_agent", info.bf16_bytes},
-      {"n_private_bf16_bytes", n_bf16},
-      {"ratio_n_bf16_over_pool",
-       info.total_bytes ? static_cast<double>(n_bf16) / info.total_bytes : 0.0},
-      {"agents_private_kv_bytes_sum", private_sum},
-      {"agents_private_kv_bytes_max", private_max},
-      {"peak_concurrent_kv_bytes", info.total_bytes + private_max * concurrent},
-      {"max_agent_peak_rss_bytes", rss_max},
-      {"max_agent_private_bytes", mem_private_max},
-      {"attend", a.attend},
-      {"mean_attach_ms", Mean(attach)},
-      {"mean_decode_ms", Mean(decode)},
-      {"mean_ttft_ms", Mean(ttft)},
-      {"mean_tokens_per_s", Mean(tps)}};
+  json summary = {{"pool_id", info.id},
+                  {"codec", info.codec},
+                  {"document_tokens", info.tokens},
+                  {"agents", a.n},
+                  {"agents_ok", ok},
+                  {"jobs", jobs},
+                  {"threads_per_agent", threads},
+                  {"wall_ms", all_ms},
+                  {"pool_bytes", info.total_bytes},
+                  {"bf16_cache_bytes_per_agent", info.bf16_bytes},
+                  {"n_private_bf16_bytes", n_bf16},
+                  {"ratio_n_bf16_over_pool",
+                   info.total_bytes ? static_cast<double>(n_bf16) / info.total_bytes : 0.0},
+                  {"agents_private_kv_bytes_sum", private_sum},
+                  {"agents_private_kv_bytes_max", private_max},
+                  {"peak_concurrent_kv_bytes", info.total_bytes + private_max * concurrent},
+                  {"max_agent_peak_rss_bytes", rss_max},
+                  {"max_agent_private_bytes", mem_private_max},
+                  {"attend", a.attend},
+                  {"mean_attach_ms", Mean(attach)},
+                  {"mean_decode_ms", Mean(decode)},
+                  {"mean_ttft_ms", Mean(ttft)},
+                  {"mean_tokens_per_s", Mean(tps)}};
   if (a.baseline && base[0].error.empty() && base[0].result.contains("baseline")) {
     const json& b = base[0].result["baseline"];
     summary["solo_pool_ttft_ms"] = base[0].result["stats"].value("ttft_ms", 0.0);
@@ -232,10 +238,14 @@ Status RunAgents(const AgentsArgs& a) {
   if (a.json_out) {
     json agents = json::array();
     for (const Child& c : children) {
-      json j = {{"index", c.index}, {"prompt", c.prompt}, {"pid", c.pid},
-                {"exit_code", c.exit_code}, {"signal", c.signal},
-                {"peak_rss_bytes", c.max_rss_bytes}, {"wall_ms", c.wall_ms}};
-      if (c.error.empty()) j["result"] = c.result; else j["error"] = c.error;
+      json j = {{"index", c.index},    {"prompt", c.prompt},
+                {"pid", c.pid},        {"exit_code", c.exit_code},
+                {"signal", c.signal},  {"peak_rss_bytes", c.max_rss_bytes},
+                {"wall_ms", c.wall_ms}};
+      if (c.error.empty())
+        j["result"] = c.result;
+      else
+        j["error"] = c.error;
       agents.push_back(j);
     }
     json out = {{"summary", summary}, {"agents", agents}};
@@ -270,12 +280,11 @@ Status RunAgents(const AgentsArgs& a) {
       const json& s = c.result["stats"];
       std::printf("%-6d %-8d %7lld %7lld %9.1f %9.1f %9.1f %9.1f %8.1f %12.2f %12.1f %12.1f\n",
                   c.index, static_cast<int>(c.pid), s.value("prompt_tokens", 0LL),
-                  s.value("new_tokens", 0LL), s.value("attach_ms", 0.0),
-                  s.value("decode_ms", 0.0), s.value("ttft_ms", 0.0),
-                  s.value("generation_ms", 0.0), s.value("tokens_per_s", 0.0),
+                  s.value("new_tokens", 0LL), s.value("attach_ms", 0.0), s.value("decode_ms", 0.0),
+                  s.value("ttft_ms", 0.0), s.value("generation_ms", 0.0),
+                  s.value("tokens_per_s", 0.0),
                   s.value("private_kv_bytes", uint64_t{0}) / 1048576.0,
-                  s.value("private_bytes", uint64_t{0}) / 1048576.0,
-                  c.max_rss_bytes / 1048576.0);
+                  s.value("private_bytes", uint64_t{0}) / 1048576.0, c.max_rss_bytes / 1048576.0);
     }
     std::printf("\n%-58s %s\n", "figure", "value");
     std::printf("%-58s %s (%s, %llu tokens, one copy for all agents)\n", "shared pool",
@@ -301,18 +310,18 @@ Status RunAgents(const AgentsArgs& a) {
       const double pool_ttft = summary["solo_pool_ttft_ms"], pre = summary["solo_prefill_ttft_ms"];
       std::printf("%-58s %.1f ms\n", "TTFT via pool, agent alone (attach+decode+prompt+1st)",
                   pool_ttft);
-      std::printf("%-58s %.1f ms (prefill %.1f ms)\n",
-                  "TTFT re-prefilling the document, same run", pre,
-                  summary["solo_prefill_ms"].get<double>());
+      std::printf("%-58s %.1f ms (prefill %.1f ms)\n", "TTFT re-prefilling the document, same run",
+                  pre, summary["solo_prefill_ms"].get<double>());
       std::printf("%-58s %.2fx\n", "TTFT speedup (re-prefill / pool)",
                   pool_ttft > 0 ? pre / pool_ttft : 0.0);
       std::printf("%-58s %s\n", "greedy outputs pool vs re-prefill",
                   summary["baseline_outputs_match"].get<bool>() ? "match" : "differ");
     } else if (summary.contains("baseline_error")) {
-      std::printf("%-58s FAILED: %s\n", "baseline", summary["baseline_error"].get<std::string>().c_str());
+      std::printf("%-58s FAILED: %s\n", "baseline",
+                  summary["baseline_error"].get<std::string>().c_str());
     }
-    std::printf("%-58s %d of %d in %.1f s (-j %d, %d threads each)\n", "agents succeeded", ok,
-                a.n, all_ms / 1000.0, jobs, threads);
+    std::printf("%-58s %d of %d in %.1f s (-j %d, %d threads each)\n", "agents succeeded", ok, a.n,
+                all_ms / 1000.0, jobs, threads);
   }
   if (ok != a.n) {
     return absl::AbortedError(std::to_string(a.n - ok) + " of " + std::to_string(a.n) +
@@ -336,8 +345,7 @@ void RegisterAgentsCommands(CLI::App& app) {
       ->required();
   run->add_flag("--ids", args->ids, "question lines are prompt token ids (1,2,3)");
   run->add_flag("--raw", args->raw, "do not wrap questions in the ChatML template");
-  run->add_option("-n,--agents", args->n, "number of agent processes")
-      ->check(CLI::Range(1, 4096));
+  run->add_option("-n,--agents", args->n, "number of agent processes")->check(CLI::Range(1, 4096));
   run->add_option("-j,--jobs", args->jobs, "agents alive at once (default: cores)")
       ->check(CLI::Range(0, 4096));
   run->add_option("--max-new-tokens", args->max_new_tokens, "tokens per answer")

@@ -184,7 +184,8 @@ int RunRoundtrip(const RoundtripOptions& o) {
   // The round trip measures int8 keys (QuantizeKeys); packed 4..7-bit keys are measured by
   // `polykv-cli eval` (k<bits><t|h|c> specs).
   if (o.k_bits != 8)
-    return Fail("--k-bits: key_bits must be 8 for codec roundtrip, got " + std::to_string(o.k_bits) +
+    return Fail("--k-bits: key_bits must be 8 for codec roundtrip, got " +
+                std::to_string(o.k_bits) +
                 " (packed 4..7-bit keys: polykv-cli eval --codecs k<bits>c-v3)");
   k::CodecConfig cfg;
   cfg.key_bits = o.k_bits;

@@ -45,8 +45,8 @@ struct EvalArgs {
   std::string base = "default";
   int64_t ablation_context = 2048;
   int ablation_windows = 0;  // 0 = --windows
-  std::string ab_key_bits, ab_key_scale, ab_value_bits, ab_edge_bits, ab_rotation, ab_norm_correction,
-      ab_norm_dtype, ab_seeds, ab_extra;
+  std::string ab_key_bits, ab_key_scale, ab_value_bits, ab_edge_bits, ab_rotation,
+      ab_norm_correction, ab_norm_dtype, ab_seeds, ab_extra;
   // Greedy agreement / semantic similarity / agents.
   std::string document = "data/wikitext-2/robert_boulter.txt";
   std::string questions = "data/questions.txt";
@@ -121,10 +121,14 @@ StatusOr<std::vector<eval::CodecSpec>> Ablations(const EvalArgs& a, const eval::
   }
   for (const std::string& v : list(a.ab_key_scale)) {
     eval::CodecSpec s = base;
-    if (v == "tensor") s.key_scale = kernels::KeyScaleMode::kPerTensor;
-    else if (v == "head") s.key_scale = kernels::KeyScaleMode::kPerHead;
-    else if (v == "channel") s.key_scale = kernels::KeyScaleMode::kPerChannel;
-    else return absl::InvalidArgumentError(absl::StrCat("--ablate-key-scale: '", v, "'"));
+    if (v == "tensor")
+      s.key_scale = kernels::KeyScaleMode::kPerTensor;
+    else if (v == "head")
+      s.key_scale = kernels::KeyScaleMode::kPerHead;
+    else if (v == "channel")
+      s.key_scale = kernels::KeyScaleMode::kPerChannel;
+    else
+      return absl::InvalidArgumentError(absl::StrCat("--ablate-key-scale: '", v, "'"));
     add(s, absl::StrCat("key-scale=", v));
   }
   for (const std::string& v : list(a.ab_value_bits)) {
@@ -136,8 +140,8 @@ StatusOr<std::vector<eval::CodecSpec>> Ablations(const EvalArgs& a, const eval::
   for (const std::string& v : list(a.ab_edge_bits)) {
     eval::CodecSpec s = base;
     std::vector<std::string> p = absl::StrSplit(v, 'x');
-    if (!absl::SimpleAtoi(p[0], &s.edge_value_bits) || s.edge_value_bits < 0 || s.edge_value_bits > 4 ||
-        (p.size() == 2 && !absl::SimpleAtoi(p[1], &s.edge_layers)))
+    if (!absl::SimpleAtoi(p[0], &s.edge_value_bits) || s.edge_value_bits < 0 ||
+        s.edge_value_bits > 4 || (p.size() == 2 && !absl::SimpleAtoi(p[1], &s.edge_layers)))
       return absl::InvalidArgumentError(absl::StrCat("--ablate-edge-bits: '", v, "' (bits[xN])"));
     add(s, absl::StrCat("edge-bits=", v));
   }
@@ -149,7 +153,8 @@ StatusOr<std::vector<eval::CodecSpec>> Ablations(const EvalArgs& a, const eval::
   }
   for (const std::string& v : list(a.ab_norm_correction)) {
     eval::CodecSpec s = base;
-    if (v != "on" && v != "off") return absl::InvalidArgumentError("--ablate-norm-correction: on,off");
+    if (v != "on" && v != "off")
+      return absl::InvalidArgumentError("--ablate-norm-correction: on,off");
     s.norm_correction = v == "on";
     add(s, absl::StrCat("norm-correction=", v));
   }
@@ -194,8 +199,9 @@ Status RunEval(const EvalArgs& a) {
   for (const std::string& s : sections)
     if (s != "ppl" && s != "ablations" && s != "layers" && s != "greedy" && s != "agents" &&
         s != "semantic" && s != "plots")
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--sections: unknown '", s, "' (ppl, ablations, layers, greedy, agents, semantic, plots)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--sections: unknown '", s,
+                       "' (ppl, ablations, layers, greedy, agents, semantic, plots)"));
   POLYKV_ASSIGN_OR_RETURN(std::vector<eval::CodecSpec> codecs, eval::ParseCodecList(a.codecs));
   POLYKV_ASSIGN_OR_RETURN(eval::CodecSpec base, eval::ParseCodecSpec(a.base));
   model::LoadOptions lo;
@@ -221,7 +227,8 @@ Status RunEval(const EvalArgs& a) {
   po.offset = a.offset;
   po.log = Log;
   if (sections.count("ppl")) {
-    POLYKV_ASSIGN_OR_RETURN(std::vector<eval::PplRow> rows, eval::PplVsContext(*m, ids, codecs, po));
+    POLYKV_ASSIGN_OR_RETURN(std::vector<eval::PplRow> rows,
+                            eval::PplVsContext(*m, ids, codecs, po));
     POLYKV_RETURN_IF_ERROR(WriteFile(a.out + "/ppl_vs_context.csv", eval::PplCsv(rows)));
     absl::StrAppend(&report, "## PPL change vs context (paired 95% interval over windows)\n\n",
                     eval::PplMarkdown(rows), "\n");
@@ -236,11 +243,13 @@ Status RunEval(const EvalArgs& a) {
     POLYKV_RETURN_IF_ERROR(WriteFile(a.out + "/ablations.csv", eval::PplCsv(rows, "ablation")));
     absl::StrAppend(&report, "## Ablations around ", base.Canonical(), " at context ",
                     a.ablation_context, "\n\n", eval::PplMarkdown(rows), "\n",
-                    "## Pareto: bits per value vs PPL change\n\n", eval::ParetoMarkdown(rows), "\n");
+                    "## Pareto: bits per value vs PPL change\n\n", eval::ParetoMarkdown(rows),
+                    "\n");
   }
   if (sections.count("layers")) {
-    std::vector<int32_t> ctx(ids.begin() + a.offset,
-                             ids.begin() + a.offset + std::min<int64_t>(1024, ids.size() - a.offset));
+    std::vector<int32_t> ctx(
+        ids.begin() + a.offset,
+        ids.begin() + a.offset + std::min<int64_t>(1024, ids.size() - a.offset));
     std::string csv = "codec,spec,layer,key_rel_mse,value_rel_mse\n";
     std::string md = "| layer |";
     std::vector<std::vector<eval::LayerError>> errs;
@@ -281,7 +290,8 @@ Status RunEval(const EvalArgs& a) {
     ao.score_fraction = a.score_fraction;
     ao.offset = a.offset;
     ao.log = Log;
-    POLYKV_ASSIGN_OR_RETURN(std::vector<eval::AgentRow> rows, eval::AgentInvariance(ids, codecs, ao));
+    POLYKV_ASSIGN_OR_RETURN(std::vector<eval::AgentRow> rows,
+                            eval::AgentInvariance(ids, codecs, ao));
     POLYKV_RETURN_IF_ERROR(WriteFile(a.out + "/agents.csv", eval::AgentCsv(rows)));
     absl::StrAppend(&report, "## Agent-count invariance (N agents at once on one pool per codec, ",
                     a.agent_windows, " window(s) of ", a.agent_context, " tokens)\n\n",
@@ -294,7 +304,8 @@ Status RunEval(const EvalArgs& a) {
     go.count = a.questions_n;
     go.max_new_tokens = a.greedy_tokens;
     go.log = Log;
-    POLYKV_ASSIGN_OR_RETURN(std::vector<eval::GreedyRow> rows, eval::GreedyAgreement(*m, codecs, go));
+    POLYKV_ASSIGN_OR_RETURN(std::vector<eval::GreedyRow> rows,
+                            eval::GreedyAgreement(*m, codecs, go));
     POLYKV_RETURN_IF_ERROR(WriteFile(a.out + "/greedy.csv", eval::GreedyCsv(rows)));
     POLYKV_RETURN_IF_ERROR(WriteFile(a.out + "/answers.jsonl", eval::AnswersJsonl(rows)));
     absl::StrAppend(&report, "## Greedy agreement with full precision (", a.greedy_tokens,
@@ -306,14 +317,14 @@ Status RunEval(const EvalArgs& a) {
     Log("scripts/eval_post.py not found (looked in the current folder and above polykv-cli): "
         "no plots or semantic similarity");
   if ((sections.count("plots") || sections.count("semantic")) && !script.empty()) {
-    const std::string cmd = absl::StrCat(ShellQuote(EvalPython(a.python)), " ", ShellQuote(script),
-                                         " --out ", ShellQuote(a.out),
-                                         sections.count("semantic") ? " --semantic" : "",
-                                         sections.count("plots") ? " --plots" : "");
+    const std::string cmd = absl::StrCat(
+        ShellQuote(EvalPython(a.python)), " ", ShellQuote(script), " --out ", ShellQuote(a.out),
+        sections.count("semantic") ? " --semantic" : "", sections.count("plots") ? " --plots" : "");
     Log(absl::StrCat("running ", cmd));
     const int rc = std::system(cmd.c_str());
     if (rc != 0)
-      Log(absl::StrCat("the Python step failed (exit ", rc, "; bash scripts/install-eval-deps.sh "
+      Log(absl::StrCat("the Python step failed (exit ", rc,
+                       "; bash scripts/install-eval-deps.sh "
                        "installs its packages); CSV and markdown are written"));
   }
   std::cout << report;
@@ -341,15 +352,21 @@ void RegisterEvalCommands(CLI::App& app) {
   cmd->add_option("--text", a->text, "Text to score (default WikiText-2 test)");
   cmd->add_option("--out", a->out, "Output folder (created)")->required();
   cmd->add_option("--codecs", a->codecs, "Comma-separated codec specs (default paper,default)");
-  cmd->add_option("--contexts", a->contexts, "Context lengths L (tokens per window)")->delimiter(',');
+  cmd->add_option("--contexts", a->contexts, "Context lengths L (tokens per window)")
+      ->delimiter(',');
   cmd->add_option("--windows", a->windows, "Windows per context")->check(CLI::PositiveNumber);
-  cmd->add_option("--score-fraction", a->score_fraction, "Scored share of each window (0.5: the 2K "
-                  "setting is 1,024 compressed + 1,024 scored)")->check(CLI::Range(0.01, 0.99));
-  cmd->add_option("--offset", a->offset, "First token of the first window")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--threads", a->threads, "Compute threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--score-fraction", a->score_fraction,
+                  "Scored share of each window (0.5: the 2K "
+                  "setting is 1,024 compressed + 1,024 scored)")
+      ->check(CLI::Range(0.01, 0.99));
+  cmd->add_option("--offset", a->offset, "First token of the first window")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", a->threads, "Compute threads (0 = all cores)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--sections", a->sections,
                   "Comma list of ppl, ablations, layers, greedy, agents, semantic, plots");
-  cmd->add_option("--base", a->base, "Ablations: the codec whose factors are varied (default: default)");
+  cmd->add_option("--base", a->base,
+                  "Ablations: the codec whose factors are varied (default: default)");
   cmd->add_option("--ablation-context", a->ablation_context, "Ablations: context length L");
   cmd->add_option("--ablation-windows", a->ablation_windows, "Ablations: windows (0 = --windows)");
   cmd->add_option("--ablate-key-bits", a->ab_key_bits, "Ablation: key bits, e.g. 8,7,6,5,4");

@@ -3,12 +3,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstring>
 #include <iostream>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include "commands.h"
 #include "polykv/ipc/curve_keys.h"
@@ -32,14 +31,14 @@ void RunGenerate(const std::string& path, bool force) {
     ExitCode() = 1;
     return;
   }
-  const bool wrote = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-                     fsync(fd) == 0;
+  const bool wrote =
+      write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && fsync(fd) == 0;
   close(fd);
   struct stat st {};
   const bool exists = stat(path.c_str(), &st) == 0;
   if (!wrote || (exists && !force) ||
       (force ? rename(tmp.c_str(), path.c_str()) : link(tmp.c_str(), path.c_str())) != 0) {
-    const std::string why = !wrote ? std::string("write failed")
+    const std::string why = !wrote             ? std::string("write failed")
                             : exists && !force ? std::string("it exists (--force replaces it)")
                                                : std::string(std::strerror(errno));
     unlink(tmp.c_str());

@@ -12,9 +12,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "commands.h"
-#include "util/token_ids.h"
 #include "polykv/model/llama.h"
 #include "polykv/model/perplexity.h"
+#include "util/token_ids.h"
 
 namespace polykv::cli {
 namespace {
@@ -125,13 +125,14 @@ Status RunChunkedPpl(const PplArgs& a, model::LlamaModel& m, std::string text) {
   o.replace_bos = add_bos;
   o.bos_id = tok->bos_id();
   o.rows = a.batch;
-  std::printf("tokens: %zu (BOS %s), context %lld, chunks %lld of %lld, %lld scored per chunk\n",
-              ids.size(), add_bos ? "added and put first in every chunk" : "not used",
-              static_cast<long long>(a.context),
-              static_cast<long long>(a.chunks < 0 ? static_cast<int64_t>(ids.size()) / a.context
-                                                  : std::min<int64_t>(a.chunks, ids.size() / a.context)),
-              static_cast<long long>(ids.size() / a.context),
-              static_cast<long long>(a.context - a.context / 2 - 1));
+  std::printf(
+      "tokens: %zu (BOS %s), context %lld, chunks %lld of %lld, %lld scored per chunk\n",
+      ids.size(), add_bos ? "added and put first in every chunk" : "not used",
+      static_cast<long long>(a.context),
+      static_cast<long long>(a.chunks < 0 ? static_cast<int64_t>(ids.size()) / a.context
+                                          : std::min<int64_t>(a.chunks, ids.size() / a.context)),
+      static_cast<long long>(ids.size() / a.context),
+      static_cast<long long>(a.context - a.context / 2 - 1));
   std::fflush(stdout);
   o.progress = [](int64_t i, double ppl) {
     std::printf("[%lld]%.4f,", static_cast<long long>(i), ppl);
@@ -162,7 +163,8 @@ Status RunPpl(const PplArgs& a, bool chunks_given) {
   POLYKV_ASSIGN_OR_RETURN(auto m, LoadModel(a.model, a.threads, a.weights));
   const model::Tokenizer* tok = m->tokenizer();
   if (tok == nullptr)
-    return absl::InvalidArgumentError(absl::StrCat(a.model, " ships no tokenizer: cannot tokenize ", a.file));
+    return absl::InvalidArgumentError(
+        absl::StrCat(a.model, " ships no tokenizer: cannot tokenize ", a.file));
   std::string text = ss.str();
   if (a.second_half) return RunChunkedPpl(a, *m, std::move(text));
   // Large files: tokenize only a prefix long enough for --max-tokens (a token is rarely
@@ -192,15 +194,18 @@ void RegisterModelCommands(CLI::App& app) {
   auto* temp = gen->add_option("--temperature", ga->temperature, "Sampling temperature (> 0)")
                    ->check(CLI::PositiveNumber);
   gen->add_option("--seed", ga->seed, "Sampling seed");
-  gen->add_option("--top-p", ga->top_p, "Nucleus sampling mass in (0, 1]")->check(CLI::Range(0.0, 1.0));
+  gen->add_option("--top-p", ga->top_p, "Nucleus sampling mass in (0, 1]")
+      ->check(CLI::Range(0.0, 1.0));
   gen->add_flag("--chat", ga->chat, "Wrap --prompt in the model's chat template as a user turn");
   gen->add_flag("--print-ids", ga->print_ids, "Print generated token ids instead of text");
-  gen->add_option("--threads", ga->threads, "Compute threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  gen->add_option("--threads", ga->threads, "Compute threads (0 = all cores)")
+      ->check(CLI::NonNegativeNumber);
   gen->add_option("--weights", ga->weights,
                   "Weights: mapped (kernels over the file's own blocks, CPU default), copy "
                   "(private libtorch f32 copy: the reference runtime) or auto");
   gen->callback([ga, p, pi, temp]() {
-    if (p->count() == 0 && pi->count() == 0) return Fail("one of --prompt or --prompt-ids is required");
+    if (p->count() == 0 && pi->count() == 0)
+      return Fail("one of --prompt or --prompt-ids is required");
     Status s = RunGenerate(*ga, temp->count() > 0);
     if (!s.ok()) Fail(s);
   });
@@ -221,7 +226,9 @@ void RegisterModelCommands(CLI::App& app) {
       "PPL = X +/- Y' with that tool's standard error.");
   ppl->add_option("--model", pa->model, "Model: .gguf file or HF folder")->required();
   ppl->add_option("--file", pa->file, "UTF-8 text file")->required();
-  ppl->add_option("--context", pa->context, "Window (or chunk) length in tokens")->required()->check(CLI::PositiveNumber);
+  ppl->add_option("--context", pa->context, "Window (or chunk) length in tokens")
+      ->required()
+      ->check(CLI::PositiveNumber);
   ppl->add_option("--stride", pa->stride, "Window step in tokens (default: --context)")
       ->check(CLI::PositiveNumber);
   ppl->add_option("--max-tokens", pa->max_tokens, "Score only the first N tokens of the file")
@@ -234,7 +241,8 @@ void RegisterModelCommands(CLI::App& app) {
   ppl->add_option("--batch", pa->batch,
                   "llama-perplexity protocol: rows per forward (llama.cpp's -ub, default 512)")
       ->check(CLI::PositiveNumber);
-  ppl->add_option("--threads", pa->threads, "Compute threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  ppl->add_option("--threads", pa->threads, "Compute threads (0 = all cores)")
+      ->check(CLI::NonNegativeNumber);
   ppl->add_option("--weights", pa->weights, "Weights: mapped, copy or auto");
   ppl->callback([pa, chunks]() {
     Status s = RunPpl(*pa, chunks->count() > 0);

@@ -17,20 +17,19 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "commands.h"
-#include "util/token_ids.h"
 #include "polykv/client.hpp"
 #include "polykv/ipc/pool_file.h"
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/model/llama.h"
 #include "polykv/pool_info_c.h"
+#include "util/token_ids.h"
 
 namespace polykv::cli {
 namespace {
@@ -223,25 +222,26 @@ json DaemonJson(const pc::DaemonInfo& d, const std::string& endpoint) {
               {"instance", d.instance},
               {"memory_used", d.memory_used},
               {"memory_cap", d.memory_cap},
-              {"model_cache", {{"bytes", d.model_cache_bytes},
-                               {"mapped_bytes", d.model_cache_mapped_bytes},
-                               {"models", d.model_cache_models},
-                               {"capacity", d.model_cache_capacity}}},
-              {"creates", {{"queued", d.creates_queued},
-                           {"running", d.creates_running},
-                           {"queue_capacity", d.create_queue_capacity}}}};
+              {"model_cache",
+               {{"bytes", d.model_cache_bytes},
+                {"mapped_bytes", d.model_cache_mapped_bytes},
+                {"models", d.model_cache_models},
+                {"capacity", d.model_cache_capacity}}},
+              {"creates",
+               {{"queued", d.creates_queued},
+                {"running", d.creates_running},
+                {"queue_capacity", d.create_queue_capacity}}}};
 }
 
 std::string CacheLine(const pc::DaemonInfo& d) {
   return "model cache " + std::to_string(d.model_cache_models) + " of " +
-         std::to_string(d.model_cache_capacity) + " model(s), " +
-         HumanBytes(d.model_cache_bytes) +
+         std::to_string(d.model_cache_capacity) + " model(s), " + HumanBytes(d.model_cache_bytes) +
          (d.model_cache_mapped_bytes > 0
               ? " (" + HumanBytes(d.model_cache_mapped_bytes) + " mapped from the model files)"
               : std::string()) +
-         "; creates " + std::to_string(d.creates_running) +
-         " running, " + std::to_string(d.creates_queued) + " of " +
-         std::to_string(d.create_queue_capacity) + " queued";
+         "; creates " + std::to_string(d.creates_running) + " running, " +
+         std::to_string(d.creates_queued) + " of " + std::to_string(d.create_queue_capacity) +
+         " queued";
 }
 
 void RunPing(const CommonArgs& args) {
@@ -260,8 +260,8 @@ void RunPing(const CommonArgs& args) {
     std::cout << "polykvd " << info->version << " (pid " << info->pid << ", instance "
               << info->instance.substr(0, 8) << ") at " << endpoint << ": pool memory "
               << HumanBytes(info->memory_used) << " used of "
-              << (info->memory_cap ? HumanBytes(info->memory_cap) : std::string("no cap"))
-              << "; " << CacheLine(*info) << "\n";
+              << (info->memory_cap ? HumanBytes(info->memory_cap) : std::string("no cap")) << "; "
+              << CacheLine(*info) << "\n";
     for (const polykv_peer_info& p : *peers) {
       std::printf("  peer %-28s %-8s", p.endpoint, p.state);
       if (std::string(p.state) == "up") {
@@ -324,10 +324,9 @@ void RunList(const CommonArgs& args) {
     name += p->id;
     // "└─ " is 3 columns but 7 bytes: pad by columns, not bytes.
     const int pad = width - (64 + 3 * depth);
-    std::printf("%s%*s  %-*s  %-4s  %8llu  %6u  %11s  %5.2fx  %6u  %s\n", name.c_str(), pad, "",
-                cw, p->codec.c_str(), p->backend.c_str(),
-                static_cast<unsigned long long>(p->tokens), p->layers,
-                HumanBytes(p->total_bytes).c_str(), p->effective_ratio, p->leases,
+    std::printf("%s%*s  %-*s  %-4s  %8llu  %6u  %11s  %5.2fx  %6u  %s\n", name.c_str(), pad, "", cw,
+                p->codec.c_str(), p->backend.c_str(), static_cast<unsigned long long>(p->tokens),
+                p->layers, HumanBytes(p->total_bytes).c_str(), p->effective_ratio, p->leases,
                 p->origin.empty() ? "-" : p->origin.c_str());
   }
   std::printf("pool memory %s used of %s; %s\n", HumanBytes(daemon->memory_used).c_str(),
@@ -343,7 +342,8 @@ void PrintInfoHuman(const pc::PoolInfo& p) {
     std::printf("  %-18s %s\n", name, value.c_str());
   };
   auto bytes_row = [&](const char* name, uint64_t b) {
-    double pct = p.total_bytes ? 100.0 * static_cast<double>(b) / static_cast<double>(p.total_bytes) : 0;
+    double pct =
+        p.total_bytes ? 100.0 * static_cast<double>(b) / static_cast<double>(p.total_bytes) : 0;
     char buf[96];
     std::snprintf(buf, sizeof(buf), "%14llu B  %11s  %5.1f%%", static_cast<unsigned long long>(b),
                   HumanBytes(b).c_str(), pct);
@@ -361,8 +361,8 @@ void PrintInfoHuman(const pc::PoolInfo& p) {
   if (!p.parent.empty()) {
     row("parent", p.parent);
     row("positions", std::to_string(p.parent_tokens) + " .. " +
-                         std::to_string(p.parent_tokens + p.tokens - 1) + " (after the parent chain's " +
-                         std::to_string(p.parent_tokens) + ")");
+                         std::to_string(p.parent_tokens + p.tokens - 1) +
+                         " (after the parent chain's " + std::to_string(p.parent_tokens) + ")");
   }
   row("layers", std::to_string(p.layers));
   row("kv_heads", std::to_string(p.kv_heads));
@@ -387,8 +387,8 @@ void PrintInfoHuman(const pc::PoolInfo& p) {
   if (p.fidelity_layers > 0) {
     char fid[160];
     std::snprintf(fid, sizeof(fid), "keys %.3g (max %.3g), values %.3g (max %.3g) over %u layers",
-                  p.key_rel_mse_mean, p.key_rel_mse_max, p.value_rel_mse_mean,
-                  p.value_rel_mse_max, p.fidelity_layers);
+                  p.key_rel_mse_mean, p.key_rel_mse_max, p.value_rel_mse_mean, p.value_rel_mse_max,
+                  p.fidelity_layers);
     row("rel. MSE at build", fid);
   } else {
     row("rel. MSE at build", "not recorded");
@@ -433,8 +433,8 @@ void RunCreate(const CommonArgs& args, const CreateArgs& c) {
   auto client = Connect(args);
   if (!client.ok()) return ReportError(client.status());
   ProgressPrinter printer;
-  auto created = client->CreatePool(
-      opts, [&](const std::string& stage, int64_t done, int64_t total) {
+  auto created =
+      client->CreatePool(opts, [&](const std::string& stage, int64_t done, int64_t total) {
         printer.Update(stage, done, total);
       });
   printer.Finish();
@@ -520,20 +520,21 @@ bool ReadVerifiedPoolFile(const std::string& file, pc::StatusCode manifest_code,
 
 // `pools export ID FILE`: the pool's region as mapped, behind a manifest (ipc/pool_file.h).
 void RunExport(const CommonArgs& args, const std::string& id, const std::string& file) {
-  WithMappedPool(args, id, [&](const std::string& full, const auto& pool, const void* base,
-                               uint64_t size) {
-    const pc::PoolInfo& p = pool.info();
-    const ipc::PoolInfo info = pc::FromCPoolInfo(p.raw);  // leases: not written to the file
-    polykv::Status w = ipc::WritePoolFile(file, info, base, std::min<uint64_t>(size, p.total_bytes));
-    if (!w.ok()) {
-      return ReportError(pc::Status(pc::StatusCode::kInternal, std::string(w.message())));
-    }
-    if (args.json) {
-      std::cout << json{{"id", full}, {"file", file}, {"bytes", p.total_bytes}}.dump(2) << "\n";
-    } else {
-      std::cout << "exported " << full << " to " << file << "\n";
-    }
-  });
+  WithMappedPool(
+      args, id, [&](const std::string& full, const auto& pool, const void* base, uint64_t size) {
+        const pc::PoolInfo& p = pool.info();
+        const ipc::PoolInfo info = pc::FromCPoolInfo(p.raw);  // leases: not written to the file
+        polykv::Status w =
+            ipc::WritePoolFile(file, info, base, std::min<uint64_t>(size, p.total_bytes));
+        if (!w.ok()) {
+          return ReportError(pc::Status(pc::StatusCode::kInternal, std::string(w.message())));
+        }
+        if (args.json) {
+          std::cout << json{{"id", full}, {"file", file}, {"bytes", p.total_bytes}}.dump(2) << "\n";
+        } else {
+          std::cout << "exported " << full << " to " << file << "\n";
+        }
+      });
 }
 
 // `pools verify ID | --file FILE [--model M]`: the payload checksum, then the reconstruction
@@ -566,19 +567,20 @@ void VerifyRegion(const CommonArgs& args, const VerifyArgs& v, const std::string
     load.threads = v.threads;
     auto m = model::LlamaModel::Load(model_path, load);
     if (!m.ok()) {
-      return ReportError(pc::Status(pc::StatusCode::kFailedPrecondition,
-                                    "load " + model_path + ": " + std::string(m.status().message())));
+      return ReportError(
+          pc::Status(pc::StatusCode::kFailedPrecondition,
+                     "load " + model_path + ": " + std::string(m.status().message())));
     }
     if ((*m)->fingerprint() != reader->params().model_fingerprint) {
-      return ReportError(pc::Status(pc::StatusCode::kFailedPrecondition,
-                                    model_path + " is not the model " + what +
-                                        " was built with (fingerprints differ)"));
+      return ReportError(pc::Status(
+          pc::StatusCode::kFailedPrecondition,
+          model_path + " is not the model " + what + " was built with (fingerprints differ)"));
     }
     const std::vector<int32_t> ids = reader->TokenIds();
     auto pre = (*m)->Prefill(ids, 512, nullptr);
     if (!pre.ok()) {
-      return ReportError(pc::Status(pc::StatusCode::kInternal,
-                                    "prefill: " + std::string(pre.status().message())));
+      return ReportError(
+          pc::Status(pc::StatusCode::kInternal, "prefill: " + std::string(pre.status().message())));
     }
     for (uint32_t l = 0; l < reader->params().layers; ++l) {
       torch::Tensor k = pre->k[l].to(torch::kCPU).to(torch::kFloat32).contiguous();
@@ -586,10 +588,13 @@ void VerifyRegion(const CommonArgs& args, const VerifyArgs& v, const std::string
       auto f = reader->MeasureFidelity(l, k.data_ptr<float>(), vv.data_ptr<float>(),
                                        kernels::DType::kF32);
       if (!f.ok()) {
-        return ReportError(pc::Status(pc::StatusCode::kInternal, std::string(f.status().message())));
+        return ReportError(
+            pc::Status(pc::StatusCode::kInternal, std::string(f.status().message())));
       }
       measured.push_back(*f);
-      const auto off = [&](double a, double b) { return std::fabs(a - b) > v.tolerance * b + 1e-7; };
+      const auto off = [&](double a, double b) {
+        return std::fabs(a - b) > v.tolerance * b + 1e-7;
+      };
       if (problem.empty() && (off(f->key_rel_mse, recorded[l].key_rel_mse) ||
                               off(f->value_rel_mse, recorded[l].value_rel_mse))) {
         char buf[200];
@@ -656,12 +661,13 @@ void RunVerify(const CommonArgs& args, const std::string& id, const VerifyArgs& 
     return VerifyRegion(args, v, v.file, region.data(), region.size(), m.info.model);
   }
   if (id.empty()) {
-    return ReportError(pc::Status(pc::StatusCode::kInvalidArgument, "give a pool ID or --file FILE"));
+    return ReportError(
+        pc::Status(pc::StatusCode::kInvalidArgument, "give a pool ID or --file FILE"));
   }
-  WithMappedPool(args, id, [&](const std::string& full, const auto& pool, const void* base,
-                               uint64_t size) {
-    VerifyRegion(args, v, "pool " + full, base, size, pool.info().model);
-  });
+  WithMappedPool(args, id,
+                 [&](const std::string& full, const auto& pool, const void* base, uint64_t size) {
+                   VerifyRegion(args, v, "pool " + full, base, size, pool.info().model);
+                 });
 }
 
 // `pools import FILE [--state-dir DIR]`: verifies the file completely, then places it in
@@ -678,11 +684,13 @@ void RunImport(const CommonArgs& args, const std::string& file, const std::strin
                                   std::string(s.message()) + " (is --state-dir polykvd's?)"));
   }
   if (args.json) {
-    std::cout << json{{"id", manifest.info.id}, {"file", dest}, {"bytes", manifest.pool_bytes}}.dump(2)
-              << "\n";
+    std::cout
+        << json{{"id", manifest.info.id}, {"file", dest}, {"bytes", manifest.pool_bytes}}.dump(2)
+        << "\n";
   } else {
-    std::cout << "imported " << manifest.info.id << " (" << manifest.info.codec << ", " << manifest.info.tokens
-              << " tokens, model " << manifest.info.model << ") into " << dest << "\n";
+    std::cout << "imported " << manifest.info.id << " (" << manifest.info.codec << ", "
+              << manifest.info.tokens << " tokens, model " << manifest.info.model << ") into "
+              << dest << "\n";
   }
 }
 
@@ -724,10 +732,10 @@ void RegisterPoolsCommands(CLI::App& app) {
   create->add_option("--parent", create_args.parent,
                      "a child pool on top of this pool (id or unique prefix): holds only the "
                      "document's KV, prefilled after the parent chain's; takes its codec");
-  auto* doc = create->add_option("--document", create_args.document,
-                                 "document text file ('-' = stdin)");
-  auto* ids = create->add_option("--token-ids", create_args.token_ids,
-                                 "explicit token ids, e.g. 1,2,3");
+  auto* doc =
+      create->add_option("--document", create_args.document, "document text file ('-' = stdin)");
+  auto* ids =
+      create->add_option("--token-ids", create_args.token_ids, "explicit token ids, e.g. 1,2,3");
   doc->excludes(ids);
   ids->excludes(doc);
   create->add_option("--codec", create_args.codec,
@@ -740,8 +748,9 @@ void RegisterPoolsCommands(CLI::App& app) {
   create->add_flag("--norm-correction", create_args.norm_correction,
                    "TurboQuant norm correction for values");
   create->add_flag("--no-bos", create_args.no_bos, "do not prepend BOS when tokenizing");
-  create->add_option("--create-timeout-s", create_args.create_timeout_s,
-                     "give up waiting for the daemon after this many seconds")
+  create
+      ->add_option("--create-timeout-s", create_args.create_timeout_s,
+                   "give up waiting for the daemon after this many seconds")
       ->check(CLI::Range(1, 86400));
   create->callback([] {
     if (create_args.model.empty() && create_args.parent.empty()) {

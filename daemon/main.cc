@@ -1,16 +1,15 @@
 // polykvd: the PolyKV pool daemon. Flags and/or a config file (--config), spdlog to stderr;
 // SIGTERM/SIGINT stop it cleanly (pools released, socket and pid files removed, exit 0).
 #include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <cstdio>
 #include <iostream>
-
-#include <CLI/CLI.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "daemon.h"
 
@@ -38,7 +37,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(options.log_level));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ polykvd[%P] %v");
 
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);

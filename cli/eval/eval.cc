@@ -72,9 +72,9 @@ StatusOr<std::vector<Window>> MakeWindows(const std::vector<int32_t>& ids, int64
   if (count < 1) return absl::InvalidArgumentError("windows must be >= 1");
   const int64_t need = offset + count * (L + 1);
   if (static_cast<int64_t>(ids.size()) < need)
-    return absl::InvalidArgumentError(
-        absl::StrCat(count, " windows of ", L + 1, " tokens from token ", offset, " need ", need,
-                     " tokens; the text has ", ids.size()));
+    return absl::InvalidArgumentError(absl::StrCat(count, " windows of ", L + 1,
+                                                   " tokens from token ", offset, " need ", need,
+                                                   " tokens; the text has ", ids.size()));
   const int64_t c = L - scored;
   std::vector<Window> out(count);
   for (int w = 0; w < count; ++w) {
@@ -101,10 +101,13 @@ Status RoundTripLayer(const CodecSpec& spec, int layer, int layers, const float*
   // Keys: the codec's own key encoding (int8, or packed codes for < 8 bits).
   kernels::CodecConfig kc = spec.LayerConfig(layer, layers);
   kc.key_bits = spec.key_bits;
-  std::vector<uint8_t> codes(shape.vectors() * kernels::PackedKeyVectorBytes(shape.head_dim, spec.key_bits));
+  std::vector<uint8_t> codes(shape.vectors() *
+                             kernels::PackedKeyVectorBytes(shape.head_dim, spec.key_bits));
   std::vector<float> scales(kernels::KeyScaleCount(shape, spec.key_scale));
-  POLYKV_RETURN_IF_ERROR(kernels::EncodeKeys(k, kernels::DType::kF32, shape, kc, codes.data(), scales.data()));
-  POLYKV_RETURN_IF_ERROR(kernels::DecodeKeys(codes.data(), scales.data(), shape, kc, k_out, kernels::DType::kF32));
+  POLYKV_RETURN_IF_ERROR(
+      kernels::EncodeKeys(k, kernels::DType::kF32, shape, kc, codes.data(), scales.data()));
+  POLYKV_RETURN_IF_ERROR(
+      kernels::DecodeKeys(codes.data(), scales.data(), shape, kc, k_out, kernels::DType::kF32));
   // Values.
   const kernels::CodecConfig cfg = spec.LayerConfig(layer, layers);
   if (!spec.rotation) {
@@ -113,8 +116,8 @@ Status RoundTripLayer(const CodecSpec& spec, int layer, int layers, const float*
     std::vector<uint8_t> packed(shape.vectors() *
                                 kernels::PackedVectorBytes(shape.head_dim, cfg.value_bits));
     std::vector<float> norms(shape.vectors());
-    POLYKV_RETURN_IF_ERROR(kernels::EncodeValues(v, kernels::DType::kF32, shape, cfg,
-                                                 packed.data(), norms.data()));
+    POLYKV_RETURN_IF_ERROR(
+        kernels::EncodeValues(v, kernels::DType::kF32, shape, cfg, packed.data(), norms.data()));
     if (spec.f16_norms) {
       std::vector<uint16_t> h(norms.size());
       kernels::NormsToF16(norms.data(), static_cast<int64_t>(norms.size()), h.data());
@@ -160,10 +163,9 @@ StatusOr<double> WindowScorer::MeanNll(const CodecSpec& spec, std::vector<LayerE
       continue;
     }
     torch::Tensor k = torch::empty_like(pre_.k[l]), v = torch::empty_like(pre_.v[l]);
-    POLYKV_RETURN_IF_ERROR(RoundTripLayer(spec, l, cfg.layers, pre_.k[l].data_ptr<float>(),
-                                          pre_.v[l].data_ptr<float>(), shape, k.data_ptr<float>(),
-                                          v.data_ptr<float>(),
-                                          errors != nullptr ? &(*errors)[l] : nullptr));
+    POLYKV_RETURN_IF_ERROR(RoundTripLayer(
+        spec, l, cfg.layers, pre_.k[l].data_ptr<float>(), pre_.v[l].data_ptr<float>(), shape,
+        k.data_ptr<float>(), v.data_ptr<float>(), errors != nullptr ? &(*errors)[l] : nullptr));
     owner->k.push_back(k);
     owner->v.push_back(v);
   }
@@ -207,7 +209,8 @@ StatusOr<std::vector<PplRow>> PplVsContext(model::LlamaModel& m, const std::vect
   const model::ModelConfig& cfg = m.config();
   for (int64_t L : o.contexts) {
     if (cfg.max_positions > 0 && L > cfg.max_positions) {
-      if (o.log) o.log(absl::StrCat("context ", L, " skipped: the model's context is ", cfg.max_positions));
+      if (o.log)
+        o.log(absl::StrCat("context ", L, " skipped: the model's context is ", cfg.max_positions));
       continue;
     }
     const int64_t s = std::max<int64_t>(1, std::llround(L * o.score_fraction));
@@ -219,8 +222,8 @@ StatusOr<std::vector<PplRow>> PplVsContext(model::LlamaModel& m, const std::vect
       POLYKV_RETURN_IF_ERROR(sc.Prepare(wins[w]));
       POLYKV_ASSIGN_OR_RETURN(double f, sc.MeanNll(ParseCodecSpec("none").value()));
       full.push_back(f);
-      std::string line = absl::StrFormat("context %d window %d/%d: prefill %.1fs, full %.4f",
-                                         L, w + 1, wins.size(), sc.prepare_s(), std::exp(f));
+      std::string line = absl::StrFormat("context %d window %d/%d: prefill %.1fs, full %.4f", L,
+                                         w + 1, wins.size(), sc.prepare_s(), std::exp(f));
       for (size_t i = 0; i < codecs.size(); ++i) {
         double x = f;
         if (!codecs[i].none) {
@@ -285,10 +288,13 @@ std::string PplCsv(const std::vector<PplRow>& rows, const std::string& section) 
 
 std::string PplMarkdown(const std::vector<PplRow>& rows) {
   std::string s =
-      "| context | compressed + scored | windows | codec | bits/value | ratio | PPL full | PPL codec "
+      "| context | compressed + scored | windows | codec | bits/value | ratio | PPL full | PPL "
+      "codec "
       "| change | 95% interval |\n|---|---|---|---|---|---|---|---|---|---|\n";
   for (const PplRow& r : rows) {
-    absl::StrAppendFormat(&s, "| %d | %d + %d | %d | %s (%s) | %.3f | %.3fx | %.4f | %.4f | %+.2f%% | [%+.2f%%, %+.2f%%] |\n",
+    absl::StrAppendFormat(&s,
+                          "| %d | %d + %d | %d | %s (%s) | %.3f | %.3fx | %.4f | %.4f | %+.2f%% | "
+                          "[%+.2f%%, %+.2f%%] |\n",
                           r.context, r.compressed, r.scored, r.windows, r.codec, r.spec,
                           r.size.bits_per_value, r.size.ratio, r.ppl_full, r.ppl_codec,
                           r.change.mean, r.change.lo, r.change.hi);

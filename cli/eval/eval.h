@@ -35,8 +35,9 @@ struct Window {
 /// `count` consecutive non-overlapping windows of L + 1 tokens from token `offset` on.
 /// kInvalidArgument when the text is too short (naming how many tokens are needed) or
 /// scored is outside [1, L - 1].
-[[nodiscard]] StatusOr<std::vector<Window>> MakeWindows(const std::vector<int32_t>& ids, int64_t context_length,
-                                          int64_t scored, int count, int64_t offset = 0);
+[[nodiscard]] StatusOr<std::vector<Window>> MakeWindows(const std::vector<int32_t>& ids,
+                                                        int64_t context_length, int64_t scored,
+                                                        int count, int64_t offset = 0);
 
 /// Relative MSE sum |x_hat - x|^2 / sum |x|^2 of one layer's keys and values.
 struct LayerError {
@@ -49,8 +50,8 @@ struct LayerError {
 /// < 8 bits use scale = absmax / (2^(b-1) - 1); f16 norms are rounded between encode and
 /// decode; "norot" quantizes sqrt(d) v / ||v|| with the same codebook without rotation.
 [[nodiscard]] Status RoundTripLayer(const CodecSpec& spec, int layer, int layers, const float* k,
-                                    const float* v, const kernels::LayerShape& shape,
-                                    float* k_out, float* v_out, LayerError* err = nullptr);
+                                    const float* v, const kernels::LayerShape& shape, float* k_out,
+                                    float* v_out, LayerError* err = nullptr);
 
 /// Scores windows with a model: prefill once per window, then one scoring pass per codec.
 class WindowScorer {
@@ -61,7 +62,8 @@ class WindowScorer {
   [[nodiscard]] Status Prepare(const Window& w);
   /// Mean NLL (nats per scored token) of the prepared window with the context's K/V taken
   /// through `spec` ("none": unchanged). Per-layer errors go to `errors` when non-null.
-  [[nodiscard]] StatusOr<double> MeanNll(const CodecSpec& spec, std::vector<LayerError>* errors = nullptr);
+  [[nodiscard]] StatusOr<double> MeanNll(const CodecSpec& spec,
+                                         std::vector<LayerError>* errors = nullptr);
   /// Wall seconds of the last Prepare / MeanNll.
   double prepare_s() const { return prepare_s_; }
   double score_s() const { return score_s_; }
@@ -82,10 +84,10 @@ struct PplRow {
   int64_t compressed = 0;  ///< C
   int64_t scored = 0;      ///< S per window
   int windows = 0;
-  double ppl_full = 0;     ///< exp(mean NLL) over all scored tokens, baseline
+  double ppl_full = 0;  ///< exp(mean NLL) over all scored tokens, baseline
   double ppl_codec = 0;
-  PercentChange change;    ///< paired, 95%
-  PoolSize size;           ///< pool of the compressed context (C tokens)
+  PercentChange change;  ///< paired, 95%
+  PoolSize size;         ///< pool of the compressed context (C tokens)
   std::vector<double> window_nll_full, window_nll_codec;
 };
 
@@ -101,15 +103,16 @@ struct PplOptions {
 
 /// The PPL-vs-context table for `codecs` (the baseline is always scored): one row per
 /// (context, codec). Contexts above the model's max_positions are skipped (logged).
-[[nodiscard]] StatusOr<std::vector<PplRow>> PplVsContext(model::LlamaModel& m, const std::vector<int32_t>& ids,
-                                           const std::vector<CodecSpec>& codecs,
-                                           const PplOptions& o);
+[[nodiscard]] StatusOr<std::vector<PplRow>> PplVsContext(model::LlamaModel& m,
+                                                         const std::vector<int32_t>& ids,
+                                                         const std::vector<CodecSpec>& codecs,
+                                                         const PplOptions& o);
 
 /// Per-layer reconstruction error of `spec` for a real prefill of `context` (the model's K/V
 /// of those tokens).
 [[nodiscard]] StatusOr<std::vector<LayerError>> LayerErrors(model::LlamaModel& m,
-                                              const std::vector<int32_t>& context,
-                                              const CodecSpec& spec);
+                                                            const std::vector<int32_t>& context,
+                                                            const CodecSpec& spec);
 
 /// CSV of PPL rows; the header line is kPplCsvHeader.
 inline constexpr char kPplCsvHeader[] =

@@ -1,17 +1,16 @@
 // The agents section of polykv-cli eval (see eval_agents.h).
 #include "eval/eval_agents.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <fcntl.h>
-
 #include <algorithm>
-#include <cstring>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <thread>
@@ -38,8 +37,8 @@ Status FromClient(const pc::Status& s, const std::string& what) {
 std::string FindDaemon(const AgentEvalOptions& o) {
   if (!o.daemon.empty()) return o.daemon;
   const fs::path dir = fs::path(o.cli).parent_path();
-  for (const fs::path& p : {dir / ".." / "daemon" / "polykvd", dir / ".." / "sbin" / "polykvd",
-                            dir / "polykvd"}) {
+  for (const fs::path& p :
+       {dir / ".." / "daemon" / "polykvd", dir / ".." / "sbin" / "polykvd", dir / "polykvd"}) {
     std::error_code ec;
     if (fs::is_regular_file(p, ec)) return p.lexically_normal().string();
   }
@@ -52,9 +51,9 @@ class OwnDaemon {
   ~OwnDaemon() { Stop(); }
   Status Start(const std::string& binary, const std::string& dir, std::string* endpoint) {
     *endpoint = absl::StrCat("ipc://", dir, "/control.sock");
-    const std::vector<std::string> argv = {binary, "--endpoint", *endpoint, "--backend", "host",
-                                           "--threads", "1", "--log-level", "warn",
-                                           "--lease-seconds", "120"};
+    const std::vector<std::string> argv = {binary, "--endpoint",      *endpoint, "--backend",
+                                           "host", "--threads",       "1",       "--log-level",
+                                           "warn", "--lease-seconds", "120"};
     std::vector<char*> cargv;
     for (const auto& s : argv) cargv.push_back(const_cast<char*>(s.c_str()));
     cargv.push_back(nullptr);
@@ -62,7 +61,8 @@ class OwnDaemon {
     posix_spawn_file_actions_init(&fa);
     const std::string log = dir + "/polykvd.log";
     posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0600);
     posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
     const int rc = posix_spawn(&pid_, binary.c_str(), &fa, nullptr, cargv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
@@ -75,8 +75,8 @@ class OwnDaemon {
       if (c.ok()) return absl::OkStatus();
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    return absl::UnavailableError(absl::StrCat("polykvd (", binary, ") did not answer on ",
-                                               *endpoint, "; see ", log));
+    return absl::UnavailableError(
+        absl::StrCat("polykvd (", binary, ") did not answer on ", *endpoint, "; see ", log));
   }
   void Stop() {
     if (pid_ <= 0) return;
@@ -119,7 +119,8 @@ StatusOr<std::vector<AgentRow>> AgentInvariance(const std::vector<int32_t>& ids,
   if (endpoint.empty()) {
     const std::string bin = FindDaemon(o);
     if (bin.empty())
-      return absl::NotFoundError("agents: no polykvd next to " + o.cli + " (give --daemon or --endpoint)");
+      return absl::NotFoundError("agents: no polykvd next to " + o.cli +
+                                 " (give --daemon or --endpoint)");
     POLYKV_RETURN_IF_ERROR(own.Start(bin, o.work_dir, &endpoint));
     log(absl::StrCat("agents: started ", bin, " on ", endpoint));
   }
@@ -151,9 +152,10 @@ StatusOr<std::vector<AgentRow>> AgentInvariance(const std::vector<int32_t>& ids,
         }
         const auto t0 = std::chrono::steady_clock::now();
         POLYKV_RETURN_IF_ERROR(cli::RunAll(kids, n, [&](const cli::Child&) {
-          return std::vector<std::string>{o.cli, "agent", "--pool", id, "--model", o.model_path,
-                                          "--endpoint", endpoint, "--score-ids", cont_ids,
-                                          "--json", "--threads", "1", "--timeout-ms", "30000"};
+          return std::vector<std::string>{o.cli,         "agent",        "--pool",     id,
+                                          "--model",     o.model_path,   "--endpoint", endpoint,
+                                          "--score-ids", cont_ids,       "--json",     "--threads",
+                                          "1",           "--timeout-ms", "30000"};
         }));
         double lo = 1e300, hi = -1e300, sum = 0;
         for (const cli::Child& k : kids) {
@@ -167,11 +169,11 @@ StatusOr<std::vector<AgentRow>> AgentInvariance(const std::vector<int32_t>& ids,
         }
         nll[c.name][n].push_back(sum / n);
         spread[c.name][n].push_back(hi - lo);
-        log(absl::StrFormat("agents: window %d/%d %s, %d agent(s) at once: mean NLL %.6f (spread "
-                            "%.2g) in %.1fs",
-                            static_cast<int>(w + 1), static_cast<int>(wins.size()), c.name, n,
-                            sum / n, hi - lo,
-                            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+        log(absl::StrFormat(
+            "agents: window %d/%d %s, %d agent(s) at once: mean NLL %.6f (spread "
+            "%.2g) in %.1fs",
+            static_cast<int>(w + 1), static_cast<int>(wins.size()), c.name, n, sum / n, hi - lo,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
       }
       (void)client->Evict(id, /*force=*/true);
     }
@@ -200,20 +202,23 @@ StatusOr<std::vector<AgentRow>> AgentInvariance(const std::vector<int32_t>& ids,
 
 std::string AgentCsv(const std::vector<AgentRow>& rows) {
   std::string s =
-      "codec,spec,agents,windows,nll_full,nll_codec,ppl_change_pct,ci_lo_pct,ci_hi_pct,agent_spread\n";
+      "codec,spec,agents,windows,nll_full,nll_codec,ppl_change_pct,ci_lo_pct,ci_hi_pct,agent_"
+      "spread\n";
   for (const AgentRow& r : rows)
     absl::StrAppendFormat(&s, "%s,%s,%d,%d,%.8f,%.8f,%.4f,%.4f,%.4f,%.3g\n", r.codec, r.spec,
-                          r.agents, r.windows, r.nll_full, r.nll_codec, r.change.mean,
-                          r.change.lo, r.change.hi, r.agent_spread);
+                          r.agents, r.windows, r.nll_full, r.nll_codec, r.change.mean, r.change.lo,
+                          r.change.hi, r.agent_spread);
   return s;
 }
 
 std::string AgentMarkdown(const std::vector<AgentRow>& rows) {
   std::string s =
-      "| codec | agents at once | windows | PPL full (pool none) | PPL codec | change | 95% interval | spread between agents (NLL) |\n"
+      "| codec | agents at once | windows | PPL full (pool none) | PPL codec | change | 95% "
+      "interval | spread between agents (NLL) |\n"
       "|---|---|---|---|---|---|---|---|\n";
   for (const AgentRow& r : rows)
-    absl::StrAppendFormat(&s, "| %s | %d | %d | %.4f | %.4f | %+.2f%% | [%+.2f%%, %+.2f%%] | %.2g |\n",
+    absl::StrAppendFormat(&s,
+                          "| %s | %d | %d | %.4f | %.4f | %+.2f%% | [%+.2f%%, %+.2f%%] | %.2g |\n",
                           r.codec == r.spec ? r.codec : absl::StrCat(r.codec, " (", r.spec, ")"),
                           r.agents, r.windows, std::exp(r.nll_full), std::exp(r.nll_codec),
                           r.change.mean, r.change.lo, r.change.hi, r.agent_spread);

@@ -17,14 +17,14 @@ namespace polykv::eval {
 
 /// How AgentInvariance runs.
 struct AgentEvalOptions {
-  std::string model_path;        ///< the agents' and the pools' model
-  std::string cli;               ///< polykv-cli binary that runs the agents
-  std::string daemon;            ///< polykvd binary ("" = next to `cli`: ../daemon, ../sbin, .)
-  std::string endpoint;          ///< a running polykvd; "" = start one for the run
-  std::string work_dir;          ///< children's stdout/stderr and the daemon's socket
+  std::string model_path;  ///< the agents' and the pools' model
+  std::string cli;         ///< polykv-cli binary that runs the agents
+  std::string daemon;      ///< polykvd binary ("" = next to `cli`: ../daemon, ../sbin, .)
+  std::string endpoint;    ///< a running polykvd; "" = start one for the run
+  std::string work_dir;    ///< children's stdout/stderr and the daemon's socket
   std::vector<int> counts = {1, 3, 10, 15};  ///< agents alive at once per run
   int windows = 2;
-  int64_t context = 2048;        ///< L (window of L + 1 tokens, as PplVsContext)
+  int64_t context = 2048;  ///< L (window of L + 1 tokens, as PplVsContext)
   double score_fraction = 0.5;
   int64_t offset = 0;
   std::function<void(const std::string&)> log;
@@ -47,8 +47,8 @@ struct AgentRow {
 /// Errors: kInvalidArgument (too few tokens, counts < 1), kUnavailable (no daemon), and the
 /// first agent's error.
 [[nodiscard]] StatusOr<std::vector<AgentRow>> AgentInvariance(const std::vector<int32_t>& ids,
-                                                const std::vector<CodecSpec>& codecs,
-                                                const AgentEvalOptions& o);
+                                                              const std::vector<CodecSpec>& codecs,
+                                                              const AgentEvalOptions& o);
 
 /// "codec,spec,agents,windows,nll_full,nll_codec,ppl_change_pct,ci_lo_pct,ci_hi_pct,agent_spread"
 std::string AgentCsv(const std::vector<AgentRow>& rows);

@@ -6,7 +6,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -27,8 +26,10 @@ std::string ParetoMarkdown(const std::vector<PplRow>& in) {
     bool dominated = false;
     for (const PplRow& o : rows) {
       if (&o == &r) continue;
-      const bool le = o.size.bits_per_value <= r.size.bits_per_value && o.change.mean <= r.change.mean;
-      const bool lt = o.size.bits_per_value < r.size.bits_per_value || o.change.mean < r.change.mean;
+      const bool le =
+          o.size.bits_per_value <= r.size.bits_per_value && o.change.mean <= r.change.mean;
+      const bool lt =
+          o.size.bits_per_value < r.size.bits_per_value || o.change.mean < r.change.mean;
       if (le && lt) dominated = true;
     }
     absl::StrAppendFormat(&s, "| %s | %s | %.3f | %.3fx | %+.2f%% | [%+.2f%%, %+.2f%%] | %s |\n",
@@ -82,11 +83,13 @@ StatusOr<std::vector<GreedyRow>> GreedyAgreement(model::LlamaModel& m,
     prefix->view.codec = kernels::PrefixCodec::kRaw;
     prefix->view.raw_dtype = kernels::DType::kF32;
     for (int l = 0; l < cfg.layers; ++l)
-      prefix->view.layers.push_back({owner->k[l].data_ptr(), nullptr, owner->v[l].data_ptr(), nullptr});
+      prefix->view.layers.push_back(
+          {owner->k[l].data_ptr(), nullptr, owner->v[l].data_ptr(), nullptr});
     prefix->owner = owner;
     POLYKV_ASSIGN_OR_RETURN(
         model::KvCache cache,
-        m.NewCacheWithPrefix(prefix, doc_ids, static_cast<int64_t>(prompt.size()) + o.max_new_tokens + 1));
+        m.NewCacheWithPrefix(prefix, doc_ids,
+                             static_cast<int64_t>(prompt.size()) + o.max_new_tokens + 1));
     POLYKV_ASSIGN_OR_RETURN(model::GenerateResult g, m.Generate(cache, prompt, so));
     return g.tokens;
   };
@@ -160,7 +163,8 @@ std::string GreedyMarkdown(const std::vector<GreedyRow>& rows) {
     if (!by.count(r.codec)) order.push_back(r.codec);
     by[r.codec].push_back(&r);
   }
-  std::string s = "| codec | questions | token agreement | mean common prefix |\n|---|---|---|---|\n";
+  std::string s =
+      "| codec | questions | token agreement | mean common prefix |\n|---|---|---|---|\n";
   for (const std::string& c : order) {
     double a = 0, p = 0;
     for (const GreedyRow* r : by[c]) {
@@ -177,9 +181,13 @@ std::string GreedyMarkdown(const std::vector<GreedyRow>& rows) {
 std::string AnswersJsonl(const std::vector<GreedyRow>& rows) {
   std::string s;
   for (const GreedyRow& r : rows) {
-    nlohmann::json j = {{"codec", r.codec}, {"spec", r.spec}, {"question", r.question},
-                        {"full", r.full_text}, {"answer", r.codec_text},
-                        {"agreement", r.agreement}, {"common_prefix", r.common_prefix}};
+    nlohmann::json j = {{"codec", r.codec},
+                        {"spec", r.spec},
+                        {"question", r.question},
+                        {"full", r.full_text},
+                        {"answer", r.codec_text},
+                        {"agreement", r.agreement},
+                        {"common_prefix", r.common_prefix}};
     s += j.dump() + "\n";
   }
   return s;

@@ -28,15 +28,15 @@ struct GreedyRow {
   std::string codec, spec, question;
   std::vector<int32_t> full_ids, codec_ids;  ///< max_new_tokens each (EOS not stopping)
   std::string full_text, codec_text;         ///< up to the first end-of-generation token
-  double agreement = 0;  ///< share of positions i < max_new_tokens with equal tokens
-  int common_prefix = 0; ///< tokens before the first difference
+  double agreement = 0;   ///< share of positions i < max_new_tokens with equal tokens
+  int common_prefix = 0;  ///< tokens before the first difference
 };
 
 /// Prefills the framed document once, then answers every question greedily with the full
 /// cache and with each codec's reconstruction of it (attended to in place).
 [[nodiscard]] StatusOr<std::vector<GreedyRow>> GreedyAgreement(model::LlamaModel& m,
-                                                 const std::vector<CodecSpec>& codecs,
-                                                 const GreedyOptions& o);
+                                                               const std::vector<CodecSpec>& codecs,
+                                                               const GreedyOptions& o);
 
 /// "codec,spec,question,agreement,common_prefix,tokens" CSV.
 inline constexpr char kGreedyCsvHeader[] = "codec,spec,question,agreement,common_prefix,tokens";

@@ -42,8 +42,8 @@ double BetaContinuedFraction(double a, double b, double x) {
 double RegularizedBeta(double a, double b, double x) {
   if (x <= 0) return 0;
   if (x >= 1) return 1;
-  const double lbt = std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) +
-                     b * std::log1p(-x);
+  const double lbt =
+      std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) + b * std::log1p(-x);
   const double bt = std::exp(lbt);
   if (x < (a + 1) / (a + b + 2)) return bt * BetaContinuedFraction(a, b, x) / a;
   return 1 - bt * BetaContinuedFraction(b, a, 1 - x) / b;

@@ -24,8 +24,8 @@ double StudentTQuantile(double p, double df);
 struct PairedInterval {
   int64_t n = 0;
   double mean = 0;
-  double sd = 0;   ///< sample standard deviation of the differences
-  double lo = 0;   ///< interval on the mean difference
+  double sd = 0;  ///< sample standard deviation of the differences
+  double lo = 0;  ///< interval on the mean difference
   double hi = 0;
 };
 PairedInterval PairedMeanInterval(const std::vector<double>& treated,

@@ -45,8 +45,8 @@ Status Spawn(Child& c, const std::vector<std::string>& argv) {
 }
 
 void Finish(Child& c, int status, const struct rusage& ru) {
-  c.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                         c.start).count();
+  c.wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c.start).count();
   c.max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   if (WIFEXITED(status)) c.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) c.signal = WTERMSIG(status);
@@ -112,6 +112,5 @@ Status RunAll(std::vector<Child>& children, int jobs,
   }
   return absl::OkStatus();
 }
-
 
 }  // namespace polykv::cli

@@ -8,10 +8,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "polykv/status.h"
 
@@ -28,8 +27,8 @@ struct Child {
   double wall_ms = 0;
   std::chrono::steady_clock::time_point start;
   std::string out_path, err_path;  ///< where stdout and stderr go (set before RunAll)
-  nlohmann::json result;  ///< stdout parsed as JSON when the child exited 0
-  std::string error;      ///< the last line of stderr (or why it failed) otherwise
+  nlohmann::json result;           ///< stdout parsed as JSON when the child exited 0
+  std::string error;               ///< the last line of stderr (or why it failed) otherwise
 };
 
 /// The whole file (empty when it cannot be read).

@@ -2,32 +2,30 @@
 #include "daemon.h"
 
 #include <grp.h>
+#include <openssl/rand.h>
 #include <pwd.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <openssl/rand.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <condition_variable>
 #include <deque>
+#include <fstream>
 #include <list>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <sstream>
-#include <random>
 #include <thread>
-
-#include <spdlog/spdlog.h>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -40,12 +38,12 @@
 #include "absl/strings/str_split.h"
 #include "fd_server.h"
 #include "metrics.h"
-#include "pool_store.h"
 #include "polykv/ipc/cuda_ipc.h"
+#include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
 #include "polykv/ipc/shm_region.h"
-#include "polykv/ipc/protocol.h"
 #include "polykv/model/llama.h"
+#include "pool_store.h"
 
 #ifndef POLYKV_VERSION
 #define POLYKV_VERSION "0.0.0"
@@ -143,18 +141,27 @@ StatusOr<uint64_t> ParseByteSize(const std::string& text_in) {
     const char* s;
     double mult;
   } kSuffixes[] = {
-      {"", 1},           {"B", 1},
-      {"K", 1024.0},     {"KIB", 1024.0},     {"KB", 1e3},
-      {"M", 1048576.0},  {"MIB", 1048576.0},  {"MB", 1e6},
-      {"G", 1073741824.0}, {"GIB", 1073741824.0}, {"GB", 1e9},
-      {"T", 1099511627776.0}, {"TIB", 1099511627776.0}, {"TB", 1e12},
+      {"", 1},
+      {"B", 1},
+      {"K", 1024.0},
+      {"KIB", 1024.0},
+      {"KB", 1e3},
+      {"M", 1048576.0},
+      {"MIB", 1048576.0},
+      {"MB", 1e6},
+      {"G", 1073741824.0},
+      {"GIB", 1073741824.0},
+      {"GB", 1e9},
+      {"T", 1099511627776.0},
+      {"TIB", 1099511627776.0},
+      {"TB", 1e12},
   };
   for (const auto& s : kSuffixes) {
     if (suffix == s.s) {
       double bytes = value * s.mult;
       if (!(bytes >= 0) || bytes > 1.8e19) {
-        return absl::InvalidArgumentError(absl::StrCat("byte size \"", text_in,
-                                                       "\" is out of range"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("byte size \"", text_in, "\" is out of range"));
       }
       return static_cast<uint64_t>(std::llround(bytes));
     }
@@ -168,7 +175,8 @@ void AddDaemonFlags(CLI::App& app, DaemonOptions& o) {
   app.add_option("--endpoint", o.endpoint,
                  "Control endpoint (default: $POLYKV_ENDPOINT, /run/polykv/control.sock, "
                  "$XDG_RUNTIME_DIR/polykv/control.sock or /tmp/polykv-<uid>/control.sock)");
-  app.add_option("--backend", o.backend, "Pool memory: auto (cuda when a GPU is usable), host, cuda")
+  app.add_option("--backend", o.backend,
+                 "Pool memory: auto (cuda when a GPU is usable), host, cuda")
       ->check(CLI::IsMember({"auto", "host", "cuda"}))
       ->capture_default_str();
   auto byte_size = [](const char* flag, uint64_t* out) {
@@ -178,8 +186,9 @@ void AddDaemonFlags(CLI::App& app, DaemonOptions& o) {
       *out = *v;
     };
   };
-  app.add_option_function<std::string>("--memory-cap", byte_size("--memory-cap", &o.memory_cap),
-                                        "Bytes of pools per backend (suffixes K M G T; 0 = unlimited)");
+  app.add_option_function<std::string>(
+      "--memory-cap", byte_size("--memory-cap", &o.memory_cap),
+      "Bytes of pools per backend (suffixes K M G T; 0 = unlimited)");
   app.add_option("--lease-seconds", o.lease_seconds, "Lease duration granted by ATTACH/RENEW")
       ->check(CLI::Range(0.05, 86400.0))
       ->capture_default_str();
@@ -231,20 +240,21 @@ void AddDaemonFlags(CLI::App& app, DaemonOptions& o) {
       })
       ->capture_default_str();
   app.add_option_function<std::string>(
-         "--socket-mode",
-         [&o](const std::string& s) {
-           char* end = nullptr;
-           unsigned long m = std::strtoul(s.c_str(), &end, 8);
-           if (end == s.c_str() || *end != '\0' || m > 0777) {
-             throw CLI::ValidationError("--socket-mode", "must be octal, e.g. 0660");
-           }
-           o.socket_mode = static_cast<uint32_t>(m);
-         },
-         "Mode of the ipc socket files (octal, default 0660)");
+      "--socket-mode",
+      [&o](const std::string& s) {
+        char* end = nullptr;
+        unsigned long m = std::strtoul(s.c_str(), &end, 8);
+        if (end == s.c_str() || *end != '\0' || m > 0777) {
+          throw CLI::ValidationError("--socket-mode", "must be octal, e.g. 0660");
+        }
+        o.socket_mode = static_cast<uint32_t>(m);
+      },
+      "Mode of the ipc socket files (octal, default 0660)");
   app.add_option("--state-dir", o.state_dir,
                  "Folder of persisted pools: every published pool is also written there and "
                  "restored after a restart (systemd: $STATE_DIRECTORY; empty = memory only)");
-  app.add_option_function<std::string>("--state-budget", byte_size("--state-budget", &o.state_budget),
+  app.add_option_function<std::string>("--state-budget",
+                                       byte_size("--state-budget", &o.state_budget),
                                        "Disk bytes of pool files; least recently used files go "
                                        "first (0 = unlimited)");
   app.add_flag("--preload", o.preload,
@@ -396,9 +406,10 @@ Status CheckSocketFolder(const std::string& dir) {
   }
   if ((st.st_mode & (S_IWOTH | S_IWGRP)) != 0 && (st.st_mode & S_ISVTX) == 0 &&
       st.st_uid != geteuid()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "socket folder ", dir, " is writable by others and not sticky; others could replace "
-        "the daemon's sockets there"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("socket folder ", dir,
+                     " is writable by others and not sticky; others could replace "
+                     "the daemon's sockets there"));
   }
   return absl::OkStatus();
 }
@@ -506,8 +517,8 @@ void CreateWorker(std::shared_ptr<CreateShared> shared, std::shared_ptr<std::ato
         }
       }
     } catch (const std::exception& e) {
-      result = absl::InternalError(absl::StrCat(
-          std::string(ipc::MessageTypeName(req.type)), " threw: ", e.what()));
+      result = absl::InternalError(
+          absl::StrCat(std::string(ipc::MessageTypeName(req.type)), " threw: ", e.what()));
     }
     if (result.ok()) {
       r.pool = result->info;
@@ -706,9 +717,9 @@ ipc::Reply Daemon::Impl::Dispatch(const ipc::Request& req, uint32_t peer_pid) {
     }
     default:
       if (ipc::SpecOf(req.type).role == ipc::MessageRole::kPeer) {
-        return fail(absl::PermissionDeniedError(absl::StrCat(
-            std::string(ipc::MessageTypeName(req.type)),
-            " is served only on the CURVE-authenticated peer channel (--listen)")));
+        return fail(absl::PermissionDeniedError(
+            absl::StrCat(std::string(ipc::MessageTypeName(req.type)),
+                         " is served only on the CURVE-authenticated peer channel (--listen)")));
       }
       return fail(absl::InvalidArgumentError(absl::StrCat(
           "message type ", std::string(ipc::MessageTypeName(req.type)), " is not a request")));
@@ -743,11 +754,11 @@ void Daemon::Impl::StartCreate(std::string identity, bool delimiter, ipc::Reques
   if (full) {
     spdlog::warn("refused a create: {} queued, {} running", queued, running);
     SendRefusal(t.identity, t.delimiter,
-         ipc::ErrorReply(t.type, t.request_id,
-                         absl::ResourceExhaustedError(absl::StrCat(
-                             "the create queue is full (", queued, " waiting, ", running,
-                             " running; --max-queued-creates ", creates->capacity,
-                             "): retry later"))));
+                ipc::ErrorReply(
+                    t.type, t.request_id,
+                    absl::ResourceExhaustedError(absl::StrCat(
+                        "the create queue is full (", queued, " waiting, ", running,
+                        " running; --max-queued-creates ", creates->capacity, "): retry later"))));
     return;
   }
   creates->cv.notify_one();
@@ -825,11 +836,11 @@ void Daemon::Impl::HandleRouter() {
     const size_t body_frames = parts.size() - 1 - (delimiter ? 1 : 0);
     zmq::message_t& payload = parts.back();
     if (body_frames != 1) {
-      SendRefusal(identity, delimiter,
-           ipc::ErrorReply(ipc::MessageType::kError, 0,
-                           absl::InvalidArgumentError(absl::StrCat(
-                               "expected one JSON frame after the delimiter, got ",
-                               body_frames))));
+      SendRefusal(
+          identity, delimiter,
+          ipc::ErrorReply(ipc::MessageType::kError, 0,
+                          absl::InvalidArgumentError(absl::StrCat(
+                              "expected one JSON frame after the delimiter, got ", body_frames))));
       continue;
     }
     // Peer credentials (ipc endpoints): "uid:gid:pid" from the ZAP handler.
@@ -855,10 +866,9 @@ void Daemon::Impl::HandleRouter() {
                                     : std::string("a peer with unknown credentials");
         spdlog::warn("refused request from {}: not in the allowed uids or gids", who);
         SendRefusal(identity, delimiter,
-             ipc::ErrorReplyForFrame(
-                 frame, absl::PermissionDeniedError(absl::StrCat(
-                            who, " is not allowed to use polykvd (",
-                            roles->Describe(Roles::kReader), ")"))));
+                    ipc::ErrorReplyForFrame(frame, absl::PermissionDeniedError(absl::StrCat(
+                                                       who, " is not allowed to use polykvd (",
+                                                       roles->Describe(Roles::kReader), ")"))));
         continue;
       }
     }
@@ -874,21 +884,21 @@ void Daemon::Impl::HandleRouter() {
     if (NeedsOperator(req->type) && role != Roles::kOperator) {
       spdlog::warn("refused {} from uid {} (pid {}): not an operator",
                    std::string(ipc::MessageTypeName(req->type)), peer_uid, peer_pid);
-      SendRefusal(identity, delimiter,
-           ipc::ErrorReply(req->type, req->id,
-                           absl::PermissionDeniedError(absl::StrCat(
-                               "uid ", peer_uid, " may not ",
-                               std::string(ipc::MessageTypeName(req->type)),
-                               ": it is a reader, not an operator (",
-                               roles->Describe(Roles::kOperator), ")"))));
+      SendRefusal(
+          identity, delimiter,
+          ipc::ErrorReply(
+              req->type, req->id,
+              absl::PermissionDeniedError(absl::StrCat(
+                  "uid ", peer_uid, " may not ", std::string(ipc::MessageTypeName(req->type)),
+                  ": it is a reader, not an operator (", roles->Describe(Roles::kOperator), ")"))));
       continue;
     }
     const ipc::MessageRuns runs = ipc::SpecOf(req->type).runs;
     if (runs == ipc::MessageRuns::kInlineOrWorker && peers) {
       // A pool neither here nor in the state folder: replicate it on a worker thread (the
       // control loop never waits on the network).
-      bool known = manager->Info(req->pool_id).ok() ||
-                   (store && store->Find(req->pool_id).has_value());
+      bool known =
+          manager->Info(req->pool_id).ok() || (store && store->Find(req->pool_id).has_value());
       if (!known) {
         if (req->client_pid == 0) req->client_pid = peer_pid;
         StartCreate(identity, delimiter, *std::move(req), Requester{peer_uid, false});
@@ -962,8 +972,8 @@ void Daemon::Impl::Shutdown() {
   // 2. Wait a bounded time for the workers; one blocked in a system call is left behind
   //    (it holds only shared state and finds the manager shut down when it returns).
   const auto deadline =
-      Clock::now() + std::chrono::milliseconds(
-                         std::llround(std::max(0.0, options.shutdown_grace_seconds) * 1000));
+      Clock::now() +
+      std::chrono::milliseconds(std::llround(std::max(0.0, options.shutdown_grace_seconds) * 1000));
   for (;;) {
     bool all = true;
     for (const auto& w : workers) all = all && w.done->load();
@@ -1035,7 +1045,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   }
   if (!(o.lease_seconds > 0)) return absl::InvalidArgumentError("lease seconds must be > 0");
   if (o.create_workers < 1) return absl::InvalidArgumentError("create workers must be >= 1");
-  if (o.max_queued_creates < 0) return absl::InvalidArgumentError("max queued creates must be >= 0");
+  if (o.max_queued_creates < 0)
+    return absl::InvalidArgumentError("max queued creates must be >= 0");
   impl->roles = std::make_unique<Roles>(o);
   if (o.threads >= 0) model::SetComputeThreads(o.threads);
 
@@ -1071,12 +1082,14 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
     if (pidf >> old_pid) {
       std::getline(pidf >> std::ws, old_comm);
       if (old_pid != getpid() && PidAlive(old_pid) && ProcComm(old_pid) == old_comm) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "polykvd pid ", old_pid, " (", impl->pid_path, ") is alive but not answering on ",
-            impl->endpoint, "; stop it first"));
+        return absl::AlreadyExistsError(absl::StrCat("polykvd pid ", old_pid, " (", impl->pid_path,
+                                                     ") is alive but not answering on ",
+                                                     impl->endpoint, "; stop it first"));
       }
-      spdlog::warn("previous polykvd (pid {}) died; its pools were sealed memfds and went "
-                   "with it", old_pid);
+      spdlog::warn(
+          "previous polykvd (pid {}) died; its pools were sealed memfds and went "
+          "with it",
+          old_pid);
     }
     // Older polykvd versions kept pools as named POSIX shm segments and listed them in
     // <socket>.segments: remove the ones with our prefix (any prefix, not only /polykv).
@@ -1180,8 +1193,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   }
   for (int i = 0; i < o.create_workers; ++i) {
     auto done = std::make_shared<std::atomic<bool>>(false);
-    impl->workers.push_back(
-        Impl::Worker{std::thread(CreateWorker, impl->creates, done), done});
+    impl->workers.push_back(Impl::Worker{std::thread(CreateWorker, impl->creates, done), done});
   }
   Roles* roles = impl->roles.get();
   auto fd_server = FdServer::Start(
@@ -1195,9 +1207,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   impl->fd_server = *std::move(fd_server);
   if (!o.metrics_listen.empty()) {
     Impl* d = impl.get();
-    auto server = MetricsServer::Start(o.metrics_listen, [d] {
-      return d->metrics->Render(*d->manager, d->store.get());
-    });
+    auto server = MetricsServer::Start(
+        o.metrics_listen, [d] { return d->metrics->Render(*d->manager, d->store.get()); });
     if (!server.ok()) return server.status();
     impl->metrics_server = *std::move(server);
   }
@@ -1220,16 +1231,17 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
     WriteFileAtomic(impl->pid_path, absl::StrCat(getpid(), " ", ProcComm(getpid()), "\n"));
   }
   impl->options = std::move(o);
-  spdlog::info("polykvd {} serving {} (instance {}, backend {}, memory cap {}, lease {} s, "
-               "{} create worker(s), queue {}, {}; {})",
-               POLYKV_VERSION, impl->endpoint, impl->instance.substr(0, 8), backend,
-               impl->options.memory_cap ? std::to_string(impl->options.memory_cap) + " bytes"
-                                        : std::string("unlimited"),
-               impl->options.lease_seconds, impl->options.create_workers,
-               impl->options.max_queued_creates, impl->roles->Describe(Roles::kOperator),
-               impl->options.models_dirs.empty()
-                   ? std::string("no model folders")
-                   : "model folders " + absl::StrJoin(impl->options.models_dirs, ", "));
+  spdlog::info(
+      "polykvd {} serving {} (instance {}, backend {}, memory cap {}, lease {} s, "
+      "{} create worker(s), queue {}, {}; {})",
+      POLYKV_VERSION, impl->endpoint, impl->instance.substr(0, 8), backend,
+      impl->options.memory_cap ? std::to_string(impl->options.memory_cap) + " bytes"
+                               : std::string("unlimited"),
+      impl->options.lease_seconds, impl->options.create_workers, impl->options.max_queued_creates,
+      impl->roles->Describe(Roles::kOperator),
+      impl->options.models_dirs.empty()
+          ? std::string("no model folders")
+          : "model folders " + absl::StrJoin(impl->options.models_dirs, ", "));
   return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
 }
 
@@ -1263,8 +1275,7 @@ Status Daemon::Run(const std::atomic<bool>* external_stop) {
       d.manager->SweepExpiredLeases();
     }
 #ifdef POLYKV_HAVE_SYSTEMD
-    if (watchdog_usec > 0 &&
-        now - last_watchdog >= std::chrono::microseconds(watchdog_usec / 2)) {
+    if (watchdog_usec > 0 && now - last_watchdog >= std::chrono::microseconds(watchdog_usec / 2)) {
       last_watchdog = now;
       sd_notify(0, "WATCHDOG=1");
     }

@@ -7,27 +7,26 @@
 // than a bounded time.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "peers.h"
-#include "pool_manager.h"
 #include "polykv/status.h"
+#include "pool_manager.h"
 
 namespace polykv::daemon {
 
 /// Everything polykvd is configured with.
 struct DaemonOptions {
-  std::string endpoint;                  ///< empty: ipc::DefaultEndpoint()
-  std::string backend = "auto";          ///< auto | host | cuda
-  uint64_t memory_cap = 0;               ///< bytes per backend; 0 = unlimited
-  double lease_seconds = 30;             ///< lease duration
-  std::vector<std::string> model_path;   ///< search path for relative model names
+  std::string endpoint;                 ///< empty: ipc::DefaultEndpoint()
+  std::string backend = "auto";         ///< auto | host | cuda
+  uint64_t memory_cap = 0;              ///< bytes per backend; 0 = unlimited
+  double lease_seconds = 30;            ///< lease duration
+  std::vector<std::string> model_path;  ///< search path for relative model names
   /// Model folders: models are opened only under these (canonical, no symlink escape).
   /// Empty: only the daemon's own uid and root may name model files.
   std::vector<std::string> models_dirs;
@@ -38,24 +37,24 @@ struct DaemonOptions {
   std::vector<uint32_t> operator_uids, operator_gids;
   /// Readers (PING, LIST, STATS, ATTACH, RENEW, DETACH, pool descriptors) by uid / gid.
   std::vector<uint32_t> reader_uids, reader_gids;
-  int create_workers = 2;                ///< threads running creates (fixed)
-  int max_queued_creates = 8;            ///< creates waiting for a worker; more: refused
-  size_t model_cache_models = 2;         ///< models kept loaded (LRU)
-  uint64_t model_cache_bytes = 0;        ///< bound on their estimated weights (0 = none)
-  double shutdown_grace_seconds = 5;     ///< how long shutdown waits for busy workers
-  std::string fd_socket;                 ///< pool-descriptor socket (default: <socket>.fds)
-  int test_create_delay_ms = 0;          ///< fault injection (tests): slow creates
-  int threads = 0;                       ///< libtorch intra-op threads; 0 = all cores
-  std::string log_level = "info";        ///< trace|debug|info|warn|error|critical|off
-  std::string shm_prefix = "/polykv-";   ///< shm object name prefix of pools
-  uint32_t socket_mode = 0660;           ///< mode of the ipc socket file
-  double sweep_seconds = 0.25;           ///< lease sweep / watchdog tick
-  std::string state_dir;                 ///< persisted pools (empty: memory only)
-  uint64_t state_budget = 0;             ///< disk budget of pool files; 0 = unlimited
-  bool preload = false;                  ///< restore every persisted pool at start
-  std::string metrics_listen;            ///< HOST:PORT of GET /metrics (empty: off)
-  PeerOptions peer;                      ///< other daemons (--listen, --peer, key files)
-  ModelLoader loader;                    ///< tests: inject a model loader
+  int create_workers = 2;               ///< threads running creates (fixed)
+  int max_queued_creates = 8;           ///< creates waiting for a worker; more: refused
+  size_t model_cache_models = 2;        ///< models kept loaded (LRU)
+  uint64_t model_cache_bytes = 0;       ///< bound on their estimated weights (0 = none)
+  double shutdown_grace_seconds = 5;    ///< how long shutdown waits for busy workers
+  std::string fd_socket;                ///< pool-descriptor socket (default: <socket>.fds)
+  int test_create_delay_ms = 0;         ///< fault injection (tests): slow creates
+  int threads = 0;                      ///< libtorch intra-op threads; 0 = all cores
+  std::string log_level = "info";       ///< trace|debug|info|warn|error|critical|off
+  std::string shm_prefix = "/polykv-";  ///< shm object name prefix of pools
+  uint32_t socket_mode = 0660;          ///< mode of the ipc socket file
+  double sweep_seconds = 0.25;          ///< lease sweep / watchdog tick
+  std::string state_dir;                ///< persisted pools (empty: memory only)
+  uint64_t state_budget = 0;            ///< disk budget of pool files; 0 = unlimited
+  bool preload = false;                 ///< restore every persisted pool at start
+  std::string metrics_listen;           ///< HOST:PORT of GET /metrics (empty: off)
+  PeerOptions peer;                     ///< other daemons (--listen, --peer, key files)
+  ModelLoader loader;                   ///< tests: inject a model loader
 };
 
 /// "4G", "512M", "1.5GiB", "1000000" -> bytes (K/M/G/T = 1024^n; KB/MB/GB/TB = 1000^n).

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -13,8 +14,6 @@
 #include <chrono>
 #include <cstring>
 #include <list>
-
-#include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -37,8 +36,8 @@ StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, uin
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("descriptor socket path ", path,
-                                                   " is empty or too long"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("descriptor socket path ", path, " is empty or too long"));
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
   struct stat st;
@@ -50,7 +49,8 @@ StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, uin
     unlink(path.c_str());  // a dead daemon's socket (the caller owns the endpoint now)
   }
   s->listen_.Reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!s->listen_.valid()) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (!s->listen_.valid())
+    return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
   // Bind with a restrictive umask, then open up to `mode`: no window with a wider mode.
   const mode_t old = umask(0177);
   const int rc = bind(s->listen_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));

@@ -13,9 +13,9 @@
 #include <string>
 #include <thread>
 
-#include "pool_manager.h"
 #include "polykv/ipc/sealed_region.h"
 #include "polykv/status.h"
+#include "pool_manager.h"
 
 namespace polykv::daemon {
 
@@ -27,9 +27,9 @@ class FdServer {
   /// Binds `path` (a stale socket file there is replaced; any other file is an error),
   /// sets its mode (and group polykv when that group exists) and starts serving.
   /// Errors: kFailedPrecondition (path is not a socket), kUnavailable (bind/listen).
-  [[nodiscard]] static StatusOr<std::unique_ptr<FdServer>> Start(const std::string& path, uint32_t mode,
-                                                   std::shared_ptr<PoolManager> manager,
-                                                   Authorize authorize);
+  [[nodiscard]] static StatusOr<std::unique_ptr<FdServer>> Start(
+      const std::string& path, uint32_t mode, std::shared_ptr<PoolManager> manager,
+      Authorize authorize);
   /// Stops the thread and removes the socket file.
   ~FdServer();
   FdServer(const FdServer&) = delete;

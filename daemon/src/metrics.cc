@@ -2,13 +2,12 @@
 #include "metrics.h"
 
 #include <httplib.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-
-#include <spdlog/spdlog.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -124,8 +123,7 @@ std::string Metrics::Render(const PoolManager& pools, const PoolStore* store) co
   Family(&out, "polykv_memory_cap_bytes", "gauge", "Memory cap of the backend (0 = unlimited).");
   Sample(&out, "polykv_memory_cap_bytes", backend, static_cast<double>(pools.memory_cap()));
 
-  auto per_pool = [&](const std::string& name, const std::string& help,
-                      auto value_of) {
+  auto per_pool = [&](const std::string& name, const std::string& help, auto value_of) {
     Family(&out, name, "gauge", help);
     for (const auto& p : list) {
       Sample(&out, name, absl::StrCat("pool=\"", p.id, "\",codec=\"", Escape(p.codec), "\""),
@@ -142,8 +140,8 @@ std::string Metrics::Render(const PoolManager& pools, const PoolStore* store) co
                                                       {"value_norms", p.value_norms},
                                                       {"overhead", p.overhead}};
     for (const auto& [part, bytes] : parts) {
-      Sample(&out, "polykv_pool_bytes",
-             absl::StrCat("pool=\"", p.id, "\",part=\"", part, "\""), static_cast<double>(bytes));
+      Sample(&out, "polykv_pool_bytes", absl::StrCat("pool=\"", p.id, "\",part=\"", part, "\""),
+             static_cast<double>(bytes));
     }
   }
   per_pool("polykv_pool_total_bytes", "Bytes of a pool's whole region.",
@@ -182,8 +180,7 @@ std::string Metrics::Render(const PoolManager& pools, const PoolStore* store) co
   Sample(&out, "polykv_pools_restored_total", "", static_cast<double>(pools.restored_count()));
   Family(&out, "polykv_pools_replicated_total", "counter",
          "Pools published from a peer daemon (UCX transfer) instead of a prefill.");
-  Sample(&out, "polykv_pools_replicated_total", "",
-         static_cast<double>(pools.replicated_count()));
+  Sample(&out, "polykv_pools_replicated_total", "", static_cast<double>(pools.replicated_count()));
 
   Family(&out, "polykv_prefill_tokens_total", "counter", "Tokens prefilled by pool creates.");
   Sample(&out, "polykv_prefill_tokens_total", "", static_cast<double>(prefill_tokens_.load()));
@@ -209,14 +206,14 @@ std::string Metrics::Render(const PoolManager& pools, const PoolStore* store) co
   return out;
 }
 
-StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& listen, std::function<std::string()> render) {
+StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
+                                                              std::function<std::string()> render) {
   const size_t colon = listen.rfind(':');
   int port = -1;
   if (colon == std::string::npos || colon == 0 ||
       !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics-listen \"", listen, "\" must be HOST:PORT, e.g. 127.0.0.1:9464"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-listen \"", listen, "\" must be HOST:PORT, e.g. 127.0.0.1:9464"));
   }
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   m->host_ = listen.substr(0, colon);

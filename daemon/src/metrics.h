@@ -74,8 +74,8 @@ class MetricsServer {
  public:
   /// Listens on "HOST:PORT" (PORT 0: any free port). `render` produces the body.
   /// Errors: kInvalidArgument (no ":PORT"), kUnavailable (cannot bind).
-  [[nodiscard]] static StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& listen,
-                                                        std::function<std::string()> render);
+  [[nodiscard]] static StatusOr<std::unique_ptr<MetricsServer>> Start(
+      const std::string& listen, std::function<std::string()> render);
   /// Stops listening and joins the thread.
   ~MetricsServer();
   int port() const { return port_; }

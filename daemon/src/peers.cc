@@ -1,6 +1,7 @@
 // polykvd's peer channel: CURVE-authenticated ZeroMQ between daemons, UCX for the bytes.
 #include "peers.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,8 +10,6 @@
 #include <fstream>
 #include <random>
 #include <sstream>
-
-#include <spdlog/spdlog.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -46,8 +45,10 @@ int64_t UnixMsNow() {
 }  // namespace
 
 StatusOr<std::unique_ptr<Peers>> Peers::Start(PeerOptions options, Hooks hooks) {
-  if (!options.listen.empty()) POLYKV_RETURN_IF_ERROR(ipc::CheckTcpEndpoint(options.listen, "--listen"));
-  for (const std::string& p : options.peers) POLYKV_RETURN_IF_ERROR(ipc::CheckTcpEndpoint(p, "--peer"));
+  if (!options.listen.empty())
+    POLYKV_RETURN_IF_ERROR(ipc::CheckTcpEndpoint(options.listen, "--listen"));
+  for (const std::string& p : options.peers)
+    POLYKV_RETURN_IF_ERROR(ipc::CheckTcpEndpoint(p, "--peer"));
   if (options.key_file.empty() || options.peer_keys_file.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         options.listen.empty() ? "--peer " + (options.peers.empty() ? "" : options.peers[0])
@@ -90,7 +91,8 @@ StatusOr<std::unique_ptr<Peers>> Peers::Start(PeerOptions options, Hooks hooks) 
   }
   Peers* self = peers.get();
   if (peers->router_) peers->serve_thread_ = std::thread([self] { self->ServeLoop(); });
-  if (!peers->options_.peers.empty()) peers->ping_thread_ = std::thread([self] { self->PingLoop(); });
+  if (!peers->options_.peers.empty())
+    peers->ping_thread_ = std::thread([self] { self->PingLoop(); });
   spdlog::info("peer channel: listening on {}, {} peer(s) [{}], {} trusted key(s), UCX over {}",
                peers->options_.listen.empty() ? "(nothing)" : peers->options_.listen,
                peers->options_.peers.size(), absl::StrJoin(peers->options_.peers, ", "),
@@ -152,11 +154,13 @@ StatusOr<ipc::Reply> Peers::Call(const std::string& endpoint, ipc::Request reque
     s.send(zmq::buffer(frame), zmq::send_flags::none);
     const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0 || stop_.load()) break;
       zmq::pollitem_t items[] = {{s.handle(), 0, ZMQ_POLLIN, 0},
                                  {events.handle(), 0, ZMQ_POLLIN, 0}};
-      zmq::poll(items, 2, std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(100)));
+      zmq::poll(items, 2,
+                std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(100)));
       if (items[1].revents & ZMQ_POLLIN) {
         std::vector<zmq::message_t> ev;
         (void)zmq::recv_multipart(events, std::back_inserter(ev));
@@ -166,13 +170,13 @@ StatusOr<ipc::Reply> Peers::Call(const std::string& endpoint, ipc::Request reque
           std::memcpy(&id, ev[0].data(), 2);
           std::memcpy(&value, static_cast<const char*>(ev[0].data()) + 2, 4);
           if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
-            return absl::PermissionDeniedError(absl::StrCat(
-                "peer ", endpoint, " refused this daemon's CURVE key (ZAP status ", value,
-                "): its peer-keys file must list ", keys_.public_key));
+            return absl::PermissionDeniedError(
+                absl::StrCat("peer ", endpoint, " refused this daemon's CURVE key (ZAP status ",
+                             value, "): its peer-keys file must list ", keys_.public_key));
           }
-          return absl::PermissionDeniedError(absl::StrCat(
-              "CURVE handshake with peer ", endpoint, " failed (protocol error ", value,
-              "): does the peer-keys file hold its right public key?"));
+          return absl::PermissionDeniedError(
+              absl::StrCat("CURVE handshake with peer ", endpoint, " failed (protocol error ",
+                           value, "): does the peer-keys file hold its right public key?"));
         }
       }
       if (items[0].revents & ZMQ_POLLIN) {
@@ -180,20 +184,19 @@ StatusOr<ipc::Reply> Peers::Call(const std::string& endpoint, ipc::Request reque
         (void)zmq::recv_multipart(s, std::back_inserter(parts));
         if (parts.empty()) continue;
         const zmq::message_t& last = parts.back();
-        auto reply = ipc::DecodeReply(
-            std::string_view(static_cast<const char*>(last.data()), last.size()));
+        auto reply =
+            ipc::DecodeReply(std::string_view(static_cast<const char*>(last.data()), last.size()));
         if (!reply.ok()) {
-          return Status(reply.status().code(), absl::StrCat("peer ", endpoint, " sent a bad ",
-                                                            type, " reply: ",
-                                                            reply.status().message()));
+          return Status(reply.status().code(), absl::StrCat("peer ", endpoint, " sent a bad ", type,
+                                                            " reply: ", reply.status().message()));
         }
         if (reply->id != request.id) continue;
         return *std::move(reply);
       }
     }
-    return absl::UnavailableError(absl::StrCat(
-        "peer ", endpoint, " did not answer ", type, " within ", timeout_ms,
-        " ms (down or unreachable, or its key differs from the peer-keys file's)"));
+    return absl::UnavailableError(
+        absl::StrCat("peer ", endpoint, " did not answer ", type, " within ", timeout_ms,
+                     " ms (down or unreachable, or its key differs from the peer-keys file's)"));
   } catch (const zmq::error_t& e) {
     return absl::UnavailableError(absl::StrCat("peer ", endpoint, ": ", e.what()));
   }
@@ -214,7 +217,8 @@ void Peers::NoteState(const std::string& endpoint, const Status& status, const i
     if (reply != nullptr) {
       st.instance = reply->instance;
       st.version = reply->daemon_version;
-      if (reply->type == ipc::MessageType::kList) st.pools = static_cast<uint32_t>(reply->pools.size());
+      if (reply->type == ipc::MessageType::kList)
+        st.pools = static_cast<uint32_t>(reply->pools.size());
     }
   } else {
     st.state = status.code() == absl::StatusCode::kPermissionDenied ? "refused" : "down";
@@ -243,8 +247,8 @@ void Peers::PingLoop() {
       NoteState(endpoint, s, reply.ok() ? &*reply : nullptr, ms);
     }
     std::unique_lock<std::mutex> lock(stop_mu_);
-    stop_cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(
-                                options_.ping_seconds * 1000)),
+    stop_cv_.wait_for(lock,
+                      std::chrono::milliseconds(static_cast<int64_t>(options_.ping_seconds * 1000)),
                       [&] { return stop_.load(); });
   }
 }
@@ -266,9 +270,9 @@ void Peers::HandleZap(zmq::socket_t& zap) {
   const bool ok = !key.empty() && peer_keys_.trusted.count(key) > 0;
   if (!ok) {
     spdlog::warn("peer channel: refused {} from {}: {}", mechanism, address,
-                 key.empty() ? std::string("no CURVE key")
-                             : absl::StrCat("public key ", key, " is not in ",
-                                            options_.peer_keys_file));
+                 key.empty()
+                     ? std::string("no CURVE key")
+                     : absl::StrCat("public key ", key, " is not in ", options_.peer_keys_file));
   }
   std::array<zmq::const_buffer, 6> reply = {
       zmq::str_buffer("1.0"),
@@ -305,7 +309,8 @@ ipc::Reply Peers::Answer(const ipc::Request& req) {
         std::lock_guard<std::mutex> lock(mu_);
         if (transfers_.size() >= 64) {
           return ipc::ErrorReply(
-              req.type, req.id, absl::ResourceExhaustedError("64 transfers in flight: retry later"));
+              req.type, req.id,
+              absl::ResourceExhaustedError("64 transfers in flight: retry later"));
         }
       }
       auto pool = hooks_.export_pool(req.pool_id);
@@ -434,8 +439,9 @@ StatusOr<PeerSource::Offer> Peers::Find(const std::string& pool_id) {
     }
     if (!reply->pool || reply->descriptor.empty() || reply->transfer_id.empty() ||
         reply->pool_bytes == 0) {
-      answers.push_back(absl::StrCat(endpoint, ": PEER_FETCH reply lacks pool, descriptor, "
-                                               "transfer id or size"));
+      answers.push_back(absl::StrCat(endpoint,
+                                     ": PEER_FETCH reply lacks pool, descriptor, "
+                                     "transfer id or size"));
       continue;
     }
     Offer offer;

@@ -18,26 +18,25 @@
 #include <string>
 #include <thread>
 #include <vector>
-
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "pool_manager.h"
 #include "polykv/ipc/curve_keys.h"
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/ucx_transfer.h"
 #include "polykv/status.h"
+#include "pool_manager.h"
 
 namespace polykv::daemon {
 
 /// Configuration of the peer channel (DaemonOptions carries it).
 struct PeerOptions {
-  std::string listen;               ///< tcp://ADDR:PORT for other daemons ("" = none)
-  std::vector<std::string> peers;   ///< tcp://HOST:PORT of the daemons asked for pools
-  std::string key_file;             ///< this daemon's CURVE key pair file
-  std::string peer_keys_file;       ///< trusted peers' public keys
-  double ping_seconds = 2;          ///< how often peers' state is refreshed
-  int call_timeout_ms = 3000;       ///< one PING / PEER_FETCH round trip
+  std::string listen;              ///< tcp://ADDR:PORT for other daemons ("" = none)
+  std::vector<std::string> peers;  ///< tcp://HOST:PORT of the daemons asked for pools
+  std::string key_file;            ///< this daemon's CURVE key pair file
+  std::string peer_keys_file;      ///< trusted peers' public keys
+  double ping_seconds = 2;         ///< how often peers' state is refreshed
+  int call_timeout_ms = 3000;      ///< one PING / PEER_FETCH round trip
   /// A transfer the requester never released is dropped after this long (plus 1 s per 50 MB).
   double transfer_hold_seconds = 60;
   uint64_t chunk_bytes = 4ull << 20;  ///< bytes per UCX get
@@ -65,8 +64,9 @@ class Peers : public PeerSource {
   ~Peers() override;
 
   [[nodiscard]] StatusOr<Offer> Find(const std::string& pool_id) override;
-  [[nodiscard]] Status Pull(const Offer& offer, void* dst, uint64_t size, const std::atomic<bool>* cancel,
-              const std::function<void(uint64_t, uint64_t)>& progress) override;
+  [[nodiscard]] Status Pull(const Offer& offer, void* dst, uint64_t size,
+                            const std::atomic<bool>* cancel,
+                            const std::function<void(uint64_t, uint64_t)>& progress) override;
   void Release(const Offer& offer) override;
 
   /// The configured peers as last seen (PING replies).
@@ -77,10 +77,12 @@ class Peers : public PeerSource {
   size_t active_transfers() const;
 
  private:
-  Peers(PeerOptions options, Hooks hooks) : options_(std::move(options)), hooks_(std::move(hooks)) {}
+  Peers(PeerOptions options, Hooks hooks)
+      : options_(std::move(options)), hooks_(std::move(hooks)) {}
   /// One request/reply with peer `endpoint` on a fresh CURVE DEALER (LINGER 0). A refused
   /// handshake is kPermissionDenied naming the peer; no answer is kUnavailable.
-  [[nodiscard]] StatusOr<ipc::Reply> Call(const std::string& endpoint, ipc::Request request, int timeout_ms);
+  [[nodiscard]] StatusOr<ipc::Reply> Call(const std::string& endpoint, ipc::Request request,
+                                          int timeout_ms);
   void ServeLoop();
   void PingLoop();
   void HandleZap(zmq::socket_t& zap);
@@ -109,8 +111,8 @@ class Peers : public PeerSource {
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   mutable std::mutex mu_;
-  std::map<std::string, Transfer> transfers_;      // by transfer id
-  std::map<std::string, ipc::PeerState> states_;   // by endpoint
+  std::map<std::string, Transfer> transfers_;     // by transfer id
+  std::map<std::string, ipc::PeerState> states_;  // by endpoint
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> monitor_seq_{0};
 };

@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
+#include <spdlog/spdlog.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,8 +18,6 @@
 #include <random>
 #include <set>
 #include <thread>
-
-#include <spdlog/spdlog.h>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -151,7 +150,8 @@ uint64_t ModelWeightBytes(const model::ModelConfig& c, torch::ScalarType dtype) 
   const uint64_t o = static_cast<uint64_t>(std::max(0, c.heads)) * hd;
   const uint64_t ffn = static_cast<uint64_t>(std::max(0, c.ffn));
   const uint64_t per_layer = 2 * hidden + qkv * hidden + hidden * o + 3 * ffn * hidden;
-  uint64_t params = vocab * hidden + hidden + static_cast<uint64_t>(std::max(0, c.layers)) * per_layer;
+  uint64_t params =
+      vocab * hidden + hidden + static_cast<uint64_t>(std::max(0, c.layers)) * per_layer;
   if (!c.tied_embeddings) params += vocab * hidden;
   return params * static_cast<uint64_t>(c10::elementSize(dtype));
 }
@@ -228,9 +228,9 @@ StatusOr<CodecChoice> ParseCodecName(const std::string& name_in) {
   CodecChoice c;
   POLYKV_ASSIGN_OR_RETURN(c.spec, ipc::ParseCodecSpec(name));
   if (!c.spec.rotation) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "codec \"", ipc::Abbreviate(name, 48), "\": pools always rotate values (norot is an "
-        "eval ablation)"));
+    return absl::InvalidArgumentError(absl::StrCat("codec \"", ipc::Abbreviate(name, 48),
+                                                   "\": pools always rotate values (norot is an "
+                                                   "eval ablation)"));
   }
   c.codec = c.spec.none ? ipc::PoolCodec::kNone : ipc::PoolCodec::kK8V;
   c.value_bits = c.spec.none ? 0 : c.spec.value_bits;
@@ -242,14 +242,13 @@ StatusOr<kernels::KeyScaleMode> ParseKeyScale(const std::string& name) {
   if (name == "tensor" || name.empty()) return kernels::KeyScaleMode::kPerTensor;
   if (name == "head") return kernels::KeyScaleMode::kPerHead;
   if (name == "channel") return kernels::KeyScaleMode::kPerChannel;
-  return absl::InvalidArgumentError(absl::StrCat("unknown key_scale \"",
-                                                 ipc::Abbreviate(name, 32),
+  return absl::InvalidArgumentError(absl::StrCat("unknown key_scale \"", ipc::Abbreviate(name, 32),
                                                  "\" (expected tensor, head or channel)"));
 }
 
 std::string ComputePoolId(const std::string& model_fingerprint,
-                          const std::string& tokenizer_fingerprint,
-                          const ipc::PoolParams& p, const std::vector<int32_t>& token_ids) {
+                          const std::string& tokenizer_fingerprint, const ipc::PoolParams& p,
+                          const std::vector<int32_t>& token_ids) {
   std::string meta = absl::StrCat(
       "polykv-pool-v1", std::string(1, '\0'), model_fingerprint, std::string(1, '\0'),
       tokenizer_fingerprint, std::string(1, '\0'), "codec=", static_cast<uint32_t>(p.codec),
@@ -342,13 +341,14 @@ StatusOr<PoolManager::OpenedModel> PoolManager::OpenModel(const std::string& nam
   const bool confined = !options_.models_dirs.empty();
   const std::string shown = ipc::Abbreviate(name, 256);
   if (!confined && !who.trusted_paths) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "uid ", who.uid, " may not name model files: this polykvd has no --models-dir, so only "
-        "its own uid and root may (ask its administrator to configure --models-dir)"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("uid ", who.uid,
+                     " may not name model files: this polykvd has no --models-dir, so only "
+                     "its own uid and root may (ask its administrator to configure --models-dir)"));
   }
-  const std::string outside = absl::StrCat(
-      "model \"", shown, "\" is outside the model folders (--models-dir ",
-      absl::StrJoin(options_.models_dirs, ", "), ")");
+  const std::string outside =
+      absl::StrCat("model \"", shown, "\" is outside the model folders (--models-dir ",
+                   absl::StrJoin(options_.models_dirs, ", "), ")");
   // Candidates in search order. Under confinement every candidate is checked lexically
   // first, so the answer for a path outside the folders never depends on what is there.
   std::vector<std::string> candidates;
@@ -368,7 +368,8 @@ StatusOr<PoolManager::OpenedModel> PoolManager::OpenModel(const std::string& nam
       std::string lexical = LexicalNormal(candidate);
       if (lexical.empty()) {
         char cwd[PATH_MAX];
-        if (getcwd(cwd, sizeof(cwd)) != nullptr) lexical = LexicalNormal(absl::StrCat(cwd, "/", candidate));
+        if (getcwd(cwd, sizeof(cwd)) != nullptr)
+          lexical = LexicalNormal(absl::StrCat(cwd, "/", candidate));
       }
       if (!UnderAny(lexical, roots_given_) && !UnderAny(lexical, roots_)) continue;
       any_inside = true;
@@ -379,16 +380,17 @@ StatusOr<PoolManager::OpenedModel> PoolManager::OpenModel(const std::string& nam
       continue;
     }
     if (confined && !UnderAny(*canonical, roots_)) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "model \"", shown, "\" resolves (through a symlink) to a path outside the model "
-          "folders; refusing to open it"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("model \"", shown,
+                       "\" resolves (through a symlink) to a path outside the model "
+                       "folders; refusing to open it"));
     }
-    const int fd = open(canonical->c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW |
-                                                O_NOCTTY);
+    const int fd =
+        open(canonical->c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY);
     if (fd < 0) {
-      last = Status(errno == ENOENT ? absl::StatusCode::kNotFound
-                                    : absl::StatusCode::kPermissionDenied,
-                    std::strerror(errno));
+      last = Status(
+          errno == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kPermissionDenied,
+          std::strerror(errno));
       continue;
     }
     OpenedModel opened;
@@ -396,9 +398,10 @@ StatusOr<PoolManager::OpenedModel> PoolManager::OpenModel(const std::string& nam
     struct stat st;
     if (fstat(fd, &st) != 0) return absl::InternalError("fstat of the model failed");
     if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model \"", shown, "\" is not a regular file or a folder (a FIFO, device or socket "
-          "would block or mislead the loader)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model \"", shown,
+                       "\" is not a regular file or a folder (a FIFO, device or socket "
+                       "would block or mislead the loader)"));
     }
     // The opened inode's own path, immune to a rename or symlink swap since realpath.
     std::string actual = PathOfFd(fd);
@@ -419,17 +422,17 @@ StatusOr<PoolManager::OpenedModel> PoolManager::OpenModel(const std::string& nam
           auto target = RealPath(absl::StrCat(actual, "/", entry));
           if (!target.ok()) continue;  // dangling: the loader reports it if it needs it
           if (confined && !UnderAny(*target, roots_)) {
-            bad = absl::PermissionDeniedError(absl::StrCat(
-                "model folder \"", shown, "\" holds \"", ipc::Abbreviate(entry, 64),
-                "\", a symlink to a path outside the model folders"));
+            bad = absl::PermissionDeniedError(
+                absl::StrCat("model folder \"", shown, "\" holds \"", ipc::Abbreviate(entry, 64),
+                             "\", a symlink to a path outside the model folders"));
             break;
           }
           if (stat(target->c_str(), &es) != 0) continue;
         }
         if (!S_ISREG(es.st_mode) && !S_ISDIR(es.st_mode)) {
-          bad = absl::InvalidArgumentError(absl::StrCat(
-              "model folder \"", shown, "\" holds \"", ipc::Abbreviate(entry, 64),
-              "\", which is not a regular file or folder"));
+          bad = absl::InvalidArgumentError(
+              absl::StrCat("model folder \"", shown, "\" holds \"", ipc::Abbreviate(entry, 64),
+                           "\", which is not a regular file or folder"));
           break;
         }
       }
@@ -446,7 +449,8 @@ StatusOr<PoolManager::OpenedModel> PoolManager::OpenModel(const std::string& nam
   }
   if (confined) {
     if (!any_inside) return absl::PermissionDeniedError(outside);
-    return absl::NotFoundError(absl::StrCat("model \"", shown, "\" not found in the model folders (",
+    return absl::NotFoundError(absl::StrCat("model \"", shown,
+                                            "\" not found in the model folders (",
                                             absl::StrJoin(options_.models_dirs, ", "), ")"));
   }
   if (name[0] == '/') {
@@ -454,10 +458,9 @@ StatusOr<PoolManager::OpenedModel> PoolManager::OpenModel(const std::string& nam
                                                              : absl::StatusCode::kPermissionDenied,
                   absl::StrCat("model \"", shown, "\" cannot be opened: ", last.message()));
   }
-  return absl::NotFoundError(absl::StrCat("model \"", shown, "\" not found (searched: ",
-                                          absl::StrJoin(options_.model_path, ", "),
-                                          options_.model_path.empty() ? "" : ", ",
-                                          "the daemon's working directory)"));
+  return absl::NotFoundError(absl::StrCat(
+      "model \"", shown, "\" not found (searched: ", absl::StrJoin(options_.model_path, ", "),
+      options_.model_path.empty() ? "" : ", ", "the daemon's working directory)"));
 }
 
 StatusOr<std::shared_ptr<PoolManager::ModelEntry>> PoolManager::GetModel(
@@ -498,10 +501,11 @@ StatusOr<std::shared_ptr<PoolManager::ModelEntry>> PoolManager::GetModel(
   entry->model = *std::move(m);
   entry->bytes = ModelHeldBytes(*entry->model, &entry->mapped_bytes);
   entry->loaded = true;
-  spdlog::info("loaded model {} in {:.0f} ms ({} MiB of weights, {} MiB of them mapped from the "
-               "file; fingerprint {})",
-               opened.key.canonical, MsSince(t0), entry->bytes >> 20, entry->mapped_bytes >> 20,
-               entry->model->fingerprint().substr(0, 16));
+  spdlog::info(
+      "loaded model {} in {:.0f} ms ({} MiB of weights, {} MiB of them mapped from the "
+      "file; fingerprint {})",
+      opened.key.canonical, MsSince(t0), entry->bytes >> 20, entry->mapped_bytes >> 20,
+      entry->model->fingerprint().substr(0, 16));
   progress("load", 1, 1);
   {
     std::lock_guard<std::mutex> models_lock(models_mu_);
@@ -530,8 +534,8 @@ void PoolManager::TrimModelCacheLocked(const ModelEntry* keep) {
       if (victim == models_.end() || it->second->last_used < victim->second->last_used) victim = it;
     }
     if (victim == models_.end()) return;  // everything else is in use: over the bound for now
-    spdlog::info("model cache: dropped {} ({} MiB, least recently used)",
-                 victim->first.canonical, victim->second->bytes >> 20);
+    spdlog::info("model cache: dropped {} ({} MiB, least recently used)", victim->first.canonical,
+                 victim->second->bytes >> 20);
     models_.erase(victim);
   }
 }
@@ -552,8 +556,7 @@ ModelCacheStats PoolManager::model_cache() const {
 // ---- create ---------------------------------------------------------------------------
 
 StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
-                                               const ProgressFn& progress_in,
-                                               const Requester& who,
+                                               const ProgressFn& progress_in, const Requester& who,
                                                const std::atomic<bool>* cancel) {
   ProgressFn progress = progress_in ? progress_in : [](const std::string&, int64_t, int64_t) {};
   if (Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
@@ -566,9 +569,10 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
   CodecChoice codec;
   kernels::KeyScaleMode key_scale = kernels::KeyScaleMode::kPerTensor;
   if (parent == nullptr) {
-    POLYKV_ASSIGN_OR_RETURN(codec, ParseCodecName(request.codec.empty() && options_.backend == "cuda"
-                                                      ? std::string(kDefaultCudaPoolCodec)
-                                                      : request.codec));
+    POLYKV_ASSIGN_OR_RETURN(codec,
+                            ParseCodecName(request.codec.empty() && options_.backend == "cuda"
+                                               ? std::string(kDefaultCudaPoolCodec)
+                                               : request.codec));
     POLYKV_ASSIGN_OR_RETURN(key_scale, ParseKeyScale(request.key_scale));
   } else if (!request.codec.empty()) {
     // Another name for the parent's codec is fine; another codec is not.
@@ -581,9 +585,8 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
     }
     if (ipc::PoolCodecLabel(asked) != parent->codec) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "a child pool takes its parent's codec: parent pool ", parent->id.substr(0, 16),
-          " is ", parent->codec, ", the create asks for \"", ipc::Abbreviate(request.codec, 48),
-          "\""));
+          "a child pool takes its parent's codec: parent pool ", parent->id.substr(0, 16), " is ",
+          parent->codec, ", the create asks for \"", ipc::Abbreviate(request.codec, 48), "\""));
     }
   }
   const std::string model_name =
@@ -594,11 +597,11 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
   model::LlamaModel& m = *entry->model;
   const model::ModelConfig& cfg = m.config();
   if (parent != nullptr && m.fingerprint() != parent->model_fingerprint) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model \"", ipc::Abbreviate(model_name, 256), "\" (fingerprint ",
-        m.fingerprint().substr(0, 16), ") is not the model parent pool ",
-        parent->id.substr(0, 16), " was prefilled with (", parent->model, ", fingerprint ",
-        parent->model_fingerprint.substr(0, 16), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model \"", ipc::Abbreviate(model_name, 256), "\" (fingerprint ",
+                     m.fingerprint().substr(0, 16), ") is not the model parent pool ",
+                     parent->id.substr(0, 16), " was prefilled with (", parent->model,
+                     ", fingerprint ", parent->model_fingerprint.substr(0, 16), ")"));
   }
   const int64_t parent_tokens = chain ? static_cast<int64_t>(chain->tokens.size()) : 0;
 
@@ -609,9 +612,9 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
     ids = request.token_ids;
   } else {
     if (tok == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model \"", ipc::Abbreviate(request.model, 256),
-          "\" has no tokenizer; send token_ids instead of text"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model \"", ipc::Abbreviate(request.model, 256),
+                       "\" has no tokenizer; send token_ids instead of text"));
     }
     POLYKV_RETURN_IF_ERROR(ipc::ValidateUtf8(request.document, "the document"));
     progress("tokenize", 0, 1);
@@ -623,8 +626,7 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= cfg.vocab) {
       return absl::InvalidArgumentError(absl::StrCat("token_ids[", i, "] = ", ids[i],
-                                                     " is outside the vocabulary of ",
-                                                     cfg.vocab));
+                                                     " is outside the vocabulary of ", cfg.vocab));
     }
   }
   if (cfg.max_positions > 0 &&
@@ -723,8 +725,7 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
 }
 
 StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEntry* entry,
-                                          const std::string& pool_id,
-                                          const ipc::PoolParams& params,
+                                          const std::string& pool_id, const ipc::PoolParams& params,
                                           const std::vector<int32_t>& ids,
                                           const ProgressFn& progress,
                                           const std::atomic<bool>* cancel,
@@ -838,15 +839,14 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
   }
   const double prefill_ms = MsSince(t0);
   if (prefill.k.size() != params.layers || prefill.v.size() != params.layers) {
-    return release_reservation(absl::InternalError(absl::StrCat(
-        "prefill returned ", prefill.k.size(), " layers, expected ", params.layers)));
+    return release_reservation(absl::InternalError(
+        absl::StrCat("prefill returned ", prefill.k.size(), " layers, expected ", params.layers)));
   }
 
   // Encode.
   t0 = Clock::now();
   std::vector<uint8_t> id_bytes = Unhex(pool_id);
-  auto writer =
-      ipc::PoolWriter::Create(base, needed, params, id_bytes, ids, write_device);
+  auto writer = ipc::PoolWriter::Create(base, needed, params, id_bytes, ids, write_device);
   if (!writer.ok()) return release_reservation(writer.status());
   for (uint32_t l = 0; l < params.layers; ++l) {
     if (Cancelled(cancel)) return release_reservation(absl::CancelledError("create cancelled"));
@@ -855,9 +855,9 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
       torch::Tensor v = prefill.v[l].contiguous();
       if (k.numel() != static_cast<int64_t>(params.kv_heads * params.tokens * params.head_dim) ||
           v.numel() != k.numel()) {
-        return release_reservation(absl::InternalError(
-            absl::StrCat("layer ", l, " K/V have ", k.numel(), "/", v.numel(),
-                         " elements, expected [kv_heads][tokens][head_dim]")));
+        return release_reservation(
+            absl::InternalError(absl::StrCat("layer ", l, " K/V have ", k.numel(), "/", v.numel(),
+                                             " elements, expected [kv_heads][tokens][head_dim]")));
       }
       if (write_device == kernels::Device::kCpu && k.is_cuda()) {
         k = k.cpu();
@@ -953,8 +953,7 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
         spdlog::debug("persisted pool {} in {:.1f} ms", pool_id.substr(0, 16), MsSince(tw));
       }
     } else {
-      spdlog::info("pool {} was encoded on the device and is not persisted",
-                   pool_id.substr(0, 16));
+      spdlog::info("pool {} was encoded on the device and is not persisted", pool_id.substr(0, 16));
     }
   }
   host_staging = {};
@@ -980,11 +979,12 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
     result.created = true;
   }
   progress("publish", 1, 1);
-  spdlog::info("published pool {} ({}, {} tokens, {} bytes, {:.2f}x vs bf16; prefill {:.0f} ms, "
-               "encode {:.0f} ms, publish {:.1f} ms)",
-               pool_id.substr(0, 16), result.info.codec, result.info.tokens,
-               result.info.total_bytes, result.info.effective_ratio, result.info.prefill_ms,
-               result.info.encode_ms, result.info.publish_ms);
+  spdlog::info(
+      "published pool {} ({}, {} tokens, {} bytes, {:.2f}x vs bf16; prefill {:.0f} ms, "
+      "encode {:.0f} ms, publish {:.1f} ms)",
+      pool_id.substr(0, 16), result.info.codec, result.info.tokens, result.info.total_bytes,
+      result.info.effective_ratio, result.info.prefill_ms, result.info.encode_ms,
+      result.info.publish_ms);
   return result;
 }
 
@@ -1019,9 +1019,9 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
       }
       auto it = pools_.find(id);
       if (it == pools_.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "parent chain of ", resolved->substr(0, 16), " is broken: pool ", id.substr(0, 16),
-            " is not published"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("parent chain of ", resolved->substr(0, 16), " is broken: pool ",
+                         id.substr(0, 16), " is not published"));
       }
       if (!it->second.region) {
         return absl::FailedPreconditionError(
@@ -1047,10 +1047,10 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
     POLYKV_ASSIGN_OR_RETURN(ipc::PoolReader reader,
                             ipc::PoolReader::Open(r.data(), r.size(), /*verify_payload=*/false));
     if (reader.params().parent_tokens != chain->tokens.size()) {
-      return absl::DataLossError(absl::StrCat(
-          "pool ", chain->infos[i].id.substr(0, 16), " says it follows ",
-          reader.params().parent_tokens, " positions, its parent chain holds ",
-          chain->tokens.size()));
+      return absl::DataLossError(absl::StrCat("pool ", chain->infos[i].id.substr(0, 16),
+                                              " says it follows ", reader.params().parent_tokens,
+                                              " positions, its parent chain holds ",
+                                              chain->tokens.size()));
     }
     POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView view, ipc::PrefixViewOf(reader));
     chain->views.push_back(std::move(view));
@@ -1089,9 +1089,9 @@ int PoolManager::EvictTreeLocked(const std::string& id) {
   used_ -= pool->second.info.total_bytes;
   pools_.erase(pool);  // closes the memfd (agents' mappings stay valid) / frees device memory
   if (options_.store) options_.store->Remove(id);
-  spdlog::info("evicted pool {}{}", id.substr(0, 16),
-               invalidated > 0 ? absl::StrCat(" (forced, ", invalidated, " lease(s) invalidated)")
-                               : "");
+  spdlog::info(
+      "evicted pool {}{}", id.substr(0, 16),
+      invalidated > 0 ? absl::StrCat(" (forced, ", invalidated, " lease(s) invalidated)") : "");
   return n + 1;
 }
 
@@ -1107,8 +1107,7 @@ StatusOr<std::string> PoolManager::ResolvePoolIdLocked(const std::string& id) co
     for (auto it = pools_.lower_bound(id); it != pools_.end() && it->first.rfind(id, 0) == 0;
          ++it) {
       if (!found.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("pool id prefix ", id, " is ambiguous"));
+        return absl::InvalidArgumentError(absl::StrCat("pool id prefix ", id, " is ambiguous"));
       }
       found = it->first;
     }
@@ -1231,7 +1230,8 @@ StatusOr<ipc::UniqueFd> PoolManager::PoolFd(const std::string& lease_id) {
   }
   int fd = fcntl(p->second.region->fd(), F_DUPFD_CLOEXEC, 0);
   if (fd < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("dup pool descriptor: ", std::strerror(errno)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("dup pool descriptor: ", std::strerror(errno)));
   }
   return ipc::UniqueFd(fd);
 }
@@ -1274,10 +1274,10 @@ Status PoolManager::Evict(const std::string& pool_id, bool force) {
     std::vector<std::string> names;
     for (const std::string& c : children) names.push_back(c.substr(0, 16));
     for (const std::string& c : disk_children[id]) names.push_back(c.substr(0, 16));
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pool ", id.substr(0, 16), " has ", child_count, " child pool(s) (",
-        absl::StrJoin(names, ", "),
-        "): evict them first, or evict with force to drop the whole subtree"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool ", id.substr(0, 16), " has ", child_count, " child pool(s) (",
+                     absl::StrJoin(names, ", "),
+                     "): evict them first, or evict with force to drop the whole subtree"));
   }
   for (const std::string& c : disk_tree) {
     options_.store->Remove(c);
@@ -1341,14 +1341,13 @@ uint64_t PoolManager::lease_count() const {
 // ---- persisted pools (--state-dir) ----------------------------------------------------
 
 StatusOr<CreateResult> PoolManager::Restore(const ipc::PoolFileManifest& m) {
-  return PublishFilled(
-      m.info, m.pool_bytes, "state",
-      [&](void* dst, uint64_t size) { return options_.store->ReadInto(m.info.id, dst, size); });
+  return PublishFilled(m.info, m.pool_bytes, "state", [&](void* dst, uint64_t size) {
+    return options_.store->ReadInto(m.info.id, dst, size);
+  });
 }
 
-StatusOr<CreateResult> PoolManager::PublishFilled(const ipc::PoolInfo& source_info,
-                                                  uint64_t needed, const std::string& origin,
-                                                  const FillFn& fill) {
+StatusOr<CreateResult> PoolManager::PublishFilled(const ipc::PoolInfo& source_info, uint64_t needed,
+                                                  const std::string& origin, const FillFn& fill) {
   const std::string& pool_id = source_info.id;
   const bool from_state = origin == "state";
   const bool cuda = options_.backend == "cuda";
@@ -1409,11 +1408,11 @@ StatusOr<CreateResult> PoolManager::PublishFilled(const ipc::PoolInfo& source_in
     if (header_id != pool_id || reader->params().tokens != source_info.tokens ||
         reader->params().parent_id != source_info.parent ||
         reader->params().model_fingerprint != source_info.model_fingerprint) {
-      return release(Status(absl::StatusCode::kDataLoss,
-                            absl::StrCat("replica of pool ", pool_id.substr(0, 16),
-                                         " holds another pool than announced (header id ",
-                                         header_id.substr(0, 16), ", ", reader->params().tokens,
-                                         " tokens)")));
+      return release(
+          Status(absl::StatusCode::kDataLoss,
+                 absl::StrCat("replica of pool ", pool_id.substr(0, 16),
+                              " holds another pool than announced (header id ",
+                              header_id.substr(0, 16), ", ", reader->params().tokens, " tokens)")));
     }
     if (options_.store) {
       // Persisted like a pool built here, so a restart restores it instead of fetching again.
@@ -1470,7 +1469,10 @@ StatusOr<CreateResult> PoolManager::PublishFilled(const ipc::PoolInfo& source_in
     }
     pool.info.publish_ms = MsSince(t0);
     pool.seq = ++seq_;
-    if (from_state) ++restored_; else ++replicated_;
+    if (from_state)
+      ++restored_;
+    else
+      ++replicated_;
     auto [it, inserted] = pools_.emplace(pool_id, std::move(pool));
     POLYKV_CHECK(inserted);
     result.info = InfoLocked(it->second);
@@ -1485,11 +1487,11 @@ StatusOr<CreateResult> PoolManager::PublishFilled(const ipc::PoolInfo& source_in
   return result;
 }
 
-StatusOr<ipc::PoolInfo> PoolManager::RestorePersisted(const std::string& id_or_prefix,
-                                                      int depth) {
+StatusOr<ipc::PoolInfo> PoolManager::RestorePersisted(const std::string& id_or_prefix, int depth) {
   if (!options_.store) return absl::NotFoundError("polykvd runs without a state folder");
   std::optional<ipc::PoolFileManifest> m = options_.store->Find(id_or_prefix);
-  if (!m) return absl::NotFoundError(absl::StrCat("unknown pool ", ipc::Abbreviate(id_or_prefix, 64)));
+  if (!m)
+    return absl::NotFoundError(absl::StrCat("unknown pool ", ipc::Abbreviate(id_or_prefix, 64)));
   const std::string id = m->info.id;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1510,13 +1512,13 @@ StatusOr<ipc::PoolInfo> PoolManager::RestorePersisted(const std::string& id_or_p
     if (!published) {
       auto parent = RestorePersisted(m->info.parent, depth + 1);
       if (!parent.ok()) {
-        spdlog::error("state: pool {} needs its parent pool {}, which is not available ({}); "
-                      "not served", id.substr(0, 16), m->info.parent.substr(0, 16),
-                      std::string(parent.status().message()));
+        spdlog::error(
+            "state: pool {} needs its parent pool {}, which is not available ({}); "
+            "not served",
+            id.substr(0, 16), m->info.parent.substr(0, 16), std::string(parent.status().message()));
         return absl::FailedPreconditionError(absl::StrCat(
             "persisted pool ", id.substr(0, 16), " needs its parent pool ",
-            m->info.parent.substr(0, 16), ", which is not available: ",
-            parent.status().message()));
+            m->info.parent.substr(0, 16), ", which is not available: ", parent.status().message()));
       }
     }
   }
@@ -1524,8 +1526,7 @@ StatusOr<ipc::PoolInfo> PoolManager::RestorePersisted(const std::string& id_or_p
       CheckServableModel(m->info, absl::StrCat("persisted pool ", id.substr(0, 16))));
   // Join a create or restore of the same pool in progress.
   std::shared_ptr<InFlight> flight;
-  POLYKV_ASSIGN_OR_RETURN(std::optional<ipc::PoolInfo> existing,
-                          JoinOrRegisterFlight(id, &flight));
+  POLYKV_ASSIGN_OR_RETURN(std::optional<ipc::PoolInfo> existing, JoinOrRegisterFlight(id, &flight));
   if (existing) return *existing;
   auto result = Restore(*m);
   FinishFlight(id, flight, result.ok() ? absl::OkStatus() : result.status());
@@ -1545,8 +1546,8 @@ Status PoolManager::CheckServableModel(const ipc::PoolInfo& info, const std::str
                                                       opened.status().message(), ")"));
   }
   const std::string canonical = opened->key.canonical;
-  auto entry = GetModel(*std::move(opened), info.model,
-                        [](const std::string&, int64_t, int64_t) {});
+  auto entry =
+      GetModel(*std::move(opened), info.model, [](const std::string&, int64_t, int64_t) {});
   if (!entry.ok()) {
     spdlog::error("{} needs model {}, which does not load ({}); not served", what, canonical,
                   std::string(entry.status().message()));
@@ -1561,10 +1562,10 @@ Status PoolManager::CheckServableModel(const ipc::PoolInfo& info, const std::str
     TrimModelCacheLocked(nullptr);
   }
   if (fingerprint != info.model_fingerprint) {
-    spdlog::error("{} was made with model {} of fingerprint {}, but this daemon's file has "
-                  "fingerprint {}; not served",
-                  what, info.model, info.model_fingerprint.substr(0, 16),
-                  fingerprint.substr(0, 16));
+    spdlog::error(
+        "{} was made with model {} of fingerprint {}, but this daemon's file has "
+        "fingerprint {}; not served",
+        what, info.model, info.model_fingerprint.substr(0, 16), fingerprint.substr(0, 16));
     return absl::FailedPreconditionError(absl::StrCat(
         what, " was made with a different model file than ", canonical, " (fingerprint ",
         info.model_fingerprint.substr(0, 16), " vs ", fingerprint.substr(0, 16), ")"));
@@ -1680,31 +1681,26 @@ StatusOr<CreateResult> PoolManager::Replicate(const std::string& pool_id,
     }
     auto parent = Replicate(offer->info.parent, cancel, progress, depth + 1);
     if (!parent.ok()) {
-      return finish(Status(parent.status().code(),
-                           absl::StrCat(what, " needs its parent pool ",
-                                        offer->info.parent.substr(0, 16), ": ",
-                                        parent.status().message())));
+      return finish(Status(parent.status().code(), absl::StrCat(what, " needs its parent pool ",
+                                                                offer->info.parent.substr(0, 16),
+                                                                ": ", parent.status().message())));
     }
   }
   if (Status s = CheckServableModel(offer->info, what); !s.ok()) return finish(s);
   if (Cancelled(cancel)) return finish(absl::CancelledError("the fetch was cancelled"));
   const auto t0 = Clock::now();
-  auto result = PublishFilled(offer->info, offer->pool_bytes, "peer " + offer->peer,
-                              [&](void* dst, uint64_t size) {
-                                return options_.peers->Pull(
-                                    *offer, dst, size, cancel,
-                                    [&](uint64_t done, uint64_t total) {
-                                      if (progress) {
-                                        progress("fetch", static_cast<int64_t>(done),
-                                                 static_cast<int64_t>(total));
-                                      }
-                                    });
-                              });
+  auto result = PublishFilled(
+      offer->info, offer->pool_bytes, "peer " + offer->peer, [&](void* dst, uint64_t size) {
+        return options_.peers->Pull(*offer, dst, size, cancel, [&](uint64_t done, uint64_t total) {
+          if (progress) {
+            progress("fetch", static_cast<int64_t>(done), static_cast<int64_t>(total));
+          }
+        });
+      });
   if (result.ok()) {
     const double ms = MsSince(t0);
-    spdlog::info("fetched pool {} ({} bytes) from {} in {:.1f} ms ({:.1f} MB/s)",
-                 id.substr(0, 16), offer->pool_bytes, offer->peer, ms,
-                 ms > 0 ? offer->pool_bytes / (ms * 1e3) : 0.0);
+    spdlog::info("fetched pool {} ({} bytes) from {} in {:.1f} ms ({:.1f} MB/s)", id.substr(0, 16),
+                 offer->pool_bytes, offer->peer, ms, ms > 0 ? offer->pool_bytes / (ms * 1e3) : 0.0);
   }
   return finish(std::move(result));
 }
@@ -1726,16 +1722,17 @@ StatusOr<PoolExport> PoolManager::ExportForPeer(const std::string& pool_id) cons
       try {
         out.staging.resize(pool.memory.size);
       } catch (const std::bad_alloc&) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "no host memory to stage pool ", id.substr(0, 16), " (", pool.memory.size,
-            " bytes) for a peer"));
+        return absl::ResourceExhaustedError(absl::StrCat("no host memory to stage pool ",
+                                                         id.substr(0, 16), " (", pool.memory.size,
+                                                         " bytes) for a peer"));
       }
       POLYKV_RETURN_IF_ERROR(pool.arena->CopyToHost(0, out.staging.data(), pool.memory.size));
       out.info = InfoLocked(pool);
       return out;
     }
     const int dup = fcntl(pool.region->fd(), F_DUPFD_CLOEXEC, 0);
-    if (dup < 0) return absl::InternalError(absl::StrCat("dup of pool memfd: ", std::strerror(errno)));
+    if (dup < 0)
+      return absl::InternalError(absl::StrCat("dup of pool memfd: ", std::strerror(errno)));
     fd = ipc::UniqueFd(dup);
     size = pool.region->size();
     out.info = InfoLocked(pool);

@@ -47,10 +47,10 @@ class PeerSource {
   /// A holder's answer to PEER_FETCH: the pool as it describes it and how to pull it.
   struct Offer {
     ipc::PoolInfo info;
-    uint64_t pool_bytes = 0;   ///< bytes of the pool region
-    std::string peer;          ///< tcp://HOST:PORT of the holder
+    uint64_t pool_bytes = 0;  ///< bytes of the pool region
+    std::string peer;         ///< tcp://HOST:PORT of the holder
     std::string transfer_id;
-    std::string descriptor;    ///< ipc::UcxExposure::descriptor()
+    std::string descriptor;  ///< ipc::UcxExposure::descriptor()
   };
   /// Asks the peers in order for `pool_id` (full id or unique prefix). Errors: kNotFound
   /// when no peer holds it (naming what each said), kUnavailable when no peer answered.
@@ -59,8 +59,8 @@ class PeerSource {
   /// done, total). Errors: kUnavailable (the holder failed mid-transfer), kDeadlineExceeded
   /// (stalled), kCancelled.
   [[nodiscard]] virtual Status Pull(const Offer& offer, void* dst, uint64_t size,
-                      const std::atomic<bool>* cancel,
-                      const std::function<void(uint64_t, uint64_t)>& progress) = 0;
+                                    const std::atomic<bool>* cancel,
+                                    const std::function<void(uint64_t, uint64_t)>& progress) = 0;
   /// Tells the holder the transfer is over (best effort, never blocks for long).
   virtual void Release(const Offer& offer) = 0;
 };
@@ -117,8 +117,8 @@ struct Requester {
 /// Result of CreatePool.
 struct CreateResult {
   ipc::PoolInfo info;
-  bool created = false;  ///< false when the pool already existed (or another create made it)
-  bool restored = false;  ///< created from the state folder (no prefill ran)
+  bool created = false;     ///< false when the pool already existed (or another create made it)
+  bool restored = false;    ///< created from the state folder (no prefill ran)
   bool replicated = false;  ///< pulled from a peer daemon (no prefill ran)
 };
 
@@ -154,11 +154,11 @@ uint64_t ModelHeldBytes(const model::LlamaModel& model, uint64_t* mapped);
 
 /// Result of Attach / Renew.
 struct LeaseGrant {
-  std::string lease_id;           ///< 32 hex chars (128 random bits)
+  std::string lease_id;  ///< 32 hex chars (128 random bits)
   int64_t expires_unix_ms = 0;
   int64_t lease_ms = 0;
-  ipc::PoolInfo info;             ///< Attach only
-  ipc::MemoryHandle memory;       ///< Attach only
+  ipc::PoolInfo info;        ///< Attach only
+  ipc::MemoryHandle memory;  ///< Attach only
 };
 
 /// The codec of a CREATE_POOL that names none, on the host backend: the measured default
@@ -188,8 +188,8 @@ struct CodecChoice {
 /// token ids (int32 little-endian); for a child pool (pool tree) also the parent's id and the
 /// parent chain's length.
 std::string ComputePoolId(const std::string& model_fingerprint,
-                          const std::string& tokenizer_fingerprint,
-                          const ipc::PoolParams& params, const std::vector<int32_t>& token_ids);
+                          const std::string& tokenizer_fingerprint, const ipc::PoolParams& params,
+                          const std::vector<int32_t>& token_ids);
 
 /// All pools and leases of one daemon.
 class PoolManager {
@@ -218,9 +218,10 @@ class PoolManager {
   /// document longer than the model's context), kFailedPrecondition (a CUDA backend or a
   /// runtime that cannot attend in place), kAborted (the parent was evicted during the
   /// create: nothing is published).
-  [[nodiscard]] StatusOr<CreateResult> CreatePool(const ipc::Request& request, const ProgressFn& progress,
-                                    const Requester& who = {},
-                                    const std::atomic<bool>* cancel = nullptr);
+  [[nodiscard]] StatusOr<CreateResult> CreatePool(const ipc::Request& request,
+                                                  const ProgressFn& progress,
+                                                  const Requester& who = {},
+                                                  const std::atomic<bool>* cancel = nullptr);
 
   /// Grants a lease on a published pool (`pool_id`: full id or a unique prefix of >= 8 hex).
   /// Errors: kNotFound, kInvalidArgument (ambiguous prefix).
@@ -266,8 +267,8 @@ class PoolManager {
   /// kNotFound (no peer holds it, or no peers), kResourceExhausted (memory cap), the
   /// PeerSource's errors.
   [[nodiscard]] StatusOr<CreateResult> Replicate(const std::string& pool_id,
-                                   const std::atomic<bool>* cancel = nullptr,
-                                   const ProgressFn& progress = {}, int depth = 0);
+                                                 const std::atomic<bool>* cancel = nullptr,
+                                                 const ProgressFn& progress = {}, int depth = 0);
   /// Holds published pool `pool_id` (full id or unique prefix) for a peer's transfer (a pool
   /// in GPU memory is copied to host memory first). Errors: kNotFound, kInvalidArgument
   /// (ambiguous prefix), kResourceExhausted (no host memory for the copy), CUDA errors.
@@ -302,7 +303,7 @@ class PoolManager {
     std::optional<ipc::SealedRegion> region;  // host: sealed memfd
     std::optional<ipc::CudaArena> arena;      // cuda
     int64_t seq = 0;
-    uint32_t leases = 0;                      // live leases (expired ones are dropped first)
+    uint32_t leases = 0;  // live leases (expired ones are dropped first)
   };
   struct Lease {
     std::string pool_id;
@@ -338,7 +339,7 @@ class PoolManager {
     std::mutex run_state_mu;
     std::condition_variable run_cv;
     bool running = false;
-    uint64_t last_used = 0;   ///< LRU tick (guarded by models_mu_)
+    uint64_t last_used = 0;  ///< LRU tick (guarded by models_mu_)
   };
   /// A model file opened and checked by OpenModel.
   struct OpenedModel {
@@ -347,23 +348,25 @@ class PoolManager {
     std::string loader_path;  ///< "/proc/self/fd/<n>" (or the canonical path)
   };
 
-  [[nodiscard]] StatusOr<OpenedModel> OpenModel(const std::string& name, const Requester& who) const;
-  [[nodiscard]] StatusOr<std::shared_ptr<ModelEntry>> GetModel(OpenedModel opened, const std::string& name,
-                                                 const ProgressFn& progress);
+  [[nodiscard]] StatusOr<OpenedModel> OpenModel(const std::string& name,
+                                                const Requester& who) const;
+  [[nodiscard]] StatusOr<std::shared_ptr<ModelEntry>> GetModel(OpenedModel opened,
+                                                               const std::string& name,
+                                                               const ProgressFn& progress);
   void TrimModelCacheLocked(const ModelEntry* keep);
   [[nodiscard]] StatusOr<CreateResult> Restore(const ipc::PoolFileManifest& manifest);
   /// Fills a new pool region of `needed` bytes with `fill` and publishes it as `info` (Restore
   /// and Replicate); `origin` is "state" or "peer tcp://...". Nothing is left on error.
   using FillFn = std::function<Status(void* dst, uint64_t size)>;
   [[nodiscard]] StatusOr<CreateResult> PublishFilled(const ipc::PoolInfo& info, uint64_t needed,
-                                       const std::string& origin, const FillFn& fill);
+                                                     const std::string& origin, const FillFn& fill);
   /// OK when this daemon would serve a pool made with `info.model` of fingerprint
   /// `info.model_fingerprint`; else kFailedPrecondition starting with `what`.
   [[nodiscard]] Status CheckServableModel(const ipc::PoolInfo& info, const std::string& what);
   /// Waits for a create / restore / replication of `id` in flight. Returns the pool when it
   /// is (or became) published; else registers `*flight` for the caller and returns nullopt.
-  [[nodiscard]] StatusOr<std::optional<ipc::PoolInfo>> JoinOrRegisterFlight(const std::string& id,
-                                                              std::shared_ptr<InFlight>* flight);
+  [[nodiscard]] StatusOr<std::optional<ipc::PoolInfo>> JoinOrRegisterFlight(
+      const std::string& id, std::shared_ptr<InFlight>* flight);
   void FinishFlight(const std::string& id, const std::shared_ptr<InFlight>& flight,
                     const Status& status);
   [[nodiscard]] StatusOr<std::string> ResolvePoolIdLocked(const std::string& id_or_prefix) const;
@@ -380,12 +383,15 @@ class PoolManager {
     std::vector<int32_t> tokens;  ///< all positions of the chain
     ipc::PoolParams leaf_params;  ///< the parent's pool parameters (codec, shape)
   };
-  [[nodiscard]] StatusOr<std::shared_ptr<ParentChain>> OpenParentChain(const std::string& parent_id);
+  [[nodiscard]] StatusOr<std::shared_ptr<ParentChain>> OpenParentChain(
+      const std::string& parent_id);
   [[nodiscard]] StatusOr<CreateResult> Build(const std::string& model_name, ModelEntry* entry,
-                               const std::string& pool_id, const ipc::PoolParams& params,
-                               const std::vector<int32_t>& token_ids, const ProgressFn& progress,
-                               const std::atomic<bool>* cancel,
-                               const ParentChain* chain = nullptr);
+                                             const std::string& pool_id,
+                                             const ipc::PoolParams& params,
+                                             const std::vector<int32_t>& token_ids,
+                                             const ProgressFn& progress,
+                                             const std::atomic<bool>* cancel,
+                                             const ParentChain* chain = nullptr);
   /// Evicts `id` and its descendants (mu_ held); returns how many pools went.
   int EvictTreeLocked(const std::string& id);
   /// Full ids of the pools in memory whose parent is `id` (mu_ held).
@@ -396,16 +402,16 @@ class PoolManager {
   std::vector<std::string> roots_given_;  // as configured (lexically normalized)
   mutable std::mutex mu_;
   std::atomic<bool> shutdown_{false};
-  std::map<std::string, Pool> pools_;                      // by full hex id
+  std::map<std::string, Pool> pools_;  // by full hex id
   std::map<std::string, std::shared_ptr<InFlight>> in_flight_;
   std::map<std::string, Lease> leases_;
-  std::multimap<Clock::time_point, std::string> expiry_;   // lease expiry -> lease id
-  std::set<std::string> evicted_leases_;                   // leases of force-evicted pools
-  uint64_t expired_unreported_ = 0;                        // for the one-line sweep log
-  uint64_t used_ = 0;                                      // published + reserved bytes
+  std::multimap<Clock::time_point, std::string> expiry_;  // lease expiry -> lease id
+  std::set<std::string> evicted_leases_;                  // leases of force-evicted pools
+  uint64_t expired_unreported_ = 0;                       // for the one-line sweep log
+  uint64_t used_ = 0;                                     // published + reserved bytes
   int64_t seq_ = 0;
-  uint64_t restored_ = 0;                                  // pools restored from the store
-  uint64_t replicated_ = 0;                                // pools pulled from peers
+  uint64_t restored_ = 0;    // pools restored from the store
+  uint64_t replicated_ = 0;  // pools pulled from peers
   mutable std::mutex models_mu_;
   std::map<ModelKey, std::shared_ptr<ModelEntry>> models_;
   uint64_t model_tick_ = 0;

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,8 +11,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-
-#include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -39,7 +38,8 @@ Status MakeDir(const std::string& path) {
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 bool IsHexId(const std::string& s) {
@@ -65,7 +65,8 @@ StatusOr<std::unique_ptr<PoolStore>> PoolStore::Open(const std::string& dir_in,
   const std::string pools = dir + "/pools";
   DIR* d = opendir(pools.c_str());
   if (d == nullptr) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot read ", pools, ": ", std::strerror(errno)));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot read ", pools, ": ", std::strerror(errno)));
   }
   std::vector<std::string> names;
   while (dirent* e = readdir(d)) names.emplace_back(e->d_name);
@@ -87,8 +88,8 @@ StatusOr<std::unique_ptr<PoolStore>> PoolStore::Open(const std::string& dir_in,
       continue;
     }
     if (!m.ok() || !IsHexId(id) || m->info.id != id) {
-      store->QuarantineLocked(path, m.ok() ? "its name and manifest id differ"
-                                           : std::string(m.status().message()));
+      store->QuarantineLocked(
+          path, m.ok() ? "its name and manifest id differ" : std::string(m.status().message()));
       continue;
     }
     struct stat st;
@@ -113,8 +114,8 @@ std::string PoolStore::PathOf(const std::string& id) const {
 
 void PoolStore::QuarantineLocked(const std::string& path, const std::string& why) {
   const size_t slash = path.rfind('/');
-  const std::string target = absl::StrCat(dir_, "/quarantine/", path.substr(slash + 1), ".",
-                                          NowNs() / 1000000);
+  const std::string target =
+      absl::StrCat(dir_, "/quarantine/", path.substr(slash + 1), ".", NowNs() / 1000000);
   if (rename(path.c_str(), target.c_str()) != 0) {
     spdlog::error("state: {} is unusable ({}) and cannot be moved to quarantine: {}; deleting it",
                   path, why, std::strerror(errno));
@@ -150,8 +151,8 @@ std::optional<ipc::PoolFileManifest> PoolStore::Find(const std::string& id) {
     if (!m.ok() && m.status().code() == absl::StatusCode::kFailedPrecondition) {
       spdlog::warn("state: skipping {}: {}", path, std::string(m.status().message()));
     } else {
-      QuarantineLocked(path, m.ok() ? "its name and manifest id differ"
-                                    : std::string(m.status().message()));
+      QuarantineLocked(
+          path, m.ok() ? "its name and manifest id differ" : std::string(m.status().message()));
     }
     return std::nullopt;
   }
@@ -177,9 +178,10 @@ void PoolStore::EnforceBudgetLocked(const std::string& keep) {
       }
     }
     if (victim == entries_.end()) return;
-    spdlog::info("state: removing pool file {} ({} bytes, least recently used) to stay within "
-                 "the disk budget of {} bytes",
-                 victim->first.substr(0, 16), victim->second.file_bytes, budget_);
+    spdlog::info(
+        "state: removing pool file {} ({} bytes, least recently used) to stay within "
+        "the disk budget of {} bytes",
+        victim->first.substr(0, 16), victim->second.file_bytes, budget_);
     unlink(PathOf(victim->first).c_str());
     bytes_ -= victim->second.file_bytes;
     entries_.erase(victim);
@@ -190,15 +192,15 @@ void PoolStore::EnforceBudgetLocked(const std::string& keep) {
 Status PoolStore::Save(const ipc::PoolInfo& info, const void* data, uint64_t size) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = entries_.find(info.id); it != entries_.end() &&
-                                          it->second.manifest.pool_bytes == size) {
+    if (auto it = entries_.find(info.id);
+        it != entries_.end() && it->second.manifest.pool_bytes == size) {
       it->second.last_use_ns = NowNs();  // already on disk (a restored pool)
       return absl::OkStatus();
     }
     if (budget_ > 0 && size + ipc::kPoolFilePrelude > budget_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "pool ", info.id.substr(0, 16), " (", size, " bytes) exceeds the disk budget of ",
-          budget_, " bytes; not persisted"));
+      return absl::ResourceExhaustedError(absl::StrCat("pool ", info.id.substr(0, 16), " (", size,
+                                                       " bytes) exceeds the disk budget of ",
+                                                       budget_, " bytes; not persisted"));
     }
   }
   // The write runs unlocked (it may take a while); the id is content-addressed, so two

@@ -26,7 +26,8 @@ class PoolStore {
   /// a format this build does not read are skipped (left in place) with a log line; leftover
   /// temporary files of an interrupted write are removed. `budget_bytes` = 0: no bound.
   /// Errors: kPermissionDenied / kInternal when the folders cannot be made.
-  [[nodiscard]] static StatusOr<std::unique_ptr<PoolStore>> Open(const std::string& dir, uint64_t budget_bytes);
+  [[nodiscard]] static StatusOr<std::unique_ptr<PoolStore>> Open(const std::string& dir,
+                                                                 uint64_t budget_bytes);
 
   /// Persists a published pool (region `data`, `size` bytes) atomically, then evicts the
   /// least recently used other files until the total fits the budget. A pool larger than

@@ -24,7 +24,8 @@ int CodecSpec::ValueBitsOf(int layer, int layers) const {
 std::string CodecSpec::Canonical() const {
   if (none) return "none";
   const char scale = key_scale == kernels::KeyScaleMode::kPerTensor ? 't'
-                     : key_scale == kernels::KeyScaleMode::kPerHead ? 'h' : 'c';
+                     : key_scale == kernels::KeyScaleMode::kPerHead ? 'h'
+                                                                    : 'c';
   std::string s = absl::StrCat("k", key_bits, std::string(1, scale), "-v", value_bits);
   if (edge_value_bits > 0) {
     absl::StrAppend(&s, "-e", edge_value_bits);
@@ -56,10 +57,14 @@ StatusOr<CodecSpec> ParseCodecSpec(const std::string& text) {
     s.none = true;
     return s;
   }
-  if (text == "paper" || text == "k8v3") body = "k8t-v3";
-  else if (text == "k8v2") body = "k8t-v2";
-  else if (text == "k8v4") body = "k8t-v4";
-  else if (text == "default") body = kDefaultCodecSpec;
+  if (text == "paper" || text == "k8v3")
+    body = "k8t-v3";
+  else if (text == "k8v2")
+    body = "k8t-v2";
+  else if (text == "k8v4")
+    body = "k8t-v4";
+  else if (text == "default")
+    body = kDefaultCodecSpec;
   bool have_k = false, have_v = false;
   for (absl::string_view tok : absl::StrSplit(body, '-')) {
     auto bad = [&](const char* why) {
@@ -80,13 +85,18 @@ StatusOr<CodecSpec> ParseCodecSpec(const std::string& text) {
         return bad("needs key bits 4..8");
       s.key_bits = v;
       const char m = tok.back();
-      if (m == 't') s.key_scale = kernels::KeyScaleMode::kPerTensor;
-      else if (m == 'h') s.key_scale = kernels::KeyScaleMode::kPerHead;
-      else if (m == 'c') s.key_scale = kernels::KeyScaleMode::kPerChannel;
-      else return bad("needs a key scale t, h or c");
+      if (m == 't')
+        s.key_scale = kernels::KeyScaleMode::kPerTensor;
+      else if (m == 'h')
+        s.key_scale = kernels::KeyScaleMode::kPerHead;
+      else if (m == 'c')
+        s.key_scale = kernels::KeyScaleMode::kPerChannel;
+      else
+        return bad("needs a key scale t, h or c");
       have_k = true;
     } else if (tok.size() == 2 && tok[0] == 'v') {
-      if (!absl::SimpleAtoi(tok.substr(1), &v) || v < 2 || v > 4) return bad("needs value bits 2..4");
+      if (!absl::SimpleAtoi(tok.substr(1), &v) || v < 2 || v > 4)
+        return bad("needs value bits 2..4");
       s.value_bits = v;
       have_v = true;
     } else if (tok.size() >= 2 && tok[0] == 'e') {
@@ -108,8 +118,8 @@ StatusOr<CodecSpec> ParseCodecSpec(const std::string& text) {
     }
   }
   if (!have_k || !have_v)
-    return absl::InvalidArgumentError(
-        absl::StrCat("codec '", text, "': needs a key token (k8t, k8c, ...) and a value token (v3)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "codec '", text, "': needs a key token (k8t, k8c, ...) and a value token (v3)"));
   return s;
 }
 
@@ -123,8 +133,7 @@ StatusOr<std::vector<CodecSpec>> ParseCodecList(const std::string& text) {
   return out;
 }
 
-PoolSize PoolSizeOf(const CodecSpec& spec, int layers, int kv_heads, int head_dim,
-                    int64_t tokens) {
+PoolSize PoolSizeOf(const CodecSpec& spec, int layers, int kv_heads, int head_dim, int64_t tokens) {
   PoolSize r;
   const int64_t vectors = int64_t{kv_heads} * tokens;
   const int64_t elements = vectors * head_dim;
@@ -175,12 +184,13 @@ Status ApplyCodecSpec(const CodecSpec& spec, uint32_t layers, PoolParams* p) {
   p->layer_value_bits.clear();
   if (spec.edge_value_bits > 0 && spec.edge_value_bits != spec.value_bits) {
     if (layers > kPoolFidelityLayers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "codec '", spec.name, "': boundary-layer bits need at most ", kPoolFidelityLayers,
-          " layers, the model has ", layers));
+      return absl::InvalidArgumentError(
+          absl::StrCat("codec '", spec.name, "': boundary-layer bits need at most ",
+                       kPoolFidelityLayers, " layers, the model has ", layers));
     }
     for (uint32_t l = 0; l < layers; ++l) {
-      p->layer_value_bits.push_back(spec.ValueBitsOf(static_cast<int>(l), static_cast<int>(layers)));
+      p->layer_value_bits.push_back(
+          spec.ValueBitsOf(static_cast<int>(l), static_cast<int>(layers)));
     }
   }
   return absl::OkStatus();

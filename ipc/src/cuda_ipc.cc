@@ -97,8 +97,8 @@ CudaArena::~CudaArena() {
 StatusOr<CudaIpcHandle> CudaArena::Export(uint64_t offset, uint64_t size) const {
   if (ptr_ == nullptr) return absl::FailedPreconditionError("CUDA arena is empty");
   if (offset > size_ || size > size_ - offset) {
-    return absl::OutOfRangeError(absl::StrCat("export [", offset, ", +", size,
-                                              ") exceeds the arena of ", size_, " bytes"));
+    return absl::OutOfRangeError(
+        absl::StrCat("export [", offset, ", +", size, ") exceeds the arena of ", size_, " bytes"));
   }
   CudaIpcHandle h;
   cudaIpcMemHandle_t mem;
@@ -121,8 +121,8 @@ StatusOr<CudaIpcHandle> CudaArena::Export(uint64_t offset, uint64_t size) const 
 Status CudaArena::CopyFromHost(uint64_t offset, const void* src, uint64_t bytes) {
   if (ptr_ == nullptr) return absl::FailedPreconditionError("CUDA arena is empty");
   if (offset > size_ || bytes > size_ - offset) {
-    return absl::OutOfRangeError(absl::StrCat("copy [", offset, ", +", bytes,
-                                              ") exceeds the arena of ", size_, " bytes"));
+    return absl::OutOfRangeError(
+        absl::StrCat("copy [", offset, ", +", bytes, ") exceeds the arena of ", size_, " bytes"));
   }
   return internal::CopyToDevice(static_cast<uint8_t*>(ptr_) + offset, src, bytes);
 }
@@ -130,8 +130,8 @@ Status CudaArena::CopyFromHost(uint64_t offset, const void* src, uint64_t bytes)
 Status CudaArena::CopyToHost(uint64_t offset, void* dst, uint64_t bytes) const {
   if (ptr_ == nullptr) return absl::FailedPreconditionError("CUDA arena is empty");
   if (offset > size_ || bytes > size_ - offset) {
-    return absl::OutOfRangeError(absl::StrCat("copy [", offset, ", +", bytes,
-                                              ") exceeds the arena of ", size_, " bytes"));
+    return absl::OutOfRangeError(
+        absl::StrCat("copy [", offset, ", +", bytes, ") exceeds the arena of ", size_, " bytes"));
   }
   return internal::CopyToHost(dst, static_cast<const uint8_t*>(ptr_) + offset, bytes);
 }
@@ -218,26 +218,22 @@ Status CopyToHost(void* dst, const void* src, uint64_t bytes) {
   return CudaStatus(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
 }
 Status CopyDeviceToDevice(void* dst, const void* src, uint64_t bytes, void* stream) {
-  return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                    static_cast<cudaStream_t>(stream)),
-                    "cudaMemcpyAsync D2D");
+  return CudaStatus(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
+      "cudaMemcpyAsync D2D");
 }
 }  // namespace internal
 
 #else  // !POLYKV_HAVE_CUDA
 
 namespace {
-Status NoCuda() {
-  return absl::UnimplementedError("this build of PolyKV has no CUDA support");
-}
+Status NoCuda() { return absl::UnimplementedError("this build of PolyKV has no CUDA support"); }
 }  // namespace
 
 bool CudaAvailable() { return false; }
 
 StatusOr<CudaArena> CudaArena::Allocate(uint64_t) { return NoCuda(); }
-CudaArena::CudaArena(CudaArena&& o) noexcept : ptr_(o.ptr_), size_(o.size_) {
-  o.ptr_ = nullptr;
-}
+CudaArena::CudaArena(CudaArena&& o) noexcept : ptr_(o.ptr_), size_(o.size_) { o.ptr_ = nullptr; }
 CudaArena& CudaArena::operator=(CudaArena&& o) noexcept {
   ptr_ = o.ptr_;
   size_ = o.size_;

@@ -30,8 +30,8 @@ bool IsZ85Key(const std::string& key) {
 StatusOr<std::string> ReadSmallFile(const std::string& path, const std::string& what) {
   std::ifstream in(path);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat(what, " ", path, " cannot be read: ",
-                                            std::strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat(what, " ", path, " cannot be read: ", std::strerror(errno)));
   }
   std::stringstream ss;
   ss << in.rdbuf();
@@ -46,9 +46,8 @@ StatusOr<std::string> ReadSmallFile(const std::string& path, const std::string& 
 StatusOr<CurveKeyPair> GenerateCurveKeyPair() {
   char pub[41], sec[41];
   if (zmq_curve_keypair(pub, sec) != 0) {
-    return absl::InternalError(
-        absl::StrCat("zmq_curve_keypair: ", zmq_strerror(zmq_errno()),
-                     " (is libzmq built with CURVE?)"));
+    return absl::InternalError(absl::StrCat("zmq_curve_keypair: ", zmq_strerror(zmq_errno()),
+                                            " (is libzmq built with CURVE?)"));
   }
   return CurveKeyPair{pub, sec};
 }
@@ -88,16 +87,16 @@ StatusOr<CurveKeyPair> ReadCurveKeyPairFile(const std::string& path) {
       value = value.substr(1, value.size() - 2);
     }
     if (!IsZ85Key(value)) {
-      return absl::InvalidArgumentError(absl::StrCat("CURVE key file ", path, " line ", line_no,
-                                                     ": not a 40-character Z85 key"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("CURVE key file ", path, " line ", line_no, ": not a 40-character Z85 key"));
     }
     if (name == "public") {
       keys.public_key = value;
     } else if (name == "secret") {
       keys.secret_key = value;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("CURVE key file ", path, " line ", line_no,
-                                                     ": unknown name '", name, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("CURVE key file ", path, " line ", line_no, ": unknown name '", name, "'"));
     }
   }
   if (keys.public_key.empty() || keys.secret_key.empty()) {
@@ -114,9 +113,8 @@ StatusOr<CurveKeyPair> ReadCurveKeyPairFile(const std::string& path) {
 
 Status CheckTcpEndpoint(const std::string& endpoint, const std::string& flag) {
   auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " \"", Abbreviate(endpoint, 128), "\": ", why,
-                     " (expected tcp://HOST:PORT)"));
+    return absl::InvalidArgumentError(absl::StrCat(flag, " \"", Abbreviate(endpoint, 128),
+                                                   "\": ", why, " (expected tcp://HOST:PORT)"));
   };
   absl::string_view rest = endpoint;
   if (!absl::ConsumePrefix(&rest, "tcp://")) return bad("not a tcp:// endpoint");

@@ -8,9 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
@@ -120,7 +119,8 @@ class Fd {
 Status WritePoolFile(const std::string& path, const PoolInfo& info, const void* pool,
                      uint64_t bytes) {
   if (pool == nullptr || bytes < kPoolHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("pool region of ", bytes, " bytes is too small"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool region of ", bytes, " bytes is too small"));
   }
   POLYKV_ASSIGN_OR_RETURN(PoolReader reader, PoolReader::Open(pool, bytes, false));
   const std::string header_id = absl::BytesToHexString(absl::string_view(
@@ -131,8 +131,7 @@ Status WritePoolFile(const std::string& path, const PoolInfo& info, const void* 
   }
   const uint64_t region = reader.header().total_bytes;
   const uint64_t checksum = Checksum64(pool, region);
-  const std::string manifest =
-      ManifestJson(info, reader.header().format_version, checksum).dump();
+  const std::string manifest = ManifestJson(info, reader.header().format_version, checksum).dump();
   const uint64_t pool_offset = AlignUp(kPoolFilePrelude + manifest.size());
   std::vector<uint8_t> head(pool_offset, 0);
   std::memcpy(head.data(), kPoolFileMagic, 8);
@@ -160,7 +159,8 @@ Status WritePoolFile(const std::string& path, const PoolInfo& info, const void* 
   }
   // The rename is durable once the folder is synced.
   const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
+  const std::string dir =
+      slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
   Fd dfd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() >= 0) (void)fsync(dfd.get());
   return absl::OkStatus();
@@ -183,18 +183,16 @@ StatusOr<PoolFileManifest> ReadPoolFileManifest(const std::string& path) {
   PoolFileManifest m;
   m.file_version = Get32(prelude + 8);
   if (m.file_version != kPoolFileVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(path, " has pool file version ",
-                                                      m.file_version, "; this build reads ",
-                                                      kPoolFileVersion));
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " has pool file version ", m.file_version, "; this build reads ", kPoolFileVersion));
   }
   const uint32_t manifest_bytes = Get32(prelude + 12);
   m.pool_offset = Get64(prelude + 16);
   m.pool_bytes = Get64(prelude + 24);
   m.pool_checksum = Get64(prelude + 32);
   if (manifest_bytes > (1u << 20) || m.pool_offset != AlignUp(kPoolFilePrelude + manifest_bytes)) {
-    return absl::DataLossError(absl::StrCat(path, ": corrupt prelude (manifest of ",
-                                            manifest_bytes, " bytes at region offset ",
-                                            m.pool_offset, ")"));
+    return absl::DataLossError(absl::StrCat(path, ": corrupt prelude (manifest of ", manifest_bytes,
+                                            " bytes at region offset ", m.pool_offset, ")"));
   }
   if (m.pool_bytes > file_size || m.pool_offset > file_size - m.pool_bytes) {
     return absl::DataLossError(absl::StrCat(path, " is truncated: ", file_size,
@@ -210,8 +208,8 @@ StatusOr<PoolFileManifest> ReadPoolFileManifest(const std::string& path) {
   try {
     json j = json::parse(manifest);
     m.pool_format_version = j.at("pool_format_version").get<uint32_t>();
-    for (const char* field : {"id", "model_fingerprint", "codec", "tokens", "layers",
-                              "total_bytes", "checksum"}) {
+    for (const char* field :
+         {"id", "model_fingerprint", "codec", "tokens", "layers", "total_bytes", "checksum"}) {
       if (!j.contains(field))
         return absl::DataLossError(absl::StrCat(path, ": bad manifest: no \"", field, "\""));
     }
@@ -227,9 +225,9 @@ StatusOr<PoolFileManifest> ReadPoolFileManifest(const std::string& path) {
     return absl::DataLossError(absl::StrCat(path, ": bad manifest: ", e.what()));
   }
   if (m.pool_format_version != kPoolFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        path, " holds a pool of format version ", m.pool_format_version, "; this build reads ",
-        kPoolFormatVersion));
+    return absl::FailedPreconditionError(absl::StrCat(path, " holds a pool of format version ",
+                                                      m.pool_format_version, "; this build reads ",
+                                                      kPoolFormatVersion));
   }
   if (m.info.total_bytes != m.pool_bytes || m.info.id.size() != 64) {
     return absl::DataLossError(absl::StrCat(path, ": manifest disagrees with the prelude"));
@@ -240,9 +238,8 @@ StatusOr<PoolFileManifest> ReadPoolFileManifest(const std::string& path) {
 Status ReadPoolFileInto(const std::string& path, const PoolFileManifest& m, void* dst,
                         uint64_t dst_bytes) {
   if (dst_bytes < m.pool_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("destination of ", dst_bytes,
-                                                   " bytes is smaller than the pool's ",
-                                                   m.pool_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "destination of ", dst_bytes, " bytes is smaller than the pool's ", m.pool_bytes));
   }
   {
     Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -251,8 +248,8 @@ Status ReadPoolFileInto(const std::string& path, const PoolFileManifest& m, void
   }
   const uint64_t sum = Checksum64(dst, m.pool_bytes);
   if (sum != m.pool_checksum) {
-    return absl::DataLossError(absl::StrCat(path, ": region checksum ", Hex16(sum),
-                                            " != manifest ", Hex16(m.pool_checksum)));
+    return absl::DataLossError(absl::StrCat(path, ": region checksum ", Hex16(sum), " != manifest ",
+                                            Hex16(m.pool_checksum)));
   }
   auto reader = PoolReader::Open(dst, m.pool_bytes, /*verify_payload=*/true);
   if (!reader.ok()) {
@@ -261,7 +258,8 @@ Status ReadPoolFileInto(const std::string& path, const PoolFileManifest& m, void
   const std::string header_id = absl::BytesToHexString(absl::string_view(
       reinterpret_cast<const char*>(reader->header().pool_id), sizeof(reader->header().pool_id)));
   if (header_id != m.info.id || reader->params().model_fingerprint != m.info.model_fingerprint) {
-    return absl::DataLossError(absl::StrCat(path, ": region id/model fingerprint differ from "
+    return absl::DataLossError(absl::StrCat(path,
+                                            ": region id/model fingerprint differ from "
                                             "the manifest"));
   }
   return absl::OkStatus();

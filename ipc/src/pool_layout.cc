@@ -70,9 +70,9 @@ uint16_t F32ToF16(float f) {
   std::memcpy(&u, &f, 4);
   uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;         // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;        // overflow -> inf
-  if (abs < 0x38800000u) {                              // subnormal or zero
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflow -> inf
+  if (abs < 0x38800000u) {                        // subnormal or zero
     float a;
     std::memcpy(&a, &abs, 4);
     return sign | static_cast<uint16_t>(std::nearbyint(a * 16777216.0f));
@@ -142,7 +142,7 @@ Status CopyOut(void* host_dst, const void* src, uint64_t bytes, Device device) {
 StatusOr<uint64_t> ChecksumRange(const uint8_t* data, uint64_t bytes, Device device) {
   if (device == Device::kCpu) return Checksum64(data, bytes);
   std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(),
-                                                                     &XXH64_freeState);
+                                                                   &XXH64_freeState);
   if (!state) return absl::ResourceExhaustedError("XXH64_createState failed");
   XXH64_reset(state.get(), 0);
   constexpr uint64_t kChunk = 16u << 20;
@@ -181,10 +181,10 @@ Status DecodeLayerAt(const uint8_t* base, const PoolParams& params, const LayerO
   }
   const kernels::CodecConfig& c = params.codec_config;
   if (c.key_bits == 8) {
-    POLYKV_RETURN_IF_ERROR(kernels::DequantizeKeys(
-        reinterpret_cast<const int8_t*>(base + lo.k),
-        reinterpret_cast<const float*>(base + lo.k_scales), shape, c.key_scale, k_out,
-        out_dtype, device, stream));
+    POLYKV_RETURN_IF_ERROR(
+        kernels::DequantizeKeys(reinterpret_cast<const int8_t*>(base + lo.k),
+                                reinterpret_cast<const float*>(base + lo.k_scales), shape,
+                                c.key_scale, k_out, out_dtype, device, stream));
   } else {
     POLYKV_RETURN_IF_ERROR(kernels::DecodeKeys(base + lo.k,
                                                reinterpret_cast<const float*>(base + lo.k_scales),
@@ -232,8 +232,10 @@ Status MeasureLayerAt(const uint8_t* base, const PoolParams& params, uint32_t la
   if (dtype != DType::kF32) {
     kr.resize(static_cast<size_t>(n));
     vr.resize(static_cast<size_t>(n));
-    POLYKV_RETURN_IF_ERROR(CopyConvert(kr.data(), DType::kF32, k, dtype, n, kernels::Device::kCpu, nullptr));
-    POLYKV_RETURN_IF_ERROR(CopyConvert(vr.data(), DType::kF32, v, dtype, n, kernels::Device::kCpu, nullptr));
+    POLYKV_RETURN_IF_ERROR(
+        CopyConvert(kr.data(), DType::kF32, k, dtype, n, kernels::Device::kCpu, nullptr));
+    POLYKV_RETURN_IF_ERROR(
+        CopyConvert(vr.data(), DType::kF32, v, dtype, n, kernels::Device::kCpu, nullptr));
     kf = kr.data();
     vf = vr.data();
   }
@@ -253,9 +255,9 @@ StatusOr<PoolLayout> ComputePoolLayout(const PoolParams& p) {
     return absl::InvalidArgumentError(absl::StrCat("pool tokens ", p.tokens, " exceed 2^31"));
   }
   if (p.layers > 4096 || p.kv_heads > 4096 || p.head_dim > 65536) {
-    return absl::InvalidArgumentError(absl::StrCat("pool shape layers=", p.layers, " kv_heads=",
-                                                   p.kv_heads, " head_dim=", p.head_dim,
-                                                   " is implausibly large"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool shape layers=", p.layers, " kv_heads=", p.kv_heads,
+                     " head_dim=", p.head_dim, " is implausibly large"));
   }
   if (p.model_fingerprint.size() >= sizeof(PoolHeader::model_fingerprint) ||
       p.tokenizer_fingerprint.size() >= sizeof(PoolHeader::tokenizer_fingerprint)) {
@@ -291,8 +293,7 @@ StatusOr<PoolLayout> ComputePoolLayout(const PoolParams& p) {
   const uint64_t elements = static_cast<uint64_t>(shape.elements());
   switch (p.codec) {
     case PoolCodec::kNone: {
-      if (p.raw_dtype != DType::kF32 && p.raw_dtype != DType::kF16 &&
-          p.raw_dtype != DType::kBF16) {
+      if (p.raw_dtype != DType::kF32 && p.raw_dtype != DType::kF16 && p.raw_dtype != DType::kBF16) {
         return absl::InvalidArgumentError("pool raw_dtype must be f32, f16 or bf16");
       }
       const uint64_t raw = elements * kernels::DTypeSize(p.raw_dtype);
@@ -325,9 +326,9 @@ StatusOr<PoolLayout> ComputePoolLayout(const PoolParams& p) {
       }
       if (!p.layer_value_bits.empty()) {
         if (p.layer_value_bits.size() != p.layers || p.layers > kPoolFidelityLayers) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "per-layer value bits: ", p.layer_value_bits.size(), " entries for ", p.layers,
-              " layers (at most ", kPoolFidelityLayers, ")"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("per-layer value bits: ", p.layer_value_bits.size(), " entries for ",
+                           p.layers, " layers (at most ", kPoolFidelityLayers, ")"));
         }
         for (size_t i = 0; i < p.layer_value_bits.size(); ++i) {
           const int32_t b = p.layer_value_bits[i];
@@ -343,8 +344,8 @@ StatusOr<PoolLayout> ComputePoolLayout(const PoolParams& p) {
         return absl::InvalidArgumentError("codec key_scale mode is unknown");
       }
       const uint64_t vectors = static_cast<uint64_t>(shape.vectors());
-      const uint64_t kc =
-          vectors * static_cast<uint64_t>(kernels::PackedKeyVectorBytes(shape.head_dim, c.key_bits));
+      const uint64_t kc = vectors * static_cast<uint64_t>(
+                                        kernels::PackedKeyVectorBytes(shape.head_dim, c.key_bits));
       const uint64_t ks = 4 * static_cast<uint64_t>(kernels::KeyScaleCount(shape, c.key_scale));
       const uint64_t vn = (c.norm_dtype == DType::kF16 ? 2 : 4) * vectors;
       for (uint32_t i = 0; i < p.layers; ++i) {
@@ -397,9 +398,8 @@ StatusOr<PoolWriter> PoolWriter::Create(void* base, uint64_t size, const PoolPar
                                                    layout.total_bytes, " bytes"));
   }
   if (token_ids.size() != params.tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("got ", token_ids.size(),
-                                                   " token ids for a pool of ", params.tokens,
-                                                   " tokens"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "got ", token_ids.size(), " token ids for a pool of ", params.tokens, " tokens"));
   }
   if (pool_id.size() > sizeof(PoolHeader::pool_id)) {
     return absl::InvalidArgumentError("pool id must be at most 32 bytes");
@@ -419,23 +419,22 @@ StatusOr<PoolWriter> PoolWriter::Create(void* base, uint64_t size, const PoolPar
   // An all-zero header (no magic) until Finalize: a half-written pool never reads as valid.
   std::vector<uint8_t> zeros(kPoolHeaderBytes, 0);
   POLYKV_RETURN_IF_ERROR(CopyIn(base, zeros.data(), zeros.size(), device));
-  POLYKV_RETURN_IF_ERROR(CopyIn(static_cast<uint8_t*>(base) + w.layout_.token_ids,
-                                token_ids.data(), 4 * token_ids.size(), device));
+  POLYKV_RETURN_IF_ERROR(CopyIn(static_cast<uint8_t*>(base) + w.layout_.token_ids, token_ids.data(),
+                                4 * token_ids.size(), device));
   return w;
 }
 
-Status PoolWriter::WriteLayer(uint32_t layer, const void* k, const void* v,
-                              kernels::DType dtype) {
+Status PoolWriter::WriteLayer(uint32_t layer, const void* k, const void* v, kernels::DType dtype) {
   POLYKV_RETURN_IF_ERROR(CheckLayerArgs(layer, params_.layers));
   if (k == nullptr || v == nullptr) return absl::InvalidArgumentError("K or V is null");
   const LayerOffsets& lo = layout_.layer[layer];
   uint8_t* base = static_cast<uint8_t*>(base_);
   const kernels::LayerShape shape = ShapeOf(params_);
   if (params_.codec == PoolCodec::kNone) {
-    POLYKV_RETURN_IF_ERROR(CopyConvert(base + lo.k, params_.raw_dtype, k, dtype,
-                                       shape.elements(), device_, nullptr));
-    POLYKV_RETURN_IF_ERROR(CopyConvert(base + lo.v, params_.raw_dtype, v, dtype,
-                                       shape.elements(), device_, nullptr));
+    POLYKV_RETURN_IF_ERROR(
+        CopyConvert(base + lo.k, params_.raw_dtype, k, dtype, shape.elements(), device_, nullptr));
+    POLYKV_RETURN_IF_ERROR(
+        CopyConvert(base + lo.v, params_.raw_dtype, v, dtype, shape.elements(), device_, nullptr));
   } else {
     const auto& c = params_.codec_config;
     if (device_ != kernels::Device::kCpu &&
@@ -444,10 +443,9 @@ Status PoolWriter::WriteLayer(uint32_t layer, const void* k, const void* v,
           "packed keys, f16 norms and per-layer value bits are encoded on the host only");
     }
     if (c.key_bits == 8) {
-      POLYKV_RETURN_IF_ERROR(kernels::QuantizeKeys(k, dtype, shape, c.key_scale,
-                                                   reinterpret_cast<int8_t*>(base + lo.k),
-                                                   reinterpret_cast<float*>(base + lo.k_scales),
-                                                   device_));
+      POLYKV_RETURN_IF_ERROR(kernels::QuantizeKeys(
+          k, dtype, shape, c.key_scale, reinterpret_cast<int8_t*>(base + lo.k),
+          reinterpret_cast<float*>(base + lo.k_scales), device_));
     } else {
       POLYKV_RETURN_IF_ERROR(kernels::EncodeKeys(k, dtype, shape, c, base + lo.k,
                                                  reinterpret_cast<float*>(base + lo.k_scales)));
@@ -455,9 +453,8 @@ Status PoolWriter::WriteLayer(uint32_t layer, const void* k, const void* v,
     kernels::CodecConfig vc = c;
     vc.value_bits = params_.ValueBitsOf(layer);
     if (c.norm_dtype == DType::kF32) {
-      POLYKV_RETURN_IF_ERROR(kernels::EncodeValues(v, dtype, shape, vc, base + lo.v,
-                                                   reinterpret_cast<float*>(base + lo.v_norms),
-                                                   device_));
+      POLYKV_RETURN_IF_ERROR(kernels::EncodeValues(
+          v, dtype, shape, vc, base + lo.v, reinterpret_cast<float*>(base + lo.v_norms), device_));
     } else {
       std::vector<float> norms(static_cast<size_t>(shape.vectors()));
       POLYKV_RETURN_IF_ERROR(
@@ -495,8 +492,7 @@ Status PoolWriter::Finalize() {
   std::memcpy(h.tokenizer_fingerprint, params_.tokenizer_fingerprint.data(),
               params_.tokenizer_fingerprint.size());
   std::memcpy(h.architecture, params_.architecture.data(), params_.architecture.size());
-  std::memcpy(h.tokenizer_family, params_.tokenizer_family.data(),
-              params_.tokenizer_family.size());
+  std::memcpy(h.tokenizer_family, params_.tokenizer_family.data(), params_.tokenizer_family.size());
   h.layers = params_.layers;
   h.kv_heads = params_.kv_heads;
   h.head_dim = params_.head_dim;
@@ -525,9 +521,9 @@ Status PoolWriter::Finalize() {
     }
   }
   const uint8_t* base = static_cast<const uint8_t*>(base_);
-  POLYKV_ASSIGN_OR_RETURN(h.payload_checksum,
-                          ChecksumRange(base + kPoolHeaderBytes,
-                                        layout_.total_bytes - kPoolHeaderBytes, device_));
+  POLYKV_ASSIGN_OR_RETURN(
+      h.payload_checksum,
+      ChecksumRange(base + kPoolHeaderBytes, layout_.total_bytes - kPoolHeaderBytes, device_));
   h.header_checksum = HeaderChecksum(h);
   return CopyIn(base_, &h, sizeof(h), device_);
 }
@@ -540,9 +536,8 @@ StatusOr<PoolReader> PoolReader::Open(const void* base, uint64_t size, bool veri
                                       kernels::Device device) {
   if (base == nullptr) return absl::InvalidArgumentError("pool region is null");
   if (size < kPoolHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("pool region of ", size,
-                                                   " bytes is smaller than the ",
-                                                   kPoolHeaderBytes, "-byte header"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool region of ", size, " bytes is smaller than the ", kPoolHeaderBytes, "-byte header"));
   }
   PoolReader r;
   r.base_ = static_cast<const uint8_t*>(base);
@@ -562,8 +557,8 @@ StatusOr<PoolReader> PoolReader::Open(const void* base, uint64_t size, bool veri
     return absl::DataLossError("pool header checksum mismatch (header corrupted)");
   }
   if (h.header_bytes != kPoolHeaderBytes) {
-    return absl::DataLossError(absl::StrCat("pool header_bytes ", h.header_bytes, " != ",
-                                            kPoolHeaderBytes));
+    return absl::DataLossError(
+        absl::StrCat("pool header_bytes ", h.header_bytes, " != ", kPoolHeaderBytes));
   }
   if (h.total_bytes > size) {
     return absl::InvalidArgumentError(absl::StrCat("pool region of ", size,
@@ -584,15 +579,15 @@ StatusOr<PoolReader> PoolReader::Open(const void* base, uint64_t size, bool veri
   p.codec_config.norm_correction = h.norm_correction != 0;
   p.model_fingerprint.assign(h.model_fingerprint,
                              strnlen(h.model_fingerprint, sizeof(h.model_fingerprint)));
-  p.tokenizer_fingerprint.assign(
-      h.tokenizer_fingerprint, strnlen(h.tokenizer_fingerprint, sizeof(h.tokenizer_fingerprint)));
+  p.tokenizer_fingerprint.assign(h.tokenizer_fingerprint,
+                                 strnlen(h.tokenizer_fingerprint, sizeof(h.tokenizer_fingerprint)));
   p.architecture.assign(h.architecture, strnlen(h.architecture, sizeof(h.architecture)));
   p.tokenizer_family.assign(h.tokenizer_family,
                             strnlen(h.tokenizer_family, sizeof(h.tokenizer_family)));
   static constexpr uint8_t kNoParent[sizeof(h.parent_id)] = {};
   if (std::memcmp(h.parent_id, kNoParent, sizeof(h.parent_id)) != 0) {
-    p.parent_id = absl::BytesToHexString(absl::string_view(
-        reinterpret_cast<const char*>(h.parent_id), sizeof(h.parent_id)));
+    p.parent_id = absl::BytesToHexString(
+        absl::string_view(reinterpret_cast<const char*>(h.parent_id), sizeof(h.parent_id)));
   }
   p.parent_tokens = h.parent_tokens;
   p.codec_config.norm_dtype = static_cast<DType>(h.norm_dtype);
@@ -606,8 +601,8 @@ StatusOr<PoolReader> PoolReader::Open(const void* base, uint64_t size, bool veri
   }
   auto layout = ComputePoolLayout(p);
   if (!layout.ok()) {
-    return absl::DataLossError(absl::StrCat("pool header describes an invalid pool: ",
-                                            layout.status().message()));
+    return absl::DataLossError(
+        absl::StrCat("pool header describes an invalid pool: ", layout.status().message()));
   }
   if (layout->total_bytes != h.total_bytes) {
     return absl::DataLossError(absl::StrCat("pool header total_bytes ", h.total_bytes,
@@ -625,8 +620,8 @@ std::vector<int32_t> PoolReader::TokenIds() const {
   return ids;
 }
 
-Status PoolReader::DecodeLayer(uint32_t layer, void* k_out, void* v_out,
-                               kernels::DType out_dtype, kernels::Stream stream) const {
+Status PoolReader::DecodeLayer(uint32_t layer, void* k_out, void* v_out, kernels::DType out_dtype,
+                               kernels::Stream stream) const {
   POLYKV_RETURN_IF_ERROR(CheckLayerArgs(layer, params_.layers));
   if (k_out == nullptr || v_out == nullptr) {
     return absl::InvalidArgumentError("K or V output is null");
@@ -660,9 +655,9 @@ StatusOr<LayerFidelity> PoolReader::MeasureFidelity(uint32_t layer, const void* 
 }
 
 Status PoolReader::VerifyPayload() const {
-  POLYKV_ASSIGN_OR_RETURN(uint64_t sum, ChecksumRange(base_ + kPoolHeaderBytes,
-                                                      header_.total_bytes - kPoolHeaderBytes,
-                                                      device_));
+  POLYKV_ASSIGN_OR_RETURN(
+      uint64_t sum,
+      ChecksumRange(base_ + kPoolHeaderBytes, header_.total_bytes - kPoolHeaderBytes, device_));
   if (sum != header_.payload_checksum) {
     return absl::DataLossError(absl::StrCat("pool payload checksum mismatch: computed ",
                                             absl::Hex(sum), ", header says ",

@@ -4,10 +4,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <type_traits>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -74,8 +73,8 @@ Status Unhex(const std::string& hex, uint8_t* out, size_t n, const std::string& 
 // ---- typed field readers: absent -> keep default; present with the wrong type -> error ----
 
 Status WrongType(const std::string& field, const std::string& want, const json& v) {
-  return absl::InvalidArgumentError(absl::StrCat("field '", field, "' must be ", want,
-                                                 ", got ", v.type_name()));
+  return absl::InvalidArgumentError(
+      absl::StrCat("field '", field, "' must be ", want, ", got ", v.type_name()));
 }
 
 Status Get(const json& j, const char* field, std::string* out) {
@@ -117,7 +116,8 @@ Status GetInt(const json& j, const char* field, T* out) {
   if (it->is_number_integer()) {
     int64_t v = it->get<int64_t>();
     if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
-        (v > 0 && static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<T>::max()))) {
+        (v > 0 &&
+         static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<T>::max()))) {
       return absl::InvalidArgumentError(absl::StrCat("field '", field, "' out of range"));
     }
     *out = static_cast<T>(v);
@@ -218,7 +218,8 @@ StatusOr<MemoryHandle> MemoryFromJson(const json& j) {
     POLYKV_RETURN_IF_ERROR(GetInt(*it, "offset", &m.cuda.offset));
     POLYKV_RETURN_IF_ERROR(GetInt(*it, "size", &m.cuda.size));
     POLYKV_RETURN_IF_ERROR(Get(*it, "device_uuid", &uuid));
-    POLYKV_RETURN_IF_ERROR(Unhex(handle, m.cuda.handle, sizeof(m.cuda.handle), "memory.cuda.handle"));
+    POLYKV_RETURN_IF_ERROR(
+        Unhex(handle, m.cuda.handle, sizeof(m.cuda.handle), "memory.cuda.handle"));
     POLYKV_RETURN_IF_ERROR(
         Unhex(uuid, m.cuda.device_uuid, sizeof(m.cuda.device_uuid), "memory.cuda.device_uuid"));
   } else if (m.backend == "cuda") {
@@ -236,9 +237,8 @@ struct Envelope {
 
 StatusOr<json> ParseFrame(std::string_view frame) {
   if (frame.size() > kMaxMessageBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("message of ", frame.size(),
-                                                     " bytes exceeds the limit of ",
-                                                     kMaxMessageBytes, " bytes"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "message of ", frame.size(), " bytes exceeds the limit of ", kMaxMessageBytes, " bytes"));
   }
   json j = json::parse(frame.begin(), frame.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("message is not valid JSON");
@@ -298,7 +298,7 @@ std::string_view MessageTypeName(MessageType type) {
 const MessageSpec& SpecOf(MessageType type) {
   const size_t i = static_cast<size_t>(type);
   return i < sizeof(kSpecs) / sizeof(kSpecs[0]) ? kSpecs[i]
-                                                 : kSpecs[static_cast<size_t>(MessageType::kError)];
+                                                : kSpecs[static_cast<size_t>(MessageType::kError)];
 }
 
 StatusOr<MessageType> ParseMessageType(std::string_view name) {
@@ -360,8 +360,8 @@ StatusOr<Request> DecodeRequest(std::string_view frame) {
   POLYKV_ASSIGN_OR_RETURN(json j, ParseFrame(frame));
   POLYKV_ASSIGN_OR_RETURN(Envelope e, ParseEnvelope(j));
   if (SpecOf(e.type).role == MessageRole::kNone) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("message type \"", std::string(MessageTypeName(e.type)), "\" is not a request"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "message type \"", std::string(MessageTypeName(e.type)), "\" is not a request"));
   }
   Request r;
   r.type = e.type;
@@ -408,8 +408,8 @@ StatusOr<Request> DecodeRequest(std::string_view frame) {
     return absl::InvalidArgumentError("field 'model' is required (or 'parent')");
   }
   if ((need & kNeedsDocument) && r.document.empty() && r.token_ids.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        std::string(MessageTypeName(r.type)), " needs a non-empty 'document' or 'token_ids'"));
+    return absl::InvalidArgumentError(absl::StrCat(std::string(MessageTypeName(r.type)),
+                                                   " needs a non-empty 'document' or 'token_ids'"));
   }
   if ((need & kNeedsPoolId) && r.pool_id.empty()) {
     return absl::InvalidArgumentError("field 'pool_id' is required");
@@ -511,9 +511,8 @@ StatusOr<Reply> DecodeReply(std::string_view frame) {
   POLYKV_RETURN_IF_ERROR(Get(j, "created", &r.created));
   // Only LIST and STATS replies carry pools (as EncodeReply writes them): a "pools" field in
   // any other reply is ignored, so decode(encode(r)) == r (found by fuzz_protocol).
-  if (auto it = j.find("pools");
-      it != j.end() && !it->is_null() &&
-      (r.type == MessageType::kList || r.type == MessageType::kStats)) {
+  if (auto it = j.find("pools"); it != j.end() && !it->is_null() &&
+                                 (r.type == MessageType::kList || r.type == MessageType::kStats)) {
     if (!it->is_array()) return WrongType("pools", "an array", *it);
     for (const auto& p : *it) {
       POLYKV_ASSIGN_OR_RETURN(PoolInfo info, PoolInfoFromJson(p, "pools[]"));
@@ -537,8 +536,7 @@ StatusOr<Reply> DecodeReply(std::string_view frame) {
   POLYKV_RETURN_IF_ERROR(GetInt(j, "creates_queued", &r.creates_queued));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "creates_running", &r.creates_running));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "create_queue_capacity", &r.create_queue_capacity));
-  if (auto it = j.find("peers");
-      it != j.end() && !it->is_null() && r.type == MessageType::kPing) {
+  if (auto it = j.find("peers"); it != j.end() && !it->is_null() && r.type == MessageType::kPing) {
     if (!it->is_array()) return WrongType("peers", "an array", *it);
     for (const auto& p : *it) {
       POLYKV_ASSIGN_OR_RETURN(PeerState peer, PeerFromJson(p));
@@ -650,9 +648,9 @@ Status ValidateUtf8(absl::string_view text, absl::string_view field) {
       ok = cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
     }
     if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          std::string(field), " is not valid UTF-8 at byte offset ", i, " (byte 0x",
-          absl::Hex(c, absl::kZeroPad2), "); send UTF-8 text, or token ids"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(field), " is not valid UTF-8 at byte offset ", i, " (byte 0x",
+                       absl::Hex(c, absl::kZeroPad2), "); send UTF-8 text, or token ids"));
     }
     i += len;
   }

@@ -2,9 +2,8 @@
 // (protocol.cc) and the pool file manifest (pool_file.cc).
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "polykv/ipc/protocol.h"
 #include "polykv/status.h"
@@ -16,6 +15,7 @@ nlohmann::json PoolInfoJson(const PoolInfo& p);
 
 /// Reads what PoolInfoJson wrote: absent fields keep their defaults, a field of the wrong
 /// type is kInvalidArgument naming it (`where` names the object in that message).
-[[nodiscard]] StatusOr<PoolInfo> PoolInfoFromJsonObject(const nlohmann::json& j, const std::string& where);
+[[nodiscard]] StatusOr<PoolInfo> PoolInfoFromJsonObject(const nlohmann::json& j,
+                                                        const std::string& where);
 
 }  // namespace polykv::ipc::internal

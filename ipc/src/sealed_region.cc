@@ -65,8 +65,8 @@ Status ConnectError(int e, const std::string& path) {
       return absl::UnavailableError(
           absl::StrCat("no polykvd socket at ", path, " (is the daemon running?)"));
     case ECONNREFUSED:
-      return absl::UnavailableError(absl::StrCat(
-          "nothing is listening on ", path, " (the daemon is not running; stale socket)"));
+      return absl::UnavailableError(absl::StrCat("nothing is listening on ", path,
+                                                 " (the daemon is not running; stale socket)"));
     case EACCES:
     case EPERM:
       return absl::PermissionDeniedError(absl::StrCat(
@@ -173,10 +173,10 @@ StatusOr<SealedRegion> SealedRegion::MapSealed(UniqueFd fd, uint64_t expected_si
   if (!fd.valid()) return absl::InvalidArgumentError("no pool descriptor");
   const int seals = GetSeals(fd.get());
   if (seals < 0 || (seals & kPoolSealsRequired) != kPoolSealsRequired) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "the pool descriptor is not sealed against writes (seals: ",
-        seals < 0 ? std::string("not a memfd") : SealNames(seals),
-        "); refusing to map memory its sender could still change"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("the pool descriptor is not sealed against writes (seals: ",
+                     seals < 0 ? std::string("not a memfd") : SealNames(seals),
+                     "); refusing to map memory its sender could still change"));
   }
   struct stat st;
   if (fstat(fd.get(), &st) != 0) {
@@ -184,8 +184,8 @@ StatusOr<SealedRegion> SealedRegion::MapSealed(UniqueFd fd, uint64_t expected_si
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size == 0 || (expected_size > 0 && size < expected_size)) {
-    return absl::DataLossError(absl::StrCat("pool memory has ", size,
-                                            " bytes, the daemon announced ", expected_size));
+    return absl::DataLossError(
+        absl::StrCat("pool memory has ", size, " bytes, the daemon announced ", expected_size));
   }
   void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) {
@@ -351,8 +351,8 @@ StatusOr<UniqueFd> RequestPoolFd(const std::string& socket_path, const std::stri
     Reply r;
     r.ok = false;
     r.code = text.substr(4, sp == std::string::npos ? std::string::npos : sp - 4);
-    r.error = sp == std::string::npos ? std::string("pool descriptor refused")
-                                      : text.substr(sp + 1);
+    r.error =
+        sp == std::string::npos ? std::string("pool descriptor refused") : text.substr(sp + 1);
     return ReplyStatus(r);
   }
   return absl::InternalError(

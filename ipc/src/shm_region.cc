@@ -6,11 +6,10 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
-#include <cerrno>
-#include <cstring>
-
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -73,8 +72,8 @@ StatusOr<ShmRegion> ShmRegion::Create(const std::string& name, uint64_t size) {
   r.impl_->name = name;
   try {
     bip::permissions perms(0640);
-    r.impl_->shm = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write,
-                                             perms);
+    r.impl_->shm =
+        bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write, perms);
   } catch (const bip::interprocess_exception& e) {
     return FromBoost(e, name, "create");
   }
@@ -88,8 +87,8 @@ StatusOr<ShmRegion> ShmRegion::Create(const std::string& name, uint64_t size) {
     return FromBoost(e, name, "size");
   }
   if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(size)); rc != 0) {
-    std::string msg = absl::StrCat("reserve ", size, " bytes for shm object ", name, ": ",
-                                   std::strerror(rc));
+    std::string msg =
+        absl::StrCat("reserve ", size, " bytes for shm object ", name, ": ", std::strerror(rc));
     if (rc == ENOSPC || rc == ENOMEM) return absl::ResourceExhaustedError(msg);
     if (rc != EINVAL && rc != EOPNOTSUPP) return absl::InternalError(msg);
   }

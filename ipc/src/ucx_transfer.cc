@@ -5,6 +5,7 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,8 +18,6 @@
 #include <new>
 #include <thread>
 #include <vector>
-
-#include <ucp/api/ucp.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -49,14 +48,16 @@ class Reader {
   bool U32(uint32_t* v) {
     if (s_.size() - pos_ < 4) return false;
     *v = 0;
-    for (int i = 0; i < 4; ++i) *v |= static_cast<uint32_t>(static_cast<uint8_t>(s_[pos_ + i])) << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      *v |= static_cast<uint32_t>(static_cast<uint8_t>(s_[pos_ + i])) << (8 * i);
     pos_ += 4;
     return true;
   }
   bool U64(uint64_t* v) {
     if (s_.size() - pos_ < 8) return false;
     *v = 0;
-    for (int i = 0; i < 8; ++i) *v |= static_cast<uint64_t>(static_cast<uint8_t>(s_[pos_ + i])) << (8 * i);
+    for (int i = 0; i < 8; ++i)
+      *v |= static_cast<uint64_t>(static_cast<uint8_t>(s_[pos_ + i])) << (8 * i);
     pos_ += 8;
     return true;
   }
@@ -136,8 +137,7 @@ struct Core {
 
 class UcxExposureImpl final : public UcxExposure {
  public:
-  UcxExposureImpl(std::shared_ptr<Core> core, ucp_mem_h memh, std::string descriptor,
-                  uint64_t size)
+  UcxExposureImpl(std::shared_ptr<Core> core, ucp_mem_h memh, std::string descriptor, uint64_t size)
       : core_(std::move(core)), memh_(memh), descriptor_(std::move(descriptor)), size_(size) {}
   ~UcxExposureImpl() override {
     std::lock_guard<std::mutex> lock(core_->mu);
@@ -351,8 +351,8 @@ class UcxEngineImpl final : public UcxEngine {
                   const UcxPullOptions& options) {
     POLYKV_ASSIGN_OR_RETURN(Descriptor d, DecodeDescriptor(descriptor));
     if (d.size != size) {
-      return absl::InvalidArgumentError(absl::StrCat("Pull: size ", size,
-                                                     " does not match the exposed size ", d.size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Pull: size ", size, " does not match the exposed size ", d.size));
     }
     if (dst == nullptr) return absl::InvalidArgumentError("Pull: null destination");
     if (options.chunk_bytes < 4096) {
@@ -392,8 +392,7 @@ class UcxEngineImpl final : public UcxEngine {
       if (ucp_worker_get_efd(worker, &efd) != UCS_OK) efd = -1;
       ucp_ep_params_t ep_params{};
       ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                             UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                             UCP_EP_PARAM_FIELD_ERR_HANDLER;
+                             UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
       ep_params.address = reinterpret_cast<const ucp_address_t*>(d.worker_address.data());
       ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
       ep_params.err_handler.cb = EpErrorCallback;
@@ -460,7 +459,8 @@ class UcxEngineImpl final : public UcxEngine {
             s.request = nullptr;
           }
           if (s.status != UCS_OK) {
-            if (result.ok()) result = fail_unavailable("transfer failed (get completion)", s.status);
+            if (result.ok())
+              result = fail_unavailable("transfer failed (get completion)", s.status);
             s.length = 0;
             continue;
           }
@@ -478,9 +478,9 @@ class UcxEngineImpl final : public UcxEngine {
           continue;
         }
         if (done >= size) break;
-        const auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(
-                              Clock::now() - last_completion)
-                              .count();
+        const auto idle =
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_completion)
+                .count();
         if (idle >= stall_ms) {
           result = absl::DeadlineExceededError(absl::StrCat(
               "Pull: no progress for ", stall_ms, " ms after ", done, " of ", size, " bytes"));

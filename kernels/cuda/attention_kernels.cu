@@ -93,7 +93,7 @@ __global__ void PartialKernel(AttentionLaunch a, Geometry geo, float* states) {
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float ks = 1.0f;
     if (prefix && a.codec == 1) {
-      ks = a.key_scale_mode == 0 ? a.pk_scales[0]
+      ks = a.key_scale_mode == 0   ? a.pk_scales[0]
            : a.key_scale_mode == 1 ? a.pk_scales[h]
                                    : a.pk_scales[h * hd + d];
     }
@@ -125,7 +125,8 @@ __global__ void PartialKernel(AttentionLaunch a, Geometry geo, float* states) {
     float acc = 0.0f;
     for (int i = 0; i < count; ++i) {
       const int64_t t = t0 + i;
-      const float v = prefix ? PrefixValue(a, h, t, d) : a.v_suffix[(h * a.suffix_capacity + t) * hd + d];
+      const float v =
+          prefix ? PrefixValue(a, h, t, d) : a.v_suffix[(h * a.suffix_capacity + t) * hd + d];
       acc += sc[i] * v;
     }
     st[2 + d] = acc / l;

@@ -17,8 +17,8 @@
 #include "polykv/cuda_status.h"
 #endif
 #include "internal.h"
-#include "thread_pool.h"
 #include "polykv/kernels/codec_math.h"
+#include "thread_pool.h"
 
 namespace polykv::kernels {
 namespace {
@@ -68,7 +68,8 @@ std::vector<float>& ThreadNormScratch() {
 
 int64_t PrefixView::LayerBytes() const {
   const LayerShape shape{kv_heads, tokens, head_dim};
-  if (codec == PrefixCodec::kRaw) return 2 * shape.elements() * static_cast<int64_t>(DTypeSize(raw_dtype));
+  if (codec == PrefixCodec::kRaw)
+    return 2 * shape.elements() * static_cast<int64_t>(DTypeSize(raw_dtype));
   if (layers.empty()) return CompressedLayerBytes(shape, config).total();
   int64_t sum = 0;
   for (size_t l = 0; l < layers.size(); ++l) {
@@ -100,9 +101,11 @@ Status ValidatePrefixView(const PrefixView& v) {
   }
   for (size_t l = 0; l < v.layers.size(); ++l) {
     const PrefixLayer& p = v.layers[l];
-    if (v.tokens > 0 && (p.k == nullptr || p.v == nullptr ||
-                         (v.codec == PrefixCodec::kK8V && (p.k_scales == nullptr || p.v_norms == nullptr))))
-      return absl::InvalidArgumentError(absl::StrCat("prefix view: layer ", l, " has a null section"));
+    if (v.tokens > 0 &&
+        (p.k == nullptr || p.v == nullptr ||
+         (v.codec == PrefixCodec::kK8V && (p.k_scales == nullptr || p.v_norms == nullptr))))
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefix view: layer ", l, " has a null section"));
   }
   return absl::OkStatus();
 }
@@ -130,8 +133,8 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
                                                    ", kv_heads ", a.kv_heads, ", head_dim ", hd));
   if (a.suffix_length < a.n || a.suffix_length > a.suffix_capacity)
     return absl::InvalidArgumentError(absl::StrCat("attention: suffix_length ", a.suffix_length,
-                                                   " must be in [n=", a.n, ", capacity=",
-                                                   a.suffix_capacity, "]"));
+                                                   " must be in [n=", a.n,
+                                                   ", capacity=", a.suffix_capacity, "]"));
   if (a.q == nullptr || a.out == nullptr || a.k_suffix == nullptr || a.v_suffix == nullptr)
     return absl::InvalidArgumentError("attention: null query, output or suffix pointer");
   // The prefix's segments in position order (empty ones dropped); pv = the first.
@@ -143,13 +146,12 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
   for (size_t s = 0; s < segs.size(); ++s) {
     const PrefixView* sv = segs[s];
     if (sv->kv_heads != a.kv_heads || sv->head_dim != hd)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "attention: prefix segment ", s, " has kv_heads ", sv->kv_heads, ", head_dim ",
-          sv->head_dim, "; the model ", a.kv_heads, ", ", hd));
+      return absl::InvalidArgumentError(
+          absl::StrCat("attention: prefix segment ", s, " has kv_heads ", sv->kv_heads,
+                       ", head_dim ", sv->head_dim, "; the model ", a.kv_heads, ", ", hd));
     if (a.layer < 0 || a.layer >= static_cast<int32_t>(sv->layers.size()))
-      return absl::InvalidArgumentError(absl::StrCat("attention: layer ", a.layer,
-                                                     " outside prefix segment ", s, "'s ",
-                                                     sv->layers.size()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attention: layer ", a.layer, " outside prefix segment ", s, "'s ", sv->layers.size()));
     if (sv->codec != pv->codec ||
         (pv->codec == PrefixCodec::kK8V && sv->config.rotation_seed != pv->config.rotation_seed))
       return absl::InvalidArgumentError(absl::StrCat(
@@ -381,7 +383,8 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
       float* st = state_ptr(kvh, task, j);
       st[0] = m[j];
       st[1] = l[j];
-      std::copy(o.begin() + static_cast<int64_t>(j) * hd, o.begin() + static_cast<int64_t>(j + 1) * hd, st + 2);
+      std::copy(o.begin() + static_cast<int64_t>(j) * hd,
+                o.begin() + static_cast<int64_t>(j + 1) * hd, st + 2);
     }
   };
 

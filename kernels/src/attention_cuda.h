@@ -15,8 +15,8 @@ namespace polykv::kernels::cuda {
 struct AttentionLaunch {
   // Prefix (prefix_tokens == 0: none).
   int64_t prefix_tokens = 0;
-  int codec = 0;           ///< 0 raw, 1 int8 keys + packed values
-  int raw_dtype = 0;       ///< codec 0: 0 f32, 1 f16, 2 bf16
+  int codec = 0;      ///< 0 raw, 1 int8 keys + packed values
+  int raw_dtype = 0;  ///< codec 0: 0 f32, 1 f16, 2 bf16
   const void* pk = nullptr;
   const float* pk_scales = nullptr;
   const void* pv = nullptr;

@@ -16,16 +16,16 @@ enum ValueKind : int { kValF32 = 0, kValF16 = 1, kValBf16 = 2, kValPacked = 3 };
 struct ChunkArgs {
   int32_t hd = 0;
   int32_t nq = 0;
-  const float* q = nullptr;       ///< [nq][hd], already multiplied by 1/sqrt(hd) and key scales
-  const int64_t* limit = nullptr; ///< [nq]: query j attends to tokens t < limit[j] only
+  const float* q = nullptr;        ///< [nq][hd], already multiplied by 1/sqrt(hd) and key scales
+  const int64_t* limit = nullptr;  ///< [nq]: query j attends to tokens t < limit[j] only
   int key_kind = kKeyF32;
-  const void* k = nullptr;        ///< token 0 of this head; token t at k + t * hd elements
+  const void* k = nullptr;  ///< token 0 of this head; token t at k + t * hd elements
   int value_kind = kValF32;
-  const void* v = nullptr;        ///< raw: token t at v + t * hd elements; packed: + t * v_bytes
-  int64_t v_bytes = 0;            ///< packed bytes per vector
-  const float* v_norms = nullptr; ///< packed: norms of this head's tokens (index t)
-  int32_t bits = 3;               ///< packed: value bits (2, 3 or 4)
-  const float* levels = nullptr;  ///< packed: 2^bits Lloyd-Max levels
+  const void* v = nullptr;         ///< raw: token t at v + t * hd elements; packed: + t * v_bytes
+  int64_t v_bytes = 0;             ///< packed bytes per vector
+  const float* v_norms = nullptr;  ///< packed: norms of this head's tokens (index t)
+  int32_t bits = 3;                ///< packed: value bits (2, 3 or 4)
+  const float* levels = nullptr;   ///< packed: 2^bits Lloyd-Max levels
   int64_t t0 = 0, t1 = 0;
   /// >= (t1 - t0) * (3 * hd + nq) + 16 * hd floats: keys, values and scores of the chunk,
   /// and the keys transposed (AVX-512, many queries)

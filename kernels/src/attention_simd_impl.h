@@ -30,8 +30,8 @@ using simd::Hmax8;
 using simd::Hsum8;
 
 // 8 dot-product accumulators -> one vector of their 8 sums.
-inline __m256 Reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
-                      __m256 a6, __m256 a7) {
+inline __m256 Reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
+                      __m256 a7) {
   const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
   const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
   return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
@@ -40,16 +40,16 @@ inline __m256 Reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m
 inline __m256 LoadKey8(int kind, const void* base, int64_t idx) {
   switch (kind) {
     case kKeyF16:
-      return _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + idx)));
+      return _mm256_cvtph_ps(_mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + idx)));
     case kKeyBf16: {
-      const __m128i h =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + idx));
+      const __m128i h = _mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + idx));
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     }
     case kKeyI8: {
-      const __m128i b = _mm_loadl_epi64(
-          reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(base) + idx));
+      const __m128i b =
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(base) + idx));
       return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
     }
     default:
@@ -76,8 +76,8 @@ inline uint32_t CodeWord(const uint8_t* b, bool exact) {
 template <int kBits>
 inline void DecodePacked(const uint8_t* p, float norm, int hd, const float* levels, float* out,
                          bool last) {
-  const __m256i shifts = _mm256_setr_epi32(0, kBits, 2 * kBits, 3 * kBits, 4 * kBits, 5 * kBits,
-                                           6 * kBits, 7 * kBits);
+  const __m256i shifts =
+      _mm256_setr_epi32(0, kBits, 2 * kBits, 3 * kBits, 4 * kBits, 5 * kBits, 6 * kBits, 7 * kBits);
   const __m256i mask = _mm256_set1_epi32((1 << kBits) - 1);
   const int groups = hd / 8;
 #ifdef __AVX512F__
@@ -93,9 +93,9 @@ inline void DecodePacked(const uint8_t* p, float norm, int hd, const float* leve
       const uint8_t* b = p + g * kBits;
       const uint32_t w0 = CodeWord<kBits>(b, false);
       const uint32_t w1 = CodeWord<kBits>(b + kBits, last && g + 2 == groups);
-      const __m512i wv = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_set1_epi32(static_cast<int>(w0))),
-          _mm256_set1_epi32(static_cast<int>(w1)), 1);
+      const __m512i wv =
+          _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(static_cast<int>(w0))),
+                             _mm256_set1_epi32(static_cast<int>(w1)), 1);
       const __m512i idx = _mm512_and_si512(_mm512_srlv_epi32(wv, sh), mk);
       _mm512_storeu_ps(out + 8 * g, _mm512_mul_ps(_mm512_permutexvar_ps(idx, lv), nv));
     }
@@ -112,7 +112,8 @@ inline void DecodePacked(const uint8_t* p, float norm, int hd, const float* leve
   const __m256 nv = _mm256_set1_ps(norm);
   for (int g = 0; g < groups; ++g) {
     const uint32_t w = CodeWord<kBits>(p + g * kBits, last && g + 1 == groups);
-    const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), shifts), mask);
+    const __m256i idx =
+        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), shifts), mask);
     __m256 v = _mm256_permutevar8x32_ps(lv0, idx);
     if constexpr (kBits == 4) {
       const __m256 hi = _mm256_permutevar8x32_ps(lv1, idx);
@@ -249,10 +250,10 @@ inline void ScoreTile(const float* q, const float* k, int hd, float* s, int64_t 
   }
   for (int j = 0; j < QB; ++j) {
     if constexpr (KB == 8) {
-      _mm256_storeu_ps(s + j * ss, Reduce8(V::Fold8(acc[j][0]), V::Fold8(acc[j][1]),
-                                           V::Fold8(acc[j][2]), V::Fold8(acc[j][3]),
-                                           V::Fold8(acc[j][4]), V::Fold8(acc[j][5]),
-                                           V::Fold8(acc[j][6]), V::Fold8(acc[j][7])));
+      _mm256_storeu_ps(s + j * ss,
+                       Reduce8(V::Fold8(acc[j][0]), V::Fold8(acc[j][1]), V::Fold8(acc[j][2]),
+                               V::Fold8(acc[j][3]), V::Fold8(acc[j][4]), V::Fold8(acc[j][5]),
+                               V::Fold8(acc[j][6]), V::Fold8(acc[j][7])));
     } else {
       _mm_storeu_ps(s + j * ss, Reduce4(V::Fold8(acc[j][0]), V::Fold8(acc[j][1]),
                                         V::Fold8(acc[j][2]), V::Fold8(acc[j][3])));
@@ -358,11 +359,13 @@ void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbu
   if (j0 < a.nq) {
     WithCount<V::QB - 1>(a.nq - j0, [&](auto n) {
       for (int64_t t = 0; t < tk; t += V::KB)
-        ScoreTile<V, decltype(n)::value, V::KB>(a.q + j0 * hd, kf + t * hd, hd, sbuf + j0 * T + t, T);
+        ScoreTile<V, decltype(n)::value, V::KB>(a.q + j0 * hd, kf + t * hd, hd, sbuf + j0 * T + t,
+                                                T);
     });
   }
   for (int j = 0; j < a.nq; ++j)
-    for (int64_t t = tk; t < tmax; ++t) sbuf[j * T + t] = ScoreOne<V>(a.q + j * hd, kf + t * hd, hd);
+    for (int64_t t = tk; t < tmax; ++t)
+      sbuf[j * T + t] = ScoreOne<V>(a.q + j * hd, kf + t * hd, hd);
 
   // Softmax pieces per query: m, p = exp(s - m) (0 past the query's end), l = sum p.
   float inv_stack[64];

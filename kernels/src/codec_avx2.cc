@@ -17,7 +17,8 @@ void UnpackFew(const uint8_t* in, int n, int bits, int8_t* q) {
   const int nb = (n * bits + 7) / 8;
   uint64_t w = 0;
   for (int b = 0; b < nb; ++b) w |= static_cast<uint64_t>(in[b]) << (8 * b);
-  for (int k = 0; k < n; ++k) q[k] = static_cast<int8_t>(static_cast<int>((w >> (k * bits)) & mask) - off);
+  for (int k = 0; k < n; ++k)
+    q[k] = static_cast<int8_t>(static_cast<int>((w >> (k * bits)) & mask) - off);
 }
 
 }  // namespace

@@ -190,7 +190,8 @@ Status QuantizeKeysCpu(const void* k, DType dtype, const LayerShape& shape, KeyS
       QuantizeRow(row.data(), srow.data(), d, q + off);
       if (bits < 8) {
         const int qm = math::KeyQMax(bits);
-        for (int i = 0; i < d; ++i) q[off + i] = static_cast<int8_t>(std::clamp<int>(q[off + i], -qm, qm));
+        for (int i = 0; i < d; ++i)
+          q[off + i] = static_cast<int8_t>(std::clamp<int>(q[off + i], -qm, qm));
       }
     }
   });

@@ -23,7 +23,8 @@ namespace {
 struct Features {
   bool avx2 = false;
   bool avx512 = false;
-  bool amx_int8 = false;  ///< CPUID AMX-TILE + AMX-INT8 and XCR0 tile state (not yet the permission)
+  bool amx_int8 =
+      false;  ///< CPUID AMX-TILE + AMX-INT8 and XCR0 tile state (not yet the permission)
 };
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -44,8 +45,8 @@ Features Detect() {
              avx = (c >> 28) & 1;
   if (!osxsave || !avx) return f;
   const uint64_t xcr0 = Xgetbv0();
-  const bool ymm_state = (xcr0 & 0x6) == 0x6;            // SSE + AVX state
-  const bool zmm_state = (xcr0 & 0xe6) == 0xe6;          // + opmask, ZMM_Hi256, Hi16_ZMM
+  const bool ymm_state = (xcr0 & 0x6) == 0x6;    // SSE + AVX state
+  const bool zmm_state = (xcr0 & 0xe6) == 0xe6;  // + opmask, ZMM_Hi256, Hi16_ZMM
   __cpuid_count(7, 0, a, b, c, d);
   const bool avx2 = (b >> 5) & 1, bmi2 = (b >> 8) & 1;
   const bool avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1, avx512bw = (b >> 30) & 1,

@@ -26,13 +26,14 @@ inline int DTypeCode(DType t) { return static_cast<int>(t); }
 // CPU implementations (codec_cpu.cc). Arguments are already validated.
 /// `bits` (4..8) sets the scales computed from the absmax (KeyScaleFromAbsmaxBits) and the
 /// clamp of q to +-KeyQMax(bits).
-[[nodiscard]] Status QuantizeKeysCpu(const void* k, DType dtype, const LayerShape& shape, KeyScaleMode mode,
-                       const float* given_scales, int8_t* q, float* scales_out, int bits = 8);
+[[nodiscard]] Status QuantizeKeysCpu(const void* k, DType dtype, const LayerShape& shape,
+                                     KeyScaleMode mode, const float* given_scales, int8_t* q,
+                                     float* scales_out, int bits = 8);
 void DequantizeKeysCpu(const int8_t* q, const float* scales, const LayerShape& shape,
                        KeyScaleMode mode, void* out, DType out_dtype);
 [[nodiscard]] Status EncodeValuesCpu(const void* v, DType dtype, const LayerShape& shape,
-                       const CodecConfig& config, const math::ValueCodebook& cb, uint8_t* packed,
-                       float* norms);
+                                     const CodecConfig& config, const math::ValueCodebook& cb,
+                                     uint8_t* packed, float* norms);
 void DecodeValuesCpu(const uint8_t* packed, const float* norms, const LayerShape& shape,
                      const CodecConfig& config, const math::ValueCodebook& cb, void* out,
                      DType out_dtype);

@@ -137,8 +137,8 @@ bool IsSupportedWeightType(uint32_t type) {
 StatusOr<BlockFormat> WeightBlockFormat(WeightType type) {
   const int i = TypeIndexOf(type);
   if (i < 0)
-    return absl::UnimplementedError(absl::StrCat("weight type ", static_cast<uint32_t>(type),
-                                                 " has no matrix kernels"));
+    return absl::UnimplementedError(
+        absl::StrCat("weight type ", static_cast<uint32_t>(type), " has no matrix kernels"));
   return BlockFormat{kTypes[i].values, kTypes[i].bytes};
 }
 
@@ -149,9 +149,8 @@ StatusOr<WeightView> MakeWeightView(WeightType type, const void* data, uint64_t 
     return absl::InvalidArgumentError(
         absl::StrCat("weight matrix [", rows, "][", cols, "]: sizes must be >= 1"));
   if (cols % f.values != 0)
-    return absl::InvalidArgumentError(absl::StrCat(WeightTypeName(type),
-                                                   " needs cols to be a multiple of ", f.values,
-                                                   ", got ", cols));
+    return absl::InvalidArgumentError(absl::StrCat(
+        WeightTypeName(type), " needs cols to be a multiple of ", f.values, ", got ", cols));
   const int64_t row_bytes = cols / f.values * f.bytes;
   if (rows > static_cast<int64_t>(available / static_cast<uint64_t>(row_bytes)))
     return absl::DataLossError(absl::StrCat("weight matrix [", rows, "][", cols, "] ",
@@ -173,8 +172,8 @@ Status MatMul(const WeightView& w, const float* x, int64_t n, int64_t x_stride, 
   return MatMulShared(absl::MakeConstSpan(&out, 1), x, n, w.cols, x_stride, options);
 }
 
-Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int64_t n,
-                    int64_t cols, int64_t x_stride, const MatMulOptions& options) {
+Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int64_t n, int64_t cols,
+                    int64_t x_stride, const MatMulOptions& options) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat("MatMul: n = ", n, " < 0"));
   if (n == 0 || outputs.empty()) return absl::OkStatus();
   if (x == nullptr) return absl::InvalidArgumentError("MatMul: null activations");
@@ -191,7 +190,7 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
   struct Job {
     const MatMulOutput* out;
     mm::DotFn fn;
-    mm::RowsFn rows;    // all n activation rows per weight row (kQ8T), or nullptr
+    mm::RowsFn rows;  // all n activation rows per weight row (kQ8T), or nullptr
     int act;
     int64_t nb;         // blocks (or values) per row
     int64_t row_begin;  // in the concatenation of all outputs' rows
@@ -214,22 +213,21 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
     const WeightView& w = *o.w;
     const int ti = TypeIndexOf(w.type);
     if (ti < 0)
-      return absl::UnimplementedError(absl::StrCat("MatMul: weight type ",
-                                                   static_cast<uint32_t>(w.type),
-                                                   " has no matrix kernels"));
+      return absl::UnimplementedError(absl::StrCat(
+          "MatMul: weight type ", static_cast<uint32_t>(w.type), " has no matrix kernels"));
     if (w.cols != cols)
-      return absl::InvalidArgumentError(absl::StrCat("MatMul: weight has ", w.cols,
-                                                     " cols, activations ", cols));
+      return absl::InvalidArgumentError(
+          absl::StrCat("MatMul: weight has ", w.cols, " cols, activations ", cols));
     if (cols % kTypes[ti].values != 0 || w.row_bytes != cols / kTypes[ti].values * kTypes[ti].bytes)
-      return absl::InvalidArgumentError(absl::StrCat("MatMul: ", kTypes[ti].name,
-                                                     " weight view with inconsistent row_bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("MatMul: ", kTypes[ti].name, " weight view with inconsistent row_bytes"));
     if (o.y_stride < w.rows)
       return absl::InvalidArgumentError(
           absl::StrCat("MatMul: y_stride ", o.y_stride, " < rows ", w.rows));
     mm::DotFn fn = table.dot[ti];
     if (fn == nullptr)
-      return absl::UnimplementedError(absl::StrCat("MatMul: no ", table.isa, " kernel for ",
-                                                   kTypes[ti].name));
+      return absl::UnimplementedError(
+          absl::StrCat("MatMul: no ", table.isa, " kernel for ", kTypes[ti].name));
     const bool amx = amx_on && mm::AmxTypeSupported(ti);
     const mm::RowsFn rows_fn = !amx && RowsKernelsWanted(options, n) ? table.rows[ti] : nullptr;
     const int act = amx       ? static_cast<int>(ActKind::kQ8)
@@ -293,8 +291,8 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
         uint8_t* scratch = PanelScratch(mm::RowsPanelScratchBytes(job.nb));
         for (int64_t o = rb; o < re; o += 16) {
           const int m = static_cast<int>(std::min<int64_t>(16, re - o));
-          job.rows(static_cast<const uint8_t*>(w.data) + o * w.row_bytes, w.row_bytes, m, job.nb,
-                   a, as, n, y + o, ys, scratch);
+          job.rows(static_cast<const uint8_t*>(w.data) + o * w.row_bytes, w.row_bytes, m, job.nb, a,
+                   as, n, y + o, ys, scratch);
         }
         continue;
       }
@@ -323,8 +321,9 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
         if (k == 4) mm::InterleaveActQ8T(row, cols / 32);
       }
       if (need[3])
-        mm::QuantizeActQ8K(x + i * x_stride, cols,
-                           reinterpret_cast<ActQ8K*>(const_cast<uint8_t*>(act[3]) + i * act_stride[3]));
+        mm::QuantizeActQ8K(
+            x + i * x_stride, cols,
+            reinterpret_cast<ActQ8K*>(const_cast<uint8_t*>(act[3]) + i * act_stride[3]));
     }
   };
   if (!parallel) {
@@ -352,8 +351,8 @@ Status DequantizeRows(const WeightView& w, int64_t begin, int64_t end, float* ou
     return absl::UnimplementedError(absl::StrCat("DequantizeRows: weight type ",
                                                  static_cast<uint32_t>(w.type), " unsupported"));
   if (begin < 0 || end > w.rows || begin > end)
-    return absl::InvalidArgumentError(absl::StrCat("DequantizeRows: rows [", begin, ", ", end,
-                                                   ") outside [0, ", w.rows, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DequantizeRows: rows [", begin, ", ", end, ") outside [0, ", w.rows, ")"));
   if (end == begin) return absl::OkStatus();
   if (out == nullptr || w.data == nullptr)
     return absl::InvalidArgumentError("DequantizeRows: null pointer");
@@ -377,16 +376,16 @@ Status DequantizeValues(WeightType type, const void* data, uint64_t bytes, int64
                         float* out) {
   const int ti = TypeIndexOf(type);
   if (ti < 0)
-    return absl::UnimplementedError(absl::StrCat("weight type ", static_cast<uint32_t>(type),
-                                                 " cannot be dequantized"));
+    return absl::UnimplementedError(
+        absl::StrCat("weight type ", static_cast<uint32_t>(type), " cannot be dequantized"));
   if (count < 0 || count % kTypes[ti].values != 0)
     return absl::InvalidArgumentError(absl::StrCat(count, " values of ", kTypes[ti].name,
                                                    " are not a whole number of blocks of ",
                                                    kTypes[ti].values));
   const uint64_t need = static_cast<uint64_t>(count / kTypes[ti].values) * kTypes[ti].bytes;
   if (bytes < need)
-    return absl::InvalidArgumentError(absl::StrCat(count, " values of ", kTypes[ti].name,
-                                                   " need ", need, " bytes, got ", bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(count, " values of ", kTypes[ti].name, " need ", need, " bytes, got ", bytes));
   if (count == 0) return absl::OkStatus();
   if (data == nullptr || out == nullptr)
     return absl::InvalidArgumentError("DequantizeValues: null pointer");

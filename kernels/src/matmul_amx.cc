@@ -62,7 +62,11 @@ enum class Kind { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0 };
 
 template <Kind K>
 constexpr int64_t BlockBytes() {
-  return K == Kind::kQ4_0 ? 18 : K == Kind::kQ4_1 ? 20 : K == Kind::kQ5_0 ? 22 : K == Kind::kQ5_1 ? 24 : 34;
+  return K == Kind::kQ4_0   ? 18
+         : K == Kind::kQ4_1 ? 20
+         : K == Kind::kQ5_0 ? 22
+         : K == Kind::kQ5_1 ? 24
+                            : 34;
 }
 
 // Unpacks block b of the panel's m (<= 16) weight rows into B's VNNI layout (`codes`, 512
@@ -105,9 +109,12 @@ inline void UnpackBlock(const uint8_t* blk0, __m512i offs, __mmask16 live, uint8
         // shifted copies do not overlap).
         const __m512i spread = _mm512_set1_epi32(0x00204081), ones = _mm512_set1_epi32(0x01010101);
         const __m512i blo = _mm512_and_si512(_mm512_srli_epi32(qh, 4 * kk), _mm512_set1_epi32(15));
-        const __m512i bhi = _mm512_and_si512(_mm512_srli_epi32(qh, 16 + 4 * kk), _mm512_set1_epi32(15));
-        lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_mullo_epi32(blo, spread), ones), 4));
-        hi = _mm512_or_si512(hi, _mm512_slli_epi32(_mm512_and_si512(_mm512_mullo_epi32(bhi, spread), ones), 4));
+        const __m512i bhi =
+            _mm512_and_si512(_mm512_srli_epi32(qh, 16 + 4 * kk), _mm512_set1_epi32(15));
+        lo = _mm512_or_si512(
+            lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_mullo_epi32(blo, spread), ones), 4));
+        hi = _mm512_or_si512(
+            hi, _mm512_slli_epi32(_mm512_and_si512(_mm512_mullo_epi32(bhi, spread), ones), 4));
       }
       _mm512_storeu_si512(codes + 64 * kk, lo);
       _mm512_storeu_si512(codes + 64 * (4 + kk), hi);
@@ -236,7 +243,8 @@ void PanelRows(const uint8_t* w, int64_t row_bytes, int outputs, int64_t nb, con
   if (n % 16 != 0) {
     const int m = static_cast<int>(n % 16);
     LoadConfig(m);
-    Group<K, 15>(codes, dvec, fvec, x + 16 * whole * xrb, xrb, nb, m, live, y + 16 * whole * ys, ys);
+    Group<K, 15>(codes, dvec, fvec, x + 16 * whole * xrb, xrb, nb, m, live, y + 16 * whole * ys,
+                 ys);
   }
   _tile_release();
 }

@@ -41,7 +41,8 @@ inline void Store32(uint8_t* base, bool permuted, int64_t nb, int64_t b, __m256i
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(base + 32 * b), b8);
   } else {
     const int64_t g = b / 4, r = b % 4;
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(base + 128 * g + 16 * r), _mm256_castsi256_si128(b8));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(base + 128 * g + 16 * r),
+                     _mm256_castsi256_si128(b8));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(base + 128 * g + 64 + 16 * r),
                      _mm256_extracti128_si256(b8, 1));
   }
@@ -78,8 +79,10 @@ void QuantizeActQ8Avx2(const float* x, int64_t cols, bool permuted, uint8_t* row
       r[k] = _mm256_cvtps_epi32(_mm256_mul_ps(frac, _mm256_set1_ps(256.0f)));
       r[k] = _mm256_max_epi32(_mm256_min_epi32(r[k], lim), nlim);
     }
-    const int32_t s1 = Sum8(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
-    const int32_t s2 = Sum8(_mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3])));
+    const int32_t s1 =
+        Sum8(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+    const int32_t s2 =
+        Sum8(_mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3])));
     Store32(row, permuted, nb, b, Pack32(q));
     Store32(res, permuted, nb, b, Pack32(r));
     dx[b] = d * (1.0f / 256.0f);
@@ -103,7 +106,8 @@ bool DequantizeBlocksAvx2(int type_index, const uint8_t* src, int64_t nb, float*
       for (int64_t b = 0; b < nb; ++b, src += kB, out += 32) {
         const __m256 d = _mm256_set1_ps(H16(src));
         const __m256 m = has_min ? _mm256_set1_ps(H16(src + 2)) : _mm256_setzero_ps();
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (has_min ? 4 : 2)));
+        const __m128i raw =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (has_min ? 4 : 2)));
         const __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
         const __m128i parts[2] = {lo, hi};
         for (int p = 0; p < 2; ++p) {

@@ -57,8 +57,8 @@ inline __m256i HighBits32(const uint8_t* qhp) {
   uint32_t qh;
   __builtin_memcpy(&qh, qhp, 4);
   const __m256i v = _mm256_set1_epi32(static_cast<int32_t>(qh));
-  const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
-                                          0x0303030303030303LL);
+  const __m256i shuf =
+      _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL);
   const __m256i bytes = _mm256_shuffle_epi8(v, shuf);
   const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
   const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
@@ -140,8 +140,10 @@ void DotQ4N(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float* 
       const __m256i r23 = _mm256_inserti128_si256(
           _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2 * kB))),
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 3 * kB)), 1);
-      const __m256i lo01 = _mm256_and_si256(r01, m4), hi01 = _mm256_and_si256(_mm256_srli_epi16(r01, 4), m4);
-      const __m256i lo23 = _mm256_and_si256(r23, m4), hi23 = _mm256_and_si256(_mm256_srli_epi16(r23, 4), m4);
+      const __m256i lo01 = _mm256_and_si256(r01, m4),
+                    hi01 = _mm256_and_si256(_mm256_srli_epi16(r01, 4), m4);
+      const __m256i lo23 = _mm256_and_si256(r23, m4),
+                    hi23 = _mm256_and_si256(_mm256_srli_epi16(r23, 4), m4);
       const int64_t g = (b0 + k) / 4;
 #pragma GCC unroll 8
       for (int j = 0; j < kNx; ++j) {
@@ -150,8 +152,10 @@ void DotQ4N(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float* 
         const auto pair = [&](const __m256i lo, const __m256i hi, const uint8_t* c, int off) {
           return _mm256_madd_epi16(
               _mm256_add_epi16(
-                  _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + off))),
-                  _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + off + 64)))),
+                  _mm256_maddubs_epi16(
+                      lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + off))),
+                  _mm256_maddubs_epi16(
+                      hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + off + 64)))),
               ones);
         };
         const __m256i i01 = _mm256_add_epi32(_mm256_slli_epi32(pair(lo01, hi01, xg, 0), 8),
@@ -159,8 +163,10 @@ void DotQ4N(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float* 
         const __m256i i23 = _mm256_add_epi32(_mm256_slli_epi32(pair(lo23, hi23, xg, 32), 8),
                                              pair(lo23, hi23, xr, 32));
         const __m256 sv = _mm256_castps128_ps256(_mm_loadu_ps(s[j] + k));
-        acc0[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i01), _mm256_permutevar8x32_ps(sv, idx01), acc0[j]);
-        acc1[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i23), _mm256_permutevar8x32_ps(sv, idx23), acc1[j]);
+        acc0[j] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(i01), _mm256_permutevar8x32_ps(sv, idx01), acc0[j]);
+        acc1[j] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(i23), _mm256_permutevar8x32_ps(sv, idx23), acc1[j]);
       }
     }
     for (; k < cnt; ++k) {  // blocks after the last full group: natural code order
@@ -226,8 +232,9 @@ void DotQ8_0N(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float
         const uint8_t* xb = x + j * xrb + 32 * (b0 + k);
         const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
         const __m256i x2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 32 * nb));
-        const __m256i i = _mm256_add_epi32(_mm256_slli_epi32(DotU8S8(aq, _mm256_sign_epi8(x1, q)), 8),
-                                           DotU8S8(aq, _mm256_sign_epi8(x2, q)));
+        const __m256i i =
+            _mm256_add_epi32(_mm256_slli_epi32(DotU8S8(aq, _mm256_sign_epi8(x1, q)), 8),
+                             DotU8S8(aq, _mm256_sign_epi8(x2, q)));
         acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(s[j][k]), acc[j]);
       }
     }
@@ -307,25 +314,25 @@ void DotQ6_KN(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float
   for (int64_t b = 0; b < nb; ++b, w += 210) {
     const float d = H16(w + 208);
     const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
-    __m256i q[8];     // 8 vectors of 32 values: value order 0..255
-    __m256i scv[8];   // i16 scales of the two sub-blocks of 16 in each vector
+    __m256i q[8];    // 8 vectors of 32 values: value order 0..255
+    __m256i scv[8];  // i16 scales of the two sub-blocks of 16 in each vector
     for (int h = 0; h < 2; ++h) {
       const uint8_t* ql = w + 64 * h;
       const uint8_t* qh = w + 128 + 32 * h;
       const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
       const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
       const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
-      q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                     _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
-      q[4 * h + 1] = _mm256_or_si256(
-          _mm256_and_si256(l1, m4),
-          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
-      q[4 * h + 2] = _mm256_or_si256(
-          _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
-      q[4 * h + 3] = _mm256_or_si256(
-          _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+      q[4 * h + 0] =
+          _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+      q[4 * h + 1] =
+          _mm256_or_si256(_mm256_and_si256(l1, m4),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+      q[4 * h + 2] =
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+      q[4 * h + 3] =
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
       for (int k = 0; k < 4; ++k) {
         const int s0 = sc[8 * h + 2 * k], s1 = sc[8 * h + 2 * k + 1];
         scv[4 * h + k] = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(s1)),
@@ -347,8 +354,8 @@ void DotQ6_KN(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float
       const float dd = d * a.d;
       acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(256.0f * dd),
                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_set1_ps(dd), acc[j]));
-      acc[j] = _mm256_add_ps(acc[j], _mm256_setr_ps(-32.0f * dd * static_cast<float>(corr), 0, 0,
-                                                    0, 0, 0, 0, 0));
+      acc[j] = _mm256_add_ps(
+          acc[j], _mm256_setr_ps(-32.0f * dd * static_cast<float>(corr), 0, 0, 0, 0, 0, 0, 0));
     }
   }
 #pragma GCC unroll 8
@@ -459,11 +466,11 @@ void ByRows(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, int nx,
   }
 }
 
-#define POLYKV_MM_ROWS(fn, ...)                                                            \
-  ByRows<fn<__VA_ARGS__, 1>, fn<__VA_ARGS__, 2>, fn<__VA_ARGS__, 3>, fn<__VA_ARGS__, 4>, \
-         nullptr, nullptr, nullptr, nullptr>
+#define POLYKV_MM_ROWS(fn, ...)                                                                   \
+  ByRows<fn<__VA_ARGS__, 1>, fn<__VA_ARGS__, 2>, fn<__VA_ARGS__, 3>, fn<__VA_ARGS__, 4>, nullptr, \
+         nullptr, nullptr, nullptr>
 #define POLYKV_MM_ROWS0(fn) ByRows<fn<1>, fn<2>, fn<3>, fn<4>, nullptr, nullptr, nullptr, nullptr>
-#define POLYKV_MM_ROWS8(fn, ...)                                                           \
+#define POLYKV_MM_ROWS8(fn, ...)                                                         \
   ByRows<fn<__VA_ARGS__, 1>, fn<__VA_ARGS__, 2>, fn<__VA_ARGS__, 3>, fn<__VA_ARGS__, 4>, \
          fn<__VA_ARGS__, 5>, fn<__VA_ARGS__, 6>, fn<__VA_ARGS__, 7>, fn<__VA_ARGS__, 8>>
 #define POLYKV_MM_ROWS8_0(fn) ByRows<fn<1>, fn<2>, fn<3>, fn<4>, fn<5>, fn<6>, fn<7>, fn<8>>

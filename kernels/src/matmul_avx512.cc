@@ -62,20 +62,22 @@ inline void Halves16(const uint8_t* w, int64_t b, int cnt, __m512* d, __m512* m)
     if (left >= 64) {
       reg[r] = _mm512_loadu_si512(p + 64 * r);
     } else if (left > 0) {
-      reg[r] = _mm512_maskz_loadu_epi8(static_cast<__mmask64>((uint64_t{1} << left) - 1), p + 64 * r);
+      reg[r] =
+          _mm512_maskz_loadu_epi8(static_cast<__mmask64>((uint64_t{1} << left) - 1), p + 64 * r);
     } else {
       reg[r] = _mm512_setzero_si512();
     }
   }
   __m512i words = _mm512_setzero_si512();
   for (int q = 0; q < WordPick<kB>::kPairs; ++q) {
-    const __m512i t = _mm512_permutex2var_epi16(
-        reg[2 * q], _mm512_load_si512(pick.idx[q]), reg[2 * q + 1]);
+    const __m512i t =
+        _mm512_permutex2var_epi16(reg[2 * q], _mm512_load_si512(pick.idx[q]), reg[2 * q + 1]);
     words = _mm512_mask_mov_epi16(words, pick.lanes[q], t);
   }
   const __mmask16 live = static_cast<__mmask16>(cnt >= 16 ? 0xFFFF : (1u << cnt) - 1);
   *d = _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words)));
-  *m = _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(words, 16))));
+  *m = _mm512_maskz_mov_ps(live,
+                           _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(words, 16))));
 }
 
 // For blocks [b, b + cnt) of kB bytes each (f16 d at +0, f16 m at +2 for kMin): writes
@@ -128,7 +130,8 @@ void DotQ4Vnni(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, floa
       r = _mm512_inserti32x4(r, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kB)), 1);
       r = _mm512_inserti32x4(r, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2 * kB)), 2);
       r = _mm512_inserti32x4(r, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 3 * kB)), 3);
-      const __m512i lo = _mm512_and_si512(r, m4), hi = _mm512_and_si512(_mm512_srli_epi16(r, 4), m4);
+      const __m512i lo = _mm512_and_si512(r, m4),
+                    hi = _mm512_and_si512(_mm512_srli_epi16(r, 4), m4);
       const int64_t g = (b0 + k) / 4;
 #pragma GCC unroll 8
       for (int j = 0; j < kNx; ++j) {
@@ -139,7 +142,8 @@ void DotQ4Vnni(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, floa
         __m512i p2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xr));
         p2 = _mm512_dpbusd_epi32(p2, hi, _mm512_loadu_si512(xr + 64));
         p = _mm512_add_epi32(_mm512_slli_epi32(p, 8), p2);
-        const __m512 sv = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(s[j] + k)));
+        const __m512 sv =
+            _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(s[j] + k)));
         acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sv, acc[j]);
       }
     }
@@ -193,7 +197,8 @@ inline __m512 ReduceRows16(const __m512* v) {
     x[k] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0x44),
                          _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0xEE));
   // Lane 4 q + m: row q + 4 m.
-  const __m512 y = _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xDD));
+  const __m512 y =
+      _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xDD));
   return _mm512_permutexvar_ps(
       _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), y);
 }
@@ -207,8 +212,9 @@ void Q4RowsT(const uint8_t* w, int64_t row_bytes, int rows, int64_t nb, const ui
   PanelGroup* panel = reinterpret_cast<PanelGroup*>(scratch);
   PanelPair* tail = reinterpret_cast<PanelPair*>(panel + 16 * groups);
   const __m512i m4 = _mm512_set1_epi8(0x0f);
-  const __m512i offs = _mm512_mullo_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(kB));
+  const __m512i offs =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(kB));
   for (int r = 0; r < rows; ++r) {
     const uint8_t* wr = w + r * row_bytes;
     for (int64_t g = 0; g < groups; ++g) {
@@ -283,9 +289,11 @@ void Q4RowsT(const uint8_t* w, int64_t row_bytes, int rows, int64_t nb, const ui
           const __m512i p2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), pp.q, c2);
           const __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(p, 8), p2));
           const __m512 dx = _mm512_permutexvar_ps(
-              spread2, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(two ? 3 : 1, ActQ8Dx(xj, nb) + b)));
+              spread2,
+              _mm512_castps256_ps512(_mm256_maskz_loadu_ps(two ? 3 : 1, ActQ8Dx(xj, nb) + b)));
           const __m512 ds = _mm512_permutexvar_ps(
-              spread2, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(two ? 3 : 1, ActQ8Ds(xj, nb) + b)));
+              spread2,
+              _mm512_castps256_ps512(_mm256_maskz_loadu_ps(two ? 3 : 1, ActQ8Ds(xj, nb) + b)));
           a[j] = _mm512_mask3_fmadd_ps(v, _mm512_mul_ps(pp.d, dx), a[j], live);
           a[j] = _mm512_fmadd_ps(pp.f, ds, a[j]);
         }
@@ -351,8 +359,7 @@ void DotQ8_0Vnni(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, fl
     }
   }
 #pragma GCC unroll 8
-  for (int j = 0; j < kNx; ++j)
-    out[j] = Hsum16(acc[j]) + Hsum8(acc1[j]) - 128.0f * Hsum16(corr[j]);
+  for (int j = 0; j < kNx; ++j) out[j] = Hsum16(acc[j]) + Hsum8(acc1[j]) - 128.0f * Hsum16(corr[j]);
 }
 
 template <int kKind>

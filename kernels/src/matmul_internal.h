@@ -91,8 +91,8 @@ enum TypeIndex : int {
 /// `nx` (1..kMaxRowsPerCall) activation rows: row j starts at x + j * x_row_bytes bytes (a
 /// Q8 activation row, an ActQ8K array or f32 values, by the type's ActKind).
 /// out[j] = the dot product.
-using DotFn = void (*)(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t x_row_bytes,
-                       int nx, float* out);
+using DotFn = void (*)(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t x_row_bytes, int nx,
+                       float* out);
 
 /// Most activation rows one DotFn call handles.
 inline constexpr int kMaxRowsPerCall = 8;
@@ -101,9 +101,8 @@ inline constexpr int kMaxRowsPerCall = 8;
 /// with all `n` activation rows (kQ8T rows, x_row_bytes apart): y[j * ys + r] for j < n,
 /// r < rows. The panel's blocks are unpacked once into `scratch` (RowsPanelScratchBytes,
 /// 64-byte aligned) and shared by every activation row.
-using RowsFn = void (*)(const uint8_t* w, int64_t row_bytes, int rows, int64_t nb,
-                        const uint8_t* x, int64_t x_row_bytes, int64_t n, float* y, int64_t ys,
-                        uint8_t* scratch);
+using RowsFn = void (*)(const uint8_t* w, int64_t row_bytes, int rows, int64_t nb, const uint8_t* x,
+                        int64_t x_row_bytes, int64_t n, float* y, int64_t ys, uint8_t* scratch);
 /// Scratch bytes of a RowsFn panel of 16 rows of nb blocks: per row, 640 bytes per full
 /// 16-block group and 192 per pair of the blocks after them.
 inline int64_t RowsPanelScratchBytes(int64_t nb) {

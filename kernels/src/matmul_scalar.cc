@@ -49,7 +49,8 @@ float DotQ4_0(const uint8_t* w, int64_t nb, const uint8_t* xr) {
   for (int64_t b = 0; b < nb; ++b, w += 18) {
     const uint8_t* qs = w + 2;
     int32_t s = 0;
-    for (int j = 0; j < 16; ++j) s += (qs[j] & 0x0f) * x.Code(b, j) + (qs[j] >> 4) * x.Code(b, j + 16);
+    for (int j = 0; j < 16; ++j)
+      s += (qs[j] & 0x0f) * x.Code(b, j) + (qs[j] >> 4) * x.Code(b, j + 16);
     // sum (q - 8) x = sum q x - 8 sum x; d dx sum x = d ds.
     acc += LoadHalf(w) * x.Dx(b) * static_cast<float>(s) - 8.0f * LoadHalf(w) * x.Ds(b);
   }
@@ -62,7 +63,8 @@ float DotQ4_1(const uint8_t* w, int64_t nb, const uint8_t* xr) {
   for (int64_t b = 0; b < nb; ++b, w += 20) {
     const uint8_t* qs = w + 4;
     int32_t s = 0;
-    for (int j = 0; j < 16; ++j) s += (qs[j] & 0x0f) * x.Code(b, j) + (qs[j] >> 4) * x.Code(b, j + 16);
+    for (int j = 0; j < 16; ++j)
+      s += (qs[j] & 0x0f) * x.Code(b, j) + (qs[j] >> 4) * x.Code(b, j + 16);
     acc += LoadHalf(w) * x.Dx(b) * static_cast<float>(s) + LoadHalf(w + 2) * x.Ds(b);
   }
   return acc;
@@ -151,7 +153,9 @@ float DotQ45_KRef(const uint8_t* w, int64_t nb, const ActQ8K* x, bool q5) {
   return acc;
 }
 
-float DotQ4_K(const uint8_t* w, int64_t nb, const ActQ8K* x) { return DotQ45_KRef(w, nb, x, false); }
+float DotQ4_K(const uint8_t* w, int64_t nb, const ActQ8K* x) {
+  return DotQ45_KRef(w, nb, x, false);
+}
 float DotQ5_K(const uint8_t* w, int64_t nb, const ActQ8K* x) { return DotQ45_KRef(w, nb, x, true); }
 
 float DotQ6_K(const uint8_t* w, int64_t nb, const ActQ8K* x) {
@@ -185,8 +189,7 @@ float DotQ6_K(const uint8_t* w, int64_t nb, const ActQ8K* x) {
 }
 
 template <typename Act, float (*Dot)(const uint8_t*, int64_t, const Act*)>
-void Rows(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t x_row_bytes, int nx,
-          float* out) {
+void Rows(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t x_row_bytes, int nx, float* out) {
   for (int j = 0; j < nx; ++j)
     out[j] = Dot(w, nb, reinterpret_cast<const Act*>(x + j * x_row_bytes));
 }
@@ -325,9 +328,9 @@ const DotTable& ScalarTable() {
 }
 
 BlockDequantFn BlockDequant(int type_index) {
-  static constexpr BlockDequantFn kFns[kTypeCount] = {
-      DeqF32, DeqF16, DeqBf16, DeqQ4_0, DeqQ4_1, DeqQ5_0, DeqQ5_1, DeqQ8_0, DeqQ4_K, DeqQ5_K,
-      DeqQ6_K};
+  static constexpr BlockDequantFn kFns[kTypeCount] = {DeqF32,  DeqF16,  DeqBf16, DeqQ4_0,
+                                                      DeqQ4_1, DeqQ5_0, DeqQ5_1, DeqQ8_0,
+                                                      DeqQ4_K, DeqQ5_K, DeqQ6_K};
   return (type_index >= 0 && type_index < kTypeCount) ? kFns[type_index] : nullptr;
 }
 

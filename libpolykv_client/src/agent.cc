@@ -26,9 +26,12 @@ double MsSince(Clock::time_point t0) {
 
 StatusOr<polykv_dtype> CDtypeOf(torch::ScalarType t) {
   switch (t) {
-    case torch::kFloat32: return POLYKV_DTYPE_F32;
-    case torch::kFloat16: return POLYKV_DTYPE_F16;
-    case torch::kBFloat16: return POLYKV_DTYPE_BF16;
+    case torch::kFloat32:
+      return POLYKV_DTYPE_F32;
+    case torch::kFloat16:
+      return POLYKV_DTYPE_F16;
+    case torch::kBFloat16:
+      return POLYKV_DTYPE_BF16;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("model dtype ", c10::toString(t), " cannot receive a pool decode"));
@@ -88,7 +91,8 @@ ProcessMemory ReadProcessMemory() {
 Status FromCStatus(int code, std::string_view context) {
   if (code == POLYKV_OK) return absl::OkStatus();
   const char* detail = polykv_last_error();
-  std::string msg = absl::StrCat(std::string(context), ": ", polykv_status_string(static_cast<polykv_status>(code)));
+  std::string msg = absl::StrCat(std::string(context), ": ",
+                                 polykv_status_string(static_cast<polykv_status>(code)));
   if (detail != nullptr && detail[0] != '\0') absl::StrAppend(&msg, ": ", detail);
   return Status(static_cast<absl::StatusCode>(code), msg);
 }
@@ -107,15 +111,16 @@ uint64_t CacheBytes(const model::KvCache& cache) {
 }
 
 std::string ChatQuestionPrompt(std::string_view question) {
-  return absl::StrCat("<|im_start|>user\n", std::string(question), "<|im_end|>\n<|im_start|>assistant\n");
+  return absl::StrCat("<|im_start|>user\n", std::string(question),
+                      "<|im_end|>\n<|im_start|>assistant\n");
 }
 
 std::string ChatDocument(std::string_view document, std::string_view instruction) {
-  return absl::StrCat("<|im_start|>system\n", std::string(instruction), "\n\n", std::string(document), "<|im_end|>\n");
+  return absl::StrCat("<|im_start|>system\n", std::string(instruction), "\n\n",
+                      std::string(document), "<|im_end|>\n");
 }
 
-Status PooledAgent::AttachPool(const std::string& id, polykv_pool** pool,
-                               polykv_pool_info* info) {
+Status PooledAgent::AttachPool(const std::string& id, polykv_pool** pool, polykv_pool_info* info) {
   POLYKV_RETURN_IF_ERROR(EnsureConnected(nullptr));
   polykv_status cs = polykv_attach(client_, id.c_str(), pool);
   if (cs != POLYKV_OK) {
@@ -172,30 +177,30 @@ Status PooledAgent::AttachChain(const std::string& id, AttachedChain* chain) {
                                             : absl::StrCat("parent pool ", info.id, " of ", id);
     // ---- every pool of the chain must come from this model ----
     if (model_->fingerprint() != info.model_fingerprint) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, " was prefilled with model ", info.model, " (fingerprint ",
-          std::string(info.model_fingerprint).substr(0, 16), "...) but this agent loaded ",
-          options_.model_path, " (fingerprint ", model_->fingerprint().substr(0, 16),
-          "...): load the pool's model"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, " was prefilled with model ", info.model, " (fingerprint ",
+                       std::string(info.model_fingerprint).substr(0, 16),
+                       "...) but this agent loaded ", options_.model_path, " (fingerprint ",
+                       model_->fingerprint().substr(0, 16), "...): load the pool's model"));
     }
     if (static_cast<int32_t>(info.layers) != cfg.layers ||
         static_cast<int32_t>(info.kv_heads) != cfg.kv_heads ||
         static_cast<int32_t>(info.head_dim) != cfg.head_dim) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, " shape layers=", info.layers, " kv_heads=", info.kv_heads,
-          " head_dim=", info.head_dim, " does not match the model (", cfg.layers, ", ",
-          cfg.kv_heads, ", ", cfg.head_dim, ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, " shape layers=", info.layers, " kv_heads=", info.kv_heads,
+                       " head_dim=", info.head_dim, " does not match the model (", cfg.layers, ", ",
+                       cfg.kv_heads, ", ", cfg.head_dim, ")"));
     }
     if (info.tokens < 1) return absl::FailedPreconditionError(absl::StrCat(what, " is empty"));
     if (!infos.empty() && info.parent_tokens + info.tokens != infos.back().parent_tokens) {
-      return absl::DataLossError(absl::StrCat(
-          what, " ends at position ", info.parent_tokens + info.tokens, " but its child follows ",
-          infos.back().parent_tokens, " positions"));
+      return absl::DataLossError(
+          absl::StrCat(what, " ends at position ", info.parent_tokens + info.tokens,
+                       " but its child follows ", infos.back().parent_tokens, " positions"));
     }
     next = info.parent;
     if (next.empty() && info.parent_tokens != 0) {
-      return absl::DataLossError(absl::StrCat(what, " has no parent but follows ",
-                                              info.parent_tokens, " positions"));
+      return absl::DataLossError(
+          absl::StrCat(what, " has no parent but follows ", info.parent_tokens, " positions"));
     }
     guards.push_back(std::move(guard));
     infos.push_back(info);
@@ -238,9 +243,9 @@ Status PooledAgent::EnsureConnected(double* connect_ms) {
   if (connect_ms != nullptr) *connect_ms = MsSince(t0);
   if (s != POLYKV_OK) {
     client_ = nullptr;
-    return FromCStatus(s, absl::StrCat("cannot reach polykvd at ",
-                                       options_.endpoint.empty() ? "the default endpoint"
-                                                                 : options_.endpoint));
+    return FromCStatus(
+        s, absl::StrCat("cannot reach polykvd at ",
+                        options_.endpoint.empty() ? "the default endpoint" : options_.endpoint));
   }
   return absl::OkStatus();
 }
@@ -248,9 +253,8 @@ Status PooledAgent::EnsureConnected(double* connect_ms) {
 StatusOr<std::vector<int32_t>> PooledAgent::EncodePrompt(std::string_view text) const {
   const model::Tokenizer* tok = model_->tokenizer();
   if (tok == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("model ", options_.model_path,
-                     " has no tokenizer: give the prompt as token ids"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model ", options_.model_path, " has no tokenizer: give the prompt as token ids"));
   }
   return tok->Encode(text, /*add_bos=*/false);
 }
@@ -279,7 +283,8 @@ StatusOr<std::vector<int32_t>> PooledAgent::PoolTokenIds(std::string_view pool_i
 StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
                                        absl::Span<const int32_t> prompt_ids,
                                        const model::SamplingOptions& sampling) {
-  if (prompt_ids.empty()) return absl::InvalidArgumentError("empty prompt: give at least one token");
+  if (prompt_ids.empty())
+    return absl::InvalidArgumentError("empty prompt: give at least one token");
   const model::ModelConfig& cfg = model_->config();
   for (int32_t id : prompt_ids) {
     if (id < 0 || id >= cfg.vocab) {
@@ -345,12 +350,14 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
                                                  int64_t rows) {
   if (input_ids.empty() || input_ids.size() != target_ids.size())
     return absl::InvalidArgumentError(absl::StrCat("score: ", input_ids.size(), " inputs and ",
-                                                   target_ids.size(), " targets (need equal, > 0)"));
+                                                   target_ids.size(),
+                                                   " targets (need equal, > 0)"));
   const model::ModelConfig& cfg = model_->config();
   for (absl::Span<const int32_t> span : {input_ids, target_ids})
     for (int32_t id : span)
       if (id < 0 || id >= cfg.vocab)
-        return absl::InvalidArgumentError(absl::StrCat("score: token id ", id, " outside the vocabulary"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("score: token id ", id, " outside the vocabulary"));
   const std::string id(pool_id);
   AttachedChain chain;
   POLYKV_RETURN_IF_ERROR(AttachChain(id, &chain));
@@ -367,8 +374,8 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
     for (size_t done = 0; done < input_ids.size();) {
       const size_t n = std::min<size_t>(static_cast<size_t>(std::max<int64_t>(rows, 1)),
                                         input_ids.size() - done);
-      POLYKV_ASSIGN_OR_RETURN(torch::Tensor logits,
-                              model_->Forward(input_ids.subspan(done, n), cache, /*all_logits=*/true));
+      POLYKV_ASSIGN_OR_RETURN(torch::Tensor logits, model_->Forward(input_ids.subspan(done, n),
+                                                                    cache, /*all_logits=*/true));
       std::vector<int64_t> tgt(target_ids.begin() + done, target_ids.begin() + done + n);
       torch::Tensor lp = torch::log_softmax(logits.to(torch::kFloat32).cpu(), -1)
                              .gather(1, torch::tensor(tgt, torch::kInt64).unsqueeze(1))
@@ -412,10 +419,10 @@ Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, boo
                               ipc::PoolReader::Open(base, size, /*verify_payload=*/false));
       const ipc::PoolParams& p = reader.params();
       if (p.tokens != chain.infos[i].tokens || p.parent_tokens != chain.infos[i].parent_tokens)
-        return absl::DataLossError(absl::StrCat(
-            "pool ", chain.infos[i].id, ": header holds ", p.tokens, " tokens after ",
-            p.parent_tokens, ", the daemon reported ", chain.infos[i].tokens, " after ",
-            chain.infos[i].parent_tokens));
+        return absl::DataLossError(absl::StrCat("pool ", chain.infos[i].id, ": header holds ",
+                                                p.tokens, " tokens after ", p.parent_tokens,
+                                                ", the daemon reported ", chain.infos[i].tokens,
+                                                " after ", chain.infos[i].parent_tokens));
       POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, ipc::PrefixViewOf(reader));
       bytes_per_token += static_cast<uint64_t>(v.LayerBytes()) * v.layers.size();
       if (i == 0) {
@@ -432,8 +439,8 @@ Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, boo
       return check_leases();
     };
     st->prefix_bytes_per_token = bytes_per_token;
-    POLYKV_ASSIGN_OR_RETURN(*cache, model_->NewCacheWithPrefix(std::move(prefix), std::move(doc_ids),
-                                                               extra_capacity));
+    POLYKV_ASSIGN_OR_RETURN(
+        *cache, model_->NewCacheWithPrefix(std::move(prefix), std::move(doc_ids), extra_capacity));
     return absl::OkStatus();
   }
   // Decompressed: every layer of every pool decoded into the private cache, each pool at its
@@ -477,11 +484,12 @@ StatusOr<BaselineResult> PooledAgent::RunBaseline(absl::Span<const int32_t> docu
                                                   absl::Span<const int32_t> prompt_ids,
                                                   const model::SamplingOptions& sampling) {
   if (document_ids.empty()) return absl::InvalidArgumentError("empty document");
-  if (prompt_ids.empty()) return absl::InvalidArgumentError("empty prompt: give at least one token");
+  if (prompt_ids.empty())
+    return absl::InvalidArgumentError("empty prompt: give at least one token");
   BaselineResult r;
   const int64_t n = static_cast<int64_t>(document_ids.size());
-  const int64_t capacity =
-      n + static_cast<int64_t>(prompt_ids.size()) + std::max<int32_t>(sampling.max_new_tokens, 0) + 1;
+  const int64_t capacity = n + static_cast<int64_t>(prompt_ids.size()) +
+                           std::max<int32_t>(sampling.max_new_tokens, 0) + 1;
   auto t0 = Clock::now();
   model::KvCache cache = model_->NewCache(capacity);
   constexpr int64_t kChunk = 512;
@@ -495,8 +503,7 @@ StatusOr<BaselineResult> PooledAgent::RunBaseline(absl::Span<const int32_t> docu
   if (options_.attend == Attend::kInPlace &&
       model_->weight_storage() == model::WeightStorage::kMapped) {
     // The document as a read-only raw prefix: the same split attention as a pool agent.
-    POLYKV_ASSIGN_OR_RETURN(cache, model_->FreezeAsPrefix(
-                                       std::move(cache), capacity - n));
+    POLYKV_ASSIGN_OR_RETURN(cache, model_->FreezeAsPrefix(std::move(cache), capacity - n));
   }
   POLYKV_ASSIGN_OR_RETURN(model::GenerateResult gen, model_->Generate(cache, prompt_ids, sampling));
   r.answer_ids = std::move(gen.tokens);

@@ -8,8 +8,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -19,15 +19,14 @@
 #include <thread>
 #include <utility>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "client_channel.h"
 #include "client_device.h"
+#include "polykv/ipc/codec_spec.h"
 #include "polykv/ipc/cuda_ipc.h"
 #include "polykv/ipc/pool_layout.h"
-#include "polykv/ipc/codec_spec.h"
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
 #include "polykv/ipc/shm_region.h"
@@ -43,7 +42,7 @@ using Clock = std::chrono::steady_clock;
 namespace ipc = polykv::ipc;
 
 constexpr int kDefaultTimeoutMs = 5000;
-constexpr int kTries = 3;                      // Lazy Pirate tries per request
+constexpr int kTries = 3;                        // Lazy Pirate tries per request
 constexpr int kDefaultCreateTimeoutMs = 600000;  // 10 min bound for CREATE_POOL
 // A create fails this long after the daemon's last word (it sends one every
 // ipc::kHeartbeatMs while the create is queued or running).
@@ -153,7 +152,8 @@ Status CheckPoolId(const char* pool_id) {
     return absl::InvalidArgumentError("pool id is empty");
   }
   size_t n = std::strlen(pool_id);
-  if (n > 64) return absl::InvalidArgumentError(absl::StrCat("pool id is ", n, " characters, over 64"));
+  if (n > 64)
+    return absl::InvalidArgumentError(absl::StrCat("pool id is ", n, " characters, over 64"));
   return Status();
 }
 
@@ -218,8 +218,8 @@ struct polykv_pool {
 
   void RenewLoop() {
     const int64_t interval_ms = std::max<int64_t>(kMinRenewIntervalMs, lease_ms / 3);
-    const int try_timeout = static_cast<int>(
-        std::max<int64_t>(10, std::min<int64_t>(timeout_ms, std::max<int64_t>(interval_ms / 2, 10))));
+    const int try_timeout = static_cast<int>(std::max<int64_t>(
+        10, std::min<int64_t>(timeout_ms, std::max<int64_t>(interval_ms / 2, 10))));
     std::unique_lock<std::mutex> lock(mu);
     while (true) {
       cv.wait_for(lock, std::chrono::milliseconds(interval_ms), [this] { return stop; });
@@ -245,9 +245,9 @@ struct polykv_pool {
         lease_message = std::string(reply.status().message());
         if (Clock::now() >= lease_valid_until) {
           lease_code = POLYKV_FAILED_PRECONDITION;
-          lease_message = absl::StrCat("lease on pool ", info.id,
-                                       " expired: the daemon did not answer renewals (",
-                                       lease_message, ")");
+          lease_message =
+              absl::StrCat("lease on pool ", info.id,
+                           " expired: the daemon did not answer renewals (", lease_message, ")");
         }
         continue;
       }
@@ -255,9 +255,9 @@ struct polykv_pool {
       if (!instance.empty() && !reply->instance.empty() && reply->instance != instance) {
         // Another daemon answers on the endpoint: ours (and every lease it granted) is gone.
         lease_code = POLYKV_NOT_FOUND;
-        lease_message = absl::StrCat("pool ", info.id, " is gone: polykvd restarted (instance ",
-                                     instance.substr(0, 8), " -> ",
-                                     reply->instance.substr(0, 8), ")");
+        lease_message =
+            absl::StrCat("pool ", info.id, " is gone: polykvd restarted (instance ",
+                         instance.substr(0, 8), " -> ", reply->instance.substr(0, 8), ")");
         continue;
       }
       if (st.ok()) {
@@ -272,8 +272,8 @@ struct polykv_pool {
         lease_message =
             absl::StrCat("lease on pool ", info.id, " expired (daemon: ", st.message(), ")");
       } else {
-        lease_message = absl::StrCat("renewal of the lease on pool ", info.id,
-                                     " failed: ", st.ToString());
+        lease_message =
+            absl::StrCat("renewal of the lease on pool ", info.id, " failed: ", st.ToString());
       }
     }
   }
@@ -283,22 +283,38 @@ extern "C" {
 
 const char* polykv_status_string(polykv_status status) {
   switch (status) {
-    case POLYKV_OK: return "OK";
-    case POLYKV_CANCELLED: return "CANCELLED";
-    case POLYKV_UNKNOWN: return "UNKNOWN";
-    case POLYKV_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case POLYKV_DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case POLYKV_NOT_FOUND: return "NOT_FOUND";
-    case POLYKV_ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case POLYKV_PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case POLYKV_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case POLYKV_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case POLYKV_ABORTED: return "ABORTED";
-    case POLYKV_OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case POLYKV_UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case POLYKV_INTERNAL: return "INTERNAL";
-    case POLYKV_UNAVAILABLE: return "UNAVAILABLE";
-    case POLYKV_DATA_LOSS: return "DATA_LOSS";
+    case POLYKV_OK:
+      return "OK";
+    case POLYKV_CANCELLED:
+      return "CANCELLED";
+    case POLYKV_UNKNOWN:
+      return "UNKNOWN";
+    case POLYKV_INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case POLYKV_DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case POLYKV_NOT_FOUND:
+      return "NOT_FOUND";
+    case POLYKV_ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case POLYKV_PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case POLYKV_RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case POLYKV_FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case POLYKV_ABORTED:
+      return "ABORTED";
+    case POLYKV_OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case POLYKV_UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case POLYKV_INTERNAL:
+      return "INTERNAL";
+    case POLYKV_UNAVAILABLE:
+      return "UNAVAILABLE";
+    case POLYKV_DATA_LOSS:
+      return "DATA_LOSS";
   }
   return "UNKNOWN_STATUS";
 }
@@ -395,8 +411,8 @@ polykv_status polykv_pool_info_by_id(polykv_client* client, const char* pool_id,
     StatusOr<ipc::Reply> reply = client->Call(req);
     if (!reply.ok()) {
       if (reply.status().code() == absl::StatusCode::kNotFound) {
-        return absl::NotFoundError(absl::StrCat("unknown pool ", pool_id, " (daemon: ",
-                                                reply.status().message(), ")"));
+        return absl::NotFoundError(
+            absl::StrCat("unknown pool ", pool_id, " (daemon: ", reply.status().message(), ")"));
       }
       return reply.status();
     }
@@ -432,9 +448,8 @@ polykv_status CreatePool(polykv_client* client, const polykv_create_options* opt
           POLYKV_CREATE_OPTIONS_VERSION, " (call polykv_create_options_init)"));
     }
     const char* parent =
-        opts->struct_version >= 2 && opts->parent != nullptr && *opts->parent != '\0'
-            ? opts->parent
-            : nullptr;
+        opts->struct_version >= 2 && opts->parent != nullptr && *opts->parent != '\0' ? opts->parent
+                                                                                      : nullptr;
     if (parent == nullptr && (opts->model == nullptr || *opts->model == '\0')) {
       return absl::InvalidArgumentError("create: model path is empty");
     }
@@ -464,13 +479,14 @@ polykv_status CreatePool(polykv_client* client, const polykv_create_options* opt
     // Presets and specs (polykv/ipc/codec_spec.h) are checked here, with the daemon's rules.
     if (!req.codec.empty()) {
       auto spec = ipc::ParseCodecSpec(req.codec);
-      if (!spec.ok()) return Status(spec.status().code(), absl::StrCat("create: ", spec.status().message()));
+      if (!spec.ok())
+        return Status(spec.status().code(), absl::StrCat("create: ", spec.status().message()));
     }
     req.key_scale = opts->key_scale ? opts->key_scale : "tensor";
     if (req.key_scale != "tensor" && req.key_scale != "head" && req.key_scale != "channel") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "create: unknown key scale \"", ipc::Abbreviate(req.key_scale, 32),
-          "\" (expected tensor, head or channel)"));
+      return absl::InvalidArgumentError(absl::StrCat("create: unknown key scale \"",
+                                                     ipc::Abbreviate(req.key_scale, 32),
+                                                     "\" (expected tensor, head or channel)"));
     }
     req.norm_correction = opts->norm_correction != 0;
     // Always ask for progress: the daemon then sends heartbeats, and silence means trouble.
@@ -517,8 +533,7 @@ polykv_status polykv_create_pool(polykv_client* client, const polykv_create_opti
                     created, "polykv_create_pool");
 }
 
-polykv_status polykv_create_pool_from_text(polykv_client* client,
-                                           const polykv_create_options* opts,
+polykv_status polykv_create_pool_from_text(polykv_client* client, const polykv_create_options* opts,
                                            const char* document, size_t document_size,
                                            polykv_progress_fn progress, void* user,
                                            polykv_pool_info* out, int* created) {
@@ -546,10 +561,10 @@ polykv_status polykv_daemon_get_status(polykv_client* client, polykv_daemon_stat
   // they get every field their struct has.
   constexpr size_t kMinSize = offsetof(polykv_daemon_status, model_cache_mapped_bytes);
   if (out->struct_size < kMinSize || out->struct_size > sizeof(polykv_daemon_status)) {
-    return Fail(POLYKV_INVALID_ARGUMENT,
-                absl::StrCat("polykv_daemon_get_status: out->struct_size is ", out->struct_size,
-                             ", expected sizeof(polykv_daemon_status) = ",
-                             sizeof(polykv_daemon_status)));
+    return Fail(
+        POLYKV_INVALID_ARGUMENT,
+        absl::StrCat("polykv_daemon_get_status: out->struct_size is ", out->struct_size,
+                     ", expected sizeof(polykv_daemon_status) = ", sizeof(polykv_daemon_status)));
   }
   return Guarded("polykv_daemon_get_status", [&]() -> Status {
     ipc::Request req;
@@ -576,8 +591,8 @@ polykv_status polykv_daemon_get_status(polykv_client* client, polykv_daemon_stat
   });
 }
 
-polykv_status polykv_daemon_peers(polykv_client* client, polykv_peer_info* peers,
-                                  size_t capacity, size_t* count) {
+polykv_status polykv_daemon_peers(polykv_client* client, polykv_peer_info* peers, size_t capacity,
+                                  size_t* count) {
   if (client == nullptr || count == nullptr || (capacity > 0 && peers == nullptr)) {
     return Fail(POLYKV_INVALID_ARGUMENT, "polykv_daemon_peers: client, count or peers is NULL");
   }
@@ -649,8 +664,8 @@ polykv_status polykv_evict(polykv_client* client, const char* pool_id, int force
     req.force = force != 0;
     StatusOr<ipc::Reply> reply = client->Call(req);
     if (!reply.ok() && reply.status().code() == absl::StatusCode::kNotFound) {
-      return absl::NotFoundError(absl::StrCat("unknown pool ", pool_id, " (daemon: ",
-                                              reply.status().message(), ")"));
+      return absl::NotFoundError(
+          absl::StrCat("unknown pool ", pool_id, " (daemon: ", reply.status().message(), ")"));
     }
     return reply.status();
   });
@@ -717,16 +732,16 @@ Status MapPool(polykv_pool* pool, const ipc::MemoryHandle& mem) {
     size = mem.size > 0 ? mem.size : pool->cuda->size();
     device = polykv::kernels::Device::kCuda;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ATTACH reply has unknown backend \"", ipc::Abbreviate(mem.backend, 32),
-        "\" (expected host or cuda)"));
+    return absl::InvalidArgumentError(absl::StrCat("ATTACH reply has unknown backend \"",
+                                                   ipc::Abbreviate(mem.backend, 32),
+                                                   "\" (expected host or cuda)"));
   }
   POLYKV_ASSIGN_OR_RETURN(ipc::PoolReader reader,
                           ipc::PoolReader::Open(base, size, verify_payload, device));
   const std::string header_id = Hex(reader.header().pool_id, sizeof(reader.header().pool_id));
   if (header_id != pool->info.id) {
-    return absl::DataLossError(absl::StrCat("mapped pool header has id ", header_id,
-                                            ", expected ", pool->info.id));
+    return absl::DataLossError(
+        absl::StrCat("mapped pool header has id ", header_id, ", expected ", pool->info.id));
   }
   if (device == polykv::kernels::Device::kCpu) {
     pool->map_base = static_cast<const uint8_t*>(base);
@@ -753,8 +768,8 @@ polykv_status polykv_attach(polykv_client* client, const char* pool_id, polykv_p
     StatusOr<ipc::Reply> reply = client->Call(req);
     if (!reply.ok()) {
       if (reply.status().code() == absl::StatusCode::kNotFound) {
-        return absl::NotFoundError(absl::StrCat("unknown pool ", pool_id, " (daemon: ",
-                                                reply.status().message(), ")"));
+        return absl::NotFoundError(
+            absl::StrCat("unknown pool ", pool_id, " (daemon: ", reply.status().message(), ")"));
       }
       return reply.status();
     }
@@ -862,8 +877,8 @@ polykv_status polykv_pool_token_ids(const polykv_pool* pool, int32_t* ids, size_
   });
 }
 
-polykv_status polykv_decode_layer(const polykv_pool* pool, uint32_t layer, void* k_out,
-                                  void* v_out, polykv_dtype dtype) {
+polykv_status polykv_decode_layer(const polykv_pool* pool, uint32_t layer, void* k_out, void* v_out,
+                                  polykv_dtype dtype) {
   if (pool == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_decode_layer: pool is NULL");
   if (k_out == nullptr || v_out == nullptr) {
     return Fail(POLYKV_INVALID_ARGUMENT, "polykv_decode_layer: k_out or v_out is NULL");
@@ -874,9 +889,9 @@ polykv_status polykv_decode_layer(const polykv_pool* pool, uint32_t layer, void*
   }
   const uint32_t layers = pool->reader->params().layers;
   if (layer >= layers) {
-    return Fail(POLYKV_OUT_OF_RANGE, absl::StrCat("polykv_decode_layer: layer ", layer,
-                                                  " out of range: pool ", pool->info.id,
-                                                  " has ", layers, " layers"));
+    return Fail(POLYKV_OUT_OF_RANGE,
+                absl::StrCat("polykv_decode_layer: layer ", layer, " out of range: pool ",
+                             pool->info.id, " has ", layers, " layers"));
   }
   auto [code, message] = pool->LeaseState();
   if (code != POLYKV_OK) return Fail(code, message);
@@ -924,7 +939,8 @@ polykv_status polykv_pool_verify(const polykv_pool* pool) {
 }
 
 polykv_status polykv_pool_lease_status(const polykv_pool* pool) {
-  if (pool == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_lease_status: pool is NULL");
+  if (pool == nullptr)
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_lease_status: pool is NULL");
   auto [code, message] = pool->LeaseState();
   if (code != POLYKV_OK) return Fail(code, message);
   return POLYKV_OK;

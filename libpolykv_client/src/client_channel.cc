@@ -80,9 +80,9 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
   POLYKV_RETURN_IF_ERROR(ipc::ValidateRequest(request));
   const std::string frame = ipc::EncodeRequest(request);
   if (frame.size() > ipc::kMaxMessageBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        std::string(ipc::MessageTypeName(request.type)), " request is ", frame.size(),
-        " bytes, over the protocol limit of ", ipc::kMaxMessageBytes, " bytes"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(std::string(ipc::MessageTypeName(request.type)), " request is ", frame.size(),
+                     " bytes, over the protocol limit of ", ipc::kMaxMessageBytes, " bytes"));
   }
   for (int attempt = 0; attempt < tries; ++attempt) {
     // Fail at once, with the reason, when the socket is missing, dead or forbidden.
@@ -138,9 +138,9 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
     socket_.reset();
   }
   return absl::UnavailableError(absl::StrCat(
-      "no reply from polykvd at ", endpoint_, " to ", std::string(ipc::MessageTypeName(request.type)),
-      " after ", tries, (tries == 1 ? " try" : " tries"), " of ", try_timeout_ms,
-      " ms (is the daemon running?)"));
+      "no reply from polykvd at ", endpoint_, " to ",
+      std::string(ipc::MessageTypeName(request.type)), " after ", tries,
+      (tries == 1 ? " try" : " tries"), " of ", try_timeout_ms, " ms (is the daemon running?)"));
 }
 
 StatusOr<ipc::Reply> Channel::CallOk(ipc::Request request, int try_timeout_ms, int tries,
@@ -182,8 +182,8 @@ StatusOr<ipc::Reply> Channel::CallStreaming(
   };
   if (!send(frame)) {
     drop_socket();
-    return absl::UnavailableError(absl::StrCat("cannot send ", what, " to polykvd at ",
-                                               endpoint_, " (is the daemon running?)"));
+    return absl::UnavailableError(absl::StrCat("cannot send ", what, " to polykvd at ", endpoint_,
+                                               " (is the daemon running?)"));
   }
   // A daemon that stamps replies with its instance also sends heartbeats: only then is
   // silence a failure. Older daemons get the plain overall timeout.
@@ -206,26 +206,26 @@ StatusOr<ipc::Reply> Channel::CallStreaming(
     const auto now = Clock::now();
     if (now >= deadline) {
       drop_socket();
-      return absl::DeadlineExceededError(absl::StrCat(
-          what, " got no reply from polykvd at ", endpoint_, " within ", timeout_ms, " ms"));
+      return absl::DeadlineExceededError(absl::StrCat(what, " got no reply from polykvd at ",
+                                                      endpoint_, " within ", timeout_ms, " ms"));
     }
     if (now - last_probe >= std::chrono::seconds(1)) {
       last_probe = now;
       if (Status alive = Probe(); !alive.ok()) {
         drop_socket();
-        return absl::UnavailableError(absl::StrCat(
-            "polykvd went away during ", what, ": ", alive.message(), "; the request was lost"));
+        return absl::UnavailableError(absl::StrCat("polykvd went away during ", what, ": ",
+                                                   alive.message(), "; the request was lost"));
       }
     }
     if (heartbeats) {
       const auto quiet = now - last_heard;
       if (quiet >= std::chrono::milliseconds(silence_ms)) {
         drop_socket();
-        return absl::UnavailableError(absl::StrCat(
-            "no word from polykvd at ", endpoint_, " for ",
-            std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count(), " ms during ",
-            what, " (it sends a heartbeat every ", ipc::kHeartbeatMs,
-            " ms): the daemon died or hung; the request was lost"));
+        return absl::UnavailableError(
+            absl::StrCat("no word from polykvd at ", endpoint_, " for ",
+                         std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count(),
+                         " ms during ", what, " (it sends a heartbeat every ", ipc::kHeartbeatMs,
+                         " ms): the daemon died or hung; the request was lost"));
       }
       if (quiet >= std::chrono::milliseconds(silence_ms / 2) &&
           now - last_ping >= std::chrono::milliseconds(silence_ms / 4 + 1)) {
@@ -252,8 +252,7 @@ StatusOr<ipc::Reply> Channel::CallStreaming(
     if (!reply.ok()) {
       drop_socket();
       return Status(reply.status().code(), absl::StrCat("malformed reply from polykvd at ",
-                                                        endpoint_, ": ",
-                                                        reply.status().message()));
+                                                        endpoint_, ": ", reply.status().message()));
     }
     if (!reply->instance.empty()) last_instance_ = reply->instance;
     if (ping_id != 0 && reply->id == ping_id) {

@@ -6,7 +6,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-
 #include <zmq.hpp>
 
 #include "polykv/ipc/protocol.h"
@@ -36,14 +35,16 @@ class Channel {
   /// Returns the reply (ok or error reply: check ipc::ReplyStatus). Errors: kUnavailable
   /// when no try got a reply; kInvalidArgument / kFailedPrecondition for a malformed or
   /// version-mismatched reply.
-  [[nodiscard]] StatusOr<ipc::Reply> Call(ipc::Request request, int try_timeout_ms, int tries,
-                            const std::function<void(const ipc::Reply&)>& on_progress = {},
-                            const std::atomic<bool>* cancel = nullptr);
+  [[nodiscard]] StatusOr<ipc::Reply> Call(
+      ipc::Request request, int try_timeout_ms, int tries,
+      const std::function<void(const ipc::Reply&)>& on_progress = {},
+      const std::atomic<bool>* cancel = nullptr);
 
   /// Like Call but returns the reply's own status as the error for error replies.
-  [[nodiscard]] StatusOr<ipc::Reply> CallOk(ipc::Request request, int try_timeout_ms, int tries,
-                              const std::function<void(const ipc::Reply&)>& on_progress = {},
-                              const std::atomic<bool>* cancel = nullptr);
+  [[nodiscard]] StatusOr<ipc::Reply> CallOk(
+      ipc::Request request, int try_timeout_ms, int tries,
+      const std::function<void(const ipc::Reply&)>& on_progress = {},
+      const std::atomic<bool>* cancel = nullptr);
 
   /// One long request with PROGRESS (CREATE_POOL), sent once and never resent. Fails fast
   /// when the daemon goes away: kUnavailable when its socket stops accepting (probed every
@@ -52,8 +53,9 @@ class Channel {
   /// daemon instance (a restart on the same endpoint: the request is lost). After
   /// `silence_ms / 2` of silence it PINGs to tell a restart from a hang.
   /// kDeadlineExceeded after `timeout_ms` in all. Returns the final reply (ok or error).
-  [[nodiscard]] StatusOr<ipc::Reply> CallStreaming(ipc::Request request, int timeout_ms, int silence_ms,
-                                     const std::function<void(const ipc::Reply&)>& on_progress);
+  [[nodiscard]] StatusOr<ipc::Reply> CallStreaming(
+      ipc::Request request, int timeout_ms, int silence_ms,
+      const std::function<void(const ipc::Reply&)>& on_progress);
 
   const std::string& endpoint() const { return endpoint_; }
   /// Instance id of the daemon that sent the last reply seen on this channel ("" if none,

@@ -13,7 +13,8 @@ namespace polykv::client {
 /// copies them to host k_out / v_out ([kv_heads][tokens][head_dim] of `dtype` each).
 /// Errors: kUnimplemented in builds without CUDA; kResourceExhausted when device memory is
 /// short; kInternal with the CUDA error string otherwise.
-[[nodiscard]] Status DecodeDeviceLayerToHost(const ipc::PoolReader& reader, int device, uint32_t layer,
-                               void* k_out, void* v_out, kernels::DType dtype);
+[[nodiscard]] Status DecodeDeviceLayerToHost(const ipc::PoolReader& reader, int device,
+                                             uint32_t layer, void* k_out, void* v_out,
+                                             kernels::DType dtype);
 
 }  // namespace polykv::client

@@ -45,16 +45,17 @@ const char* WantedCore() {
 
 // OpenBLAS kernel families older than AVX2 (its generic fallbacks for unknown CPUs).
 bool PreAvx2(const char* core) {
-  static const char* const kOld[] = {"Prescott", "Core2",  "Penryn",     "Dunnington",
-                                     "Nehalem",  "Atom",   "Sandybridge", "Katmai",
-                                     "Coppermine", "Northwood", "Banias", "Unknown"};
+  static const char* const kOld[] = {"Prescott",   "Core2",     "Penryn",      "Dunnington",
+                                     "Nehalem",    "Atom",      "Sandybridge", "Katmai",
+                                     "Coppermine", "Northwood", "Banias",      "Unknown"};
   for (const char* o : kOld)
     if (std::strcmp(core, o) == 0) return true;
   return false;
 }
 
 __attribute__((constructor)) void FixBlasCore() {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("POLYKV_KEEP_BLAS_CORETYPE") != nullptr)
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr ||
+      std::getenv("POLYKV_KEEP_BLAS_CORETYPE") != nullptr)
     return;
   using NameFn = char* (*)();
   using VoidFn = void (*)();

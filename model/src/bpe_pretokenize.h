@@ -53,8 +53,8 @@ extern const char kLlama3Regex[];
 /// them) use the hand-written matchers. Errors: kUnimplemented naming an unsupported
 /// construct.
 [[nodiscard]] StatusOr<PreStep> MakeRegexStep(const std::string& pattern,
-                                SplitBehavior behavior = SplitBehavior::kIsolated,
-                                bool invert = false);
+                                              SplitBehavior behavior = SplitBehavior::kIsolated,
+                                              bool invert = false);
 
 /// A byte-level BPE pre-tokenizer: a named list of steps.
 class PreTokenizer {

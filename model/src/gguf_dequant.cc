@@ -11,9 +11,8 @@ namespace polykv::model {
 Status DequantizeToF32(uint32_t type, const uint8_t* data, uint64_t data_bytes, int64_t elements,
                        float* out) {
   if (!kernels::IsSupportedWeightType(type)) {
-    return absl::UnimplementedError(absl::StrCat("DequantizeToF32: ggml type ",
-                                                 GgmlTypeName(type), " (", type,
-                                                 ") is not supported by PolyKV"));
+    return absl::UnimplementedError(absl::StrCat("DequantizeToF32: ggml type ", GgmlTypeName(type),
+                                                 " (", type, ") is not supported by PolyKV"));
   }
   POLYKV_ASSIGN_OR_RETURN(uint64_t need, GgmlTypeBytes(type, elements));
   if (data_bytes < need) {

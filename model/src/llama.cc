@@ -159,8 +159,8 @@ StatusOr<GenerateResult> LlamaBase::Generate(KvCache& cache, absl::Span<const in
                                              const SamplingOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   if (options.max_new_tokens < 0)
-    return absl::InvalidArgumentError(absl::StrCat("Generate: max_new_tokens must be >= 0, got ",
-                                                   options.max_new_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Generate: max_new_tokens must be >= 0, got ", options.max_new_tokens));
   if (!options.greedy) {
     if (!(options.temperature > 0) || !std::isfinite(options.temperature))
       return absl::InvalidArgumentError(
@@ -218,8 +218,8 @@ StatusOr<PerplexityResult> LlamaBase::Perplexity(absl::Span<const int32_t> token
     return absl::InvalidArgumentError(
         absl::StrCat("Perplexity: context must be >= 1, got ", context));
   if (stride < 1 || stride > context)
-    return absl::InvalidArgumentError(absl::StrCat("Perplexity: stride must be in [1, context=",
-                                                   context, "], got ", stride));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Perplexity: stride must be in [1, context=", context, "], got ", stride));
   // Prediction positions 0..n-2 (position p predicts token p+1). Window w feeds tokens
   // [b, e) with b = w*stride, e = min(b+context, n-1), and scores positions [prev_e, e).
   double nll = 0;
@@ -300,21 +300,22 @@ Status LlamaBase::CheckCache(const KvCache& c) const {
       const kernels::PrefixView& v = s == 0 ? c.prefix->view : c.prefix->tail[s - 1];
       if (static_cast<int>(v.layers.size()) != config_.layers || v.kv_heads != config_.kv_heads ||
           v.head_dim != config_.head_dim)
-        return absl::InvalidArgumentError(absl::StrCat(
-            "KvCache: prefix segment ", s, " of ", v.layers.size(), " layers, ", v.kv_heads,
-            " KV heads, head_dim ", v.head_dim, " for a model of ", config_.layers, ", ",
-            config_.kv_heads, ", ", config_.head_dim));
+        return absl::InvalidArgumentError(
+            absl::StrCat("KvCache: prefix segment ", s, " of ", v.layers.size(), " layers, ",
+                         v.kv_heads, " KV heads, head_dim ", v.head_dim, " for a model of ",
+                         config_.layers, ", ", config_.kv_heads, ", ", config_.head_dim));
     }
   }
   if (c.k.empty() && c.v.empty()) {
     if (c.length != p)
       return absl::InvalidArgumentError("KvCache: no tensors but length != prefix length");
     if (static_cast<int64_t>(c.tokens.size()) != c.length)
-      return absl::InvalidArgumentError(absl::StrCat("KvCache: tokens.size() ", c.tokens.size(),
-                                                     " != length ", c.length));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvCache: tokens.size() ", c.tokens.size(), " != length ", c.length));
     return absl::OkStatus();
   }
-  if (static_cast<int>(c.k.size()) != config_.layers || static_cast<int>(c.v.size()) != config_.layers)
+  if (static_cast<int>(c.k.size()) != config_.layers ||
+      static_cast<int>(c.v.size()) != config_.layers)
     return absl::InvalidArgumentError(absl::StrCat("KvCache: ", c.k.size(), " K and ", c.v.size(),
                                                    " V tensors for a model of ", config_.layers,
                                                    " layers"));
@@ -323,23 +324,24 @@ Status LlamaBase::CheckCache(const KvCache& c) const {
     for (const torch::Tensor* t : {&c.k[l], &c.v[l]}) {
       if (!t->defined() || t->dim() != 3 || t->size(0) != config_.kv_heads || t->size(1) != cap ||
           t->size(2) != config_.head_dim)
-        return absl::InvalidArgumentError(absl::StrCat(
-            "KvCache: layer ", l, " tensor must be [kv_heads=", config_.kv_heads, "][capacity=",
-            cap, "][head_dim=", config_.head_dim, "]"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("KvCache: layer ", l, " tensor must be [kv_heads=", config_.kv_heads,
+                         "][capacity=", cap, "][head_dim=", config_.head_dim, "]"));
       if (t->scalar_type() != dtype_ || t->device() != device_)
-        return absl::InvalidArgumentError(absl::StrCat(
-            "KvCache: layer ", l, " tensor is ", t->toString(), ", model uses ",
-            c10::toString(dtype_), " on ", device_.str()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("KvCache: layer ", l, " tensor is ", t->toString(), ", model uses ",
+                         c10::toString(dtype_), " on ", device_.str()));
       if (!t->is_contiguous())
-        return absl::InvalidArgumentError(absl::StrCat("KvCache: layer ", l, " tensor is not contiguous"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("KvCache: layer ", l, " tensor is not contiguous"));
     }
   }
   if (c.length - p < 0 || c.length - p > cap)
-    return absl::InvalidArgumentError(absl::StrCat("KvCache: length ", c.length, " outside [",
-                                                   p, ", prefix + capacity=", p + cap, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("KvCache: length ", c.length, " outside [", p,
+                                                   ", prefix + capacity=", p + cap, "]"));
   if (static_cast<int64_t>(c.tokens.size()) != c.length)
-    return absl::InvalidArgumentError(absl::StrCat("KvCache: tokens.size() ", c.tokens.size(),
-                                                   " != length ", c.length));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCache: tokens.size() ", c.tokens.size(), " != length ", c.length));
   return absl::OkStatus();
 }
 
@@ -437,8 +439,7 @@ class TorchLlama final : public LlamaBase {
     if (cache.prefix) return NoPrefix();
     POLYKV_RETURN_IF_ERROR(CheckCache(cache));
     const int64_t past = cache.length, total = past + n;
-    const int64_t H = config_.heads, KV = config_.kv_heads, hd = config_.head_dim,
-                  F = config_.ffn;
+    const int64_t H = config_.heads, KV = config_.kv_heads, hd = config_.head_dim, F = config_.ffn;
     try {
       torch::NoGradGuard no_grad;
       EnsureCapacity(cache, total);
@@ -480,7 +481,8 @@ class TorchLlama final : public LlamaBase {
         torch::Tensor qg = q.reshape({KV, G * n, hd});
         torch::Tensor scores = torch::bmm(qg, K.transpose(1, 2)).to(torch::kFloat32).mul_(scale);
         if (mask.defined())
-          scores.view({KV, G, n, total}).masked_fill_(mask, -std::numeric_limits<float>::infinity());
+          scores.view({KV, G, n, total})
+              .masked_fill_(mask, -std::numeric_limits<float>::infinity());
         torch::Tensor p = torch::softmax(scores, -1).to(dtype_);
         torch::Tensor o = torch::bmm(p, V).view({H, n, hd}).transpose(0, 1).reshape({n, H * hd});
         x = x + (lw.bo.defined() ? torch::linear(o, lw.wo, lw.bo) : torch::linear(o, lw.wo));
@@ -546,10 +548,12 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
   LoadOptions options = options_in;
   if (options.dtype != torch::kFloat32 && options.dtype != torch::kBFloat16 &&
       options.dtype != torch::kFloat16)
-    return absl::InvalidArgumentError(absl::StrCat("LoadOptions.dtype ", c10::toString(options.dtype),
-                                                   " is not a floating compute type (f32, bf16, f16)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoadOptions.dtype ", c10::toString(options.dtype),
+                     " is not a floating compute type (f32, bf16, f16)"));
   if (options.device.is_cuda() && !torch::cuda::is_available())
-    return absl::InvalidArgumentError("LoadOptions.device is CUDA but libtorch sees no CUDA device");
+    return absl::InvalidArgumentError(
+        "LoadOptions.device is CUDA but libtorch sees no CUDA device");
   if (!options.device.is_cpu() && !options.device.is_cuda())
     return absl::InvalidArgumentError(absl::StrCat("LoadOptions.device ", options.device.str(),
                                                    " is not supported (cpu or cuda)"));
@@ -573,7 +577,8 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
       loaded = internal::LoadHfFolder(p.parent_path().string(), options);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          path, ": not a model (expected a .gguf file or a folder with config.json + safetensors)"));
+          path,
+          ": not a model (expected a .gguf file or a folder with config.json + safetensors)"));
     }
   }
   if (!loaded.ok()) return loaded.status();

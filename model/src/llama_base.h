@@ -24,25 +24,27 @@ class LlamaBase : public LlamaModel {
 
   KvCache NewCache(int64_t capacity) const override;
   [[nodiscard]] StatusOr<torch::Tensor> Forward(absl::Span<const int32_t> tokens, KvCache& cache,
-                                  bool all_logits) override;
-  [[nodiscard]] StatusOr<PrefillResult> Prefill(absl::Span<const int32_t> tokens, int64_t chunk,
-                                  const std::function<void(int64_t, int64_t)>& progress) override;
+                                                bool all_logits) override;
+  [[nodiscard]] StatusOr<PrefillResult> Prefill(
+      absl::Span<const int32_t> tokens, int64_t chunk,
+      const std::function<void(int64_t, int64_t)>& progress) override;
   [[nodiscard]] StatusOr<GenerateResult> Generate(KvCache& cache, absl::Span<const int32_t> prompt,
-                                    const SamplingOptions& options) override;
-  [[nodiscard]] StatusOr<PerplexityResult> Perplexity(absl::Span<const int32_t> tokens, int64_t context,
-                                        int64_t stride) override;
+                                                  const SamplingOptions& options) override;
+  [[nodiscard]] StatusOr<PerplexityResult> Perplexity(absl::Span<const int32_t> tokens,
+                                                      int64_t context, int64_t stride) override;
 
  protected:
   /// Runs `tokens` at positions cache.length.., appends their K/V to the suffix, returns f32
   /// logits for positions >= logits_from (relative to the first new token):
   /// [n - logits_from][vocab] (logits_from == n: no logits, no lm_head work). Validates ids
   /// and the cache itself.
-  [[nodiscard]] virtual StatusOr<torch::Tensor> ForwardImpl(absl::Span<const int32_t> tokens, KvCache& cache,
-                                              int64_t logits_from) = 0;
+  [[nodiscard]] virtual StatusOr<torch::Tensor> ForwardImpl(absl::Span<const int32_t> tokens,
+                                                            KvCache& cache,
+                                                            int64_t logits_from) = 0;
 
   /// ForwardImpl after CheckWindow: every forward pass of LlamaBase goes through here.
   [[nodiscard]] StatusOr<torch::Tensor> Step(absl::Span<const int32_t> tokens, KvCache& cache,
-                               int64_t logits_from);
+                                             int64_t logits_from);
   /// kOutOfRange when a model with a sliding window (ModelConfig::sliding_window) would hold
   /// more than that many positions after `n` more at `past` (full attention would differ).
   [[nodiscard]] Status CheckWindow(int64_t past, int64_t n) const;
@@ -59,7 +61,7 @@ class LlamaBase : public LlamaModel {
 
   bool IsEos(int32_t id) const;
   [[nodiscard]] StatusOr<int32_t> Sample(const torch::Tensor& logits, const SamplingOptions& o,
-                           std::mt19937_64& rng) const;
+                                         std::mt19937_64& rng) const;
 
   ModelConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;

@@ -2,11 +2,11 @@
 // forward pass (llama.cc): fused weight layout, the loader interface, error conversion.
 #pragma once
 
+#include <torch/torch.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "polykv/kernels/matmul.h"
 #include "polykv/model/llama.h"
@@ -20,16 +20,16 @@ struct LayerWeights {
   torch::Tensor attn_norm;  ///< [hidden]
   torch::Tensor wqkv;       ///< [(heads + 2*kv_heads)*head_dim][hidden]: q, k, v rows
   torch::Tensor bqkv;  ///< [(heads + 2*kv_heads)*head_dim] q, k, v biases (qkv_bias) or undefined
-  torch::Tensor wo;         ///< [hidden][heads*head_dim]
-  torch::Tensor bo;         ///< [hidden] output-projection bias (o_bias) or undefined
-  torch::Tensor ffn_norm;   ///< [hidden]
-  torch::Tensor wgate_up;   ///< [2*ffn][hidden]: gate rows then up rows
-  torch::Tensor wdown;      ///< [hidden][ffn]
+  torch::Tensor wo;    ///< [hidden][heads*head_dim]
+  torch::Tensor bo;    ///< [hidden] output-projection bias (o_bias) or undefined
+  torch::Tensor ffn_norm;  ///< [hidden]
+  torch::Tensor wgate_up;  ///< [2*ffn][hidden]: gate rows then up rows
+  torch::Tensor wdown;     ///< [hidden][ffn]
 };
 
 /// All weights of a model.
 struct LlamaWeights {
-  torch::Tensor embed;    ///< [vocab][hidden]
+  torch::Tensor embed;  ///< [vocab][hidden]
   std::vector<LayerWeights> layers;
   torch::Tensor norm;     ///< [hidden]
   torch::Tensor lm_head;  ///< [vocab][hidden] (aliases embed when tied)
@@ -60,10 +60,10 @@ struct MappedLayer {
 /// All weights of a mapped model: views into read-only file mappings, no private copies
 /// except the RMSNorm and bias vectors of files that store them in f16/bf16.
 struct MappedWeights {
-  MappedMatrix embed;    ///< [vocab][hidden]
+  MappedMatrix embed;  ///< [vocab][hidden]
   std::vector<MappedLayer> layers;
-  const float* norm = nullptr;  ///< [hidden] f32
-  MappedMatrix lm_head;  ///< [vocab][hidden] (the embedding when tied)
+  const float* norm = nullptr;                     ///< [hidden] f32
+  MappedMatrix lm_head;                            ///< [vocab][hidden] (the embedding when tied)
   std::vector<std::vector<float>> converted;       ///< f32 copies of non-f32 norm/bias vectors
   std::vector<std::shared_ptr<const void>> files;  ///< the mappings (kept alive)
 };
@@ -81,7 +81,7 @@ struct LoadedModel {
   ModelConfig config;
   LlamaWeights weights;                   ///< the libtorch copy (WeightStorage::kCopy)
   std::unique_ptr<MappedWeights> mapped;  ///< the mapped weights (WeightStorage::kMapped)
-  std::unique_ptr<Tokenizer> tokenizer;  ///< may be null
+  std::unique_ptr<Tokenizer> tokenizer;   ///< may be null
   std::string fingerprint;
 };
 
@@ -95,13 +95,13 @@ class WeightReader {
   /// A CPU floating tensor shaped `shape` (HF [out][in]); kInvalidArgument naming the
   /// tensor when missing or shaped differently.
   [[nodiscard]] virtual StatusOr<torch::Tensor> Get(const std::string& role, int layer,
-                                      const std::vector<int64_t>& shape) = 0;
+                                                    const std::vector<int64_t>& shape) = 0;
   /// Whether a separate output (lm_head) tensor exists.
   virtual bool HasOutput() = 0;
   /// The tensor where it lies in the mapping (no copy), checked to be shaped `shape`.
   /// kInvalidArgument naming the tensor when missing or shaped differently.
   [[nodiscard]] virtual StatusOr<RawTensor> GetRaw(const std::string& role, int layer,
-                                     const std::vector<int64_t>& shape) = 0;
+                                                   const std::vector<int64_t>& shape) = 0;
   /// The file mappings GetRaw points into (kept alive by the model).
   virtual std::vector<std::shared_ptr<const void>> Mappings() = 0;
   /// After the weights were built: kUnimplemented naming the first tensor of the file(s)
@@ -113,28 +113,31 @@ class WeightReader {
 /// Builds views of every weight through `reader` (GetRaw) and checks each against the
 /// matrix kernels' formats: kUnimplemented naming a tensor whose type has no kernels,
 /// kInvalidArgument / kDataLoss for shapes the format cannot hold.
-[[nodiscard]] Status BuildMappedWeights(const ModelConfig& config, WeightReader& reader, MappedWeights* out);
+[[nodiscard]] Status BuildMappedWeights(const ModelConfig& config, WeightReader& reader,
+                                        MappedWeights* out);
 
 /// The mapped runtime (mapped_llama.cc).
 std::unique_ptr<LlamaModel> MakeMappedLlama(LoadedModel m, const LoadOptions& options);
 
 /// Reads every tensor through `reader`, fuses q/k/v and gate/up, converts to the target
 /// dtype/device one tensor at a time.
-[[nodiscard]] Status BuildWeights(const ModelConfig& config, WeightReader& reader, const LoadOptions& options,
-                    LlamaWeights* out);
+[[nodiscard]] Status BuildWeights(const ModelConfig& config, WeightReader& reader,
+                                  const LoadOptions& options, LlamaWeights* out);
 
 /// Checks hyper-parameters for consistency (positive sizes, heads % kv_heads, even
 /// head_dim). kInvalidArgument naming `source` and the field.
 [[nodiscard]] Status ValidateConfig(const ModelConfig& config, const std::string& source);
 
 /// HF folder: config.json + model.safetensors or model.safetensors.index.json.
-[[nodiscard]] StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const LoadOptions& options);
+[[nodiscard]] StatusOr<LoadedModel> LoadHfFolder(const std::string& dir,
+                                                 const LoadOptions& options);
 /// A GGUF file of general.architecture llama or qwen2.
-[[nodiscard]] StatusOr<LoadedModel> LoadGgufModel(const std::string& path, const LoadOptions& options);
+[[nodiscard]] StatusOr<LoadedModel> LoadGgufModel(const std::string& path,
+                                                  const LoadOptions& options);
 
 /// Hex SHA-256 of `prefix` followed by the bytes of each file in order.
 [[nodiscard]] StatusOr<std::string> Sha256OfFiles(const std::string& prefix,
-                                    const std::vector<std::string>& paths);
+                                                  const std::vector<std::string>& paths);
 
 /// Converts a libtorch / std exception message to a Status (kResourceExhausted for
 /// allocation failures, else kInternal).

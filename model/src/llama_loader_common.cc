@@ -137,11 +137,13 @@ StatusOr<MappedMatrix> MapMatrix(WeightReader& reader, const std::string& role, 
   POLYKV_ASSIGN_OR_RETURN(RawTensor t, reader.GetRaw(role, layer, {rows, cols}));
   const std::string where = layer < 0 ? role : absl::StrCat("layer ", layer, " ", role);
   if (!kernels::IsSupportedWeightType(t.type))
-    return absl::UnimplementedError(absl::StrCat("tensor ", where, ": type ", t.type,
-                                                 " has no matrix kernels in PolyKV"));
+    return absl::UnimplementedError(
+        absl::StrCat("tensor ", where, ": type ", t.type, " has no matrix kernels in PolyKV"));
   auto view = kernels::MakeWeightView(static_cast<kernels::WeightType>(t.type), t.data, t.bytes,
                                       rows, cols);
-  if (!view.ok()) return Status(view.status().code(), absl::StrCat("tensor ", where, ": ", view.status().message()));
+  if (!view.ok())
+    return Status(view.status().code(),
+                  absl::StrCat("tensor ", where, ": ", view.status().message()));
   MappedMatrix m;
   m.w = *view;
   m.interleaved_heads = t.interleaved_qk ? heads : 0;
@@ -222,7 +224,8 @@ StatusOr<std::string> Sha256OfFiles(const std::string& prefix,
     size_t n;
     while ((n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0)
       EVP_DigestUpdate(ctx.get(), buf.data(), n);
-    if (std::ferror(f.get())) return absl::DataLossError(absl::StrCat(p, ": read error while hashing"));
+    if (std::ferror(f.get()))
+      return absl::DataLossError(absl::StrCat(p, ": read error while hashing"));
   }
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;

@@ -63,7 +63,8 @@ class GgufReader : public WeightReader {
     POLYKV_ASSIGN_OR_RETURN(const GgufTensorInfo* info, Find(role, layer, shape));
     torch::Tensor t = torch::empty(shape, torch::kFloat32);
     const auto data = g_.TensorData(*info);
-    Status s = DequantizeToF32(info->type, data.data(), data.size(), t.numel(), t.data_ptr<float>());
+    Status s =
+        DequantizeToF32(info->type, data.data(), data.size(), t.numel(), t.data_ptr<float>());
     if (!s.ok())
       return Status(s.code(),
                     absl::StrCat(g_.path(), ": tensor '", info->name, "': ", s.message()));
@@ -341,7 +342,8 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g, const GgufArch** arch_ou
 
   const GgufTensorInfo* embd = g.FindTensor("token_embd.weight");
   if (embd == nullptr || embd->dims.size() != 2)
-    return absl::InvalidArgumentError(absl::StrCat(src, ": missing 2-D tensor 'token_embd.weight'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(src, ": missing 2-D tensor 'token_embd.weight'"));
   c.vocab = static_cast<int32_t>(embd->dims[1]);
   if (g.Has(key("vocab_size"))) {
     POLYKV_ASSIGN_OR_RETURN(int32_t v, need_int(key("vocab_size")));

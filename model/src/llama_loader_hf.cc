@@ -60,7 +60,8 @@ class ConfigReader {
     if (!j_[key].is_boolean()) return Bad(key, "must be true or false");
     return j_[key].get<bool>();
   }
-  StatusOr<std::string> String(const char* key, std::optional<std::string> def = std::nullopt) const {
+  StatusOr<std::string> String(const char* key,
+                               std::optional<std::string> def = std::nullopt) const {
     if (!Present(key)) {
       if (def) return *def;
       return Missing(key);
@@ -69,13 +70,15 @@ class ConfigReader {
     return j_[key].get<std::string>();
   }
   Status Missing(const char* key) const {
-    return absl::InvalidArgumentError(absl::StrCat(source_, ": missing required field '", key, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ": missing required field '", key, "'"));
   }
   Status Bad(const char* key, const std::string& what) const {
     return absl::InvalidArgumentError(absl::StrCat(source_, ": field '", key, "' ", what));
   }
   Status Unsupported(const char* key, const std::string& what) const {
-    return absl::UnimplementedError(absl::StrCat(source_, ": unsupported field '", key, "': ", what));
+    return absl::UnimplementedError(
+        absl::StrCat(source_, ": unsupported field '", key, "': ", what));
   }
   const std::string& source() const { return source_; }
 
@@ -242,7 +245,8 @@ Status ParseRopeScaling(const json& rs, const char* field, const ConfigReader& r
 StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& source) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
-  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  if (!j.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
   ConfigReader r(j, source);
   ModelConfig c;
   std::string classes;
@@ -301,7 +305,8 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
   POLYKV_ASSIGN_OR_RETURN(c.vocab, r.Int("vocab_size"));
   POLYKV_ASSIGN_OR_RETURN(c.max_positions, r.Int("max_position_embeddings", 2048));
   if (c.heads > 0 && c.hidden % c.heads != 0 && !r.Present("head_dim"))
-    return r.Bad("hidden_size", absl::StrCat(c.hidden, " is not a multiple of num_attention_heads ", c.heads));
+    return r.Bad("hidden_size",
+                 absl::StrCat(c.hidden, " is not a multiple of num_attention_heads ", c.heads));
   POLYKV_ASSIGN_OR_RETURN(c.head_dim, r.Int("head_dim", c.heads > 0 ? c.hidden / c.heads : 0));
   POLYKV_ASSIGN_OR_RETURN(double theta, r.Float("rope_theta", 10000.0));
   c.rope_theta = static_cast<float>(theta);
@@ -473,16 +478,18 @@ StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const LoadOptions& op
   } else if (fs::exists(index)) {
     POLYKV_ASSIGN_OR_RETURN(std::string text, ReadTextFile(index.string()));
     json j = json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      return absl::InvalidArgumentError(absl::StrCat(index.string(), ": missing object 'weight_map'"));
+    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+        !j["weight_map"].is_object())
+      return absl::InvalidArgumentError(
+          absl::StrCat(index.string(), ": missing object 'weight_map'"));
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       if (!it.value().is_string())
-        return absl::InvalidArgumentError(absl::StrCat(index.string(), ": weight_map['", it.key(),
-                                                       "'] is not a file name"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(index.string(), ": weight_map['", it.key(), "'] is not a file name"));
       const std::string f = it.value().get<std::string>();
       if (f.find('/') != std::string::npos || f == "..")
-        return absl::InvalidArgumentError(absl::StrCat(index.string(), ": shard name '", f,
-                                                       "' must be a plain file name"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(index.string(), ": shard name '", f, "' must be a plain file name"));
       name_to_file[it.key()] = (fs::path(dir) / f).string();
       files.push_back((fs::path(dir) / f).string());
     }
@@ -498,7 +505,8 @@ StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const LoadOptions& op
     POLYKV_ASSIGN_OR_RETURN(auto sf, SafetensorsFile::Open(f));
     for (const auto& e : sf->entries()) {
       auto nf = name_to_file.find(e.name);
-      if (name_to_file.empty() || (nf != name_to_file.end() && nf->second == f)) where[e.name] = sf.get();
+      if (name_to_file.empty() || (nf != name_to_file.end() && nf->second == f))
+        where[e.name] = sf.get();
     }
     opened.push_back(std::move(sf));
   }
@@ -512,8 +520,8 @@ StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const LoadOptions& op
   POLYKV_RETURN_IF_ERROR(reader.CheckAllTensorsUsed());
 
   // Tokenizer: optional (stories260K ships none).
-  const bool has_tok = fs::exists(fs::path(dir) / "tokenizer.json") ||
-                       fs::exists(fs::path(dir) / "tokenizer.model");
+  const bool has_tok =
+      fs::exists(fs::path(dir) / "tokenizer.json") || fs::exists(fs::path(dir) / "tokenizer.model");
   if (has_tok) {
     auto tok = LoadTokenizer(dir);
     if (!tok.ok()) return tok.status();

@@ -92,7 +92,8 @@ class MappedLlama final : public LlamaBase {
   }
 
   StatusOr<KvCache> FreezeAsPrefix(KvCache&& cache, int64_t capacity) const override {
-    if (cache.prefix) return absl::InvalidArgumentError("FreezeAsPrefix: the cache already has a prefix");
+    if (cache.prefix)
+      return absl::InvalidArgumentError("FreezeAsPrefix: the cache already has a prefix");
     POLYKV_RETURN_IF_ERROR(CheckCache(cache));
     if (cache.length == 0) return absl::InvalidArgumentError("FreezeAsPrefix: empty cache");
     struct Owner {
@@ -112,8 +113,9 @@ class MappedLlama final : public LlamaBase {
         torch::Tensor v = cache.v[l].narrow(1, 0, cache.length);
         owner->k.push_back(cache.capacity() == cache.length ? cache.k[l] : k.contiguous());
         owner->v.push_back(cache.capacity() == cache.length ? cache.v[l] : v.contiguous());
-        prefix->view.layers.push_back(kernels::PrefixLayer{owner->k.back().data_ptr<float>(), nullptr,
-                                                           owner->v.back().data_ptr<float>(), nullptr});
+        prefix->view.layers.push_back(
+            kernels::PrefixLayer{owner->k.back().data_ptr<float>(), nullptr,
+                                 owner->v.back().data_ptr<float>(), nullptr});
       }
     } catch (const std::exception& e) {
       return StatusFromException(e, "FreezeAsPrefix");
@@ -142,7 +144,8 @@ class MappedLlama final : public LlamaBase {
   Status LinearGemm(const MappedMatrix& m, const float* x, int64_t n, float* y, int64_t y_stride) {
     const int64_t rows = m.w.rows, cols = m.w.cols;
     const int64_t tile = std::min(rows, TileRows(cols));
-    if (static_cast<int64_t>(tile_.size()) < tile * cols) tile_.resize(static_cast<size_t>(tile * cols));
+    if (static_cast<int64_t>(tile_.size()) < tile * cols)
+      tile_.resize(static_cast<size_t>(tile * cols));
     torch::Tensor xt = torch::from_blob(const_cast<float*>(x), {n, cols}, torch::kFloat32);
     for (int64_t r0 = 0; r0 < rows; r0 += tile) {
       const int64_t tr = std::min(tile, rows - r0);
@@ -151,7 +154,8 @@ class MappedLlama final : public LlamaBase {
         if (!kernels::DequantizeRows(m.w, r0 + b, r0 + e, tile_.data() + b * cols).ok())
           failed.store(true);
       });
-      if (failed.load()) return absl::InternalError("LinearGemm: dequantizing a weight tile failed");
+      if (failed.load())
+        return absl::InternalError("LinearGemm: dequantizing a weight tile failed");
       torch::Tensor wt = torch::from_blob(tile_.data(), {tr, cols}, torch::kFloat32);
       torch::Tensor out = torch::from_blob(y + r0, {n, tr}, {y_stride, 1}, torch::kFloat32);
       torch::mm_out(out, xt, wt.t());
@@ -256,7 +260,8 @@ class MappedLlama final : public LlamaBase {
     float* sinb = grow(sin_, hd);
 
     for (int64_t i = 0; i < n; ++i)
-      POLYKV_RETURN_IF_ERROR(kernels::DequantizeRows(w_.embed.w, tokens[i], tokens[i] + 1, x + i * D));
+      POLYKV_RETURN_IF_ERROR(
+          kernels::DequantizeRows(w_.embed.w, tokens[i], tokens[i] + 1, x + i * D));
     RopeTables(past, n, cosb, sinb);
 
     for (int l = 0; l < config_.layers; ++l) {
@@ -329,7 +334,8 @@ class MappedLlama final : public LlamaBase {
   }
 
   void ReleaseWorkspace() {
-    for (std::vector<float>* b : {&x_, &h_, &t_, &q_, &att_, &k_, &v_, &g_, &u_, &cos_, &sin_, &tile_})
+    for (std::vector<float>* b :
+         {&x_, &h_, &t_, &q_, &att_, &k_, &v_, &g_, &u_, &cos_, &sin_, &tile_})
       std::vector<float>().swap(*b);
   }
 

@@ -21,11 +21,12 @@ double ChunkedPerplexityResult::stderr_ppl() const {
 }
 
 StatusOr<std::vector<ChunkPlan>> PlanChunks(int64_t n, int64_t context, int64_t chunks) {
-  if (context < 2) return absl::InvalidArgumentError(absl::StrCat("context must be >= 2, got ", context));
+  if (context < 2)
+    return absl::InvalidArgumentError(absl::StrCat("context must be >= 2, got ", context));
   if (n < 2 * context)
-    return absl::InvalidArgumentError(absl::StrCat("you need at least ", 2 * context,
-                                                   " tokens to evaluate perplexity with a context of ",
-                                                   context, "; the text tokenizes to only ", n));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "you need at least ", 2 * context, " tokens to evaluate perplexity with a context of ",
+        context, "; the text tokenizes to only ", n));
   int64_t k = n / context;
   if (chunks >= 0) k = std::min(k, chunks);
   std::vector<ChunkPlan> out;

@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -22,8 +21,7 @@ uint64_t DtypeSize(const std::string& dtype) {
   if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
   if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
   if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
-  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" ||
-      dtype == "F8_E5M2")
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2")
     return 1;
   return 0;
 }
@@ -83,14 +81,15 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
     return absl::InvalidArgumentError(absl::StrCat(path, ": malformed safetensors: ", what));
   };
   if (f->file_size_ < 8)
-    return bad(absl::StrCat("file is ", f->file_size_, " bytes, shorter than the 8-byte header length"));
+    return bad(
+        absl::StrCat("file is ", f->file_size_, " bytes, shorter than the 8-byte header length"));
   uint8_t len_bytes[8];
   POLYKV_RETURN_IF_ERROR(ReadExact(f->fd_, len_bytes, 8, 0, path));
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
   if (header_len > f->file_size_ - 8)
-    return bad(absl::StrCat("header length ", header_len, " exceeds the file size ",
-                            f->file_size_, " - 8"));
+    return bad(absl::StrCat("header length ", header_len, " exceeds the file size ", f->file_size_,
+                            " - 8"));
   if (header_len > kMaxHeaderBytes)
     return bad(absl::StrCat("header length ", header_len, " exceeds the 100 MB limit"));
   if (header_len < 2) return bad("header length < 2 (not a JSON object)");
@@ -107,7 +106,8 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
     const auto& v = it.value();
     const std::string where = absl::StrCat("tensor '", name, "': ");
     if (!v.is_object()) return bad(where + "entry is not an object");
-    if (!v.contains("dtype") || !v["dtype"].is_string()) return bad(where + "missing string 'dtype'");
+    if (!v.contains("dtype") || !v["dtype"].is_string())
+      return bad(where + "missing string 'dtype'");
     if (!v.contains("shape") || !v["shape"].is_array()) return bad(where + "missing array 'shape'");
     if (!v.contains("data_offsets") || !v["data_offsets"].is_array() ||
         v["data_offsets"].size() != 2)
@@ -130,8 +130,8 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
     if (elems > std::numeric_limits<uint64_t>::max() / esize)
       return bad(where + "shape x dtype size overflows");
     const auto& offs = v["data_offsets"];
-    if (!offs[0].is_number_integer() || !offs[1].is_number_integer() || offs[0].get<int64_t>() < 0 ||
-        offs[1].get<int64_t>() < 0)
+    if (!offs[0].is_number_integer() || !offs[1].is_number_integer() ||
+        offs[0].get<int64_t>() < 0 || offs[1].get<int64_t>() < 0)
       return bad(where + "'data_offsets' must be non-negative integers");
     const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
     if (begin > end) return bad(absl::StrCat(where, "data_offsets begin ", begin, " > end ", end));
@@ -165,7 +165,8 @@ StatusOr<torch::Tensor> SafetensorsFile::Read(const SafetensorsEntry& entry) con
     st = torch::kBFloat16;
   } else {
     return absl::UnimplementedError(absl::StrCat(path_, ": tensor '", entry.name, "' has dtype ",
-                                                 entry.dtype, "; only F32, F16, BF16 are supported"));
+                                                 entry.dtype,
+                                                 "; only F32, F16, BF16 are supported"));
   }
   torch::Tensor t = torch::empty(entry.shape, torch::TensorOptions().dtype(st));
   POLYKV_RETURN_IF_ERROR(ReadExact(fd_, t.data_ptr(), entry.nbytes, entry.offset, path_));

@@ -3,13 +3,13 @@
 // the whole file for the mapped runtime.
 #pragma once
 
+#include <torch/torch.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "absl/types/span.h"
 #include "polykv/status.h"

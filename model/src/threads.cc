@@ -1,8 +1,8 @@
 // Compute thread control: libtorch intra-op threads (Debian's libtorch starts with 1 thread)
 // and the threads of the matrix and attention kernels.
-#include <thread>
-
 #include <torch/torch.h>
+
+#include <thread>
 
 #include "polykv/kernels/cpu.h"
 #include "polykv/model/llama.h"

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "bpe_pretokenize.h"
-#include "unicode_data.h"
 #include "polykv/model/tokenizer.h"
+#include "unicode_data.h"
 
 namespace polykv::model::tok {
 
@@ -51,7 +51,8 @@ class VocabTokenizer : public Tokenizer {
  public:
   explicit VocabTokenizer(Vocab vocab);
 
-  [[nodiscard]] StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_bos) const override;
+  [[nodiscard]] StatusOr<std::vector<int32_t>> Encode(std::string_view text,
+                                                      bool add_bos) const override;
   [[nodiscard]] StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(vocab_.tokens.size()); }
   int32_t bos_id() const override { return vocab_.bos; }
@@ -59,14 +60,14 @@ class VocabTokenizer : public Tokenizer {
   bool adds_bos() const override { return vocab_.add_bos && vocab_.bos >= 0; }
   bool IsEndOfGeneration(int32_t id) const override { return eog_.count(id) > 0; }
   [[nodiscard]] StatusOr<std::string> ApplyChatTemplate(absl::Span<const ChatMessage> messages,
-                                          bool add_generation_prompt) const override;
+                                                        bool add_generation_prompt) const override;
   std::string Fingerprint() const override { return fingerprint_; }
 
  protected:
   /// Encodes one run of plain text (no special tokens in it). `after_special` is true at
   /// the start of the text and right after a special token.
   [[nodiscard]] virtual Status EncodeText(std::string_view text, bool after_special,
-                            std::vector<int32_t>* out) const = 0;
+                                          std::vector<int32_t>* out) const = 0;
   /// Appends the text of one non-control token; `first` for the first token rendered
   /// (SentencePiece strips the space it prefixed).
   virtual void DecodeToken(int32_t id, bool first, std::string* out) const = 0;
@@ -92,14 +93,14 @@ std::string Sha256Hex(std::string_view data);
 /// and a pre-tokenizer. `ignore_merges`: a whole pre-token found in the vocabulary is one
 /// token (llama3). `nfc`: text between special tokens is NFC-normalized first (a
 /// tokenizer.json NFC normalizer). Errors: kInvalidArgument for malformed merges.
-[[nodiscard]] StatusOr<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(Vocab vocab,
-                                                      const std::vector<std::string>& merges,
-                                                      bpe::PreTokenizer pre, bool ignore_merges,
-                                                      bool nfc = false);
+[[nodiscard]] StatusOr<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(
+    Vocab vocab, const std::vector<std::string>& merges, bpe::PreTokenizer pre, bool ignore_merges,
+    bool nfc = false);
 
 /// SentencePiece BPE over a GGUF "llama" vocabulary (llama.cpp llm_tokenizer_spm).
-[[nodiscard]] StatusOr<std::unique_ptr<Tokenizer>> MakeSpmTokenizer(Vocab vocab, std::vector<float> scores,
-                                                      bool add_space_prefix);
+[[nodiscard]] StatusOr<std::unique_ptr<Tokenizer>> MakeSpmTokenizer(Vocab vocab,
+                                                                    std::vector<float> scores,
+                                                                    bool add_space_prefix);
 
 /// tokenizer.json (HF tokenizers, BPE model with a byte-level pre-tokenizer).
 [[nodiscard]] StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const std::string& path);
@@ -110,8 +111,8 @@ std::string Sha256Hex(std::string_view data);
 /// prompt the template inserts when the first message is not a system message (if any).
 /// kUnimplemented when `chat_template` is not ChatML.
 [[nodiscard]] StatusOr<std::string> RenderChatTemplate(const std::string& chat_template,
-                                         absl::Span<const ChatMessage> messages,
-                                         bool add_generation_prompt);
+                                                       absl::Span<const ChatMessage> messages,
+                                                       bool add_generation_prompt);
 
 /// One symbol of a word being merged: a byte span of the text, in a doubly-linked list.
 struct MergeSymbol {

@@ -12,13 +12,35 @@ namespace polykv::model::unicode {
 /// llama.cpp's tables). The order is that of model/tools/gen_unicode_data.py.
 enum class GeneralCategory : uint8_t {
   kCn = 0,  ///< unassigned
-  kLu, kLl, kLt, kLm, kLo,
-  kMn, kMc, kMe,
-  kNd, kNl, kNo,
-  kPc, kPd, kPs, kPe, kPi, kPf, kPo,
-  kSm, kSc, kSk, kSo,
-  kZs, kZl, kZp,
-  kCc, kCf, kCs, kCo,
+  kLu,
+  kLl,
+  kLt,
+  kLm,
+  kLo,
+  kMn,
+  kMc,
+  kMe,
+  kNd,
+  kNl,
+  kNo,
+  kPc,
+  kPd,
+  kPs,
+  kPe,
+  kPi,
+  kPf,
+  kPo,
+  kSm,
+  kSc,
+  kSk,
+  kSo,
+  kZs,
+  kZl,
+  kZp,
+  kCc,
+  kCf,
+  kCs,
+  kCo,
 };
 constexpr int kNumGeneralCategories = 30;
 
@@ -43,21 +65,36 @@ enum class Category : uint8_t {
 /// Major category of a general category.
 constexpr Category MajorCategory(GeneralCategory gc) {
   switch (gc) {
-    case GeneralCategory::kLu: case GeneralCategory::kLl: case GeneralCategory::kLt:
-    case GeneralCategory::kLm: case GeneralCategory::kLo:
+    case GeneralCategory::kLu:
+    case GeneralCategory::kLl:
+    case GeneralCategory::kLt:
+    case GeneralCategory::kLm:
+    case GeneralCategory::kLo:
       return Category::kLetter;
-    case GeneralCategory::kMn: case GeneralCategory::kMc: case GeneralCategory::kMe:
+    case GeneralCategory::kMn:
+    case GeneralCategory::kMc:
+    case GeneralCategory::kMe:
       return Category::kMark;
-    case GeneralCategory::kNd: case GeneralCategory::kNl: case GeneralCategory::kNo:
+    case GeneralCategory::kNd:
+    case GeneralCategory::kNl:
+    case GeneralCategory::kNo:
       return Category::kNumber;
-    case GeneralCategory::kPc: case GeneralCategory::kPd: case GeneralCategory::kPs:
-    case GeneralCategory::kPe: case GeneralCategory::kPi: case GeneralCategory::kPf:
+    case GeneralCategory::kPc:
+    case GeneralCategory::kPd:
+    case GeneralCategory::kPs:
+    case GeneralCategory::kPe:
+    case GeneralCategory::kPi:
+    case GeneralCategory::kPf:
     case GeneralCategory::kPo:
       return Category::kPunctuation;
-    case GeneralCategory::kSm: case GeneralCategory::kSc: case GeneralCategory::kSk:
+    case GeneralCategory::kSm:
+    case GeneralCategory::kSc:
+    case GeneralCategory::kSk:
     case GeneralCategory::kSo:
       return Category::kSymbol;
-    case GeneralCategory::kZs: case GeneralCategory::kZl: case GeneralCategory::kZp:
+    case GeneralCategory::kZs:
+    case GeneralCategory::kZl:
+    case GeneralCategory::kZp:
       return Category::kSeparator;
     default:
       return Category::kOther;

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "fault_util.h"
@@ -29,8 +28,9 @@ TEST(AttachStorm, ManyProcessesAttachOnePoolAtOnce) {
   std::vector<pid_t> pids;
   for (int i = 0; i < n; ++i) {
     const std::string out = dir.path() + "/client-" + std::to_string(i) + ".out";
-    pid_t pid = Spawn({FaultClient(), dir.endpoint(), pool, "--go-file", go, "--timeout-ms", "30000"},
-                      out + ".err", out);
+    pid_t pid =
+        Spawn({FaultClient(), dir.endpoint(), pool, "--go-file", go, "--timeout-ms", "30000"},
+              out + ".err", out);
     ASSERT_GT(pid, 0);
     pids.push_back(pid);
   }

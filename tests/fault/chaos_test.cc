@@ -89,22 +89,22 @@ TEST(Chaos, SeededSigkillCyclesLeaveNothingBehind) {
     std::vector<pid_t> work;
     const std::string out = dir.path() + "/c" + std::to_string(cycle);
     if (phase == "create") {
-      work.push_back(Spawn({CliBinary(), "pools", "create", "--endpoint", dir.endpoint(),
-                            "--model", Stories(), "--token-ids", Ids(rng, 64)},
+      work.push_back(Spawn({CliBinary(), "pools", "create", "--endpoint", dir.endpoint(), "--model",
+                            Stories(), "--token-ids", Ids(rng, 64)},
                            out + ".err", out + ".out"));
     } else if (phase == "attach" || phase == "decode") {
       const int n = phase == "attach" ? 4 : 1;
       for (int i = 0; i < n; ++i) {
-        work.push_back(Spawn({FaultClient(), dir.endpoint(), pool, "--loops", "0", "--timeout-ms",
-                              "1000"},
-                             out + "-" + std::to_string(i) + ".err", out + "-" + std::to_string(i) + ".out"));
+        work.push_back(
+            Spawn({FaultClient(), dir.endpoint(), pool, "--loops", "0", "--timeout-ms", "1000"},
+                  out + "-" + std::to_string(i) + ".err", out + "-" + std::to_string(i) + ".out"));
       }
     } else {
-      work.push_back(Spawn({CliBinary(), "agent", "--pool", pool, "--model", Stories(),
-                            "--endpoint", dir.endpoint(), "--prompt-ids", Ids(rng, 8),
-                            "--max-new-tokens", "48", "--ignore-eos", "--threads", "1",
-                            "--timeout-ms", "1000"},
-                           out + ".err", out + ".out"));
+      work.push_back(
+          Spawn({CliBinary(), "agent", "--pool", pool, "--model", Stories(), "--endpoint",
+                 dir.endpoint(), "--prompt-ids", Ids(rng, 8), "--max-new-tokens", "48",
+                 "--ignore-eos", "--threads", "1", "--timeout-ms", "1000"},
+                out + ".err", out + ".out"));
     }
     for (pid_t p : work) ASSERT_GT(p, 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
@@ -126,7 +126,8 @@ TEST(Chaos, SeededSigkillCyclesLeaveNothingBehind) {
                         << " killed): a client was still running 30 s later";
       codes += (codes.empty() ? "" : ",") + std::to_string(rc);
     }
-    const double exit_ms = std::chrono::duration<double, std::milli>(Clock::now() - killed_at).count();
+    const double exit_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - killed_at).count();
     worst_exit_ms = std::max(worst_exit_ms, exit_ms);
     // After the kill.
     EXPECT_TRUE(daemon::testing::ShmObjects(d.prefix()).empty()) << "cycle " << cycle;
@@ -150,9 +151,10 @@ TEST(Chaos, SeededSigkillCyclesLeaveNothingBehind) {
       EXPECT_TRUE(freed) << "cycle " << cycle << ": the killed agent's lease was not released";
     }
     ++tally[phase + " / " + what + " killed"];
-    std::printf("cycle %2d: %-8s kill %-6s after %3d ms; client exits %s; all ended %.0f ms after "
-                "the kill\n",
-                cycle, phase.c_str(), what.c_str(), delay_ms, codes.c_str(), exit_ms);
+    std::printf(
+        "cycle %2d: %-8s kill %-6s after %3d ms; client exits %s; all ended %.0f ms after "
+        "the kill\n",
+        cycle, phase.c_str(), what.c_str(), delay_ms, codes.c_str(), exit_ms);
     std::fflush(stdout);
     if (HasFatalFailure()) return;
   }

@@ -39,7 +39,8 @@ void PrintError(const char* step, polykv_status s, double ms) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s ENDPOINT POOL_ID [--loops N] [--go-file PATH] [--timeout-ms T]\n",
+    std::fprintf(stderr,
+                 "usage: %s ENDPOINT POOL_ID [--loops N] [--go-file PATH] [--timeout-ms T]\n",
                  argv[0]);
     return 2;
   }
@@ -53,7 +54,8 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--timeout-ms") == 0) timeout_ms = std::atoi(argv[i + 1]);
   }
   if (!go_file.empty()) {
-    while (access(go_file.c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (access(go_file.c_str(), F_OK) != 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   for (long n = 0; loops == 0 || n < loops; ++n) {
     const auto t0 = Clock::now();

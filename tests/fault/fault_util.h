@@ -2,6 +2,7 @@
 // private endpoint that can be killed and restarted, and percentiles.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -9,8 +10,6 @@
 #include <cmath>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "process_util.h"
 #include "test_util.h"
@@ -25,7 +24,9 @@ using daemon::testing::TempDir;
 using daemon::testing::WaitExit;
 using daemon::testing::WaitFor;
 
-inline std::string FaultClient() { return std::string(POLYKV_BINARY_DIR) + "/tests/fault/polykv_fault_client"; }
+inline std::string FaultClient() {
+  return std::string(POLYKV_BINARY_DIR) + "/tests/fault/polykv_fault_client";
+}
 
 /// polykvd on dir/control.sock with a private shm prefix; Kill()/Start() at will.
 class DaemonProc {
@@ -40,9 +41,17 @@ class DaemonProc {
   }
   /// Starts and waits until it answers PING (as this new process).
   bool Start() {
-    std::vector<std::string> a = {daemon::testing::DaemonBinary(), "--endpoint", dir_.endpoint(),
-                                  "--backend", "host", "--shm-prefix", prefix_, "--threads", "1",
-                                  "--log-level", "info"};
+    std::vector<std::string> a = {daemon::testing::DaemonBinary(),
+                                  "--endpoint",
+                                  dir_.endpoint(),
+                                  "--backend",
+                                  "host",
+                                  "--shm-prefix",
+                                  prefix_,
+                                  "--threads",
+                                  "1",
+                                  "--log-level",
+                                  "info"};
     a.insert(a.end(), extra_.begin(), extra_.end());
     pid_ = Spawn(a, log_);
     if (pid_ <= 0) return false;

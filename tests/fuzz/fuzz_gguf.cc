@@ -30,8 +30,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const pm::GgufTensorInfo& t : g.tensors()) {
     POLYKV_FUZZ_CHECK(g.FindTensor(t.name) != nullptr, "listed tensor not found");
     auto bytes = g.TensorData(t);
-    POLYKV_FUZZ_CHECK(bytes.size() == t.nbytes, "tensor data size %zu != nbytes %llu",
-                      bytes.size(), static_cast<unsigned long long>(t.nbytes));
+    POLYKV_FUZZ_CHECK(bytes.size() == t.nbytes, "tensor data size %zu != nbytes %llu", bytes.size(),
+                      static_cast<unsigned long long>(t.nbytes));
     const int64_t n = t.elements();
     if (n <= 0 || n > (1 << 16)) continue;
     out.resize(static_cast<size_t>(n));

@@ -29,8 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case MessageType::kCreatePool:
         POLYKV_FUZZ_CHECK(back->model == req->model && back->document == req->document &&
                               back->token_ids == req->token_ids && back->codec == req->codec &&
-                              back->key_scale == req->key_scale &&
-                              back->add_bos == req->add_bos,
+                              back->key_scale == req->key_scale && back->add_bos == req->add_bos,
                           "CREATE_POOL fields changed in a round trip");
         break;
       case MessageType::kAttach:
@@ -55,9 +54,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto back = DecodeReply(EncodeReply(*reply));
     POLYKV_FUZZ_CHECK(back.ok(), "re-encoded reply does not decode: %s",
                       std::string(back.status().message()).c_str());
-    POLYKV_FUZZ_CHECK(back->type == reply->type && back->id == reply->id &&
-                          back->instance == reply->instance,
-                      "reply envelope changed");
+    POLYKV_FUZZ_CHECK(
+        back->type == reply->type && back->id == reply->id && back->instance == reply->instance,
+        "reply envelope changed");
     if (reply->type != MessageType::kProgress) {
       POLYKV_FUZZ_CHECK(back->ok == reply->ok, "ok changed");
       if (reply->ok) {

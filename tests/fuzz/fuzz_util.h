@@ -16,14 +16,14 @@
 namespace polykv::fuzz {
 
 /// Aborts (a finding) when `cond` is false.
-#define POLYKV_FUZZ_CHECK(cond, ...)                                       \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      std::fprintf(stderr, "fuzz check failed: %s: ", #cond);              \
-      std::fprintf(stderr, __VA_ARGS__);                                   \
-      std::fprintf(stderr, "\n");                                          \
-      std::abort();                                                        \
-    }                                                                      \
+#define POLYKV_FUZZ_CHECK(cond, ...)                          \
+  do {                                                        \
+    if (!(cond)) {                                            \
+      std::fprintf(stderr, "fuzz check failed: %s: ", #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                      \
+      std::fprintf(stderr, "\n");                             \
+      std::abort();                                           \
+    }                                                         \
   } while (0)
 
 /// One memfd, rewritten with each input; Path() names it for path-based readers.
@@ -52,8 +52,8 @@ class MemFile {
 /// when the fuzzer exits normally (a crash leaves it next to its artifact).
 inline const std::string& TempFolder() {
   static const std::string dir = [] {
-    std::string tmpl = (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") +
-                       std::string("/polykv-fuzz-XXXXXX");
+    std::string tmpl =
+        (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") + std::string("/polykv-fuzz-XXXXXX");
     char* p = mkdtemp(tmpl.data());
     if (p == nullptr) std::abort();
     // The handler runs after `dir` is destroyed: it removes a copy that is never freed.

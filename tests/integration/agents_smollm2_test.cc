@@ -1,13 +1,13 @@
 // Multi-process integration on SmolLM2-135M-Instruct (env POLYKV_SMOLLM2_GGUF): polykvd
 // prefills the chat-framed demo article; `polykv-cli agent` processes answer questions.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "harness.h"
 #include "polykv/agent.h"
@@ -107,10 +107,22 @@ class AgentsSmolLM2 : public ::testing::Test {
   }
   json Agent(const std::string& pool, const std::string& question, int new_tokens,
              bool ignore_eos) {
-    std::vector<std::string> argv = {CliPath(), "agent", "--pool", pool, "--model",
-                                     SmolLM2Path(), "--endpoint", daemon_->endpoint(),
-                                     "--prompt", question, "--chat", "--max-new-tokens",
-                                     std::to_string(new_tokens), "--json", "--threads", "1"};
+    std::vector<std::string> argv = {CliPath(),
+                                     "agent",
+                                     "--pool",
+                                     pool,
+                                     "--model",
+                                     SmolLM2Path(),
+                                     "--endpoint",
+                                     daemon_->endpoint(),
+                                     "--prompt",
+                                     question,
+                                     "--chat",
+                                     "--max-new-tokens",
+                                     std::to_string(new_tokens),
+                                     "--json",
+                                     "--threads",
+                                     "1"};
     if (ignore_eos) argv.push_back("--ignore-eos");
     ProcessResult r = RunProcess(argv, daemon_->dir(), 300000);
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -143,7 +155,8 @@ TEST_F(AgentsSmolLM2, ChildOfNonePoolEqualsOnePoolOfTheConcatenatedText) {
   const std::string task =
       "<|im_start|>system\nYou are a careful assistant: answer in one short sentence.<|im_end|>\n";
   std::string err;
-  const std::string parent = daemon_->CreatePool(SmolLM2Path(), {}, "none", &err, Document(), false);
+  const std::string parent =
+      daemon_->CreatePool(SmolLM2Path(), {}, "none", &err, Document(), false);
   ASSERT_FALSE(parent.empty()) << err;
   const std::string child = daemon_->CreatePool("", {}, "", &err, task, false, parent);
   ASSERT_FALSE(child.empty()) << err << daemon_->log();
@@ -194,10 +207,24 @@ void ManyAgents(Daemon& d, const std::string& pool, int n, bool baseline) {
     std::ofstream q(qdir.path() + "/q.txt");
     for (const char* s : kQuestions) q << s << "\n";
   }
-  std::vector<std::string> argv = {CliPath(), "agents", "run", "--pool", pool, "--model",
-                                   SmolLM2Path(), "--endpoint", d.endpoint(), "--questions",
-                                   qdir.path() + "/q.txt", "-n", std::to_string(n), "-j", "2",
-                                   "--max-new-tokens", "8", "--json"};
+  std::vector<std::string> argv = {CliPath(),
+                                   "agents",
+                                   "run",
+                                   "--pool",
+                                   pool,
+                                   "--model",
+                                   SmolLM2Path(),
+                                   "--endpoint",
+                                   d.endpoint(),
+                                   "--questions",
+                                   qdir.path() + "/q.txt",
+                                   "-n",
+                                   std::to_string(n),
+                                   "-j",
+                                   "2",
+                                   "--max-new-tokens",
+                                   "8",
+                                   "--json"};
   if (!baseline) argv.push_back("--no-baseline");
   ProcessResult r = RunProcess(argv, d.dir(), 1500000);
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
@@ -214,11 +241,12 @@ void ManyAgents(Daemon& d, const std::string& pool, int n, bool baseline) {
     }
   }
   const json& s = out["summary"];
-  std::printf("SmolLM2 %d agents: pool %.2f MiB, N x bf16 %.2f MiB (%.2fx), max RSS %.0f MiB, "
-              "mean TTFT %.0f ms\n",
-              n, s["pool_bytes"].get<double>() / 1048576, s["n_private_bf16_bytes"].get<double>() / 1048576,
-              s["ratio_n_bf16_over_pool"].get<double>(),
-              s["max_agent_peak_rss_bytes"].get<double>() / 1048576, s["mean_ttft_ms"].get<double>());
+  std::printf(
+      "SmolLM2 %d agents: pool %.2f MiB, N x bf16 %.2f MiB (%.2fx), max RSS %.0f MiB, "
+      "mean TTFT %.0f ms\n",
+      n, s["pool_bytes"].get<double>() / 1048576, s["n_private_bf16_bytes"].get<double>() / 1048576,
+      s["ratio_n_bf16_over_pool"].get<double>(),
+      s["max_agent_peak_rss_bytes"].get<double>() / 1048576, s["mean_ttft_ms"].get<double>());
   if (baseline) {
     std::printf("  solo TTFT via pool %.0f ms vs re-prefill %.0f ms; outputs %s\n",
                 s["solo_pool_ttft_ms"].get<double>(), s["solo_prefill_ttft_ms"].get<double>(),

@@ -2,17 +2,16 @@
 // Codec none must reproduce the single-process run token for token; k8v3 agreement is
 // measured; the pool must be unchanged by agents, survive a SIGKILLed agent, and an evicted
 // pool must give a clear error.
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "harness.h"
 #include "polykv/agent.h"
@@ -57,9 +56,10 @@ std::vector<int32_t> Reference(const std::vector<int32_t>& doc, const std::vecto
 std::vector<std::string> AgentArgv(const Daemon& d, const std::string& pool,
                                    const std::vector<int32_t>& prompt,
                                    int new_tokens = kNewTokens) {
-  return {CliPath(), "agent", "--pool", pool, "--model", StoriesPath(), "--endpoint",
-          d.endpoint(), "--prompt-ids", JoinIds(prompt), "--max-new-tokens",
-          std::to_string(new_tokens), "--ignore-eos", "--json", "--threads", "1"};
+  return {CliPath(),      "agent",         "--pool",           pool,
+          "--model",      StoriesPath(),   "--endpoint",       d.endpoint(),
+          "--prompt-ids", JoinIds(prompt), "--max-new-tokens", std::to_string(new_tokens),
+          "--ignore-eos", "--json",        "--threads",        "1"};
 }
 
 // Runs one agent process; returns its parsed JSON (fails the test on error).
@@ -122,8 +122,8 @@ TEST_F(AgentsStories, NoneCodecAgentEqualsSingleProcessRun) {
 }
 
 // Relative L2 error of every layer's decoded K and V of `pool` against the raw pool `ref`.
-void DecodeErrors(const Daemon& d, const std::string& pool, const std::string& ref,
-                  double* k_err, double* v_err) {
+void DecodeErrors(const Daemon& d, const std::string& pool, const std::string& ref, double* k_err,
+                  double* v_err) {
   polykv_client* c = nullptr;
   ASSERT_EQ(polykv_connect(d.endpoint().c_str(), 5000, &c), POLYKV_OK);
   polykv_pool *p = nullptr, *r = nullptr;
@@ -172,8 +172,8 @@ TEST_F(AgentsStories, K8V3GreedyAgreementOver64Tokens) {
     std::vector<int32_t> ref = Reference(st.document, st.prompts[i]);
     int a = AgreeCount(Ids(j), ref, kNewTokens);
     int p = CommonPrefix(Ids(j), ref);
-    std::printf("k8v3 vs full precision, prompt %d: %d/%d positions agree, common prefix %d\n",
-                i, a, kNewTokens, p);
+    std::printf("k8v3 vs full precision, prompt %d: %d/%d positions agree, common prefix %d\n", i,
+                a, kNewTokens, p);
     agree += a;
     prefix += p;
   }
@@ -208,10 +208,26 @@ TEST_F(AgentsStories, PoolUnchangedByAgentsAndLateAgentMatchesFirst) {
     std::ofstream q(qdir.path() + "/prompts.txt");
     for (int i = 1; i <= 10; ++i) q << JoinIds(st.prompts[i % st.prompts.size()]) << "\n";
   }
-  ProcessResult r = RunProcess({CliPath(), "agents", "run", "--pool", pool, "--model",
-                                StoriesPath(), "--endpoint", daemon_->endpoint(), "--questions",
-                                qdir.path() + "/prompts.txt", "--ids", "-n", "10", "-j", "2",
-                                "--max-new-tokens", "16", "--no-baseline", "--json"},
+  ProcessResult r = RunProcess({CliPath(),
+                                "agents",
+                                "run",
+                                "--pool",
+                                pool,
+                                "--model",
+                                StoriesPath(),
+                                "--endpoint",
+                                daemon_->endpoint(),
+                                "--questions",
+                                qdir.path() + "/prompts.txt",
+                                "--ids",
+                                "-n",
+                                "10",
+                                "-j",
+                                "2",
+                                "--max-new-tokens",
+                                "16",
+                                "--no-baseline",
+                                "--json"},
                                daemon_->dir(), 300000);
   EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
   json late = RunAgentProcess(*daemon_, pool, st.prompts[0]);
@@ -233,12 +249,11 @@ void RunManyAgents(AgentsStories* t, Daemon& d, const std::string& pool, int n) 
     for (int i = 0; i < distinct; ++i) q << JoinIds(st.prompts[i]) << "\n";
   }
   const int kTokens = 16;
-  ProcessResult r = RunProcess({CliPath(), "agents", "run", "--pool", pool, "--model",
-                                StoriesPath(), "--endpoint", d.endpoint(), "--questions",
-                                qdir.path() + "/prompts.txt", "--ids", "-n", std::to_string(n),
-                                "-j", "2", "--max-new-tokens", std::to_string(kTokens),
-                                "--json"},
-                               d.dir(), 600000);
+  ProcessResult r = RunProcess(
+      {CliPath(), "agents", "run", "--pool", pool, "--model", StoriesPath(), "--endpoint",
+       d.endpoint(), "--questions", qdir.path() + "/prompts.txt", "--ids", "-n", std::to_string(n),
+       "-j", "2", "--max-new-tokens", std::to_string(kTokens), "--json"},
+      d.dir(), 600000);
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   json out = json::parse(r.out);
   ASSERT_EQ(out["agents"].size(), static_cast<size_t>(n));
@@ -262,12 +277,13 @@ void RunManyAgents(AgentsStories* t, Daemon& d, const std::string& pool, int n) 
   EXPECT_EQ(s["n_private_bf16_bytes"].get<uint64_t>(),
             s["bf16_cache_bytes_per_agent"].get<uint64_t>() * n);
   EXPECT_TRUE(s["baseline_outputs_match"].get<bool>());
-  std::printf("%d agents: pool %llu bytes, N x bf16 %llu bytes, mean TTFT %.1f ms, solo pool "
-              "TTFT %.1f ms vs re-prefill %.1f ms\n",
-              n, (unsigned long long)s["pool_bytes"].get<uint64_t>(),
-              (unsigned long long)s["n_private_bf16_bytes"].get<uint64_t>(),
-              s["mean_ttft_ms"].get<double>(), s["solo_pool_ttft_ms"].get<double>(),
-              s["solo_prefill_ttft_ms"].get<double>());
+  std::printf(
+      "%d agents: pool %llu bytes, N x bf16 %llu bytes, mean TTFT %.1f ms, solo pool "
+      "TTFT %.1f ms vs re-prefill %.1f ms\n",
+      n, (unsigned long long)s["pool_bytes"].get<uint64_t>(),
+      (unsigned long long)s["n_private_bf16_bytes"].get<uint64_t>(),
+      s["mean_ttft_ms"].get<double>(), s["solo_pool_ttft_ms"].get<double>(),
+      s["solo_prefill_ttft_ms"].get<double>());
   (void)t;
 }
 
@@ -345,8 +361,6 @@ TEST_F(AgentsStories, ForceEvictMidRunGivesClearErrorThenReattachWorks) {
 TEST_F(AgentsStories, ForceEvictMidDecompressGivesClearErrorThenReattachWorks) {
   ForceEvictMidRun(this, *daemon_, client::Attend::kDecompressed);
 }
-
-
 
 TEST_F(AgentsStories, SigkilledAgentLeavesPoolIntactAndLeaseExpires) {
   const std::string pool = Create("k8v3");

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -17,15 +18,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -45,7 +43,9 @@ inline std::string BinaryDir() { return POLYKV_BINARY_DIR; }
 inline std::string SourceDir() { return POLYKV_SOURCE_DIR; }
 inline std::string DaemonPath() { return BinaryDir() + "/daemon/polykvd"; }
 inline std::string CliPath() { return BinaryDir() + "/cli/polykv-cli"; }
-inline std::string StoriesPath() { return std::string(POLYKV_TEST_DATA_DIR) + "/models/stories260K"; }
+inline std::string StoriesPath() {
+  return std::string(POLYKV_TEST_DATA_DIR) + "/models/stories260K";
+}
 /// SmolLM2 GGUF from $POLYKV_SMOLLM2_GGUF, or "" when unset/missing.
 inline std::string SmolLM2Path() {
   const char* p = std::getenv("POLYKV_SMOLLM2_GGUF");
@@ -85,7 +85,10 @@ class Process {
   Process() = default;
   Process(const Process&) = delete;
   Process& operator=(const Process&) = delete;
-  ~Process() { Kill(SIGKILL); Wait(10000); }
+  ~Process() {
+    Kill(SIGKILL);
+    Wait(10000);
+  }
 
   /// Starts argv[0] (absolute path) with the given args.
   bool Start(const std::vector<std::string>& argv, const std::string& out_path,
@@ -117,7 +120,10 @@ class Process {
         pid_ = -1;
         return true;
       }
-      if (r < 0) { pid_ = -1; return true; }
+      if (r < 0) {
+        pid_ = -1;
+        return true;
+      }
       if (std::chrono::steady_clock::now() > deadline) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -148,7 +154,8 @@ struct ProcessResult {
 inline ProcessResult RunProcess(const std::vector<std::string>& argv, const std::string& dir,
                                 int timeout_ms = 300000) {
   static int counter = 0;
-  const std::string base = dir + "/run" + std::to_string(getpid()) + "_" + std::to_string(counter++);
+  const std::string base =
+      dir + "/run" + std::to_string(getpid()) + "_" + std::to_string(counter++);
   Process p;
   ProcessResult r;
   if (!p.Start(argv, base + ".out", base + ".err")) {
@@ -231,12 +238,11 @@ class Daemon {
                   std::vector<std::string> prefix = {}) {
     endpoint_ = "ipc://" + dir_.path() + "/control.sock";
     std::vector<std::string> argv = std::move(prefix);
-    for (const std::string& a : {DaemonPath(), std::string("--endpoint"), endpoint_,
-                                 std::string("--backend"), std::string("host"),
-                                 std::string("--lease-seconds"), std::to_string(lease_seconds),
-                                 std::string("--threads"), std::string("1"),
-                                 std::string("--log-level"), std::string("warn"),
-                                 std::string("--shm-prefix"), ShmPrefix()}) {
+    for (const std::string& a :
+         {DaemonPath(), std::string("--endpoint"), endpoint_, std::string("--backend"),
+          std::string("host"), std::string("--lease-seconds"), std::to_string(lease_seconds),
+          std::string("--threads"), std::string("1"), std::string("--log-level"),
+          std::string("warn"), std::string("--shm-prefix"), ShmPrefix()}) {
       argv.push_back(a);
     }
     argv.insert(argv.end(), extra.begin(), extra.end());
@@ -380,7 +386,8 @@ inline StoriesInputs* MakeStoriesInputs(uint64_t doc_seed, int doc_tokens, uint6
   st->document = {1};
   auto body = SampleTokens(*st->model, doc_seed, doc_tokens);
   st->document.insert(st->document.end(), body.begin(), body.end());
-  for (int i = 0; i < prompts; ++i) st->prompts.push_back(SampleTokens(*st->model, prompt_seed + i, 8));
+  for (int i = 0; i < prompts; ++i)
+    st->prompts.push_back(SampleTokens(*st->model, prompt_seed + i, 8));
   return st;
 }
 

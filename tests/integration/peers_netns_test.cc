@@ -8,15 +8,14 @@
 // no segment on B; a daemon whose CURVE key A does not trust is refused; a daemon without
 // keys refuses to listen on TCP.
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "harness.h"
 
@@ -73,7 +72,8 @@ class NamespacePair {
   }
   ~NamespacePair() {
     // Deleting a namespace removes the veth end inside it (and so the pair).
-    for (const std::string& ns : {a_, b_}) RunProcess({kIp, "netns", "del", ns}, dir_.path(), 20000);
+    for (const std::string& ns : {a_, b_})
+      RunProcess({kIp, "netns", "del", ns}, dir_.path(), 20000);
   }
   bool ok() const { return ok_; }
   const std::string& why() const { return why_; }
@@ -103,7 +103,8 @@ struct Keys {
     b_key = dir + "/b.key";
     c_key = dir + "/c.key";
     peers = dir + "/peers";
-    std::ofstream(peers) << "# the cluster\n" << a << " " << endpoint_a << "\n"
+    std::ofstream(peers) << "# the cluster\n"
+                         << a << " " << endpoint_a << "\n"
                          << b << " " << endpoint_b << "\n";
     // C knows A's key, but A does not trust C.
     c_peers = dir + "/c-peers";
@@ -187,13 +188,14 @@ class PeersNetns : public ::testing::Test {
     keys_ = std::make_unique<Keys>(dir_.path(), endpoint_a_, endpoint_b_);
   }
   std::vector<std::string> FlagsA() const {
-    return {"--listen", endpoint_a_, "--key-file", keys_->a_key, "--peer-keys-file", keys_->peers,
-};
+    return {
+        "--listen", endpoint_a_, "--key-file", keys_->a_key, "--peer-keys-file", keys_->peers,
+    };
   }
   std::vector<std::string> FlagsB(std::vector<std::string> more = {}) const {
-    std::vector<std::string> f = {"--listen", endpoint_b_, "--peer", endpoint_a_,
-                                  "--key-file", keys_->b_key, "--peer-keys-file", keys_->peers,
-                                  "--peer-ping-seconds", "0.2"};
+    std::vector<std::string> f = {
+        "--listen",   endpoint_b_,        "--peer",     endpoint_a_,           "--key-file",
+        keys_->b_key, "--peer-keys-file", keys_->peers, "--peer-ping-seconds", "0.2"};
     f.insert(f.end(), more.begin(), more.end());
     return f;
   }
@@ -216,13 +218,13 @@ TEST_F(PeersNetns, AgentOnHostBAnswersFromHostAsPool) {
     std::string err;
     const std::string pool = a.CreatePool(StoriesPath(), Document(200, 1), codec, &err);
     ASSERT_FALSE(pool.empty()) << err;
-    const std::vector<int32_t> on_a = AgentAnswerIds(RunAgent(ns_->ExecA(), a.endpoint(), pool,
-                                                         dir_.path()));
+    const std::vector<int32_t> on_a =
+        AgentAnswerIds(RunAgent(ns_->ExecA(), a.endpoint(), pool, dir_.path()));
     ASSERT_EQ(on_a.size(), 24u);
     EXPECT_EQ(b.Info(pool).id[0], '\0') << "B does not hold it before an agent asks";
     // The agent talks only to daemon B; B replicates the pool from A on the agent's attach.
-    const std::vector<int32_t> on_b = AgentAnswerIds(RunAgent(ns_->ExecB(), b.endpoint(), pool,
-                                                         dir_.path()));
+    const std::vector<int32_t> on_b =
+        AgentAnswerIds(RunAgent(ns_->ExecB(), b.endpoint(), pool, dir_.path()));
     EXPECT_EQ(on_b, on_a) << "greedy output through the replica equals host A's";
     const polykv_pool_info info = b.Info(pool);
     EXPECT_STREQ(info.id, pool.c_str());
@@ -234,8 +236,8 @@ TEST_F(PeersNetns, AgentOnHostBAnswersFromHostAsPool) {
     EXPECT_EQ(PoolDigest(b.endpoint(), pool), digest) << "replica bytes equal the original";
   }
   // `pools list` on B names where each pool came from; `pools fetch` of a held pool is a no-op.
-  ProcessResult list = RunProcess({CliPath(), "pools", "list", "--endpoint", b.endpoint()},
-                                  dir_.path(), 20000);
+  ProcessResult list =
+      RunProcess({CliPath(), "pools", "list", "--endpoint", b.endpoint()}, dir_.path(), 20000);
   EXPECT_EQ(list.exit_code, 0) << list.err;
   EXPECT_NE(list.out.find("peer " + endpoint_a_), std::string::npos) << list.out;
   std::string err;
@@ -341,7 +343,8 @@ TEST(PeersConfig, NoKeysNoTcpAndPrivateKeyFiles) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("needs CURVE keys"), std::string::npos) << r.err;
   // A key file others may read is refused.
-  ProcessResult gen = RunProcess({CliPath(), "keys", "generate", dir.path() + "/k.key"}, dir.path());
+  ProcessResult gen =
+      RunProcess({CliPath(), "keys", "generate", dir.path() + "/k.key"}, dir.path());
   ASSERT_EQ(gen.exit_code, 0) << gen.err;
   struct stat st {};
   ASSERT_EQ(stat((dir.path() + "/k.key").c_str(), &st), 0);
@@ -356,9 +359,9 @@ TEST(PeersConfig, NoKeysNoTcpAndPrivateKeyFiles) {
   EXPECT_NE(r.err.find("group or others may read its secret key"), std::string::npos) << r.err;
   // A --peer whose key the peer-keys file lacks.
   ASSERT_EQ(chmod((dir.path() + "/k.key").c_str(), 0600), 0);
-  r = RunProcess({DaemonPath(), "--endpoint", endpoint, "--peer", "tcp://127.0.0.1:2",
-                  "--key-file", dir.path() + "/k.key", "--peer-keys-file", dir.path() + "/peers",
-                  "--shm-prefix", ShmPrefix()},
+  r = RunProcess({DaemonPath(), "--endpoint", endpoint, "--peer", "tcp://127.0.0.1:2", "--key-file",
+                  dir.path() + "/k.key", "--peer-keys-file", dir.path() + "/peers", "--shm-prefix",
+                  ShmPrefix()},
                  dir.path(), 30000);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("names no public key for it"), std::string::npos) << r.err;

@@ -6,15 +6,14 @@
 //  - k8v3: the child takes the parent's codec, costs only its own tokens, and answers;
 //  - a parent is not evicted while it has children (without --force, which drops the
 //    subtree); `pools list` shows the tree; a restarted daemon restores a child's parent.
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <cmath>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "harness.h"
 #include "polykv/model/llama.h"
@@ -135,8 +134,8 @@ TEST_F(PoolTreeStories, NoneChainEqualsOnePoolOfTheConcatenation) {
   std::vector<float> wk, wv, k, v;
   polykv_pool_info wi = polykv_pool_info_init(), pi = polykv_pool_info_init();
   DecodeAll(*daemon_, whole, &wk, &wv, &wi);
-  for (const auto& [id, from] : {std::pair<std::string, uint64_t>{root, 0},
-                                 {child, 90}, {grandchild, 150}}) {
+  for (const auto& [id, from] :
+       {std::pair<std::string, uint64_t>{root, 0}, {child, 90}, {grandchild, 150}}) {
     SCOPED_TRACE(id);
     DecodeAll(*daemon_, id, &k, &v, &pi);
     const uint64_t hd = wi.head_dim, T = wi.tokens, t = pi.tokens;
@@ -220,10 +219,10 @@ TEST_F(PoolTreeStories, EvictRulesListTreeAndCli) {
   const std::string other = Create(Slice(doc, 0, 60), "k8v3");
   ASSERT_FALSE(root.empty() || child.empty() || other.empty());
   // `pools create --parent PREFIX` from the CLI: no --model needed, codec inherited.
-  const json made = RunJson({CliPath(), "pools", "create", "--parent", root.substr(0, 12),
-                             "--token-ids", JoinIds(Slice(doc, 100, 180)), "--endpoint",
-                             daemon_->endpoint(), "--json"},
-                            daemon_->dir());
+  const json made =
+      RunJson({CliPath(), "pools", "create", "--parent", root.substr(0, 12), "--token-ids",
+               JoinIds(Slice(doc, 100, 180)), "--endpoint", daemon_->endpoint(), "--json"},
+              daemon_->dir());
   ASSERT_TRUE(made.contains("id"));
   const std::string child2 = made["id"].get<std::string>();
   EXPECT_EQ(made["parent"].get<std::string>(), root);
@@ -249,15 +248,17 @@ TEST_F(PoolTreeStories, EvictRulesListTreeAndCli) {
   EXPECT_EQ(lines[lc2].rfind("└─ " + child2, 0), 0u) << list.out;
   EXPECT_TRUE((lc == lr + 1 && lc2 == lr + 2) || (lc2 == lr + 1 && lc == lr + 2)) << list.out;
   EXPECT_TRUE(lo < lr || lo > lr + 2) << list.out;
-  ProcessResult show = RunProcess(
-      {CliPath(), "pools", "show", child, "--endpoint", daemon_->endpoint()}, daemon_->dir(), 30000);
+  ProcessResult show =
+      RunProcess({CliPath(), "pools", "show", child, "--endpoint", daemon_->endpoint()},
+                 daemon_->dir(), 30000);
   EXPECT_NE(show.out.find("parent             " + root), std::string::npos) << show.out;
   EXPECT_NE(show.out.find("100 .. 139"), std::string::npos) << show.out;
 
   // The parent stays while it has children; the children go first, or all with --force.
   EXPECT_EQ(daemon_->Evict(root, false), POLYKV_FAILED_PRECONDITION);
-  ProcessResult refused = RunProcess(
-      {CliPath(), "pools", "evict", root, "--endpoint", daemon_->endpoint()}, daemon_->dir(), 30000);
+  ProcessResult refused =
+      RunProcess({CliPath(), "pools", "evict", root, "--endpoint", daemon_->endpoint()},
+                 daemon_->dir(), 30000);
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_NE(refused.err.find("child pool"), std::string::npos) << refused.err;
   EXPECT_NE(refused.err.find(child.substr(0, 16)), std::string::npos) << refused.err;
@@ -270,10 +271,10 @@ TEST_F(PoolTreeStories, EvictRulesListTreeAndCli) {
   EXPECT_EQ(std::string(daemon_->Info(child2).id), "") << "a forced evict drops the subtree";
   EXPECT_EQ(std::string(daemon_->Info(other).id), other);
   // Agents of an evicted child get a clear error.
-  ProcessResult gone = RunProcess({CliPath(), "agent", "--pool", child2, "--model", StoriesPath(),
-                                   "--endpoint", daemon_->endpoint(), "--prompt-ids", "1,2,3",
-                                   "--threads", "1"},
-                                  daemon_->dir(), 60000);
+  ProcessResult gone =
+      RunProcess({CliPath(), "agent", "--pool", child2, "--model", StoriesPath(), "--endpoint",
+                  daemon_->endpoint(), "--prompt-ids", "1,2,3", "--threads", "1"},
+                 daemon_->dir(), 60000);
   EXPECT_NE(gone.exit_code, 0);
   EXPECT_NE(gone.err.find("NOT_FOUND"), std::string::npos) << gone.err;
 }
@@ -306,8 +307,8 @@ TEST_F(PoolTreeStories, RestartRestoresAChildWithItsParent) {
   // neither comes back.
   EXPECT_EQ(daemon_->Evict(root, true), POLYKV_OK);
   EXPECT_EQ(daemon_->Stop(), 0);
-  daemon_ = std::make_unique<Daemon>(5, std::vector<std::string>{"--state-dir", state.path(),
-                                                                 "--preload"});
+  daemon_ = std::make_unique<Daemon>(
+      5, std::vector<std::string>{"--state-dir", state.path(), "--preload"});
   ASSERT_TRUE(daemon_->ready()) << daemon_->log();
   EXPECT_EQ(std::string(daemon_->Info(child).id), "");
   EXPECT_EQ(std::string(daemon_->Info(root).id), "");

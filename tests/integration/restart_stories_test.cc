@@ -3,13 +3,12 @@
 // memfd as agents map it, and the pool file's region), and agent processes give identical
 // answers, token for token, before and after, with the pool restored lazily or by --preload.
 // Restored pools are sealed memfds like freshly built ones: no POSIX shm object appears.
+#include <gtest/gtest.h>
 #include <signal.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "harness.h"
 
@@ -26,11 +25,11 @@ std::vector<int32_t> Document() {
 
 std::vector<int32_t> Answer(const Daemon& d, const std::string& pool,
                             const std::vector<int32_t>& prompt) {
-  ProcessResult r = RunProcess({CliPath(), "agent", "--pool", pool, "--model", StoriesPath(),
-                                "--endpoint", d.endpoint(), "--prompt-ids", JoinIds(prompt),
-                                "--max-new-tokens", "32", "--ignore-eos", "--json",
-                                "--threads", "1"},
-                               d.dir(), 120000);
+  ProcessResult r =
+      RunProcess({CliPath(), "agent", "--pool", pool, "--model", StoriesPath(), "--endpoint",
+                  d.endpoint(), "--prompt-ids", JoinIds(prompt), "--max-new-tokens", "32",
+                  "--ignore-eos", "--json", "--threads", "1"},
+                 d.dir(), 120000);
   return AgentAnswerIds(r);
 }
 

@@ -27,7 +27,8 @@ bool HaveDevice() {
 template <typename T>
 T* ToDevice(const std::vector<T>& v) {
   T* d = nullptr;
-  if (cudaMalloc(reinterpret_cast<void**>(&d), sizeof(T) * std::max<size_t>(v.size(), 1)) != cudaSuccess)
+  if (cudaMalloc(reinterpret_cast<void**>(&d), sizeof(T) * std::max<size_t>(v.size(), 1)) !=
+      cudaSuccess)
     return nullptr;
   cudaMemcpy(d, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice);
   return d;
@@ -64,7 +65,8 @@ void Check(const Case& c, bool k8, int bits, KeyScaleMode mode) {
     pv.config.value_bits = bits;
     pv.config.key_scale = mode;
     ASSERT_TRUE(QuantizeKeys(kraw.data(), DType::kF32, shape, mode, kq.data(), ks.data()).ok());
-    ASSERT_TRUE(EncodeValues(vraw.data(), DType::kF32, shape, pv.config, packed.data(), norms.data()).ok());
+    ASSERT_TRUE(
+        EncodeValues(vraw.data(), DType::kF32, shape, pv.config, packed.data(), norms.data()).ok());
     pv.layers[0] = {kq.data(), ks.data(), packed.data(), norms.data()};
   } else {
     pv.layers[0] = {kraw.data(), nullptr, vraw.data(), nullptr};
@@ -122,7 +124,8 @@ void Check(const Case& c, bool k8, int bits, KeyScaleMode mode) {
                   static_cast<void*>(dout)})
     if (p != nullptr) cudaFree(p);
   double max_err = 0;
-  for (size_t i = 0; i < cpu.size(); ++i) max_err = std::max(max_err, std::fabs(double{cpu[i]} - gpu[i]));
+  for (size_t i = 0; i < cpu.size(); ++i)
+    max_err = std::max(max_err, std::fabs(double{cpu[i]} - gpu[i]));
   EXPECT_LE(max_err, 2e-5);
 }
 #endif
@@ -132,12 +135,16 @@ TEST(AttentionCuda, MatchesCpuForEveryCodec) {
   GTEST_SKIP() << "built without CUDA";
 #else
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  const Case cases[] = {{9, 3, 64, 600, 20, 1}, {9, 3, 64, 300, 70, 7}, {4, 2, 8, 40, 300, 7},
-                        {8, 2, 80, 257, 3, 1},  {8, 8, 128, 513, 1, 1}};
+  const Case cases[] = {{9, 3, 64, 600, 20, 1},
+                        {9, 3, 64, 300, 70, 7},
+                        {4, 2, 8, 40, 300, 7},
+                        {8, 2, 80, 257, 3, 1},
+                        {8, 8, 128, 513, 1, 1}};
   for (const Case& c : cases) {
     Check(c, false, 0, KeyScaleMode::kPerTensor);
     for (int bits : {2, 3, 4})
-      for (KeyScaleMode m : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel})
+      for (KeyScaleMode m :
+           {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel})
         Check(c, true, bits, m);
   }
 #endif

@@ -222,9 +222,7 @@ TEST(CodecCuda, ZeroVectorsAndNonFiniteInput) {
 
 TEST(CodecCuda, ValuesMatchCpu) { GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)"; }
 TEST(CodecCuda, KeysMatchCpu) { GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)"; }
-TEST(CodecCuda, GoldenValueBytes) {
-  GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)";
-}
+TEST(CodecCuda, GoldenValueBytes) { GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)"; }
 TEST(CodecCuda, ZeroVectorsAndNonFiniteInput) {
   GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)";
 }

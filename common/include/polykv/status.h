@@ -39,10 +39,10 @@ using StatusOr = absl::StatusOr<T>;
   POLYKV_ASSIGN_OR_RETURN_IMPL_(POLYKV_CONCAT_(polykv_statusor_, __LINE__), lhs, expr)
 
 /// Aborts on a broken internal invariant. Never use it for bad input: return a Status.
-#define POLYKV_CHECK(cond)                                                               \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
+#define POLYKV_CHECK(cond)                                                                 \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
       std::fprintf(stderr, "%s:%d: POLYKV_CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                      \
-    }                                                                                    \
+      std::abort();                                                                        \
+    }                                                                                      \
   } while (0)

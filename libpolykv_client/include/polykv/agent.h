@@ -44,11 +44,11 @@ StatusOr<Attend> ParseAttend(std::string_view text);
 
 /// How to build a PooledAgent.
 struct AgentOptions {
-  std::string model_path;        ///< HF folder or .gguf: must be the pool's model
-  std::string endpoint;          ///< daemon endpoint; empty = $POLYKV_ENDPOINT / default
-  int timeout_ms = 5000;         ///< per daemon request (Lazy Pirate inside the client)
-  int threads = 0;               ///< libtorch intra-op threads; 0 = all cores
-  model::LoadOptions load;       ///< device/dtype (threads is taken from `threads`)
+  std::string model_path;   ///< HF folder or .gguf: must be the pool's model
+  std::string endpoint;     ///< daemon endpoint; empty = $POLYKV_ENDPOINT / default
+  int timeout_ms = 5000;    ///< per daemon request (Lazy Pirate inside the client)
+  int threads = 0;          ///< libtorch intra-op threads; 0 = all cores
+  model::LoadOptions load;  ///< device/dtype (threads is taken from `threads`)
   /// In place needs a host pool and the mapped runtime; otherwise Run falls back to
   /// decompressing (AgentResult::attend says which ran).
   Attend attend = Attend::kInPlace;
@@ -66,33 +66,33 @@ ProcessMemory ReadProcessMemory();
 
 /// Timings and memory of one Run (milliseconds, bytes).
 struct AgentStats {
-  double attach_ms = 0;          ///< connect (first Run only) + ATTACH + map
-  double decode_ms = 0;          ///< all layers decoded into the private cache
+  double attach_ms = 0;              ///< connect (first Run only) + ATTACH + map
+  double decode_ms = 0;              ///< all layers decoded into the private cache
   double prompt_first_token_ms = 0;  ///< prompt forward + first new token (Generate TTFT)
-  double ttft_ms = 0;            ///< attach + decode + prompt forward + first token
-  double generation_ms = 0;      ///< the whole Generate call
-  double tokens_per_s = 0;       ///< new tokens / generation time (0 when none)
-  int64_t document_tokens = 0;   ///< tokens in the pool
+  double ttft_ms = 0;                ///< attach + decode + prompt forward + first token
+  double generation_ms = 0;          ///< the whole Generate call
+  double tokens_per_s = 0;           ///< new tokens / generation time (0 when none)
+  int64_t document_tokens = 0;       ///< tokens in the pool
   int64_t prompt_tokens = 0;
   int64_t new_tokens = 0;
-  uint64_t pool_bytes = 0;       ///< the shared region (mapped read-only, not private)
-  uint64_t pool_bf16_bytes = 0;  ///< the document's cache held privately in bf16
-  uint64_t private_kv_bytes = 0; ///< bytes of this agent's own KvCache tensors (capacity);
-                                 ///< in place: the suffix only
+  uint64_t pool_bytes = 0;        ///< the shared region (mapped read-only, not private)
+  uint64_t pool_bf16_bytes = 0;   ///< the document's cache held privately in bf16
+  uint64_t private_kv_bytes = 0;  ///< bytes of this agent's own KvCache tensors (capacity);
+                                  ///< in place: the suffix only
   /// In place: bytes of the shared prefix read per generated token (every layer's K codes,
   /// scales, V codes and norms); 0 when decompressed.
   uint64_t prefix_bytes_per_token = 0;
-  uint64_t peak_rss_bytes = 0;   ///< getrusage(RUSAGE_SELF).ru_maxrss after the run
-  ProcessMemory memory;          ///< after the run (before detaching the pool)
+  uint64_t peak_rss_bytes = 0;  ///< getrusage(RUSAGE_SELF).ru_maxrss after the run
+  ProcessMemory memory;         ///< after the run (before detaching the pool)
 };
 
 /// The answer of one Run.
 struct AgentResult {
-  std::vector<int32_t> answer_ids;  ///< new tokens (without the prompt)
-  std::string answer_text;          ///< decoded answer ("" when the model has no tokenizer)
-  std::vector<int32_t> prompt_ids;  ///< the prompt as fed after the document
-  std::string codec;                ///< the pool's codec ("k8v3", "none", ...)
-  Attend attend = Attend::kInPlace; ///< how the document's KV was read
+  std::vector<int32_t> answer_ids;   ///< new tokens (without the prompt)
+  std::string answer_text;           ///< decoded answer ("" when the model has no tokenizer)
+  std::vector<int32_t> prompt_ids;   ///< the prompt as fed after the document
+  std::string codec;                 ///< the pool's codec ("k8v3", "none", ...)
+  Attend attend = Attend::kInPlace;  ///< how the document's KV was read
   AgentStats stats;
 };
 
@@ -100,9 +100,9 @@ struct AgentResult {
 struct BaselineResult {
   std::vector<int32_t> answer_ids;
   std::string answer_text;
-  double prefill_ms = 0;         ///< document forward (chunks of 512)
+  double prefill_ms = 0;             ///< document forward (chunks of 512)
   double prompt_first_token_ms = 0;  ///< prompt forward + first token
-  double ttft_ms = 0;            ///< prefill + prompt forward + first token
+  double ttft_ms = 0;                ///< prefill + prompt forward + first token
   double generation_ms = 0;
   uint64_t private_kv_bytes = 0;
 };
@@ -187,11 +187,12 @@ class PooledAgent {
   /// Fills `cache` from the attached chain (positions 0 .. chain tokens - 1): prefix views of
   /// every pool (in place) or their decoded layers.
   [[nodiscard]] Status BuildCache(AttachedChain& chain, int64_t extra_capacity, bool in_place,
-                    model::KvCache* cache, AgentStats* st);
+                                  model::KvCache* cache, AgentStats* st);
   void Disconnect();
   /// Connects if needed and attaches pool `id` into `*pool` (detached by the caller's guard),
   /// filling `*info`. A connection error drops the connection so the next call rebuilds it.
-  [[nodiscard]] Status AttachPool(const std::string& id, ::polykv_pool** pool, ::polykv_pool_info_t* info);
+  [[nodiscard]] Status AttachPool(const std::string& id, ::polykv_pool** pool,
+                                  ::polykv_pool_info_t* info);
 
   AgentOptions options_;
   std::unique_ptr<model::LlamaModel> model_;
@@ -205,8 +206,8 @@ std::string ChatQuestionPrompt(std::string_view question);
 
 /// ChatML system turn holding a document, as the pool's document text:
 /// "<|im_start|>system\n" + instruction + "\n\n" + document + "<|im_end|>\n".
-std::string ChatDocument(std::string_view document,
-                         std::string_view instruction = "You answer questions about this "
+std::string ChatDocument(std::string_view document, std::string_view instruction =
+                                                        "You answer questions about this "
                                                         "article.");
 
 /// Peak resident set size of this process in bytes (getrusage ru_maxrss).

@@ -39,19 +39,23 @@ typedef enum polykv_status {
   POLYKV_DEADLINE_EXCEEDED = 4, /**< daemon did not answer in time (daemon gone?) */
   POLYKV_NOT_FOUND = 5,         /**< unknown pool, or pool evicted, or lease unknown */
   POLYKV_ALREADY_EXISTS = 6,
-  POLYKV_PERMISSION_DENIED = 7, /**< uid not allowed by the daemon */
-  POLYKV_RESOURCE_EXHAUSTED = 8,/**< memory cap / out of memory / message too large */
-  POLYKV_FAILED_PRECONDITION = 9,/**< e.g. evict with live leases, lease expired */
+  POLYKV_PERMISSION_DENIED = 7,   /**< uid not allowed by the daemon */
+  POLYKV_RESOURCE_EXHAUSTED = 8,  /**< memory cap / out of memory / message too large */
+  POLYKV_FAILED_PRECONDITION = 9, /**< e.g. evict with live leases, lease expired */
   POLYKV_ABORTED = 10,
   POLYKV_OUT_OF_RANGE = 11,
   POLYKV_UNIMPLEMENTED = 12,
   POLYKV_INTERNAL = 13,
-  POLYKV_UNAVAILABLE = 14,      /**< cannot reach the daemon */
-  POLYKV_DATA_LOSS = 15,        /**< pool checksum mismatch */
+  POLYKV_UNAVAILABLE = 14, /**< cannot reach the daemon */
+  POLYKV_DATA_LOSS = 15,   /**< pool checksum mismatch */
 } polykv_status;
 
 /** Element type of decoded K/V. */
-typedef enum polykv_dtype { POLYKV_DTYPE_F32 = 0, POLYKV_DTYPE_F16 = 1, POLYKV_DTYPE_BF16 = 2 } polykv_dtype;
+typedef enum polykv_dtype {
+  POLYKV_DTYPE_F32 = 0,
+  POLYKV_DTYPE_F16 = 1,
+  POLYKV_DTYPE_BF16 = 2
+} polykv_dtype;
 
 typedef struct polykv_client polykv_client; /**< a connection to polykvd */
 typedef struct polykv_pool polykv_pool;     /**< an attached, mapped pool (holds a lease) */
@@ -63,18 +67,18 @@ typedef struct polykv_pool polykv_pool;     /**< an attached, mapped pool (holds
  *  smaller than the first version (every member up to `origin`) or larger than this library's
  *  struct is refused with POLYKV_INVALID_ARGUMENT. New members are only ever appended. */
 typedef struct polykv_pool_info_t {
-  uint32_t struct_size;    /**< in: sizeof(polykv_pool_info) (polykv_pool_info_init) */
-  char id[65];             /**< 64 hex chars */
-  char codec[48];          /**< "k8v3", "none", or a codec spec ("k7c-v3-e4x3-nc-n16") */
-  char backend[8];         /**< "host" or "cuda" */
-  char model[512];         /**< model path given at create */
+  uint32_t struct_size; /**< in: sizeof(polykv_pool_info) (polykv_pool_info_init) */
+  char id[65];          /**< 64 hex chars */
+  char codec[48];       /**< "k8v3", "none", or a codec spec ("k7c-v3-e4x3-nc-n16") */
+  char backend[8];      /**< "host" or "cuda" */
+  char model[512];      /**< model path given at create */
   char model_fingerprint[72];
   uint32_t layers, kv_heads, head_dim;
   uint64_t tokens;
-  uint64_t total_bytes;    /**< the whole shared region */
-  uint64_t bf16_bytes;     /**< the same KV cache held privately in bf16 */
-  double effective_ratio;  /**< bf16_bytes / total_bytes */
-  uint32_t leases;         /**< live leases (at the time of the reply) */
+  uint64_t total_bytes;   /**< the whole shared region */
+  uint64_t bf16_bytes;    /**< the same KV cache held privately in bf16 */
+  double effective_ratio; /**< bf16_bytes / total_bytes */
+  uint32_t leases;        /**< live leases (at the time of the reply) */
   /* Bytes by part (sum == total_bytes). For codec "none" raw K/V count as key/value codes. */
   uint64_t key_codes_bytes;   /**< int8 K codes [layers][kv_heads][tokens][head_dim] */
   uint64_t key_scales_bytes;  /**< f32 K scales */
@@ -83,8 +87,8 @@ typedef struct polykv_pool_info_t {
   uint64_t overhead_bytes;    /**< header + token ids + alignment padding */
   int64_t created_unix_ms;    /**< when the daemon published the pool (ms since epoch) */
   double prefill_ms, encode_ms, publish_ms; /**< daemon-side build times (ms) */
-  char architecture[32];      /**< model architecture the pool was built with ("llama", "qwen2", ...) */
-  char tokenizer_family[48];  /**< "bpe/llama3", "bpe/qwen2", "spm", ... ("none" without one) */
+  char architecture[32]; /**< model architecture the pool was built with ("llama", "qwen2", ...) */
+  char tokenizer_family[48]; /**< "bpe/llama3", "bpe/qwen2", "spm", ... ("none" without one) */
   /* Reconstruction error the daemon recorded in the pool's header at build: per-layer
    * relative MSE sum((x' - x)^2) / sum(x^2) of decoded keys / values; the per-layer values
    * come from polykv_pool_fidelity on an attached pool. fidelity_layers = 0: not recorded. */
@@ -120,15 +124,15 @@ POLYKV_DEFINE_STRUCT_INIT(polykv_pool_info, polykv_pool_info_init)
 /** A peer daemon as the answering daemon last saw it (polykv_daemon_peers). An out-struct
  *  that grows, as polykv_pool_info: make one with polykv_peer_info_init(). */
 typedef struct polykv_peer_info_t {
-  uint32_t struct_size;       /**< in: sizeof(polykv_peer_info) (polykv_peer_info_init) */
-  char endpoint[160];         /**< tcp://HOST:PORT as configured */
-  char state[16];             /**< "up", "down", "refused" (CURVE key refused) or "unknown" */
-  char detail[512];           /**< why it is down or refused */
-  char instance[33];          /**< the peer's instance id (when up) */
-  char version[32];           /**< the peer's daemon version (when up) */
-  uint32_t pools;             /**< pools the peer holds (when up) */
-  double rtt_ms;              /**< round trip of the last check (ms) */
-  int64_t last_seen_unix_ms;  /**< last answer (ms since epoch; 0 = never) */
+  uint32_t struct_size;      /**< in: sizeof(polykv_peer_info) (polykv_peer_info_init) */
+  char endpoint[160];        /**< tcp://HOST:PORT as configured */
+  char state[16];            /**< "up", "down", "refused" (CURVE key refused) or "unknown" */
+  char detail[512];          /**< why it is down or refused */
+  char instance[33];         /**< the peer's instance id (when up) */
+  char version[32];          /**< the peer's daemon version (when up) */
+  uint32_t pools;            /**< pools the peer holds (when up) */
+  double rtt_ms;             /**< round trip of the last check (ms) */
+  int64_t last_seen_unix_ms; /**< last answer (ms since epoch; 0 = never) */
   /* New members go here, after every member of the first version. */
 } polykv_peer_info;
 
@@ -146,18 +150,18 @@ typedef struct polykv_daemon_info_t {
 /** Daemon status (polykv_daemon_get_status). Set `struct_size` = sizeof(polykv_daemon_status)
  *  before the call; the library fills the rest. */
 typedef struct polykv_daemon_status_t {
-  uint32_t struct_size;          /**< in: sizeof(polykv_daemon_status) */
-  char version[32];              /**< daemon version string */
-  char instance[33];             /**< 32 hex chars, new at every daemon start */
-  uint32_t pid;                  /**< daemon process id */
-  uint64_t memory_used;          /**< bytes of pool memory in use (active backend) */
-  uint64_t memory_cap;           /**< configured pool memory cap (0 = none) */
-  uint64_t model_cache_bytes;    /**< weight bytes the models kept loaded hold */
-  uint32_t model_cache_models;   /**< models kept loaded */
-  uint32_t model_cache_capacity; /**< most models kept (LRU) */
-  uint32_t creates_queued;       /**< creates waiting for a worker */
-  uint32_t creates_running;      /**< creates being built */
-  uint32_t create_queue_capacity;/**< more waiting creates are refused (RESOURCE_EXHAUSTED) */
+  uint32_t struct_size;              /**< in: sizeof(polykv_daemon_status) */
+  char version[32];                  /**< daemon version string */
+  char instance[33];                 /**< 32 hex chars, new at every daemon start */
+  uint32_t pid;                      /**< daemon process id */
+  uint64_t memory_used;              /**< bytes of pool memory in use (active backend) */
+  uint64_t memory_cap;               /**< configured pool memory cap (0 = none) */
+  uint64_t model_cache_bytes;        /**< weight bytes the models kept loaded hold */
+  uint32_t model_cache_models;       /**< models kept loaded */
+  uint32_t model_cache_capacity;     /**< most models kept (LRU) */
+  uint32_t creates_queued;           /**< creates waiting for a worker */
+  uint32_t creates_running;          /**< creates being built */
+  uint32_t create_queue_capacity;    /**< more waiting creates are refused (RESOURCE_EXHAUSTED) */
   uint64_t model_cache_mapped_bytes; /**< of model_cache_bytes, mapped read-only from the model
                                           files (page cache shared with agents); filled when
                                           struct_size covers it */
@@ -183,11 +187,11 @@ typedef struct polykv_create_options_t {
   int add_bos;              /**< non-zero (default): prepend BOS when tokenizing `document` */
   int timeout_ms;           /**< bound for the whole create; <= 0: 600000 (10 min) */
   /* struct_version >= 2: */
-  const char* parent;       /**< NULL: a root pool. Else the id (or unique prefix) of the parent
-                                 pool: the new pool holds only `document`'s KV, prefilled after
-                                 the parent chain's (a pool tree); `model` may then be NULL (the
-                                 parent's), the document is tokenized without BOS, and the codec
-                                 is the parent's. */
+  const char* parent; /**< NULL: a root pool. Else the id (or unique prefix) of the parent
+                           pool: the new pool holds only `document`'s KV, prefilled after
+                           the parent chain's (a pool tree); `model` may then be NULL (the
+                           parent's), the document is tokenized without BOS, and the codec
+                           is the parent's. */
 } polykv_create_options;
 
 /** Current version of polykv_create_options (1: without `parent`, also accepted). */
@@ -212,7 +216,8 @@ POLYKV_CLIENT_API const char* polykv_last_error(void);
  *  A client may be used from several threads (calls are serialised).
  *  Errors: POLYKV_UNAVAILABLE / POLYKV_DEADLINE_EXCEEDED when no daemon answers,
  *  POLYKV_PERMISSION_DENIED (socket mode, or the daemon refuses this uid). */
-POLYKV_CLIENT_API polykv_status polykv_connect(const char* endpoint, int timeout_ms, polykv_client** out);
+POLYKV_CLIENT_API polykv_status polykv_connect(const char* endpoint, int timeout_ms,
+                                               polykv_client** out);
 /** Closes the connection (detaches nothing: detach pools first). NULL is a no-op. */
 POLYKV_CLIENT_API void polykv_disconnect(polykv_client* client);
 
@@ -220,8 +225,8 @@ POLYKV_CLIENT_API void polykv_disconnect(polykv_client* client);
  *  to `infos` (which may be NULL when capacity is 0, to ask for the count). infos[0].struct_size
  *  is the size of every element (the array's stride), as each polykv_pool_info_init() sets it.
  *  Errors: POLYKV_INVALID_ARGUMENT (struct_size, see polykv_pool_info), POLYKV_UNAVAILABLE. */
-POLYKV_CLIENT_API polykv_status polykv_list_pools(polykv_client* client, polykv_pool_info* infos, size_t capacity,
-                                size_t* count);
+POLYKV_CLIENT_API polykv_status polykv_list_pools(polykv_client* client, polykv_pool_info* infos,
+                                                  size_t capacity, size_t* count);
 
 /** Attaches `pool_id`: takes a lease (renewed by a background thread with its own socket
  *  until detach) and maps the whole pool read-only: a host pool's sealed memfd is fetched
@@ -232,7 +237,8 @@ POLYKV_CLIENT_API polykv_status polykv_list_pools(polykv_client* client, polykv_
  *  The pool stays usable after polykv_disconnect of its client. Errors: POLYKV_NOT_FOUND
  *  (unknown pool), POLYKV_DATA_LOSS (bad header or payload), POLYKV_PERMISSION_DENIED
  *  (descriptor not sealed, or this uid is not a reader), POLYKV_UNAVAILABLE. */
-POLYKV_CLIENT_API polykv_status polykv_attach(polykv_client* client, const char* pool_id, polykv_pool** out);
+POLYKV_CLIENT_API polykv_status polykv_attach(polykv_client* client, const char* pool_id,
+                                              polykv_pool** out);
 /** Stops renewal, releases the lease (DETACH; skipped when the lease is already gone),
  *  unmaps and frees `pool` in every case. Returns POLYKV_UNAVAILABLE when the daemon did not
  *  answer the DETACH (the lease then expires by itself). NULL is a no-op. */
@@ -240,9 +246,11 @@ POLYKV_CLIENT_API polykv_status polykv_detach(polykv_pool* pool);
 
 /** Info of an attached pool. Errors: POLYKV_INVALID_ARGUMENT (NULL, or out->struct_size: see
  *  polykv_pool_info). */
-POLYKV_CLIENT_API polykv_status polykv_pool_get_info(const polykv_pool* pool, polykv_pool_info* out);
+POLYKV_CLIENT_API polykv_status polykv_pool_get_info(const polykv_pool* pool,
+                                                     polykv_pool_info* out);
 /** Token ids of the pool's document: writes min(capacity, tokens) ids. */
-POLYKV_CLIENT_API polykv_status polykv_pool_token_ids(const polykv_pool* pool, int32_t* ids, size_t capacity);
+POLYKV_CLIENT_API polykv_status polykv_pool_token_ids(const polykv_pool* pool, int32_t* ids,
+                                                      size_t capacity);
 /** Decodes layer `layer` into caller buffers k_out, v_out, each
  *  [kv_heads][tokens][head_dim] of `dtype` (host memory; polykv_pool_layer_elements()
  *  elements each). A cuda pool is decoded on its device, then copied to host. Checks the
@@ -251,8 +259,8 @@ POLYKV_CLIENT_API polykv_status polykv_pool_token_ids(const polykv_pool* pool, i
  *  learnt that the lease is gone (it renews every lease_ms/3), so a forced eviction is seen
  *  within about a third of the lease time. POLYKV_OUT_OF_RANGE for a bad layer.
  *  Thread-safe (the mapping is read-only). */
-POLYKV_CLIENT_API polykv_status polykv_decode_layer(const polykv_pool* pool, uint32_t layer, void* k_out,
-                                  void* v_out, polykv_dtype dtype);
+POLYKV_CLIENT_API polykv_status polykv_decode_layer(const polykv_pool* pool, uint32_t layer,
+                                                    void* k_out, void* v_out, polykv_dtype dtype);
 /** Recomputes the payload checksum of the mapped pool (POLYKV_DATA_LOSS on mismatch). */
 POLYKV_CLIENT_API polykv_status polykv_pool_verify(const polykv_pool* pool);
 /** The per-layer reconstruction error recorded in the pool's header at build (relative MSE
@@ -295,13 +303,10 @@ POLYKV_CLIENT_API polykv_status polykv_create_pool(polykv_client* client,
  *  (NUL bytes included; opts->document must be NULL, opts->token_ids unused). The text must
  *  be valid UTF-8: otherwise POLYKV_INVALID_ARGUMENT "... not valid UTF-8 at byte offset N"
  *  and nothing is sent (it is never altered on the way). */
-POLYKV_CLIENT_API polykv_status polykv_create_pool_from_text(polykv_client* client,
-                                                             const polykv_create_options* opts,
-                                                             const char* document,
-                                                             size_t document_size,
-                                                             polykv_progress_fn progress,
-                                                             void* user, polykv_pool_info* out,
-                                                             int* created);
+POLYKV_CLIENT_API polykv_status polykv_create_pool_from_text(
+    polykv_client* client, const polykv_create_options* opts, const char* document,
+    size_t document_size, polykv_progress_fn progress, void* user, polykv_pool_info* out,
+    int* created);
 
 /** PING with the daemon's full status: instance, memory, model cache, create queue.
  *  Errors: POLYKV_INVALID_ARGUMENT when out->struct_size is too small, POLYKV_UNAVAILABLE. */
@@ -329,14 +334,12 @@ POLYKV_CLIENT_API polykv_status polykv_fetch_pool(polykv_client* client, const c
 /** Evicts `pool_id`. Without `force` the daemon refuses while leases are live
  *  (POLYKV_FAILED_PRECONDITION); with it, lease holders see POLYKV_NOT_FOUND on their next
  *  renewal and decode. Errors: POLYKV_NOT_FOUND (unknown pool). */
-POLYKV_CLIENT_API polykv_status polykv_evict(polykv_client* client, const char* pool_id,
-                                             int force);
+POLYKV_CLIENT_API polykv_status polykv_evict(polykv_client* client, const char* pool_id, int force);
 
 /** STATS of one pool (no attach): shape, bytes by part, leases, build times.
  *  Errors: POLYKV_NOT_FOUND ("unknown pool <id>"), POLYKV_INVALID_ARGUMENT (NULL, or
  *  out->struct_size: see polykv_pool_info). */
-POLYKV_CLIENT_API polykv_status polykv_pool_info_by_id(polykv_client* client,
-                                                       const char* pool_id,
+POLYKV_CLIENT_API polykv_status polykv_pool_info_by_id(polykv_client* client, const char* pool_id,
                                                        polykv_pool_info* out);
 
 /** The read-only mapping of an attached host pool: *base points at the pool's first byte
@@ -351,7 +354,7 @@ POLYKV_CLIENT_API polykv_status polykv_pool_mapping(const polykv_pool* pool, con
 POLYKV_CLIENT_API size_t polykv_pool_layer_elements(const polykv_pool* pool);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
-#endif  /* POLYKV_CLIENT_H_ */
+#endif /* POLYKV_CLIENT_H_ */

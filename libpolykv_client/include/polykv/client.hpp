@@ -61,9 +61,7 @@ class [[nodiscard]] Status {
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
   /// "NOT_FOUND" etc.
-  const char* CodeName() const {
-    return polykv_status_string(static_cast<polykv_status>(code_));
-  }
+  const char* CodeName() const { return polykv_status_string(static_cast<polykv_status>(code_)); }
   /// "OK" or "<CODE_NAME>: message".
   std::string ToString() const {
     if (ok()) return "OK";
@@ -81,7 +79,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit like absl::StatusOr
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit like absl::StatusOr
   Result(Status status) : status_(std::move(status)) {  // NOLINT
     if (status_.ok()) status_ = Status(StatusCode::kInternal, "Result built from OK status");
   }
@@ -108,7 +106,8 @@ class [[nodiscard]] Result {
 
  private:
   void Check() const {
-    if (!value_) throw std::logic_error("polykv::client::Result has no value: " + status_.ToString());
+    if (!value_)
+      throw std::logic_error("polykv::client::Result has no value: " + status_.ToString());
   }
   Status status_;
   std::optional<T> value_;
@@ -135,12 +134,12 @@ struct PoolInfo {
   std::string tokenizer_family;   ///< "bpe/llama3", "spm", ... ("none" without a tokenizer)
   uint32_t layers = 0, kv_heads = 0, head_dim = 0;
   uint64_t tokens = 0;
-  uint64_t total_bytes = 0;       ///< whole shared region
-  uint64_t bf16_bytes = 0;        ///< same KV cache held privately in bf16
-  double effective_ratio = 0;     ///< bf16_bytes / total_bytes
+  uint64_t total_bytes = 0;    ///< whole shared region
+  uint64_t bf16_bytes = 0;     ///< same KV cache held privately in bf16
+  double effective_ratio = 0;  ///< bf16_bytes / total_bytes
   uint32_t leases = 0;
-  uint64_t key_codes_bytes = 0, key_scales_bytes = 0, value_codes_bytes = 0,
-           value_norms_bytes = 0, overhead_bytes = 0;
+  uint64_t key_codes_bytes = 0, key_scales_bytes = 0, value_codes_bytes = 0, value_norms_bytes = 0,
+           overhead_bytes = 0;
   int64_t created_unix_ms = 0;
   double prefill_ms = 0, encode_ms = 0, publish_ms = 0;
   /// Reconstruction error recorded at build (see polykv_pool_info); 0 layers: not recorded.
@@ -212,15 +211,15 @@ struct DaemonInfo {
 /// Options of Client::CreatePool (see polykv_create_options). Give `document` or
 /// `token_ids`, not both.
 struct CreateOptions {
-  std::string model;               ///< model path (resolved by the daemon)
-  std::string document;            ///< text to tokenize (empty when token_ids is used)
-  std::vector<int32_t> token_ids;  ///< explicit ids (empty when document is used)
-  std::string codec;               ///< "k8v3" (default: "") | "k8v2" | "k8v4" | "none";
-                                   ///< a child's default is its parent's
+  std::string model;                 ///< model path (resolved by the daemon)
+  std::string document;              ///< text to tokenize (empty when token_ids is used)
+  std::vector<int32_t> token_ids;    ///< explicit ids (empty when document is used)
+  std::string codec;                 ///< "k8v3" (default: "") | "k8v2" | "k8v4" | "none";
+                                     ///< a child's default is its parent's
   std::string key_scale = "tensor";  ///< "tensor" | "head" | "channel"
   bool norm_correction = false;
   bool add_bos = true;
-  int timeout_ms = 600000;         ///< bound for the whole create (ms)
+  int timeout_ms = 600000;  ///< bound for the whole create (ms)
   /// A child pool (pool tree): the parent's id or unique prefix; `model` may stay empty.
   std::string parent;
 };
@@ -326,8 +325,8 @@ class Client {
     const bool text = options.token_ids.empty();
     polykv_status s = polykv_create_pool_from_text(
         c_, &o, text ? options.document.data() : nullptr, text ? options.document.size() : 0,
-        progress ? &Client::ProgressTrampoline : nullptr, const_cast<ProgressFn*>(&progress),
-        &info, &created);
+        progress ? &Client::ProgressTrampoline : nullptr, const_cast<ProgressFn*>(&progress), &info,
+        &created);
     if (s != POLYKV_OK) return Status::FromC(s);
     return CreatedPool{PoolInfo::FromC(info), created != 0};
   }
@@ -346,9 +345,9 @@ class Client {
   Result<CreatedPool> FetchPool(const std::string& id, const ProgressFn& progress = {}) {
     polykv_pool_info info = polykv_pool_info_init();
     int fetched = 0;
-    polykv_status s = polykv_fetch_pool(c_, id.c_str(),
-                                        progress ? &Client::ProgressTrampoline : nullptr,
-                                        const_cast<ProgressFn*>(&progress), &info, &fetched);
+    polykv_status s =
+        polykv_fetch_pool(c_, id.c_str(), progress ? &Client::ProgressTrampoline : nullptr,
+                          const_cast<ProgressFn*>(&progress), &info, &fetched);
     if (s != POLYKV_OK) return Status::FromC(s);
     return CreatedPool{PoolInfo::FromC(info), fetched != 0};
   }
@@ -419,8 +418,7 @@ class Pool {
   /// Decodes `layer` into host buffers k, v, each [kv_heads][tokens][head_dim] of `dtype`
   /// (LayerElements() elements). kNotFound / kFailedPrecondition when the lease is invalid.
   Status DecodeLayer(uint32_t layer, void* k, void* v, DType dtype = DType::kF32) const {
-    return Status::FromC(
-        polykv_decode_layer(p_, layer, k, v, static_cast<polykv_dtype>(dtype)));
+    return Status::FromC(polykv_decode_layer(p_, layer, k, v, static_cast<polykv_dtype>(dtype)));
   }
   /// Recomputes the payload checksum (kDataLoss on mismatch).
   Status Verify() const { return Status::FromC(polykv_pool_verify(p_)); }

@@ -1,17 +1,15 @@
 // `polykv-cli ping` / `pools create|list|show|evict` round trip against a real polykvd, using
 // --json and parsing stdout; errors print "error: <STATUS_NAME>: message" with exit code 1.
+#include <gtest/gtest.h>
 #include <sys/stat.h>
-
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "daemon_process.h"
 
@@ -113,8 +111,8 @@ TEST_F(CliPoolsTest, CreateListShowEvictRoundTrip) {
 TEST_F(CliPoolsTest, FidelityIsRecordedShownAndVerified) {
   const std::string ids =
       "1,461,461,401,401,401,461,378,455,473,456,300,301,302,303,304,305,306,307,308,309,310";
-  json created = CliJson({"pools", "create", "--model", testing::Stories260K(), "--token-ids",
-                          ids, "--codec", "k8v3"});
+  json created = CliJson({"pools", "create", "--model", testing::Stories260K(), "--token-ids", ids,
+                          "--codec", "k8v3"});
   const std::string id = created.value("id", "");
   ASSERT_EQ(id.size(), 64u) << created.dump();
   daemon_->Track(id);
@@ -168,13 +166,14 @@ TEST_F(CliPoolsTest, FidelityIsRecordedShownAndVerified) {
 }
 
 TEST_F(CliPoolsTest, BadInputGivesClearErrors) {
-  CommandResult bad_ids = Cli({"pools", "create", "--model", testing::Stories260K(),
-                               "--token-ids", "1,x,3"});
+  CommandResult bad_ids =
+      Cli({"pools", "create", "--model", testing::Stories260K(), "--token-ids", "1,x,3"});
   EXPECT_EQ(bad_ids.status, 1);
-  EXPECT_EQ(bad_ids.err, "error: INVALID_ARGUMENT: --token-ids: \"x\" is not a token id "
-                         "(expected 1,2,3)\n");
-  CommandResult no_doc = Cli({"pools", "create", "--model", testing::Stories260K(),
-                              "--document", "/nonexistent/doc.txt"});
+  EXPECT_EQ(bad_ids.err,
+            "error: INVALID_ARGUMENT: --token-ids: \"x\" is not a token id "
+            "(expected 1,2,3)\n");
+  CommandResult no_doc = Cli(
+      {"pools", "create", "--model", testing::Stories260K(), "--document", "/nonexistent/doc.txt"});
   EXPECT_EQ(no_doc.status, 1);
   EXPECT_EQ(no_doc.err, "error: NOT_FOUND: cannot read document file /nonexistent/doc.txt\n");
   CommandResult unknown = Cli({"pools", "evict", std::string(64, 'e'), "--force"});

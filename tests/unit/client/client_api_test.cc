@@ -1,6 +1,7 @@
 // libpolykv_client against a scripted fake daemon: status strings, thread-local errors, Lazy
 // Pirate (dead endpoint, dropped and stale replies), PROGRESS streaming, attach of a real shm
 // pool (read-only mapping, bit-exact decode), lease renewal and eviction, the C++ wrapper.
+#include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -21,8 +22,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "absl/strings/str_cat.h"
 #include "fake_daemon.h"
 #include "polykv/client.h"
@@ -40,11 +39,22 @@ using testing::FakeDaemon;
 using Clock = std::chrono::steady_clock;
 
 TEST(ClientStatusTest, NamesEveryCode) {
-  const std::array<const char*, 16> names = {
-      "OK",        "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"};
+  const std::array<const char*, 16> names = {"OK",
+                                             "CANCELLED",
+                                             "UNKNOWN",
+                                             "INVALID_ARGUMENT",
+                                             "DEADLINE_EXCEEDED",
+                                             "NOT_FOUND",
+                                             "ALREADY_EXISTS",
+                                             "PERMISSION_DENIED",
+                                             "RESOURCE_EXHAUSTED",
+                                             "FAILED_PRECONDITION",
+                                             "ABORTED",
+                                             "OUT_OF_RANGE",
+                                             "UNIMPLEMENTED",
+                                             "INTERNAL",
+                                             "UNAVAILABLE",
+                                             "DATA_LOSS"};
   for (int i = 0; i < 16; ++i) {
     EXPECT_STREQ(polykv_status_string(static_cast<polykv_status>(i)), names[i]) << i;
   }
@@ -107,9 +117,8 @@ TEST(ClientLazyPirateTest, StaleSocketOfDeadDaemonFailsUnavailableWithoutWaiting
 }
 
 TEST(ClientLazyPirateTest, SocketWithoutPermissionIsPermissionDeniedNotUnavailable) {
-  FakeDaemon daemon([](const ipc::Request& req) {
-    return std::vector<ipc::Reply>{FakeDaemon::OkReply(req)};
-  });
+  FakeDaemon daemon(
+      [](const ipc::Request& req) { return std::vector<ipc::Reply>{FakeDaemon::OkReply(req)}; });
   const std::string path = daemon.endpoint().substr(6);
   // Connecting needs write permission on the socket file; root ignores modes, so the check
   // runs in a child process that drops to uid 65534 when we are root.
@@ -169,7 +178,7 @@ TEST(ClientLazyPirateTest, RetriesAfterDroppedRequestAndIgnoresStaleReplies) {
   EXPECT_EQ(info.memory_cap, 456u);
   polykv_disconnect(c);
   auto reqs = daemon.requests();
-  ASSERT_EQ(reqs.size(), 3u);  // dropped connect ping, its retry, the explicit ping
+  ASSERT_EQ(reqs.size(), 3u);         // dropped connect ping, its retry, the explicit ping
   EXPECT_EQ(reqs[0].id, reqs[1].id);  // the retry resends the same request
   EXPECT_NE(reqs[1].id, reqs[2].id);
 }
@@ -270,7 +279,8 @@ TEST(ClientCreateTest, StreamsProgressAndReturnsInfo) {
 }
 
 TEST(ClientCreateTest, RejectsBadOptionsBeforeSending) {
-  FakeDaemon daemon([&](const ipc::Request& req) { return std::vector<ipc::Reply>{FakeDaemon::OkReply(req)}; });
+  FakeDaemon daemon(
+      [&](const ipc::Request& req) { return std::vector<ipc::Reply>{FakeDaemon::OkReply(req)}; });
   auto client = Client::Connect(daemon.endpoint(), 500);
   ASSERT_TRUE(client.ok());
   CreateOptions opts;
@@ -580,9 +590,8 @@ TEST(ClientCreateTest, DocumentWithNulBytesArrivesWhole) {
 }
 
 TEST(ClientCreateTest, InvalidUtf8DocumentIsRefusedWithItsByteOffset) {
-  FakeDaemon daemon([&](const ipc::Request& req) {
-    return std::vector<ipc::Reply>{FakeDaemon::OkReply(req)};
-  });
+  FakeDaemon daemon(
+      [&](const ipc::Request& req) { return std::vector<ipc::Reply>{FakeDaemon::OkReply(req)}; });
   auto client = Client::Connect(daemon.endpoint(), 500);
   ASSERT_TRUE(client.ok());
   CreateOptions opts;
@@ -876,8 +885,8 @@ TEST_F(FakePoolTest, AttachMapsReadOnlyAndDecodesBitExact) {
   }
   Status oob = pool->DecodeLayer(kLayers, k.data(), v.data());
   EXPECT_EQ(oob.code(), StatusCode::kOutOfRange);
-  EXPECT_EQ(oob.message(), "polykv_decode_layer: layer 2 out of range: pool " + id_ +
-                               " has 2 layers");
+  EXPECT_EQ(oob.message(),
+            "polykv_decode_layer: layer 2 out of range: pool " + id_ + " has 2 layers");
   EXPECT_TRUE(pool->Verify().ok());
   // The pool is mapped read-only into this process: its line in /proc/self/maps is r--s.
   std::ifstream maps("/proc/self/maps");
@@ -909,7 +918,8 @@ TEST_F(FakePoolTest, CompressedDecodeMatchesPoolReader) {
     std::vector<uint8_t> k(n * DTypeBytes(dt)), v(k.size()), rk(k.size()), rv(k.size());
     for (uint32_t l = 0; l < kLayers; ++l) {
       ASSERT_TRUE(pool->DecodeLayer(l, k.data(), v.data(), dt).ok());
-      ASSERT_TRUE(reader->DecodeLayer(l, rk.data(), rv.data(), static_cast<kernels::DType>(dt)).ok());
+      ASSERT_TRUE(
+          reader->DecodeLayer(l, rk.data(), rv.data(), static_cast<kernels::DType>(dt)).ok());
       EXPECT_EQ(k, rk);
       EXPECT_EQ(v, rv);
     }

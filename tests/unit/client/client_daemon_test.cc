@@ -2,7 +2,9 @@
 // list / attach / info / token ids / bit-exact decode (codec none vs the model's own
 // prefill), read-only mapping, lease renewal past the lease time, evict (refused with a
 // lease, forced) -> decode NOT_FOUND, unknown pools.
+#include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <torch/torch.h>
 
 #include <chrono>
 #include <cstring>
@@ -12,9 +14,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "daemon_process.h"
 #include "polykv/client.hpp"
@@ -140,7 +139,8 @@ TEST_F(ClientDaemonTest, RenewalKeepsPoolAttachedThenForcedEvictRefusesDecode) {
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   std::vector<float> k(pool->LayerElements()), v(k.size());
   // Three lease times later the renewal thread has kept the lease alive.
-  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(3000 * kLeaseSeconds) + 300));
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(static_cast<int>(3000 * kLeaseSeconds) + 300));
   EXPECT_TRUE(pool->LeaseStatus().ok()) << pool->LeaseStatus().ToString();
   EXPECT_TRUE(pool->DecodeLayer(0, k.data(), v.data()).ok());
   auto stats = client_->GetPoolInfo(id);

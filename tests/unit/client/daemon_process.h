@@ -55,10 +55,19 @@ class DaemonProcess {
     if (mkdtemp(tmpl) == nullptr) return;
     dir_ = tmpl;
     endpoint_ = "ipc://" + dir_ + "/control.sock";
-    std::vector<std::string> args = {DaemonBinary(), "--endpoint", endpoint_, "--backend",
-                                     "host", "--lease-seconds", std::to_string(lease_seconds),
-                                     "--threads", "2", "--log-level", "warn",
-                                     "--shm-prefix", shm_prefix_};
+    std::vector<std::string> args = {DaemonBinary(),
+                                     "--endpoint",
+                                     endpoint_,
+                                     "--backend",
+                                     "host",
+                                     "--lease-seconds",
+                                     std::to_string(lease_seconds),
+                                     "--threads",
+                                     "2",
+                                     "--log-level",
+                                     "warn",
+                                     "--shm-prefix",
+                                     shm_prefix_};
     pid_ = fork();
     if (pid_ == 0) {
       int out = open((dir_ + "/polykvd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);

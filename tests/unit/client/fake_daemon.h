@@ -10,7 +10,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "polykv/ipc/protocol.h"

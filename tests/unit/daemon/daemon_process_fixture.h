@@ -39,9 +39,9 @@ class DaemonProcessFixture : public ::testing::Test {
   }
   /// polykvd's arguments: this test's endpoint and prefix, host backend, 1 thread, debug log.
   std::vector<std::string> Args(std::vector<std::string> extra = {}) {
-    std::vector<std::string> a = {DaemonBinary(), "--endpoint", dir_.endpoint(), "--backend",
-                                  "host", "--shm-prefix", prefix_, "--threads", "1",
-                                  "--log-level", "debug"};
+    std::vector<std::string> a = {
+        DaemonBinary(), "--endpoint", dir_.endpoint(), "--backend", "host", "--shm-prefix", prefix_,
+        "--threads",    "1",          "--log-level",   "debug"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }

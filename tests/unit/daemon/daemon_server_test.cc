@@ -1,8 +1,6 @@
 // polykvd in-process: the control protocol over a real ipc:// ROUTER (CREATE_POOL with
 // progress, LIST/STATS, dedup, ATTACH/RENEW/DETACH, lease expiry, EVICT, memory cap,
 // malformed/truncated/oversized frames), flags/config parsing, and uid refusal.
-#include "daemon.h"
-
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,8 +8,9 @@
 #include <fstream>
 #include <thread>
 
-#include "pool_manager.h"
+#include "daemon.h"
 #include "polykv/model/llama.h"
+#include "pool_manager.h"
 #include "test_util.h"
 
 namespace polykv::daemon {
@@ -74,8 +73,8 @@ TEST(DaemonFlagsTest, FlagsAndConfigFile) {
     DaemonOptions o;
     CLI::App app;
     AddDaemonFlags(app, o);
-    ASSERT_NO_THROW(app.parse(std::vector<std::string>{"--memory-cap=512M", "--backend=auto",
-                                                       "--config=" + conf}));
+    ASSERT_NO_THROW(app.parse(
+        std::vector<std::string>{"--memory-cap=512M", "--backend=auto", "--config=" + conf}));
     EXPECT_EQ(o.memory_cap, 512ull << 20);
     EXPECT_EQ(o.backend, "auto");
   }
@@ -100,9 +99,9 @@ TEST(DaemonFlagsTest, RolesModelFoldersQueueAndTheShippedExampleConfig) {
     AddDaemonFlags(app, o);
     ASSERT_NO_THROW(app.parse(std::vector<std::string>{
         "--shutdown-grace-seconds=2.5", "--model-cache-bytes=4G", "--model-cache-models=3",
-        "--max-queued-creates=5", "--create-workers=3", "--reader-gid=1001",
-        "--reader-uid=1000", "--operator-gid=1002", "--operator-uid=7", "--models-dir=/m2",
-        "--models-dir=/m1", "--fd-socket=/run/x.fds"}));
+        "--max-queued-creates=5", "--create-workers=3", "--reader-gid=1001", "--reader-uid=1000",
+        "--operator-gid=1002", "--operator-uid=7", "--models-dir=/m2", "--models-dir=/m1",
+        "--fd-socket=/run/x.fds"}));
     // (CLI11 parses the vector in reverse order.)
     EXPECT_EQ(o.models_dirs, (std::vector<std::string>{"/m1", "/m2"}));
     EXPECT_EQ(o.operator_uids, (std::vector<uint32_t>{7}));
@@ -139,8 +138,7 @@ class DaemonServerTest : public ::testing::Test {
     StopDaemon();
     testing::RemoveShmObjects(prefix_);
   }
-  void StartDaemon(uint64_t cap = 0, double lease_s = 30,
-                   std::vector<uint32_t> allow = {}) {
+  void StartDaemon(uint64_t cap = 0, double lease_s = 30, std::vector<uint32_t> allow = {}) {
     DaemonOptions o;
     o.endpoint = dir_.endpoint();
     o.backend = "host";

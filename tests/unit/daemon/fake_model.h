@@ -10,9 +10,9 @@
 #include <mutex>
 #include <string>
 
-#include "pool_manager.h"
 #include "polykv/model/llama.h"
 #include "polykv/model/tokenizer.h"
+#include "pool_manager.h"
 
 namespace polykv::daemon::testing {
 
@@ -73,7 +73,8 @@ class FakeModel : public model::LlamaModel {
   torch::ScalarType dtype() const override { return torch::kFloat32; }
   model::KvCache NewCache(int64_t) const override { return {}; }
   [[nodiscard]] StatusOr<model::KvCache> NewCacheWithPrefix(std::shared_ptr<const model::KvPrefix>,
-                                              std::vector<int32_t>, int64_t) const override {
+                                                            std::vector<int32_t>,
+                                                            int64_t) const override {
     return absl::UnimplementedError("fake model");
   }
   [[nodiscard]] StatusOr<model::KvCache> FreezeAsPrefix(model::KvCache&&, int64_t) const override {
@@ -81,7 +82,8 @@ class FakeModel : public model::LlamaModel {
   }
   model::WeightStorage weight_storage() const override { return model::WeightStorage::kCopy; }
   int64_t WeightBytesPerToken() const override { return 0; }
-  [[nodiscard]] StatusOr<torch::Tensor> Forward(absl::Span<const int32_t>, model::KvCache&, bool) override {
+  [[nodiscard]] StatusOr<torch::Tensor> Forward(absl::Span<const int32_t>, model::KvCache&,
+                                                bool) override {
     return absl::UnimplementedError("fake model");
   }
   [[nodiscard]] StatusOr<model::PrefillResult> Prefill(
@@ -111,11 +113,11 @@ class FakeModel : public model::LlamaModel {
     return r;
   }
   [[nodiscard]] StatusOr<model::GenerateResult> Generate(model::KvCache&, absl::Span<const int32_t>,
-                                           const model::SamplingOptions&) override {
+                                                         const model::SamplingOptions&) override {
     return absl::UnimplementedError("fake model");
   }
   [[nodiscard]] StatusOr<model::PerplexityResult> Perplexity(absl::Span<const int32_t>, int64_t,
-                                               int64_t) override {
+                                                             int64_t) override {
     return absl::UnimplementedError("fake model");
   }
 
@@ -142,8 +144,8 @@ struct FakeLoader {
     auto made_ = made;
     auto before_load_ = before_load;
     auto before_prefill_ = before_prefill;
-    return [loads_, live_, made_, before_load_, before_prefill_](const std::string&)
-               -> StatusOr<std::unique_ptr<model::LlamaModel>> {
+    return [loads_, live_, made_, before_load_,
+            before_prefill_](const std::string&) -> StatusOr<std::unique_ptr<model::LlamaModel>> {
       loads_->fetch_add(1);
       if (before_load_) before_load_();
       auto m = std::make_unique<FakeModel>("fake", before_prefill_, live_);

@@ -5,6 +5,8 @@
 // minor ones (echoed input, lease-expiry log lines, lease counts).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,13 +15,10 @@
 #include <fstream>
 #include <thread>
 
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
-
 #include "daemon.h"
 #include "fake_model.h"
-#include "process_util.h"
 #include "pool_manager.h"
+#include "process_util.h"
 #include "test_util.h"
 
 namespace polykv::daemon {
@@ -201,11 +200,10 @@ TEST_F(PoolManagerFaults, ModelsAreOpenedOnlyUnderTheModelFolders) {
   EXPECT_TRUE(create("sub/good.gguf").ok()) << create("sub/good.gguf");
   EXPECT_TRUE(create(root + "/sub/good.gguf").ok());
   EXPECT_TRUE(create(root + "/sub/../sub/good.gguf").ok());
-  const std::string outside =
-      "is outside the model folders (--models-dir " + root + ")";
-  for (const std::string& path : {secret + "/private.gguf", secret + "/does-not-exist.gguf",
-                                  root + "/../secret/private.gguf", std::string("../secret/private.gguf"),
-                                  std::string("/etc/shadow")}) {
+  const std::string outside = "is outside the model folders (--models-dir " + root + ")";
+  for (const std::string& path :
+       {secret + "/private.gguf", secret + "/does-not-exist.gguf", root + "/../secret/private.gguf",
+        std::string("../secret/private.gguf"), std::string("/etc/shadow")}) {
     Status s = create(path);
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << path << ": " << s;
     EXPECT_EQ(std::string(s.message()), "model \"" + path + "\" " + outside) << path;
@@ -303,8 +301,8 @@ TEST_F(PoolManagerFaults, HugePoolIdIsNotEchoedBack) {
   Status s = m.Attach(huge, 1).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_LT(s.message().size(), 256u);
-  ipc::Reply reply = ipc::ErrorReply(ipc::MessageType::kAttach, 1,
-                                     absl::NotFoundError("unknown pool " + huge));
+  ipc::Reply reply =
+      ipc::ErrorReply(ipc::MessageType::kAttach, 1, absl::NotFoundError("unknown pool " + huge));
   EXPECT_LT(ipc::EncodeReply(reply).size(), 2 * ipc::kMaxErrorBytes);
 }
 

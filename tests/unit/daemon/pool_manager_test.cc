@@ -95,10 +95,9 @@ TEST_F(PoolManagerTest, CreateNoneAndK8v3PublishReadablePools) {
   bool first = true;
   for (const char* codec : {"none", "k8v3"}) {
     std::vector<std::string> stages;
-    auto r = m.CreatePool(CreateRequest(codec),
-                          [&](const std::string& s, int64_t, int64_t) {
-                            if (stages.empty() || stages.back() != s) stages.push_back(s);
-                          });
+    auto r = m.CreatePool(CreateRequest(codec), [&](const std::string& s, int64_t, int64_t) {
+      if (stages.empty() || stages.back() != s) stages.push_back(s);
+    });
     ASSERT_TRUE(r.ok()) << codec << ": " << r.status();
     EXPECT_TRUE(r->created);
     // The model is loaded by the first create only (then it is in the cache).

@@ -3,9 +3,9 @@
 // (D6), rewriting a live daemon's pool (D7), and, as root, a squatted segment name under an
 // unprivileged daemon (D8), an operator uid naming a model it cannot read and a reader uid
 // mapping root's pools (D9). Uid tests re-run this binary under setpriv.
-#include <gtest/gtest.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,8 +13,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "polykv/ipc/pool_layout.h"
 #include "daemon_process_fixture.h"
+#include "polykv/ipc/pool_layout.h"
 #include "process_util.h"
 #include "test_util.h"
 
@@ -22,9 +22,9 @@ namespace polykv::daemon {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::CliBinary;
 using testing::CreateRequest;
 using testing::DaemonBinary;
-using testing::CliBinary;
 using testing::Exists;
 using testing::RawClient;
 using testing::ReadText;
@@ -88,7 +88,8 @@ TEST_F(ProcessFaults, CreateFailsWithinSecondsWhenTheDaemonIsKilled) {
   EXPECT_EQ(rc, 1);
   const std::string text = ReadText(err);
   EXPECT_NE(text.find("error: UNAVAILABLE: polykvd went away during CREATE_POOL: nothing is "
-                      "listening on " + dir_.socket()),
+                      "listening on " +
+                      dir_.socket()),
             std::string::npos)
       << text;
   EXPECT_TRUE(ShmObjects(prefix_).empty());
@@ -108,9 +109,9 @@ TEST_F(ProcessFaults, CreateFailsWithinSecondsWhenTheDaemonRestarts) {
   const std::string text = ReadText(err);
   // Which one depends on whether the client's probe (every second) hit the gap between
   // the two daemons; both name what happened.
-  const bool restarted = text.find("error: ABORTED: polykvd at " + dir_.endpoint() +
-                                   " restarted while the CREATE_POOL was in progress") !=
-                         std::string::npos;
+  const bool restarted =
+      text.find("error: ABORTED: polykvd at " + dir_.endpoint() +
+                " restarted while the CREATE_POOL was in progress") != std::string::npos;
   const bool went_away =
       text.find("error: UNAVAILABLE: polykvd went away during CREATE_POOL") != std::string::npos;
   EXPECT_TRUE(restarted || went_away) << text;
@@ -289,10 +290,10 @@ class RootFaults : public ProcessFaults {
     const std::string copy = SelfCopy(dir_.path());
     for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     const std::string child_log = dir_.path() + "/child.log";
-    pid_t child = Spawn({"/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534",
-                         "--clear-groups", copy, "--gtest_also_run_disabled_tests",
-                         "--gtest_filter=UidChild." + test},
-                        child_log, child_log);
+    pid_t child =
+        Spawn({"/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", copy,
+               "--gtest_also_run_disabled_tests", "--gtest_filter=UidChild." + test},
+              child_log, child_log);
     for (auto& [k, v] : env) unsetenv(k.c_str());
     const int rc = WaitExit(child, 60000);
     if (rc != 0) ADD_FAILURE() << ReadText(child_log);
@@ -346,10 +347,10 @@ TEST_F(RootFaults, OtherOperatorCannotNameModelsAndReaderMapsRootsPools) {
   RawClient c(dir_.endpoint());  // root creates, uid 65534 maps
   auto r = c.Call(CreateRequest("k8v3"), 60000);
   ASSERT_TRUE(r.ok() && r->ok);
-  EXPECT_EQ(RunChild("DISABLED_AttachMapsAndVerifies",
-                     {{"POLYKV_TEST_CHILD_ENDPOINT", dir_.endpoint()},
-                      {"POLYKV_TEST_CHILD_POOL", r->pool->id}}),
-            0);
+  EXPECT_EQ(
+      RunChild("DISABLED_AttachMapsAndVerifies", {{"POLYKV_TEST_CHILD_ENDPOINT", dir_.endpoint()},
+                                                  {"POLYKV_TEST_CHILD_POOL", r->pool->id}}),
+      0);
 }
 
 }  // namespace

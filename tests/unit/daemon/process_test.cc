@@ -1,8 +1,8 @@
 // polykvd as a separate process: create/list over the wire, SIGTERM (exit 0, files and
 // segments gone), a second daemon refusing a live endpoint, SIGKILL + restart cleaning the
 // stale socket and segments, and a client under another uid (setpriv) being refused.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -176,10 +176,10 @@ TEST_F(ProcessTest, OtherUidIsRefused) {
   chmod(copy.c_str(), 0755);
   setenv("POLYKV_TEST_CHILD_ENDPOINT", dir_.endpoint().c_str(), 1);
   const std::string child_log = dir_.path() + "/child.log";
-  pid_t child = Spawn({"/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534",
-                       "--clear-groups", copy, "--gtest_also_run_disabled_tests",
-                       "--gtest_filter=UidChild.DISABLED_PingIsRefused"},
-                      child_log);
+  pid_t child =
+      Spawn({"/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", copy,
+             "--gtest_also_run_disabled_tests", "--gtest_filter=UidChild.DISABLED_PingIsRefused"},
+            child_log);
   unsetenv("POLYKV_TEST_CHILD_ENDPOINT");
   ASSERT_GT(child, 0);
   int rc = WaitExit(child, 30000);

@@ -13,9 +13,9 @@
 #include <mutex>
 #include <thread>
 
-#include "pool_manager.h"
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/sealed_region.h"
+#include "pool_manager.h"
 #include "test_util.h"
 
 namespace polykv::daemon {
@@ -52,8 +52,8 @@ class LocalPeers : public PeerSource {
     if (size != e.size()) return absl::InvalidArgumentError("size mismatch");
     if (fail_after > 0) {
       std::memcpy(dst, e.data(), std::min(fail_after, size));
-      return absl::UnavailableError(absl::StrCat("holder died after ", fail_after, " of ", size,
-                                                 " bytes"));
+      return absl::UnavailableError(
+          absl::StrCat("holder died after ", fail_after, " of ", size, " bytes"));
     }
     std::memcpy(dst, e.data(), size);
     if (corrupt_at > 0) static_cast<uint8_t*>(dst)[corrupt_at] ^= 0x40;

@@ -23,9 +23,9 @@ TEST(SystemdUnitTest, HasRequiredDirectives) {
   std::string unit = ReadFile(kUnit);
   ASSERT_FALSE(unit.empty()) << kUnit;
   for (const char* line :
-       {"Type=notify", "RuntimeDirectory=polykv", "RuntimeDirectoryMode=0750",
-        "Restart=on-failure", "WatchdogSec=30", "NoNewPrivileges=yes", "ProtectSystem=strict",
-        "ProtectHome=read-only", "PrivateTmp=yes", "ProtectKernelTunables=yes",
+       {"Type=notify", "RuntimeDirectory=polykv", "RuntimeDirectoryMode=0750", "Restart=on-failure",
+        "WatchdogSec=30", "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=read-only",
+        "PrivateTmp=yes", "ProtectKernelTunables=yes",
         "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6", "DeviceAllow=/dev/nvidiactl rw",
         "DeviceAllow=/dev/nvidia-uvm rw", "User=polykv", "Group=polykv",
         "--config /etc/polykv/polykvd.conf", "StateDirectory=polykv",
@@ -37,8 +37,7 @@ TEST(SystemdUnitTest, HasRequiredDirectives) {
 }
 
 TEST(SystemdUnitTest, SystemdAnalyzeVerify) {
-  if (access("/usr/bin/systemd-analyze", X_OK) != 0 &&
-      access("/bin/systemd-analyze", X_OK) != 0) {
+  if (access("/usr/bin/systemd-analyze", X_OK) != 0 && access("/bin/systemd-analyze", X_OK) != 0) {
     GTEST_SKIP() << "systemd-analyze is not installed; unit not verified";
   }
   // Verify a copy whose ExecStart points at the built binary (the install prefix may not

@@ -4,8 +4,8 @@
 #pragma once
 
 #include <dirent.h>
-#include <sys/mman.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,7 +14,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -23,7 +22,9 @@
 
 namespace polykv::daemon::testing {
 
-inline std::string Stories260K() { return std::string(POLYKV_TEST_DATA_DIR) + "/models/stories260K"; }
+inline std::string Stories260K() {
+  return std::string(POLYKV_TEST_DATA_DIR) + "/models/stories260K";
+}
 
 /// 40 token ids valid for stories260K (vocab 512).
 inline std::vector<int32_t> StoryIds(int salt = 0) {
@@ -137,7 +138,7 @@ class RawClient {
   }
   /// Sends `req` and returns the final reply (PROGRESS messages go to `progress`).
   [[nodiscard]] StatusOr<ipc::Reply> Call(ipc::Request req, int timeout_ms = 20000,
-                            std::vector<ipc::Reply>* progress = nullptr) {
+                                          std::vector<ipc::Reply>* progress = nullptr) {
     req.id = ++next_id_;
     SendFrame(ipc::EncodeRequest(req));
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);

@@ -1,8 +1,9 @@
 // polykv-cli eval's library: Student t quantiles, the paired interval on synthetic data with a
 // known answer, codec spec strings and their exact pool sizes, windows, and the CSV columns
 // (written by a real run on stories260K).
-#include <gtest/gtest.h>
+#include "eval/eval.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -12,7 +13,6 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
-#include "eval/eval.h"
 #include "eval/eval_agents.h"
 #include "eval/eval_extra.h"
 #include "polykv/model/llama.h"
@@ -121,7 +121,8 @@ TEST(EvalCodecSpec, PoolSizeIsExact) {
   const PoolSize p = PoolSizeOf(ParseCodecSpec("paper").value(), 30, 3, 64, 1451);
   const int64_t vectors = 3 * 1451;
   auto align = [](int64_t x) { return (x + 255) / 256 * 256; };
-  const int64_t per_layer = align(vectors * 64) + align(4) + align(vectors * 24) + align(4 * vectors);
+  const int64_t per_layer =
+      align(vectors * 64) + align(4) + align(vectors * 24) + align(4 * vectors);
   EXPECT_EQ(p.bytes, 4096 + align(4 * 1451) + 30 * per_layer);
   EXPECT_EQ(p.bf16_bytes, int64_t{30} * 4 * vectors * 64);
   EXPECT_NEAR(p.ratio, 2.77, 0.01);
@@ -170,17 +171,21 @@ TEST(EvalRoundTrip, KeyBitsAndNormsBehave) {
   }
   LayerError a, b;
   ASSERT_TRUE(RoundTripLayer(ParseCodecSpec("k8c-v3").value(), 0, 1, k.data(), v.data(), shape,
-                             ko.data(), vo.data(), &a).ok());
+                             ko.data(), vo.data(), &a)
+                  .ok());
   ASSERT_TRUE(RoundTripLayer(ParseCodecSpec("k8c-v3-n16").value(), 0, 1, k.data(), v.data(), shape,
-                             ko.data(), vo.data(), &b).ok());
+                             ko.data(), vo.data(), &b)
+                  .ok());
   EXPECT_NEAR(a.value_rel_mse, b.value_rel_mse, 1e-3 * a.value_rel_mse + 1e-6);
   LayerError r;
   ASSERT_TRUE(RoundTripLayer(ParseCodecSpec("k8c-v3-norot").value(), 0, 1, k.data(), v.data(),
-                             shape, ko.data(), vo.data(), &r).ok());
+                             shape, ko.data(), vo.data(), &r)
+                  .ok());
   EXPECT_GT(r.value_rel_mse, 0.0);
   LayerError n;
   ASSERT_TRUE(RoundTripLayer(ParseCodecSpec("none").value(), 0, 1, k.data(), v.data(), shape,
-                             ko.data(), vo.data(), &n).ok());
+                             ko.data(), vo.data(), &n)
+                  .ok());
   EXPECT_EQ(n.key_rel_mse, 0.0);
   EXPECT_EQ(vo, v);
 }

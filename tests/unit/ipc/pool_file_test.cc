@@ -177,8 +177,8 @@ TEST_F(PoolFileTest, WriteRefusesForeignRegionsAndLeavesNothing) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   std::vector<uint8_t> junk(8192, 7);
   EXPECT_FALSE(WritePoolFile(path_, info_, junk.data(), junk.size()).ok());
-  EXPECT_FALSE(WritePoolFile(dir_ + "/no/such/dir/x.pkv", info_, region_.data(),
-                             region_.size()).ok());
+  EXPECT_FALSE(
+      WritePoolFile(dir_ + "/no/such/dir/x.pkv", info_, region_.data(), region_.size()).ok());
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 0);
 }
 

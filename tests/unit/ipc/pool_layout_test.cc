@@ -118,8 +118,7 @@ TEST(PoolLayoutTest, RejectsBadParams) {
   EXPECT_NE(std::string(s.message()).find("value_bits"), std::string::npos);
   p = SmallParams(PoolCodec::kK8V);
   p.tokens = 0;
-  EXPECT_NE(std::string(ComputePoolLayout(p).status().message()).find("tokens"),
-            std::string::npos);
+  EXPECT_NE(std::string(ComputePoolLayout(p).status().message()).find("tokens"), std::string::npos);
   p = SmallParams(PoolCodec::kK8V);
   p.model_fingerprint = std::string(100, 'x');
   EXPECT_EQ(ComputePoolLayout(p).status().code(), absl::StatusCode::kInvalidArgument);
@@ -226,7 +225,8 @@ TEST(PoolLayoutTest, CodecSpecPoolsDecodeAsTheCodecAndSizeAsTheEvalSays) {
     EXPECT_EQ(r->params().codec_config.key_bits, spec->key_bits);
     EXPECT_EQ(r->params().codec_config.norm_dtype, p.codec_config.norm_dtype);
     EXPECT_EQ(r->params().layer_value_bits, p.layer_value_bits);
-    const kernels::LayerShape shape{static_cast<int32_t>(p.kv_heads), static_cast<int64_t>(p.tokens),
+    const kernels::LayerShape shape{static_cast<int32_t>(p.kv_heads),
+                                    static_cast<int64_t>(p.tokens),
                                     static_cast<int32_t>(p.head_dim)};
     auto view = PrefixViewOf(*r);
     ASSERT_TRUE(view.ok()) << view.status();
@@ -234,19 +234,23 @@ TEST(PoolLayoutTest, CodecSpecPoolsDecodeAsTheCodecAndSizeAsTheEvalSays) {
       kernels::CodecConfig c = spec->LayerConfig(static_cast<int>(l), static_cast<int>(p.layers));
       EXPECT_EQ(view->ValueBitsOf(l), c.value_bits);
       auto k = RandomKv(p, 2 * l), v = RandomKv(p, 2 * l + 1);
-      std::vector<uint8_t> kc(shape.vectors() * kernels::PackedKeyVectorBytes(shape.head_dim, c.key_bits));
+      std::vector<uint8_t> kc(shape.vectors() *
+                              kernels::PackedKeyVectorBytes(shape.head_dim, c.key_bits));
       std::vector<float> ks(kernels::KeyScaleCount(shape, c.key_scale)), kd(k.size());
       ASSERT_TRUE(kernels::EncodeKeys(k.data(), DType::kF32, shape, c, kc.data(), ks.data()).ok());
       ASSERT_TRUE(kernels::DecodeKeys(kc.data(), ks.data(), shape, c, kd.data(), DType::kF32).ok());
-      std::vector<uint8_t> vc(shape.vectors() * kernels::PackedVectorBytes(shape.head_dim, c.value_bits));
+      std::vector<uint8_t> vc(shape.vectors() *
+                              kernels::PackedVectorBytes(shape.head_dim, c.value_bits));
       std::vector<float> norms(shape.vectors()), vd(v.size());
-      ASSERT_TRUE(kernels::EncodeValues(v.data(), DType::kF32, shape, c, vc.data(), norms.data()).ok());
+      ASSERT_TRUE(
+          kernels::EncodeValues(v.data(), DType::kF32, shape, c, vc.data(), norms.data()).ok());
       if (c.norm_dtype == DType::kF16) {
         std::vector<uint16_t> h(norms.size());
         kernels::NormsToF16(norms.data(), shape.vectors(), h.data());
         kernels::NormsFromF16(h.data(), shape.vectors(), norms.data());
       }
-      ASSERT_TRUE(kernels::DecodeValues(vc.data(), norms.data(), shape, c, vd.data(), DType::kF32).ok());
+      ASSERT_TRUE(
+          kernels::DecodeValues(vc.data(), norms.data(), shape, c, vd.data(), DType::kF32).ok());
       std::vector<float> ko(k.size()), vo(v.size());
       ASSERT_TRUE(r->DecodeLayer(l, ko.data(), vo.data(), DType::kF32).ok());
       EXPECT_EQ(ko, kd) << "layer " << l;
@@ -284,15 +288,17 @@ TEST(PoolLayoutTest, K8v3DecodeEqualsDirectCodec) {
     std::vector<float> scales(kernels::KeyScaleCount(shape, c.key_scale));
     std::vector<uint8_t> packed(shape.vectors() * kernels::PackedVectorBytes(8, 3));
     std::vector<float> norms(shape.vectors());
-    ASSERT_TRUE(kernels::QuantizeKeys(k.data(), DType::kF32, shape, c.key_scale, q.data(),
-                                      scales.data()).ok());
-    ASSERT_TRUE(kernels::EncodeValues(v.data(), DType::kF32, shape, c, packed.data(),
-                                      norms.data()).ok());
+    ASSERT_TRUE(
+        kernels::QuantizeKeys(k.data(), DType::kF32, shape, c.key_scale, q.data(), scales.data())
+            .ok());
+    ASSERT_TRUE(
+        kernels::EncodeValues(v.data(), DType::kF32, shape, c, packed.data(), norms.data()).ok());
     std::vector<float> kd(k.size()), vd(v.size()), ko(k.size()), vo(v.size());
-    ASSERT_TRUE(kernels::DequantizeKeys(q.data(), scales.data(), shape, c.key_scale, kd.data(),
-                                        DType::kF32).ok());
-    ASSERT_TRUE(kernels::DecodeValues(packed.data(), norms.data(), shape, c, vd.data(),
-                                      DType::kF32).ok());
+    ASSERT_TRUE(
+        kernels::DequantizeKeys(q.data(), scales.data(), shape, c.key_scale, kd.data(), DType::kF32)
+            .ok());
+    ASSERT_TRUE(
+        kernels::DecodeValues(packed.data(), norms.data(), shape, c, vd.data(), DType::kF32).ok());
     ASSERT_TRUE(r->DecodeLayer(l, ko.data(), vo.data(), DType::kF32).ok());
     EXPECT_EQ(0, std::memcmp(ko.data(), kd.data(), 4 * kd.size())) << "layer " << l;
     EXPECT_EQ(0, std::memcmp(vo.data(), vd.data(), 4 * vd.size())) << "layer " << l;
@@ -354,8 +360,9 @@ TEST(PoolLayoutTest, WriterRejectsBadUse) {
   auto ids = Ids(p.tokens);
   EXPECT_EQ(PoolWriter::Create(region.data(), region.size() - 1, p, id, ids).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PoolWriter::Create(region.data(), region.size(), p, id,
-                               absl::MakeSpan(ids).subspan(1)).status().code(),
+  EXPECT_EQ(PoolWriter::Create(region.data(), region.size(), p, id, absl::MakeSpan(ids).subspan(1))
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
   auto w = PoolWriter::Create(region.data(), region.size(), p, id, ids);
   ASSERT_TRUE(w.ok());
@@ -373,7 +380,6 @@ TEST(PoolLayoutTest, WriterRejectsBadUse) {
   k[5] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_FALSE(w->WriteLayer(1, k.data(), k.data(), DType::kF32).ok());
 }
-
 
 // sum((dec - ref)^2) / sum(ref^2) in double, as the header should record it.
 double RelMse(const std::vector<float>& ref, const std::vector<float>& dec) {

@@ -16,10 +16,10 @@ namespace polykv::ipc {
 namespace {
 
 TEST(ProtocolTest, MessageTypeNamesRoundTrip) {
-  for (MessageType t : {MessageType::kCreatePool, MessageType::kAttach, MessageType::kRenew,
-                        MessageType::kDetach, MessageType::kList, MessageType::kStats,
-                        MessageType::kEvict, MessageType::kPing, MessageType::kProgress,
-                        MessageType::kError}) {
+  for (MessageType t :
+       {MessageType::kCreatePool, MessageType::kAttach, MessageType::kRenew, MessageType::kDetach,
+        MessageType::kList, MessageType::kStats, MessageType::kEvict, MessageType::kPing,
+        MessageType::kProgress, MessageType::kError}) {
     auto parsed = ParseMessageType(MessageTypeName(t));
     ASSERT_TRUE(parsed.ok()) << MessageTypeName(t);
     EXPECT_EQ(*parsed, t);
@@ -321,8 +321,9 @@ TEST(ProtocolTest, RejectsMalformedFrames) {
   ExpectRejected(
       R"({"magic":"PKV1","version":1,"type":"EVICT","id":1,"pool_id":"a","force":"yes"})",
       absl::StatusCode::kInvalidArgument, "force");
-  ExpectRejected(R"({"magic":"PKV1","version":1,"type":"ATTACH","id":1,"pool_id":"a","client_pid":-1})",
-                 absl::StatusCode::kInvalidArgument, "client_pid");
+  ExpectRejected(
+      R"({"magic":"PKV1","version":1,"type":"ATTACH","id":1,"pool_id":"a","client_pid":-1})",
+      absl::StatusCode::kInvalidArgument, "client_pid");
 }
 
 TEST(ProtocolTest, RejectsOversizedFrames) {
@@ -371,8 +372,7 @@ TEST(ProtocolTest, DefaultEndpointHonoursEnv) {
 
 // Issue 16, minor: version 2^64-1 was printed as "-1".
 TEST(ProtocolTest, HugeVersionIsPrintedAsSent) {
-  auto r = DecodeRequest(
-      R"({"magic":"PKV1","version":18446744073709551615,"type":"PING","id":1})");
+  auto r = DecodeRequest(R"({"magic":"PKV1","version":18446744073709551615,"type":"PING","id":1})");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(std::string(r.status().message()),
             "protocol version 18446744073709551615 is not supported (this side speaks 1)");
@@ -425,12 +425,12 @@ TEST(ProtocolTest, ValidateUtf8NamesTheOffset) {
     std::string text;
     size_t offset;
   } cases[] = {
-      {"caf\xe9", 3},              // Latin-1 byte
-      {"ab\xc3", 2},               // truncated sequence
-      {"\xc0\xaf", 0},             // overlong '/'
-      {"x\xed\xa0\x80", 1},        // UTF-16 surrogate
-      {"xy\xf4\x90\x80\x80", 2},    // above U+10FFFF
-      {"ok\x80", 2},               // lone continuation byte
+      {"caf\xe9", 3},             // Latin-1 byte
+      {"ab\xc3", 2},              // truncated sequence
+      {"\xc0\xaf", 0},            // overlong '/'
+      {"x\xed\xa0\x80", 1},       // UTF-16 surrogate
+      {"xy\xf4\x90\x80\x80", 2},  // above U+10FFFF
+      {"ok\x80", 2},              // lone continuation byte
   };
   for (const auto& c : cases) {
     Status s = ValidateUtf8(c.text, "the document");
@@ -504,8 +504,8 @@ TEST(ProtocolTest, PeerMessagesRoundTrip) {
   EXPECT_EQ(req->pool_id, "abcdef0123");
   EXPECT_TRUE(req->progress);
   for (const char* type : {"FETCH", "PEER_FETCH"}) {
-    auto bad = DecodeRequest(absl::StrCat(R"({"magic":"PKV1","version":1,"type":")", type,
-                                          R"(","id":1})"));
+    auto bad = DecodeRequest(
+        absl::StrCat(R"({"magic":"PKV1","version":1,"type":")", type, R"(","id":1})"));
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << type;
     EXPECT_NE(std::string(bad.status().message()).find("pool_id"), std::string::npos);
   }
@@ -594,14 +594,13 @@ TEST(ProtocolTest, MessageTableHasOneRowPerType) {
   EXPECT_TRUE(SpecOf(MessageType::kPing).peer_channel);
   EXPECT_FALSE(SpecOf(MessageType::kCreatePool).peer_channel);
   // Required fields come from the table: RENEW without a lease id, CREATE_POOL without a model.
-  EXPECT_NE(std::string(DecodeRequest(R"({"magic":"PKV1","version":1,"type":"RENEW","id":1})")
-                            .status()
-                            .message())
-                .find("lease_id"),
-            std::string::npos);
-  EXPECT_NE(std::string(DecodeRequest(
-                            R"({"magic":"PKV1","version":1,"type":"CREATE_POOL","id":1,)"
-                            R"("token_ids":[1]})")
+  EXPECT_NE(
+      std::string(
+          DecodeRequest(R"({"magic":"PKV1","version":1,"type":"RENEW","id":1})").status().message())
+          .find("lease_id"),
+      std::string::npos);
+  EXPECT_NE(std::string(DecodeRequest(R"({"magic":"PKV1","version":1,"type":"CREATE_POOL","id":1,)"
+                                      R"("token_ids":[1]})")
                             .status()
                             .message())
                 .find("'model' is required"),

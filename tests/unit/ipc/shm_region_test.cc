@@ -17,9 +17,7 @@ std::string UniqueName(const char* tag) {
   return "/polykv-test-" + std::string(tag) + "-" + std::to_string(getpid());
 }
 
-bool ShmExists(const std::string& name) {
-  return access(("/dev/shm" + name).c_str(), F_OK) == 0;
-}
+bool ShmExists(const std::string& name) { return access(("/dev/shm" + name).c_str(), F_OK) == 0; }
 
 // Permissions ("r--s", "rw-s") of the mapping containing `addr`, from /proc/self/maps.
 std::string MappingPerms(const void* addr) {
@@ -87,7 +85,7 @@ TEST_F(ShmRegionTest, OwnerDestructionUnlinksButMappingsStayValid) {
   static_cast<uint8_t*>(owner->data())[100] = 42;
   auto reader = ShmRegion::OpenReadOnly(name);
   ASSERT_TRUE(reader.ok());
-  owner = absl::UnknownError("drop");     // destroys the owner region
+  owner = absl::UnknownError("drop");  // destroys the owner region
   EXPECT_FALSE(ShmExists(name));
   EXPECT_EQ(static_cast<const uint8_t*>(reader->data())[100], 42);  // POSIX: pages live on
   EXPECT_EQ(ShmRegion::OpenReadOnly(name).status().code(), absl::StatusCode::kNotFound);
@@ -114,11 +112,9 @@ TEST_F(ShmRegionTest, RemoveAndErrors) {
   }
   EXPECT_TRUE(ShmRegion::Remove(name).ok()) << "removing an absent object is OK";
   EXPECT_EQ(ShmRegion::OpenReadOnly(name).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(ShmRegion::Create("no-slash", 10).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShmRegion::Create("no-slash", 10).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ShmRegion::Create("/a/b", 10).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ShmRegion::Create(Name("zero"), 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShmRegion::Create(Name("zero"), 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(ShmRegionTest, TooLargeForDevShmIsResourceExhaustedAndLeavesNothing) {

@@ -3,6 +3,7 @@
 #include "polykv/ipc/ucx_transfer.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -18,8 +19,6 @@
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 extern char** environ;
 
@@ -160,7 +159,9 @@ TEST(UcxTransferTest, ChunkLargerThanRegion) { CheckLoopbackPull(100000, 4ull <<
 
 TEST(UcxTransferTest, RegionSmallerThanOneMinimumChunk) { CheckLoopbackPull(123, 4096, 1); }
 
-TEST(UcxTransferTest, OneOutstandingManyChunks) { CheckLoopbackPull((3ull << 20) + 5, 4096 * 7, 1); }
+TEST(UcxTransferTest, OneOutstandingManyChunks) {
+  CheckLoopbackPull((3ull << 20) + 5, 4096 * 7, 1);
+}
 
 TEST(UcxTransferTest, ConcurrentPullsFromThreeThreads) {
   auto holder = MakeEngine();

@@ -1,6 +1,8 @@
 // Split attention over [compressed or raw prefix | f32 suffix]: every ISA variant against
 // the scalar reference, and against plain softmax attention (in double) over the prefix
 // decoded with the codec's own decoder; the log-sum-exp merge's edge cases.
+#include "polykv/kernels/attention.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "polykv/kernels/attention.h"
 #include "polykv/kernels/codec.h"
 #include "polykv/kernels/codec_math.h"
 #include "polykv/kernels/cpu.h"
@@ -29,13 +30,13 @@ std::vector<float> Gauss(size_t n, uint64_t seed, float sigma = 1.0f) {
 struct TestPrefix {
   PrefixView view;
   std::vector<int8_t> kq;
-  std::vector<uint8_t> kpacked;  // key_bits < 8
+  std::vector<uint8_t> kpacked;   // key_bits < 8
   std::vector<uint16_t> norms16;  // f16 norms
   std::vector<float> kscales, norms;
   std::vector<uint8_t> vpacked;
-  std::vector<float> kraw, vraw;      // raw f32 (kRaw f32)
+  std::vector<float> kraw, vraw;         // raw f32 (kRaw f32)
   std::vector<uint16_t> kraw16, vraw16;  // raw f16 / bf16
-  std::vector<float> kdec, vdec;      // what the prefix decodes to
+  std::vector<float> kdec, vdec;         // what the prefix decodes to
 };
 
 // codec: "none-f32", "none-f16", "none-bf16", or value bits 2/3/4 with a key scale mode.
@@ -73,8 +74,10 @@ TestPrefix MakePrefix(int kv_heads, int64_t tokens, int hd, const std::string& c
       for (size_t i = 0; i < p.kraw.size(); ++i) {
         p.kraw16[i] = t == DType::kF16 ? math::FloatToF16(p.kraw[i]) : math::FloatToBf16(p.kraw[i]);
         p.vraw16[i] = t == DType::kF16 ? math::FloatToF16(p.vraw[i]) : math::FloatToBf16(p.vraw[i]);
-        p.kdec[i] = t == DType::kF16 ? math::F16ToFloat(p.kraw16[i]) : math::Bf16ToFloat(p.kraw16[i]);
-        p.vdec[i] = t == DType::kF16 ? math::F16ToFloat(p.vraw16[i]) : math::Bf16ToFloat(p.vraw16[i]);
+        p.kdec[i] =
+            t == DType::kF16 ? math::F16ToFloat(p.kraw16[i]) : math::Bf16ToFloat(p.kraw16[i]);
+        p.vdec[i] =
+            t == DType::kF16 ? math::F16ToFloat(p.vraw16[i]) : math::Bf16ToFloat(p.vraw16[i]);
       }
       p.view.layers[0].k = p.kraw16.data();
       p.view.layers[0].v = p.vraw16.data();
@@ -92,11 +95,12 @@ TestPrefix MakePrefix(int kv_heads, int64_t tokens, int hd, const std::string& c
   p.kpacked.resize(shape.vectors() * PackedKeyVectorBytes(hd, key_bits));
   p.kscales.resize(KeyScaleCount(shape, mode));
   EXPECT_TRUE(EncodeKeys(p.kraw.data(), DType::kF32, shape, p.view.config, p.kpacked.data(),
-                         p.kscales.data()).ok());
+                         p.kscales.data())
+                  .ok());
   p.vpacked.resize(shape.vectors() * PackedVectorBytes(hd, vcfg.value_bits));
   p.norms.resize(shape.vectors());
-  EXPECT_TRUE(EncodeValues(p.vraw.data(), DType::kF32, shape, vcfg, p.vpacked.data(),
-                           p.norms.data()).ok());
+  EXPECT_TRUE(
+      EncodeValues(p.vraw.data(), DType::kF32, shape, vcfg, p.vpacked.data(), p.norms.data()).ok());
   if (f16_norms) {
     p.norms16.resize(p.norms.size());
     NormsToF16(p.norms.data(), static_cast<int64_t>(p.norms.size()), p.norms16.data());
@@ -105,9 +109,10 @@ TestPrefix MakePrefix(int kv_heads, int64_t tokens, int hd, const std::string& c
   p.kdec.resize(shape.elements());
   p.vdec.resize(shape.elements());
   EXPECT_TRUE(DecodeKeys(p.kpacked.data(), p.kscales.data(), shape, p.view.config, p.kdec.data(),
-                         DType::kF32).ok());
-  EXPECT_TRUE(DecodeValues(p.vpacked.data(), p.norms.data(), shape, vcfg, p.vdec.data(),
-                           DType::kF32).ok());
+                         DType::kF32)
+                  .ok());
+  EXPECT_TRUE(
+      DecodeValues(p.vpacked.data(), p.norms.data(), shape, vcfg, p.vdec.data(), DType::kF32).ok());
   p.view.layers[0] = PrefixLayer{p.kpacked.data(), p.kscales.data(), p.vpacked.data(),
                                  f16_norms ? static_cast<const void*>(p.norms16.data())
                                            : static_cast<const void*>(p.norms.data()),
@@ -129,8 +134,8 @@ std::vector<double> Reference(const TestPrefix* p, const std::vector<float>& ks,
       const int64_t sl = slen - n + i + 1;
       std::vector<double> s(P + sl);
       for (int64_t t = 0; t < P + sl; ++t) {
-        const float* k = t < P ? p->kdec.data() + (kh * P + t) * hd
-                               : ks.data() + (kh * cap + (t - P)) * hd;
+        const float* k =
+            t < P ? p->kdec.data() + (kh * P + t) * hd : ks.data() + (kh * cap + (t - P)) * hd;
         double acc = 0;
         for (int d = 0; d < hd; ++d) acc += double{qq[d]} * k[d];
         s[t] = acc / std::sqrt(static_cast<double>(hd));
@@ -144,8 +149,8 @@ std::vector<double> Reference(const TestPrefix* p, const std::vector<float>& ks,
       }
       double* o = out.data() + (i * heads + h) * hd;
       for (int64_t t = 0; t < P + sl; ++t) {
-        const float* v = t < P ? p->vdec.data() + (kh * P + t) * hd
-                               : vs.data() + (kh * cap + (t - P)) * hd;
+        const float* v =
+            t < P ? p->vdec.data() + (kh * P + t) * hd : vs.data() + (kh * cap + (t - P)) * hd;
         for (int d = 0; d < hd; ++d) o[d] += s[t] / l * v[d];
       }
     }
@@ -160,13 +165,13 @@ struct Shape {
 
 void CheckCase(const Shape& sh, const std::string& codec, int bits, KeyScaleMode mode,
                int key_bits = 8, bool f16_norms = false, int layer_bits = 0) {
-  SCOPED_TRACE(::testing::Message() << codec << " bits=" << bits << " mode=" << static_cast<int>(mode)
-                                    << " key_bits=" << key_bits << " f16_norms=" << f16_norms
-                                    << " layer_bits=" << layer_bits
-                                    << " hd=" << sh.hd << " prefix=" << sh.prefix
-                                    << " suffix=" << sh.suffix << " n=" << sh.n);
-  TestPrefix p = MakePrefix(sh.kv_heads, sh.prefix, sh.hd, codec, bits, mode, 11 + sh.hd,
-                            key_bits, f16_norms, layer_bits);
+  SCOPED_TRACE(::testing::Message()
+               << codec << " bits=" << bits << " mode=" << static_cast<int>(mode)
+               << " key_bits=" << key_bits << " f16_norms=" << f16_norms
+               << " layer_bits=" << layer_bits << " hd=" << sh.hd << " prefix=" << sh.prefix
+               << " suffix=" << sh.suffix << " n=" << sh.n);
+  TestPrefix p = MakePrefix(sh.kv_heads, sh.prefix, sh.hd, codec, bits, mode, 11 + sh.hd, key_bits,
+                            f16_norms, layer_bits);
   const int64_t cap = sh.suffix + 5;
   const auto ks = Gauss(static_cast<size_t>(sh.kv_heads * cap * sh.hd), 21, 1.5f);
   const auto vs = Gauss(static_cast<size_t>(sh.kv_heads * cap * sh.hd), 22);
@@ -194,7 +199,8 @@ void CheckCase(const Shape& sh, const std::string& codec, int bits, KeyScaleMode
       o.threads = threads;
       ASSERT_TRUE(AttentionForward(a, o).ok());
       double max_err = 0;
-      for (size_t i = 0; i < ref.size(); ++i) max_err = std::max(max_err, std::fabs(out[i] - ref[i]));
+      for (size_t i = 0; i < ref.size(); ++i)
+        max_err = std::max(max_err, std::fabs(out[i] - ref[i]));
       // Outputs are convex combinations of O(1) values: an absolute bound.
       EXPECT_LE(max_err, 2e-5) << "vs plain attention over the decoded prefix";
       if (isa == Isa::kScalar && threads == 1) {
@@ -210,15 +216,16 @@ TEST(Attention, InPlaceEqualsDecodedPrefixForEveryCodecAndIsa) {
   const KeyScaleMode modes[] = {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead,
                                 KeyScaleMode::kPerChannel};
   const Shape shapes[] = {
-      {9, 3, 64, 600, 20, 1},    // SmolLM2 decode; prefix crosses chunks (256)
-      {9, 3, 64, 300, 70, 7},    // prompt of 7 rows
-      {4, 2, 8, 40, 300, 64},    // stories260K-like head_dim 8; suffix crosses a chunk
-      {8, 2, 80, 257, 3, 1},     // head_dim 80 (block-diagonal rotation)
-      {6, 2, 96, 100, 9, 2},     // head_dim 96
-      {8, 8, 128, 513, 1, 1},    // head_dim 128, no GQA
+      {9, 3, 64, 600, 20, 1},  // SmolLM2 decode; prefix crosses chunks (256)
+      {9, 3, 64, 300, 70, 7},  // prompt of 7 rows
+      {4, 2, 8, 40, 300, 64},  // stories260K-like head_dim 8; suffix crosses a chunk
+      {8, 2, 80, 257, 3, 1},   // head_dim 80 (block-diagonal rotation)
+      {6, 2, 96, 100, 9, 2},   // head_dim 96
+      {8, 8, 128, 513, 1, 1},  // head_dim 128, no GQA
   };
   for (const Shape& sh : shapes) {
-    for (const char* c : {"none-f32", "none-f16", "none-bf16"}) CheckCase(sh, c, 0, KeyScaleMode::kPerTensor);
+    for (const char* c : {"none-f32", "none-f16", "none-bf16"})
+      CheckCase(sh, c, 0, KeyScaleMode::kPerTensor);
     for (int bits : {2, 3, 4})
       for (KeyScaleMode m : modes) CheckCase(sh, "k8v", bits, m);
   }
@@ -234,8 +241,7 @@ TEST(Attention, InPlacePackedKeysF16NormsAndLayerBits) {
       {8, 2, 80, 257, 3, 1},
   };
   for (const Shape& sh : shapes) {
-    for (int kb : {4, 5, 6, 7})
-      CheckCase(sh, "k8v", 4, KeyScaleMode::kPerChannel, kb, kb % 2 == 0);
+    for (int kb : {4, 5, 6, 7}) CheckCase(sh, "k8v", 4, KeyScaleMode::kPerChannel, kb, kb % 2 == 0);
     CheckCase(sh, "k8v", 3, KeyScaleMode::kPerTensor, 8, true);
     CheckCase(sh, "k8v", 3, KeyScaleMode::kPerHead, 6, false, 4);
     CheckCase(sh, "k8v", 4, KeyScaleMode::kPerChannel, 8, false, 2);
@@ -303,7 +309,7 @@ TEST(Codec, PackedKeyUnpackMatchesTheScalarReference) {
 
 TEST(Attention, NoPrefixAndOddHeadDim) {
   CheckCase({4, 2, 64, 0, 30, 5}, "none-f32", 0, KeyScaleMode::kPerTensor);  // empty prefix
-  CheckCase({2, 1, 12, 50, 4, 2}, "k8v", 3, KeyScaleMode::kPerChannel);     // hd % 8 != 0
+  CheckCase({2, 1, 12, 50, 4, 2}, "k8v", 3, KeyScaleMode::kPerChannel);      // hd % 8 != 0
 }
 
 TEST(Attention, RawPrefixEqualsSameValuesHeldAsPrefixBitForBit) {
@@ -404,7 +410,8 @@ TEST(Attention, PrefixSegmentsEqualTheConcatenatedPrefix) {
         o.threads = threads;
         ASSERT_TRUE(AttentionForward(args, o).ok());
         double max_err = 0;
-        for (size_t i = 0; i < ref.size(); ++i) max_err = std::max(max_err, std::fabs(out[i] - ref[i]));
+        for (size_t i = 0; i < ref.size(); ++i)
+          max_err = std::max(max_err, std::fabs(out[i] - ref[i]));
         EXPECT_LE(max_err, 2e-5) << IsaName(isa) << " threads " << threads;
       }
     }

@@ -2,6 +2,8 @@
 // against (1) the scalar reference on the same quantized activations and (2) the exact
 // product of the dequantized weights with the f32 activations (in double), within the
 // bound that activation quantization allows.
+#include "polykv/kernels/matmul.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,10 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "matmul_internal.h"  // kernels/src: the activation quantizers
 #include "polykv/kernels/codec_math.h"
 #include "polykv/kernels/cpu.h"
-#include "polykv/kernels/matmul.h"
-#include "matmul_internal.h"  // kernels/src: the activation quantizers
 
 namespace polykv::kernels {
 namespace {
@@ -101,10 +102,10 @@ TEST_P(MatMulTest, EveryIsaMatchesScalarAndDequantizedProduct) {
   // groups of 16 + one single block). f32 family: odd lengths.
   const bool blocks = f.values > 1;
   const std::vector<Case> cases = {
-      {37, blocks ? f.values : 37, 1},        // ragged rows; f32: cols not a multiple of 8
-      {37, blocks ? 18 * f.values : 576, 3},  // 3 activation rows in one call
-      {37, blocks ? 18 * f.values : 576, 9},  // 9 rows: the many-row kernels, j-blocks 8 + 1
-      {16, blocks ? 7 * f.values : 291, 5},   // 4 + 1
+      {37, blocks ? f.values : 37, 1},          // ragged rows; f32: cols not a multiple of 8
+      {37, blocks ? 18 * f.values : 576, 3},    // 3 activation rows in one call
+      {37, blocks ? 18 * f.values : 576, 9},    // 9 rows: the many-row kernels, j-blocks 8 + 1
+      {16, blocks ? 7 * f.values : 291, 5},     // 4 + 1
       {53, blocks ? 48 * f.values : 1536, 64},  // 64 rows: 16 calls of 4
       {21, blocks ? 33 * f.values : 1056, 4},   // ragged panel of 5 rows after 16
   };
@@ -157,28 +158,28 @@ TEST_P(MatMulTest, EveryIsaMatchesScalarAndDequantizedProduct) {
     // kernels (rows_kernels; they exist for Q4_0/Q4_1 on avx512 and run from 4 rows).
     for (Isa isa : SupportedIsas()) {
       for (int threads : {1, 2}) {
-       for (int rows_kernels : {0, 1}) {
-        SCOPED_TRACE(::testing::Message() << IsaName(isa) << " threads=" << threads
-                                          << " rows_kernels=" << rows_kernels);
-        MatMulOptions opt;
-        opt.isa = static_cast<int>(isa);
-        opt.threads = threads;
-        opt.rows_kernels = rows_kernels;
-        opt.amx = 0;
-        std::vector<float> y(static_cast<size_t>(c.n * (c.rows + 3)), -7.0f);
-        ASSERT_TRUE(MatMul(*view, x.data(), c.n, c.cols, y.data(), c.rows + 3, opt).ok());
-        for (int64_t r = 0; r < c.n; ++r) {
-          for (int64_t o = 0; o < c.rows; ++o) {
-            double mag = 0;
-            for (int64_t i = 0; i < c.cols; ++i)
-              mag += std::fabs(double{wf[o * c.cols + i]} * x[r * c.cols + i]);
-            ASSERT_NEAR(y[r * (c.rows + 3) + o], ref[r * c.rows + o], 2e-6 * mag + 1e-6)
-                << "row " << r << " out " << o;
+        for (int rows_kernels : {0, 1}) {
+          SCOPED_TRACE(::testing::Message() << IsaName(isa) << " threads=" << threads
+                                            << " rows_kernels=" << rows_kernels);
+          MatMulOptions opt;
+          opt.isa = static_cast<int>(isa);
+          opt.threads = threads;
+          opt.rows_kernels = rows_kernels;
+          opt.amx = 0;
+          std::vector<float> y(static_cast<size_t>(c.n * (c.rows + 3)), -7.0f);
+          ASSERT_TRUE(MatMul(*view, x.data(), c.n, c.cols, y.data(), c.rows + 3, opt).ok());
+          for (int64_t r = 0; r < c.n; ++r) {
+            for (int64_t o = 0; o < c.rows; ++o) {
+              double mag = 0;
+              for (int64_t i = 0; i < c.cols; ++i)
+                mag += std::fabs(double{wf[o * c.cols + i]} * x[r * c.cols + i]);
+              ASSERT_NEAR(y[r * (c.rows + 3) + o], ref[r * c.rows + o], 2e-6 * mag + 1e-6)
+                  << "row " << r << " out " << o;
+            }
+            for (int64_t o = c.rows; o < c.rows + 3; ++o)
+              ASSERT_EQ(y[r * (c.rows + 3) + o], -7.0f) << "wrote past the row";
           }
-          for (int64_t o = c.rows; o < c.rows + 3; ++o)
-            ASSERT_EQ(y[r * (c.rows + 3) + o], -7.0f) << "wrote past the row";
         }
-       }
       }
     }
   }
@@ -220,8 +221,7 @@ TEST(MatMul, ResultsDoNotDependOnThreadsOrBatching) {
         one.threads = 1;
         one.amx = amx;
         one.rows_kernels = rows_kernels;
-        ASSERT_TRUE(
-            MatMul(view, x.data() + r * cols, small, cols, single.data(), rows, one).ok());
+        ASSERT_TRUE(MatMul(view, x.data() + r * cols, small, cols, single.data(), rows, one).ok());
         for (int64_t o = 0; o < small * rows; ++o) ASSERT_EQ(single[o], batch[r * rows + o]);
       }
     }
@@ -314,8 +314,7 @@ TEST(MatMul, RejectsBadShapesWithClearErrors) {
   auto v = MakeWeightView(WeightType::kQ4_K, buf.data(), buf.size(), 2, 576);
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(v.status().message().find("multiple of 256, got 576"), std::string::npos)
-      << v.status();
+  EXPECT_NE(v.status().message().find("multiple of 256, got 576"), std::string::npos) << v.status();
   v = MakeWeightView(WeightType::kQ8_0, buf.data(), buf.size(), 1000, 64);  // 68,000 bytes
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss) << v.status();

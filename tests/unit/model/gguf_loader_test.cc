@@ -1,10 +1,10 @@
 // GGUF loading path on a GGUF built from stories260K in the test: llama.* metadata, ggml
 // tensor names and dims order, llama.cpp's Q/K row permutation (undone by the loader) and
 // tied vs separate output; outputs must equal the safetensors model. Plus error cases.
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "gguf_writer.h"
 #include "polykv/model/gguf.h"
@@ -21,7 +21,10 @@ const char* kStories = POLYKV_TEST_DATA_DIR "/models/stories260K";
 // llama.cpp convert_hf_to_gguf.py `permute`: HF rotate_half rows -> interleaved pairs.
 torch::Tensor PermuteForGguf(const torch::Tensor& w, int64_t n_head) {
   const int64_t rows = w.size(0), in = w.size(1);
-  return w.reshape({n_head, 2, rows / n_head / 2, in}).transpose(1, 2).reshape({rows, in}).contiguous();
+  return w.reshape({n_head, 2, rows / n_head / 2, in})
+      .transpose(1, 2)
+      .reshape({rows, in})
+      .contiguous();
 }
 
 std::string Bytes(const torch::Tensor& t) {
@@ -32,11 +35,11 @@ std::string Bytes(const torch::Tensor& t) {
 struct Options {
   std::string arch = "llama";
   bool separate_output = false;
-  bool f16_ffn = false;        // store the FFN matrices as F16 (ggml type 1)
-  std::string drop_tensor;     // leave one tensor out
-  std::string extra_key;       // add a u32 metadata key with value 4096
-  std::string rope_scaling;    // llama.rope.scaling.type
-  std::string extra_tensor;    // add a [64] F32 tensor of this name
+  bool f16_ffn = false;      // store the FFN matrices as F16 (ggml type 1)
+  std::string drop_tensor;   // leave one tensor out
+  std::string extra_key;     // add a u32 metadata key with value 4096
+  std::string rope_scaling;  // llama.rope.scaling.type
+  std::string extra_tensor;  // add a [64] F32 tensor of this name
 };
 
 // Builds a GGUF of stories260K from its safetensors weights, read back through the model's
@@ -82,13 +85,16 @@ std::string BuildStoriesGguf(const Options& o) {
   const auto add = [&](const std::string& name, const torch::Tensor& t, bool f16 = false) {
     if (name == o.drop_tensor) return;
     std::vector<uint64_t> dims(t.sizes().rbegin(), t.sizes().rend());  // ggml order
-    if (f16) w.AddTensor(name, dims, /*F16=*/1, Bytes(t.to(torch::kFloat16)));
-    else w.AddTensor(name, dims, /*F32=*/0, Bytes(t));
+    if (f16)
+      w.AddTensor(name, dims, /*F16=*/1, Bytes(t.to(torch::kFloat16)));
+    else
+      w.AddTensor(name, dims, /*F32=*/0, Bytes(t));
   };
   torch::Tensor embed = get("model.embed_tokens.weight", {512, 64});
   add("token_embd.weight", embed);
   for (int l = 0; l < 5; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".", b = "blk." + std::to_string(l) + ".";
+    const std::string p = "model.layers." + std::to_string(l) + ".",
+                      b = "blk." + std::to_string(l) + ".";
     add(b + "attn_norm.weight", get(p + "input_layernorm.weight", {64}));
     add(b + "attn_q.weight", PermuteForGguf(get(p + "self_attn.q_proj.weight", {64, 64}), 8));
     add(b + "attn_k.weight", PermuteForGguf(get(p + "self_attn.k_proj.weight", {32, 64}), 4));
@@ -174,14 +180,16 @@ TEST_F(GgufLoaderTest, Errors) {
   o.arch = "gpt2";
   auto a = LoadGguf(o, "stories_gpt2.gguf");
   EXPECT_EQ(a.status().code(), absl::StatusCode::kUnimplemented) << a.status();
-  EXPECT_NE(std::string(a.status().message()).find("general.architecture 'gpt2'"), std::string::npos);
+  EXPECT_NE(std::string(a.status().message()).find("general.architecture 'gpt2'"),
+            std::string::npos);
 
   o = {};
   o.drop_tensor = "blk.2.ffn_up.weight";
   auto b = LoadGguf(o, "stories_missing.gguf");
   EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(b.status().message()).find("missing tensor 'blk.2.ffn_up.weight'"),
-            std::string::npos) << b.status();
+            std::string::npos)
+      << b.status();
 
   // A sliding window loads; sequences longer than it are refused (tests/unit/model/
   // arch_models_test.cc checks every entry point on a Mistral model).
@@ -239,7 +247,8 @@ TEST_F(GgufLoaderTest, Errors) {
   EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(e.status().message()).find("token_embd.weight"), std::string::npos);
 
-  auto trunc = LlamaModel::Load(WriteTempFile("stories_trunc.gguf", BuildStoriesGguf({}).substr(0, 300)));
+  auto trunc =
+      LlamaModel::Load(WriteTempFile("stories_trunc.gguf", BuildStoriesGguf({}).substr(0, 300)));
   EXPECT_FALSE(trunc.ok());
 }
 

@@ -1,12 +1,12 @@
 // LlamaModel on the real tiny stories260K checkpoint: reference greedy ids, cache
 // consistency (prefill vs full forward, injected cache, empty-prompt recompute),
 // sampling determinism and sliding-window perplexity.
-#include <cmath>
-#include <vector>
+#include "polykv/model/llama.h"
 
 #include <gtest/gtest.h>
 
-#include "polykv/model/llama.h"
+#include <cmath>
+#include <vector>
 
 namespace polykv::model {
 namespace {

@@ -1,14 +1,14 @@
 // LlamaModel::Load on crafted inputs: malformed safetensors, config.json errors and
 // unsupported architecture fields each give a clear error; F16 and sharded checkpoints load.
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "polykv/model/llama.h"
 
@@ -124,11 +124,11 @@ TEST_F(LoaderErrorsTest, OffsetsOutsideFile) {
   ExpectError(LoadWith(Safetensors(h, std::string(16, '\0'))), absl::StatusCode::kInvalidArgument,
               "outside the data section");
   json rev = {{"x", {{"dtype", "F32"}, {"shape", {0}}, {"data_offsets", {8, 4}}}}};
-  ExpectError(LoadWith(Safetensors(rev, std::string(16, '\0'))),
-              absl::StatusCode::kInvalidArgument, "begin 8 > end 4");
+  ExpectError(LoadWith(Safetensors(rev, std::string(16, '\0'))), absl::StatusCode::kInvalidArgument,
+              "begin 8 > end 4");
   json neg = {{"x", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {-4, 0}}}}};
-  ExpectError(LoadWith(Safetensors(neg, std::string(16, '\0'))),
-              absl::StatusCode::kInvalidArgument, "non-negative");
+  ExpectError(LoadWith(Safetensors(neg, std::string(16, '\0'))), absl::StatusCode::kInvalidArgument,
+              "non-negative");
 }
 
 TEST_F(LoaderErrorsTest, UnknownDtype) {
@@ -141,9 +141,10 @@ TEST_F(LoaderErrorsTest, ShapeTimesDtypeDiffersFromBytes) {
   json h = {{"x", {{"dtype", "F32"}, {"shape", {4}}, {"data_offsets", {0, 8}}}}};
   ExpectError(LoadWith(Safetensors(h, std::string(16, '\0'))), absl::StatusCode::kInvalidArgument,
               "shape x dtype size = 16 bytes but data_offsets span 8");
-  json ovf = {{"x", {{"dtype", "F32"}, {"shape", {1ll << 40, 1ll << 40}}, {"data_offsets", {0, 8}}}}};
-  ExpectError(LoadWith(Safetensors(ovf, std::string(16, '\0'))),
-              absl::StatusCode::kInvalidArgument, "overflows");
+  json ovf = {
+      {"x", {{"dtype", "F32"}, {"shape", {1ll << 40, 1ll << 40}}, {"data_offsets", {0, 8}}}}};
+  ExpectError(LoadWith(Safetensors(ovf, std::string(16, '\0'))), absl::StatusCode::kInvalidArgument,
+              "overflows");
 }
 
 TEST_F(LoaderErrorsTest, MissingTensorIsNamed) {
@@ -156,8 +157,9 @@ TEST_F(LoaderErrorsTest, MissingTensorIsNamed) {
 TEST_F(LoaderErrorsTest, WrongShapeIsNamed) {
   Checkpoint ck = LoadStories();
   ck.header["model.layers.1.mlp.gate_proj.weight"]["shape"] = {64, 172};
-  ExpectError(LoadWith(Safetensors(ck.header, ck.data)), absl::StatusCode::kInvalidArgument,
-              "tensor 'model.layers.1.mlp.gate_proj.weight' has shape [64, 172], expected [172, 64]");
+  ExpectError(
+      LoadWith(Safetensors(ck.header, ck.data)), absl::StatusCode::kInvalidArgument,
+      "tensor 'model.layers.1.mlp.gate_proj.weight' has shape [64, 172], expected [172, 64]");
 }
 
 TEST_F(LoaderErrorsTest, UnsupportedTensorDtype) {
@@ -313,7 +315,8 @@ TEST_F(LoaderErrorsTest, F16AndBf16CheckpointsLoad) {
       const uint64_t b = e["data_offsets"][0], end = e["data_offsets"][1];
       std::vector<int64_t> shape = e["shape"].get<std::vector<int64_t>>();
       torch::Tensor f = torch::from_blob(ck.data.data() + b, {static_cast<int64_t>((end - b) / 4)},
-                                         torch::kFloat32).to(st);
+                                         torch::kFloat32)
+                            .to(st);
       torch::Tensor r = f.to(torch::kFloat32);
       size_t off = data.size();
       data.append(static_cast<const char*>(f.data_ptr()), f.numel() * 2);
@@ -348,9 +351,10 @@ TEST_F(LoaderErrorsTest, ShardedCheckpointEqualsSingleFile) {
     std::string& d = (i % 2) ? d1 : d2;
     const size_t off = d.size();
     d += ck.data.substr(b, e - b);
-    h[it.key()] = {{"dtype", "F32"}, {"shape", it.value()["shape"]}, {"data_offsets", {off, d.size()}}};
-    index["weight_map"][it.key()] = (i % 2) ? "model-00001-of-00002.safetensors"
-                                             : "model-00002-of-00002.safetensors";
+    h[it.key()] = {
+        {"dtype", "F32"}, {"shape", it.value()["shape"]}, {"data_offsets", {off, d.size()}}};
+    index["weight_map"][it.key()] =
+        (i % 2) ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   }
   WriteFile((dir_ / "model-00001-of-00002.safetensors").string(), Safetensors(h1, d1));
   WriteFile((dir_ / "model-00002-of-00002.safetensors").string(), Safetensors(h2, d2));

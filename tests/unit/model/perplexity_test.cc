@@ -1,13 +1,14 @@
 // llama-perplexity's protocol (model/perplexity.h) on stories260K: exactly which positions a
 // 2-chunk text scores, BOS replacement, running values and the standard error, each checked
 // against a hand computation with Forward.
+#include "polykv/model/perplexity.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
 #include "polykv/model/llama.h"
-#include "polykv/model/perplexity.h"
 
 namespace polykv::model {
 namespace {

@@ -74,8 +74,9 @@ MemoryPool MakePool(const LlamaModel& m, const PrefillResult& prefill,
   auto w = ipc::PoolWriter::Create(base, layout->total_bytes, p, id, doc);
   EXPECT_TRUE(w.ok()) << w.status();
   for (uint32_t l = 0; l < p.layers; ++l)
-    EXPECT_TRUE(w->WriteLayer(l, prefill.k[l].data_ptr(), prefill.v[l].data_ptr(),
-                              kernels::DType::kF32).ok());
+    EXPECT_TRUE(
+        w->WriteLayer(l, prefill.k[l].data_ptr(), prefill.v[l].data_ptr(), kernels::DType::kF32)
+            .ok());
   EXPECT_TRUE(w->Finalize().ok());
   auto r = ipc::PoolReader::Open(base, layout->total_bytes, /*verify_payload=*/true);
   EXPECT_TRUE(r.ok()) << r.status();
@@ -125,10 +126,11 @@ void CompareInPlaceWithDecompressed(LlamaModel& m, const char* model_name, bool 
       // Decompressed: every layer decoded into a private dense cache.
       KvCache dense = m.NewCache(static_cast<int64_t>(doc.size()) + rows + 1);
       for (int l = 0; l < m.config().layers; ++l) {
-        torch::Tensor k = torch::empty({m.config().kv_heads, static_cast<int64_t>(doc.size()),
-                                        m.config().head_dim});
+        torch::Tensor k = torch::empty(
+            {m.config().kv_heads, static_cast<int64_t>(doc.size()), m.config().head_dim});
         torch::Tensor v = torch::empty_like(k);
-        ASSERT_TRUE(pool.reader->DecodeLayer(l, k.data_ptr(), v.data_ptr(), kernels::DType::kF32).ok());
+        ASSERT_TRUE(
+            pool.reader->DecodeLayer(l, k.data_ptr(), v.data_ptr(), kernels::DType::kF32).ok());
         dense.k[l].narrow(1, 0, static_cast<int64_t>(doc.size())).copy_(k);
         dense.v[l].narrow(1, 0, static_cast<int64_t>(doc.size())).copy_(v);
       }
@@ -141,8 +143,9 @@ void CompareInPlaceWithDecompressed(LlamaModel& m, const char* model_name, bool 
       EXPECT_LE(d, 1e-4f * std::max(1.0f, mag / 10.0f))
           << model_name << " " << c.name << " " << rows << " prompt rows";
       if (rows == 7 || rows == 300)
-        std::printf("%s %-13s %3lld rows: max |dlogit| in place vs decompressed %.2e (|logit| <= %.1f)\n",
-                    model_name, c.name, static_cast<long long>(rows), d, mag);
+        std::printf(
+            "%s %-13s %3lld rows: max |dlogit| in place vs decompressed %.2e (|logit| <= %.1f)\n",
+            model_name, c.name, static_cast<long long>(rows), d, mag);
     }
   }
 }
@@ -182,8 +185,8 @@ TEST(PrefixAttention, RawPrefixOfOwnPrefillEqualsCodecNonePoolBitForBit) {
   ASSERT_TRUE(a.ok());
   auto prefill = (*m)->Prefill(doc, 512);
   ASSERT_TRUE(prefill.ok());
-  MemoryPool pool = MakePool(**m, *prefill, doc, {"none", ipc::PoolCodec::kNone, 0,
-                                                  kernels::KeyScaleMode::kPerTensor});
+  MemoryPool pool = MakePool(**m, *prefill, doc,
+                             {"none", ipc::PoolCodec::kNone, 0, kernels::KeyScaleMode::kPerTensor});
   auto prefix = std::make_shared<KvPrefix>();
   prefix->view = *ipc::PrefixViewOf(*pool.reader);
   auto cache = (*m)->NewCacheWithPrefix(prefix, doc, 20);
@@ -201,8 +204,8 @@ TEST(PrefixAttention, LostLeaseFailsTheStepAndKeepsTheCache) {
   const std::vector<int32_t> doc = Tokens(40, (*m)->config().vocab, 5);
   auto prefill = (*m)->Prefill(doc, 512);
   ASSERT_TRUE(prefill.ok());
-  MemoryPool pool = MakePool(**m, *prefill, doc, {"k8v3", ipc::PoolCodec::kK8V, 3,
-                                                  kernels::KeyScaleMode::kPerTensor});
+  MemoryPool pool = MakePool(**m, *prefill, doc,
+                             {"k8v3", ipc::PoolCodec::kK8V, 3, kernels::KeyScaleMode::kPerTensor});
   auto prefix = std::make_shared<KvPrefix>();
   prefix->view = *ipc::PrefixViewOf(*pool.reader);
   int calls = 0;

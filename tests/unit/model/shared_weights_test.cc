@@ -66,9 +66,7 @@ TEST(SharedWeights, DISABLED_Child) {
   KvCache c = (*m)->NewCache(4);
   const int32_t ids[2] = {1, 2};
   ASSERT_TRUE((*m)->Forward(absl::MakeConstSpan(ids, 2), c, false).ok());
-  {
-    std::ofstream(std::string(dir) + "/ready." + id) << "1";
-  }
+  { std::ofstream(std::string(dir) + "/ready." + id) << "1"; }
   const std::string release = std::string(dir) + "/release";
   for (int i = 0; i < 1200 && !fs::exists(release); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -1,13 +1,13 @@
 // SmolLM2-135M-Instruct (Q4_1 GGUF) end to end: load, chat-template greedy answer, and
 // WikiText-2 perplexity. Needs env POLYKV_SMOLLM2_GGUF (scripts/fetch-model.sh prints it).
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "polykv/model/llama.h"
 

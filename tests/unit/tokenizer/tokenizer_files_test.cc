@@ -244,7 +244,8 @@ TEST(TokenizerGgufTest, Errors) {
     p.AddStringArray("tokenizer.ggml.merges", {});
     auto t = FromBytes(p.Build());
     EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
-    for (const char* name : {"'no-such-pre'", "llama3", "qwen2", "deepseek-v3", "tekken", "gpt-4o"}) {
+    for (const char* name :
+         {"'no-such-pre'", "llama3", "qwen2", "deepseek-v3", "tekken", "gpt-4o"}) {
       EXPECT_NE(t.status().message().find(name), std::string::npos) << name << ": " << t.status();
     }
   }

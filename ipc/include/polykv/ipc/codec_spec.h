@@ -63,11 +63,11 @@ struct CodecSpec {
 /// ipc/pool_layout.h: 4096-byte header, int32 token ids, every section 256-byte aligned;
 /// keys of < 8 bits packed densely per vector, norms 2 or 4 bytes), and derived figures.
 struct PoolSize {
-  int64_t bytes = 0;         ///< whole pool, header and token ids included
-  int64_t payload_bytes = 0; ///< K/V codes, scales and norms only
-  int64_t bf16_bytes = 0;    ///< the same KV cache in bf16
-  double bits_per_value = 0; ///< 8 * bytes / (2 * layers * kv_heads * tokens * head_dim)
-  double ratio = 0;          ///< bf16_bytes / bytes (effective ratio)
+  int64_t bytes = 0;          ///< whole pool, header and token ids included
+  int64_t payload_bytes = 0;  ///< K/V codes, scales and norms only
+  int64_t bf16_bytes = 0;     ///< the same KV cache in bf16
+  double bits_per_value = 0;  ///< 8 * bytes / (2 * layers * kv_heads * tokens * head_dim)
+  double ratio = 0;           ///< bf16_bytes / bytes (effective ratio)
 };
 PoolSize PoolSizeOf(const CodecSpec& spec, int layers, int kv_heads, int head_dim, int64_t tokens);
 

@@ -14,10 +14,10 @@ namespace polykv::ipc {
 /// Wire form of a CUDA pool handle. Begins with a version field.
 struct CudaIpcHandle {
   uint32_t version = 1;
-  uint8_t handle[64] = {};      ///< cudaIpcMemHandle_t bytes
-  uint64_t offset = 0;          ///< pool start inside the allocation (bytes)
-  uint64_t size = 0;            ///< pool bytes
-  uint8_t device_uuid[16] = {}; ///< cudaDeviceProp::uuid of the owning device
+  uint8_t handle[64] = {};       ///< cudaIpcMemHandle_t bytes
+  uint64_t offset = 0;           ///< pool start inside the allocation (bytes)
+  uint64_t size = 0;             ///< pool bytes
+  uint8_t device_uuid[16] = {};  ///< cudaDeviceProp::uuid of the owning device
 };
 
 /// True when this build has CUDA and at least one device is usable.

@@ -39,7 +39,7 @@ struct PoolFileManifest {
   PoolInfo info;                     ///< leases = 0; backend as when it was written
   uint64_t pool_offset = 0;
   uint64_t pool_bytes = 0;
-  uint64_t pool_checksum = 0;        ///< Checksum64 over the region
+  uint64_t pool_checksum = 0;  ///< Checksum64 over the region
 };
 
 /// Writes `pool` (`bytes` long, a complete region starting with its PoolHeader) with a
@@ -47,8 +47,8 @@ struct PoolFileManifest {
 /// (magic, version, header checksum, id = info.id). Errors: kInvalidArgument (not a pool,
 /// id mismatch), kInternal/kResourceExhausted naming the failing system call (disk full:
 /// kResourceExhausted); a failed write leaves no file behind, not even the temporary one.
-[[nodiscard]] Status WritePoolFile(const std::string& path, const PoolInfo& info,
-                                   const void* pool, uint64_t bytes);
+[[nodiscard]] Status WritePoolFile(const std::string& path, const PoolInfo& info, const void* pool,
+                                   uint64_t bytes);
 
 /// Reads and checks the prelude and manifest of `path` (not the region). Errors: kNotFound
 /// (no such file), kDataLoss (bad magic, checksum, JSON, or a file shorter than its

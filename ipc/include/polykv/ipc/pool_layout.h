@@ -53,27 +53,27 @@ enum class PoolCodec : uint32_t {
 
 /// The fixed 4096-byte header at offset 0. Plain old data, little-endian.
 struct PoolHeader {
-  char magic[8];                 ///< kPoolMagic
-  uint32_t format_version;       ///< kPoolFormatVersion
-  uint32_t header_bytes;         ///< kPoolHeaderBytes
-  uint64_t total_bytes;          ///< whole region, header included
-  uint8_t pool_id[32];           ///< SHA-256 content address (see daemon)
-  char model_fingerprint[72];    ///< hex SHA-256, NUL-terminated
+  char magic[8];               ///< kPoolMagic
+  uint32_t format_version;     ///< kPoolFormatVersion
+  uint32_t header_bytes;       ///< kPoolHeaderBytes
+  uint64_t total_bytes;        ///< whole region, header included
+  uint8_t pool_id[32];         ///< SHA-256 content address (see daemon)
+  char model_fingerprint[72];  ///< hex SHA-256, NUL-terminated
   char tokenizer_fingerprint[72];
   uint32_t layers;
   uint32_t kv_heads;
   uint32_t head_dim;
-  uint32_t codec;                ///< PoolCodec
+  uint32_t codec;  ///< PoolCodec
   uint64_t tokens;
-  uint32_t raw_dtype;            ///< kernels::DType of kNone payloads
-  uint32_t key_bits;             ///< 8 (int8 codes) or 4..7 (packed, kernels::EncodeKeys)
-  uint32_t value_bits;           ///< 2, 3 or 4
-  uint32_t key_scale_mode;       ///< kernels::KeyScaleMode
+  uint32_t raw_dtype;       ///< kernels::DType of kNone payloads
+  uint32_t key_bits;        ///< 8 (int8 codes) or 4..7 (packed, kernels::EncodeKeys)
+  uint32_t value_bits;      ///< 2, 3 or 4
+  uint32_t key_scale_mode;  ///< kernels::KeyScaleMode
   uint64_t rotation_seed;
-  uint32_t norm_correction;      ///< 0 or 1
+  uint32_t norm_correction;  ///< 0 or 1
   uint32_t reserved0;
-  uint64_t payload_checksum;     ///< over [header_bytes, total_bytes)
-  uint64_t header_checksum;      ///< over the header with this field zeroed
+  uint64_t payload_checksum;  ///< over [header_bytes, total_bytes)
+  uint64_t header_checksum;   ///< over the header with this field zeroed
   /// Model architecture the pool was prefilled with ("llama", "qwen2", "mistral"),
   /// NUL-terminated; empty in pools written before it was recorded (the bytes were reserved
   /// and zero).
@@ -131,7 +131,7 @@ struct PoolParams {
   /// Value bits of layer `l`.
   int32_t ValueBitsOf(uint32_t l) const {
     return l < layer_value_bits.size() && layer_value_bits[l] > 0 ? layer_value_bits[l]
-                                                                   : codec_config.value_bits;
+                                                                  : codec_config.value_bits;
   }
 };
 
@@ -166,10 +166,11 @@ uint64_t Bf16CacheBytes(const PoolParams& params);
 class PoolWriter {
  public:
   /// Errors: kInvalidArgument when `size` < layout total, or token_ids.size() != tokens.
-  [[nodiscard]] static StatusOr<PoolWriter> Create(void* base, uint64_t size, const PoolParams& params,
-                                     absl::Span<const uint8_t> pool_id,
-                                     absl::Span<const int32_t> token_ids,
-                                     kernels::Device device = kernels::Device::kCpu);
+  [[nodiscard]] static StatusOr<PoolWriter> Create(void* base, uint64_t size,
+                                                   const PoolParams& params,
+                                                   absl::Span<const uint8_t> pool_id,
+                                                   absl::Span<const int32_t> token_ids,
+                                                   kernels::Device device = kernels::Device::kCpu);
   /// Encodes one layer's K and V ([kv_heads][tokens][head_dim], `dtype`, on `device`).
   [[nodiscard]] Status WriteLayer(uint32_t layer, const void* k, const void* v,
                                   kernels::DType dtype);
@@ -207,8 +208,9 @@ class PoolReader {
   /// Checks magic, version, header checksum, sizes; with `verify_payload` also the payload
   /// checksum (a full pass over the region). Errors: kDataLoss naming what failed,
   /// kInvalidArgument for an unknown version or a region smaller than total_bytes.
-  [[nodiscard]] static StatusOr<PoolReader> Open(const void* base, uint64_t size, bool verify_payload,
-                                   kernels::Device device = kernels::Device::kCpu);
+  [[nodiscard]] static StatusOr<PoolReader> Open(const void* base, uint64_t size,
+                                                 bool verify_payload,
+                                                 kernels::Device device = kernels::Device::kCpu);
   const PoolHeader& header() const { return header_; }
   const PoolParams& params() const { return params_; }
   const PoolLayout& layout() const { return layout_; }
@@ -227,8 +229,8 @@ class PoolReader {
   /// Decodes layer `layer` (host pools) and measures it against reference K and V
   /// ([kv_heads][tokens][head_dim] in `dtype`, host memory), e.g. a fresh prefill of the
   /// pool's tokens. Errors: kInvalidArgument (layer, null), kFailedPrecondition on a device.
-  [[nodiscard]] StatusOr<LayerFidelity> MeasureFidelity(uint32_t layer, const void* k, const void* v,
-                                          kernels::DType dtype) const;
+  [[nodiscard]] StatusOr<LayerFidelity> MeasureFidelity(uint32_t layer, const void* k,
+                                                        const void* v, kernels::DType dtype) const;
   /// First byte of the region (host or device address).
   const uint8_t* base() const { return base_; }
   kernels::Device device() const { return device_; }

@@ -40,7 +40,15 @@ inline constexpr size_t kMaxErrorBytes = 1024;
 inline constexpr int kHeartbeatMs = 1000;
 
 enum class MessageType {
-  kCreatePool, kAttach, kRenew, kDetach, kList, kStats, kEvict, kPing, kProgress,
+  kCreatePool,
+  kAttach,
+  kRenew,
+  kDetach,
+  kList,
+  kStats,
+  kEvict,
+  kPing,
+  kProgress,
   /// "ERROR": reply type used only when a frame's own type could not be read (malformed
   /// JSON, missing/unknown "type"); always ok=false.
   kError,
@@ -62,11 +70,11 @@ std::string_view MessageTypeName(MessageType type);
 
 /// Request fields a message requires (MessageSpec::required, a bit set).
 enum RequiredField : uint32_t {
-  kNeedsPoolId = 1u << 0,        ///< "pool_id" non-empty
-  kNeedsLeaseId = 1u << 1,       ///< "lease_id" non-empty
-  kNeedsTransferId = 1u << 2,    ///< "transfer_id" non-empty
-  kNeedsModelOrParent = 1u << 3, ///< "model" or "parent" non-empty
-  kNeedsDocument = 1u << 4,      ///< "document" or "token_ids" non-empty
+  kNeedsPoolId = 1u << 0,         ///< "pool_id" non-empty
+  kNeedsLeaseId = 1u << 1,        ///< "lease_id" non-empty
+  kNeedsTransferId = 1u << 2,     ///< "transfer_id" non-empty
+  kNeedsModelOrParent = 1u << 3,  ///< "model" or "parent" non-empty
+  kNeedsDocument = 1u << 4,       ///< "document" or "token_ids" non-empty
 };
 /// Who may send a request.
 enum class MessageRole {
@@ -87,24 +95,24 @@ enum class MessageRuns {
 struct MessageSpec {
   MessageType type;
   std::string_view name;
-  uint32_t required;   ///< RequiredField bits
+  uint32_t required;  ///< RequiredField bits
   MessageRole role;
   MessageRuns runs;
-  bool peer_channel;   ///< also answered on the peer channel (PING, LIST, PEER_*)
+  bool peer_channel;  ///< also answered on the peer channel (PING, LIST, PEER_*)
 };
 /// The row of `type` (every MessageType has one).
 const MessageSpec& SpecOf(MessageType type);
 
 /// Where a pool's bytes live and how another process maps them.
 struct MemoryHandle {
-  std::string backend;       ///< "host" or "cuda"
+  std::string backend;  ///< "host" or "cuda"
   /// host: "memfd" (a sealed memfd, fetched from `fd_socket` with the lease id) or "shm"
   /// (legacy: a POSIX shm object named `shm_name`). Empty reads as "shm".
   std::string transport;
-  std::string fd_socket;     ///< host/memfd: Unix socket path that hands out the descriptor
-  std::string shm_name;      ///< host/shm: POSIX shm object name ("/polykv-<id16>")
-  CudaIpcHandle cuda;        ///< cuda: 64-byte handle + offset + size + device UUID
-  uint64_t size = 0;         ///< bytes of the pool region
+  std::string fd_socket;  ///< host/memfd: Unix socket path that hands out the descriptor
+  std::string shm_name;   ///< host/shm: POSIX shm object name ("/polykv-<id16>")
+  CudaIpcHandle cuda;     ///< cuda: 64-byte handle + offset + size + device UUID
+  uint64_t size = 0;      ///< bytes of the pool region
 };
 
 /// Every field of PoolInfo, written once as data: X(type, name, json_key, c_name). The list
@@ -183,30 +191,30 @@ void ForEachPoolInfoField(Info& info, F&& f) {
 
 /// A peer daemon as this daemon last saw it (PING replies; `polykv-cli ping`).
 struct PeerState {
-  std::string endpoint;          ///< tcp://HOST:PORT as configured
+  std::string endpoint;  ///< tcp://HOST:PORT as configured
   /// "up" (answered the last PING), "down" (no answer), "refused" (CURVE handshake refused:
   /// wrong or unknown key), "unknown" (not asked yet).
   std::string state = "unknown";
-  std::string detail;            ///< why it is down or refused
-  std::string instance;          ///< the peer's instance id (when up)
-  std::string version;           ///< the peer's daemon version (when up)
-  uint32_t pools = 0;            ///< pools the peer holds (when up)
-  double rtt_ms = 0;             ///< round trip of the last PING
-  int64_t last_seen_unix_ms = 0; ///< last answer (0: never)
+  std::string detail;             ///< why it is down or refused
+  std::string instance;           ///< the peer's instance id (when up)
+  std::string version;            ///< the peer's daemon version (when up)
+  uint32_t pools = 0;             ///< pools the peer holds (when up)
+  double rtt_ms = 0;              ///< round trip of the last PING
+  int64_t last_seen_unix_ms = 0;  ///< last answer (0: never)
 };
 
 /// A request from a client. Fields not used by `type` are ignored.
 struct Request {
   MessageType type = MessageType::kPing;
-  uint64_t id = 0;               ///< echoed in the reply
+  uint64_t id = 0;  ///< echoed in the reply
   // CREATE_POOL
-  std::string model;             ///< model path (resolved against the daemon's search path)
-  std::string document;          ///< text to tokenize (UTF-8, may hold NUL bytes), or empty
+  std::string model;     ///< model path (resolved against the daemon's search path)
+  std::string document;  ///< text to tokenize (UTF-8, may hold NUL bytes), or empty
   /// Byte length of `document` as the client sent it (checked by the daemon; 0 = unknown).
   uint64_t document_bytes = 0;
   std::vector<int32_t> token_ids;
   bool add_bos = true;
-  std::string codec = "k8v3";    ///< "k8v2" | "k8v3" | "k8v4" | "none" ("" with `parent`)
+  std::string codec = "k8v3";  ///< "k8v2" | "k8v3" | "k8v4" | "none" ("" with `parent`)
   /// CREATE_POOL of a child pool (pool tree): the parent's id (full or a unique prefix). The
   /// document (text tokenized without BOS unless add_bos, or token_ids) continues the parent
   /// chain; the child is prefilled attending to the parent's KV and takes its codec
@@ -215,10 +223,10 @@ struct Request {
   std::string parent;
   std::string key_scale = "tensor";  ///< "tensor" | "head" | "channel"
   bool norm_correction = false;
-  bool progress = false;         ///< send PROGRESS messages
+  bool progress = false;  ///< send PROGRESS messages
   // ATTACH / EVICT / STATS(one pool)
   std::string pool_id;
-  bool force = false;            ///< EVICT with live leases
+  bool force = false;  ///< EVICT with live leases
   // RENEW / DETACH
   std::string lease_id;
   // ATTACH
@@ -232,41 +240,41 @@ struct Reply {
   MessageType type = MessageType::kPing;
   uint64_t id = 0;
   bool ok = true;
-  std::string code;              ///< absl status code name on error ("NOT_FOUND", ...)
-  std::string error;             ///< human-readable error
+  std::string code;   ///< absl status code name on error ("NOT_FOUND", ...)
+  std::string error;  ///< human-readable error
   /// The answering daemon's instance id (32 hex chars, new at every start).
   std::string instance;
   // PROGRESS
   /// "queued" | "load" | "tokenize" | "prefill" | "encode" | "publish"
   std::string stage;
   int64_t done = 0, total = 0;
-  bool heartbeat = false;        ///< a repeat of the last stage (nothing moved)
+  bool heartbeat = false;  ///< a repeat of the last stage (nothing moved)
   // CREATE_POOL, ATTACH, STATS(one pool)
   std::optional<PoolInfo> pool;
-  bool created = false;          ///< CREATE_POOL: false when the pool already existed
+  bool created = false;  ///< CREATE_POOL: false when the pool already existed
   // LIST, STATS
   std::vector<PoolInfo> pools;
   // ATTACH / RENEW
   std::string lease_id;
   int64_t lease_expires_unix_ms = 0;
-  int64_t lease_ms = 0;          ///< lease duration granted
+  int64_t lease_ms = 0;  ///< lease duration granted
   std::optional<MemoryHandle> memory;
   // PING / STATS
   std::string daemon_version;
   uint32_t daemon_pid = 0;
   uint64_t memory_used = 0, memory_cap = 0;  ///< bytes, for the active backend
   // PING / STATS / LIST: the daemon's model cache and create queue
-  uint64_t model_cache_bytes = 0;      ///< weight bytes the cached models hold
+  uint64_t model_cache_bytes = 0;         ///< weight bytes the cached models hold
   uint64_t model_cache_mapped_bytes = 0;  ///< of which mapped read-only from model files
-  uint32_t model_cache_models = 0;     ///< models in the cache
-  uint32_t model_cache_capacity = 0;   ///< most models kept (LRU)
+  uint32_t model_cache_models = 0;        ///< models in the cache
+  uint32_t model_cache_capacity = 0;      ///< most models kept (LRU)
   uint32_t creates_queued = 0, creates_running = 0, create_queue_capacity = 0;
   // PING: the configured peer daemons (empty without --peer)
   std::vector<PeerState> peers;
   // PEER_FETCH
-  std::string transfer_id;       ///< names the transfer in PEER_RELEASE
-  std::string descriptor;        ///< UcxExposure::descriptor() (bytes; base64 in JSON)
-  uint64_t pool_bytes = 0;       ///< bytes of the pool region to pull
+  std::string transfer_id;  ///< names the transfer in PEER_RELEASE
+  std::string descriptor;   ///< UcxExposure::descriptor() (bytes; base64 in JSON)
+  uint64_t pool_bytes = 0;  ///< bytes of the pool region to pull
 };
 
 /// Serializes to one JSON frame. Invalid UTF-8 in a string field is replaced by U+FFFD, so

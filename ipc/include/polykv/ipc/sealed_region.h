@@ -42,8 +42,8 @@ class UniqueFd {
 };
 
 /// Seals every published host pool carries (checked by MapSealed).
-inline constexpr int kPoolSealsRequired = 0x0008 /*F_SEAL_WRITE*/ | 0x0002 /*F_SEAL_SHRINK*/ |
-                                          0x0004 /*F_SEAL_GROW*/;
+inline constexpr int kPoolSealsRequired =
+    0x0008 /*F_SEAL_WRITE*/ | 0x0002 /*F_SEAL_SHRINK*/ | 0x0004 /*F_SEAL_GROW*/;
 
 /// A memfd-backed region. Created writable by its owner, sealed before publication; or
 /// mapped read-only from a received, sealed descriptor. Move-only; unmaps and closes on
@@ -101,15 +101,15 @@ int GetSeals(int fd);
 /// `timeout_ms`. Extra descriptors are closed. Errors: kDeadlineExceeded, kUnavailable (peer
 /// closed), kInternal.
 [[nodiscard]] StatusOr<std::pair<std::string, UniqueFd>> RecvWithFd(int socket, size_t max_bytes,
-                                                      int timeout_ms);
+                                                                    int timeout_ms);
 
 /// Client side of polykvd's pool-descriptor socket: connects to `socket_path`, sends
 /// "PKVFD1 <lease_id>", and returns the sealed pool memfd the daemon answers with
 /// ("OK <bytes>" + SCM_RIGHTS). The daemon checks the peer's uid (SO_PEERCRED) and that the
 /// lease is live. Errors: the daemon's status ("ERR <CODE> <message>"), kUnavailable (no
 /// socket / daemon gone), kPermissionDenied (socket not accessible), kDeadlineExceeded.
-[[nodiscard]] StatusOr<UniqueFd> RequestPoolFd(const std::string& socket_path, const std::string& lease_id,
-                                 int timeout_ms);
+[[nodiscard]] StatusOr<UniqueFd> RequestPoolFd(const std::string& socket_path,
+                                               const std::string& lease_id, int timeout_ms);
 
 /// Probes an AF_UNIX stream socket path with connect(2), for a fast, precise error instead
 /// of a timeout: OK when something accepts; kUnavailable "no socket" (ENOENT) or "nothing is

@@ -56,7 +56,8 @@ class UcxEngine {
 
   /// Registers [data, data + size) for remote reads (read-only memory is fine) and packs its
   /// memory key. Errors: kInvalidArgument (null or size 0), kUnavailable (UCX).
-  [[nodiscard]] virtual StatusOr<std::unique_ptr<UcxExposure>> Expose(const void* data, uint64_t size) = 0;
+  [[nodiscard]] virtual StatusOr<std::unique_ptr<UcxExposure>> Expose(const void* data,
+                                                                      uint64_t size) = 0;
 
   /// Reads the whole exposed region described by `descriptor` into `dst` (`size` bytes,
   /// which must equal the exposed size). Blocks the calling thread (its own worker and
@@ -70,7 +71,7 @@ class UcxEngine {
   /// in flight, closes the endpoint (forced) and returns within about stall_timeout_ms plus
   /// two seconds. Thread-safe: concurrent pulls each run a worker of their own.
   [[nodiscard]] virtual Status Pull(const std::string& descriptor, void* dst, uint64_t size,
-                      const UcxPullOptions& options) = 0;
+                                    const UcxPullOptions& options) = 0;
 
   /// Transports UCX chose for this context, as "tcp, self, ..." (for logs and ping).
   virtual std::string transports() const = 0;

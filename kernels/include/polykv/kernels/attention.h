@@ -52,11 +52,11 @@ enum class PrefixCodec : uint8_t {
 
 /// One layer of a prefix (pointers into a read-only region; not owned).
 struct PrefixLayer {
-  const void* k = nullptr;         ///< int8 codes, packed key codes (key_bits < 8) or raw K
-  const float* k_scales = nullptr; ///< kK8V: KeyScaleCount f32 scales
-  const void* v = nullptr;         ///< packed V codes or raw V
-  const void* v_norms = nullptr;   ///< kK8V: norms [kv_heads * tokens], f32 or f16 (norm_dtype)
-  int32_t value_bits = 0;          ///< kK8V: this layer's value bits; 0 = config.value_bits
+  const void* k = nullptr;          ///< int8 codes, packed key codes (key_bits < 8) or raw K
+  const float* k_scales = nullptr;  ///< kK8V: KeyScaleCount f32 scales
+  const void* v = nullptr;          ///< packed V codes or raw V
+  const void* v_norms = nullptr;    ///< kK8V: norms [kv_heads * tokens], f32 or f16 (norm_dtype)
+  int32_t value_bits = 0;           ///< kK8V: this layer's value bits; 0 = config.value_bits
 };
 
 /// A read-only shared prefix of a KV cache: the document's K/V for every layer.
@@ -96,17 +96,17 @@ struct AttentionArgs {
   /// token, so a split at a multiple of kAttentionChunk gives bit-identical results to one
   /// segment holding both. The CUDA kernels take one segment (kUnimplemented otherwise).
   absl::Span<const PrefixView> prefix_tail;
-  int32_t layer = 0;                   ///< prefix layer (of every segment)
-  const float* k_suffix = nullptr;     ///< f32 [kv_heads][suffix_capacity][head_dim]
+  int32_t layer = 0;                ///< prefix layer (of every segment)
+  const float* k_suffix = nullptr;  ///< f32 [kv_heads][suffix_capacity][head_dim]
   const float* v_suffix = nullptr;
   int64_t suffix_capacity = 0;
   /// Valid suffix positions, the n new rows included: query row i sits at suffix index
   /// suffix_length - n + i and attends to every prefix token and suffix indices <= its own.
   int64_t suffix_length = 0;
-  int64_t n = 0;                        ///< query rows (>= 1)
+  int64_t n = 0;  ///< query rows (>= 1)
   int32_t heads = 0, kv_heads = 0, head_dim = 0;
-  const float* q = nullptr;             ///< f32 [n][heads][head_dim] (after RoPE)
-  float* out = nullptr;                 ///< f32 [n][heads][head_dim]
+  const float* q = nullptr;  ///< f32 [n][heads][head_dim] (after RoPE)
+  float* out = nullptr;      ///< f32 [n][heads][head_dim]
 };
 
 /// Options of the attention kernels.
@@ -127,8 +127,8 @@ struct AttentionOptions {
 
 /// A partial softmax state of one query head (see the file comment).
 struct AttentionState {
-  float m = 0;   ///< maximum score (-inf for an empty part)
-  float l = 0;   ///< sum of exp(s - m) (0 for an empty part)
+  float m = 0;         ///< maximum score (-inf for an empty part)
+  float l = 0;         ///< sum of exp(s - m) (0 for an empty part)
   float* o = nullptr;  ///< normalized output [head_dim]
 };
 

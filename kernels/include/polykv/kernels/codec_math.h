@@ -35,30 +35,30 @@
 /// are validated where they enter (ValidateCodecConfig, the pool header reader), so another
 /// width here is a broken invariant: it stops the process loudly (host: a message and
 /// abort(); device: __trap()), never a silent default.
-#define POLYKV_DISPATCH_VALUE_BITS(bits, kBits, ...)                   \
-  switch (bits) {                                                       \
-    case 1: {                                                           \
-      constexpr int kBits = 1;                                          \
-      __VA_ARGS__;                                                      \
-      break;                                                            \
-    }                                                                   \
-    case 2: {                                                           \
-      constexpr int kBits = 2;                                          \
-      __VA_ARGS__;                                                      \
-      break;                                                            \
-    }                                                                   \
-    case 3: {                                                           \
-      constexpr int kBits = 3;                                          \
-      __VA_ARGS__;                                                      \
-      break;                                                            \
-    }                                                                   \
-    case 4: {                                                           \
-      constexpr int kBits = 4;                                          \
-      __VA_ARGS__;                                                      \
-      break;                                                            \
-    }                                                                   \
-    default:                                                            \
-      ::polykv::kernels::math::UnsupportedBits(bits);                   \
+#define POLYKV_DISPATCH_VALUE_BITS(bits, kBits, ...)  \
+  switch (bits) {                                     \
+    case 1: {                                         \
+      constexpr int kBits = 1;                        \
+      __VA_ARGS__;                                    \
+      break;                                          \
+    }                                                 \
+    case 2: {                                         \
+      constexpr int kBits = 2;                        \
+      __VA_ARGS__;                                    \
+      break;                                          \
+    }                                                 \
+    case 3: {                                         \
+      constexpr int kBits = 3;                        \
+      __VA_ARGS__;                                    \
+      break;                                          \
+    }                                                 \
+    case 4: {                                         \
+      constexpr int kBits = 4;                        \
+      __VA_ARGS__;                                    \
+      break;                                          \
+    }                                                 \
+    default:                                          \
+      ::polykv::kernels::math::UnsupportedBits(bits); \
   }
 
 namespace polykv::kernels::math {

@@ -102,8 +102,8 @@ struct WeightView {
 /// rows * row_bytes <= `available` bytes at `data`. Errors: kInvalidArgument naming the
 /// shape (e.g. "Q4_K needs cols to be a multiple of 256, got 576"), kDataLoss when the data
 /// would run past `available`, kUnimplemented for an unknown type.
-[[nodiscard]] StatusOr<WeightView> MakeWeightView(WeightType type, const void* data, uint64_t available,
-                                    int64_t rows, int64_t cols);
+[[nodiscard]] StatusOr<WeightView> MakeWeightView(WeightType type, const void* data,
+                                                  uint64_t available, int64_t rows, int64_t cols);
 
 /// Activation rows from which MatMul uses the AMX-INT8 tile kernels by default (where the
 /// CPU has them): measured with bench_matmul / bench_model --crossover (README).
@@ -154,8 +154,8 @@ struct MatMulOutput {
 /// gate and up projections): the activations are quantized once per block family and the
 /// rows of all outputs are split over the threads together (one parallel region).
 /// Every output's cols must equal `cols`. Errors as MatMul.
-[[nodiscard]] Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x,
-                                  int64_t n, int64_t cols, int64_t x_stride,
+[[nodiscard]] Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int64_t n,
+                                  int64_t cols, int64_t x_stride,
                                   const MatMulOptions& options = {});
 
 /// Dequantizes rows [begin, end) of `w` to f32 out[(r - begin) * cols + i]. Exact (the

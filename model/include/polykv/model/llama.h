@@ -23,13 +23,13 @@
 // attention.
 #pragma once
 
+#include <torch/torch.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "absl/types/span.h"
 #include "polykv/kernels/attention.h"
@@ -93,10 +93,10 @@ struct ModelConfig {
   std::string architecture;
   int32_t layers = 0;
   int32_t hidden = 0;
-  int32_t heads = 0;          ///< query heads
-  int32_t kv_heads = 0;       ///< GQA: KV heads (divides heads)
-  int32_t head_dim = 0;       ///< hidden / heads unless the model says otherwise
-  int32_t ffn = 0;            ///< SwiGLU intermediate size
+  int32_t heads = 0;     ///< query heads
+  int32_t kv_heads = 0;  ///< GQA: KV heads (divides heads)
+  int32_t head_dim = 0;  ///< hidden / heads unless the model says otherwise
+  int32_t ffn = 0;       ///< SwiGLU intermediate size
   int32_t vocab = 0;
   int32_t max_positions = 0;  ///< context length the model was trained for
   float rope_theta = 10000.f;
@@ -182,10 +182,10 @@ struct KvPrefix {
 /// `length` positions (prefix included) are valid; `tokens` holds their ids
 /// (size == length).
 struct KvCache {
-  std::vector<torch::Tensor> k;  ///< [layers] x [kv_heads][capacity][head_dim] (suffix)
-  std::vector<torch::Tensor> v;  ///< [layers] x [kv_heads][capacity][head_dim] (suffix)
-  std::vector<int32_t> tokens;   ///< ids of the cached positions (prefix and suffix)
-  int64_t length = 0;            ///< valid positions, prefix included
+  std::vector<torch::Tensor> k;            ///< [layers] x [kv_heads][capacity][head_dim] (suffix)
+  std::vector<torch::Tensor> v;            ///< [layers] x [kv_heads][capacity][head_dim] (suffix)
+  std::vector<int32_t> tokens;             ///< ids of the cached positions (prefix and suffix)
+  int64_t length = 0;                      ///< valid positions, prefix included
   std::shared_ptr<const KvPrefix> prefix;  ///< null: no shared prefix
   /// Suffix slots allocated.
   int64_t capacity() const { return k.empty() ? 0 : k[0].size(1); }
@@ -205,17 +205,17 @@ struct PrefillResult {
 /// Sampling settings for Generate.
 struct SamplingOptions {
   int32_t max_new_tokens = 64;
-  bool greedy = true;         ///< argmax; otherwise temperature + top-p
+  bool greedy = true;  ///< argmax; otherwise temperature + top-p
   float temperature = 0.8f;
   float top_p = 0.95f;
   uint64_t seed = 0;
-  bool stop_at_eos = true;    ///< stop on Tokenizer::IsEndOfGeneration / config eos_id
+  bool stop_at_eos = true;  ///< stop on Tokenizer::IsEndOfGeneration / config eos_id
 };
 
 /// Output of Generate.
 struct GenerateResult {
-  std::vector<int32_t> tokens;     ///< new tokens (without the prompt)
-  double first_token_ms = 0;       ///< time from call to the first new token (TTFT)
+  std::vector<int32_t> tokens;  ///< new tokens (without the prompt)
+  double first_token_ms = 0;    ///< time from call to the first new token (TTFT)
   double total_ms = 0;
 };
 
@@ -233,7 +233,7 @@ class LlamaModel {
   /// Errors: kNotFound for a missing path; kInvalidArgument / kDataLoss for malformed files;
   /// kUnimplemented naming an unsupported architecture field or tensor type.
   [[nodiscard]] static StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& path,
-                                                    const LoadOptions& options = {});
+                                                                  const LoadOptions& options = {});
   virtual ~LlamaModel() = default;
 
   virtual const ModelConfig& config() const = 0;
@@ -253,8 +253,8 @@ class LlamaModel {
   /// or tokens.size() != its length; kFailedPrecondition for a runtime that cannot attend
   /// to a prefix in place (the libtorch copy runtime).
   [[nodiscard]] virtual StatusOr<KvCache> NewCacheWithPrefix(std::shared_ptr<const KvPrefix> prefix,
-                                               std::vector<int32_t> tokens,
-                                               int64_t capacity) const = 0;
+                                                             std::vector<int32_t> tokens,
+                                                             int64_t capacity) const = 0;
 
   /// Turns what `cache` holds privately (it must have no prefix yet) into a read-only raw
   /// prefix of a new cache with room for `capacity` more positions: the same K/V bytes,
@@ -262,7 +262,8 @@ class LlamaModel {
   /// document itself computes exactly what an agent of a codec-none pool does. The tensors
   /// move into the prefix's owner. Errors: kInvalidArgument for an empty cache or one that
   /// already has a prefix; kFailedPrecondition as NewCacheWithPrefix.
-  [[nodiscard]] virtual StatusOr<KvCache> FreezeAsPrefix(KvCache&& cache, int64_t capacity) const = 0;
+  [[nodiscard]] virtual StatusOr<KvCache> FreezeAsPrefix(KvCache&& cache,
+                                                         int64_t capacity) const = 0;
 
   /// How the weights are held (kMapped or kCopy, never kAuto).
   virtual WeightStorage weight_storage() const = 0;
@@ -274,11 +275,13 @@ class LlamaModel {
   /// (grows capacity if needed: reallocation to max(needed, 2 x capacity), so tensors held
   /// elsewhere stop aliasing the cache). A default-constructed (empty) KvCache is allocated
   /// on first use. The cache must match the model: [layers] tensors of
-  /// [kv_heads][capacity][head_dim] in dtype()/device(), tokens.size() == length. Returns logits f32 [n][vocab] when `all_logits`, else
-  /// [1][vocab] for the last position. Errors: kInvalidArgument for ids outside the vocab
-  /// or an empty `tokens`; kResourceExhausted when out of memory.
-  [[nodiscard]] virtual StatusOr<torch::Tensor> Forward(absl::Span<const int32_t> tokens, KvCache& cache,
-                                          bool all_logits = false) = 0;
+  /// [kv_heads][capacity][head_dim] in dtype()/device(), tokens.size() == length. Returns logits
+  /// f32 [n][vocab] when `all_logits`, else [1][vocab] for the last position. Errors:
+  /// kInvalidArgument for ids outside the vocab or an empty `tokens`; kResourceExhausted when out
+  /// of memory.
+  [[nodiscard]] virtual StatusOr<torch::Tensor> Forward(absl::Span<const int32_t> tokens,
+                                                        KvCache& cache,
+                                                        bool all_logits = false) = 0;
 
   /// Prefills a document from scratch in chunks of `chunk` tokens, calling
   /// `progress(done, total)` after each. Returns K/V [kv_heads][tokens][head_dim] per layer.
@@ -290,13 +293,15 @@ class LlamaModel {
   /// cache.length.. (no gap), then samples up to max_new_tokens. An empty `prompt`
   /// recomputes the last cached token (cache.length - 1) to get its logits.
   /// On return the cache holds the prompt and every returned token (ready for the next
-  /// turn); an end-of-generation token stops the loop and is neither returned nor cached. Sampling: greedy = argmax (lowest id on ties); otherwise softmax(logits / T),
-  /// the smallest set of most likely tokens whose mass reaches top_p, and a draw from a
-  /// std::mt19937_64 seeded with `seed`: the same seed gives the same tokens.
-  /// Errors: kInvalidArgument for an empty cache with an empty prompt, max_new_tokens < 0,
-  /// temperature <= 0 or top_p outside (0, 1] when sampling, a malformed cache.
-  [[nodiscard]] virtual StatusOr<GenerateResult> Generate(KvCache& cache, absl::Span<const int32_t> prompt,
-                                            const SamplingOptions& options) = 0;
+  /// turn); an end-of-generation token stops the loop and is neither returned nor cached. Sampling:
+  /// greedy = argmax (lowest id on ties); otherwise softmax(logits / T), the smallest set of most
+  /// likely tokens whose mass reaches top_p, and a draw from a std::mt19937_64 seeded with `seed`:
+  /// the same seed gives the same tokens. Errors: kInvalidArgument for an empty cache with an empty
+  /// prompt, max_new_tokens < 0, temperature <= 0 or top_p outside (0, 1] when sampling, a
+  /// malformed cache.
+  [[nodiscard]] virtual StatusOr<GenerateResult> Generate(KvCache& cache,
+                                                          absl::Span<const int32_t> prompt,
+                                                          const SamplingOptions& options) = 0;
 
   /// Sliding-window perplexity: windows of `context` tokens advancing by `stride`; every
   /// target token is scored exactly once (the first window scores all its positions, later
@@ -308,7 +313,7 @@ class LlamaModel {
   /// Errors: kInvalidArgument for fewer than 2 tokens, context < 1, stride outside
   /// [1, context].
   [[nodiscard]] virtual StatusOr<PerplexityResult> Perplexity(absl::Span<const int32_t> tokens,
-                                                int64_t context, int64_t stride) = 0;
+                                                              int64_t context, int64_t stride) = 0;
 };
 
 /// Sets libtorch intra-op threads: n > 0, or all cores when n == 0. Returns the count set.

@@ -27,8 +27,8 @@ namespace polykv::model {
 
 /// Options of ChunkedPerplexity.
 struct ChunkedPerplexityOptions {
-  int64_t context = 512;   ///< N
-  int64_t chunks = -1;     ///< K; < 0 = all
+  int64_t context = 512;     ///< N
+  int64_t chunks = -1;       ///< K; < 0 = all
   bool replace_bos = false;  ///< replace each chunk's first token by `bos_id` (model adds BOS)
   int32_t bos_id = -1;
   /// Rows per forward (llama.cpp's physical batch, -ub, is 512): the chunk runs in pieces of
@@ -40,23 +40,24 @@ struct ChunkedPerplexityOptions {
 
 /// Which positions one chunk scores (for tests and documentation).
 struct ChunkPlan {
-  int64_t start = 0;        ///< index of the chunk's first token in the text
-  int64_t first = 0;        ///< first scored position (N / 2)
-  int64_t scored = 0;       ///< N - first - 1
+  int64_t start = 0;   ///< index of the chunk's first token in the text
+  int64_t first = 0;   ///< first scored position (N / 2)
+  int64_t scored = 0;  ///< N - first - 1
   /// Position p in [first, first + scored) of the chunk predicts text token start + p + 1.
 };
 
 /// The chunks ChunkedPerplexity evaluates for `n` tokens. kInvalidArgument for N < 2 or
 /// n < 2N (as llama.cpp: "you need at least 2N tokens").
-[[nodiscard]] StatusOr<std::vector<ChunkPlan>> PlanChunks(int64_t n, int64_t context, int64_t chunks);
+[[nodiscard]] StatusOr<std::vector<ChunkPlan>> PlanChunks(int64_t n, int64_t context,
+                                                          int64_t chunks);
 
 /// Result of ChunkedPerplexity.
 struct ChunkedPerplexityResult {
   int64_t chunks = 0;
-  int64_t count = 0;  ///< scored tokens
-  double nll = 0;     ///< sum of -log p
-  double nll2 = 0;    ///< sum of (log p)^2
-  std::vector<double> running;  ///< PPL after each chunk
+  int64_t count = 0;              ///< scored tokens
+  double nll = 0;                 ///< sum of -log p
+  double nll2 = 0;                ///< sum of (log p)^2
+  std::vector<double> running;    ///< PPL after each chunk
   std::vector<double> token_nll;  ///< -log p of every scored token, in order
   double ppl() const;
   double stderr_ppl() const;  ///< llama.cpp's "+/-" (0 when undefined)
@@ -64,7 +65,7 @@ struct ChunkedPerplexityResult {
 
 /// Runs the protocol above. Errors: those of PlanChunks, kInvalidArgument for replace_bos
 /// with bos_id < 0, and the model's Forward errors.
-[[nodiscard]] StatusOr<ChunkedPerplexityResult> ChunkedPerplexity(LlamaModel& m, absl::Span<const int32_t> tokens,
-                                                    const ChunkedPerplexityOptions& o);
+[[nodiscard]] StatusOr<ChunkedPerplexityResult> ChunkedPerplexity(
+    LlamaModel& m, absl::Span<const int32_t> tokens, const ChunkedPerplexityOptions& o);
 
 }  // namespace polykv::model

@@ -34,7 +34,8 @@ class Tokenizer {
   /// BPE: pre-tokenizer regex set + merges; SentencePiece: U+2581 escape, space prefix,
   /// byte fallback). Errors: kInvalidArgument for text that cannot be encoded (invalid UTF-8
   /// is encoded byte-wise where the vocabulary allows it).
-  [[nodiscard]] virtual StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_bos) const = 0;
+  [[nodiscard]] virtual StatusOr<std::vector<int32_t>> Encode(std::string_view text,
+                                                              bool add_bos) const = 0;
 
   /// Text of `ids`: control tokens are rendered as their text ("<|im_end|>"), except a
   /// leading BOS when adds_bos(); SentencePiece drops the prefix space it added, so
@@ -53,8 +54,8 @@ class Tokenizer {
   /// Formats a conversation with the model's chat template (ChatML for SmolLM2-Instruct:
   /// "<|im_start|>role\ncontent<|im_end|>\n" ... then "<|im_start|>assistant\n" when
   /// `add_generation_prompt`). Errors: kUnimplemented for an unknown template.
-  [[nodiscard]] virtual StatusOr<std::string> ApplyChatTemplate(absl::Span<const ChatMessage> messages,
-                                                  bool add_generation_prompt) const = 0;
+  [[nodiscard]] virtual StatusOr<std::string> ApplyChatTemplate(
+      absl::Span<const ChatMessage> messages, bool add_generation_prompt) const = 0;
 
   /// Hex SHA-256 (64 lowercase hex digits) over the tokenizer kind, token texts and types,
   /// BOS/EOS, merges or scores and the pre-tokenizer: part of a pool id. Equal for the same

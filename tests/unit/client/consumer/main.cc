@@ -1,8 +1,8 @@
 // Consumer of the installed package: C API + header-only C++ wrapper, no daemon needed.
+#include <polykv/client.h>
+
 #include <cstdio>
 #include <cstring>
-
-#include <polykv/client.h>
 #include <polykv/client.hpp>
 
 int main(int argc, char** argv) {
