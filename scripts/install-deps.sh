@@ -22,6 +22,7 @@ PACKAGES=(
   libcpp-httplib-dev        # polykvd --metrics-listen (GET /metrics)
   curl python3-prometheus-client  # tests: scrape /metrics, parse the text format
   clang libclang-rt-dev     # fault suite: libFuzzer targets (scripts/fuzz.sh); gcc builds the rest
+  clang-format              # scripts/check-format.sh (the sources' layout, checked by the tests)
   util-linux                # setpriv (uid tests), flock (scripts/fuzz.sh)
 )
 

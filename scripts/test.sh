@@ -5,11 +5,15 @@
 # with clang in <build>/fuzz). GPU tests (label gpu) skip visibly on hosts without a GPU.
 # The eval venv (scripts/install-eval-deps.sh: numpy, tokenizers, all-MiniLM-L6-v2) is
 # installed too and exported as POLYKV_EVAL_PYTHON for the ctest eval_post_semantic.
+# Before building, scripts/check-format.sh checks every source against .clang-format.
 # POLYKV_CI_SANITIZE=1 adds the ASan+UBSan and ThreadSanitizer runs (scripts/sanitize.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
+# Layout first: every tracked source clean under .clang-format (fails in seconds, not after
+# the build).
+bash scripts/check-format.sh </dev/null
 POLYKV_EVAL_PYTHON="$(bash scripts/install-eval-deps.sh </dev/null | tail -n1)"
 export POLYKV_EVAL_PYTHON
 echo "test: eval Python at $POLYKV_EVAL_PYTHON" >&2
