@@ -127,6 +127,16 @@ struct MetaValue {
   uint64_t data_offset = 0;
 };
 
+/// Reads an integer metadata value of type T into all three views of `v` (u, i and f).
+template <typename T>
+Status ReadNumber(Reader& r, const std::string& what, MetaValue* v) {
+  POLYKV_ASSIGN_OR_RETURN(T x, r.Read<T>(what));
+  v->u = static_cast<uint64_t>(x);
+  v->i = static_cast<int64_t>(x);
+  v->f = static_cast<double>(x);
+  return absl::OkStatus();
+}
+
 bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) {
   return __builtin_mul_overflow(a, b, out);
 }
@@ -262,7 +272,25 @@ struct GgufFile::Impl {
   }
 
   Status ValidateValue(Reader& r, uint32_t type, const std::string& what, int depth);
+  /// Parses the whole file: header, metadata, alignment, tensor table, data placement.
   Status Parse();
+  /// Reads the magic, the version (into `version`) and the two counts, each checked against
+  /// what the rest of the file could hold.
+  Status ParseHeader(Reader& r, uint64_t* n_tensors, uint64_t* n_kv);
+  /// Reads the `n_kv` metadata key/value pairs into `keys` and `meta`.
+  Status ParseMetadata(Reader& r, uint64_t n_kv);
+  /// Reads one metadata value of `type` (already checked to be a known type).
+  StatusOr<MetaValue> ReadMetaValue(Reader& r, uint32_t type, const std::string& what);
+  /// The data section alignment: general.alignment (a u32 power of two) or the default.
+  StatusOr<uint64_t> Alignment() const;
+  /// Reads the `n_tensors` tensor infos into `tensors` / `tensor_index`, offsets relative to
+  /// the data section.
+  Status ParseTensorInfos(Reader& r, uint64_t n_tensors, uint64_t alignment);
+  /// Reads tensor info #k: name, dims, type and (aligned) relative offset.
+  StatusOr<GgufTensorInfo> ReadTensorInfo(Reader& r, uint64_t k, uint64_t alignment);
+  /// Places the data section after the tensor table (r's position, aligned), checks every
+  /// tensor's bytes lie inside the file and makes its offset absolute.
+  Status PlaceTensorData(const Reader& r, uint64_t n_tensors, uint64_t alignment);
   const MetaValue* Find(std::string_view key) const {
     auto it = meta.find(std::string(key));
     return it == meta.end() ? nullptr : &it->second;
@@ -308,6 +336,15 @@ Status GgufFile::Impl::ValidateValue(Reader& r, uint32_t type, const std::string
 
 Status GgufFile::Impl::Parse() {
   Reader r(data, size);
+  uint64_t n_tensors = 0, n_kv = 0;
+  POLYKV_RETURN_IF_ERROR(ParseHeader(r, &n_tensors, &n_kv));
+  POLYKV_RETURN_IF_ERROR(ParseMetadata(r, n_kv));
+  POLYKV_ASSIGN_OR_RETURN(uint64_t alignment, Alignment());
+  POLYKV_RETURN_IF_ERROR(ParseTensorInfos(r, n_tensors, alignment));
+  return PlaceTensorData(r, n_tensors, alignment);
+}
+
+Status GgufFile::Impl::ParseHeader(Reader& r, uint64_t* n_tensors, uint64_t* n_kv) {
   POLYKV_ASSIGN_OR_RETURN(uint32_t magic, r.Read<uint32_t>("header magic"));
   if (magic != 0x46554747u) {  // "GGUF" little-endian
     return absl::InvalidArgumentError(
@@ -319,20 +356,23 @@ Status GgufFile::Impl::Parse() {
         path, ": unsupported GGUF version ", version, " (PolyKV reads versions 2 and 3",
         (version > 0xffff ? "; big-endian files are not supported" : ""), ")"));
   }
-  POLYKV_ASSIGN_OR_RETURN(uint64_t n_tensors, r.Read<uint64_t>("header tensor_count"));
-  POLYKV_ASSIGN_OR_RETURN(uint64_t n_kv, r.Read<uint64_t>("header metadata_kv_count"));
+  POLYKV_ASSIGN_OR_RETURN(*n_tensors, r.Read<uint64_t>("header tensor_count"));
+  POLYKV_ASSIGN_OR_RETURN(*n_kv, r.Read<uint64_t>("header metadata_kv_count"));
   // Each kv needs >= 8 (key length) + 4 (type) + 1 bytes; each tensor >= 8 + 4 + 4 + 8.
-  if (n_kv > r.remaining() / 13) {
-    return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: metadata_kv_count ", n_kv,
+  if (*n_kv > r.remaining() / 13) {
+    return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: metadata_kv_count ", *n_kv,
                                             " cannot fit in the remaining ", r.remaining(),
                                             " bytes"));
   }
-  if (n_tensors > r.remaining() / 24) {
-    return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: tensor_count ", n_tensors,
+  if (*n_tensors > r.remaining() / 24) {
+    return absl::DataLossError(absl::StrCat("GGUF truncated or corrupt: tensor_count ", *n_tensors,
                                             " cannot fit in the remaining ", r.remaining(),
                                             " bytes"));
   }
+  return absl::OkStatus();
+}
 
+Status GgufFile::Impl::ParseMetadata(Reader& r, uint64_t n_kv) {
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string what = absl::StrCat("metadata key #", k);
     POLYKV_ASSIGN_OR_RETURN(std::string_view key_sv, r.ReadString(what));
@@ -342,179 +382,163 @@ Status GgufFile::Impl::Parse() {
       return absl::InvalidArgumentError(absl::StrCat("GGUF duplicate ", what));
     }
     POLYKV_ASSIGN_OR_RETURN(uint32_t type, r.Read<uint32_t>(what + " type"));
-    MetaValue v;
-    v.type = type;
     if (type >= kNumValueTypes) {
       return absl::InvalidArgumentError(
           absl::StrCat("GGUF ", what, " has unknown value type ", type));
     }
-    switch (type) {
-      case kU8: {
-        POLYKV_ASSIGN_OR_RETURN(uint8_t x, r.Read<uint8_t>(what));
-        v.u = x;
-        v.i = x;
-        v.f = x;
-        break;
-      }
-      case kI8: {
-        POLYKV_ASSIGN_OR_RETURN(int8_t x, r.Read<int8_t>(what));
-        v.i = x;
-        v.u = static_cast<uint64_t>(x);
-        v.f = x;
-        break;
-      }
-      case kU16: {
-        POLYKV_ASSIGN_OR_RETURN(uint16_t x, r.Read<uint16_t>(what));
-        v.u = x;
-        v.i = x;
-        v.f = x;
-        break;
-      }
-      case kI16: {
-        POLYKV_ASSIGN_OR_RETURN(int16_t x, r.Read<int16_t>(what));
-        v.i = x;
-        v.u = static_cast<uint64_t>(x);
-        v.f = x;
-        break;
-      }
-      case kU32: {
-        POLYKV_ASSIGN_OR_RETURN(uint32_t x, r.Read<uint32_t>(what));
-        v.u = x;
-        v.i = x;
-        v.f = x;
-        break;
-      }
-      case kI32: {
-        POLYKV_ASSIGN_OR_RETURN(int32_t x, r.Read<int32_t>(what));
-        v.i = x;
-        v.u = static_cast<uint64_t>(x);
-        v.f = x;
-        break;
-      }
-      case kU64: {
-        POLYKV_ASSIGN_OR_RETURN(uint64_t x, r.Read<uint64_t>(what));
-        v.u = x;
-        v.i = static_cast<int64_t>(x);
-        v.f = static_cast<double>(x);
-        break;
-      }
-      case kI64: {
-        POLYKV_ASSIGN_OR_RETURN(int64_t x, r.Read<int64_t>(what));
-        v.i = x;
-        v.u = static_cast<uint64_t>(x);
-        v.f = static_cast<double>(x);
-        break;
-      }
-      case kF32: {
-        POLYKV_ASSIGN_OR_RETURN(float x, r.Read<float>(what));
-        v.f = x;
-        break;
-      }
-      case kF64: {
-        POLYKV_ASSIGN_OR_RETURN(double x, r.Read<double>(what));
-        v.f = x;
-        break;
-      }
-      case kBool: {
-        POLYKV_ASSIGN_OR_RETURN(uint8_t x, r.Read<uint8_t>(what));
-        if (x > 1) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("GGUF ", what, " bool has invalid value ", static_cast<int>(x)));
-        }
-        v.u = x;
-        v.i = x;
-        break;
-      }
-      case kString: {
-        POLYKV_ASSIGN_OR_RETURN(std::string_view s, r.ReadString(what));
-        v.s = std::string(s);
-        break;
-      }
-      case kArray: {
-        uint64_t start = r.pos();
-        POLYKV_RETURN_IF_ERROR(ValidateValue(r, kArray, what, 0));
-        // Re-read the (now validated) array header.
-        std::memcpy(&v.elem_type, data + start, 4);
-        std::memcpy(&v.count, data + start + 4, 8);
-        v.data_offset = start + 12;
-        break;
-      }
-    }
+    POLYKV_ASSIGN_OR_RETURN(MetaValue v, ReadMetaValue(r, type, what));
     keys.push_back(key);
     meta.emplace(key, std::move(v));
   }
+  return absl::OkStatus();
+}
 
-  uint64_t alignment = kDefaultAlignment;
-  if (const MetaValue* a = Find("general.alignment")) {
-    if (a->type != kU32) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("GGUF general.alignment must be u32, got ", ValueTypeName(a->type)));
+StatusOr<MetaValue> GgufFile::Impl::ReadMetaValue(Reader& r, uint32_t type,
+                                                  const std::string& what) {
+  MetaValue v;
+  v.type = type;
+  switch (type) {
+    case kU8:
+      POLYKV_RETURN_IF_ERROR(ReadNumber<uint8_t>(r, what, &v));
+      break;
+    case kI8:
+      POLYKV_RETURN_IF_ERROR(ReadNumber<int8_t>(r, what, &v));
+      break;
+    case kU16:
+      POLYKV_RETURN_IF_ERROR(ReadNumber<uint16_t>(r, what, &v));
+      break;
+    case kI16:
+      POLYKV_RETURN_IF_ERROR(ReadNumber<int16_t>(r, what, &v));
+      break;
+    case kU32:
+      POLYKV_RETURN_IF_ERROR(ReadNumber<uint32_t>(r, what, &v));
+      break;
+    case kI32:
+      POLYKV_RETURN_IF_ERROR(ReadNumber<int32_t>(r, what, &v));
+      break;
+    case kU64:
+      POLYKV_RETURN_IF_ERROR(ReadNumber<uint64_t>(r, what, &v));
+      break;
+    case kI64:
+      POLYKV_RETURN_IF_ERROR(ReadNumber<int64_t>(r, what, &v));
+      break;
+    case kF32: {
+      POLYKV_ASSIGN_OR_RETURN(float x, r.Read<float>(what));
+      v.f = x;
+      break;
     }
-    if (a->u == 0 || (a->u & (a->u - 1)) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("GGUF general.alignment ", a->u, " is not a power of two"));
+    case kF64: {
+      POLYKV_ASSIGN_OR_RETURN(double x, r.Read<double>(what));
+      v.f = x;
+      break;
     }
-    alignment = a->u;
+    case kBool: {
+      POLYKV_ASSIGN_OR_RETURN(uint8_t x, r.Read<uint8_t>(what));
+      if (x > 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("GGUF ", what, " bool has invalid value ", static_cast<int>(x)));
+      }
+      v.u = x;
+      v.i = x;
+      break;
+    }
+    case kString: {
+      POLYKV_ASSIGN_OR_RETURN(std::string_view s, r.ReadString(what));
+      v.s = std::string(s);
+      break;
+    }
+    case kArray: {
+      uint64_t start = r.pos();
+      POLYKV_RETURN_IF_ERROR(ValidateValue(r, kArray, what, 0));
+      // Re-read the (now validated) array header.
+      std::memcpy(&v.elem_type, data + start, 4);
+      std::memcpy(&v.count, data + start + 4, 8);
+      v.data_offset = start + 12;
+      break;
+    }
   }
+  return v;
+}
 
+StatusOr<uint64_t> GgufFile::Impl::Alignment() const {
+  const MetaValue* a = Find("general.alignment");
+  if (a == nullptr) return kDefaultAlignment;
+  if (a->type != kU32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GGUF general.alignment must be u32, got ", ValueTypeName(a->type)));
+  }
+  if (a->u == 0 || (a->u & (a->u - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GGUF general.alignment ", a->u, " is not a power of two"));
+  }
+  return a->u;
+}
+
+Status GgufFile::Impl::ParseTensorInfos(Reader& r, uint64_t n_tensors, uint64_t alignment) {
   tensors.reserve(n_tensors);
   for (uint64_t k = 0; k < n_tensors; ++k) {
-    std::string what = absl::StrCat("tensor #", k);
-    POLYKV_ASSIGN_OR_RETURN(std::string_view name_sv, r.ReadString(what + " name"));
-    GgufTensorInfo t;
-    t.name = std::string(name_sv);
-    what = absl::StrCat("tensor ", t.name);
-    if (tensor_index.count(t.name)) {
-      return absl::InvalidArgumentError(absl::StrCat("GGUF duplicate tensor name ", t.name));
-    }
-    POLYKV_ASSIGN_OR_RETURN(uint32_t n_dims, r.Read<uint32_t>(what + " n_dims"));
-    if (n_dims > kMaxDims) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("GGUF ", what, " has n_dims ", n_dims, " > ", kMaxDims));
-    }
-    uint64_t elements = 1;
-    for (uint32_t d = 0; d < n_dims; ++d) {
-      POLYKV_ASSIGN_OR_RETURN(uint64_t dim, r.Read<uint64_t>(absl::StrCat(what, " dim ", d)));
-      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          MulOverflow(elements, dim, &elements) ||
-          elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("GGUF ", what, " dims overflow 63 bits at dim ", d, " (", dim, ")"));
-      }
-      t.dims.push_back(static_cast<int64_t>(dim));
-    }
-    POLYKV_ASSIGN_OR_RETURN(t.type, r.Read<uint32_t>(what + " type"));
-    POLYKV_ASSIGN_OR_RETURN(uint64_t rel_offset, r.Read<uint64_t>(what + " offset"));
-    TypeTraits tr = Traits(t.type);
-    if (tr.name == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("GGUF ", what, " has unknown ggml type ", t.type));
-    }
-    if (tr.block == 0) {
-      return absl::UnimplementedError(absl::StrCat(what, " has ggml type ", tr.name, " (", t.type,
-                                                   "), which PolyKV does not support"));
-    }
-    if (!t.dims.empty() && t.dims[0] % tr.block != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("GGUF ", what, " row length ", t.dims[0],
-                                                     " is not a multiple of the ", tr.name,
-                                                     " block size ", tr.block));
-    }
-    auto nbytes = GgmlTypeBytes(t.type, static_cast<int64_t>(elements));
-    if (!nbytes.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("GGUF ", what, ": ", nbytes.status().message()));
-    }
-    t.nbytes = *nbytes;
-    if (rel_offset % alignment != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("GGUF ", what, " offset ", rel_offset,
-                                                     " is not a multiple of the alignment ",
-                                                     alignment));
-    }
-    t.offset = rel_offset;  // made absolute below
+    POLYKV_ASSIGN_OR_RETURN(GgufTensorInfo t, ReadTensorInfo(r, k, alignment));
     tensor_index.emplace(t.name, tensors.size());
     tensors.push_back(std::move(t));
   }
+  return absl::OkStatus();
+}
 
+StatusOr<GgufTensorInfo> GgufFile::Impl::ReadTensorInfo(Reader& r, uint64_t k, uint64_t alignment) {
+  std::string what = absl::StrCat("tensor #", k);
+  POLYKV_ASSIGN_OR_RETURN(std::string_view name_sv, r.ReadString(what + " name"));
+  GgufTensorInfo t;
+  t.name = std::string(name_sv);
+  what = absl::StrCat("tensor ", t.name);
+  if (tensor_index.count(t.name)) {
+    return absl::InvalidArgumentError(absl::StrCat("GGUF duplicate tensor name ", t.name));
+  }
+  POLYKV_ASSIGN_OR_RETURN(uint32_t n_dims, r.Read<uint32_t>(what + " n_dims"));
+  if (n_dims > kMaxDims) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GGUF ", what, " has n_dims ", n_dims, " > ", kMaxDims));
+  }
+  uint64_t elements = 1;
+  for (uint32_t d = 0; d < n_dims; ++d) {
+    POLYKV_ASSIGN_OR_RETURN(uint64_t dim, r.Read<uint64_t>(absl::StrCat(what, " dim ", d)));
+    if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+        MulOverflow(elements, dim, &elements) ||
+        elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF ", what, " dims overflow 63 bits at dim ", d, " (", dim, ")"));
+    }
+    t.dims.push_back(static_cast<int64_t>(dim));
+  }
+  POLYKV_ASSIGN_OR_RETURN(t.type, r.Read<uint32_t>(what + " type"));
+  POLYKV_ASSIGN_OR_RETURN(uint64_t rel_offset, r.Read<uint64_t>(what + " offset"));
+  TypeTraits tr = Traits(t.type);
+  if (tr.name == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GGUF ", what, " has unknown ggml type ", t.type));
+  }
+  if (tr.block == 0) {
+    return absl::UnimplementedError(absl::StrCat(what, " has ggml type ", tr.name, " (", t.type,
+                                                 "), which PolyKV does not support"));
+  }
+  if (!t.dims.empty() && t.dims[0] % tr.block != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GGUF ", what, " row length ", t.dims[0],
+                                                   " is not a multiple of the ", tr.name,
+                                                   " block size ", tr.block));
+  }
+  auto nbytes = GgmlTypeBytes(t.type, static_cast<int64_t>(elements));
+  if (!nbytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("GGUF ", what, ": ", nbytes.status().message()));
+  }
+  t.nbytes = *nbytes;
+  if (rel_offset % alignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GGUF ", what, " offset ", rel_offset, " is not a multiple of the alignment ", alignment));
+  }
+  t.offset = rel_offset;  // made absolute by PlaceTensorData
+  return t;
+}
+
+Status GgufFile::Impl::PlaceTensorData(const Reader& r, uint64_t n_tensors, uint64_t alignment) {
   // Data section starts at the next multiple of `alignment`.
   uint64_t data_start = r.pos();
   uint64_t pad = (alignment - data_start % alignment) % alignment;
