@@ -724,6 +724,149 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
   return result;
 }
 
+// ---- creating a pool (Build and its steps) ----------------------------------------------
+
+class PoolManager::RunSlot {
+ public:
+  explicit RunSlot(ModelEntry* entry) : entry_(entry) {}
+  RunSlot(const RunSlot&) = delete;
+  RunSlot& operator=(const RunSlot&) = delete;
+  ~RunSlot() { Release(); }
+
+  /// Waits until no other create runs the model, then holds it. kCancelled when `cancel`
+  /// (or the daemon's shutdown) is seen while waiting.
+  [[nodiscard]] Status Acquire(const PoolManager& manager, const std::atomic<bool>* cancel) {
+    std::unique_lock<std::mutex> lock(entry_->run_state_mu);
+    while (entry_->running) {
+      entry_->run_cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (manager.Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
+    }
+    entry_->running = true;
+    held_ = true;
+    return absl::OkStatus();
+  }
+
+  /// Hands the model to the next create (once; also done on destruction).
+  void Release() {
+    if (!held_) return;
+    held_ = false;
+    {
+      std::lock_guard<std::mutex> lock(entry_->run_state_mu);
+      entry_->running = false;
+    }
+    entry_->run_cv.notify_one();
+  }
+
+ private:
+  ModelEntry* entry_;
+  bool held_ = false;
+};
+
+class PoolManager::Reservation {
+ public:
+  Reservation(PoolManager* manager, uint64_t needed, Pool* pool)
+      : manager_(manager), needed_(needed), pool_(pool) {}
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+
+  /// Unless dismissed: gives the bytes back and drops the half-made region and arena, under
+  /// mu_ so that the cap never counts memory that is already gone.
+  ~Reservation() {
+    if (!held_) return;
+    std::lock_guard<std::mutex> lock(manager_->mu_);
+    manager_->used_ -= needed_;
+    pool_->region.reset();  // the memfd goes away with its last descriptor
+    pool_->arena.reset();
+  }
+
+  /// Reserves the bytes against the memory cap; kResourceExhausted when they do not fit.
+  [[nodiscard]] Status Acquire() {
+    std::lock_guard<std::mutex> lock(manager_->mu_);
+    const PoolManagerOptions& options = manager_->options_;
+    if (options.memory_cap > 0 && manager_->used_ + needed_ > options.memory_cap) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "memory cap exceeded on backend ", options.backend, ": used ", manager_->used_,
+          " of cap ", options.memory_cap, " bytes, the pool needs ", needed_, " bytes"));
+    }
+    manager_->used_ += needed_;
+    held_ = true;
+    return absl::OkStatus();
+  }
+
+  /// The bytes now belong to the published pool: nothing is given back.
+  void Dismiss() { held_ = false; }
+
+ private:
+  PoolManager* manager_;
+  uint64_t needed_;
+  Pool* pool_;
+  bool held_ = false;
+};
+
+struct PoolManager::PendingPool {
+  PendingPool(const std::string& id, const ipc::PoolParams& params, const ipc::PoolLayout& layout,
+              bool cuda)
+      : id(id), params(params), layout(layout), needed(layout.total_bytes), cuda(cuda) {}
+
+  const std::string& id;
+  const ipc::PoolParams& params;
+  const ipc::PoolLayout layout;
+  const uint64_t needed;  ///< layout.total_bytes
+  const bool cuda;        ///< the cuda backend (else a sealed memfd on the host)
+  Pool pool;
+  std::vector<uint8_t> host_staging;  ///< a CUDA pool encoded on the host, before its copy
+  void* base = nullptr;               ///< where the encoder writes
+  kernels::Device write_device = kernels::Device::kCpu;
+  std::optional<ipc::PoolWriter> writer;
+  double prefill_ms = 0, encode_ms = 0;
+  Clock::time_point publish_start;  ///< for publish_ms
+
+  /// Fills pool.info from the parameters, the layout, the writer's fidelity and the timings.
+  void Describe(const std::string& model_name) {
+    ipc::PoolInfo& info = pool.info;
+    info.id = id;
+    info.model = model_name;
+    info.model_fingerprint = params.model_fingerprint;
+    info.architecture = params.architecture;
+    info.tokenizer_family = params.tokenizer_family;
+    info.codec = CodecLabel(params);
+    info.backend = pool.memory.backend;
+    info.tokens = params.tokens;
+    info.layers = params.layers;
+    info.kv_heads = params.kv_heads;
+    info.head_dim = params.head_dim;
+    info.total_bytes = needed;
+    info.key_codes = layout.key_codes;
+    info.key_scales = layout.key_scales;
+    info.value_codes = layout.value_codes;
+    info.value_norms = layout.value_norms;
+    info.overhead = layout.overhead;
+    SetFidelity(writer->key_rel_mse(), writer->value_rel_mse(), &info);
+    info.bf16_bytes = ipc::Bf16CacheBytes(params);
+    info.effective_ratio = static_cast<double>(info.bf16_bytes) / static_cast<double>(needed);
+    info.parent = params.parent_id;
+    info.parent_tokens = params.parent_tokens;
+    info.created_unix_ms = UnixMs();
+    info.prefill_ms = prefill_ms;
+    info.encode_ms = encode_ms;
+    info.origin = "prefill";
+  }
+};
+
+namespace {
+
+/// Logs why a create failed after its memory was reserved, and returns `why`.
+Status CreateFailed(const std::string& pool_id, Status why) {
+  if (why.code() == absl::StatusCode::kCancelled) {
+    spdlog::info("create of pool {} cancelled", pool_id.substr(0, 16));
+  } else {
+    spdlog::warn("create of pool {} failed: {}", pool_id.substr(0, 16), why.ToString());
+  }
+  return why;
+}
+
+}  // namespace
+
 StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEntry* entry,
                                           const std::string& pool_id, const ipc::PoolParams& params,
                                           const std::vector<int32_t>& ids,
@@ -731,223 +874,179 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
                                           const std::atomic<bool>* cancel,
                                           const ParentChain* chain) {
   POLYKV_ASSIGN_OR_RETURN(ipc::PoolLayout layout, ipc::ComputePoolLayout(params));
-  const uint64_t needed = layout.total_bytes;
-  const bool cuda = options_.backend == "cuda";
-  // Shown as "/memfd:<prefix without '/'><first 16 hex of id> (deleted)" in /proc/*/fd.
-  const std::string region_name =
-      (options_.shm_prefix.size() > 1 ? options_.shm_prefix.substr(1) : std::string("polykv-")) +
-      pool_id.substr(0, 16);
 
   // Hold the model first (one forward pass at a time): memory is reserved only by the
   // create that is about to prefill, never by creates waiting their turn.
-  {
-    std::unique_lock<std::mutex> lock(entry->run_state_mu);
-    while (entry->running) {
-      entry->run_cv.wait_for(lock, std::chrono::milliseconds(100));
-      if (Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
-    }
-    entry->running = true;
-  }
-  struct RunSlot {
-    ModelEntry* entry;
-    bool held = true;
-    void Release() {
-      if (!held) return;
-      held = false;
-      {
-        std::lock_guard<std::mutex> lock(entry->run_state_mu);
-        entry->running = false;
-      }
-      entry->run_cv.notify_one();
-    }
-    ~RunSlot() { Release(); }
-  } run{entry};
+  RunSlot run(entry);
+  POLYKV_RETURN_IF_ERROR(run.Acquire(*this, cancel));
   if (Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
 
-  // Reserve memory against the cap.
+  // Reserve memory against the cap; every way out before the publish gives it back.
+  PendingPool p(pool_id, params, layout, options_.backend == "cuda");
+  Reservation reservation(this, p.needed, &p.pool);
+  POLYKV_RETURN_IF_ERROR(reservation.Acquire());
+
+  if (Status s = FillPool(entry, ids, progress, cancel, chain, &run, &p); !s.ok()) {
+    return CreateFailed(pool_id, std::move(s));
+  }
+  p.Describe(model_name);
+  PersistPool(&p);
+  return PublishPool(&p, &reservation, progress, cancel, chain);
+}
+
+Status PoolManager::FillPool(ModelEntry* entry, const std::vector<int32_t>& ids,
+                             const ProgressFn& progress, const std::atomic<bool>* cancel,
+                             const ParentChain* chain, RunSlot* run, PendingPool* p) {
+  POLYKV_RETURN_IF_ERROR(AllocateRegion(*entry, p));
+  Clock::time_point t_encode;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (options_.memory_cap > 0 && used_ + needed > options_.memory_cap) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "memory cap exceeded on backend ", options_.backend, ": used ", used_, " of cap ",
-          options_.memory_cap, " bytes, the pool needs ", needed, " bytes"));
-    }
-    used_ += needed;
-  }
-  Pool pool;
-  auto release_reservation = [&](const Status& why) {
-    std::lock_guard<std::mutex> lock(mu_);
-    used_ -= needed;
-    pool.region.reset();  // the memfd goes away with its last descriptor
-    pool.arena.reset();
-    if (why.code() == absl::StatusCode::kCancelled) {
-      spdlog::info("create of pool {} cancelled", pool_id.substr(0, 16));
-    } else {
-      spdlog::warn("create of pool {} failed: {}", pool_id.substr(0, 16), why.ToString());
-    }
-    return why;
-  };
+    POLYKV_ASSIGN_OR_RETURN(model::PrefillResult prefill,
+                            PrefillForPool(entry, ids, progress, cancel, chain, p));
+    t_encode = Clock::now();
+    POLYKV_RETURN_IF_ERROR(EncodeLayers(prefill, ids, progress, cancel, p));
+  }  // the f32 K/V are freed before publishing
+  run->Release();
+  p->encode_ms = MsSince(t_encode);
+  return SealPool(progress, p);
+}
 
-  // Allocate the region.
-  std::vector<uint8_t> host_staging;
-  void* base = nullptr;
-  kernels::Device write_device = kernels::Device::kCpu;
-  if (cuda) {
-    auto arena = ipc::CudaArena::Allocate(needed);
-    if (!arena.ok()) return release_reservation(arena.status());
-    pool.arena.emplace(*std::move(arena));
-    if (entry->model->device().is_cuda()) {
-      base = pool.arena->data();
-      write_device = kernels::Device::kCuda;
+Status PoolManager::AllocateRegion(const ModelEntry& entry, PendingPool* p) {
+  if (p->cuda) {
+    POLYKV_ASSIGN_OR_RETURN(ipc::CudaArena arena, ipc::CudaArena::Allocate(p->needed));
+    p->pool.arena.emplace(std::move(arena));
+    if (entry.model->device().is_cuda()) {
+      p->base = p->pool.arena->data();
+      p->write_device = kernels::Device::kCuda;
     } else {
-      host_staging.resize(needed);
-      base = host_staging.data();
+      p->host_staging.resize(p->needed);
+      p->base = p->host_staging.data();
     }
-  } else {
-    // A sealed memfd: no name anyone could squat, nothing left behind when we die.
-    auto region = ipc::SealedRegion::Create(region_name, needed);
-    if (!region.ok()) return release_reservation(region.status());
-    pool.region.emplace(*std::move(region));
-    base = pool.region->writable_data();
+    return absl::OkStatus();
   }
+  // A sealed memfd: no name anyone could squat, nothing left behind when we die. Shown as
+  // "/memfd:<prefix without '/'><first 16 hex of id> (deleted)" in /proc/*/fd.
+  const std::string region_name =
+      (options_.shm_prefix.size() > 1 ? options_.shm_prefix.substr(1) : std::string("polykv-")) +
+      p->id.substr(0, 16);
+  POLYKV_ASSIGN_OR_RETURN(ipc::SealedRegion region,
+                          ipc::SealedRegion::Create(region_name, p->needed));
+  p->pool.region.emplace(std::move(region));
+  p->base = p->pool.region->writable_data();
+  return absl::OkStatus();
+}
 
-  // Prefill.
+StatusOr<model::PrefillResult> PoolManager::PrefillForPool(
+    ModelEntry* entry, const std::vector<int32_t>& ids, const ProgressFn& progress,
+    const std::atomic<bool>* cancel, const ParentChain* chain, PendingPool* p) {
   progress("prefill", 0, static_cast<int64_t>(ids.size()));
   for (int waited = 0; waited < options_.test_create_delay_ms; waited += 20) {
-    if (Cancelled(cancel)) return release_reservation(absl::CancelledError("create cancelled"));
+    if (Cancelled(cancel)) return absl::CancelledError("create cancelled");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   auto t0 = Clock::now();
-  model::PrefillResult prefill;
-  {
-    StatusOr<model::PrefillResult> r = absl::InternalError("prefill did not run");
-    try {
-      auto on_chunk = [&](int64_t done, int64_t total) {
-        if (Cancelled(cancel)) throw CreateCancelled();
-        progress("prefill", done, total);
-      };
-      r = chain != nullptr ? PrefillAfterParent(*entry->model, chain->views, chain->tokens, ids,
-                                                options_.prefill_chunk, on_chunk)
-                           : entry->model->Prefill(ids, options_.prefill_chunk, on_chunk);
-    } catch (const CreateCancelled&) {
-      r = absl::CancelledError("polykvd is shutting down: the create was cancelled");
-    } catch (const std::exception& e) {
-      r = absl::InternalError(absl::StrCat("prefill threw: ", e.what()));
-    }
-    if (!r.ok()) return release_reservation(r.status());
-    prefill = *std::move(r);
+  StatusOr<model::PrefillResult> r = absl::InternalError("prefill did not run");
+  try {
+    auto on_chunk = [&](int64_t done, int64_t total) {
+      if (Cancelled(cancel)) throw CreateCancelled();
+      progress("prefill", done, total);
+    };
+    r = chain != nullptr ? PrefillAfterParent(*entry->model, chain->views, chain->tokens, ids,
+                                              options_.prefill_chunk, on_chunk)
+                         : entry->model->Prefill(ids, options_.prefill_chunk, on_chunk);
+  } catch (const CreateCancelled&) {
+    r = absl::CancelledError("polykvd is shutting down: the create was cancelled");
+  } catch (const std::exception& e) {
+    r = absl::InternalError(absl::StrCat("prefill threw: ", e.what()));
   }
-  const double prefill_ms = MsSince(t0);
-  if (prefill.k.size() != params.layers || prefill.v.size() != params.layers) {
-    return release_reservation(absl::InternalError(
-        absl::StrCat("prefill returned ", prefill.k.size(), " layers, expected ", params.layers)));
+  if (!r.ok()) return r.status();
+  p->prefill_ms = MsSince(t0);
+  const uint32_t layers = p->params.layers;
+  if (r->k.size() != layers || r->v.size() != layers) {
+    return absl::InternalError(
+        absl::StrCat("prefill returned ", r->k.size(), " layers, expected ", layers));
   }
+  return r;
+}
 
-  // Encode.
-  t0 = Clock::now();
-  std::vector<uint8_t> id_bytes = Unhex(pool_id);
-  auto writer = ipc::PoolWriter::Create(base, needed, params, id_bytes, ids, write_device);
-  if (!writer.ok()) return release_reservation(writer.status());
+Status PoolManager::EncodeLayers(const model::PrefillResult& prefill,
+                                 const std::vector<int32_t>& ids, const ProgressFn& progress,
+                                 const std::atomic<bool>* cancel, PendingPool* p) {
+  const ipc::PoolParams& params = p->params;
+  std::vector<uint8_t> id_bytes = Unhex(p->id);
+  POLYKV_ASSIGN_OR_RETURN(
+      ipc::PoolWriter writer,
+      ipc::PoolWriter::Create(p->base, p->needed, params, id_bytes, ids, p->write_device));
+  p->writer.emplace(std::move(writer));
   for (uint32_t l = 0; l < params.layers; ++l) {
-    if (Cancelled(cancel)) return release_reservation(absl::CancelledError("create cancelled"));
+    if (Cancelled(cancel)) return absl::CancelledError("create cancelled");
     try {
       torch::Tensor k = prefill.k[l].contiguous();
       torch::Tensor v = prefill.v[l].contiguous();
       if (k.numel() != static_cast<int64_t>(params.kv_heads * params.tokens * params.head_dim) ||
           v.numel() != k.numel()) {
-        return release_reservation(
-            absl::InternalError(absl::StrCat("layer ", l, " K/V have ", k.numel(), "/", v.numel(),
-                                             " elements, expected [kv_heads][tokens][head_dim]")));
+        return absl::InternalError(
+            absl::StrCat("layer ", l, " K/V have ", k.numel(), "/", v.numel(),
+                         " elements, expected [kv_heads][tokens][head_dim]"));
       }
-      if (write_device == kernels::Device::kCpu && k.is_cuda()) {
+      if (p->write_device == kernels::Device::kCpu && k.is_cuda()) {
         k = k.cpu();
         v = v.cpu();
       }
-      auto dtype = DTypeOf(k.scalar_type());
-      if (!dtype.ok()) return release_reservation(dtype.status());
-      Status s = writer->WriteLayer(l, k.data_ptr(), v.data_ptr(), *dtype);
-      if (!s.ok()) {
-        return release_reservation(
-            Status(s.code(), absl::StrCat("encode layer ", l, ": ", s.message())));
-      }
+      POLYKV_ASSIGN_OR_RETURN(kernels::DType dtype, DTypeOf(k.scalar_type()));
+      Status s = p->writer->WriteLayer(l, k.data_ptr(), v.data_ptr(), dtype);
+      if (!s.ok()) return Status(s.code(), absl::StrCat("encode layer ", l, ": ", s.message()));
     } catch (const std::exception& e) {
-      return release_reservation(absl::InternalError(absl::StrCat("encode threw: ", e.what())));
+      return absl::InternalError(absl::StrCat("encode threw: ", e.what()));
     }
     progress("encode", l + 1, params.layers);
   }
-  prefill = model::PrefillResult();  // free the f32 K/V before publishing
-  run.Release();
-  const double encode_ms = MsSince(t0);
+  return absl::OkStatus();
+}
 
-  // Publish.
-  t0 = Clock::now();
+Status PoolManager::SealPool(const ProgressFn& progress, PendingPool* p) {
+  p->publish_start = Clock::now();
   progress("publish", 0, 1);
-  if (Status s = writer->Finalize(); !s.ok()) return release_reservation(s);
-  if (cuda && !host_staging.empty()) {
-    if (Status s = pool.arena->CopyFromHost(0, host_staging.data(), needed); !s.ok()) {
-      return release_reservation(s);
-    }
+  POLYKV_RETURN_IF_ERROR(p->writer->Finalize());
+  Pool& pool = p->pool;
+  if (p->cuda && !p->host_staging.empty()) {
+    POLYKV_RETURN_IF_ERROR(pool.arena->CopyFromHost(0, p->host_staging.data(), p->needed));
   }
-  pool.memory.backend = cuda ? "cuda" : "host";
-  pool.memory.size = needed;
-  if (cuda) {
-    auto h = pool.arena->Export(0, needed);
-    if (!h.ok()) return release_reservation(h.status());
-    pool.memory.cuda = *h;
-  } else {
-    // Seal, then check the payload once more: it is now immutable, and what agents will
-    // map is exactly what the checksum in the header describes.
-    if (Status s = pool.region->Seal(); !s.ok()) return release_reservation(s);
-    auto reader = ipc::PoolReader::Open(pool.region->data(), pool.region->size(),
-                                        /*verify_payload=*/true);
-    if (!reader.ok()) {
-      return release_reservation(Status(
-          absl::StatusCode::kDataLoss,
-          absl::StrCat("pool changed between encode and seal: ", reader.status().message())));
-    }
-    pool.memory.transport = "memfd";
-    pool.memory.fd_socket = options_.fd_socket;
+  pool.memory.backend = p->cuda ? "cuda" : "host";
+  pool.memory.size = p->needed;
+  if (p->cuda) {
+    POLYKV_ASSIGN_OR_RETURN(pool.memory.cuda, pool.arena->Export(0, p->needed));
+    return absl::OkStatus();
   }
-  ipc::PoolInfo& info = pool.info;
-  info.id = pool_id;
-  info.model = model_name;
-  info.model_fingerprint = params.model_fingerprint;
-  info.architecture = params.architecture;
-  info.tokenizer_family = params.tokenizer_family;
-  info.codec = CodecLabel(params);
-  info.backend = pool.memory.backend;
-  info.tokens = params.tokens;
-  info.layers = params.layers;
-  info.kv_heads = params.kv_heads;
-  info.head_dim = params.head_dim;
-  info.total_bytes = needed;
-  info.key_codes = layout.key_codes;
-  info.key_scales = layout.key_scales;
-  info.value_codes = layout.value_codes;
-  info.value_norms = layout.value_norms;
-  info.overhead = layout.overhead;
-  SetFidelity(writer->key_rel_mse(), writer->value_rel_mse(), &info);
-  info.bf16_bytes = ipc::Bf16CacheBytes(params);
-  info.effective_ratio = static_cast<double>(info.bf16_bytes) / static_cast<double>(needed);
-  info.parent = params.parent_id;
-  info.parent_tokens = params.parent_tokens;
-  info.created_unix_ms = UnixMs();
-  info.prefill_ms = prefill_ms;
-  info.encode_ms = encode_ms;
-  info.origin = "prefill";
+  // Seal, then check the payload once more: it is now immutable, and what agents will
+  // map is exactly what the checksum in the header describes.
+  POLYKV_RETURN_IF_ERROR(pool.region->Seal());
+  auto reader = ipc::PoolReader::Open(pool.region->data(), pool.region->size(),
+                                      /*verify_payload=*/true);
+  if (!reader.ok()) {
+    return Status(
+        absl::StatusCode::kDataLoss,
+        absl::StrCat("pool changed between encode and seal: ", reader.status().message()));
+  }
+  pool.memory.transport = "memfd";
+  pool.memory.fd_socket = options_.fd_socket;
+  return absl::OkStatus();
+}
+
+void PoolManager::PersistPool(PendingPool* p) {
   if (options_.store) {
     // Persist before publishing, so that an evict can never race the write. A pool that
     // cannot be written is still served (from memory only). Host pools are written from the
     // sealed memfd (the bytes agents will map), host-staged CUDA pools from the staging copy.
+    const std::string& pool_id = p->id;
     const void* persist_from = nullptr;
-    if (!cuda) {
-      persist_from = pool.region->data();
-    } else if (!host_staging.empty()) {
-      persist_from = host_staging.data();
+    if (!p->cuda) {
+      persist_from = p->pool.region->data();
+    } else if (!p->host_staging.empty()) {
+      persist_from = p->host_staging.data();
     }
     if (persist_from != nullptr) {
       auto tw = Clock::now();
-      if (Status s = options_.store->Save(info, persist_from, needed); !s.ok()) {
+      if (Status s = options_.store->Save(p->pool.info, persist_from, p->needed); !s.ok()) {
         spdlog::warn("pool {} is not persisted: {}", pool_id.substr(0, 16), s.ToString());
       } else {
         spdlog::debug("persisted pool {} in {:.1f} ms", pool_id.substr(0, 16), MsSince(tw));
@@ -956,25 +1055,31 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
       spdlog::info("pool {} was encoded on the device and is not persisted", pool_id.substr(0, 16));
     }
   }
-  host_staging = {};
+  p->host_staging = {};
+}
+
+StatusOr<CreateResult> PoolManager::PublishPool(PendingPool* p, Reservation* reservation,
+                                                const ProgressFn& progress,
+                                                const std::atomic<bool>* cancel,
+                                                const ParentChain* chain) {
+  const std::string& pool_id = p->id;
   CreateResult result;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (Cancelled(cancel)) {
-      used_ -= needed;
       return absl::CancelledError("polykvd is shutting down: the create was cancelled");
     }
-    if (chain != nullptr && pools_.count(params.parent_id) == 0) {
+    if (chain != nullptr && pools_.count(p->params.parent_id) == 0) {
       // Evicted meanwhile: a child without its parent cannot be attended to.
-      used_ -= needed;
       if (options_.store) options_.store->Remove(pool_id);
-      return absl::AbortedError(absl::StrCat("parent pool ", params.parent_id.substr(0, 16),
+      return absl::AbortedError(absl::StrCat("parent pool ", p->params.parent_id.substr(0, 16),
                                              " was evicted during the create of its child"));
     }
-    info.publish_ms = MsSince(t0);
-    pool.seq = ++seq_;
-    auto [it, inserted] = pools_.emplace(pool_id, std::move(pool));
+    p->pool.info.publish_ms = MsSince(p->publish_start);
+    p->pool.seq = ++seq_;
+    auto [it, inserted] = pools_.emplace(pool_id, std::move(p->pool));
     POLYKV_CHECK(inserted);
+    reservation->Dismiss();  // the bytes are the published pool's now
     result.info = InfoLocked(it->second);
     result.created = true;
   }

@@ -392,6 +392,43 @@ class PoolManager {
                                              const ProgressFn& progress,
                                              const std::atomic<bool>* cancel,
                                              const ParentChain* chain = nullptr);
+  // Build's steps (pool_manager.cc).
+  /// A create's hold on its model's forward pass (ModelEntry::running), released at the end
+  /// of its scope at the latest.
+  class RunSlot;
+  /// A create's reservation of memory against the cap: unless dismissed at the publish,
+  /// leaving its scope gives the bytes back and drops the half-made region.
+  class Reservation;
+  /// A pool between its reservation and its publish: region, staging copy, writer, timings.
+  struct PendingPool;
+  /// Allocate, prefill, encode (then hand back the model), seal: the pool ready to publish.
+  [[nodiscard]] Status FillPool(ModelEntry* entry, const std::vector<int32_t>& token_ids,
+                                const ProgressFn& progress, const std::atomic<bool>* cancel,
+                                const ParentChain* chain, RunSlot* run, PendingPool* p);
+  /// A sealed memfd (host) or a CUDA arena (plus a host staging copy when the model runs on
+  /// the host) of the pool's size, and where the encoder writes into it.
+  [[nodiscard]] Status AllocateRegion(const ModelEntry& entry, PendingPool* p);
+  /// Prefills `token_ids` (after the parent chain, if any); checks the layer count.
+  [[nodiscard]] StatusOr<model::PrefillResult> PrefillForPool(
+      ModelEntry* entry, const std::vector<int32_t>& token_ids, const ProgressFn& progress,
+      const std::atomic<bool>* cancel, const ParentChain* chain, PendingPool* p);
+  /// Encodes every layer of `prefill` into the pool's region (p->writer).
+  [[nodiscard]] Status EncodeLayers(const model::PrefillResult& prefill,
+                                    const std::vector<int32_t>& token_ids,
+                                    const ProgressFn& progress, const std::atomic<bool>* cancel,
+                                    PendingPool* p);
+  /// Finalizes the header, then seals and re-verifies the memfd (host) or copies and exports
+  /// the arena (cuda): fills p->pool.memory.
+  [[nodiscard]] Status SealPool(const ProgressFn& progress, PendingPool* p);
+  /// Writes the pool to the state folder (when there is one; a failure is only logged) and
+  /// frees the staging copy.
+  void PersistPool(PendingPool* p);
+  /// Inserts the pool into pools_ and dismisses the reservation; kCancelled on shutdown,
+  /// kAborted when the parent was evicted meanwhile.
+  [[nodiscard]] StatusOr<CreateResult> PublishPool(PendingPool* p, Reservation* reservation,
+                                                   const ProgressFn& progress,
+                                                   const std::atomic<bool>* cancel,
+                                                   const ParentChain* chain);
   /// Evicts `id` and its descendants (mu_ held); returns how many pools went.
   int EvictTreeLocked(const std::string& id);
   /// Full ids of the pools in memory whose parent is `id` (mu_ held).
