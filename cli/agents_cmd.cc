@@ -138,13 +138,229 @@ std::string OneLine(std::string s) {
   return s;
 }
 
+/// The finished agent processes of one `agents run`.
+struct AgentsRun {
+  int jobs = 0;     ///< agents alive at once
+  int threads = 0;  ///< compute threads per agent
+  std::vector<Child> children;
+  std::vector<Child> base;  ///< the baseline agent; empty with --no-baseline
+  double all_ms = 0;        ///< wall time of the N agents
+};
+
+/// What the N agents measured, summed over the ones that succeeded (peak RSS over all).
+struct AgentTotals {
+  int ok = 0;
+  uint64_t private_sum = 0, private_max = 0, rss_max = 0, mem_private_max = 0;
+  std::vector<double> ttft, attach, decode, tps;
+};
+
+/// Runs the N agents (`run->jobs` at once) on `questions` (cycled), then, unless
+/// --no-baseline, one agent alone with the re-prefill baseline; outputs go under `dir`.
+Status LaunchAgents(const AgentsArgs& a, const std::vector<std::string>& questions,
+                    const std::string& dir, AgentsRun* run) {
+  const std::string exe = SelfExe();
+  std::vector<Child>& children = run->children;
+  children.resize(a.n);
+  for (int i = 0; i < a.n; ++i) {
+    children[i].index = i;
+    children[i].prompt = questions[i % questions.size()];
+    children[i].out_path = dir + "/agent" + std::to_string(i) + ".out";
+    children[i].err_path = dir + "/agent" + std::to_string(i) + ".err";
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  POLYKV_RETURN_IF_ERROR(RunAll(children, run->jobs, [&](const Child& c) {
+    return AgentArgv(a, exe, c.prompt, run->threads, false);
+  }));
+  run->all_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+
+  // Baseline in the same run: one agent alone (same threads), pool path then re-prefill.
+  run->base.resize(a.baseline ? 1 : 0);
+  if (a.baseline) {
+    Child& b = run->base[0];
+    b.index = -1;
+    b.prompt = questions[0];
+    b.out_path = dir + "/baseline.out";
+    b.err_path = dir + "/baseline.err";
+    POLYKV_RETURN_IF_ERROR(RunAll(run->base, 1, [&](const Child& c) {
+      return AgentArgv(a, exe, c.prompt, run->threads, true);
+    }));
+  }
+  return absl::OkStatus();
+}
+
+/// Sums the agents' stats (see AgentTotals).
+AgentTotals CollectTotals(const std::vector<Child>& children) {
+  AgentTotals t;
+  for (const Child& c : children) {
+    t.rss_max = std::max(t.rss_max, c.max_rss_bytes);
+    if (!c.error.empty()) continue;
+    ++t.ok;
+    const json& s = c.result["stats"];
+    uint64_t pk = s.value("private_kv_bytes", uint64_t{0});
+    t.mem_private_max = std::max(t.mem_private_max, s.value("private_bytes", uint64_t{0}));
+    t.private_sum += pk;
+    t.private_max = std::max(t.private_max, pk);
+    t.ttft.push_back(s.value("ttft_ms", 0.0));
+    t.attach.push_back(s.value("attach_ms", 0.0));
+    t.decode.push_back(s.value("decode_ms", 0.0));
+    t.tps.push_back(s.value("tokens_per_s", 0.0));
+  }
+  return t;
+}
+
+/// The run's summary object (the "summary" of --json; the table reads the baseline from it).
+json Summary(const AgentsArgs& a, const polykv_pool_info& info, const AgentsRun& run,
+             const AgentTotals& t) {
+  const uint64_t n_bf16 = info.bf16_bytes * static_cast<uint64_t>(a.n);
+  const int concurrent = std::min(run.jobs, a.n);
+  json summary = {{"pool_id", info.id},
+                  {"codec", info.codec},
+                  {"document_tokens", info.tokens},
+                  {"agents", a.n},
+                  {"agents_ok", t.ok},
+                  {"jobs", run.jobs},
+                  {"threads_per_agent", run.threads},
+                  {"wall_ms", run.all_ms},
+                  {"pool_bytes", info.total_bytes},
+                  {"bf16_cache_bytes_per_agent", info.bf16_bytes},
+                  {"n_private_bf16_bytes", n_bf16},
+                  {"ratio_n_bf16_over_pool",
+                   info.total_bytes ? static_cast<double>(n_bf16) / info.total_bytes : 0.0},
+                  {"agents_private_kv_bytes_sum", t.private_sum},
+                  {"agents_private_kv_bytes_max", t.private_max},
+                  {"peak_concurrent_kv_bytes", info.total_bytes + t.private_max * concurrent},
+                  {"max_agent_peak_rss_bytes", t.rss_max},
+                  {"max_agent_private_bytes", t.mem_private_max},
+                  {"attend", a.attend},
+                  {"mean_attach_ms", Mean(t.attach)},
+                  {"mean_decode_ms", Mean(t.decode)},
+                  {"mean_ttft_ms", Mean(t.ttft)},
+                  {"mean_tokens_per_s", Mean(t.tps)}};
+  const std::vector<Child>& base = run.base;
+  if (a.baseline && base[0].error.empty() && base[0].result.contains("baseline")) {
+    const json& b = base[0].result["baseline"];
+    summary["solo_pool_ttft_ms"] = base[0].result["stats"].value("ttft_ms", 0.0);
+    summary["solo_prefill_ttft_ms"] = b.value("ttft_ms", 0.0);
+    summary["solo_prefill_ms"] = b.value("prefill_ms", 0.0);
+    summary["baseline_outputs_match"] = b.value("match", false);
+    summary["baseline_private_kv_bytes"] = b.value("private_kv_bytes", uint64_t{0});
+  } else if (a.baseline) {
+    summary["baseline_error"] = base[0].error;
+  }
+  return summary;
+}
+
+/// --json: the summary, every agent's result (or error) and the baseline's.
+void PrintJson(const AgentsArgs& a, const AgentsRun& run, const json& summary) {
+  json agents = json::array();
+  for (const Child& c : run.children) {
+    json j = {{"index", c.index},         {"prompt", c.prompt}, {"pid", c.pid},
+              {"exit_code", c.exit_code}, {"signal", c.signal}, {"peak_rss_bytes", c.max_rss_bytes},
+              {"wall_ms", c.wall_ms}};
+    if (c.error.empty())
+      j["result"] = c.result;
+    else
+      j["error"] = c.error;
+    agents.push_back(j);
+  }
+  json out = {{"summary", summary}, {"agents", agents}};
+  if (a.baseline) {
+    const Child& b = run.base[0];
+    out["baseline"] = b.error.empty() ? b.result : json{{"error", b.error}};
+  }
+  std::cout << out.dump(2) << std::endl;
+}
+
+/// Each agent's question and answer (token ids when there is no text), or why it failed.
+void PrintAnswers(const std::vector<Child>& children) {
+  for (const Child& c : children) {
+    std::printf("[agent %d] Q: %s\n", c.index, OneLine(c.prompt).c_str());
+    if (c.error.empty()) {
+      std::string ans = c.result.value("answer", std::string());
+      if (ans.empty()) {
+        ans.clear();
+        for (int id : c.result["answer_ids"]) ans += std::to_string(id) + " ";
+      }
+      std::printf("[agent %d] A: %s\n", c.index, OneLine(ans).c_str());
+    } else {
+      std::printf("[agent %d] FAILED: %s\n", c.index, c.error.c_str());
+    }
+  }
+}
+
+/// One row per agent: tokens, timings, throughput and memory.
+void PrintAgentTable(const AgentsArgs& a, const std::vector<Child>& children) {
+  std::printf("\n%-6s %-8s %7s %7s %9s %9s %9s %9s %8s %12s %12s %12s\n", "agent", "pid", "prompt",
+              "new", "attach", a.attend == "in-place" ? "view" : "decode", "TTFT", "gen", "tok/s",
+              "private KV", "private mem", "peak RSS");
+  std::printf("%-6s %-8s %7s %7s %9s %9s %9s %9s %8s %12s %12s %12s\n", "", "", "tokens", "tokens",
+              "ms", "ms", "ms", "ms", "", "MiB", "MiB", "MiB");
+  for (const Child& c : children) {
+    if (!c.error.empty()) {
+      std::printf("%-6d %-8d FAILED (%s)\n", c.index, static_cast<int>(c.pid), c.error.c_str());
+      continue;
+    }
+    const json& s = c.result["stats"];
+    std::printf("%-6d %-8d %7lld %7lld %9.1f %9.1f %9.1f %9.1f %8.1f %12.2f %12.1f %12.1f\n",
+                c.index, static_cast<int>(c.pid), s.value("prompt_tokens", 0LL),
+                s.value("new_tokens", 0LL), s.value("attach_ms", 0.0), s.value("decode_ms", 0.0),
+                s.value("ttft_ms", 0.0), s.value("generation_ms", 0.0),
+                s.value("tokens_per_s", 0.0), s.value("private_kv_bytes", uint64_t{0}) / 1048576.0,
+                s.value("private_bytes", uint64_t{0}) / 1048576.0, c.max_rss_bytes / 1048576.0);
+  }
+}
+
+/// The memory / TTFT figures of the run against N private bf16 caches and the baseline.
+void PrintFigures(const AgentsArgs& a, const polykv_pool_info& info, const AgentsRun& run,
+                  const AgentTotals& t, const json& summary) {
+  const uint64_t n_bf16 = info.bf16_bytes * static_cast<uint64_t>(a.n);
+  const int concurrent = std::min(run.jobs, a.n);
+  std::printf("\n%-58s %s\n", "figure", "value");
+  std::printf("%-58s %s (%s, %llu tokens, one copy for all agents)\n", "shared pool",
+              MiB(info.total_bytes).c_str(), info.codec, (unsigned long long)info.tokens);
+  std::printf("%-58s %s\n", "N private bf16 caches of the document (N x bf16)",
+              MiB(n_bf16).c_str());
+  std::printf("%-58s %.2fx\n", "ratio N x bf16 / pool",
+              info.total_bytes ? static_cast<double>(n_bf16) / info.total_bytes : 0.0);
+  std::printf("%-58s %s per agent (%s summed over %d agents)\n",
+              a.attend == "in-place" ? "agents' private KV (prompt + answer only, measured)"
+                                     : "agents' private decoded caches (measured)",
+              MiB(t.private_max).c_str(), MiB(t.private_sum).c_str(), t.ok);
+  std::printf("%-58s %s\n", "max agent private memory (smaps Private_*)",
+              MiB(t.mem_private_max).c_str());
+  std::printf("%-58s %s (pool + %d concurrent agents)\n", "peak KV bytes at once (-j bound)",
+              MiB(info.total_bytes + t.private_max * concurrent).c_str(), concurrent);
+  std::printf("%-58s %.1f MiB\n", "max agent peak RSS (wait4)", t.rss_max / 1048576.0);
+  std::printf("%-58s %.1f / %.1f / %.1f ms\n",
+              a.attend == "in-place" ? "mean attach / pool view / TTFT (N agents)"
+                                     : "mean attach / decode / TTFT (N agents)",
+              Mean(t.attach), Mean(t.decode), Mean(t.ttft));
+  if (summary.contains("solo_pool_ttft_ms")) {
+    const double pool_ttft = summary["solo_pool_ttft_ms"], pre = summary["solo_prefill_ttft_ms"];
+    std::printf("%-58s %.1f ms\n", "TTFT via pool, agent alone (attach+decode+prompt+1st)",
+                pool_ttft);
+    std::printf("%-58s %.1f ms (prefill %.1f ms)\n", "TTFT re-prefilling the document, same run",
+                pre, summary["solo_prefill_ms"].get<double>());
+    std::printf("%-58s %.2fx\n", "TTFT speedup (re-prefill / pool)",
+                pool_ttft > 0 ? pre / pool_ttft : 0.0);
+    std::printf("%-58s %s\n", "greedy outputs pool vs re-prefill",
+                summary["baseline_outputs_match"].get<bool>() ? "match" : "differ");
+  } else if (summary.contains("baseline_error")) {
+    std::printf("%-58s FAILED: %s\n", "baseline",
+                summary["baseline_error"].get<std::string>().c_str());
+  }
+  std::printf("%-58s %d of %d in %.1f s (-j %d, %d threads each)\n", "agents succeeded", t.ok, a.n,
+              run.all_ms / 1000.0, run.jobs, run.threads);
+}
+
 Status RunAgents(const AgentsArgs& a) {
   POLYKV_ASSIGN_OR_RETURN(polykv_pool_info info, FindPool(a));
   POLYKV_ASSIGN_OR_RETURN(std::vector<std::string> questions, ReadQuestions(a.questions));
   const int cores = std::max(1u, std::thread::hardware_concurrency());
-  const int jobs = a.jobs > 0 ? a.jobs : cores;
-  const int threads = a.threads > 0 ? a.threads : std::max(1, cores / jobs);
-  const std::string exe = SelfExe();
+  AgentsRun run;
+  run.jobs = a.jobs > 0 ? a.jobs : cores;
+  run.threads = a.threads > 0 ? a.threads : std::max(1, cores / run.jobs);
 
   char tmpl[] = "/tmp/polykv-agents-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
@@ -156,175 +372,19 @@ Status RunAgents(const AgentsArgs& a) {
       fs::remove_all(d, ec);
     }
   } cleanup{dir};
+  POLYKV_RETURN_IF_ERROR(LaunchAgents(a, questions, dir, &run));
 
-  std::vector<Child> children(a.n);
-  for (int i = 0; i < a.n; ++i) {
-    children[i].index = i;
-    children[i].prompt = questions[i % questions.size()];
-    children[i].out_path = dir + "/agent" + std::to_string(i) + ".out";
-    children[i].err_path = dir + "/agent" + std::to_string(i) + ".err";
-  }
-  auto t0 = std::chrono::steady_clock::now();
-  POLYKV_RETURN_IF_ERROR(RunAll(
-      children, jobs, [&](const Child& c) { return AgentArgv(a, exe, c.prompt, threads, false); }));
-  const double all_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-
-  // Baseline in the same run: one agent alone (same threads), pool path then re-prefill.
-  std::vector<Child> base(a.baseline ? 1 : 0);
-  if (a.baseline) {
-    base[0].index = -1;
-    base[0].prompt = questions[0];
-    base[0].out_path = dir + "/baseline.out";
-    base[0].err_path = dir + "/baseline.err";
-    POLYKV_RETURN_IF_ERROR(RunAll(
-        base, 1, [&](const Child& c) { return AgentArgv(a, exe, c.prompt, threads, true); }));
-  }
-
-  // ---- collect ----
-  int ok = 0;
-  uint64_t private_sum = 0, private_max = 0, rss_max = 0, mem_private_max = 0;
-  std::vector<double> ttft, attach, decode, tps;
-  for (const Child& c : children) {
-    rss_max = std::max(rss_max, c.max_rss_bytes);
-    if (!c.error.empty()) continue;
-    ++ok;
-    const json& s = c.result["stats"];
-    uint64_t pk = s.value("private_kv_bytes", uint64_t{0});
-    mem_private_max = std::max(mem_private_max, s.value("private_bytes", uint64_t{0}));
-    private_sum += pk;
-    private_max = std::max(private_max, pk);
-    ttft.push_back(s.value("ttft_ms", 0.0));
-    attach.push_back(s.value("attach_ms", 0.0));
-    decode.push_back(s.value("decode_ms", 0.0));
-    tps.push_back(s.value("tokens_per_s", 0.0));
-  }
-  const uint64_t n_bf16 = info.bf16_bytes * static_cast<uint64_t>(a.n);
-  const int concurrent = std::min(jobs, a.n);
-  json summary = {{"pool_id", info.id},
-                  {"codec", info.codec},
-                  {"document_tokens", info.tokens},
-                  {"agents", a.n},
-                  {"agents_ok", ok},
-                  {"jobs", jobs},
-                  {"threads_per_agent", threads},
-                  {"wall_ms", all_ms},
-                  {"pool_bytes", info.total_bytes},
-                  {"bf16_cache_bytes_per_agent", info.bf16_bytes},
-                  {"n_private_bf16_bytes", n_bf16},
-                  {"ratio_n_bf16_over_pool",
-                   info.total_bytes ? static_cast<double>(n_bf16) / info.total_bytes : 0.0},
-                  {"agents_private_kv_bytes_sum", private_sum},
-                  {"agents_private_kv_bytes_max", private_max},
-                  {"peak_concurrent_kv_bytes", info.total_bytes + private_max * concurrent},
-                  {"max_agent_peak_rss_bytes", rss_max},
-                  {"max_agent_private_bytes", mem_private_max},
-                  {"attend", a.attend},
-                  {"mean_attach_ms", Mean(attach)},
-                  {"mean_decode_ms", Mean(decode)},
-                  {"mean_ttft_ms", Mean(ttft)},
-                  {"mean_tokens_per_s", Mean(tps)}};
-  if (a.baseline && base[0].error.empty() && base[0].result.contains("baseline")) {
-    const json& b = base[0].result["baseline"];
-    summary["solo_pool_ttft_ms"] = base[0].result["stats"].value("ttft_ms", 0.0);
-    summary["solo_prefill_ttft_ms"] = b.value("ttft_ms", 0.0);
-    summary["solo_prefill_ms"] = b.value("prefill_ms", 0.0);
-    summary["baseline_outputs_match"] = b.value("match", false);
-    summary["baseline_private_kv_bytes"] = b.value("private_kv_bytes", uint64_t{0});
-  } else if (a.baseline) {
-    summary["baseline_error"] = base[0].error;
-  }
-
+  const AgentTotals totals = CollectTotals(run.children);
+  const json summary = Summary(a, info, run, totals);
   if (a.json_out) {
-    json agents = json::array();
-    for (const Child& c : children) {
-      json j = {{"index", c.index},    {"prompt", c.prompt},
-                {"pid", c.pid},        {"exit_code", c.exit_code},
-                {"signal", c.signal},  {"peak_rss_bytes", c.max_rss_bytes},
-                {"wall_ms", c.wall_ms}};
-      if (c.error.empty())
-        j["result"] = c.result;
-      else
-        j["error"] = c.error;
-      agents.push_back(j);
-    }
-    json out = {{"summary", summary}, {"agents", agents}};
-    if (a.baseline) {
-      out["baseline"] = base[0].error.empty() ? base[0].result : json{{"error", base[0].error}};
-    }
-    std::cout << out.dump(2) << std::endl;
+    PrintJson(a, run, summary);
   } else {
-    for (const Child& c : children) {
-      std::printf("[agent %d] Q: %s\n", c.index, OneLine(c.prompt).c_str());
-      if (c.error.empty()) {
-        std::string ans = c.result.value("answer", std::string());
-        if (ans.empty()) {
-          ans.clear();
-          for (int id : c.result["answer_ids"]) ans += std::to_string(id) + " ";
-        }
-        std::printf("[agent %d] A: %s\n", c.index, OneLine(ans).c_str());
-      } else {
-        std::printf("[agent %d] FAILED: %s\n", c.index, c.error.c_str());
-      }
-    }
-    std::printf("\n%-6s %-8s %7s %7s %9s %9s %9s %9s %8s %12s %12s %12s\n", "agent", "pid",
-                "prompt", "new", "attach", a.attend == "in-place" ? "view" : "decode", "TTFT",
-                "gen", "tok/s", "private KV", "private mem", "peak RSS");
-    std::printf("%-6s %-8s %7s %7s %9s %9s %9s %9s %8s %12s %12s %12s\n", "", "", "tokens",
-                "tokens", "ms", "ms", "ms", "ms", "", "MiB", "MiB", "MiB");
-    for (const Child& c : children) {
-      if (!c.error.empty()) {
-        std::printf("%-6d %-8d FAILED (%s)\n", c.index, static_cast<int>(c.pid), c.error.c_str());
-        continue;
-      }
-      const json& s = c.result["stats"];
-      std::printf("%-6d %-8d %7lld %7lld %9.1f %9.1f %9.1f %9.1f %8.1f %12.2f %12.1f %12.1f\n",
-                  c.index, static_cast<int>(c.pid), s.value("prompt_tokens", 0LL),
-                  s.value("new_tokens", 0LL), s.value("attach_ms", 0.0), s.value("decode_ms", 0.0),
-                  s.value("ttft_ms", 0.0), s.value("generation_ms", 0.0),
-                  s.value("tokens_per_s", 0.0),
-                  s.value("private_kv_bytes", uint64_t{0}) / 1048576.0,
-                  s.value("private_bytes", uint64_t{0}) / 1048576.0, c.max_rss_bytes / 1048576.0);
-    }
-    std::printf("\n%-58s %s\n", "figure", "value");
-    std::printf("%-58s %s (%s, %llu tokens, one copy for all agents)\n", "shared pool",
-                MiB(info.total_bytes).c_str(), info.codec, (unsigned long long)info.tokens);
-    std::printf("%-58s %s\n", "N private bf16 caches of the document (N x bf16)",
-                MiB(n_bf16).c_str());
-    std::printf("%-58s %.2fx\n", "ratio N x bf16 / pool",
-                info.total_bytes ? static_cast<double>(n_bf16) / info.total_bytes : 0.0);
-    std::printf("%-58s %s per agent (%s summed over %d agents)\n",
-                a.attend == "in-place" ? "agents' private KV (prompt + answer only, measured)"
-                                       : "agents' private decoded caches (measured)",
-                MiB(private_max).c_str(), MiB(private_sum).c_str(), ok);
-    std::printf("%-58s %s\n", "max agent private memory (smaps Private_*)",
-                MiB(mem_private_max).c_str());
-    std::printf("%-58s %s (pool + %d concurrent agents)\n", "peak KV bytes at once (-j bound)",
-                MiB(info.total_bytes + private_max * concurrent).c_str(), concurrent);
-    std::printf("%-58s %.1f MiB\n", "max agent peak RSS (wait4)", rss_max / 1048576.0);
-    std::printf("%-58s %.1f / %.1f / %.1f ms\n",
-                a.attend == "in-place" ? "mean attach / pool view / TTFT (N agents)"
-                                       : "mean attach / decode / TTFT (N agents)",
-                Mean(attach), Mean(decode), Mean(ttft));
-    if (summary.contains("solo_pool_ttft_ms")) {
-      const double pool_ttft = summary["solo_pool_ttft_ms"], pre = summary["solo_prefill_ttft_ms"];
-      std::printf("%-58s %.1f ms\n", "TTFT via pool, agent alone (attach+decode+prompt+1st)",
-                  pool_ttft);
-      std::printf("%-58s %.1f ms (prefill %.1f ms)\n", "TTFT re-prefilling the document, same run",
-                  pre, summary["solo_prefill_ms"].get<double>());
-      std::printf("%-58s %.2fx\n", "TTFT speedup (re-prefill / pool)",
-                  pool_ttft > 0 ? pre / pool_ttft : 0.0);
-      std::printf("%-58s %s\n", "greedy outputs pool vs re-prefill",
-                  summary["baseline_outputs_match"].get<bool>() ? "match" : "differ");
-    } else if (summary.contains("baseline_error")) {
-      std::printf("%-58s FAILED: %s\n", "baseline",
-                  summary["baseline_error"].get<std::string>().c_str());
-    }
-    std::printf("%-58s %d of %d in %.1f s (-j %d, %d threads each)\n", "agents succeeded", ok, a.n,
-                all_ms / 1000.0, jobs, threads);
+    PrintAnswers(run.children);
+    PrintAgentTable(a, run.children);
+    PrintFigures(a, info, run, totals, summary);
   }
-  if (ok != a.n) {
-    return absl::AbortedError(std::to_string(a.n - ok) + " of " + std::to_string(a.n) +
+  if (totals.ok != a.n) {
+    return absl::AbortedError(std::to_string(a.n - totals.ok) + " of " + std::to_string(a.n) +
                               " agents failed");
   }
   return absl::OkStatus();
