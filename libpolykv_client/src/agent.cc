@@ -59,6 +59,39 @@ bool IsConnectionError(const Status& s) {
          s.code() == absl::StatusCode::kDeadlineExceeded;
 }
 
+/// kInvalidArgument for an empty prompt or a token id outside [0, vocab).
+Status CheckPromptIds(absl::Span<const int32_t> prompt_ids, int32_t vocab) {
+  if (prompt_ids.empty())
+    return absl::InvalidArgumentError("empty prompt: give at least one token");
+  for (int32_t id : prompt_ids) {
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token id ", id, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+/// Whether an agent attends to a pool in place: asked for, the model's weights mapped (the
+/// split attention path) and the pool on the host.
+bool AttendsInPlace(Attend attend, const model::LlamaModel& model, const char* pool_backend) {
+  return attend == Attend::kInPlace && model.weight_storage() == model::WeightStorage::kMapped &&
+         std::string(pool_backend) == "host";
+}
+
+/// Records a generation in `result`: the answer (ids and, with a tokenizer, text) and its
+/// timings; TTFT adds the attach and decode times already in result->stats.
+void RecordAnswer(const PooledAgent& agent, model::GenerateResult gen, AgentResult* result) {
+  AgentStats& st = result->stats;
+  result->answer_ids = std::move(gen.tokens);
+  result->answer_text = agent.DecodeText(result->answer_ids);
+  st.prompt_first_token_ms = gen.first_token_ms;
+  st.ttft_ms = st.attach_ms + st.decode_ms + gen.first_token_ms;
+  st.generation_ms = gen.total_ms;
+  st.new_tokens = static_cast<int64_t>(result->answer_ids.size());
+  st.tokens_per_s = gen.total_ms > 0 ? st.new_tokens * 1000.0 / gen.total_ms : 0;
+}
+
 }  // namespace
 
 const char* AttendName(Attend a) { return a == Attend::kInPlace ? "in-place" : "decompressed"; }
@@ -137,6 +170,16 @@ struct PooledAgent::AttachedChain {
   int64_t tokens = 0;                              ///< positions of the whole chain
   uint64_t total_bytes = 0, bf16_bytes = 0;        ///< summed over the chain
   const polykv_pool_info& leaf() const { return infos.back(); }
+  /// Records the chain in `result` (after its prompt_ids): the leaf's codec, the document's
+  /// and the prompt's lengths and the pools' bytes.
+  void Describe(AgentResult* result) const {
+    AgentStats& st = result->stats;
+    st.document_tokens = tokens;
+    st.prompt_tokens = static_cast<int64_t>(result->prompt_ids.size());
+    st.pool_bytes = total_bytes;
+    st.pool_bf16_bytes = bf16_bytes;
+    result->codec = leaf().codec;
+  }
   /// The token ids of every pool, root first (positions 0 .. tokens - 1).
   StatusOr<std::vector<int32_t>> TokenIds() const {
     std::vector<int32_t> ids;
@@ -283,38 +326,22 @@ StatusOr<std::vector<int32_t>> PooledAgent::PoolTokenIds(std::string_view pool_i
 StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
                                        absl::Span<const int32_t> prompt_ids,
                                        const model::SamplingOptions& sampling) {
-  if (prompt_ids.empty())
-    return absl::InvalidArgumentError("empty prompt: give at least one token");
-  const model::ModelConfig& cfg = model_->config();
-  for (int32_t id : prompt_ids) {
-    if (id < 0 || id >= cfg.vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt token id ", id, " is outside the vocabulary [0, ", cfg.vocab, ")"));
-    }
-  }
+  POLYKV_RETURN_IF_ERROR(CheckPromptIds(prompt_ids, model_->config().vocab));
   AgentResult result;
   result.prompt_ids.assign(prompt_ids.begin(), prompt_ids.end());
   AgentStats& st = result.stats;
-  const std::string id(pool_id);
 
   // ---- attach the pool and its parent chain (connect lazily; a dead connection is rebuilt
   // on the next Run); every pool must come from this model ----
   auto t_attach = Clock::now();
   AttachedChain chain;
-  POLYKV_RETURN_IF_ERROR(AttachChain(id, &chain));
+  POLYKV_RETURN_IF_ERROR(AttachChain(std::string(pool_id), &chain));
   st.attach_ms = MsSince(t_attach);
-  const polykv_pool_info& info = chain.leaf();
-  st.document_tokens = chain.tokens;
-  st.prompt_tokens = static_cast<int64_t>(prompt_ids.size());
-  st.pool_bytes = chain.total_bytes;
-  st.pool_bf16_bytes = chain.bf16_bytes;
-  result.codec = info.codec;
+  chain.Describe(&result);
 
   // ---- the document's KV: views of the mapped pools, or decoded into a private cache ----
   auto t_decode = Clock::now();
-  const bool in_place = options_.attend == Attend::kInPlace &&
-                        model_->weight_storage() == model::WeightStorage::kMapped &&
-                        std::string(info.backend) == "host";
+  const bool in_place = AttendsInPlace(options_.attend, *model_, chain.leaf().backend);
   result.attend = in_place ? Attend::kInPlace : Attend::kDecompressed;
   const int64_t extra =
       static_cast<int64_t>(prompt_ids.size()) + std::max<int32_t>(sampling.max_new_tokens, 0) + 1;
@@ -325,13 +352,7 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
 
   // ---- generate after the document ----
   POLYKV_ASSIGN_OR_RETURN(model::GenerateResult gen, model_->Generate(cache, prompt_ids, sampling));
-  result.answer_ids = std::move(gen.tokens);
-  result.answer_text = DecodeText(result.answer_ids);
-  st.prompt_first_token_ms = gen.first_token_ms;
-  st.ttft_ms = st.attach_ms + st.decode_ms + gen.first_token_ms;
-  st.generation_ms = gen.total_ms;
-  st.new_tokens = static_cast<int64_t>(result.answer_ids.size());
-  st.tokens_per_s = gen.total_ms > 0 ? st.new_tokens * 1000.0 / gen.total_ms : 0;
+  RecordAnswer(*this, std::move(gen), &result);
   st.private_kv_bytes = std::max<uint64_t>(st.private_kv_bytes, CacheBytes(cache));
   st.memory = ReadProcessMemory();
   if (hooks_.before_detach) hooks_.before_detach();
@@ -361,9 +382,7 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
   const std::string id(pool_id);
   AttachedChain chain;
   POLYKV_RETURN_IF_ERROR(AttachChain(id, &chain));
-  const bool in_place = options_.attend == Attend::kInPlace &&
-                        model_->weight_storage() == model::WeightStorage::kMapped &&
-                        std::string(chain.leaf().backend) == "host";
+  const bool in_place = AttendsInPlace(options_.attend, *model_, chain.leaf().backend);
   AgentStats st;
   model::KvCache cache;
   POLYKV_RETURN_IF_ERROR(
