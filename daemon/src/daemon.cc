@@ -22,12 +22,12 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
 #include <thread>
 #include <zmq.hpp>
-#include <zmq_addon.hpp>
 
 #ifdef POLYKV_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -42,8 +42,10 @@
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
 #include "polykv/ipc/shm_region.h"
+#include "polykv/ipc/zmq_frames.h"
 #include "polykv/model/llama.h"
 #include "pool_store.h"
+#include "serve_guarded.h"
 
 #ifndef POLYKV_VERSION
 #define POLYKV_VERSION "0.0.0"
@@ -105,16 +107,13 @@ StatusOr<ipc::Reply> Probe(const std::string& endpoint, int timeout_ms) {
     ipc::Request ping;
     ping.type = ipc::MessageType::kPing;
     ping.id = 1;
-    std::string frame = ipc::EncodeRequest(ping);
-    s.send(zmq::message_t(), zmq::send_flags::sndmore);
-    s.send(zmq::buffer(frame), zmq::send_flags::none);
+    POLYKV_RETURN_IF_ERROR(
+        ipc::SendDealerRequest(s, ipc::EncodeRequest(ping), /*dontwait=*/false).status());
     zmq::pollitem_t item{static_cast<void*>(s), 0, ZMQ_POLLIN, 0};
     zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms));
     if (!(item.revents & ZMQ_POLLIN)) return absl::DeadlineExceededError("no reply");
-    std::vector<zmq::message_t> parts;
-    (void)zmq::recv_multipart(s, std::back_inserter(parts));
-    if (parts.empty()) return absl::DataLossError("empty reply");
-    return ipc::DecodeReply(parts.back().to_string_view());
+    POLYKV_ASSIGN_OR_RETURN(const std::string payload, ipc::RecvDealerReply(s, /*dontwait=*/false));
+    return ipc::DecodeReply(payload);
   } catch (const zmq::error_t& e) {
     return absl::UnavailableError(e.what());
   }
@@ -492,18 +491,15 @@ void CreateWorker(std::shared_ptr<CreateShared> shared, std::shared_ptr<std::ato
       p.total = total;
       shared->Post(CreateEvent{job.key, std::move(p), false});
     };
-    StatusOr<CreateResult> result = absl::InternalError("create did not run");
-    const auto t0 = Clock::now();
-    ipc::Reply r;
-    r.type = req.type;
-    r.id = req.id;
-    try {
-      if (req.type == ipc::MessageType::kCreatePool) {
-        result = shared->manager->CreatePool(req, progress, job.who, job.cancel.get());
-      } else {
-        // FETCH, or an ATTACH of a pool this daemon does not hold: replicate from a peer.
-        result = shared->manager->Replicate(req.pool_id, job.cancel.get(), progress);
-      }
+    ipc::Reply reply = ServeGuarded(req, shared->metrics.get(), [&] {
+      ipc::Reply r;
+      r.type = req.type;
+      r.id = req.id;
+      // CREATE_POOL; or FETCH, or an ATTACH of a pool this daemon does not hold: replicate.
+      StatusOr<CreateResult> result =
+          req.type == ipc::MessageType::kCreatePool
+              ? shared->manager->CreatePool(req, progress, job.who, job.cancel.get())
+              : shared->manager->Replicate(req.pool_id, job.cancel.get(), progress);
       if (result.ok() && req.type == ipc::MessageType::kAttach) {
         auto g = shared->manager->Attach(result->info.id, req.client_pid);
         if (!g.ok()) {
@@ -516,22 +512,15 @@ void CreateWorker(std::shared_ptr<CreateShared> shared, std::shared_ptr<std::ato
           result->info = g->info;
         }
       }
-    } catch (const std::exception& e) {
-      result = absl::InternalError(
-          absl::StrCat(std::string(ipc::MessageTypeName(req.type)), " threw: ", e.what()));
-    }
-    if (result.ok()) {
+      if (!result.ok()) return ipc::ErrorReply(req.type, req.id, result.status());
       r.pool = result->info;
       r.created = result->created;
       if (result->created && !result->restored && !result->replicated) {
         shared->metrics->AddPrefillTokens(result->info.tokens);
       }
-    } else {
-      r = ipc::ErrorReply(req.type, req.id, result.status());
-    }
-    shared->metrics->ObserveRequest(req.type, r,
-                                    std::chrono::duration<double>(Clock::now() - t0).count());
-    shared->Post(CreateEvent{job.key, std::move(r), true});
+      return r;
+    });
+    shared->Post(CreateEvent{job.key, std::move(reply), true});
     {
       std::lock_guard<std::mutex> lock(shared->mu);
       --shared->running;
@@ -603,48 +592,65 @@ struct Daemon::Impl {
   void DaemonFigures(ipc::Reply* r);
   void StartCreate(std::string identity, bool delimiter, ipc::Request req, Requester who);
   void Shutdown();
+
+  // Daemon::Start's steps, in the order it runs them. A step that fails returns the error
+  // Start returns; the Impl's destructor (Shutdown) then undoes what the earlier steps did.
+  /// Resolves --backend (auto: cuda when usable), checks the limits, sets up the roles and
+  /// libtorch's threads. Returns the backend ("host" or "cuda").
+  [[nodiscard]] StatusOr<std::string> CheckOptions(const DaemonOptions& o);
+  /// ipc:// only: the socket folder, a live daemon on the endpoint (kAlreadyExists), a stale
+  /// socket or pid file, the shm segments of older versions.
+  [[nodiscard]] Status ClaimEndpoint(const DaemonOptions& o);
+  /// The pool-descriptor socket's path (--fd-socket, <socket>.fds, or one under /tmp).
+  [[nodiscard]] Status ChooseFdPath(const DaemonOptions& o);
+  /// The pool manager's options; opens the state folder (--state-dir) into `store`.
+  [[nodiscard]] StatusOr<PoolManagerOptions> ConfigurePools(const DaemonOptions& o,
+                                                            const std::string& backend);
+  /// Starts the ZAP handler and binds the control ROUTER (kUnavailable when binding fails).
+  [[nodiscard]] Status BindControlSocket();
+  /// The pool manager and the state the create workers share with the control loop.
+  void StartPools(PoolManagerOptions pm);
+  /// The peer channel (--listen / --peer), when configured.
+  [[nodiscard]] Status StartPeers(const DaemonOptions& o);
+  /// The create queue's wake-up eventfd and the create worker threads.
+  [[nodiscard]] Status StartWorkers(const DaemonOptions& o);
+  /// The pool-descriptor socket (readers and operators may map pools).
+  [[nodiscard]] Status StartFdServer(const DaemonOptions& o);
+  /// GET /metrics (--metrics-listen), when configured.
+  [[nodiscard]] Status StartMetricsServer(const DaemonOptions& o);
+  /// --preload: restores every persisted pool now.
+  void PreloadPools(const DaemonOptions& o);
+  /// ipc:// only: the socket's mode and group, and the pid file.
+  void PublishSocket(const DaemonOptions& o);
 };
 
 void Daemon::Impl::ZapLoop(zmq::socket_t zap) {
   // ZAP (RFC 27): we accept every handshake and pass the peer's "uid:gid:pid" (from
   // SO_PEERCRED, which libzmq appends to the ipc peer address) as the User-Id, so the main
   // loop can answer refused uids with a clear PERMISSION_DENIED error.
+  auto accept = [](const ipc::ZapRequest& request) {
+    ipc::ZapReply reply;
+    reply.user_id = ipc::CredentialsUserId(request.address);
+    return reply;
+  };
   while (!zap_stop.load()) {
     zmq::pollitem_t item{static_cast<void*>(zap), 0, ZMQ_POLLIN, 0};
+    Status s;
     try {
       zmq::poll(&item, 1, std::chrono::milliseconds(100));
-      if (!(item.revents & ZMQ_POLLIN)) continue;
-      std::vector<zmq::message_t> req;
-      if (!zmq::recv_multipart(zap, std::back_inserter(req))) continue;
-      std::string request_id = req.size() > 1 ? req[1].to_string() : "";
-      std::string address = req.size() > 3 ? req[3].to_string() : "";
-      std::string user_id;
-      std::vector<std::string> parts = absl::StrSplit(address, ':');
-      if (parts.size() >= 4) {
-        user_id = absl::StrCat(parts[parts.size() - 3], ":", parts[parts.size() - 2], ":",
-                               parts[parts.size() - 1]);
-      }
-      std::array<zmq::const_buffer, 6> reply = {
-          zmq::str_buffer("1.0"), zmq::buffer(request_id), zmq::str_buffer("200"),
-          zmq::str_buffer("OK"),  zmq::buffer(user_id),    zmq::const_buffer(nullptr, 0)};
-      (void)zmq::send_multipart(zap, reply);
     } catch (const zmq::error_t& e) {
-      if (e.num() == ETERM) break;
-      if (e.num() != EINTR) spdlog::warn("ZAP handler: {}", e.what());
+      s = ipc::ZmqErrorStatus(e);
     }
+    if (s.ok() && (item.revents & ZMQ_POLLIN)) s = ipc::ServeZapRequest(zap, accept);
+    if (absl::IsCancelled(s)) break;  // ETERM: the context is shutting down
+    if (!s.ok() && !absl::IsAborted(s)) spdlog::warn("ZAP handler: {}", std::string(s.message()));
   }
 }
 
 void Daemon::Impl::Send(const std::string& identity, bool delimiter, ipc::Reply reply) {
   reply.instance = instance;
-  const std::string payload = ipc::EncodeReply(reply);
-  try {
-    router->send(zmq::buffer(identity), zmq::send_flags::sndmore);
-    if (delimiter) router->send(zmq::message_t(), zmq::send_flags::sndmore);
-    router->send(zmq::buffer(payload), zmq::send_flags::none);
-  } catch (const zmq::error_t& e) {
-    spdlog::warn("send reply: {}", e.what());
-  }
+  Status s = ipc::SendRouterReply(*router, identity, delimiter, ipc::EncodeReply(reply));
+  if (!s.ok()) spdlog::warn("send reply: {}", std::string(s.message()));
 }
 
 void Daemon::Impl::DaemonFigures(ipc::Reply* r) {
@@ -821,43 +827,27 @@ void Daemon::Impl::Heartbeats() {
 
 void Daemon::Impl::HandleRouter() {
   for (int i = 0; i < 256; ++i) {
-    std::vector<zmq::message_t> parts;
-    std::optional<size_t> n;
-    try {
-      n = zmq::recv_multipart(*router, std::back_inserter(parts), zmq::recv_flags::dontwait);
-    } catch (const zmq::error_t& e) {
-      spdlog::warn("receive: {}", e.what());
+    StatusOr<std::optional<ipc::RouterMessage>> received = ipc::RecvRouterMessage(*router);
+    if (!received.ok()) {
+      spdlog::warn("receive: {}", std::string(received.status().message()));
       return;
     }
-    if (!n) return;
-    if (parts.size() < 2) continue;  // identity only: nothing to answer
-    const std::string identity = parts[0].to_string();
-    bool delimiter = parts.size() >= 3 && parts[1].size() == 0;
-    const size_t body_frames = parts.size() - 1 - (delimiter ? 1 : 0);
-    zmq::message_t& payload = parts.back();
-    if (body_frames != 1) {
-      SendRefusal(
-          identity, delimiter,
-          ipc::ErrorReply(ipc::MessageType::kError, 0,
-                          absl::InvalidArgumentError(absl::StrCat(
-                              "expected one JSON frame after the delimiter, got ", body_frames))));
+    if (!received->has_value()) return;
+    const ipc::RouterMessage& message = **received;
+    if (message.body_frames == 0) continue;  // identity only: nothing to answer
+    const std::string& identity = message.identity;
+    const bool delimiter = message.delimiter;
+    if (Status one = message.CheckOneBody(); !one.ok()) {
+      SendRefusal(identity, delimiter, ipc::ErrorReply(ipc::MessageType::kError, 0, one));
       continue;
     }
     // Peer credentials (ipc endpoints): "uid:gid:pid" from the ZAP handler.
-    uint32_t peer_uid = 0, peer_gid = 0, peer_pid = 0;
-    bool have_cred = false;
-    try {
-      std::string user = payload.gets("User-Id");
-      std::vector<std::string> f = absl::StrSplit(user, ':');
-      if (f.size() == 3) {
-        peer_uid = static_cast<uint32_t>(std::stoul(f[0]));
-        peer_gid = static_cast<uint32_t>(std::stoul(f[1]));
-        peer_pid = static_cast<uint32_t>(std::stoul(f[2]));
-        have_cred = true;
-      }
-    } catch (const std::exception&) {
-    }
-    std::string_view frame(static_cast<const char*>(payload.data()), payload.size());
+    const std::optional<ipc::PeerCredentials> cred = ipc::CredentialsOf(message.body);
+    const bool have_cred = cred.has_value();
+    const uint32_t peer_uid = have_cred ? cred->uid : 0;
+    const uint32_t peer_gid = have_cred ? cred->gid : 0;
+    const uint32_t peer_pid = have_cred ? cred->pid : 0;
+    const std::string_view frame = message.json();
     Roles::Role role = Roles::kOperator;  // tcp: no credentials to check (see Start)
     if (!ipc_path.empty()) {
       role = have_cred ? roles->Of(peer_uid, peer_gid) : Roles::kNone;
@@ -920,17 +910,8 @@ void Daemon::Impl::HandleRouter() {
       StartCreate(identity, delimiter, *std::move(req), who);
       continue;
     }
-    ipc::Reply reply;
-    const auto t0 = Clock::now();
-    try {
-      reply = Dispatch(*req, peer_pid);
-    } catch (const std::exception& e) {
-      reply = ipc::ErrorReply(req->type, req->id,
-                              absl::InternalError(absl::StrCat("internal error: ", e.what())));
-    }
-    metrics->ObserveRequest(req->type, reply,
-                            std::chrono::duration<double>(Clock::now() - t0).count());
-    Send(identity, delimiter, reply);
+    Send(identity, delimiter,
+         ServeGuarded(*req, metrics.get(), [&] { return Dispatch(*req, peer_pid); }));
   }
 }
 
@@ -1026,13 +1007,7 @@ const std::string& Daemon::fd_socket() const { return impl_->fd_path; }
 int Daemon::workers_left_behind() const { return impl_->left_behind; }
 PoolManager& Daemon::pools() { return *impl_->manager; }
 
-StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
-  auto impl = std::make_unique<Impl>();
-  impl->endpoint = o.endpoint.empty() ? ipc::DefaultEndpoint() : o.endpoint;
-  impl->ipc_path = IpcPath(impl->endpoint);
-  impl->instance = RandomInstanceId();
-
-  // Backend.
+StatusOr<std::string> Daemon::Impl::CheckOptions(const DaemonOptions& o) {
   std::string backend = o.backend;
   if (backend == "auto") {
     backend = ipc::CudaAvailable() ? "cuda" : "host";
@@ -1047,86 +1022,89 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   if (o.create_workers < 1) return absl::InvalidArgumentError("create workers must be >= 1");
   if (o.max_queued_creates < 0)
     return absl::InvalidArgumentError("max queued creates must be >= 0");
-  impl->roles = std::make_unique<Roles>(o);
+  roles = std::make_unique<Roles>(o);
   if (o.threads >= 0) model::SetComputeThreads(o.threads);
+  return backend;
+}
 
-  // Live daemon / stale sockets / legacy segments.
-  if (!impl->ipc_path.empty()) {
-    const std::string& path = impl->ipc_path;
-    if (path.size() > 100) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ipc socket path ", path, " is too long (max ~100 chars)"));
-    }
-    impl->pid_path = path + ".pid";
-    impl->legacy_segments_path = path + ".segments";
-    const std::string dir = path.rfind('/') == 0 ? "/" : path.substr(0, path.rfind('/'));
-    POLYKV_RETURN_IF_ERROR(MkdirP(dir));
-    POLYKV_RETURN_IF_ERROR(CheckSocketFolder(dir));
-    struct stat st;
-    if (lstat(path.c_str(), &st) == 0) {
-      if (!S_ISSOCK(st.st_mode)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
-      }
-      auto pong = Probe(impl->endpoint, 500);
-      if (pong.ok()) {
-        return absl::AlreadyExistsError(absl::StrCat("another polykvd (pid ", pong->daemon_pid,
-                                                     ") is serving ", impl->endpoint));
-      }
-      spdlog::warn("removing stale socket {} (no daemon answered)", path);
-      unlink(path.c_str());
-    }
-    std::ifstream pidf(impl->pid_path);
-    pid_t old_pid = 0;
-    std::string old_comm;
-    if (pidf >> old_pid) {
-      std::getline(pidf >> std::ws, old_comm);
-      if (old_pid != getpid() && PidAlive(old_pid) && ProcComm(old_pid) == old_comm) {
-        return absl::AlreadyExistsError(absl::StrCat("polykvd pid ", old_pid, " (", impl->pid_path,
-                                                     ") is alive but not answering on ",
-                                                     impl->endpoint, "; stop it first"));
-      }
-      spdlog::warn(
-          "previous polykvd (pid {}) died; its pools were sealed memfds and went "
-          "with it",
-          old_pid);
-    }
-    // Older polykvd versions kept pools as named POSIX shm segments and listed them in
-    // <socket>.segments: remove the ones with our prefix (any prefix, not only /polykv).
-    if (std::ifstream segf(impl->legacy_segments_path); segf) {
-      std::string name;
-      int removed = 0;
-      while (std::getline(segf, name)) {
-        if (name.size() <= o.shm_prefix.size() || name.rfind(o.shm_prefix, 0) != 0) continue;
-        if (ipc::ShmRegion::Remove(name).ok()) ++removed;
-      }
-      spdlog::warn("removed {} stale shm segment(s) with prefix {} listed by an older polykvd",
-                   removed, o.shm_prefix);
-      segf.close();
-      unlink(impl->legacy_segments_path.c_str());
-    }
-  } else {
-    spdlog::warn("endpoint {} is not ipc://: peer uids cannot be checked", impl->endpoint);
+Status Daemon::Impl::ClaimEndpoint(const DaemonOptions& o) {
+  if (ipc_path.empty()) {
+    spdlog::warn("endpoint {} is not ipc://: peer uids cannot be checked", endpoint);
+    return absl::OkStatus();
   }
-  if (o.models_dirs.empty()) {
-    spdlog::info("no --models-dir: only uid {} and root may name model files", getuid());
+  const std::string& path = ipc_path;
+  if (path.size() > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ipc socket path ", path, " is too long (max ~100 chars)"));
   }
+  pid_path = path + ".pid";
+  legacy_segments_path = path + ".segments";
+  const std::string dir = path.rfind('/') == 0 ? "/" : path.substr(0, path.rfind('/'));
+  POLYKV_RETURN_IF_ERROR(MkdirP(dir));
+  POLYKV_RETURN_IF_ERROR(CheckSocketFolder(dir));
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
+    }
+    auto pong = Probe(endpoint, 500);
+    if (pong.ok()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("another polykvd (pid ", pong->daemon_pid, ") is serving ", endpoint));
+    }
+    spdlog::warn("removing stale socket {} (no daemon answered)", path);
+    unlink(path.c_str());
+  }
+  std::ifstream pidf(pid_path);
+  pid_t old_pid = 0;
+  std::string old_comm;
+  if (pidf >> old_pid) {
+    std::getline(pidf >> std::ws, old_comm);
+    if (old_pid != getpid() && PidAlive(old_pid) && ProcComm(old_pid) == old_comm) {
+      return absl::AlreadyExistsError(absl::StrCat("polykvd pid ", old_pid, " (", pid_path,
+                                                   ") is alive but not answering on ", endpoint,
+                                                   "; stop it first"));
+    }
+    spdlog::warn(
+        "previous polykvd (pid {}) died; its pools were sealed memfds and went "
+        "with it",
+        old_pid);
+  }
+  // Older polykvd versions kept pools as named POSIX shm segments and listed them in
+  // <socket>.segments: remove the ones with our prefix (any prefix, not only /polykv).
+  if (std::ifstream segf(legacy_segments_path); segf) {
+    std::string name;
+    int removed = 0;
+    while (std::getline(segf, name)) {
+      if (name.size() <= o.shm_prefix.size() || name.rfind(o.shm_prefix, 0) != 0) continue;
+      if (ipc::ShmRegion::Remove(name).ok()) ++removed;
+    }
+    spdlog::warn("removed {} stale shm segment(s) with prefix {} listed by an older polykvd",
+                 removed, o.shm_prefix);
+    segf.close();
+    unlink(legacy_segments_path.c_str());
+  }
+  return absl::OkStatus();
+}
 
-  // Pool-descriptor socket path.
-  impl->fd_path = o.fd_socket;
-  if (impl->fd_path.empty()) {
-    if (!impl->ipc_path.empty()) {
-      impl->fd_path = impl->ipc_path + ".fds";
-    } else {
-      const std::string dir = absl::StrCat("/tmp/polykv-", getuid());
-      POLYKV_RETURN_IF_ERROR(MkdirP(dir));
-      POLYKV_RETURN_IF_ERROR(CheckSocketFolder(dir));
-      chmod(dir.c_str(), 0700);
-      impl->fd_path = absl::StrCat(dir, "/polykvd-", getpid(), ".fds");
-    }
+Status Daemon::Impl::ChooseFdPath(const DaemonOptions& o) {
+  fd_path = o.fd_socket;
+  if (!fd_path.empty()) return absl::OkStatus();
+  if (!ipc_path.empty()) {
+    fd_path = ipc_path + ".fds";
+    return absl::OkStatus();
   }
+  const std::string dir = absl::StrCat("/tmp/polykv-", getuid());
+  POLYKV_RETURN_IF_ERROR(MkdirP(dir));
+  POLYKV_RETURN_IF_ERROR(CheckSocketFolder(dir));
+  chmod(dir.c_str(), 0700);
+  fd_path = absl::StrCat(dir, "/polykvd-", getpid(), ".fds");
+  return absl::OkStatus();
+}
 
-  // Pools.
+StatusOr<PoolManagerOptions> Daemon::Impl::ConfigurePools(const DaemonOptions& o,
+                                                          const std::string& backend) {
   PoolManagerOptions pm;
   pm.backend = backend;
   pm.memory_cap = o.memory_cap;
@@ -1134,102 +1112,145 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   pm.model_path = o.model_path;
   pm.models_dirs = o.models_dirs;
   pm.shm_prefix = o.shm_prefix;
-  pm.fd_socket = impl->fd_path;
+  pm.fd_socket = fd_path;
   pm.loader = o.loader;
   pm.threads = o.threads;
   pm.model_cache_models = o.model_cache_models;
   pm.model_cache_bytes = o.model_cache_bytes;
   pm.test_create_delay_ms = o.test_create_delay_ms;
-
   // Persisted pools.
   if (!o.state_dir.empty()) {
-    auto store = PoolStore::Open(o.state_dir, o.state_budget);
-    if (!store.ok()) return store.status();
-    impl->store = std::shared_ptr<PoolStore>(*std::move(store));
-    pm.store = impl->store.get();
+    POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<PoolStore> opened,
+                            PoolStore::Open(o.state_dir, o.state_budget));
+    store = std::shared_ptr<PoolStore>(std::move(opened));
+    pm.store = store.get();
   } else if (o.preload || o.state_budget) {
     return absl::InvalidArgumentError("--preload and --state-budget need --state-dir");
   }
+  return pm;
+}
 
-  // Sockets.
+Status Daemon::Impl::BindControlSocket() {
   try {
-    zmq::socket_t zap(impl->ctx, zmq::socket_type::rep);
+    zmq::socket_t zap(ctx, zmq::socket_type::rep);
     zap.bind(kZapEndpoint);
-    impl->zap_thread = std::thread(&Impl::ZapLoop, impl.get(), std::move(zap));
-    impl->router = std::make_unique<zmq::socket_t>(impl->ctx, zmq::socket_type::router);
-    impl->router->set(zmq::sockopt::zap_domain, "polykv");
-    impl->router->set(zmq::sockopt::maxmsgsize, kZmqMaxMsgSize);
-    impl->router->set(zmq::sockopt::linger, 0);
-    impl->router->set(zmq::sockopt::sndhwm, 10000);
-    impl->router->bind(impl->endpoint);
-    impl->owns_files = true;
+    zap_thread = std::thread(&Impl::ZapLoop, this, std::move(zap));
+    router = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::router);
+    router->set(zmq::sockopt::zap_domain, "polykv");
+    router->set(zmq::sockopt::maxmsgsize, kZmqMaxMsgSize);
+    router->set(zmq::sockopt::linger, 0);
+    router->set(zmq::sockopt::sndhwm, 10000);
+    router->bind(endpoint);
+    owns_files = true;
   } catch (const zmq::error_t& e) {
-    return absl::UnavailableError(absl::StrCat("cannot bind ", impl->endpoint, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat("cannot bind ", endpoint, ": ", e.what()));
   }
-  impl->manager = std::make_shared<PoolManager>(std::move(pm));
-  impl->creates = std::make_shared<CreateShared>();
-  impl->creates->manager = impl->manager;
-  impl->creates->store = impl->store;
-  impl->creates->metrics = impl->metrics;
-  if (o.peer.enabled()) {
-    Peers::Hooks hooks;
-    std::shared_ptr<PoolManager> m = impl->manager;
-    hooks.export_pool = [m](const std::string& id) { return m->ExportForPeer(id); };
-    hooks.list_pools = [m] { return m->List(); };
-    hooks.instance = impl->instance;
-    hooks.version = POLYKV_VERSION;
-    auto peers = Peers::Start(o.peer, std::move(hooks));
-    if (!peers.ok()) return peers.status();
-    impl->peers = std::shared_ptr<Peers>(*std::move(peers));
-    impl->manager->SetPeers(impl->peers.get());
-    impl->creates->peers = impl->peers;
-  }
-  impl->creates->instance = impl->instance;
-  impl->creates->capacity = static_cast<size_t>(o.max_queued_creates);
-  impl->creates->workers = static_cast<size_t>(o.create_workers);
-  impl->creates->event_fd.Reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!impl->creates->event_fd.valid()) {
+  return absl::OkStatus();
+}
+
+void Daemon::Impl::StartPools(PoolManagerOptions pm) {
+  manager = std::make_shared<PoolManager>(std::move(pm));
+  creates = std::make_shared<CreateShared>();
+  creates->manager = manager;
+  creates->store = store;
+  creates->metrics = metrics;
+}
+
+Status Daemon::Impl::StartPeers(const DaemonOptions& o) {
+  if (!o.peer.enabled()) return absl::OkStatus();
+  Peers::Hooks hooks;
+  std::shared_ptr<PoolManager> m = manager;
+  hooks.export_pool = [m](const std::string& id) { return m->ExportForPeer(id); };
+  hooks.list_pools = [m] { return m->List(); };
+  hooks.instance = instance;
+  hooks.version = POLYKV_VERSION;
+  POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<Peers> started, Peers::Start(o.peer, std::move(hooks)));
+  peers = std::shared_ptr<Peers>(std::move(started));
+  manager->SetPeers(peers.get());
+  creates->peers = peers;
+  return absl::OkStatus();
+}
+
+Status Daemon::Impl::StartWorkers(const DaemonOptions& o) {
+  creates->instance = instance;
+  creates->capacity = static_cast<size_t>(o.max_queued_creates);
+  creates->workers = static_cast<size_t>(o.create_workers);
+  creates->event_fd.Reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!creates->event_fd.valid()) {
     return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   }
   for (int i = 0; i < o.create_workers; ++i) {
     auto done = std::make_shared<std::atomic<bool>>(false);
-    impl->workers.push_back(Impl::Worker{std::thread(CreateWorker, impl->creates, done), done});
+    workers.push_back(Worker{std::thread(CreateWorker, creates, done), done});
   }
-  Roles* roles = impl->roles.get();
-  auto fd_server = FdServer::Start(
-      impl->fd_path, o.socket_mode, impl->manager,
-      [roles](uint32_t uid, uint32_t gid, uint32_t) -> Status {
-        if (roles->Of(uid, gid) != Roles::kNone) return absl::OkStatus();
-        return absl::PermissionDeniedError(absl::StrCat(
-            "uid ", uid, " is not allowed to map pools (", roles->Describe(Roles::kReader), ")"));
-      });
-  if (!fd_server.ok()) return fd_server.status();
-  impl->fd_server = *std::move(fd_server);
-  if (!o.metrics_listen.empty()) {
-    Impl* d = impl.get();
-    auto server = MetricsServer::Start(
-        o.metrics_listen, [d] { return d->metrics->Render(*d->manager, d->store.get()); });
-    if (!server.ok()) return server.status();
-    impl->metrics_server = *std::move(server);
+  return absl::OkStatus();
+}
+
+Status Daemon::Impl::StartFdServer(const DaemonOptions& o) {
+  Roles* r = roles.get();
+  POLYKV_ASSIGN_OR_RETURN(
+      fd_server,
+      FdServer::Start(
+          fd_path, o.socket_mode, manager, [r](uint32_t uid, uint32_t gid, uint32_t) -> Status {
+            if (r->Of(uid, gid) != Roles::kNone) return absl::OkStatus();
+            return absl::PermissionDeniedError(absl::StrCat(
+                "uid ", uid, " is not allowed to map pools (", r->Describe(Roles::kReader), ")"));
+          }));
+  return absl::OkStatus();
+}
+
+Status Daemon::Impl::StartMetricsServer(const DaemonOptions& o) {
+  if (o.metrics_listen.empty()) return absl::OkStatus();
+  POLYKV_ASSIGN_OR_RETURN(metrics_server, MetricsServer::Start(o.metrics_listen, [this] {
+                            return metrics->Render(*manager, store.get());
+                          }));
+  return absl::OkStatus();
+}
+
+void Daemon::Impl::PreloadPools(const DaemonOptions& o) {
+  if (!o.preload || !store) return;
+  const auto t0 = Clock::now();
+  const int n = manager->PreloadPersisted();
+  spdlog::info("preloaded {} of {} persisted pool(s) in {:.1f} ms", n, store->count(),
+               std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+}
+
+void Daemon::Impl::PublishSocket(const DaemonOptions& o) {
+  if (ipc_path.empty()) return;
+  const std::string& path = ipc_path;
+  if (chmod(path.c_str(), o.socket_mode) != 0) {
+    spdlog::warn("chmod {:o} {}: {}", o.socket_mode, path, std::strerror(errno));
   }
-  if (o.preload && impl->store) {
-    const auto t0 = Clock::now();
-    const int n = impl->manager->PreloadPersisted();
-    spdlog::info("preloaded {} of {} persisted pool(s) in {:.1f} ms", n, impl->store->count(),
-                 std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  }
-  if (!impl->ipc_path.empty()) {
-    const std::string& path = impl->ipc_path;
-    if (chmod(path.c_str(), o.socket_mode) != 0) {
-      spdlog::warn("chmod {:o} {}: {}", o.socket_mode, path, std::strerror(errno));
+  if (struct group* g = getgrnam("polykv"); g != nullptr) {
+    if (chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+      spdlog::warn("chgrp polykv {}: {}", path, std::strerror(errno));
     }
-    if (struct group* g = getgrnam("polykv"); g != nullptr) {
-      if (chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
-        spdlog::warn("chgrp polykv {}: {}", path, std::strerror(errno));
-      }
-    }
-    WriteFileAtomic(impl->pid_path, absl::StrCat(getpid(), " ", ProcComm(getpid()), "\n"));
   }
+  WriteFileAtomic(pid_path, absl::StrCat(getpid(), " ", ProcComm(getpid()), "\n"));
+}
+
+StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
+  // Each step returns the error Start returns; `impl` going out of scope then undoes what the
+  // earlier steps did (Impl::Shutdown: workers, sockets, files).
+  auto impl = std::make_unique<Impl>();
+  impl->endpoint = o.endpoint.empty() ? ipc::DefaultEndpoint() : o.endpoint;
+  impl->ipc_path = IpcPath(impl->endpoint);
+  impl->instance = RandomInstanceId();
+  POLYKV_ASSIGN_OR_RETURN(const std::string backend, impl->CheckOptions(o));
+  POLYKV_RETURN_IF_ERROR(impl->ClaimEndpoint(o));
+  if (o.models_dirs.empty()) {
+    spdlog::info("no --models-dir: only uid {} and root may name model files", getuid());
+  }
+  POLYKV_RETURN_IF_ERROR(impl->ChooseFdPath(o));
+  POLYKV_ASSIGN_OR_RETURN(PoolManagerOptions pm, impl->ConfigurePools(o, backend));
+  POLYKV_RETURN_IF_ERROR(impl->BindControlSocket());
+  impl->StartPools(std::move(pm));
+  POLYKV_RETURN_IF_ERROR(impl->StartPeers(o));
+  POLYKV_RETURN_IF_ERROR(impl->StartWorkers(o));
+  POLYKV_RETURN_IF_ERROR(impl->StartFdServer(o));
+  POLYKV_RETURN_IF_ERROR(impl->StartMetricsServer(o));
+  impl->PreloadPools(o);
+  impl->PublishSocket(o);
   impl->options = std::move(o);
   spdlog::info(
       "polykvd {} serving {} (instance {}, backend {}, memory cap {}, lease {} s, "

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -18,6 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "polykv/ipc/zmq_frames.h"
+#include "serve_guarded.h"
 
 namespace polykv::daemon {
 namespace {
@@ -149,9 +152,10 @@ StatusOr<ipc::Reply> Peers::Call(const std::string& endpoint, ipc::Request reque
       ~StopMonitor() { zmq_socket_monitor(s.handle(), nullptr, 0); }
     } stop_monitor{s};
     s.connect(endpoint);
-    const std::string frame = ipc::EncodeRequest(request);
-    s.send(zmq::message_t(), zmq::send_flags::sndmore);
-    s.send(zmq::buffer(frame), zmq::send_flags::none);
+    if (auto sent = ipc::SendDealerRequest(s, ipc::EncodeRequest(request), /*dontwait=*/false);
+        !sent.ok()) {
+      return absl::UnavailableError(absl::StrCat("peer ", endpoint, ": ", sent.status().message()));
+    }
     const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
       const auto left =
@@ -180,12 +184,12 @@ StatusOr<ipc::Reply> Peers::Call(const std::string& endpoint, ipc::Request reque
         }
       }
       if (items[0].revents & ZMQ_POLLIN) {
-        std::vector<zmq::message_t> parts;
-        (void)zmq::recv_multipart(s, std::back_inserter(parts));
-        if (parts.empty()) continue;
-        const zmq::message_t& last = parts.back();
-        auto reply =
-            ipc::DecodeReply(std::string_view(static_cast<const char*>(last.data()), last.size()));
+        StatusOr<std::string> payload = ipc::RecvDealerReply(s, /*dontwait=*/false);
+        if (!payload.ok()) {
+          return absl::UnavailableError(
+              absl::StrCat("peer ", endpoint, ": ", payload.status().message()));
+        }
+        auto reply = ipc::DecodeReply(*payload);
         if (!reply.ok()) {
           return Status(reply.status().code(), absl::StrCat("peer ", endpoint, " sent a bad ", type,
                                                             " reply: ", reply.status().message()));
@@ -253,35 +257,28 @@ void Peers::PingLoop() {
   }
 }
 
-void Peers::HandleZap(zmq::socket_t& zap) {
-  // ZAP request (RFC 27): version, request id, domain, address, identity, mechanism, then
-  // for CURVE the client's 32-byte public key.
-  std::vector<zmq::message_t> req;
-  if (!zmq::recv_multipart(zap, std::back_inserter(req))) return;
-  const std::string request_id = req.size() > 1 ? req[1].to_string() : "";
-  const std::string address = req.size() > 3 ? req[3].to_string() : "";
-  const std::string mechanism = req.size() > 5 ? req[5].to_string() : "";
-  std::string key;
-  if (mechanism == "CURVE" && req.size() > 6 && req[6].size() == 32) {
-    char z85[41];
-    zmq_z85_encode(z85, static_cast<const uint8_t*>(req[6].data()), 32);
-    key = z85;
-  }
-  const bool ok = !key.empty() && peer_keys_.trusted.count(key) > 0;
-  if (!ok) {
-    spdlog::warn("peer channel: refused {} from {}: {}", mechanism, address,
-                 key.empty()
-                     ? std::string("no CURVE key")
-                     : absl::StrCat("public key ", key, " is not in ", options_.peer_keys_file));
-  }
-  std::array<zmq::const_buffer, 6> reply = {
-      zmq::str_buffer("1.0"),
-      zmq::buffer(request_id),
-      ok ? zmq::str_buffer("200") : zmq::str_buffer("400"),
-      ok ? zmq::str_buffer("OK") : zmq::str_buffer("unknown CURVE key"),
-      zmq::buffer(key),
-      zmq::const_buffer(nullptr, 0)};
-  (void)zmq::send_multipart(zap, reply);
+Status Peers::HandleZap(zmq::socket_t& zap) {
+  // CURVE handshakes: only the public keys in the peer-keys file are let in.
+  return ipc::ServeZapRequest(zap, [this](const ipc::ZapRequest& request) {
+    std::string key;
+    if (request.mechanism == "CURVE" && !request.credentials.empty() &&
+        request.credentials[0].size() == 32) {
+      char z85[41];
+      zmq_z85_encode(z85, reinterpret_cast<const uint8_t*>(request.credentials[0].data()), 32);
+      key = z85;
+    }
+    ipc::ZapReply reply;
+    if (key.empty() || peer_keys_.trusted.count(key) == 0) {
+      spdlog::warn("peer channel: refused {} from {}: {}", request.mechanism, request.address,
+                   key.empty()
+                       ? std::string("no CURVE key")
+                       : absl::StrCat("public key ", key, " is not in ", options_.peer_keys_file));
+      reply.status_code = "400";
+      reply.status_text = "unknown CURVE key";
+    }
+    reply.user_id = key;
+    return reply;
+  });
 }
 
 ipc::Reply Peers::Answer(const ipc::Request& req) {
@@ -349,37 +346,26 @@ ipc::Reply Peers::Answer(const ipc::Request& req) {
   }
 }
 
-void Peers::HandleRequest(zmq::socket_t& router) {
+Status Peers::HandleRequest(zmq::socket_t& router) {
   for (int i = 0; i < 64; ++i) {
-    std::vector<zmq::message_t> parts;
-    auto n = zmq::recv_multipart(router, std::back_inserter(parts), zmq::recv_flags::dontwait);
-    if (!n) return;
-    if (parts.size() < 2) continue;
-    const bool delimiter = parts.size() >= 3 && parts[1].size() == 0;
-    const zmq::message_t& payload = parts.back();
-    const std::string_view frame(static_cast<const char*>(payload.data()), payload.size());
+    POLYKV_ASSIGN_OR_RETURN(std::optional<ipc::RouterMessage> message,
+                            ipc::RecvRouterMessage(router));
+    if (!message) return absl::OkStatus();
+    if (message->body_frames == 0) continue;  // identity only: nothing to answer
+    const std::string_view frame = message->json();
     ipc::Reply reply;
     auto req = ipc::DecodeRequest(frame);
     if (!req.ok()) {
       reply = ipc::ErrorReplyForFrame(frame, req.status());
     } else {
-      try {
-        reply = Answer(*req);
-      } catch (const std::exception& e) {
-        reply = ipc::ErrorReply(req->type, req->id,
-                                absl::InternalError(absl::StrCat("internal error: ", e.what())));
-      }
+      reply = ServeGuarded(*req, nullptr, [&] { return Answer(*req); });
     }
     reply.instance = hooks_.instance;
-    const std::string out = ipc::EncodeReply(reply);
-    try {
-      router.send(parts[0], zmq::send_flags::sndmore);
-      if (delimiter) router.send(zmq::message_t(), zmq::send_flags::sndmore);
-      router.send(zmq::buffer(out), zmq::send_flags::none);
-    } catch (const zmq::error_t& e) {
-      spdlog::warn("peer channel: send reply: {}", e.what());
-    }
+    Status sent = ipc::SendRouterReply(router, message->identity, message->delimiter,
+                                       ipc::EncodeReply(reply));
+    if (!sent.ok()) spdlog::warn("peer channel: send reply: {}", std::string(sent.message()));
   }
+  return absl::OkStatus();
 }
 
 void Peers::SweepTransfers() {
@@ -401,14 +387,16 @@ void Peers::ServeLoop() {
   while (!stop_.load()) {
     zmq::pollitem_t items[] = {{router_->handle(), 0, ZMQ_POLLIN, 0},
                                {zap_->handle(), 0, ZMQ_POLLIN, 0}};
+    Status s;
     try {
       zmq::poll(items, 2, std::chrono::milliseconds(100));
-      if (items[1].revents & ZMQ_POLLIN) HandleZap(*zap_);
-      if (items[0].revents & ZMQ_POLLIN) HandleRequest(*router_);
     } catch (const zmq::error_t& e) {
-      if (e.num() == ETERM) break;
-      if (e.num() != EINTR) spdlog::warn("peer channel: {}", e.what());
+      s = ipc::ZmqErrorStatus(e);
     }
+    if (s.ok() && (items[1].revents & ZMQ_POLLIN)) s = HandleZap(*zap_);
+    if (s.ok() && (items[0].revents & ZMQ_POLLIN)) s = HandleRequest(*router_);
+    if (absl::IsCancelled(s)) break;  // ETERM: the context is shutting down
+    if (!s.ok() && !absl::IsAborted(s)) spdlog::warn("peer channel: {}", std::string(s.message()));
     if (Clock::now() - last_sweep > std::chrono::seconds(1)) {
       SweepTransfers();
       last_sweep = Clock::now();

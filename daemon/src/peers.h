@@ -85,8 +85,12 @@ class Peers : public PeerSource {
                                           int timeout_ms);
   void ServeLoop();
   void PingLoop();
-  void HandleZap(zmq::socket_t& zap);
-  void HandleRequest(zmq::socket_t& router);
+  /// Answers one ZAP request (CURVE keys checked against the peer-keys file). Errors:
+  /// ipc::ZmqErrorStatus.
+  [[nodiscard]] Status HandleZap(zmq::socket_t& zap);
+  /// Answers the requests waiting on the ROUTER (at most 64). Errors: ipc::ZmqErrorStatus
+  /// (receiving; a reply that cannot be sent is logged).
+  [[nodiscard]] Status HandleRequest(zmq::socket_t& router);
   ipc::Reply Answer(const ipc::Request& request);
   void SweepTransfers();
   void NoteState(const std::string& endpoint, const Status& status, const ipc::Reply* reply,

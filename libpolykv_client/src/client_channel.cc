@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "polykv/ipc/sealed_region.h"
+#include "polykv/ipc/zmq_frames.h"
 
 namespace polykv::client {
 namespace {
@@ -57,12 +58,22 @@ Channel::~Channel() {
   }
 }
 
-void Channel::Reset() {
+void Channel::Drop() {
   if (socket_) {
     socket_->set(zmq::sockopt::linger, 0);
     socket_->close();
     socket_.reset();
   }
+}
+
+Status Channel::Failed(const Status& s, const std::string& what) {
+  Drop();
+  return absl::UnavailableError(absl::StrCat("ZeroMQ error talking to polykvd at ", endpoint_, " (",
+                                             what, "): ", s.message()));
+}
+
+void Channel::Reset() {
+  Drop();
   auto socket = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::dealer);
   socket->set(zmq::sockopt::linger, 0);
   // Bound what a misbehaving peer can make us allocate (replies are small JSON).
@@ -79,10 +90,11 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
   request.id = NextRequestId();
   POLYKV_RETURN_IF_ERROR(ipc::ValidateRequest(request));
   const std::string frame = ipc::EncodeRequest(request);
+  const std::string what = std::string(ipc::MessageTypeName(request.type));
   if (frame.size() > ipc::kMaxMessageBytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(std::string(ipc::MessageTypeName(request.type)), " request is ", frame.size(),
-                     " bytes, over the protocol limit of ", ipc::kMaxMessageBytes, " bytes"));
+    return absl::ResourceExhaustedError(absl::StrCat(what, " request is ", frame.size(),
+                                                     " bytes, over the protocol limit of ",
+                                                     ipc::kMaxMessageBytes, " bytes"));
   }
   for (int attempt = 0; attempt < tries; ++attempt) {
     // Fail at once, with the reason, when the socket is missing, dead or forbidden.
@@ -91,9 +103,9 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
     // never be confused with this try's, and nothing queued lingers on the old socket.
     if (!socket_ || attempt > 0) Reset();
     // DEALER mimics REQ's envelope: an empty delimiter frame, then the JSON.
-    zmq::message_t delimiter;
-    if (!socket_->send(delimiter, zmq::send_flags::sndmore | zmq::send_flags::dontwait) ||
-        !socket_->send(zmq::buffer(frame), zmq::send_flags::dontwait)) {
+    StatusOr<bool> sent = ipc::SendDealerRequest(*socket_, frame, /*dontwait=*/true);
+    if (!sent.ok()) return Failed(sent.status(), what);
+    if (!*sent) {
       // Cannot queue (no pipe yet): wait out this try, then rebuild the socket.
       std::this_thread::sleep_for(std::chrono::milliseconds(std::min(try_timeout_ms, 100)));
       continue;
@@ -107,16 +119,10 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
       zmq::poll(&item, 1, std::chrono::milliseconds(std::min<int64_t>(left.count(), kPollSliceMs)));
       if (!(item.revents & ZMQ_POLLIN)) continue;
       // Read one whole multipart message; the JSON is its last frame.
-      std::string payload;
-      bool more = true;
-      while (more) {
-        zmq::message_t part;
-        if (!socket_->recv(part, zmq::recv_flags::dontwait)) break;
-        more = part.more();
-        payload.assign(static_cast<const char*>(part.data()), part.size());
-      }
-      if (payload.empty()) continue;
-      StatusOr<ipc::Reply> reply = ipc::DecodeReply(payload);
+      StatusOr<std::string> payload = ipc::RecvDealerReply(*socket_, /*dontwait=*/true);
+      if (!payload.ok()) return Failed(payload.status(), what);
+      if (payload->empty()) continue;
+      StatusOr<ipc::Reply> reply = ipc::DecodeReply(*payload);
       if (!reply.ok()) {
         return Status(reply.status().code(),
                       absl::StrCat("malformed reply from polykvd at ", endpoint_, ": ",
@@ -132,14 +138,9 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
     }
   }
   // Leave no half-finished exchange on the socket: the next Call starts clean.
-  if (socket_) {
-    socket_->set(zmq::sockopt::linger, 0);
-    socket_->close();
-    socket_.reset();
-  }
+  Drop();
   return absl::UnavailableError(absl::StrCat(
-      "no reply from polykvd at ", endpoint_, " to ",
-      std::string(ipc::MessageTypeName(request.type)), " after ", tries,
+      "no reply from polykvd at ", endpoint_, " to ", what, " after ", tries,
       (tries == 1 ? " try" : " tries"), " of ", try_timeout_ms, " ms (is the daemon running?)"));
 }
 
@@ -168,20 +169,10 @@ StatusOr<ipc::Reply> Channel::CallStreaming(
   }
   POLYKV_RETURN_IF_ERROR(Probe());
   if (!socket_) Reset();
-  auto drop_socket = [&] {
-    if (socket_) {
-      socket_->set(zmq::sockopt::linger, 0);
-      socket_->close();
-      socket_.reset();
-    }
-  };
-  auto send = [&](const std::string& f) {
-    zmq::message_t delimiter;
-    return socket_->send(delimiter, zmq::send_flags::sndmore | zmq::send_flags::dontwait) &&
-           socket_->send(zmq::buffer(f), zmq::send_flags::dontwait);
-  };
-  if (!send(frame)) {
-    drop_socket();
+  StatusOr<bool> sent = ipc::SendDealerRequest(*socket_, frame, /*dontwait=*/true);
+  if (!sent.ok()) return Failed(sent.status(), what);
+  if (!*sent) {
+    Drop();
     return absl::UnavailableError(absl::StrCat("cannot send ", what, " to polykvd at ", endpoint_,
                                                " (is the daemon running?)"));
   }
@@ -197,7 +188,7 @@ StatusOr<ipc::Reply> Channel::CallStreaming(
   auto last_ping = start - std::chrono::hours(1);
   uint64_t ping_id = 0;
   auto restarted = [&](const std::string& was, const std::string& now) {
-    drop_socket();
+    Drop();
     return absl::AbortedError(absl::StrCat(
         "polykvd at ", endpoint_, " restarted while the ", what, " was in progress (instance ",
         was.substr(0, 8), " -> ", now.substr(0, 8), "): the request was lost; send it again"));
@@ -205,14 +196,14 @@ StatusOr<ipc::Reply> Channel::CallStreaming(
   while (true) {
     const auto now = Clock::now();
     if (now >= deadline) {
-      drop_socket();
+      Drop();
       return absl::DeadlineExceededError(absl::StrCat(what, " got no reply from polykvd at ",
                                                       endpoint_, " within ", timeout_ms, " ms"));
     }
     if (now - last_probe >= std::chrono::seconds(1)) {
       last_probe = now;
       if (Status alive = Probe(); !alive.ok()) {
-        drop_socket();
+        Drop();
         return absl::UnavailableError(absl::StrCat("polykvd went away during ", what, ": ",
                                                    alive.message(), "; the request was lost"));
       }
@@ -220,7 +211,7 @@ StatusOr<ipc::Reply> Channel::CallStreaming(
     if (heartbeats) {
       const auto quiet = now - last_heard;
       if (quiet >= std::chrono::milliseconds(silence_ms)) {
-        drop_socket();
+        Drop();
         return absl::UnavailableError(
             absl::StrCat("no word from polykvd at ", endpoint_, " for ",
                          std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count(),
@@ -233,24 +224,21 @@ StatusOr<ipc::Reply> Channel::CallStreaming(
         ipc::Request ping;
         ping.type = ipc::MessageType::kPing;
         ping.id = ping_id = NextRequestId();
-        (void)send(ipc::EncodeRequest(ping));
+        // Not queued (false) is like a lost PING: the silence check above decides.
+        StatusOr<bool> pinged =
+            ipc::SendDealerRequest(*socket_, ipc::EncodeRequest(ping), /*dontwait=*/true);
+        if (!pinged.ok()) return Failed(pinged.status(), what);
       }
     }
     zmq::pollitem_t item{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
     zmq::poll(&item, 1, std::chrono::milliseconds(kPollSliceMs));
     if (!(item.revents & ZMQ_POLLIN)) continue;
-    std::string payload;
-    bool more = true;
-    while (more) {
-      zmq::message_t part;
-      if (!socket_->recv(part, zmq::recv_flags::dontwait)) break;
-      more = part.more();
-      payload.assign(static_cast<const char*>(part.data()), part.size());
-    }
-    if (payload.empty()) continue;
-    StatusOr<ipc::Reply> reply = ipc::DecodeReply(payload);
+    StatusOr<std::string> payload = ipc::RecvDealerReply(*socket_, /*dontwait=*/true);
+    if (!payload.ok()) return Failed(payload.status(), what);
+    if (payload->empty()) continue;
+    StatusOr<ipc::Reply> reply = ipc::DecodeReply(*payload);
     if (!reply.ok()) {
-      drop_socket();
+      Drop();
       return Status(reply.status().code(), absl::StrCat("malformed reply from polykvd at ",
                                                         endpoint_, ": ", reply.status().message()));
     }

@@ -66,6 +66,10 @@ class Channel {
 
  private:
   void Reset();  ///< closes the socket (LINGER=0) and connects a fresh one
+  void Drop();   ///< closes the socket (LINGER=0), if there is one
+  /// A ZeroMQ failure `s` while sending or receiving `what`, as kUnavailable naming the daemon
+  /// (after Drop: the next call starts on a fresh socket).
+  [[nodiscard]] Status Failed(const Status& s, const std::string& what);
   std::shared_ptr<zmq::context_t> context_;
   std::string endpoint_;
   std::unique_ptr<zmq::socket_t> socket_;
