@@ -283,16 +283,9 @@ void RegisterAgentCommands(CLI::App& app) {
   cmd->add_option("--debug-pause-ms", args->debug_pause_ms)->group("");
   cmd->callback([args] {
     if (args->prompt.empty() && args->prompt_ids.empty() && args->score_ids.empty()) {
-      std::cerr << "error: give --prompt TEXT or --prompt-ids IDS" << std::endl;
-      ExitCode() = 1;
-      return;
+      return FailWith(absl::InvalidArgumentError("give --prompt TEXT or --prompt-ids IDS"));
     }
-    Status s = RunAgent(*args);
-    if (!s.ok()) {
-      std::cerr << "error: " << absl::StatusCodeToString(s.code()) << ": " << s.message()
-                << std::endl;
-      ExitCode() = 1;
-    }
+    if (Status s = RunAgent(*args); !s.ok()) FailWith(s);
   });
 }
 

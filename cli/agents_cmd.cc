@@ -16,19 +16,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "commands.h"
 #include "polykv/client.h"
 #include "polykv/status.h"
+#include "util/files.h"
 #include "util/processes.h"
 
 namespace polykv::cli {
@@ -55,14 +55,12 @@ struct AgentsArgs {
 };
 
 StatusOr<std::vector<std::string>> ReadQuestions(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError("cannot open questions file " + path);
+  POLYKV_ASSIGN_OR_RETURN(const std::string text, ReadFile(path, "questions file"));
   std::vector<std::string> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
     if (line.empty() || line[0] == '#') continue;
-    out.push_back(line);
+    out.emplace_back(line);
   }
   if (out.empty())
     return absl::InvalidArgumentError("questions file " + path + " has no questions");
@@ -422,12 +420,7 @@ void RegisterAgentsCommands(CLI::App& app) {
   run->add_option("--timeout-ms", args->timeout_ms, "per-request timeout")
       ->check(CLI::Range(1, 3600000));
   run->callback([args] {
-    Status s = RunAgents(*args);
-    if (!s.ok()) {
-      std::cerr << "error: " << absl::StatusCodeToString(s.code()) << ": " << s.message()
-                << std::endl;
-      ExitCode() = 1;
-    }
+    if (Status s = RunAgents(*args); !s.ok()) FailWith(s);
   });
 }
 

@@ -5,17 +5,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iostream>
 #include <memory>
 #include <set>
-#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "commands.h"
 #include "polykv/kernels/codec.h"
 #include "polykv/kernels/codec_math.h"
+#include "util/files.h"
 
 namespace polykv::cli {
 namespace {
@@ -33,12 +32,6 @@ struct RoundtripOptions {
   std::string out;
   std::string file;
 };
-
-// Prints "error: msg" and returns 1.
-int Fail(const std::string& msg) {
-  std::cerr << "error: " << msg << "\n";
-  return 1;
-}
 
 bool ParseShape(const std::string& s, k::LayerShape* shape, std::string* err) {
   long long v[3];
@@ -167,10 +160,10 @@ ErrorStats Compare(const std::vector<float>& approx, const std::vector<float>& e
   return s;
 }
 
-int RunRoundtrip(const RoundtripOptions& o) {
+Status RunRoundtrip(const RoundtripOptions& o) {
   k::LayerShape shape;
   std::string err;
-  if (!ParseShape(o.shape, &shape, &err)) return Fail(err);
+  if (!ParseShape(o.shape, &shape, &err)) return absl::InvalidArgumentError(err);
   k::DType dtype;
   if (o.dtype == "f32") {
     dtype = k::DType::kF32;
@@ -179,14 +172,14 @@ int RunRoundtrip(const RoundtripOptions& o) {
   } else if (o.dtype == "bf16") {
     dtype = k::DType::kBF16;
   } else {
-    return Fail("--dtype must be bf16, f16 or f32, got '" + o.dtype + "'");
+    return absl::InvalidArgumentError("--dtype must be bf16, f16 or f32, got '" + o.dtype + "'");
   }
   // The round trip measures int8 keys (QuantizeKeys); packed 4..7-bit keys are measured by
   // `polykv-cli eval` (k<bits><t|h|c> specs).
   if (o.k_bits != 8)
-    return Fail("--k-bits: key_bits must be 8 for codec roundtrip, got " +
-                std::to_string(o.k_bits) +
-                " (packed 4..7-bit keys: polykv-cli eval --codecs k<bits>c-v3)");
+    return absl::InvalidArgumentError(
+        "--k-bits: key_bits must be 8 for codec roundtrip, got " + std::to_string(o.k_bits) +
+        " (packed 4..7-bit keys: polykv-cli eval --codecs k<bits>c-v3)");
   k::CodecConfig cfg;
   cfg.key_bits = o.k_bits;
   cfg.value_bits = o.v_bits;
@@ -199,25 +192,25 @@ int RunRoundtrip(const RoundtripOptions& o) {
   } else if (o.key_scale == "channel") {
     cfg.key_scale = k::KeyScaleMode::kPerChannel;
   } else {
-    return Fail("--key-scale must be tensor, head or channel, got '" + o.key_scale + "'");
+    return absl::InvalidArgumentError("--key-scale must be tensor, head or channel, got '" +
+                                      o.key_scale + "'");
   }
-  if (Status st = k::ValidateConfig(shape, cfg); !st.ok()) return Fail(std::string(st.message()));
+  POLYKV_RETURN_IF_ERROR(k::ValidateConfig(shape, cfg));
 
-  std::ifstream f(o.file, std::ios::binary);
-  if (!f) return Fail("cannot read " + o.file);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string data = ss.str();
+  POLYKV_ASSIGN_OR_RETURN(const std::string data, ReadFile(o.file));
   size_t payload = 0;
   const bool npy = data.size() >= 6 && data.compare(0, 6, "\x93NUMPY") == 0;
-  if (npy && !ParseNpy(data, dtype, shape, &payload, &err)) return Fail(o.file + ": " + err);
+  if (npy && !ParseNpy(data, dtype, shape, &payload, &err)) {
+    return absl::InvalidArgumentError(o.file + ": " + err);
+  }
   const size_t es = k::DTypeSize(dtype);
   const size_t want = static_cast<size_t>(shape.elements()) * es;
   const size_t have = data.size() - payload;
   if (have != want) {
-    return Fail(o.file + ": " + std::to_string(have) + " bytes of data, but shape " + o.shape +
-                " x " + o.dtype + " needs " + std::to_string(want) +
-                (have < want ? " (file too small)" : " (file too large)"));
+    return absl::InvalidArgumentError(o.file + ": " + std::to_string(have) +
+                                      " bytes of data, but shape " + o.shape + " x " + o.dtype +
+                                      " needs " + std::to_string(want) +
+                                      (have < want ? " (file too small)" : " (file too large)"));
   }
   // The exact input values as f32 (little-endian host assumed, as the file is).
   std::vector<float> x(shape.elements());
@@ -229,30 +222,20 @@ int RunRoundtrip(const RoundtripOptions& o) {
   // K: int8.
   std::vector<int8_t> q(shape.elements());
   std::vector<float> scales(k::KeyScaleCount(shape, cfg.key_scale));
-  if (Status st = k::QuantizeKeys(raw.data(), dtype, shape, cfg.key_scale, q.data(), scales.data());
-      !st.ok()) {
-    return Fail(std::string(st.message()));
-  }
+  POLYKV_RETURN_IF_ERROR(
+      k::QuantizeKeys(raw.data(), dtype, shape, cfg.key_scale, q.data(), scales.data()));
   std::vector<float> k_hat(shape.elements());
-  if (Status st = k::DequantizeKeys(q.data(), scales.data(), shape, cfg.key_scale, k_hat.data(),
-                                    k::DType::kF32);
-      !st.ok()) {
-    return Fail(std::string(st.message()));
-  }
+  POLYKV_RETURN_IF_ERROR(k::DequantizeKeys(q.data(), scales.data(), shape, cfg.key_scale,
+                                           k_hat.data(), k::DType::kF32));
   // V: TurboQuant-MSE.
   std::vector<uint8_t> packed(shape.vectors() *
                               k::PackedVectorBytes(shape.head_dim, cfg.value_bits));
   std::vector<float> norms(shape.vectors());
-  if (Status st = k::EncodeValues(raw.data(), dtype, shape, cfg, packed.data(), norms.data());
-      !st.ok()) {
-    return Fail(std::string(st.message()));
-  }
+  POLYKV_RETURN_IF_ERROR(
+      k::EncodeValues(raw.data(), dtype, shape, cfg, packed.data(), norms.data()));
   std::vector<float> v_hat(shape.elements());
-  if (Status st =
-          k::DecodeValues(packed.data(), norms.data(), shape, cfg, v_hat.data(), k::DType::kF32);
-      !st.ok()) {
-    return Fail(std::string(st.message()));
-  }
+  POLYKV_RETURN_IF_ERROR(
+      k::DecodeValues(packed.data(), norms.data(), shape, cfg, v_hat.data(), k::DType::kF32));
   std::set<int> used;
   std::vector<uint8_t> codes(shape.head_dim);
   const int64_t vb = k::PackedVectorBytes(shape.head_dim, cfg.value_bits);
@@ -285,20 +268,15 @@ int RunRoundtrip(const RoundtripOptions& o) {
 
   if (!o.out.empty()) {
     std::vector<uint8_t> out(want);
-    if (Status st = k::DecodeValues(packed.data(), norms.data(), shape, cfg, out.data(), dtype);
-        !st.ok()) {
-      return Fail(std::string(st.message()));
-    }
-    std::ofstream of(o.out, std::ios::binary);
-    if (!of.write(reinterpret_cast<const char*>(out.data()),
-                  static_cast<std::streamsize>(out.size()))) {
-      return Fail("cannot write " + o.out);
-    }
+    POLYKV_RETURN_IF_ERROR(
+        k::DecodeValues(packed.data(), norms.data(), shape, cfg, out.data(), dtype));
+    POLYKV_RETURN_IF_ERROR(
+        WriteFile(o.out, std::string_view(reinterpret_cast<const char*>(out.data()), out.size())));
     std::printf("out: %s (decoded V, raw little-endian %s, %zu bytes)\n", o.out.c_str(),
                 o.dtype.c_str(), out.size());
   }
   std::fflush(stdout);
-  return 0;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -322,7 +300,7 @@ void RegisterCodecCommands(CLI::App& app) {
   rt->add_option("--out", o->out, "write the decoded V tensor here (raw, same dtype)");
   rt->add_option("file", o->file, "input tensor file")->required();
   rt->callback([o] {
-    if (RunRoundtrip(*o) != 0) ExitCode() = 1;
+    if (Status s = RunRoundtrip(*o); !s.ok()) FailWith(s);
   });
 }
 

@@ -3,6 +3,9 @@
 
 #include <CLI/CLI.hpp>
 
+// ExitCode() and FailWith: how a command fails ("error: <CODE>: <message>", exit code 1).
+#include "util/errors.h"
+
 namespace polykv::cli {
 
 /// `codec roundtrip` (codec_cmd.cc).
@@ -21,11 +24,5 @@ void RegisterAgentsCommands(CLI::App& app);
 void RegisterKeysCommands(CLI::App& app);
 /// `eval` (eval_cmd.cc; library code in cli/eval/).
 void RegisterEvalCommands(CLI::App& app);
-
-/// Exit code a command sets when it fails; commands print "error: <message>" to stderr.
-inline int& ExitCode() {
-  static int code = 0;
-  return code;
-}
 
 }  // namespace polykv::cli

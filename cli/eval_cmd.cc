@@ -8,11 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,6 +23,7 @@
 #include "eval/eval_agents.h"
 #include "eval/eval_extra.h"
 #include "polykv/model/llama.h"
+#include "util/files.h"
 #include "util/processes.h"
 
 namespace polykv::cli {
@@ -59,18 +58,6 @@ struct EvalArgs {
   std::string daemon;
   std::string python;  // empty: EvalPython()
 };
-
-void Fail(const std::string& msg) {
-  std::cerr << "error: " << msg << std::endl;
-  ExitCode() = 1;
-}
-
-Status WriteFile(const std::string& path, const std::string& data) {
-  std::ofstream f(path, std::ios::binary);
-  if (!f) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write"));
-  f << data;
-  return f ? absl::OkStatus() : absl::DataLossError(absl::StrCat(path, ": write failed"));
-}
 
 void Log(const std::string& line) {
   std::fprintf(stderr, "eval: %s\n", line.c_str());
@@ -178,11 +165,8 @@ StatusOr<std::vector<eval::CodecSpec>> Ablations(const EvalArgs& a, const eval::
 
 StatusOr<std::vector<int32_t>> TokenizeText(const model::LlamaModel& m, const std::string& path,
                                             int64_t need) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::string text(static_cast<size_t>(need * 8 + 4096), '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
+  POLYKV_ASSIGN_OR_RETURN(std::string text,
+                          ReadFilePrefix(path, static_cast<size_t>(need * 8 + 4096)));
   if (m.tokenizer() == nullptr)
     return absl::InvalidArgumentError("the model ships no tokenizer: cannot tokenize the text");
   return m.tokenizer()->Encode(text, /*add_bos=*/false);
@@ -397,8 +381,7 @@ void RegisterEvalCommands(CLI::App& app) {
                   "(${POLYKV_EVAL_VENV:-$HOME/.cache/polykv/eval-venv}/bin/python) if it "
                   "exists, else python3");
   cmd->callback([a]() {
-    Status s = RunEval(*a);
-    if (!s.ok()) Fail(std::string(s.message()));
+    if (Status s = RunEval(*a); !s.ok()) FailWith(s);
   });
 }
 

@@ -5,10 +5,10 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
-#include <cstring>
 #include <iostream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "commands.h"
 #include "polykv/ipc/curve_keys.h"
 
@@ -17,19 +17,13 @@ namespace {
 
 void RunGenerate(const std::string& path, bool force) {
   auto keys = ipc::GenerateCurveKeyPair();
-  if (!keys.ok()) {
-    std::cerr << "error: " << keys.status().message() << "\n";
-    ExitCode() = 1;
-    return;
-  }
+  if (!keys.ok()) return FailWith(keys.status());
   const std::string text = ipc::CurveKeyPairFileText(*keys);
   // Written with mode 0600 from the start (never readable by others, not even briefly).
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
-    std::cerr << "error: cannot create " << tmp << ": " << std::strerror(errno) << "\n";
-    ExitCode() = 1;
-    return;
+    return FailWith(absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", tmp)));
   }
   const bool wrote =
       write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && fsync(fd) == 0;
@@ -38,13 +32,13 @@ void RunGenerate(const std::string& path, bool force) {
   const bool exists = stat(path.c_str(), &st) == 0;
   if (!wrote || (exists && !force) ||
       (force ? rename(tmp.c_str(), path.c_str()) : link(tmp.c_str(), path.c_str())) != 0) {
-    const std::string why = !wrote             ? std::string("write failed")
-                            : exists && !force ? std::string("it exists (--force replaces it)")
-                                               : std::string(std::strerror(errno));
+    const std::string what = "cannot write " + path;
+    const Status failed = !wrote ? absl::DataLossError(what + ": write failed")
+                          : exists && !force
+                              ? absl::AlreadyExistsError(what + ": it exists (--force replaces it)")
+                              : absl::ErrnoToStatus(errno, what);  // before unlink() changes errno
     unlink(tmp.c_str());
-    std::cerr << "error: cannot write " << path << ": " << why << "\n";
-    ExitCode() = 1;
-    return;
+    return FailWith(failed);
   }
   unlink(tmp.c_str());
   std::cerr << "wrote " << path << " (mode 0600); its public key, for the other daemons' "

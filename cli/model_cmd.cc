@@ -1,9 +1,7 @@
 // `polykv-cli generate` and `polykv-cli ppl`: run the local Llama runtime (no daemon).
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +12,7 @@
 #include "commands.h"
 #include "polykv/model/llama.h"
 #include "polykv/model/perplexity.h"
+#include "util/files.h"
 #include "util/token_ids.h"
 
 namespace polykv::cli {
@@ -46,12 +45,6 @@ struct PplArgs {
   int64_t batch = 512;
   std::string weights = "auto";
 };
-
-void Fail(const std::string& msg) {
-  std::cerr << "error: " << msg << std::endl;
-  ExitCode() = 1;
-}
-void Fail(const absl::Status& s) { Fail(std::string(s.message())); }
 
 StatusOr<model::WeightStorage> ParseWeights(const std::string& w) {
   if (w == "auto") return model::WeightStorage::kAuto;
@@ -156,16 +149,12 @@ Status RunPpl(const PplArgs& a, bool chunks_given) {
         "--max-tokens belong to the sliding-window mode");
   const int64_t stride = a.stride > 0 ? a.stride : a.context;
   if (stride > a.context) return absl::InvalidArgumentError("--stride must be <= --context");
-  std::ifstream in(a.file, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(a.file, ": cannot open"));
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  POLYKV_ASSIGN_OR_RETURN(std::string text, ReadFile(a.file));
   POLYKV_ASSIGN_OR_RETURN(auto m, LoadModel(a.model, a.threads, a.weights));
   const model::Tokenizer* tok = m->tokenizer();
   if (tok == nullptr)
     return absl::InvalidArgumentError(
         absl::StrCat(a.model, " ships no tokenizer: cannot tokenize ", a.file));
-  std::string text = ss.str();
   if (a.second_half) return RunChunkedPpl(a, *m, std::move(text));
   // Large files: tokenize only a prefix long enough for --max-tokens (a token is rarely
   // more than 16 bytes), then cut to exactly max_tokens.
@@ -204,10 +193,10 @@ void RegisterModelCommands(CLI::App& app) {
                   "Weights: mapped (kernels over the file's own blocks, CPU default), copy "
                   "(private libtorch f32 copy: the reference runtime) or auto");
   gen->callback([ga, p, pi, temp]() {
-    if (p->count() == 0 && pi->count() == 0)
-      return Fail("one of --prompt or --prompt-ids is required");
-    Status s = RunGenerate(*ga, temp->count() > 0);
-    if (!s.ok()) Fail(s);
+    if (p->count() == 0 && pi->count() == 0) {
+      return FailWith(absl::InvalidArgumentError("one of --prompt or --prompt-ids is required"));
+    }
+    if (Status s = RunGenerate(*ga, temp->count() > 0); !s.ok()) FailWith(s);
   });
 
   auto pa = std::make_shared<PplArgs>();
@@ -245,8 +234,7 @@ void RegisterModelCommands(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   ppl->add_option("--weights", pa->weights, "Weights: mapped, copy or auto");
   ppl->callback([pa, chunks]() {
-    Status s = RunPpl(*pa, chunks->count() > 0);
-    if (!s.ok()) Fail(s);
+    if (Status s = RunPpl(*pa, chunks->count() > 0); !s.ok()) FailWith(s);
   });
 }
 

@@ -12,14 +12,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,6 +27,7 @@
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/model/llama.h"
 #include "polykv/pool_info_c.h"
+#include "util/files.h"
 #include "util/token_ids.h"
 
 namespace polykv::cli {
@@ -56,10 +55,10 @@ struct CreateArgs {
   std::string parent;  // a child pool (pool tree): the parent's id or unique prefix
 };
 
-/// Prints "error: <STATUS_NAME>: message" and sets the exit code.
-void ReportError(const pc::Status& status) {
-  std::cerr << "error: " << status.CodeName() << ": " << status.message() << "\n";
-  ExitCode() = 1;
+/// The client library's status as a polykv::Status (the codes are the same numbers), for
+/// FailWith.
+Status FromClient(const pc::Status& status) {
+  return Status(static_cast<absl::StatusCode>(status.code()), status.message());
 }
 
 void AddCommonOptions(CLI::App* app, CommonArgs* args) {
@@ -149,33 +148,6 @@ json PeersJson(const std::vector<polykv_peer_info>& peers) {
   return arr;
 }
 
-/// The full id of a pool named by its id or a unique prefix (>= 8 hex chars). The daemon
-/// resolves it (STATS), with the rules of every request that names a pool.
-pc::Result<std::string> ResolvePoolId(pc::Client& client, const std::string& id) {
-  if (id.size() == 64) return id;
-  auto info = client.GetPoolInfo(id);
-  if (!info.ok()) return info.status();
-  return info->id;
-}
-
-pc::Result<std::string> ReadFile(const std::string& path) {
-  if (path == "-") {
-    std::ostringstream ss;
-    ss << std::cin.rdbuf();
-    return ss.str();
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return pc::Status(pc::StatusCode::kNotFound, "cannot read document file " + path);
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (ss.str().empty()) {
-    return pc::Status(pc::StatusCode::kInvalidArgument, "document file " + path + " is empty");
-  }
-  return ss.str();
-}
-
 /// Progress on stderr: a redrawn bar on a TTY, plain lines (one per stage change or 10%)
 /// otherwise.
 class ProgressPrinter {
@@ -246,11 +218,11 @@ std::string CacheLine(const pc::DaemonInfo& d) {
 
 void RunPing(const CommonArgs& args) {
   auto client = Connect(args);
-  if (!client.ok()) return ReportError(client.status());
+  if (!client.ok()) return FailWith(FromClient(client.status()));
   auto info = client->Ping();
-  if (!info.ok()) return ReportError(info.status());
+  if (!info.ok()) return FailWith(FromClient(info.status()));
   auto peers = client->Peers();
-  if (!peers.ok()) return ReportError(peers.status());
+  if (!peers.ok()) return FailWith(FromClient(peers.status()));
   const std::string endpoint = args.endpoint.empty() ? "(default)" : args.endpoint;
   if (args.json) {
     json j = DaemonJson(*info, endpoint);
@@ -276,11 +248,11 @@ void RunPing(const CommonArgs& args) {
 
 void RunList(const CommonArgs& args) {
   auto client = Connect(args);
-  if (!client.ok()) return ReportError(client.status());
+  if (!client.ok()) return FailWith(FromClient(client.status()));
   auto pools = client->ListPools();
-  if (!pools.ok()) return ReportError(pools.status());
+  if (!pools.ok()) return FailWith(FromClient(pools.status()));
   auto daemon = client->Ping();
-  if (!daemon.ok()) return ReportError(daemon.status());
+  if (!daemon.ok()) return FailWith(FromClient(daemon.status()));
   if (args.json) {
     json arr = json::array();
     for (const auto& p : *pools) arr.push_back(InfoJson(p));
@@ -397,11 +369,9 @@ void PrintInfoHuman(const pc::PoolInfo& p) {
 
 void RunShow(const CommonArgs& args, const std::string& id) {
   auto client = Connect(args);
-  if (!client.ok()) return ReportError(client.status());
-  auto full = ResolvePoolId(*client, id);
-  if (!full.ok()) return ReportError(full.status());
-  auto info = client->GetPoolInfo(*full);
-  if (!info.ok()) return ReportError(info.status());
+  if (!client.ok()) return FailWith(FromClient(client.status()));
+  auto info = client->GetPoolInfo(id);  // the daemon resolves a unique prefix
+  if (!info.ok()) return FailWith(FromClient(info.status()));
   if (args.json) {
     std::cout << InfoJson(*info).dump(2) << "\n";
   } else {
@@ -415,14 +385,14 @@ void RunCreate(const CommonArgs& args, const CreateArgs& c) {
   opts.parent = c.parent;
   if (!c.token_ids.empty()) {
     auto ids = ParseTokenIds(c.token_ids, "--token-ids");
-    if (!ids.ok()) {
-      return ReportError(pc::Status(static_cast<pc::StatusCode>(ids.status().code()),
-                                    std::string(ids.status().message())));
-    }
+    if (!ids.ok()) return FailWith(ids.status());
     opts.token_ids = std::move(*ids);
   } else {
-    auto text = ReadFile(c.document);
-    if (!text.ok()) return ReportError(text.status());
+    auto text = ReadFileOrStdin(c.document, "document file");
+    if (!text.ok()) return FailWith(text.status());
+    if (text->empty() && c.document != "-") {
+      return FailWith(absl::InvalidArgumentError("document file " + c.document + " is empty"));
+    }
     opts.document = std::move(*text);
   }
   opts.codec = c.codec;
@@ -431,14 +401,14 @@ void RunCreate(const CommonArgs& args, const CreateArgs& c) {
   opts.add_bos = !c.no_bos;
   opts.timeout_ms = c.create_timeout_s * 1000;
   auto client = Connect(args);
-  if (!client.ok()) return ReportError(client.status());
+  if (!client.ok()) return FailWith(FromClient(client.status()));
   ProgressPrinter printer;
   auto created =
       client->CreatePool(opts, [&](const std::string& stage, int64_t done, int64_t total) {
         printer.Update(stage, done, total);
       });
   printer.Finish();
-  if (!created.ok()) return ReportError(created.status());
+  if (!created.ok()) return FailWith(FromClient(created.status()));
   if (args.json) {
     json j = InfoJson(created->info);
     j["created"] = created->created;
@@ -451,13 +421,13 @@ void RunCreate(const CommonArgs& args, const CreateArgs& c) {
 
 void RunFetch(const CommonArgs& args, const std::string& id) {
   auto client = Connect(args);
-  if (!client.ok()) return ReportError(client.status());
+  if (!client.ok()) return FailWith(FromClient(client.status()));
   ProgressPrinter printer;
   auto fetched = client->FetchPool(id, [&](const std::string& stage, int64_t done, int64_t total) {
     printer.Update(stage, done, total);
   });
   printer.Finish();
-  if (!fetched.ok()) return ReportError(fetched.status());
+  if (!fetched.ok()) return FailWith(FromClient(fetched.status()));
   if (args.json) {
     json j = InfoJson(fetched->info);
     j["fetched"] = fetched->created;
@@ -470,48 +440,51 @@ void RunFetch(const CommonArgs& args, const std::string& id) {
 
 void RunEvict(const CommonArgs& args, const std::string& id, bool force) {
   auto client = Connect(args);
-  if (!client.ok()) return ReportError(client.status());
-  auto full = ResolvePoolId(*client, id);
-  if (!full.ok()) return ReportError(full.status());
-  pc::Status st = client->Evict(*full, force);
-  if (!st.ok()) return ReportError(st);
+  if (!client.ok()) return FailWith(FromClient(client.status()));
+  // EVICT carries the id as given: the daemon resolves a unique prefix (a pool kept only on
+  // disk included). The full id is looked up only to be printed.
+  std::string full = id;
+  if (id.size() < 64) {
+    if (auto info = client->GetPoolInfo(id); info.ok()) full = info->id;
+  }
+  pc::Status st = client->Evict(id, force);
+  if (!st.ok()) return FailWith(FromClient(st));
   if (args.json) {
-    std::cout << json{{"id", *full}, {"evicted", true}, {"force", force}}.dump(2) << "\n";
+    std::cout << json{{"id", full}, {"evicted", true}, {"force", force}}.dump(2) << "\n";
   } else {
-    std::cout << "evicted " << *full << "\n";
+    std::cout << "evicted " << full << "\n";
   }
 }
 
-// Attaches pool `id` (full or a unique prefix) and calls use(full_id, pool, base, size) with
-// its read-only mapping while the lease is held; errors are reported.
+// Attaches pool `id` (full or a unique prefix, resolved by the daemon) and calls
+// use(full_id, pool, base, size) with its read-only mapping while the lease is held; errors
+// are reported.
 template <typename F>
 void WithMappedPool(const CommonArgs& args, const std::string& id, F&& use) {
   auto client = Connect(args);
-  if (!client.ok()) return ReportError(client.status());
-  auto full = ResolvePoolId(*client, id);
-  if (!full.ok()) return ReportError(full.status());
-  auto pool = client->Attach(*full);
-  if (!pool.ok()) return ReportError(pool.status());
+  if (!client.ok()) return FailWith(FromClient(client.status()));
+  auto pool = client->Attach(id);
+  if (!pool.ok()) return FailWith(FromClient(pool.status()));
   const void* base = nullptr;
   uint64_t size = 0;
   pc::Status st = pc::Status::FromC(polykv_pool_mapping(pool->get(), &base, &size));
-  if (!st.ok()) return ReportError(st);
-  use(*full, *pool, base, size);
+  if (!st.ok()) return FailWith(FromClient(st));
+  use(pool->info().id, *pool, base, size);
 }
 
 // Reads a pool file's manifest and its verified region into `region` (ipc/pool_file.h);
 // a bad manifest is reported with `manifest_code`, a bad region with DATA_LOSS.
-bool ReadVerifiedPoolFile(const std::string& file, pc::StatusCode manifest_code,
+bool ReadVerifiedPoolFile(const std::string& file, absl::StatusCode manifest_code,
                           ipc::PoolFileManifest* manifest, std::vector<uint8_t>* region) {
   auto m = ipc::ReadPoolFileManifest(file);
   if (!m.ok()) {
-    ReportError(pc::Status(manifest_code, std::string(m.status().message())));
+    FailWith(Status(manifest_code, m.status().message()));
     return false;
   }
   region->assign(m->pool_bytes, 0);
   polykv::Status s = ipc::ReadPoolFileInto(file, *m, region->data(), region->size());
   if (!s.ok()) {
-    ReportError(pc::Status(pc::StatusCode::kDataLoss, std::string(s.message())));
+    FailWith(Status(absl::StatusCode::kDataLoss, s.message()));
     return false;
   }
   *manifest = *std::move(m);
@@ -527,7 +500,7 @@ void RunExport(const CommonArgs& args, const std::string& id, const std::string&
         polykv::Status w =
             ipc::WritePoolFile(file, info, base, std::min<uint64_t>(size, p.total_bytes));
         if (!w.ok()) {
-          return ReportError(pc::Status(pc::StatusCode::kInternal, std::string(w.message())));
+          return FailWith(Status(absl::StatusCode::kInternal, w.message()));
         }
         if (args.json) {
           std::cout << json{{"id", full}, {"file", file}, {"bytes", p.total_bytes}}.dump(2) << "\n";
@@ -551,8 +524,8 @@ void VerifyRegion(const CommonArgs& args, const VerifyArgs& v, const std::string
                   const void* base, uint64_t size, const std::string& recorded_model) {
   auto reader = ipc::PoolReader::Open(base, size, /*verify_payload=*/true);
   if (!reader.ok()) {
-    return ReportError(pc::Status(pc::StatusCode::kDataLoss,
-                                  what + ": " + std::string(reader.status().message())));
+    return FailWith(
+        Status(absl::StatusCode::kDataLoss, what + ": " + std::string(reader.status().message())));
   }
   const std::vector<ipc::LayerFidelity> recorded = reader->RecordedFidelity();
   std::string model_path = v.model.empty() ? recorded_model : v.model;
@@ -567,20 +540,19 @@ void VerifyRegion(const CommonArgs& args, const VerifyArgs& v, const std::string
     load.threads = v.threads;
     auto m = model::LlamaModel::Load(model_path, load);
     if (!m.ok()) {
-      return ReportError(
-          pc::Status(pc::StatusCode::kFailedPrecondition,
-                     "load " + model_path + ": " + std::string(m.status().message())));
+      return FailWith(Status(absl::StatusCode::kFailedPrecondition,
+                             "load " + model_path + ": " + std::string(m.status().message())));
     }
     if ((*m)->fingerprint() != reader->params().model_fingerprint) {
-      return ReportError(pc::Status(
-          pc::StatusCode::kFailedPrecondition,
+      return FailWith(Status(
+          absl::StatusCode::kFailedPrecondition,
           model_path + " is not the model " + what + " was built with (fingerprints differ)"));
     }
     const std::vector<int32_t> ids = reader->TokenIds();
     auto pre = (*m)->Prefill(ids, 512, nullptr);
     if (!pre.ok()) {
-      return ReportError(
-          pc::Status(pc::StatusCode::kInternal, "prefill: " + std::string(pre.status().message())));
+      return FailWith(
+          Status(absl::StatusCode::kInternal, "prefill: " + std::string(pre.status().message())));
     }
     for (uint32_t l = 0; l < reader->params().layers; ++l) {
       torch::Tensor k = pre->k[l].to(torch::kCPU).to(torch::kFloat32).contiguous();
@@ -588,8 +560,7 @@ void VerifyRegion(const CommonArgs& args, const VerifyArgs& v, const std::string
       auto f = reader->MeasureFidelity(l, k.data_ptr<float>(), vv.data_ptr<float>(),
                                        kernels::DType::kF32);
       if (!f.ok()) {
-        return ReportError(
-            pc::Status(pc::StatusCode::kInternal, std::string(f.status().message())));
+        return FailWith(Status(absl::StatusCode::kInternal, f.status().message()));
       }
       measured.push_back(*f);
       const auto off = [&](double a, double b) {
@@ -650,19 +621,18 @@ void VerifyRegion(const CommonArgs& args, const VerifyArgs& v, const std::string
                     model_path.c_str(), 100 * v.tolerance);
     }
   }
-  if (!problem.empty()) ReportError(pc::Status(pc::StatusCode::kDataLoss, what + ": " + problem));
+  if (!problem.empty()) FailWith(Status(absl::StatusCode::kDataLoss, what + ": " + problem));
 }
 
 void RunVerify(const CommonArgs& args, const std::string& id, const VerifyArgs& v) {
   if (!v.file.empty()) {
     ipc::PoolFileManifest m;
     std::vector<uint8_t> region;
-    if (!ReadVerifiedPoolFile(v.file, pc::StatusCode::kDataLoss, &m, &region)) return;
+    if (!ReadVerifiedPoolFile(v.file, absl::StatusCode::kDataLoss, &m, &region)) return;
     return VerifyRegion(args, v, v.file, region.data(), region.size(), m.info.model);
   }
   if (id.empty()) {
-    return ReportError(
-        pc::Status(pc::StatusCode::kInvalidArgument, "give a pool ID or --file FILE"));
+    return FailWith(Status(absl::StatusCode::kInvalidArgument, "give a pool ID or --file FILE"));
   }
   WithMappedPool(args, id,
                  [&](const std::string& full, const auto& pool, const void* base, uint64_t size) {
@@ -676,12 +646,12 @@ void RunVerify(const CommonArgs& args, const std::string& id, const VerifyArgs& 
 void RunImport(const CommonArgs& args, const std::string& file, const std::string& state_dir) {
   ipc::PoolFileManifest manifest;
   std::vector<uint8_t> region;
-  if (!ReadVerifiedPoolFile(file, pc::StatusCode::kInvalidArgument, &manifest, &region)) return;
+  if (!ReadVerifiedPoolFile(file, absl::StatusCode::kInvalidArgument, &manifest, &region)) return;
   const std::string dest = state_dir + "/pools/" + manifest.info.id + ".pkv";
   polykv::Status s = ipc::WritePoolFile(dest, manifest.info, region.data(), region.size());
   if (!s.ok()) {
-    return ReportError(pc::Status(pc::StatusCode::kInternal,
-                                  std::string(s.message()) + " (is --state-dir polykvd's?)"));
+    return FailWith(Status(absl::StatusCode::kInternal,
+                           std::string(s.message()) + " (is --state-dir polykvd's?)"));
   }
   if (args.json) {
     std::cout
@@ -754,12 +724,12 @@ void RegisterPoolsCommands(CLI::App& app) {
       ->check(CLI::Range(1, 86400));
   create->callback([] {
     if (create_args.model.empty() && create_args.parent.empty()) {
-      return ReportError(pc::Status(pc::StatusCode::kInvalidArgument,
-                                    "pools create needs --model PATH (or --parent ID)"));
+      return FailWith(Status(absl::StatusCode::kInvalidArgument,
+                             "pools create needs --model PATH (or --parent ID)"));
     }
     if (create_args.document.empty() && create_args.token_ids.empty()) {
-      return ReportError(pc::Status(pc::StatusCode::kInvalidArgument,
-                                    "pools create needs --document FILE or --token-ids 1,2,3"));
+      return FailWith(Status(absl::StatusCode::kInvalidArgument,
+                             "pools create needs --document FILE or --token-ids 1,2,3"));
     }
     RunCreate(pools_args, create_args);
   });

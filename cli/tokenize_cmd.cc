@@ -1,13 +1,14 @@
 // `polykv-cli tokenize`: prints the token ids of a text with a model's tokenizer (a GGUF
 // file, even vocabulary-only, a tokenizer.json, a tokenizer.model or a folder with one).
-#include <fstream>
+#include <cstdint>
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "polykv/model/tokenizer.h"
+#include "util/files.h"
 
 namespace polykv::cli {
 namespace {
@@ -19,39 +20,23 @@ struct TokenizeOptions {
   bool no_bos = false;
 };
 
-int RunTokenize(const TokenizeOptions& o, bool has_text) {
+Status RunTokenize(const TokenizeOptions& o, bool has_text) {
   if (has_text == !o.file.empty()) {
-    std::cerr << "error: give exactly one of --file F or TEXT\n";
-    return 1;
+    return absl::InvalidArgumentError("give exactly one of --file F or TEXT");
   }
   std::string text = o.text;
   if (!o.file.empty()) {
-    std::ifstream f(o.file, std::ios::binary);
-    if (!f) {
-      std::cerr << "error: cannot read " << o.file << "\n";
-      return 1;
-    }
-    std::stringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
+    POLYKV_ASSIGN_OR_RETURN(text, ReadFile(o.file));
   }
-  auto tok = polykv::model::LoadTokenizer(o.model);
-  if (!tok.ok()) {
-    std::cerr << "error: " << tok.status().message() << "\n";
-    return 1;
-  }
-  auto ids = (*tok)->Encode(text, /*add_bos=*/!o.no_bos);
-  if (!ids.ok()) {
-    std::cerr << "error: " << ids.status().message() << "\n";
-    return 1;
-  }
+  POLYKV_ASSIGN_OR_RETURN(auto tok, polykv::model::LoadTokenizer(o.model));
+  POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode(text, /*add_bos=*/!o.no_bos));
   std::string line;
-  for (size_t i = 0; i < ids->size(); ++i) {
+  for (size_t i = 0; i < ids.size(); ++i) {
     if (i) line += ' ';
-    line += std::to_string((*ids)[i]);
+    line += std::to_string(ids[i]);
   }
   std::cout << line << "\n";
-  return 0;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -68,7 +53,7 @@ void RegisterTokenizeCommands(CLI::App& app) {
   CLI::Option* text_opt = cmd->add_option("text", opts->text, "The text to tokenize");
   cmd->add_flag("--no-bos", opts->no_bos, "Do not prepend BOS (even if the model adds one)");
   cmd->callback([opts, text_opt] {
-    if (RunTokenize(*opts, text_opt->count() > 0) != 0) ExitCode() = 1;
+    if (Status s = RunTokenize(*opts, text_opt->count() > 0); !s.ok()) FailWith(s);
   });
 }
 

@@ -3,14 +3,15 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "polykv/agent.h"
+#include "util/files.h"
 
 namespace polykv::eval {
 
@@ -44,14 +45,13 @@ StatusOr<std::vector<GreedyRow>> GreedyAgreement(model::LlamaModel& m,
                                                  const GreedyOptions& o) {
   const model::Tokenizer* tok = m.tokenizer();
   if (tok == nullptr) return absl::InvalidArgumentError("greedy: the model ships no tokenizer");
-  std::ifstream df(o.document, std::ios::binary);
-  if (!df) return absl::NotFoundError(absl::StrCat(o.document, ": cannot open"));
-  std::string doc((std::istreambuf_iterator<char>(df)), std::istreambuf_iterator<char>());
-  std::ifstream qf(o.questions);
-  if (!qf) return absl::NotFoundError(absl::StrCat(o.questions, ": cannot open"));
+  POLYKV_ASSIGN_OR_RETURN(const std::string doc, cli::ReadFile(o.document));
+  POLYKV_ASSIGN_OR_RETURN(const std::string questions, cli::ReadFile(o.questions));
   std::vector<std::string> qs;
-  for (std::string line; std::getline(qf, line) && static_cast<int>(qs.size()) < o.count;)
-    if (!line.empty() && line[0] != '#') qs.push_back(line);  // '#': a comment, as `agents run`
+  for (absl::string_view line : absl::StrSplit(questions, '\n')) {
+    if (static_cast<int>(qs.size()) >= o.count) break;
+    if (!line.empty() && line[0] != '#') qs.emplace_back(line);  // '#': a comment, as `agents run`
+  }
   POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> doc_ids,
                           tok->Encode(client::ChatDocument(doc), tok->adds_bos()));
   const model::ModelConfig& cfg = m.config();

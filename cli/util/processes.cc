@@ -10,11 +10,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "absl/status/status.h"
+#include "util/files.h"
 
 extern char** environ;
 
@@ -50,7 +49,7 @@ void Finish(Child& c, int status, const struct rusage& ru) {
   c.max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   if (WIFEXITED(status)) c.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) c.signal = WTERMSIG(status);
-  std::string out = ReadWholeFile(c.out_path);
+  std::string out = ReadFile(c.out_path).value_or("");
   if (c.exit_code == 0) {
     try {
       c.result = json::parse(out);
@@ -58,7 +57,7 @@ void Finish(Child& c, int status, const struct rusage& ru) {
       c.error = std::string("unparsable agent output: ") + e.what();
     }
   } else {
-    std::string err = ReadWholeFile(c.err_path);
+    std::string err = ReadFile(c.err_path).value_or("");
     while (!err.empty() && err.back() == '\n') err.pop_back();
     size_t nl = err.rfind('\n');
     c.error = c.signal ? "killed by signal " + std::to_string(c.signal)
@@ -68,13 +67,6 @@ void Finish(Child& c, int status, const struct rusage& ru) {
 }
 
 }  // namespace
-
-std::string ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string SelfExe() {
   std::error_code ec;

@@ -31,9 +31,6 @@ struct Child {
   std::string error;               ///< the last line of stderr (or why it failed) otherwise
 };
 
-/// The whole file (empty when it cannot be read).
-std::string ReadWholeFile(const std::string& path);
-
 /// The running executable (/proc/self/exe), or "polykv-cli".
 std::string SelfExe();
 

@@ -18,9 +18,14 @@ StatusOr<std::vector<int32_t>> ParseTokenIds(const std::string& text, const std:
     char* end = nullptr;
     errno = 0;
     const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (end == item.c_str() || *end != '\0' || errno != 0 || v < 0 || v > INT32_MAX) {
+    if (end == item.c_str() || *end != '\0') {
       return absl::InvalidArgumentError(
           absl::StrCat(flag, ": \"", item, "\" is not a token id (expected 1,2,3)"));
+    }
+    if (v < 0 || v > INT32_MAX || errno == ERANGE) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": \"", item, "\" is ",
+                                                     v < 0 ? "negative" : "too large",
+                                                     ": token ids are 0..", INT32_MAX));
     }
     ids.push_back(static_cast<int32_t>(v));
   }

@@ -4,7 +4,6 @@
 
 #include <xxhash.h>
 
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -12,6 +11,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "device_memory.h"
+#include "polykv/kernels/dtype_convert.h"
 
 namespace polykv::ipc {
 namespace {
@@ -31,65 +31,21 @@ kernels::LayerShape ShapeOf(const PoolParams& p) {
   return s;
 }
 
-// ---- dtype conversion for PoolCodec::kNone (host only) ----
+// ---- dtype conversion for PoolCodec::kNone (host only; kernels/dtype_convert.h) ----
 
-float Bf16ToF32(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t F32ToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-float F16ToF32(uint16_t h) {
-  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
-  uint32_t u;
-  if (exp == 0) {
-    if (man == 0) {
-      u = sign;
-    } else {  // subnormal
-      float f = std::ldexp(static_cast<float>(man), -24);
-      return sign ? -f : f;
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (man << 13);
-  } else {
-    u = sign | ((exp + 112) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t F32ToF16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflow -> inf
-  if (abs < 0x38800000u) {                        // subnormal or zero
-    float a;
-    std::memcpy(&a, &abs, 4);
-    return sign | static_cast<uint16_t>(std::nearbyint(a * 16777216.0f));
-  }
-  uint32_t mant_odd = (abs >> 13) & 1u;
-  abs += 0xc8000fffu + mant_odd;  // rebias exponent (-112 << 23) and round to nearest even
-  return sign | static_cast<uint16_t>(abs >> 13);
-}
+using kernels::dtype::Bf16ToFloat;
+using kernels::dtype::F16ToFloat;
+using kernels::dtype::FloatToBf16;
+using kernels::dtype::FloatToF16;
 
 float LoadAsF32(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::kF32:
       return static_cast<const float*>(p)[i];
     case DType::kF16:
-      return F16ToF32(static_cast<const uint16_t*>(p)[i]);
+      return F16ToFloat(static_cast<const uint16_t*>(p)[i]);
     case DType::kBF16:
-      return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
+      return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
   }
   return 0;
 }
@@ -99,10 +55,10 @@ void StoreF32(void* p, DType t, int64_t i, float v) {
       static_cast<float*>(p)[i] = v;
       break;
     case DType::kF16:
-      static_cast<uint16_t*>(p)[i] = F32ToF16(v);
+      static_cast<uint16_t*>(p)[i] = FloatToF16(v);
       break;
     case DType::kBF16:
-      static_cast<uint16_t*>(p)[i] = F32ToBf16(v);
+      static_cast<uint16_t*>(p)[i] = FloatToBf16(v);
       break;
   }
 }

@@ -385,7 +385,7 @@ inline float Load1(const uint8_t* w, int64_t i) {
   } else if constexpr (kKind == 1) {
     return H16(w + 2 * i);
   } else {
-    return LoadBf16(w + 2 * i);
+    return dtype::LoadBf16(w + 2 * i);
   }
 }
 

@@ -1,12 +1,16 @@
 // Internal pieces of the matrix kernels shared by the scalar reference and the SIMD
-// variants: activation block formats, the per-ISA dot-product tables, f16 loads.
+// variants: activation block formats, the per-ISA dot-product tables; f16 / bf16 loads are
+// dtype::LoadF16 / dtype::LoadBf16 (dtype_convert.h).
 // The SIMD sources (matmul_avx2.cc, matmul_avx512.cc) are compiled with their ISA flags:
 // they include only this header and <immintrin.h> so that no inline function compiled
-// with wider instructions can be shared with (and picked by the linker for) scalar code.
+// with wider instructions can be shared with (and picked by the linker for) scalar code
+// (dtype_convert.h, included here, is forced inline at every call: it emits no such copy).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+
+#include "polykv/kernels/dtype_convert.h"
 
 namespace polykv::kernels::mm {
 
@@ -158,50 +162,6 @@ bool DequantizeBlocksAvx2(int type_index, const uint8_t* src, int64_t nb, float*
 void QuantizeActQ8Avx2(const float* x, int64_t cols, bool permuted, uint8_t* row);
 /// Quantizes cols (a multiple of 256) f32 values to cols / 256 ActQ8K blocks.
 void QuantizeActQ8K(const float* x, int64_t cols, ActQ8K* out);
-
-/// IEEE binary16 bits -> f32 (exact; subnormals included).
-static inline float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t man = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {
-      int e = -1;
-      do {
-        ++e;
-        man <<= 1;
-      } while ((man & 0x400u) == 0);
-      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | man << 13;
-  } else {
-    bits = sign | (exp + 127 - 15) << 23 | man << 13;
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-/// f16 at an unaligned address.
-static inline float LoadHalf(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return HalfToFloat(h);
-}
-
-/// bf16 at an unaligned address.
-static inline float LoadBf16(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 /// 6-bit scale and min number j (0..7) of a Q4_K / Q5_K scales[12] array.
 static inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {

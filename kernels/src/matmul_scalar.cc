@@ -5,6 +5,9 @@
 namespace polykv::kernels::mm {
 namespace {
 
+using dtype::LoadBf16;
+using dtype::LoadF16;
+
 // ---- dot products: weight block x activation block ------------------------------------
 
 float DotF32(const uint8_t* w, int64_t n, const float* x) {
@@ -19,7 +22,7 @@ float DotF32(const uint8_t* w, int64_t n, const float* x) {
 
 float DotF16(const uint8_t* w, int64_t n, const float* x) {
   float acc = 0.0f;
-  for (int64_t i = 0; i < n; ++i) acc += LoadHalf(w + 2 * i) * x[i];
+  for (int64_t i = 0; i < n; ++i) acc += LoadF16(w + 2 * i) * x[i];
   return acc;
 }
 
@@ -52,7 +55,7 @@ float DotQ4_0(const uint8_t* w, int64_t nb, const uint8_t* xr) {
     for (int j = 0; j < 16; ++j)
       s += (qs[j] & 0x0f) * x.Code(b, j) + (qs[j] >> 4) * x.Code(b, j + 16);
     // sum (q - 8) x = sum q x - 8 sum x; d dx sum x = d ds.
-    acc += LoadHalf(w) * x.Dx(b) * static_cast<float>(s) - 8.0f * LoadHalf(w) * x.Ds(b);
+    acc += LoadF16(w) * x.Dx(b) * static_cast<float>(s) - 8.0f * LoadF16(w) * x.Ds(b);
   }
   return acc;
 }
@@ -65,7 +68,7 @@ float DotQ4_1(const uint8_t* w, int64_t nb, const uint8_t* xr) {
     int32_t s = 0;
     for (int j = 0; j < 16; ++j)
       s += (qs[j] & 0x0f) * x.Code(b, j) + (qs[j] >> 4) * x.Code(b, j + 16);
-    acc += LoadHalf(w) * x.Dx(b) * static_cast<float>(s) + LoadHalf(w + 2) * x.Ds(b);
+    acc += LoadF16(w) * x.Dx(b) * static_cast<float>(s) + LoadF16(w + 2) * x.Ds(b);
   }
   return acc;
 }
@@ -88,7 +91,7 @@ float DotQ5_0(const uint8_t* w, int64_t nb, const uint8_t* xr) {
     Q5Codes(w + 2, w + 6, q5);
     int32_t s = 0;
     for (int j = 0; j < 32; ++j) s += q5[j] * x.Code(b, j);
-    acc += LoadHalf(w) * x.Dx(b) * static_cast<float>(s) - 16.0f * LoadHalf(w) * x.Ds(b);
+    acc += LoadF16(w) * x.Dx(b) * static_cast<float>(s) - 16.0f * LoadF16(w) * x.Ds(b);
   }
   return acc;
 }
@@ -101,7 +104,7 @@ float DotQ5_1(const uint8_t* w, int64_t nb, const uint8_t* xr) {
     Q5Codes(w + 4, w + 8, q5);
     int32_t s = 0;
     for (int j = 0; j < 32; ++j) s += q5[j] * x.Code(b, j);
-    acc += LoadHalf(w) * x.Dx(b) * static_cast<float>(s) + LoadHalf(w + 2) * x.Ds(b);
+    acc += LoadF16(w) * x.Dx(b) * static_cast<float>(s) + LoadF16(w + 2) * x.Ds(b);
   }
   return acc;
 }
@@ -113,7 +116,7 @@ float DotQ8_0(const uint8_t* w, int64_t nb, const uint8_t* xr) {
     const int8_t* qs = reinterpret_cast<const int8_t*>(w + 2);
     int32_t s = 0;
     for (int j = 0; j < 32; ++j) s += qs[j] * x.Code(b, j);
-    acc += LoadHalf(w) * x.Dx(b) * static_cast<float>(s);
+    acc += LoadF16(w) * x.Dx(b) * static_cast<float>(s);
   }
   return acc;
 }
@@ -147,8 +150,8 @@ float DotQ45_KRef(const uint8_t* w, int64_t nb, const ActQ8K* x, bool q5) {
       smin += mn0 * (int64_t{x->bsums[4 * i]} + x->bsums[4 * i + 1]) +
               mn1 * (int64_t{x->bsums[4 * i + 2]} + x->bsums[4 * i + 3]);
     }
-    acc += LoadHalf(w) * x->d * static_cast<float>(sdot) -
-           LoadHalf(w + 2) * x->d * static_cast<float>(smin);
+    acc += LoadF16(w) * x->d * static_cast<float>(sdot) -
+           LoadF16(w + 2) * x->d * static_cast<float>(smin);
   }
   return acc;
 }
@@ -183,7 +186,7 @@ float DotQ6_K(const uint8_t* w, int64_t nb, const ActQ8K* x) {
       qh += 32;
       sc += 8;
     }
-    acc += LoadHalf(w + 208) * x->d * static_cast<float>(sum);
+    acc += LoadF16(w + 208) * x->d * static_cast<float>(sum);
   }
   return acc;
 }
@@ -220,7 +223,7 @@ DotTable MakeScalarTable() {
 // ---- dequantization: one block to f32 ---------------------------------------------------
 
 void DeqQ4_0(const uint8_t* b, float* y) {
-  const float d = LoadHalf(b);
+  const float d = LoadF16(b);
   const uint8_t* qs = b + 2;
   for (int j = 0; j < 16; ++j) {
     y[j] = static_cast<float>((qs[j] & 0x0f) - 8) * d;
@@ -229,7 +232,7 @@ void DeqQ4_0(const uint8_t* b, float* y) {
 }
 
 void DeqQ4_1(const uint8_t* b, float* y) {
-  const float d = LoadHalf(b), m = LoadHalf(b + 2);
+  const float d = LoadF16(b), m = LoadF16(b + 2);
   const uint8_t* qs = b + 4;
   for (int j = 0; j < 16; ++j) {
     y[j] = static_cast<float>(qs[j] & 0x0f) * d + m;
@@ -238,27 +241,27 @@ void DeqQ4_1(const uint8_t* b, float* y) {
 }
 
 void DeqQ5_0(const uint8_t* b, float* y) {
-  const float d = LoadHalf(b);
+  const float d = LoadF16(b);
   uint8_t q5[32];
   Q5Codes(b + 2, b + 6, q5);
   for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(q5[j] - 16) * d;
 }
 
 void DeqQ5_1(const uint8_t* b, float* y) {
-  const float d = LoadHalf(b), m = LoadHalf(b + 2);
+  const float d = LoadF16(b), m = LoadF16(b + 2);
   uint8_t q5[32];
   Q5Codes(b + 4, b + 8, q5);
   for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(q5[j]) * d + m;
 }
 
 void DeqQ8_0(const uint8_t* b, float* y) {
-  const float d = LoadHalf(b);
+  const float d = LoadF16(b);
   const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
   for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
 }
 
 void DeqQ4_K(const uint8_t* b, float* y) {
-  const float d = LoadHalf(b), dmin = LoadHalf(b + 2);
+  const float d = LoadF16(b), dmin = LoadF16(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* q = b + 16;
   for (int i = 0; i < 4; ++i) {
@@ -274,7 +277,7 @@ void DeqQ4_K(const uint8_t* b, float* y) {
 }
 
 void DeqQ5_K(const uint8_t* b, float* y) {
-  const float d = LoadHalf(b), dmin = LoadHalf(b + 2);
+  const float d = LoadF16(b), dmin = LoadF16(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
   const uint8_t* ql = b + 48;
@@ -296,7 +299,7 @@ void DeqQ6_K(const uint8_t* b, float* y) {
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-  const float d = LoadHalf(b + 208);
+  const float d = LoadF16(b + 208);
   for (int h = 0; h < 2; ++h) {
     for (int l = 0; l < 32; ++l) {
       const int is = l / 16;
@@ -317,7 +320,7 @@ void DeqQ6_K(const uint8_t* b, float* y) {
 }
 
 void DeqF32(const uint8_t* b, float* y) { std::memcpy(y, b, 4); }
-void DeqF16(const uint8_t* b, float* y) { *y = LoadHalf(b); }
+void DeqF16(const uint8_t* b, float* y) { *y = LoadF16(b); }
 void DeqBf16(const uint8_t* b, float* y) { *y = LoadBf16(b); }
 
 }  // namespace

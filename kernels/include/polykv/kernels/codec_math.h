@@ -10,21 +10,16 @@
 // Nothing in this header allocates, throws or touches global state.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-
-#if defined(__CUDACC__)
-#define POLYKV_HD __host__ __device__
-#define POLYKV_HD_RESTRICT __restrict__
-#else
-#define POLYKV_HD
-#define POLYKV_HD_RESTRICT __restrict__
-#endif
-
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+
+// POLYKV_HD (= __host__ __device__ under nvcc), POLYKV_HD_RESTRICT and the f16/bf16 <-> f32
+// conversions (re-exported below as math::F16ToFloat, ...).
+#include "polykv/kernels/dtype_convert.h"
 
 #if defined(__SSE2__) && !defined(__CUDACC__)
 #include <emmintrin.h>
@@ -86,76 +81,17 @@ constexpr int kMaxLevels = 1 << kMaxValueBits;
 // Bit casts and dtype conversions (bit-exact, round-to-nearest-even, host == device).
 // ---------------------------------------------------------------------------------------
 
-/// Reinterprets the bits of an f32 as uint32.
-POLYKV_HD inline uint32_t FloatBits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-
-/// Reinterprets uint32 bits as an f32.
-POLYKV_HD inline float BitsFloat(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
+// Defined once in dtype_convert.h (also used outside the codec: matrix kernels, pool format).
+using dtype::BitsFloat;
+using dtype::FloatBits;
 
 /// True for NaN and +-Inf (exponent bits all ones); exact for every input bit pattern.
 POLYKV_HD inline bool IsNonFinite(float f) { return (FloatBits(f) & 0x7F800000u) == 0x7F800000u; }
 
-/// bf16 bits -> f32 (exact: bf16 is the upper half of an f32).
-POLYKV_HD inline float Bf16ToFloat(uint16_t h) { return BitsFloat(uint32_t{h} << 16); }
-
-/// f32 -> bf16 bits, round to nearest, ties to even. NaN -> quiet NaN (0x7FC0 | sign);
-/// values above the bf16 range round to +-Inf as IEEE requires.
-POLYKV_HD inline uint16_t FloatToBf16(float f) {
-  const uint32_t u = FloatBits(f);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (u >> 16) | 0x0040u;
-  // Branch-free select (vectorizes); the magnitude fits a signed compare.
-  return static_cast<uint16_t>(static_cast<int32_t>(u & 0x7FFFFFFFu) > 0x7F800000 ? quiet_nan
-                                                                                  : rounded);
-}
-
-/// IEEE binary16 bits -> f32 (exact for all 65536 inputs; subnormals included).
-POLYKV_HD inline float F16ToFloat(uint16_t h) {
-  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
-  const uint32_t exp = (h >> 10) & 0x1Fu;
-  const uint32_t mant = h & 0x3FFu;
-  if (exp == 0) {
-    // Subnormal or zero: mant * 2^-24, exact in f32.
-    const float mag = static_cast<float>(mant) * 5.9604644775390625e-8f;
-    return BitsFloat(FloatBits(mag) | sign);
-  }
-  if (exp == 31) return BitsFloat(sign | 0x7F800000u | (mant << 13));
-  return BitsFloat(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
-/// f32 -> IEEE binary16 bits, round to nearest, ties to even; overflow -> +-Inf,
-/// NaN -> quiet NaN (0x7E00 | sign), results below 2^-14 become correctly rounded subnormals.
-POLYKV_HD inline uint16_t FloatToF16(float f) {
-  const uint32_t u = FloatBits(f);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  uint32_t a = u & 0x7FFFFFFFu;
-  if (a >= 0x7F800000u) return static_cast<uint16_t>(sign | (a > 0x7F800000u ? 0x7E00u : 0x7C00u));
-  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520 -> Inf
-  if (a < 0x38800000u) {
-    // |f| < 2^-14: subnormal half m * 2^-24 with m = rne(|f| * 2^24) in [0, 1024]
-    // (1024 is the encoding of the smallest normal, 0x0400). |f| * 2^24 is exact.
-    const float m = rintf(BitsFloat(a) * 16777216.0f);
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(m));
-  }
-  a += 0x0FFFu + ((a >> 13) & 1u);  // round the 13 dropped mantissa bits, ties to even
-  return static_cast<uint16_t>(sign | ((a - 0x38000000u) >> 13));
-}
+using dtype::Bf16ToFloat;
+using dtype::F16ToFloat;
+using dtype::FloatToBf16;
+using dtype::FloatToF16;
 
 /// Loads element `i` of a tensor of dtype code `dtype` (0 f32, 1 f16, 2 bf16) as f32.
 POLYKV_HD inline float LoadF32(const void* p, int dtype, int64_t i) {
