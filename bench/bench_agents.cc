@@ -11,12 +11,6 @@
 // (3) Decode tokens/s with a 1.4K and a 4K-token prefix, in place vs decompressed, 1 and 2
 //     threads.
 // Uses SmolLM2 ($POLYKV_SMOLLM2_GGUF or --model), else stories260K (short documents).
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -25,7 +19,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,8 +26,8 @@
 #include "polykv/agent.h"
 #include "polykv/client.h"
 #include "polykv/model/llama.h"
-
-extern char** environ;
+#include "support/files.h"
+#include "support/process.h"
 
 namespace {
 
@@ -56,51 +49,7 @@ std::string FindUp(const std::string& rel) {
   return rel;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& out, const std::string& err) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  std::vector<char*> c;
-  for (const auto& s : argv) c.push_back(const_cast<char*>(s.c_str()));
-  c.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, c[0], &fa, nullptr, c.data(), environ) != 0) pid = -1;
-  posix_spawn_file_actions_destroy(&fa);
-  return pid;
-}
-
-// polykvd child on a private endpoint; SIGTERM on destruction.
-struct DaemonGuard {
-  std::string dir, endpoint;
-  pid_t pid = -1;
-  ~DaemonGuard() {
-    if (pid > 0) {
-      kill(pid, SIGTERM);
-      for (int i = 0; i < 100; ++i) {
-        if (waitpid(pid, nullptr, WNOHANG) == pid) {
-          pid = -1;
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-      if (pid > 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, nullptr, 0);
-      }
-    }
-    std::error_code ec;
-    if (!dir.empty()) fs::remove_all(dir, ec);
-  }
-};
+using polykv::support::ReadFile;
 
 // MemAvailable from /proc/meminfo, bytes.
 double MemAvailable() {
@@ -156,14 +105,26 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  DaemonGuard d;
-  {
-    char tmpl[] = "/tmp/polykv-bench-XXXXXX";
-    d.dir = mkdtemp(tmpl);
+  // polykvd child on a private endpoint, stopped (SIGTERM, SIGKILL after 10 s) on the way out
+  // before its folder is removed.
+  struct DaemonGuard {
+    polykv::support::TempDir tmp{"polykv-bench-"};
+    std::string dir = tmp.path(), endpoint;
+    polykv::support::Process proc;
+    ~DaemonGuard() { proc.Stop(10000); }
+  } d;
+  if (!d.tmp.ok()) {
+    std::fprintf(stderr, "error: cannot create a temporary folder under /tmp\n");
+    return 1;
   }
   d.endpoint = "ipc://" + d.dir + "/control.sock";
-  d.pid = Spawn({daemon_bin, "--endpoint", d.endpoint, "--backend", "host", "--log-level", "warn"},
-                d.dir + "/polykvd.out", d.dir + "/polykvd.err");
+  if (absl::Status s = d.proc.Start(
+          {daemon_bin, "--endpoint", d.endpoint, "--backend", "host", "--log-level", "warn"},
+          d.dir + "/polykvd.out", d.dir + "/polykvd.err");
+      !s.ok()) {
+    std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+    return 1;
+  }
   polykv_client* c = nullptr;
   for (int i = 0; i < 100 && polykv_connect(d.endpoint.c_str(), 500, &c) != POLYKV_OK; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -285,7 +246,8 @@ int main(int argc, char** argv) {
         std::ofstream(hold).put('1');
         std::this_thread::sleep_for(std::chrono::milliseconds(300));
         const double before = MemAvailable();
-        std::vector<pid_t> pids;
+        std::vector<polykv::support::Process> agents(n);
+        bool failed = false;
         for (int i = 0; i < n; ++i) {
           std::vector<std::string> argv = {cli_bin,
                                            "agent",
@@ -307,22 +269,21 @@ int main(int argc, char** argv) {
                                            "--hold-while-exists",
                                            hold};
           argv.insert(argv.end(), su.flags.begin(), su.flags.end());
-          pids.push_back(Spawn(argv, d.dir + "/a" + std::to_string(i) + ".out",
-                               d.dir + "/a" + std::to_string(i) + ".err"));
+          if (absl::Status s = agents[i].Start(argv, d.dir + "/a" + std::to_string(i) + ".out",
+                                               d.dir + "/a" + std::to_string(i) + ".err");
+              !s.ok()) {
+            std::fprintf(stderr, "agent %d: %s\n", i, s.ToString().c_str());
+            failed = true;
+          }
         }
         // Wait until every agent answered and holds (or one died).
-        bool failed = false;
-        for (;;) {
+        while (!failed) {
           int holding = 0;
           for (int i = 0; i < n; ++i) {
-            if (ReadFile(d.dir + "/a" + std::to_string(i) + ".err").find("holding") !=
-                std::string::npos)
+            if (polykv::support::FileContains(d.dir + "/a" + std::to_string(i) + ".err", "holding"))
               ++holding;
-            int st = 0;
-            if (waitpid(pids[i], &st, WNOHANG) == pids[i]) {
-              std::fprintf(stderr, "agent %d exited early:\n%s\n", i,
-                           ReadFile(d.dir + "/a" + std::to_string(i) + ".err").c_str());
-              pids[i] = -1;
+            if (agents[i].running() && agents[i].Wait(0)) {
+              std::fprintf(stderr, "agent %d exited early:\n%s\n", i, agents[i].err().c_str());
               failed = true;
             }
           }
@@ -339,7 +300,7 @@ int main(int argc, char** argv) {
         double pss = 0, priv = 0;
         int ok = 0;
         for (int i = 0; i < n; ++i) {
-          if (pids[i] > 0) waitpid(pids[i], nullptr, 0);
+          agents[i].Wait(-1);
           try {
             json j = json::parse(ReadFile(d.dir + "/a" + std::to_string(i) + ".out"));
             pss += j["stats"]["pss_bytes"].get<double>();

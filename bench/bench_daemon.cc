@@ -26,6 +26,7 @@
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
+#include "support/files.h"
 
 namespace {
 
@@ -95,8 +96,12 @@ int main(int argc, char** argv) {
   std::string model_label;
   const Request create = polykv::bench::DocumentCreateRequest(codec, &model_label);
 
-  char dir_tmpl[] = "/tmp/polykv-bench-XXXXXX";
-  std::string dir = mkdtemp(dir_tmpl);
+  polykv::support::TempDir tmp("polykv-bench-");  // removed on every way out
+  if (!tmp.ok()) {
+    std::fprintf(stderr, "error: cannot create a temporary folder under /tmp\n");
+    return 1;
+  }
+  const std::string dir = tmp.path();
   polykv::daemon::DaemonOptions o;
   o.endpoint = "ipc://" + dir + "/control.sock";
   o.backend = "host";
@@ -178,7 +183,6 @@ int main(int argc, char** argv) {
   daemon->Stop();
   server.join();
   daemon.reset();
-  std::filesystem::remove_all(dir);
 
   std::printf("bench_daemon: %s, codec %s, %llu tokens, pool %llu bytes (%.2fx vs bf16)\n",
               model_label.c_str(), info.codec.c_str(), static_cast<unsigned long long>(info.tokens),

@@ -23,6 +23,7 @@
 #include "bench_documents.h"
 #include "daemon.h"
 #include "polykv/ipc/protocol.h"
+#include "support/files.h"
 
 namespace {
 
@@ -96,8 +97,12 @@ int main(int argc, char** argv) {
   std::string model_label;
   const Request create = polykv::bench::DocumentCreateRequest(codec, &model_label);
 
-  char dir_tmpl[] = "/tmp/polykv-bench-restart-XXXXXX";
-  const std::string dir = mkdtemp(dir_tmpl);
+  polykv::support::TempDir tmp("polykv-bench-restart-");  // removed on every way out
+  if (!tmp.ok()) {
+    std::fprintf(stderr, "error: cannot create a temporary folder under /tmp\n");
+    return 1;
+  }
+  const std::string dir = tmp.path();
   polykv::daemon::DaemonOptions base;
   base.endpoint = "ipc://" + dir + "/control.sock";
   base.backend = "host";
@@ -149,7 +154,6 @@ int main(int argc, char** argv) {
     (void)Call(o.endpoint, attach);
     preload_ms = MsSince(t0);
   }
-  std::filesystem::remove_all(dir);
 
   const auto& p = *info.pool;
   std::printf("bench_restart: %s, codec %s, %llu tokens, pool %llu bytes, file %llu bytes\n",

@@ -45,9 +45,9 @@ else
   TARGETS=(--target ipc_protocol_test ipc_pool_layout_test ipc_shm_region_test
            ipc_sealed_region_test daemon_pool_manager_test daemon_server_test
            daemon_faults_test daemon_process_test daemon_process_faults_test client_api_test
-           client_daemon_test cli_pools_test polykvd polykv-cli)
+           client_daemon_test cli_pools_test test_support_test polykvd polykv-cli)
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$SUPP/tsan.supp"
-  SELECT=(-R '^(Protocol|PoolLayout|ShmRegion|SealedRegion|PoolManager|DaemonServer|DaemonFlags|ParseByteSize|PoolManagerFaults|DaemonFaults|ModelWeightBytes|ProcessTest|ProcessFaults|RootFaults|Client|FakePool|CliPools)')
+  SELECT=(-R '^(Protocol|PoolLayout|ShmRegion|SealedRegion|PoolManager|DaemonServer|DaemonFlags|ParseByteSize|PoolManagerFaults|DaemonFaults|ModelWeightBytes|ProcessTest|ProcessFaults|RootFaults|Client|FakePool|CliPools|TestSupport)')
 fi
 if [ ${#ONLY_TARGETS[@]} -gt 0 ]; then TARGETS=(--target "${ONLY_TARGETS[@]}"); fi
 echo "sanitize: $MODE build in $BUILD" >&2

@@ -18,7 +18,7 @@ TEST(AttachStorm, ManyProcessesAttachOnePoolAtOnce) {
   const int n = EnvInt("POLYKV_STORM_PROCESSES", 256);
   TempDir dir;
   DaemonProc d(dir, {"--lease-seconds", "30"});
-  ASSERT_TRUE(d.Start()) << ReadText(d.log());
+  ASSERT_TRUE(d.Start()) << ReadFile(d.log());
   RawClient c(dir.endpoint());
   auto created = c.Call(daemon::testing::CreateRequest("k8v3"), 60000);
   ASSERT_TRUE(created.ok() && created->ok);
@@ -42,7 +42,7 @@ TEST(AttachStorm, ManyProcessesAttachOnePoolAtOnce) {
     const int rc = WaitExit(pids[i], 300000);
     exited += rc != -1;
     const std::string out = dir.path() + "/client-" + std::to_string(i) + ".out";
-    std::string line = ReadText(out);
+    std::string line = ReadFile(out);
     try {
       auto j = nlohmann::json::parse(line);
       if (j.value("ok", false) && rc == 0) {
@@ -53,7 +53,7 @@ TEST(AttachStorm, ManyProcessesAttachOnePoolAtOnce) {
         ++errors[j.value("code", std::string("?")) + ": " + j.value("error", std::string())];
       }
     } catch (const std::exception&) {
-      ++errors["no output (rc " + std::to_string(rc) + "): " + ReadText(out + ".err")];
+      ++errors["no output (rc " + std::to_string(rc) + "): " + ReadFile(out + ".err")];
     }
   }
   std::printf("\nattach storm: %d processes, %d succeeded\n", n, ok);

@@ -63,7 +63,7 @@ TEST(Chaos, SeededSigkillCyclesLeaveNothingBehind) {
   std::printf("chaos: %d cycles, seed %llu\n", cycles, static_cast<unsigned long long>(seed));
   TempDir dir;
   DaemonProc d(dir, {"--lease-seconds", "2", "--create-workers", "2"});
-  ASSERT_TRUE(d.Start()) << ReadText(d.log());
+  ASSERT_TRUE(d.Start()) << ReadFile(d.log());
   const char* kPhases[] = {"create", "attach", "decode", "generate"};
   std::map<std::string, int> tally;
   double worst_exit_ms = 0;
@@ -75,7 +75,7 @@ TEST(Chaos, SeededSigkillCyclesLeaveNothingBehind) {
     // generate, the others a few hundred ms.
     const int delay_ms = static_cast<int>(rng() % (phase == "generate" ? 1500 : 400));
     if (d.pid() <= 0) {
-      ASSERT_TRUE(d.Start()) << "cycle " << cycle << ": restart\n" << ReadText(d.log());
+      ASSERT_TRUE(d.Start()) << "cycle " << cycle << ": restart\n" << ReadFile(d.log());
     }
     // A pool to work on (created fresh after a restart).
     std::string pool;
@@ -133,7 +133,7 @@ TEST(Chaos, SeededSigkillCyclesLeaveNothingBehind) {
     EXPECT_TRUE(daemon::testing::ShmObjects(d.prefix()).empty()) << "cycle " << cycle;
     if (kill_daemon) {
       ASSERT_TRUE(d.Start()) << "cycle " << cycle << ": restart over the stale socket\n"
-                             << ReadText(d.log());
+                             << ReadFile(d.log());
       EXPECT_EQ(CheckPoolsWhole(dir.endpoint()), 0) << "a restarted daemon has no pools";
     } else {
       EXPECT_GE(CheckPoolsWhole(dir.endpoint()), 1) << "cycle " << cycle;

@@ -18,7 +18,7 @@ namespace polykv::fault {
 
 using daemon::testing::Exists;
 using daemon::testing::RawClient;
-using daemon::testing::ReadText;
+using daemon::testing::ReadFile;
 using daemon::testing::Spawn;
 using daemon::testing::TempDir;
 using daemon::testing::WaitExit;

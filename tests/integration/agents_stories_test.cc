@@ -373,7 +373,8 @@ TEST_F(AgentsStories, SigkilledAgentLeavesPoolIntactAndLeaseExpires) {
   Process victim;
   std::vector<std::string> argv = AgentArgv(*daemon_, pool, st.prompts[1]);
   argv.insert(argv.end(), {"--debug-pause-after-step", "1", "--debug-pause-ms", "60000"});
-  ASSERT_TRUE(victim.Start(argv, daemon_->dir() + "/victim.out", daemon_->dir() + "/victim.err"));
+  ASSERT_TRUE(
+      victim.Start(argv, daemon_->dir() + "/victim.out", daemon_->dir() + "/victim.err").ok());
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (victim.err().find("paused after forward step 1") == std::string::npos) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << victim.err();

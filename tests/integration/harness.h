@@ -1,15 +1,12 @@
-// Multi-process test harness: temp dirs, child processes (posix_spawn, output to files,
-// bounded waits), a polykvd process guard that always cleans up (SIGTERM, then SIGKILL,
-// then removes its socket and any named segment an older daemon would have left), and
+// Multi-process test harness: temp dirs and child processes (tests/support: posix_spawn,
+// output to files, bounded waits), a polykvd process guard that always cleans up (SIGTERM, then
+// SIGKILL, then removes its socket and any named segment an older daemon would have left), and
 // helpers over the C client API and the raw control protocol.
 #pragma once
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,7 +17,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,8 +28,8 @@
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
 #include "polykv/model/llama.h"
-
-extern char** environ;
+#include "support/files.h"
+#include "support/process.h"
 
 namespace polykv::testing {
 
@@ -53,124 +49,23 @@ inline std::string SmolLM2Path() {
   return p;
 }
 
-inline std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using support::Process;
+using support::ReadFile;
+/// The result of RunProcess: exit_code (128 + signal when killed; -1 when it did not start),
+/// out, err, timed_out.
+using ProcessResult = support::RunResult;
 
-/// A private temp directory, removed recursively on destruction.
-class TempDir {
+/// A private temp directory /tmp/polykv-itest-XXXXXX, removed recursively on destruction.
+class TempDir : public support::TempDir {
  public:
-  TempDir() {
-    char tmpl[] = "/tmp/polykv-itest-XXXXXX";
-    char* d = mkdtemp(tmpl);
-    if (d != nullptr) path_ = d;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : support::TempDir("polykv-itest-") {}
 };
 
-/// A child process with stdout/stderr redirected to files. Killed (SIGKILL) on destruction
-/// if still running.
-class Process {
- public:
-  Process() = default;
-  Process(const Process&) = delete;
-  Process& operator=(const Process&) = delete;
-  ~Process() {
-    Kill(SIGKILL);
-    Wait(10000);
-  }
-
-  /// Starts argv[0] (absolute path) with the given args.
-  bool Start(const std::vector<std::string>& argv, const std::string& out_path,
-             const std::string& err_path) {
-    out_path_ = out_path;
-    err_path_ = err_path;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    std::vector<char*> cargv;
-    for (const auto& s : argv) cargv.push_back(const_cast<char*>(s.c_str()));
-    cargv.push_back(nullptr);
-    int rc = posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) pid_ = -1;
-    return rc == 0;
-  }
-  /// Waits up to `timeout_ms`; returns true when the process ended (status in exit_code()).
-  bool Wait(int timeout_ms) {
-    if (pid_ <= 0) return true;
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (true) {
-      int status = 0;
-      pid_t r = waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        pid_ = -1;
-        return true;
-      }
-      if (r < 0) {
-        pid_ = -1;
-        return true;
-      }
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-  void Kill(int sig) {
-    if (pid_ > 0) ::kill(pid_, sig);
-  }
-  bool running() const { return pid_ > 0; }
-  pid_t pid() const { return pid_; }
-  int exit_code() const { return exit_code_; }
-  std::string out() const { return ReadFile(out_path_); }
-  std::string err() const { return ReadFile(err_path_); }
-
- private:
-  pid_t pid_ = -1;
-  int exit_code_ = -1;
-  std::string out_path_, err_path_;
-};
-
-/// Result of RunProcess.
-struct ProcessResult {
-  int exit_code = -1;
-  std::string out, err;
-  bool timed_out = false;
-};
-
-/// Runs a command to completion (killed after `timeout_ms`).
+/// Runs a command to completion (killed after `timeout_ms`), output captured through files
+/// in `dir`.
 inline ProcessResult RunProcess(const std::vector<std::string>& argv, const std::string& dir,
                                 int timeout_ms = 300000) {
-  static int counter = 0;
-  const std::string base =
-      dir + "/run" + std::to_string(getpid()) + "_" + std::to_string(counter++);
-  Process p;
-  ProcessResult r;
-  if (!p.Start(argv, base + ".out", base + ".err")) {
-    r.err = "cannot start " + argv[0];
-    return r;
-  }
-  if (!p.Wait(timeout_ms)) {
-    r.timed_out = true;
-    p.Kill(SIGKILL);
-    p.Wait(10000);
-  }
-  r.exit_code = p.exit_code();
-  r.out = p.out();
-  r.err = p.err();
-  return r;
+  return support::RunProcess(argv, dir, timeout_ms);
 }
 
 /// The shm name prefix this test process gives its daemons (--shm-prefix): unique per
@@ -246,7 +141,7 @@ class Daemon {
       argv.push_back(a);
     }
     argv.insert(argv.end(), extra.begin(), extra.end());
-    if (!proc_.Start(argv, dir_.path() + "/polykvd.out", dir_.path() + "/polykvd.err")) return;
+    if (!proc_.Start(argv, dir_.path() + "/polykvd.out", dir_.path() + "/polykvd.err").ok()) return;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (std::chrono::steady_clock::now() < deadline && proc_.running()) {
       polykv_client* c = nullptr;
@@ -263,18 +158,7 @@ class Daemon {
   /// SIGTERM (then SIGKILL after 10 s); removes leftovers of the pools this test created.
   /// Returns the exit code (or -1 when it had to be killed).
   int Stop() {
-    int code = -1;
-    if (proc_.running()) {
-      proc_.Kill(SIGTERM);
-      if (proc_.Wait(10000)) {
-        code = proc_.exit_code();
-      } else {
-        proc_.Kill(SIGKILL);
-        proc_.Wait(10000);
-      }
-    } else {
-      code = proc_.exit_code();
-    }
+    const int code = proc_.Stop(10000);
     for (const auto& id : pools_) {
       std::error_code ec;
       fs::remove(ShmPath(id), ec);

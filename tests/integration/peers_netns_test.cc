@@ -284,7 +284,7 @@ TEST_F(PeersNetns, HolderKilledMidTransferLeavesNothingOnB) {
         std::string("--threads"), std::string("1")}) {
     argv.push_back(s);
   }
-  ASSERT_TRUE(agent.Start(argv, dir_.path() + "/agent.out", dir_.path() + "/agent.err"));
+  ASSERT_TRUE(agent.Start(argv, dir_.path() + "/agent.out", dir_.path() + "/agent.err").ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   ASSERT_TRUE(agent.running()) << "the transfer should still be running: " << agent.err();
   a.process().Kill(SIGKILL);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "daemon_process.h"
+#include "support/files.h"
 
 namespace polykv::client {
 namespace {
@@ -140,9 +141,9 @@ TEST_F(CliPoolsTest, FidelityIsRecordedShownAndVerified) {
   }
 
   // A pool file copy: verified as it is, refused with one byte flipped in the payload.
-  char tmpl[] = "/tmp/polykv-verify-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl, file = dir + "/pool.pkv";
+  support::TempDir dir("polykv-verify-");  // removed with the copy inside, pass or fail
+  ASSERT_TRUE(dir.ok());
+  const std::string file = dir.File("pool.pkv");
   CommandResult exported = Cli({"pools", "export", id, file});
   ASSERT_EQ(exported.status, 0) << exported.err;
   json file_ok = CliJson({"pools", "verify", "--file", file, "--model", testing::Stories260K()});
@@ -161,8 +162,6 @@ TEST_F(CliPoolsTest, FidelityIsRecordedShownAndVerified) {
   CommandResult flipped = Cli({"pools", "verify", "--file", file});
   EXPECT_EQ(flipped.status, 1) << flipped.out;
   EXPECT_EQ(flipped.err.rfind("error: DATA_LOSS: ", 0), 0u) << flipped.err;
-  std::remove(file.c_str());
-  rmdir(dir.c_str());
 }
 
 TEST_F(CliPoolsTest, BadInputGivesClearErrors) {

@@ -35,7 +35,7 @@ class DaemonProcessFixture : public ::testing::Test {
       }
     }
     RemoveShmObjects(prefix_);
-    if (HasFailure()) std::cerr << "--- polykvd log ---\n" << ReadText(log_);
+    if (HasFailure()) std::cerr << "--- polykvd log ---\n" << ReadFile(log_);
   }
   /// polykvd's arguments: this test's endpoint and prefix, host backend, 1 thread, debug log.
   std::vector<std::string> Args(std::vector<std::string> extra = {}) {

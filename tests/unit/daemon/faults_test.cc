@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "daemon.h"
@@ -33,8 +34,9 @@ using testing::RawClient;
 using testing::ShmObjects;
 using testing::TempDir;
 
+// Writes `bytes` to `path` (a failure fails the test) and returns `path`.
 std::string WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
+  EXPECT_TRUE(support::WriteFile(path, bytes).ok()) << path;
   return path;
 }
 

@@ -9,7 +9,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "polykv/ipc/sealed_region.h"
 #include "pool_manager.h"
@@ -20,13 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::CreateRequest;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 size_t FilesIn(const std::string& dir) {
   if (!fs::exists(dir)) return 0;
@@ -96,7 +88,7 @@ TEST_F(PoolStoreTest, PoolSurvivesRestartByteForByteAndRestoresOnAttach) {
   ASSERT_TRUE(fs::exists(file));
   EXPECT_EQ(store_->count(), 1u);
   EXPECT_EQ(store_->bytes(), fs::file_size(file));
-  EXPECT_EQ(ReadAll(file).substr(fs::file_size(file) - bytes.size()), bytes);
+  EXPECT_EQ(support::ReadFile(file).substr(fs::file_size(file) - bytes.size()), bytes);
 
   PoolManager& b = Restart();
   EXPECT_TRUE(testing::MemfdObjects(prefix_).empty()) << "the old manager released its pool";
@@ -190,7 +182,7 @@ TEST_F(PoolStoreTest, CorruptFileIsQuarantinedAndNeverServed) {
     id = a.CreatePool(CreateRequest("k8v3"), nullptr)->info.id;
   }
   const std::string file = state_ + "/pools/" + id + ".pkv";
-  std::string bytes = ReadAll(file);
+  std::string bytes = support::ReadFile(file);
   bytes[bytes.size() - 100] ^= 0x04;  // one bit of the last layer
   { std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes; }
   PoolManager& b = Restart();
@@ -211,7 +203,7 @@ TEST_F(PoolStoreTest, CorruptFileIsQuarantinedAndNeverServed) {
   EXPECT_TRUE(fs::exists(file));
 
   // A truncated file is caught by the scan at start.
-  bytes = ReadAll(file);
+  bytes = support::ReadFile(file);
   { std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2); }
   Restart();
   EXPECT_EQ(store_->count(), 0u);

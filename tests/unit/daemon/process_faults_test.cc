@@ -27,7 +27,7 @@ using testing::CreateRequest;
 using testing::DaemonBinary;
 using testing::Exists;
 using testing::RawClient;
-using testing::ReadText;
+using testing::ReadFile;
 using testing::ShmObjects;
 using testing::Spawn;
 using testing::TempDir;
@@ -70,7 +70,7 @@ class ProcessFaults : public testing::DaemonProcessFixture {
   }
   // Waits until the CLI has printed the first prefill progress line (the create runs).
   bool CreateIsRunning(const std::string& err_path) {
-    return WaitFor([&] { return ReadText(err_path).find("prefill 0/40") != std::string::npos; },
+    return WaitFor([&] { return ReadFile(err_path).find("prefill 0/40") != std::string::npos; },
                    20000);
   }
 };
@@ -80,13 +80,13 @@ TEST_F(ProcessFaults, CreateFailsWithinSecondsWhenTheDaemonIsKilled) {
   pid_t daemon = StartDaemon({"--test-create-delay-ms", "600000"});
   const std::string err = dir_.path() + "/cli.err";
   pid_t cli = StartCliCreate(err);
-  ASSERT_TRUE(CreateIsRunning(err)) << ReadText(err);
+  ASSERT_TRUE(CreateIsRunning(err)) << ReadFile(err);
   kill(daemon, SIGKILL);
   waitpid(daemon, nullptr, 0);
   const int rc = WaitExit(cli, 30000);  // -1: still waiting after 30 s (the old behaviour)
   ASSERT_NE(rc, -1) << "polykv-cli still waiting 30 s after the daemon died";
   EXPECT_EQ(rc, 1);
-  const std::string text = ReadText(err);
+  const std::string text = ReadFile(err);
   EXPECT_NE(text.find("error: UNAVAILABLE: polykvd went away during CREATE_POOL: nothing is "
                       "listening on " +
                       dir_.socket()),
@@ -99,14 +99,14 @@ TEST_F(ProcessFaults, CreateFailsWithinSecondsWhenTheDaemonRestarts) {
   pid_t daemon = StartDaemon({"--test-create-delay-ms", "600000"});
   const std::string err = dir_.path() + "/cli.err";
   pid_t cli = StartCliCreate(err);
-  ASSERT_TRUE(CreateIsRunning(err)) << ReadText(err);
+  ASSERT_TRUE(CreateIsRunning(err)) << ReadFile(err);
   kill(daemon, SIGKILL);
   waitpid(daemon, nullptr, 0);
   StartDaemon();  // a new instance on the same endpoint, which never heard of the create
   const int rc = WaitExit(cli, 30000);
   ASSERT_NE(rc, -1) << "polykv-cli still waiting 30 s after the daemon was restarted";
   EXPECT_EQ(rc, 1);
-  const std::string text = ReadText(err);
+  const std::string text = ReadFile(err);
   // Which one depends on whether the client's probe (every second) hit the gap between
   // the two daemons; both name what happened.
   const bool restarted =
@@ -121,13 +121,13 @@ TEST_F(ProcessFaults, SigtermAnswersACreateInFlightWithCancelled) {
   pid_t daemon = StartDaemon({"--test-create-delay-ms", "600000"});
   const std::string err = dir_.path() + "/cli.err";
   pid_t cli = StartCliCreate(err);
-  ASSERT_TRUE(CreateIsRunning(err)) << ReadText(err);
+  ASSERT_TRUE(CreateIsRunning(err)) << ReadFile(err);
   kill(daemon, SIGTERM);
   EXPECT_EQ(WaitExit(daemon, 20000), 0);
   const int rc = WaitExit(cli, 30000);
   ASSERT_NE(rc, -1);
   EXPECT_EQ(rc, 1);
-  const std::string text = ReadText(err);
+  const std::string text = ReadFile(err);
   EXPECT_NE(text.find("error: CANCELLED: polykvd is shutting down: the create was cancelled"),
             std::string::npos)
       << text;
@@ -177,7 +177,7 @@ TEST_F(ProcessFaults, NoSegmentOutlivesAKilledDaemonWhateverThePrefix) {
   EXPECT_TRUE(ShmObjects(probe).empty());
   EXPECT_EQ(ShmObjects(other_prefix).size(), 1u) << "not ours: left alone";
   EXPECT_FALSE(Exists(dir_.socket() + ".segments"));
-  EXPECT_NE(ReadText(log_).find("removed 1 stale shm segment(s) with prefix " + probe),
+  EXPECT_NE(ReadFile(log_).find("removed 1 stale shm segment(s) with prefix " + probe),
             std::string::npos);
   shm_unlink(theirs.c_str());
 }
@@ -234,18 +234,8 @@ TEST_F(ProcessFaults, PoolOfARunningDaemonCannotBeRewritten) {
 // ---- uid tests (root only): children re-run this binary under setpriv -----------------
 
 std::string SelfCopy(const std::string& dir) {
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return "";
-  self[n] = '\0';
   const std::string copy = dir + "/faults_child";
-  {
-    std::ifstream src(self, std::ios::binary);
-    std::ofstream dst(copy, std::ios::binary);
-    dst << src.rdbuf();
-  }
-  chmod(copy.c_str(), 0755);
-  return copy;
+  return support::CopyFile(support::SelfExe(), copy, 0755).ok() ? copy : "";
 }
 
 const char* Env(const char* name) {
@@ -288,15 +278,15 @@ class RootFaults : public ProcessFaults {
   }
   int RunChild(const std::string& test, std::vector<std::pair<std::string, std::string>> env) {
     const std::string copy = SelfCopy(dir_.path());
-    for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<std::string> child_env;
+    for (auto& [k, v] : env) child_env.push_back(k + "=" + v);
     const std::string child_log = dir_.path() + "/child.log";
     pid_t child =
         Spawn({"/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", copy,
                "--gtest_also_run_disabled_tests", "--gtest_filter=UidChild." + test},
-              child_log, child_log);
-    for (auto& [k, v] : env) unsetenv(k.c_str());
+              child_log, child_log, std::move(child_env));
     const int rc = WaitExit(child, 60000);
-    if (rc != 0) ADD_FAILURE() << ReadText(child_log);
+    if (rc != 0) ADD_FAILURE() << ReadFile(child_log);
     return rc;
   }
 };
@@ -342,7 +332,7 @@ TEST_F(RootFaults, OtherOperatorCannotNameModelsAndReaderMapsRootsPools) {
                      {{"POLYKV_TEST_CHILD_ENDPOINT", dir_.endpoint()},
                       {"POLYKV_TEST_CHILD_MODEL", private_dir + "/stories260K"}}),
             0);
-  EXPECT_EQ(ReadText(log_).find("loaded model " + private_dir), std::string::npos)
+  EXPECT_EQ(ReadFile(log_).find("loaded model " + private_dir), std::string::npos)
       << "the model was never opened for uid 65534";
   RawClient c(dir_.endpoint());  // root creates, uid 65534 maps
   auto r = c.Call(CreateRequest("k8v3"), 60000);

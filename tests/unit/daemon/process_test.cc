@@ -1,24 +1,18 @@
 // polykvd as a separate process: create/list over the wire, SIGTERM (exit 0, files and
 // segments gone), a second daemon refusing a live endpoint, SIGKILL + restart cleaning the
 // stale socket and segments, and a client under another uid (setpriv) being refused.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "daemon_process_fixture.h"
 #include "process_util.h"
 #include "test_util.h"
-
-extern char** environ;
 
 namespace polykv::daemon {
 namespace {
@@ -30,9 +24,9 @@ using testing::TempDir;
 
 using testing::DaemonBinary;
 using testing::Exists;
+using testing::ReadFile;
 using testing::Spawn;
 using testing::WaitExit;
-std::string ReadFile(const std::string& path) { return testing::ReadText(path); }
 
 class ProcessTest : public testing::DaemonProcessFixture {
  protected:
@@ -162,25 +156,14 @@ TEST_F(ProcessTest, OtherUidIsRefused) {
   chmod(dir_.path().c_str(), 0777);
   pid_t pid = StartDaemon({"--socket-mode", "0666"});
   ASSERT_GT(pid, 0);
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  ASSERT_GT(n, 0);
-  self[n] = '\0';
   // The binary must be reachable by uid 65534; copy it to the temp dir.
   const std::string copy = dir_.path() + "/uid_child";
-  {
-    std::ifstream src(self, std::ios::binary);
-    std::ofstream dst(copy, std::ios::binary);
-    dst << src.rdbuf();
-  }
-  chmod(copy.c_str(), 0755);
-  setenv("POLYKV_TEST_CHILD_ENDPOINT", dir_.endpoint().c_str(), 1);
+  ASSERT_TRUE(support::CopyFile(support::SelfExe(), copy, 0755).ok());
   const std::string child_log = dir_.path() + "/child.log";
   pid_t child =
       Spawn({"/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", copy,
              "--gtest_also_run_disabled_tests", "--gtest_filter=UidChild.DISABLED_PingIsRefused"},
-            child_log);
-  unsetenv("POLYKV_TEST_CHILD_ENDPOINT");
+            child_log, "/dev/null", {"POLYKV_TEST_CHILD_ENDPOINT=" + dir_.endpoint()});
   ASSERT_GT(child, 0);
   int rc = WaitExit(child, 30000);
   EXPECT_EQ(rc, 0) << ReadFile(child_log);

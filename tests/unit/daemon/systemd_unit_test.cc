@@ -3,19 +3,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <fstream>
-#include <sstream>
+#include <cstdlib>
 #include <string>
+
+#include "support/files.h"
 
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using polykv::support::ReadFile;
 
 const std::string kUnit = std::string(POLYKV_BINARY_DIR) + "/systemd/polykvd.service";
 
@@ -48,17 +43,14 @@ TEST(SystemdUnitTest, SystemdAnalyzeVerify) {
   ASSERT_NE(pos, std::string::npos);
   size_t end = unit.find(' ', pos);
   unit.replace(pos, end - pos, "ExecStart=" + built);
-  char dir[] = "/tmp/polykv-unit-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string path = std::string(dir) + "/polykvd.service";
-  { std::ofstream(path) << unit; }
-  const std::string out = std::string(dir) + "/verify.out";
+  polykv::support::TempDir dir("polykv-unit-");
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir.File("polykvd.service");
+  ASSERT_TRUE(polykv::support::WriteFile(path, unit).ok());
+  const std::string out = dir.File("verify.out");
   std::string cmd = "systemd-analyze verify --man=no " + path + " > " + out + " 2>&1";
   int rc = std::system(cmd.c_str());
   std::string text = ReadFile(out);
-  std::remove(path.c_str());
-  std::remove(out.c_str());
-  rmdir(dir);
   // On machines without a running systemd, verify may still warn about the environment;
   // any message naming our unit is a real problem.
   EXPECT_EQ(text.find("polykvd.service:"), std::string::npos) << text;

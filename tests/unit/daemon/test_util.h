@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
@@ -19,6 +18,7 @@
 
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
+#include "support/files.h"
 
 namespace polykv::daemon::testing {
 
@@ -33,24 +33,13 @@ inline std::vector<int32_t> StoryIds(int salt = 0) {
   return ids;
 }
 
-/// mkdtemp under /tmp, removed (recursively) on destruction.
-class TempDir {
+/// A private folder /tmp/polykv-test-XXXXXX (support::TempDir), removed recursively on
+/// destruction, with the daemon endpoint inside it.
+class TempDir : public support::TempDir {
  public:
-  TempDir() {
-    char tmpl[] = "/tmp/polykv-test-XXXXXX";
-    char* p = mkdtemp(tmpl);
-    path_ = p ? p : "/tmp";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string endpoint() const { return "ipc://" + path_ + "/control.sock"; }
-  std::string socket() const { return path_ + "/control.sock"; }
-
- private:
-  std::string path_;
+  TempDir() : support::TempDir("polykv-test-") {}
+  std::string endpoint() const { return "ipc://" + path() + "/control.sock"; }
+  std::string socket() const { return path() + "/control.sock"; }
 };
 
 /// Names ("/x") of /dev/shm objects starting with `prefix` ("/polykv-...").

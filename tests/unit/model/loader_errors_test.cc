@@ -5,12 +5,12 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "polykv/model/llama.h"
+#include "support/files.h"
 
 namespace polykv::model {
 namespace {
@@ -20,20 +20,12 @@ using nlohmann::json;
 
 const std::string kStories = POLYKV_TEST_DATA_DIR "/models/stories260K";
 
-std::string ReadFile(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-// Writes a new file and renames it over `p`, as model files must be replaced: a model loaded
-// earlier keeps its mapping of the old file (rewriting a mapped file in place would change
-// the weights under it).
+using support::ReadFile;
+// Writes a new file and renames it over `p` (support::ReplaceFile), as model files must be
+// replaced: a model loaded earlier keeps its mapping of the old file (rewriting a mapped file in
+// place would change the weights under it). A failure fails the test.
 void WriteFile(const std::string& p, const std::string& bytes) {
-  const std::string tmp = p + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  }
-  std::filesystem::rename(tmp, p);
+  EXPECT_TRUE(support::ReplaceFile(p, bytes).ok()) << p;
 }
 std::string U64Le(uint64_t v) {
   std::string s(8, '\0');
@@ -60,14 +52,9 @@ Checkpoint LoadStories() {
 class LoaderErrorsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("polykv_model_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    ASSERT_TRUE(tmp_.ok());
     config_ = json::parse(ReadFile(kStories + "/config.json"));
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // Writes config_ and `st` as model.safetensors, loads, returns the status.
   absl::Status LoadWith(const std::string& st) {
@@ -87,7 +74,8 @@ class LoaderErrorsTest : public ::testing::Test {
     EXPECT_NE(std::string(s.message()).find(needle), std::string::npos)
         << "message '" << s.message() << "' lacks '" << needle << "'";
   }
-  fs::path dir_;
+  support::TempDir tmp_{"polykv-model-test-"};  // removed after each test, pass or fail
+  fs::path dir_ = tmp_.path();
   json config_;
 };
 
