@@ -1,0 +1,72 @@
+// A prefill's K/V for code that does not handle libtorch tensors (the daemon, the CLI): one
+// layer as plain contiguous buffers, the K/V element type of a model, and a child prefill that
+// attends to a read-only prefix in place (a pool tree's child pool).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "polykv/kernels/attention.h"
+#include "polykv/kernels/codec.h"
+#include "polykv/status.h"
+
+namespace polykv::model {
+
+class LlamaModel;
+struct PrefillResult;
+
+/// One layer of a prefill's K and V as plain contiguous buffers, each
+/// [kv_heads][tokens][head_dim] of dtype() on device(), K after RoPE. It keeps its own
+/// reference to the storage, so it stays valid after the PrefillResult is freed.
+class PrefilledLayer {
+ public:
+  const void* k() const { return k_; }
+  const void* v() const { return v_; }
+  kernels::DType dtype() const { return dtype_; }
+  kernels::Device device() const { return device_; }
+  /// Elements in each of k() and v() (kv_heads * tokens * head_dim).
+  int64_t elements() const { return elements_; }
+
+ private:
+  friend StatusOr<PrefilledLayer> ExportPrefilledLayer(const PrefillResult&, size_t, bool,
+                                                       std::optional<kernels::DType>);
+  std::shared_ptr<const void> keep_;  // the tensors behind k_ and v_
+  const void* k_ = nullptr;
+  const void* v_ = nullptr;
+  kernels::DType dtype_ = kernels::DType::kF32;
+  kernels::Device device_ = kernels::Device::kCpu;
+  int64_t elements_ = 0;
+};
+
+/// Layers held by `prefill` (PrefillResult::k.size()).
+size_t PrefilledLayerCount(const PrefillResult& prefill);
+
+/// Layer `layer` of `prefill` as contiguous buffers: copied to the host when `to_host` and
+/// the prefill lies on a GPU (else left where it is), converted to `dtype` when one is given.
+/// Errors: kOutOfRange (no such layer); kInvalidArgument (K and V differ in element count);
+/// kUnimplemented (an element type pools do not take: f32, f16 and bf16 only); kInternal
+/// (libtorch threw, e.g. out of memory on the copy).
+[[nodiscard]] StatusOr<PrefilledLayer> ExportPrefilledLayer(
+    const PrefillResult& prefill, size_t layer, bool to_host,
+    std::optional<kernels::DType> dtype = std::nullopt);
+
+/// The element type of `m`'s K/V (its compute dtype). kUnimplemented for a dtype pools do not
+/// take (f32, f16 and bf16 only).
+[[nodiscard]] StatusOr<kernels::DType> KvDType(const LlamaModel& m);
+
+/// Prefills `ids` at positions after a read-only prefix: `views` (root first) hold
+/// `prefix_tokens`, attended to in place with the same split attention agents run, in chunks
+/// of `chunk` tokens (at least 1); `on_chunk(done, total)` is called after each. Returns the
+/// new tokens' K/V, [kv_heads][ids][head_dim] per layer, like LlamaModel::Prefill (without
+/// last_logits). Errors: those of LlamaModel::NewCacheWithPrefix (the views must match the
+/// model) and LlamaModel::Forward.
+[[nodiscard]] StatusOr<PrefillResult> PrefillAfterPrefix(
+    LlamaModel& m, const std::vector<kernels::PrefixView>& views,
+    const std::vector<int32_t>& prefix_tokens, const std::vector<int32_t>& ids, int64_t chunk,
+    const std::function<void(int64_t, int64_t)>& on_chunk);
+
+}  // namespace polykv::model

@@ -1,0 +1,126 @@
+// The torch-free face of a prefill (polykv/model/prefill.h) on stories260K: exported layers
+// hold exactly the prefill's K/V bytes (and their bf16 rounding when asked), outlive the
+// PrefillResult and refuse a missing layer; a prefill after a read-only raw prefix equals the
+// tail of one prefill of the whole sequence within float reassociation (|dK|, |dV| <= 1e-4).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "polykv/model/llama.h"
+#include "polykv/model/prefill.h"
+
+namespace polykv::model {
+namespace {
+
+const char* kStories = POLYKV_TEST_DATA_DIR "/models/stories260K";
+
+std::vector<int32_t> Tokens(int64_t n, int32_t vocab, int32_t seed) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + seed * 104729 + 13) % vocab);
+  return ids;
+}
+
+TEST(PrefillExport, LayersHoldThePrefillBytesAndOutliveIt) {
+  auto m = LlamaModel::Load(kStories, {});
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig& c = (*m)->config();
+  const std::vector<int32_t> ids = Tokens(37, c.vocab, 1);
+  auto pre = (*m)->Prefill(ids, 16);
+  ASSERT_TRUE(pre.ok()) << pre.status();
+  ASSERT_EQ(PrefilledLayerCount(*pre), static_cast<size_t>(c.layers));
+  auto kv = KvDType(**m);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  EXPECT_EQ(*kv, kernels::DType::kF32);
+
+  std::vector<PrefilledLayer> layers;
+  std::vector<std::vector<float>> want_k, want_v;
+  for (size_t l = 0; l < PrefilledLayerCount(*pre); ++l) {
+    auto layer = ExportPrefilledLayer(*pre, l, /*to_host=*/true);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    EXPECT_EQ(layer->dtype(), kernels::DType::kF32);
+    EXPECT_EQ(layer->device(), kernels::Device::kCpu);
+    ASSERT_EQ(layer->elements(),
+              int64_t{c.kv_heads} * static_cast<int64_t>(ids.size()) * c.head_dim);
+    torch::Tensor k = pre->k[l].contiguous(), v = pre->v[l].contiguous();
+    want_k.emplace_back(k.data_ptr<float>(), k.data_ptr<float>() + k.numel());
+    want_v.emplace_back(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+    layers.push_back(*std::move(layer));
+  }
+  *pre = PrefillResult();  // the exported layers keep their own storage
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const size_t bytes = want_k[l].size() * sizeof(float);
+    EXPECT_EQ(std::memcmp(layers[l].k(), want_k[l].data(), bytes), 0) << "layer " << l;
+    EXPECT_EQ(std::memcmp(layers[l].v(), want_v[l].data(), bytes), 0) << "layer " << l;
+  }
+}
+
+TEST(PrefillExport, ConvertsToTheAskedDtypeAndRefusesAMissingLayer) {
+  auto m = LlamaModel::Load(kStories, {});
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto pre = (*m)->Prefill(Tokens(9, (*m)->config().vocab, 2), 16);
+  ASSERT_TRUE(pre.ok()) << pre.status();
+  auto layer = ExportPrefilledLayer(*pre, 0, true, kernels::DType::kBF16);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_EQ(layer->dtype(), kernels::DType::kBF16);
+  torch::Tensor want = pre->v[0].to(torch::kBFloat16).contiguous();
+  ASSERT_EQ(layer->elements(), want.numel());
+  EXPECT_EQ(std::memcmp(layer->v(), want.data_ptr(), static_cast<size_t>(want.numel()) * 2), 0);
+
+  auto missing = ExportPrefilledLayer(*pre, PrefilledLayerCount(*pre), true);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kOutOfRange) << missing.status();
+}
+
+TEST(PrefillExport, PrefillAfterARawPrefixEqualsTheTailOfOnePrefill) {
+  auto m = LlamaModel::Load(kStories, {});
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig& c = (*m)->config();
+  const std::vector<int32_t> all = Tokens(50, c.vocab, 3);
+  const std::vector<int32_t> head(all.begin(), all.begin() + 30), tail(all.begin() + 30, all.end());
+  auto whole = (*m)->Prefill(all, 64);
+  auto first = (*m)->Prefill(head, 64);
+  ASSERT_TRUE(whole.ok() && first.ok());
+
+  // The first 30 tokens as a read-only raw f32 prefix (codec none), as a pool would hold them.
+  std::vector<PrefilledLayer> keep;
+  kernels::PrefixView view;
+  view.kv_heads = c.kv_heads;
+  view.head_dim = c.head_dim;
+  view.tokens = static_cast<int64_t>(head.size());
+  view.codec = kernels::PrefixCodec::kRaw;
+  view.raw_dtype = kernels::DType::kF32;
+  for (size_t l = 0; l < PrefilledLayerCount(*first); ++l) {
+    auto layer = ExportPrefilledLayer(*first, l, true);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    kernels::PrefixLayer pl;
+    pl.k = layer->k();
+    pl.v = layer->v();
+    view.layers.push_back(pl);
+    keep.push_back(*std::move(layer));
+  }
+  int64_t chunks = 0;
+  auto after = PrefillAfterPrefix(**m, {view}, head, tail, 8, [&](int64_t done, int64_t total) {
+    ++chunks;
+    EXPECT_EQ(total, static_cast<int64_t>(tail.size()));
+    EXPECT_LE(done, total);
+  });
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(chunks, 3);  // 20 tokens in chunks of 8
+  ASSERT_EQ(after->k.size(), whole->k.size());
+  for (size_t l = 0; l < after->k.size(); ++l) {
+    const int64_t n = static_cast<int64_t>(tail.size());
+    torch::Tensor wk = whole->k[l].narrow(1, static_cast<int64_t>(head.size()), n);
+    torch::Tensor wv = whole->v[l].narrow(1, static_cast<int64_t>(head.size()), n);
+    EXPECT_LE((after->k[l] - wk).abs().max().item<float>(), 1e-4f) << "layer " << l;
+    EXPECT_LE((after->v[l] - wv).abs().max().item<float>(), 1e-4f) << "layer " << l;
+  }
+
+  auto no_views = PrefillAfterPrefix(**m, {}, head, tail, 8, [](int64_t, int64_t) {});
+  ASSERT_FALSE(no_views.ok());
+  EXPECT_EQ(no_views.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace polykv::model
