@@ -26,6 +26,7 @@
 #include "polykv/ipc/pool_file.h"
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/model/llama.h"
+#include "polykv/model/prefill.h"
 #include "polykv/pool_info_c.h"
 #include "util/files.h"
 #include "util/token_ids.h"
@@ -555,10 +556,9 @@ void VerifyRegion(const CommonArgs& args, const VerifyArgs& v, const std::string
           Status(absl::StatusCode::kInternal, "prefill: " + std::string(pre.status().message())));
     }
     for (uint32_t l = 0; l < reader->params().layers; ++l) {
-      torch::Tensor k = pre->k[l].to(torch::kCPU).to(torch::kFloat32).contiguous();
-      torch::Tensor vv = pre->v[l].to(torch::kCPU).to(torch::kFloat32).contiguous();
-      auto f = reader->MeasureFidelity(l, k.data_ptr<float>(), vv.data_ptr<float>(),
-                                       kernels::DType::kF32);
+      auto kv = model::ExportPrefilledLayer(*pre, l, /*to_host=*/true, kernels::DType::kF32);
+      if (!kv.ok()) return FailWith(kv.status());
+      auto f = reader->MeasureFidelity(l, kv->k(), kv->v(), kernels::DType::kF32);
       if (!f.ok()) {
         return FailWith(Status(absl::StatusCode::kInternal, f.status().message()));
       }

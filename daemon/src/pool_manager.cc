@@ -67,20 +67,6 @@ std::string RandomLeaseId() {
   return Hex(bytes, sizeof(bytes));
 }
 
-StatusOr<kernels::DType> DTypeOf(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat32:
-      return kernels::DType::kF32;
-    case torch::kFloat16:
-      return kernels::DType::kF16;
-    case torch::kBFloat16:
-      return kernels::DType::kBF16;
-    default:
-      return absl::UnimplementedError(
-          absl::StrCat("KV dtype ", c10::toString(t), " is not supported by pools"));
-  }
-}
-
 std::string CodecLabel(const ipc::PoolParams& p) { return ipc::PoolCodecLabel(p); }
 
 bool IsHex(const std::string& s) {
@@ -142,7 +128,7 @@ std::string PathOfFd(int fd) {
 
 }  // namespace
 
-uint64_t ModelWeightBytes(const model::ModelConfig& c, torch::ScalarType dtype) {
+uint64_t ModelWeightBytes(const model::ModelConfig& c, kernels::DType dtype) {
   const uint64_t hidden = static_cast<uint64_t>(std::max(0, c.hidden));
   const uint64_t vocab = static_cast<uint64_t>(std::max(0, c.vocab));
   const uint64_t hd = static_cast<uint64_t>(std::max(0, c.head_dim));
@@ -153,7 +139,7 @@ uint64_t ModelWeightBytes(const model::ModelConfig& c, torch::ScalarType dtype) 
   uint64_t params =
       vocab * hidden + hidden + static_cast<uint64_t>(std::max(0, c.layers)) * per_layer;
   if (!c.tied_embeddings) params += vocab * hidden;
-  return params * static_cast<uint64_t>(c10::elementSize(dtype));
+  return params * static_cast<uint64_t>(kernels::DTypeSize(dtype));
 }
 
 namespace {
@@ -177,40 +163,6 @@ void SetFidelity(const std::vector<float>& key, const std::vector<float>& value,
   info->value_rel_mse_mean = vs / static_cast<double>(key.size());
 }
 
-// A child pool's prefill: `ids` at positions after the parent chain's (`views`, root first,
-// holding `parent_tokens`), attending to the chain's KV where it lies (the same split
-// attention agents run), in chunks of `chunk`. Returns the new tokens' K/V
-// [kv_heads][ids][head_dim] per layer, like LlamaModel::Prefill.
-StatusOr<model::PrefillResult> PrefillAfterParent(
-    model::LlamaModel& m, const std::vector<kernels::PrefixView>& views,
-    const std::vector<int32_t>& parent_tokens, const std::vector<int32_t>& ids, int64_t chunk,
-    const std::function<void(int64_t, int64_t)>& on_chunk) {
-  auto prefix = std::make_shared<model::KvPrefix>();
-  prefix->view = views.front();
-  prefix->tail.assign(views.begin() + 1, views.end());
-  const int64_t n = static_cast<int64_t>(ids.size());
-  auto cache = m.NewCacheWithPrefix(std::move(prefix), parent_tokens, n);
-  if (!cache.ok()) {
-    return Status(cache.status().code(),
-                  absl::StrCat("a child pool is prefilled attending to its parent in place: ",
-                               cache.status().message()));
-  }
-  chunk = std::max<int64_t>(chunk, 1);
-  const absl::Span<const int32_t> all(ids);
-  for (int64_t off = 0; off < n; off += chunk) {
-    const int64_t len = std::min(chunk, n - off);
-    auto logits = m.Forward(all.subspan(off, len), *cache, /*all_logits=*/false);
-    if (!logits.ok()) return logits.status();
-    on_chunk(off + len, n);
-  }
-  model::PrefillResult out;
-  for (size_t l = 0; l < cache->k.size(); ++l) {
-    out.k.push_back(cache->k[l].narrow(1, 0, n).contiguous());
-    out.v.push_back(cache->v[l].narrow(1, 0, n).contiguous());
-  }
-  return out;
-}
-
 }  // namespace
 
 uint64_t ModelHeldBytes(const model::LlamaModel& model, uint64_t* mapped) {
@@ -220,7 +172,10 @@ uint64_t ModelHeldBytes(const model::LlamaModel& model, uint64_t* mapped) {
     return m;
   }
   *mapped = 0;
-  return ModelWeightBytes(model.config(), model.dtype());
+  // A copy runtime computes in f32, f16 or bf16 (KvDType refuses any other, which no loader
+  // makes); the estimate counts such a model as f32.
+  auto dtype = model::KvDType(model);
+  return ModelWeightBytes(model.config(), dtype.ok() ? *dtype : kernels::DType::kF32);
 }
 
 StatusOr<CodecChoice> ParseCodecName(const std::string& name_in) {
@@ -656,7 +611,7 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
       params.codec_config.key_scale = key_scale;
       params.codec_config.norm_correction = request.norm_correction;
     }
-    POLYKV_ASSIGN_OR_RETURN(params.raw_dtype, DTypeOf(m.dtype()));
+    POLYKV_ASSIGN_OR_RETURN(params.raw_dtype, model::KvDType(m));
   }
   params.model_fingerprint = m.fingerprint();
   params.tokenizer_fingerprint = tok != nullptr ? tok->Fingerprint() : "none";
@@ -950,8 +905,8 @@ StatusOr<model::PrefillResult> PoolManager::PrefillForPool(
       if (Cancelled(cancel)) throw CreateCancelled();
       progress("prefill", done, total);
     };
-    r = chain != nullptr ? PrefillAfterParent(*entry->model, chain->views, chain->tokens, ids,
-                                              options_.prefill_chunk, on_chunk)
+    r = chain != nullptr ? model::PrefillAfterPrefix(*entry->model, chain->views, chain->tokens,
+                                                     ids, options_.prefill_chunk, on_chunk)
                          : entry->model->Prefill(ids, options_.prefill_chunk, on_chunk);
   } catch (const CreateCancelled&) {
     r = absl::CancelledError("polykvd is shutting down: the create was cancelled");
@@ -979,25 +934,16 @@ Status PoolManager::EncodeLayers(const model::PrefillResult& prefill,
   p->writer.emplace(std::move(writer));
   for (uint32_t l = 0; l < params.layers; ++l) {
     if (Cancelled(cancel)) return absl::CancelledError("create cancelled");
-    try {
-      torch::Tensor k = prefill.k[l].contiguous();
-      torch::Tensor v = prefill.v[l].contiguous();
-      if (k.numel() != static_cast<int64_t>(params.kv_heads * params.tokens * params.head_dim) ||
-          v.numel() != k.numel()) {
-        return absl::InternalError(
-            absl::StrCat("layer ", l, " K/V have ", k.numel(), "/", v.numel(),
-                         " elements, expected [kv_heads][tokens][head_dim]"));
-      }
-      if (p->write_device == kernels::Device::kCpu && k.is_cuda()) {
-        k = k.cpu();
-        v = v.cpu();
-      }
-      POLYKV_ASSIGN_OR_RETURN(kernels::DType dtype, DTypeOf(k.scalar_type()));
-      Status s = p->writer->WriteLayer(l, k.data_ptr(), v.data_ptr(), dtype);
-      if (!s.ok()) return Status(s.code(), absl::StrCat("encode layer ", l, ": ", s.message()));
-    } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("encode threw: ", e.what()));
+    // Moved to the host when the pool is written there (a GPU prefill), else left in place.
+    POLYKV_ASSIGN_OR_RETURN(
+        model::PrefilledLayer kv,
+        model::ExportPrefilledLayer(prefill, l, p->write_device == kernels::Device::kCpu));
+    if (kv.elements() != static_cast<int64_t>(params.kv_heads * params.tokens * params.head_dim)) {
+      return absl::InternalError(absl::StrCat("layer ", l, " K/V have ", kv.elements(),
+                                              " elements, expected [kv_heads][tokens][head_dim]"));
     }
+    Status s = p->writer->WriteLayer(l, kv.k(), kv.v(), kv.dtype());
+    if (!s.ok()) return Status(s.code(), absl::StrCat("encode layer ", l, ": ", s.message()));
     progress("encode", l + 1, params.layers);
   }
   return absl::OkStatus();

@@ -25,6 +25,7 @@
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
 #include "polykv/model/llama.h"
+#include "polykv/model/prefill.h"
 #include "polykv/status.h"
 #include "pool_store.h"
 
@@ -143,7 +144,7 @@ struct ModelCacheStats {
 
 /// Estimated bytes of a model's weights in this runtime: every tensor of LlamaWeights
 /// (embeddings, fused q/k/v, o, gate/up, down, norms, untied lm_head) x dtype size.
-uint64_t ModelWeightBytes(const model::ModelConfig& config, torch::ScalarType dtype);
+uint64_t ModelWeightBytes(const model::ModelConfig& config, kernels::DType dtype);
 
 /// Weight bytes a loaded model holds in memory. A model whose weights are used where they lie
 /// (WeightStorage::kMapped) holds its stored-format matrices and vectors mapped read-only from

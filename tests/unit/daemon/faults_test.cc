@@ -111,7 +111,7 @@ TEST_F(PoolManagerFaults, ModelCacheIsKeyedByFileIdentityBoundedAndCounted) {
   EXPECT_EQ(cache.models, 1u);
   EXPECT_EQ(cache.capacity, 1u);
   testing::FakeModel probe("x");
-  EXPECT_EQ(cache.bytes, ModelWeightBytes(probe.config(), torch::kFloat32));
+  EXPECT_EQ(cache.bytes, ModelWeightBytes(probe.config(), kernels::DType::kF32));
   EXPECT_EQ(cache.mapped_bytes, 0u) << "a libtorch copy holds private memory, nothing mapped";
   EXPECT_GT(cache.bytes, 0u);
   // Another file: the cache holds one model, so the first is dropped (LRU) ...
@@ -139,9 +139,9 @@ TEST(ModelWeightBytesTest, CountsEveryTensorOnce) {
   c.vocab = 10;
   c.tied_embeddings = true;
   // embed 40 + norm 4 + 2 x (norms 8 + qkv (2+2)*2*4=32 + o 4*4=16 + 3*8*4=96) = 348
-  EXPECT_EQ(ModelWeightBytes(c, torch::kFloat32), 348u * 4);
+  EXPECT_EQ(ModelWeightBytes(c, kernels::DType::kF32), 348u * 4);
   c.tied_embeddings = false;
-  EXPECT_EQ(ModelWeightBytes(c, torch::kBFloat16), (348u + 40) * 2);
+  EXPECT_EQ(ModelWeightBytes(c, kernels::DType::kBF16), (348u + 40) * 2);
 }
 
 // D4: "A\0B" and "A" are different documents, hence different pools.
