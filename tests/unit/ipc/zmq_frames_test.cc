@@ -195,6 +195,21 @@ class ZapThread {
 
 std::string SocketPath() { return "/tmp/polykv-zmq-frames-" + std::to_string(getpid()) + ".sock"; }
 
+// A ROUTER on `ipc://path` in the ZAP domain "zmq-frames-test" (so the context's ZAP handler
+// is asked about every peer) and a DEALER connected to it, both with linger 0.
+struct ZapPair {
+  zmq::socket_t router;
+  zmq::socket_t dealer;
+  ZapPair(zmq::context_t& ctx, const std::string& path)
+      : router(ctx, zmq::socket_type::router), dealer(ctx, zmq::socket_type::dealer) {
+    router.set(zmq::sockopt::linger, 0);
+    router.set(zmq::sockopt::zap_domain, "zmq-frames-test");
+    router.bind("ipc://" + path);
+    dealer.set(zmq::sockopt::linger, 0);
+    dealer.connect("ipc://" + path);
+  }
+};
+
 TEST(ZmqFramesTest, ZapUserIdCarriesThePeersCredentials) {
   const std::string path = SocketPath();
   zmq::context_t ctx;
@@ -208,16 +223,10 @@ TEST(ZmqFramesTest, ZapUserIdCarriesThePeersCredentials) {
     return reply;
   });
   {
-    zmq::socket_t router(ctx, zmq::socket_type::router);
-    router.set(zmq::sockopt::linger, 0);
-    router.set(zmq::sockopt::zap_domain, "zmq-frames-test");
-    router.bind("ipc://" + path);
-    zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
-    dealer.set(zmq::sockopt::linger, 0);
-    dealer.connect("ipc://" + path);
-    ASSERT_TRUE(SendDealerRequest(dealer, "{}", /*dontwait=*/false).ok());
-    ASSERT_TRUE(Readable(router, 5000));
-    StatusOr<std::optional<RouterMessage>> m = RecvRouterMessage(router);
+    ZapPair p(ctx, path);
+    ASSERT_TRUE(SendDealerRequest(p.dealer, "{}", /*dontwait=*/false).ok());
+    ASSERT_TRUE(Readable(p.router, 5000));
+    StatusOr<std::optional<RouterMessage>> m = RecvRouterMessage(p.router);
     ASSERT_TRUE(m.ok() && m->has_value());
     std::optional<PeerCredentials> cred = CredentialsOf((*m)->body);
     ASSERT_TRUE(cred.has_value());
@@ -248,15 +257,9 @@ TEST(ZmqFramesTest, ZapRefusalKeepsThePeerOut) {
     reply.status_text = "no";
     return reply;
   });
-  zmq::socket_t router(ctx, zmq::socket_type::router);
-  router.set(zmq::sockopt::linger, 0);
-  router.set(zmq::sockopt::zap_domain, "zmq-frames-test");
-  router.bind("ipc://" + path);
-  zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
-  dealer.set(zmq::sockopt::linger, 0);
-  dealer.connect("ipc://" + path);
-  ASSERT_TRUE(SendDealerRequest(dealer, "{}", /*dontwait=*/false).ok());
-  EXPECT_FALSE(Readable(router, 500));
+  ZapPair p(ctx, path);
+  ASSERT_TRUE(SendDealerRequest(p.dealer, "{}", /*dontwait=*/false).ok());
+  EXPECT_FALSE(Readable(p.router, 500));
   EXPECT_GE(asked.load(), 1);
   EXPECT_EQ(zap.errors(), 0);
   unlink(path.c_str());
