@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: installs dependencies, builds everything (CUDA sources too when
 # nvcc is present), fetches SmolLM2-135M-Instruct, and runs the whole ctest suite, the fault
-# suite's short forms included (labels fault: chaos, storm, fuzz; the fuzz targets are built
-# with clang in <build>/fuzz). GPU tests (label gpu) skip visibly on hosts without a GPU.
+# suite's short forms included (labels fault-chaos, fault-storm, and fault + fuzz; the fuzz
+# targets are built with clang in <build>/fuzz). GPU tests (label gpu) skip visibly on hosts
+# without a GPU.
 # The eval venv (scripts/install-eval-deps.sh: numpy, tokenizers, all-MiniLM-L6-v2) is
 # installed too and exported as POLYKV_EVAL_PYTHON for the ctest eval_post_semantic.
 # Before building, scripts/check-format.sh checks every source against .clang-format.
