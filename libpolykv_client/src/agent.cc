@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "polykv/client.h"
 #include "polykv/ipc/pool_layout.h"
+#include "polykv/model/prefill.h"
 
 namespace polykv::client {
 namespace {
@@ -24,19 +25,10 @@ double MsSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-StatusOr<polykv_dtype> CDtypeOf(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat32:
-      return POLYKV_DTYPE_F32;
-    case torch::kFloat16:
-      return POLYKV_DTYPE_F16;
-    case torch::kBFloat16:
-      return POLYKV_DTYPE_BF16;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("model dtype ", c10::toString(t), " cannot receive a pool decode"));
-  }
-}
+// The C API's dtype codes are kernels::DType's (polykv_decode_layer casts one to the other).
+static_assert(POLYKV_DTYPE_F32 == static_cast<int>(kernels::DType::kF32) &&
+              POLYKV_DTYPE_F16 == static_cast<int>(kernels::DType::kF16) &&
+              POLYKV_DTYPE_BF16 == static_cast<int>(kernels::DType::kBF16));
 
 // Detaches on scope exit (also on error paths).
 struct PoolGuard {
@@ -464,7 +456,8 @@ Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, boo
   }
   // Decompressed: every layer of every pool decoded into the private cache, each pool at its
   // own positions.
-  POLYKV_ASSIGN_OR_RETURN(polykv_dtype cdtype, CDtypeOf(model_->dtype()));
+  POLYKV_ASSIGN_OR_RETURN(kernels::DType kv_dtype, model::KvDType(*model_));
+  const auto cdtype = static_cast<polykv_dtype>(kv_dtype);
   *cache = model_->NewCache(chain.tokens + extra_capacity);
   if (static_cast<int32_t>(cache->k.size()) != cfg.layers || cache->capacity() < chain.tokens)
     return absl::InternalError("model returned a cache of the wrong shape");
