@@ -19,6 +19,9 @@
 
 #include "polykv/kernels/cpu.h"
 #include "polykv/model/llama.h"
+#ifdef POLYKV_HAVE_TORCH
+#include "polykv/model/torch_reference.h"
+#endif
 
 namespace {
 
@@ -231,7 +234,12 @@ int main(int argc, char** argv) {
     copy_opts.weights = polykv::model::WeightStorage::kCopy;
     const Memory before_copy = ReadMemory();
     t0 = Now();
-    auto copy = LlamaModel::Load(model_path, copy_opts);
+#ifdef POLYKV_HAVE_TORCH
+    auto copy = polykv::model::LoadTorchReference(model_path, copy_opts);
+#else
+    polykv::StatusOr<std::unique_ptr<LlamaModel> > copy = absl::UnimplementedError(
+        "built without libtorch (POLYKV_WITH_TORCH=OFF): no f32 reference runtime");
+#endif
     copy_load_s = Now() - t0;
     if (!copy.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(copy.status().message()).c_str());

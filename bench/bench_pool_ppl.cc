@@ -18,6 +18,7 @@
 
 #include "polykv/kernels/codec.h"
 #include "polykv/model/llama.h"
+#include "polykv/model/perplexity.h"
 
 using polykv::Status;
 using polykv::StatusOr;
@@ -26,32 +27,23 @@ namespace model = polykv::model;
 
 namespace {
 
-kernels::DType KDtype(torch::ScalarType t) {
-  return t == torch::kBFloat16  ? kernels::DType::kBF16
-         : t == torch::kFloat16 ? kernels::DType::kF16
-                                : kernels::DType::kF32;
-}
-
 // Round-trips one layer tensor [kv_heads][tokens][head_dim] through the codec, in place.
-Status RoundTrip(torch::Tensor& k, torch::Tensor& v, const kernels::CodecConfig& cfg) {
-  k = k.contiguous().cpu();
-  v = v.contiguous().cpu();
-  kernels::LayerShape shape{static_cast<int32_t>(k.size(0)), k.size(1),
-                            static_cast<int32_t>(k.size(2))};
-  const kernels::DType dt = KDtype(k.scalar_type());
+Status RoundTrip(std::vector<float>& k, std::vector<float>& v, const kernels::LayerShape& shape,
+                 const kernels::CodecConfig& cfg) {
+  const kernels::DType dt = kernels::DType::kF32;
   std::vector<int8_t> q(shape.elements());
   std::vector<float> scales(kernels::KeyScaleCount(shape, cfg.key_scale));
   POLYKV_RETURN_IF_ERROR(
-      kernels::QuantizeKeys(k.data_ptr(), dt, shape, cfg.key_scale, q.data(), scales.data()));
+      kernels::QuantizeKeys(k.data(), dt, shape, cfg.key_scale, q.data(), scales.data()));
   POLYKV_RETURN_IF_ERROR(
-      kernels::DequantizeKeys(q.data(), scales.data(), shape, cfg.key_scale, k.data_ptr(), dt));
+      kernels::DequantizeKeys(q.data(), scales.data(), shape, cfg.key_scale, k.data(), dt));
   std::vector<uint8_t> packed(shape.vectors() *
                               kernels::PackedVectorBytes(shape.head_dim, cfg.value_bits));
   std::vector<float> norms(shape.vectors());
   POLYKV_RETURN_IF_ERROR(
-      kernels::EncodeValues(v.data_ptr(), dt, shape, cfg, packed.data(), norms.data()));
+      kernels::EncodeValues(v.data(), dt, shape, cfg, packed.data(), norms.data()));
   POLYKV_RETURN_IF_ERROR(
-      kernels::DecodeValues(packed.data(), norms.data(), shape, cfg, v.data_ptr(), dt));
+      kernels::DecodeValues(packed.data(), norms.data(), shape, cfg, v.data(), dt));
   return absl::OkStatus();
 }
 
@@ -68,22 +60,25 @@ StatusOr<Score> ScoreWindow(model::LlamaModel& m, const model::PrefillResult& pr
   const int64_t c = static_cast<int64_t>(ctx.size());
   const int64_t s = static_cast<int64_t>(next.size()) - 1;
   model::KvCache cache = m.NewCache(c + s + 1);
+  const model::ModelConfig& mc = m.config();
+  const kernels::LayerShape shape{mc.kv_heads, c, mc.head_dim};
   for (size_t l = 0; l < pre.k.size(); ++l) {
-    torch::Tensor k = pre.k[l].clone(), v = pre.v[l].clone();
-    if (codec != nullptr) POLYKV_RETURN_IF_ERROR(RoundTrip(k, v, *codec));
-    cache.k[l].narrow(1, 0, c).copy_(k);
-    cache.v[l].narrow(1, 0, c).copy_(v);
+    std::vector<float> k = pre.k[l], v = pre.v[l];
+    if (codec != nullptr) POLYKV_RETURN_IF_ERROR(RoundTrip(k, v, shape, *codec));
+    for (int64_t h = 0; h < mc.kv_heads; ++h) {
+      std::copy_n(k.begin() + h * c * mc.head_dim, c * mc.head_dim,
+                  cache.k[l].begin() + h * cache.capacity * mc.head_dim);
+      std::copy_n(v.begin() + h * c * mc.head_dim, c * mc.head_dim,
+                  cache.v[l].begin() + h * cache.capacity * mc.head_dim);
+    }
   }
   cache.tokens = ctx;
   cache.length = c;
   std::vector<int32_t> in(next.begin(), next.begin() + s);
-  POLYKV_ASSIGN_OR_RETURN(torch::Tensor logits, m.Forward(in, cache, /*all_logits=*/true));
-  torch::Tensor lp = torch::log_softmax(logits.to(torch::kFloat32).cpu(), -1);
-  std::vector<int64_t> tgt(next.begin() + 1, next.end());
-  torch::Tensor t = torch::tensor(tgt, torch::kInt64).unsqueeze(1);
-  torch::Tensor nll = -lp.gather(1, t).squeeze(1);
+  std::vector<int32_t> tgt(next.begin() + 1, next.end());
+  POLYKV_ASSIGN_OR_RETURN(std::vector<double> nll, model::ScoreTokens(m, cache, in, tgt, s));
   Score sc;
-  sc.nll_sum = nll.sum().item<double>();
+  for (double x : nll) sc.nll_sum += x;
   sc.n = s;
   return sc;
 }

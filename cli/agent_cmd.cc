@@ -87,11 +87,7 @@ Status RunAgent(const AgentArgs& a) {
   opts.timeout_ms = a.timeout_ms;
   opts.threads = a.threads;
   POLYKV_ASSIGN_OR_RETURN(opts.attend, client::ParseAttend(a.attend));
-  if (a.weights == "mapped") {
-    opts.load.weights = model::WeightStorage::kMapped;
-  } else if (a.weights == "copy") {
-    opts.load.weights = model::WeightStorage::kCopy;
-  }
+  if (a.weights == "mapped") opts.load.weights = model::WeightStorage::kMapped;
   auto t_load = std::chrono::steady_clock::now();
   POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<client::PooledAgent> agent,
                           client::PooledAgent::Create(opts));
@@ -268,9 +264,9 @@ void RegisterAgentCommands(CLI::App& app) {
                   "decompressed (decode the pool into a private cache first)")
       ->check(CLI::IsMember({"in-place", "decompressed"}));
   cmd->add_option("--weights", args->weights,
-                  "mapped (default on the CPU: compute on the model file's own blocks, shared "
-                  "by every process) or copy (a private libtorch f32 copy: the reference)")
-      ->check(CLI::IsMember({"auto", "mapped", "copy"}));
+                  "mapped (the default: compute on the model file's own blocks, shared by every "
+                  "process); the libtorch f32 copy is a test and benchmark reference only")
+      ->check(CLI::IsMember({"auto", "mapped"}));
   cmd->add_option("--hold-while-exists", args->hold_file,
                   "after answering, keep the pool attached until FILE no longer exists "
                   "(memory measurements with many agents alive at once)");

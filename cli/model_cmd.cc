@@ -49,9 +49,11 @@ struct PplArgs {
 StatusOr<model::WeightStorage> ParseWeights(const std::string& w) {
   if (w == "auto") return model::WeightStorage::kAuto;
   if (w == "mapped") return model::WeightStorage::kMapped;
-  if (w == "copy") return model::WeightStorage::kCopy;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--weights '", w, "' (expected auto, mapped or copy)"));
+  if (w == "copy")
+    return absl::InvalidArgumentError(
+        "--weights copy: the libtorch f32 reference runtime is not part of polykv-cli (it is "
+        "linked only by tests and bench_model, target polykv_model_torch); use mapped");
+  return absl::InvalidArgumentError(absl::StrCat("--weights '", w, "' (expected auto or mapped)"));
 }
 
 StatusOr<std::unique_ptr<model::LlamaModel>> LoadModel(const std::string& path, int threads,
@@ -190,8 +192,7 @@ void RegisterModelCommands(CLI::App& app) {
   gen->add_option("--threads", ga->threads, "Compute threads (0 = all cores)")
       ->check(CLI::NonNegativeNumber);
   gen->add_option("--weights", ga->weights,
-                  "Weights: mapped (kernels over the file's own blocks, CPU default), copy "
-                  "(private libtorch f32 copy: the reference runtime) or auto");
+                  "Weights: mapped (kernels over the file's own blocks, the default) or auto");
   gen->callback([ga, p, pi, temp]() {
     if (p->count() == 0 && pi->count() == 0) {
       return FailWith(absl::InvalidArgumentError("one of --prompt or --prompt-ids is required"));
@@ -232,7 +233,7 @@ void RegisterModelCommands(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   ppl->add_option("--threads", pa->threads, "Compute threads (0 = all cores)")
       ->check(CLI::NonNegativeNumber);
-  ppl->add_option("--weights", pa->weights, "Weights: mapped, copy or auto");
+  ppl->add_option("--weights", pa->weights, "Weights: mapped or auto");
   ppl->callback([pa, chunks]() {
     if (Status s = RunPpl(*pa, chunks->count() > 0); !s.ok()) FailWith(s);
   });

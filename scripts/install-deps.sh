@@ -5,7 +5,8 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config git python3 python3-pip
-  libtorch-dev              # model runtime (libtorch, CPU build on Debian)
+  libtorch-dev              # the f32 reference runtime of tests and benchmarks (polykv_model_torch)
+  libblas-dev               # cblas.h and libblas.so: sgemm of long prefills (OpenBLAS at run time)
   libopenblas0-openmp       # fast BLAS for libtorch's matmuls (reference BLAS is ~30x slower)
   libzmq3-dev cppzmq-dev    # control channel (ZeroMQ + C++ bindings)
   libboost-dev              # Boost.Interprocess (POSIX shared memory)

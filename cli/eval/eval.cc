@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "polykv/kernels/codec_math.h"
+#include "polykv/model/perplexity.h"
+#include "polykv/model/prefill.h"
 
 namespace polykv::eval {
 namespace {
@@ -137,8 +139,6 @@ Status WindowScorer::Prepare(const Window& w) {
   const auto t0 = std::chrono::steady_clock::now();
   w_ = &w;
   POLYKV_ASSIGN_OR_RETURN(pre_, m_.Prefill(w.context, 512));
-  for (auto& t : pre_.k) t = t.contiguous();
-  for (auto& t : pre_.v) t = t.contiguous();
   prepare_s_ = Seconds(t0);
   return absl::OkStatus();
 }
@@ -151,53 +151,29 @@ StatusOr<double> WindowScorer::MeanNll(const CodecSpec& spec, std::vector<LayerE
   const kernels::LayerShape shape{cfg.kv_heads, c, cfg.head_dim};
   // The prefix: the prefill's own tensors (baseline) or their codec reconstructions, held
   // raw (f32) and attended to in place.
-  struct Owner {
-    std::vector<torch::Tensor> k, v;
-  };
-  auto owner = std::make_shared<Owner>();
+  std::vector<std::vector<float>> ks, vs;
   if (errors != nullptr) errors->assign(cfg.layers, LayerError{});
   for (int l = 0; l < cfg.layers; ++l) {
     if (spec.none) {
-      owner->k.push_back(pre_.k[l]);
-      owner->v.push_back(pre_.v[l]);
+      ks.push_back(pre_.k[l]);
+      vs.push_back(pre_.v[l]);
       continue;
     }
-    torch::Tensor k = torch::empty_like(pre_.k[l]), v = torch::empty_like(pre_.v[l]);
-    POLYKV_RETURN_IF_ERROR(RoundTripLayer(
-        spec, l, cfg.layers, pre_.k[l].data_ptr<float>(), pre_.v[l].data_ptr<float>(), shape,
-        k.data_ptr<float>(), v.data_ptr<float>(), errors != nullptr ? &(*errors)[l] : nullptr));
-    owner->k.push_back(k);
-    owner->v.push_back(v);
+    std::vector<float> k(pre_.k[l].size()), v(pre_.v[l].size());
+    POLYKV_RETURN_IF_ERROR(RoundTripLayer(spec, l, cfg.layers, pre_.k[l].data(), pre_.v[l].data(),
+                                          shape, k.data(), v.data(),
+                                          errors != nullptr ? &(*errors)[l] : nullptr));
+    ks.push_back(std::move(k));
+    vs.push_back(std::move(v));
   }
-  auto prefix = std::make_shared<model::KvPrefix>();
-  prefix->view.kv_heads = cfg.kv_heads;
-  prefix->view.head_dim = cfg.head_dim;
-  prefix->view.tokens = c;
-  prefix->view.codec = kernels::PrefixCodec::kRaw;
-  prefix->view.raw_dtype = kernels::DType::kF32;
-  for (int l = 0; l < cfg.layers; ++l)
-    prefix->view.layers.push_back(
-        {owner->k[l].data_ptr(), nullptr, owner->v[l].data_ptr(), nullptr});
-  prefix->owner = owner;
+  POLYKV_ASSIGN_OR_RETURN(std::shared_ptr<model::KvPrefix> prefix,
+                          model::MakeRawPrefix(cfg, c, std::move(ks), std::move(vs)));
   const int64_t s = static_cast<int64_t>(w_->input.size());
   POLYKV_ASSIGN_OR_RETURN(model::KvCache cache, m_.NewCacheWithPrefix(prefix, w_->context, s + 1));
+  POLYKV_ASSIGN_OR_RETURN(std::vector<double> token_nll,
+                          model::ScoreTokens(m_, cache, w_->input, w_->targets, rows_));
   double nll = 0;
-  try {
-    torch::NoGradGuard ng;
-    for (int64_t done = 0; done < s;) {
-      const int64_t n = std::min(rows_, s - done);
-      POLYKV_ASSIGN_OR_RETURN(
-          torch::Tensor logits,
-          m_.Forward(absl::MakeConstSpan(w_->input).subspan(done, n), cache, /*all_logits=*/true));
-      std::vector<int64_t> tgt(w_->targets.begin() + done, w_->targets.begin() + done + n);
-      torch::Tensor t = torch::tensor(tgt, torch::kInt64).unsqueeze(1);
-      torch::Tensor lp = torch::log_softmax(logits.to(torch::kFloat32).cpu(), -1).gather(1, t);
-      nll -= lp.sum().to(torch::kFloat64).item<double>();
-      done += n;
-    }
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("scoring: ", e.what()));
-  }
+  for (double x : token_nll) nll += x;
   score_s_ = Seconds(t0);
   return nll / static_cast<double>(s);
 }
@@ -266,11 +242,9 @@ StatusOr<std::vector<LayerError>> LayerErrors(model::LlamaModel& m,
   const kernels::LayerShape shape{cfg.kv_heads, static_cast<int64_t>(context.size()), cfg.head_dim};
   std::vector<LayerError> out(cfg.layers);
   for (int l = 0; l < cfg.layers; ++l) {
-    torch::Tensor k = pre.k[l].contiguous(), v = pre.v[l].contiguous();
-    torch::Tensor ko = torch::empty_like(k), vo = torch::empty_like(v);
-    POLYKV_RETURN_IF_ERROR(RoundTripLayer(spec, l, cfg.layers, k.data_ptr<float>(),
-                                          v.data_ptr<float>(), shape, ko.data_ptr<float>(),
-                                          vo.data_ptr<float>(), &out[l]));
+    std::vector<float> ko(pre.k[l].size()), vo(pre.v[l].size());
+    POLYKV_RETURN_IF_ERROR(RoundTripLayer(spec, l, cfg.layers, pre.k[l].data(), pre.v[l].data(),
+                                          shape, ko.data(), vo.data(), &out[l]));
   }
   return out;
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "polykv/agent.h"
+#include "polykv/model/prefill.h"
 #include "util/files.h"
 
 namespace polykv::eval {
@@ -63,29 +64,16 @@ StatusOr<std::vector<GreedyRow>> GreedyAgreement(model::LlamaModel& m,
   so.stop_at_eos = false;
   auto answer = [&](const CodecSpec& spec,
                     const std::vector<int32_t>& prompt) -> StatusOr<std::vector<int32_t>> {
-    struct Owner {
-      std::vector<torch::Tensor> k, v;
-    };
-    auto owner = std::make_shared<Owner>();
+    std::vector<std::vector<float>> ks, vs;
     for (int l = 0; l < cfg.layers; ++l) {
-      torch::Tensor k = pre.k[l].contiguous(), v = pre.v[l].contiguous();
-      torch::Tensor ko = torch::empty_like(k), vo = torch::empty_like(v);
-      POLYKV_RETURN_IF_ERROR(RoundTripLayer(spec, l, cfg.layers, k.data_ptr<float>(),
-                                            v.data_ptr<float>(), shape, ko.data_ptr<float>(),
-                                            vo.data_ptr<float>()));
-      owner->k.push_back(ko);
-      owner->v.push_back(vo);
+      std::vector<float> ko(pre.k[l].size()), vo(pre.v[l].size());
+      POLYKV_RETURN_IF_ERROR(RoundTripLayer(spec, l, cfg.layers, pre.k[l].data(), pre.v[l].data(),
+                                            shape, ko.data(), vo.data()));
+      ks.push_back(std::move(ko));
+      vs.push_back(std::move(vo));
     }
-    auto prefix = std::make_shared<model::KvPrefix>();
-    prefix->view.kv_heads = cfg.kv_heads;
-    prefix->view.head_dim = cfg.head_dim;
-    prefix->view.tokens = shape.tokens;
-    prefix->view.codec = kernels::PrefixCodec::kRaw;
-    prefix->view.raw_dtype = kernels::DType::kF32;
-    for (int l = 0; l < cfg.layers; ++l)
-      prefix->view.layers.push_back(
-          {owner->k[l].data_ptr(), nullptr, owner->v[l].data_ptr(), nullptr});
-    prefix->owner = owner;
+    POLYKV_ASSIGN_OR_RETURN(std::shared_ptr<model::KvPrefix> prefix,
+                            model::MakeRawPrefix(cfg, shape.tokens, std::move(ks), std::move(vs)));
     POLYKV_ASSIGN_OR_RETURN(
         model::KvCache cache,
         m.NewCacheWithPrefix(prefix, doc_ids,

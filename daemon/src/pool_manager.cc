@@ -869,13 +869,11 @@ Status PoolManager::AllocateRegion(const ModelEntry& entry, PendingPool* p) {
   if (p->cuda) {
     POLYKV_ASSIGN_OR_RETURN(ipc::CudaArena arena, ipc::CudaArena::Allocate(p->needed));
     p->pool.arena.emplace(std::move(arena));
-    if (entry.model->device().is_cuda()) {
-      p->base = p->pool.arena->data();
-      p->write_device = kernels::Device::kCuda;
-    } else {
-      p->host_staging.resize(p->needed);
-      p->base = p->host_staging.data();
-    }
+    // The model prefills on the host: the pool is written into host staging and copied to
+    // the device when published.
+    (void)entry;
+    p->host_staging.resize(p->needed);
+    p->base = p->host_staging.data();
     return absl::OkStatus();
   }
   // A sealed memfd: no name anyone could squat, nothing left behind when we die. Shown as

@@ -87,7 +87,7 @@ struct PoolManagerOptions {
   std::string fd_socket;
   /// Prefill chunk (tokens).
   int64_t prefill_chunk = 512;
-  /// libtorch intra-op threads passed to the default loader (0 = all cores).
+  /// Compute threads passed to the default loader (0 = all cores).
   int threads = 0;
   /// Empty: model::LlamaModel::Load with LoadOptions{threads}.
   ModelLoader loader;

@@ -345,6 +345,22 @@ bool MatMulUsesTiles(WeightType type, int64_t n, const MatMulOptions& options) {
   return isa.ok() && TilesWanted(options, *isa, n);
 }
 
+Status DequantizeRowsParallel(const WeightView& w, int64_t begin, int64_t end, float* out) {
+  if (begin < 0 || end > w.rows || begin > end)
+    return absl::InvalidArgumentError(absl::StrCat("DequantizeRowsParallel: rows [", begin, ", ",
+                                                   end, ") outside [0, ", w.rows, ")"));
+  constexpr int64_t kRowsPerTask = 16;
+  const int64_t tasks = (end - begin + kRowsPerTask - 1) / kRowsPerTask;
+  if (tasks <= 1) return DequantizeRows(w, begin, end, out);
+  std::vector<Status> errors(static_cast<size_t>(tasks));
+  internal::RunTasks(tasks, std::max(1, ComputeThreads()), [&](int64_t t) {
+    const int64_t b = begin + t * kRowsPerTask, e = std::min(end, b + kRowsPerTask);
+    errors[static_cast<size_t>(t)] = DequantizeRows(w, b, e, out + (b - begin) * w.cols);
+  });
+  for (const Status& s : errors) POLYKV_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
 Status DequantizeRows(const WeightView& w, int64_t begin, int64_t end, float* out) {
   const int ti = TypeIndexOf(w.type);
   if (ti < 0)

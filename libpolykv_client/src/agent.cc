@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "polykv/client.h"
 #include "polykv/ipc/pool_layout.h"
+#include "polykv/model/perplexity.h"
 #include "polykv/model/prefill.h"
 
 namespace polykv::client {
@@ -128,12 +129,7 @@ uint64_t PeakRssBytes() {
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // Linux: kilobytes
 }
 
-uint64_t CacheBytes(const model::KvCache& cache) {
-  uint64_t bytes = 0;
-  for (const auto& t : cache.k) bytes += t.defined() ? t.numel() * t.element_size() : 0;
-  for (const auto& t : cache.v) bytes += t.defined() ? t.numel() * t.element_size() : 0;
-  return bytes;
-}
+uint64_t CacheBytes(const model::KvCache& cache) { return cache.bytes(); }
 
 std::string ChatQuestionPrompt(std::string_view question) {
   return absl::StrCat("<|im_start|>user\n", std::string(question),
@@ -379,25 +375,8 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
   model::KvCache cache;
   POLYKV_RETURN_IF_ERROR(
       BuildCache(chain, static_cast<int64_t>(input_ids.size()) + 1, in_place, &cache, &st));
-  std::vector<double> nll;
-  try {
-    torch::NoGradGuard ng;
-    for (size_t done = 0; done < input_ids.size();) {
-      const size_t n = std::min<size_t>(static_cast<size_t>(std::max<int64_t>(rows, 1)),
-                                        input_ids.size() - done);
-      POLYKV_ASSIGN_OR_RETURN(torch::Tensor logits, model_->Forward(input_ids.subspan(done, n),
-                                                                    cache, /*all_logits=*/true));
-      std::vector<int64_t> tgt(target_ids.begin() + done, target_ids.begin() + done + n);
-      torch::Tensor lp = torch::log_softmax(logits.to(torch::kFloat32).cpu(), -1)
-                             .gather(1, torch::tensor(tgt, torch::kInt64).unsqueeze(1))
-                             .to(torch::kFloat64)
-                             .contiguous();
-      for (size_t i = 0; i < n; ++i) nll.push_back(-lp.data_ptr<double>()[i]);
-      done += n;
-    }
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("score: ", e.what()));
-  }
+  POLYKV_ASSIGN_OR_RETURN(std::vector<double> nll,
+                          model::ScoreTokens(*model_, cache, input_ids, target_ids, rows));
   cache = model::KvCache();
   (void)chain.Release();
   return nll;
@@ -458,32 +437,41 @@ Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, boo
   // own positions.
   POLYKV_ASSIGN_OR_RETURN(kernels::DType kv_dtype, model::KvDType(*model_));
   const auto cdtype = static_cast<polykv_dtype>(kv_dtype);
-  *cache = model_->NewCache(chain.tokens + extra_capacity);
-  if (static_cast<int32_t>(cache->k.size()) != cfg.layers || cache->capacity() < chain.tokens)
-    return absl::InternalError("model returned a cache of the wrong shape");
-  auto host_opts = torch::TensorOptions().dtype(model_->dtype()).device(torch::kCPU);
+  if (kv_dtype != kernels::DType::kF32)
+    return absl::UnimplementedError("the decompressed path decodes into an f32 KV cache only");
   try {
-    for (size_t i = 0; i < n; ++i) {
-      const polykv_pool_info& info = chain.infos[i];
-      const int64_t tokens = static_cast<int64_t>(info.tokens);
-      const int64_t off = static_cast<int64_t>(info.parent_tokens);
-      torch::Tensor k_buf = torch::empty({info.kv_heads, tokens, info.head_dim}, host_opts);
-      torch::Tensor v_buf = torch::empty({info.kv_heads, tokens, info.head_dim}, host_opts);
-      for (uint32_t l = 0; l < info.layers; ++l) {
-        const polykv_status cs =
-            polykv_decode_layer(pools[i], l, k_buf.data_ptr(), v_buf.data_ptr(), cdtype);
-        if (cs != POLYKV_OK) {
-          Status s = FromCStatus(cs, absl::StrCat("decode layer ", l, " of pool ", info.id));
-          if (IsConnectionError(s)) Disconnect();
-          return s;
-        }
-        cache->k[l].narrow(1, off, tokens).copy_(k_buf);
-        cache->v[l].narrow(1, off, tokens).copy_(v_buf);
-        if (hooks_.after_layer_decoded && i + 1 == n) hooks_.after_layer_decoded(l);
+    *cache = model_->NewCache(chain.tokens + extra_capacity);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory for a private KV cache of ",
+                                                     chain.tokens + extra_capacity, " positions"));
+  }
+  if (static_cast<int32_t>(cache->k.size()) != cfg.layers || cache->capacity < chain.tokens)
+    return absl::InternalError("model returned a cache of the wrong shape");
+  const int64_t cap = cache->capacity;
+  std::vector<float> k_buf, v_buf;
+  for (size_t i = 0; i < n; ++i) {
+    const polykv_pool_info& info = chain.infos[i];
+    const int64_t tokens = static_cast<int64_t>(info.tokens);
+    const int64_t off = static_cast<int64_t>(info.parent_tokens);
+    const int64_t hd = info.head_dim;
+    k_buf.resize(static_cast<size_t>(info.kv_heads * tokens * hd));
+    v_buf.resize(k_buf.size());
+    for (uint32_t l = 0; l < info.layers; ++l) {
+      const polykv_status cs = polykv_decode_layer(pools[i], l, k_buf.data(), v_buf.data(), cdtype);
+      if (cs != POLYKV_OK) {
+        Status s = FromCStatus(cs, absl::StrCat("decode layer ", l, " of pool ", info.id));
+        if (IsConnectionError(s)) Disconnect();
+        return s;
       }
+      // [kv_heads][tokens][head_dim] into the cache's [kv_heads][capacity][head_dim] at `off`.
+      for (int64_t h = 0; h < info.kv_heads; ++h) {
+        std::copy_n(k_buf.begin() + h * tokens * hd, tokens * hd,
+                    cache->k[l].begin() + (h * cap + off) * hd);
+        std::copy_n(v_buf.begin() + h * tokens * hd, tokens * hd,
+                    cache->v[l].begin() + (h * cap + off) * hd);
+      }
+      if (hooks_.after_layer_decoded && i + 1 == n) hooks_.after_layer_decoded(l);
     }
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("copying decoded pool into the cache: ", e.what()));
   }
   // The data is only trusted while the leases are: refuse if eviction/expiry was seen.
   POLYKV_RETURN_IF_ERROR(check_leases());
@@ -507,7 +495,7 @@ StatusOr<BaselineResult> PooledAgent::RunBaseline(absl::Span<const int32_t> docu
   constexpr int64_t kChunk = 512;
   for (int64_t off = 0; off < n; off += kChunk) {
     const int64_t len = std::min(kChunk, n - off);
-    POLYKV_ASSIGN_OR_RETURN(torch::Tensor logits,
+    POLYKV_ASSIGN_OR_RETURN(model::Logits logits,
                             model_->Forward(document_ids.subspan(off, len), cache, false));
     (void)logits;
   }

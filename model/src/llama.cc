@@ -1,7 +1,5 @@
-// The shared part of both runtimes (LlamaBase: cache checks, Prefill, Generate, Perplexity,
-// sampling) and the libtorch copy runtime: RMSNorm, RoPE (HF rotate_half), grouped-query
-// attention over a caller-owned KV cache, SwiGLU MLP, all as libtorch ops on private
-// tensors of the compute dtype (the reference path, and the CUDA path).
+// The part every runtime shares (LlamaBase: cache checks, Prefill, Generate, Perplexity),
+// sampling and scoring on plain f32 spans, and LlamaModel::Load.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,15 +28,13 @@ double Uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11)
 }  // namespace
 
 LlamaBase::LlamaBase(ModelConfig config, std::unique_ptr<Tokenizer> tokenizer,
-                     std::string fingerprint, torch::Device device, torch::ScalarType dtype)
+                     std::string fingerprint)
     : config_(std::move(config)),
       tokenizer_(std::move(tokenizer)),
-      fingerprint_(std::move(fingerprint)),
-      device_(device),
-      dtype_(dtype) {
+      fingerprint_(std::move(fingerprint)) {
   const int64_t half = config_.head_dim / 2;
-  inv_freq_ = torch::empty({half}, torch::kFloat64);
-  auto* f = inv_freq_.data_ptr<double>();
+  inv_freq_.assign(static_cast<size_t>(half), 0.0);
+  double* f = inv_freq_.data();
   for (int64_t i = 0; i < half; ++i)
     f[i] = 1.0 / std::pow(static_cast<double>(config_.rope_theta),
                           static_cast<double>(2 * i) / config_.head_dim);
@@ -102,11 +98,11 @@ void ScaleRopeFrequencies(const ModelConfig& c, double* f) {
 KvCache LlamaBase::NewCache(int64_t capacity) const {
   KvCache c;
   capacity = std::max<int64_t>(capacity, 0);
-  const auto opts = torch::TensorOptions().dtype(dtype_).device(device_);
-  for (int l = 0; l < config_.layers; ++l) {
-    c.k.push_back(torch::zeros({config_.kv_heads, capacity, config_.head_dim}, opts));
-    c.v.push_back(torch::zeros({config_.kv_heads, capacity, config_.head_dim}, opts));
-  }
+  const size_t per_layer =
+      static_cast<size_t>(int64_t{config_.kv_heads} * capacity * config_.head_dim);
+  c.k.assign(static_cast<size_t>(config_.layers), std::vector<float>(per_layer, 0.f));
+  c.v.assign(static_cast<size_t>(config_.layers), std::vector<float>(per_layer, 0.f));
+  c.capacity = capacity;
   return c;
 }
 
@@ -121,14 +117,14 @@ Status LlamaBase::CheckWindow(int64_t past, int64_t n) const {
       " new); keep document and prompt within ", w, " tokens"));
 }
 
-StatusOr<torch::Tensor> LlamaBase::Step(absl::Span<const int32_t> tokens, KvCache& cache,
-                                        int64_t logits_from) {
+StatusOr<Logits> LlamaBase::Step(absl::Span<const int32_t> tokens, KvCache& cache,
+                                 int64_t logits_from) {
   POLYKV_RETURN_IF_ERROR(CheckWindow(cache.length, static_cast<int64_t>(tokens.size())));
   return ForwardImpl(tokens, cache, logits_from);
 }
 
-StatusOr<torch::Tensor> LlamaBase::Forward(absl::Span<const int32_t> tokens, KvCache& cache,
-                                           bool all_logits) {
+StatusOr<Logits> LlamaBase::Forward(absl::Span<const int32_t> tokens, KvCache& cache,
+                                    bool all_logits) {
   if (tokens.empty()) return absl::InvalidArgumentError("Forward: empty token list");
   return Step(tokens, cache, all_logits ? 0 : static_cast<int64_t>(tokens.size()) - 1);
 }
@@ -140,8 +136,13 @@ StatusOr<PrefillResult> LlamaBase::Prefill(absl::Span<const int32_t> tokens, int
     return absl::InvalidArgumentError(absl::StrCat("Prefill: chunk must be > 0, got ", chunk));
   const int64_t n = static_cast<int64_t>(tokens.size());
   POLYKV_RETURN_IF_ERROR(CheckWindow(0, n));  // before any work
-  KvCache cache = NewCache(n);
-  torch::Tensor logits;
+  KvCache cache;
+  try {
+    cache = NewCache(n);
+  } catch (const std::exception& e) {
+    return StatusFromException(e, "Prefill (KV cache)");
+  }
+  Logits logits;
   for (int64_t done = 0; done < n;) {
     const int64_t m = std::min(chunk, n - done);
     POLYKV_ASSIGN_OR_RETURN(logits, Step(tokens.subspan(done, m), cache, m - 1));
@@ -149,9 +150,10 @@ StatusOr<PrefillResult> LlamaBase::Prefill(absl::Span<const int32_t> tokens, int
     if (progress) progress(done, n);
   }
   PrefillResult r;
-  r.k = std::move(cache.k);
+  r.tokens = n;
+  r.k = std::move(cache.k);  // capacity == n: already [kv_heads][n][head_dim]
   r.v = std::move(cache.v);
-  r.last_logits = logits[0];
+  r.last_logits = std::move(logits.values);
   return r;
 }
 
@@ -186,7 +188,7 @@ StatusOr<GenerateResult> LlamaBase::Generate(KvCache& cache, absl::Span<const in
   }
   GenerateResult r;
   std::mt19937_64 rng(options.seed);
-  StatusOr<torch::Tensor> first = Step(feed, cache, static_cast<int64_t>(feed.size()) - 1);
+  StatusOr<Logits> first = Step(feed, cache, static_cast<int64_t>(feed.size()) - 1);
   if (!first.ok()) {
     if (recompute) {  // leave the cache as it was
       cache.tokens.push_back(feed[0]);
@@ -194,9 +196,9 @@ StatusOr<GenerateResult> LlamaBase::Generate(KvCache& cache, absl::Span<const in
     }
     return first.status();
   }
-  torch::Tensor logits = std::move(first).value();
+  Logits logits = std::move(first).value();
   for (int32_t i = 0; i < options.max_new_tokens; ++i) {
-    POLYKV_ASSIGN_OR_RETURN(int32_t tok, Sample(logits[0], options, rng));
+    POLYKV_ASSIGN_OR_RETURN(int32_t tok, SampleToken(logits.row(0), options, rng));
     if (i == 0) r.first_token_ms = MsSince(t0);
     if (options.stop_at_eos && IsEos(tok)) break;
     r.tokens.push_back(tok);
@@ -225,18 +227,14 @@ StatusOr<PerplexityResult> LlamaBase::Perplexity(absl::Span<const int32_t> token
   double nll = 0;
   int64_t scored = 0;
   try {
-    torch::NoGradGuard no_grad;
     int64_t prev_e = 0;
     for (int64_t b = 0;; b += stride) {
       const int64_t e = std::min(b + context, n - 1);
       const int64_t s = std::max(prev_e, b);
       KvCache cache = NewCache(e - b);
-      POLYKV_ASSIGN_OR_RETURN(torch::Tensor logits,
+      POLYKV_ASSIGN_OR_RETURN(Logits logits,
                               Step(tokens.subspan(b, e - b), cache, s - b));  // [e-s][vocab]
-      std::vector<int64_t> tgt(tokens.begin() + s + 1, tokens.begin() + e + 1);
-      auto target = torch::tensor(tgt, torch::kLong).to(logits.device()).unsqueeze(1);
-      auto lp = torch::log_softmax(logits, -1).gather(1, target);
-      nll -= lp.sum().to(torch::kFloat64).item<double>();
+      for (int64_t p = s; p < e; ++p) nll -= LogProb(logits.row(p - s), tokens[p + 1]);
       scored += e - s;
       prev_e = e;
       if (e == n - 1) break;
@@ -254,34 +252,6 @@ StatusOr<PerplexityResult> LlamaBase::Perplexity(absl::Span<const int32_t> token
 bool LlamaBase::IsEos(int32_t id) const {
   if (tokenizer_ != nullptr) return tokenizer_->IsEndOfGeneration(id);
   return id == config_.eos_id;
-}
-
-StatusOr<int32_t> LlamaBase::Sample(const torch::Tensor& logits, const SamplingOptions& o,
-                                    std::mt19937_64& rng) const {
-  try {
-    if (o.greedy) return static_cast<int32_t>(logits.argmax().item<int64_t>());
-    torch::Tensor p =
-        torch::softmax(logits.to(torch::kCPU).to(torch::kFloat64) / o.temperature, -1).contiguous();
-    const double* pp = p.data_ptr<double>();
-    const int64_t v = p.numel();
-    std::vector<int32_t> idx(v);
-    std::iota(idx.begin(), idx.end(), 0);
-    std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return pp[a] > pp[b]; });
-    double cum = 0;
-    int64_t keep = 0;
-    while (keep < v) {
-      cum += pp[idx[keep++]];
-      if (cum >= o.top_p) break;
-    }
-    double u = Uniform01(rng) * cum;
-    for (int64_t i = 0; i < keep; ++i) {
-      u -= pp[idx[i]];
-      if (u < 0) return idx[i];
-    }
-    return idx[keep - 1];
-  } catch (const std::exception& e) {
-    return StatusFromException(e, "sampling");
-  }
 }
 
 Status LlamaBase::CheckTokens(absl::Span<const int32_t> tokens) const {
@@ -319,21 +289,16 @@ Status LlamaBase::CheckCache(const KvCache& c) const {
     return absl::InvalidArgumentError(absl::StrCat("KvCache: ", c.k.size(), " K and ", c.v.size(),
                                                    " V tensors for a model of ", config_.layers,
                                                    " layers"));
-  const int64_t cap = c.k[0].defined() ? c.k[0].size(1) : -1;
+  const int64_t cap = c.capacity;
+  if (cap < 0) return absl::InvalidArgumentError(absl::StrCat("KvCache: capacity ", cap, " < 0"));
+  const size_t want = static_cast<size_t>(int64_t{config_.kv_heads} * cap * config_.head_dim);
   for (int l = 0; l < config_.layers; ++l) {
-    for (const torch::Tensor* t : {&c.k[l], &c.v[l]}) {
-      if (!t->defined() || t->dim() != 3 || t->size(0) != config_.kv_heads || t->size(1) != cap ||
-          t->size(2) != config_.head_dim)
+    for (const std::vector<float>* t : {&c.k[l], &c.v[l]}) {
+      if (t->size() != want)
         return absl::InvalidArgumentError(
-            absl::StrCat("KvCache: layer ", l, " tensor must be [kv_heads=", config_.kv_heads,
-                         "][capacity=", cap, "][head_dim=", config_.head_dim, "]"));
-      if (t->scalar_type() != dtype_ || t->device() != device_)
-        return absl::InvalidArgumentError(
-            absl::StrCat("KvCache: layer ", l, " tensor is ", t->toString(), ", model uses ",
-                         c10::toString(dtype_), " on ", device_.str()));
-      if (!t->is_contiguous())
-        return absl::InvalidArgumentError(
-            absl::StrCat("KvCache: layer ", l, " tensor is not contiguous"));
+            absl::StrCat("KvCache: layer ", l, " buffer holds ", t->size(),
+                         " floats, [kv_heads=", config_.kv_heads, "][capacity=", cap,
+                         "][head_dim=", config_.head_dim, "] needs ", want));
     }
   }
   if (c.length - p < 0 || c.length - p > cap)
@@ -345,29 +310,40 @@ Status LlamaBase::CheckCache(const KvCache& c) const {
   return absl::OkStatus();
 }
 
-void LlamaBase::EnsureCapacity(KvCache& c, int64_t needed) const {
-  if (c.k.empty()) {
-    KvCache fresh = NewCache(needed);
-    c.k = std::move(fresh.k);
-    c.v = std::move(fresh.v);
-    return;
+Status LlamaBase::EnsureCapacity(KvCache& c, int64_t needed) const {
+  try {
+    if (c.k.empty()) {
+      KvCache fresh = NewCache(needed);
+      c.k = std::move(fresh.k);
+      c.v = std::move(fresh.v);
+      c.capacity = fresh.capacity;
+      return absl::OkStatus();
+    }
+    const int64_t cap = c.capacity;
+    if (cap >= needed) return absl::OkStatus();
+    const int64_t new_cap = std::max(needed, 2 * cap);
+    KvCache bigger = NewCache(new_cap);
+    const int64_t held = c.suffix_length(), hd = config_.head_dim;
+    for (int l = 0; l < config_.layers; ++l) {
+      for (int64_t h = 0; h < config_.kv_heads; ++h) {
+        std::copy_n(c.k[l].begin() + h * cap * hd, held * hd,
+                    bigger.k[l].begin() + h * new_cap * hd);
+        std::copy_n(c.v[l].begin() + h * cap * hd, held * hd,
+                    bigger.v[l].begin() + h * new_cap * hd);
+      }
+    }
+    c.k = std::move(bigger.k);
+    c.v = std::move(bigger.v);
+    c.capacity = new_cap;
+  } catch (const std::exception& e) {
+    return StatusFromException(e, "KV cache");
   }
-  const int64_t cap = c.capacity();
-  if (cap >= needed) return;
-  const int64_t new_cap = std::max(needed, 2 * cap);
-  KvCache bigger = NewCache(new_cap);
-  const int64_t held = c.suffix_length();
-  for (int l = 0; l < config_.layers; ++l) {
-    bigger.k[l].narrow(1, 0, held).copy_(c.k[l].narrow(1, 0, held));
-    bigger.v[l].narrow(1, 0, held).copy_(c.v[l].narrow(1, 0, held));
-  }
-  c.k = std::move(bigger.k);
-  c.v = std::move(bigger.v);
+  return absl::OkStatus();
 }
 
 void LlamaBase::RopeTables(int64_t past, int64_t n, float* cos, float* sin) const {
   const int64_t half = config_.head_dim / 2;
-  const double* f = inv_freq_.data_ptr<double>();
+  const double* f = inv_freq_.data();
   for (int64_t i = 0; i < n; ++i) {
     const double pos = static_cast<double>(past + i) / config_.rope_linear_scale;
     for (int64_t j = 0; j < half; ++j) {
@@ -383,125 +359,6 @@ void LlamaBase::RopeTables(int64_t past, int64_t n, float* cos, float* sin) cons
 
 namespace {
 
-// The libtorch copy runtime.
-class TorchLlama final : public LlamaBase {
- public:
-  TorchLlama(LoadedModel m, const LoadOptions& options)
-      : LlamaBase(m.config, std::move(m.tokenizer), std::move(m.fingerprint), options.device,
-                  options.dtype),
-        w_(std::move(m.weights)) {}
-
-  StatusOr<KvCache> NewCacheWithPrefix(std::shared_ptr<const KvPrefix>, std::vector<int32_t>,
-                                       int64_t) const override {
-    return NoPrefix();
-  }
-  StatusOr<KvCache> FreezeAsPrefix(KvCache&&, int64_t) const override { return NoPrefix(); }
-  WeightStorage weight_storage() const override { return WeightStorage::kCopy; }
-  int64_t WeightBytesPerToken() const override {
-    int64_t b = 0;
-    auto add = [&](const torch::Tensor& t) { b += t.defined() ? t.numel() * t.element_size() : 0; };
-    for (const auto& l : w_.layers) {
-      for (const torch::Tensor* t :
-           {&l.attn_norm, &l.wqkv, &l.bqkv, &l.wo, &l.bo, &l.ffn_norm, &l.wgate_up, &l.wdown})
-        add(*t);
-    }
-    add(w_.norm);
-    add(w_.lm_head);
-    return b;
-  }
-
- private:
-  static Status NoPrefix() {
-    return absl::FailedPreconditionError(
-        "this model was loaded with a private copy of its weights (libtorch runtime), which "
-        "cannot attend to a shared prefix in place: load it mapped (CPU) or decompress the pool");
-  }
-
-  torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& w) const {
-    torch::Tensor xf = x.to(torch::kFloat32);
-    torch::Tensor r = torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + config_.rms_eps);
-    return (xf * r).to(dtype_) * w;
-  }
-
-  // x: [heads][n][head_dim]; cos/sin: [n][head_dim]. HF apply_rotary_pos_emb.
-  static torch::Tensor Rope(const torch::Tensor& x, const torch::Tensor& cos,
-                            const torch::Tensor& sin) {
-    const int64_t half = x.size(-1) / 2;
-    torch::Tensor rot = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-    return x * cos + rot * sin;
-  }
-
-  StatusOr<torch::Tensor> ForwardImpl(absl::Span<const int32_t> tokens, KvCache& cache,
-                                      int64_t logits_from) override {
-    const int64_t n = static_cast<int64_t>(tokens.size());
-    if (n == 0) return absl::InvalidArgumentError("Forward: empty token list");
-    POLYKV_RETURN_IF_ERROR(CheckTokens(tokens));
-    if (cache.prefix) return NoPrefix();
-    POLYKV_RETURN_IF_ERROR(CheckCache(cache));
-    const int64_t past = cache.length, total = past + n;
-    const int64_t H = config_.heads, KV = config_.kv_heads, hd = config_.head_dim, F = config_.ffn;
-    try {
-      torch::NoGradGuard no_grad;
-      EnsureCapacity(cache, total);
-      const auto dev = torch::TensorOptions().device(device_);
-      torch::Tensor ids = torch::from_blob(const_cast<int32_t*>(tokens.data()), {n}, torch::kInt32)
-                              .to(torch::kLong)
-                              .to(device_);
-      torch::Tensor x = w_.embed.index_select(0, ids);  // [n][hidden]
-
-      torch::Tensor pos = torch::arange(past, total, torch::kFloat64) / config_.rope_linear_scale;
-      torch::Tensor freqs = torch::outer(pos, inv_freq_);  // [n][hd/2]
-      torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-      torch::Tensor cos = emb.cos(), sin = emb.sin();
-      if (rope_attention_factor_ != 1) {  // YaRN: cos and sin scaled (HF attention_scaling)
-        cos.mul_(rope_attention_factor_);
-        sin.mul_(rope_attention_factor_);
-      }
-      cos = cos.to(dtype_).to(device_);
-      sin = sin.to(dtype_).to(device_);
-      torch::Tensor mask;  // [n][total], true where key position > query position
-      if (n > 1) mask = torch::ones({n, total}, dev.dtype(torch::kBool)).triu(past + 1);
-      const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-      const int64_t G = H / KV;
-
-      for (int l = 0; l < config_.layers; ++l) {
-        const LayerWeights& lw = w_.layers[l];
-        torch::Tensor h = RmsNorm(x, lw.attn_norm);
-        torch::Tensor qkv = lw.bqkv.defined() ? torch::linear(h, lw.wqkv, lw.bqkv)
-                                              : torch::linear(h, lw.wqkv);  // [n][(H+2KV)*hd]
-        torch::Tensor q = qkv.narrow(1, 0, H * hd).view({n, H, hd}).transpose(0, 1);
-        torch::Tensor k = qkv.narrow(1, H * hd, KV * hd).view({n, KV, hd}).transpose(0, 1);
-        torch::Tensor v = qkv.narrow(1, (H + KV) * hd, KV * hd).view({n, KV, hd}).transpose(0, 1);
-        q = Rope(q, cos, sin);
-        k = Rope(k, cos, sin);
-        cache.k[l].narrow(1, past, n).copy_(k);
-        cache.v[l].narrow(1, past, n).copy_(v);
-        torch::Tensor K = cache.k[l].narrow(1, 0, total), V = cache.v[l].narrow(1, 0, total);
-        // Query head h uses KV head h / G (HF repeat_kv): group queries per KV head.
-        torch::Tensor qg = q.reshape({KV, G * n, hd});
-        torch::Tensor scores = torch::bmm(qg, K.transpose(1, 2)).to(torch::kFloat32).mul_(scale);
-        if (mask.defined())
-          scores.view({KV, G, n, total})
-              .masked_fill_(mask, -std::numeric_limits<float>::infinity());
-        torch::Tensor p = torch::softmax(scores, -1).to(dtype_);
-        torch::Tensor o = torch::bmm(p, V).view({H, n, hd}).transpose(0, 1).reshape({n, H * hd});
-        x = x + (lw.bo.defined() ? torch::linear(o, lw.wo, lw.bo) : torch::linear(o, lw.wo));
-        h = RmsNorm(x, lw.ffn_norm);
-        torch::Tensor gu = torch::linear(h, lw.wgate_up);  // [n][2F]
-        x = x + torch::linear(torch::silu(gu.narrow(1, 0, F)) * gu.narrow(1, F, F), lw.wdown);
-      }
-      cache.length = total;
-      cache.tokens.insert(cache.tokens.end(), tokens.begin(), tokens.end());
-      x = RmsNorm(x.narrow(0, logits_from, n - logits_from), w_.norm);
-      return torch::linear(x, w_.lm_head).to(torch::kFloat32);
-    } catch (const std::exception& e) {
-      return StatusFromException(e, "Forward");
-    }
-  }
-
-  LlamaWeights w_;
-};
-
 bool LooksLikeGguf(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   char magic[4] = {};
@@ -510,6 +367,54 @@ bool LooksLikeGguf(const std::string& path) {
 
 }  // namespace
 }  // namespace internal
+
+StatusOr<int32_t> Argmax(absl::Span<const float> logits) {
+  if (logits.empty()) return absl::InvalidArgumentError("Argmax: empty logits");
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = i;  // strict: the lowest index wins ties
+  return static_cast<int32_t>(best);
+}
+
+StatusOr<int32_t> SampleToken(absl::Span<const float> logits, const SamplingOptions& o,
+                              std::mt19937_64& rng) {
+  if (o.greedy) return Argmax(logits);
+  if (logits.empty()) return absl::InvalidArgumentError("sampling: empty logits");
+  const size_t v = logits.size();
+  // softmax(logits / T) in f64.
+  std::vector<double> p(v);
+  double mx = -std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < v; ++i) mx = std::max(mx, static_cast<double>(logits[i]) / o.temperature);
+  double sum = 0;
+  for (size_t i = 0; i < v; ++i) {
+    p[i] = std::exp(static_cast<double>(logits[i]) / o.temperature - mx);
+    sum += p[i];
+  }
+  for (double& x : p) x /= sum;
+  std::vector<int32_t> idx(v);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+  double cum = 0;
+  size_t keep = 0;
+  while (keep < v) {
+    cum += p[idx[keep++]];
+    if (cum >= o.top_p) break;
+  }
+  double u = internal::Uniform01(rng) * cum;
+  for (size_t i = 0; i < keep; ++i) {
+    u -= p[idx[i]];
+    if (u < 0) return idx[i];
+  }
+  return idx[keep - 1];
+}
+
+double LogProb(absl::Span<const float> row, int32_t target) {
+  float mx = row[0];
+  for (size_t v = 1; v < row.size(); ++v) mx = std::max(mx, row[v]);
+  double sum = 0;
+  for (size_t v = 0; v < row.size(); ++v) sum += std::exp(row[v] - mx);
+  return static_cast<double>(row[static_cast<size_t>(target)] - mx) - std::log(sum);
+}
 
 const char* WeightStorageName(WeightStorage w) {
   switch (w) {
@@ -541,31 +446,25 @@ const char* RopeScalingName(RopeScalingType t) {
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
                                                        const LoadOptions& options_in) {
+  LoadOptions options = options_in;
+  if (options.weights == WeightStorage::kCopy)
+    return absl::InvalidArgumentError(
+        "LoadOptions.weights = copy is the libtorch reference runtime: load it with "
+        "polykv::model::LoadTorchReference (polykv/model/torch_reference.h, target "
+        "polykv_model_torch)");
+  options.weights = WeightStorage::kMapped;
+  SetComputeThreads(options.threads);
+  POLYKV_ASSIGN_OR_RETURN(internal::LoadedModel loaded, internal::LoadModelFiles(path, options));
+  return internal::MakeMappedLlama(std::move(loaded), options);
+}
+
+namespace internal {
+
+StatusOr<LoadedModel> LoadModelFiles(const std::string& path, const LoadOptions& options) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(path, ec))
     return absl::NotFoundError(absl::StrCat(path, ": no such file or folder"));
-  LoadOptions options = options_in;
-  if (options.dtype != torch::kFloat32 && options.dtype != torch::kBFloat16 &&
-      options.dtype != torch::kFloat16)
-    return absl::InvalidArgumentError(
-        absl::StrCat("LoadOptions.dtype ", c10::toString(options.dtype),
-                     " is not a floating compute type (f32, bf16, f16)"));
-  if (options.device.is_cuda() && !torch::cuda::is_available())
-    return absl::InvalidArgumentError(
-        "LoadOptions.device is CUDA but libtorch sees no CUDA device");
-  if (!options.device.is_cpu() && !options.device.is_cuda())
-    return absl::InvalidArgumentError(absl::StrCat("LoadOptions.device ", options.device.str(),
-                                                   " is not supported (cpu or cuda)"));
-  if (options.weights == WeightStorage::kAuto)
-    options.weights = options.device.is_cpu() && options.dtype == torch::kFloat32
-                          ? WeightStorage::kMapped
-                          : WeightStorage::kCopy;
-  if (options.weights == WeightStorage::kMapped &&
-      (!options.device.is_cpu() || options.dtype != torch::kFloat32))
-    return absl::InvalidArgumentError(
-        "LoadOptions.weights = mapped needs the CPU device and the f32 compute dtype");
-  SetComputeThreads(options.threads);
   StatusOr<internal::LoadedModel> loaded;
   if (fs::is_directory(path, ec)) {
     loaded = internal::LoadHfFolder(path, options);
@@ -581,10 +480,9 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
           ": not a model (expected a .gguf file or a folder with config.json + safetensors)"));
     }
   }
-  if (!loaded.ok()) return loaded.status();
-  if (options.weights == WeightStorage::kMapped)
-    return internal::MakeMappedLlama(std::move(loaded).value(), options);
-  return std::unique_ptr<LlamaModel>(new internal::TorchLlama(std::move(loaded).value(), options));
+  return loaded;
 }
+
+}  // namespace internal
 
 }  // namespace polykv::model

@@ -1,11 +1,13 @@
 // The part of a LlamaModel that both runtimes share (llama.cc): configuration, cache
 // checks, Prefill, Generate, Perplexity and sampling, all on top of one ForwardImpl that
-// each runtime (libtorch copy in llama.cc, mapped kernels in mapped_llama.cc) provides.
+// each runtime (mapped kernels in mapped_llama.cc; the libtorch reference of the optional
+// polykv_model_torch target in torch/) provides.
 #pragma once
 
 #include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "polykv/model/llama.h"
 
@@ -13,18 +15,16 @@ namespace polykv::model::internal {
 
 class LlamaBase : public LlamaModel {
  public:
-  LlamaBase(ModelConfig config, std::unique_ptr<Tokenizer> tokenizer, std::string fingerprint,
-            torch::Device device, torch::ScalarType dtype);
+  LlamaBase(ModelConfig config, std::unique_ptr<Tokenizer> tokenizer, std::string fingerprint);
 
   const ModelConfig& config() const override { return config_; }
   const Tokenizer* tokenizer() const override { return tokenizer_.get(); }
   const std::string& fingerprint() const override { return fingerprint_; }
-  torch::Device device() const override { return device_; }
-  torch::ScalarType dtype() const override { return dtype_; }
+  kernels::DType dtype() const override { return kernels::DType::kF32; }
 
   KvCache NewCache(int64_t capacity) const override;
-  [[nodiscard]] StatusOr<torch::Tensor> Forward(absl::Span<const int32_t> tokens, KvCache& cache,
-                                                bool all_logits) override;
+  [[nodiscard]] StatusOr<Logits> Forward(absl::Span<const int32_t> tokens, KvCache& cache,
+                                         bool all_logits) override;
   [[nodiscard]] StatusOr<PrefillResult> Prefill(
       absl::Span<const int32_t> tokens, int64_t chunk,
       const std::function<void(int64_t, int64_t)>& progress) override;
@@ -38,20 +38,20 @@ class LlamaBase : public LlamaModel {
   /// logits for positions >= logits_from (relative to the first new token):
   /// [n - logits_from][vocab] (logits_from == n: no logits, no lm_head work). Validates ids
   /// and the cache itself.
-  [[nodiscard]] virtual StatusOr<torch::Tensor> ForwardImpl(absl::Span<const int32_t> tokens,
-                                                            KvCache& cache,
-                                                            int64_t logits_from) = 0;
+  [[nodiscard]] virtual StatusOr<Logits> ForwardImpl(absl::Span<const int32_t> tokens,
+                                                     KvCache& cache, int64_t logits_from) = 0;
 
   /// ForwardImpl after CheckWindow: every forward pass of LlamaBase goes through here.
-  [[nodiscard]] StatusOr<torch::Tensor> Step(absl::Span<const int32_t> tokens, KvCache& cache,
-                                             int64_t logits_from);
+  [[nodiscard]] StatusOr<Logits> Step(absl::Span<const int32_t> tokens, KvCache& cache,
+                                      int64_t logits_from);
   /// kOutOfRange when a model with a sliding window (ModelConfig::sliding_window) would hold
   /// more than that many positions after `n` more at `past` (full attention would differ).
   [[nodiscard]] Status CheckWindow(int64_t past, int64_t n) const;
   /// Checks the cache's tensors (suffix) and prefix against the model.
   [[nodiscard]] Status CheckCache(const KvCache& c) const;
   /// Grows the suffix to hold `needed` positions (reallocation to max(needed, 2 x capacity)).
-  void EnsureCapacity(KvCache& c, int64_t needed) const;
+  /// kResourceExhausted when the allocation fails.
+  [[nodiscard]] Status EnsureCapacity(KvCache& c, int64_t needed) const;
   /// Checks token ids against the vocabulary.
   [[nodiscard]] Status CheckTokens(absl::Span<const int32_t> tokens) const;
   /// RoPE angles' cos and sin for positions [past, past + n): [n][head_dim] each (HF layout:
@@ -60,15 +60,11 @@ class LlamaBase : public LlamaModel {
   void RopeTables(int64_t past, int64_t n, float* cos, float* sin) const;
 
   bool IsEos(int32_t id) const;
-  [[nodiscard]] StatusOr<int32_t> Sample(const torch::Tensor& logits, const SamplingOptions& o,
-                                         std::mt19937_64& rng) const;
 
   ModelConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::string fingerprint_;
-  torch::Device device_;
-  torch::ScalarType dtype_;
-  torch::Tensor inv_freq_;            // [head_dim/2] f64, CPU, after ScaleRopeFrequencies
+  std::vector<double> inv_freq_;      // [head_dim/2], after ScaleRopeFrequencies
   double rope_attention_factor_ = 1;  // YaRN's cos/sin multiplier (1 otherwise)
 };
 

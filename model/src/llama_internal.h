@@ -2,8 +2,6 @@
 // forward pass (llama.cc): fused weight layout, the loader interface, error conversion.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,26 +12,6 @@
 #include "polykv/status.h"
 
 namespace polykv::model::internal {
-
-/// One decoder layer, weights in HF [out][in] layout, model dtype/device.
-struct LayerWeights {
-  torch::Tensor attn_norm;  ///< [hidden]
-  torch::Tensor wqkv;       ///< [(heads + 2*kv_heads)*head_dim][hidden]: q, k, v rows
-  torch::Tensor bqkv;  ///< [(heads + 2*kv_heads)*head_dim] q, k, v biases (qkv_bias) or undefined
-  torch::Tensor wo;    ///< [hidden][heads*head_dim]
-  torch::Tensor bo;    ///< [hidden] output-projection bias (o_bias) or undefined
-  torch::Tensor ffn_norm;  ///< [hidden]
-  torch::Tensor wgate_up;  ///< [2*ffn][hidden]: gate rows then up rows
-  torch::Tensor wdown;     ///< [hidden][ffn]
-};
-
-/// All weights of a model.
-struct LlamaWeights {
-  torch::Tensor embed;  ///< [vocab][hidden]
-  std::vector<LayerWeights> layers;
-  torch::Tensor norm;     ///< [hidden]
-  torch::Tensor lm_head;  ///< [vocab][hidden] (aliases embed when tied)
-};
 
 /// A weight matrix where it lies in the mapped model file.
 struct MappedMatrix {
@@ -79,23 +57,18 @@ struct RawTensor {
 /// What a loader produces.
 struct LoadedModel {
   ModelConfig config;
-  LlamaWeights weights;                   ///< the libtorch copy (WeightStorage::kCopy)
-  std::unique_ptr<MappedWeights> mapped;  ///< the mapped weights (WeightStorage::kMapped)
+  std::unique_ptr<MappedWeights> mapped;  ///< views of the weights where they lie
   std::unique_ptr<Tokenizer> tokenizer;   ///< may be null
   std::string fingerprint;
 };
 
 /// Source of weights in HF layout: `role` is one of embed, attn_norm, q, k, v, o, q_bias,
 /// k_bias, v_bias, o_bias, ffn_norm, gate, up, down, norm, output; `layer` is -1 for the
-/// non-layer tensors. Get returns HF row order (GGUF Llama q/k rows and biases
-/// un-permuted); GetRaw the file's own bytes and order.
+/// non-layer tensors. GetRaw gives the file's own bytes and order (GGUF Llama q/k rows and
+/// biases in llama.cpp's interleaved order, flagged by RawTensor::interleaved_qk).
 class WeightReader {
  public:
   virtual ~WeightReader() = default;
-  /// A CPU floating tensor shaped `shape` (HF [out][in]); kInvalidArgument naming the
-  /// tensor when missing or shaped differently.
-  [[nodiscard]] virtual StatusOr<torch::Tensor> Get(const std::string& role, int layer,
-                                                    const std::vector<int64_t>& shape) = 0;
   /// Whether a separate output (lm_head) tensor exists.
   virtual bool HasOutput() = 0;
   /// The tensor where it lies in the mapping (no copy), checked to be shaped `shape`.
@@ -119,11 +92,6 @@ class WeightReader {
 /// The mapped runtime (mapped_llama.cc).
 std::unique_ptr<LlamaModel> MakeMappedLlama(LoadedModel m, const LoadOptions& options);
 
-/// Reads every tensor through `reader`, fuses q/k/v and gate/up, converts to the target
-/// dtype/device one tensor at a time.
-[[nodiscard]] Status BuildWeights(const ModelConfig& config, WeightReader& reader,
-                                  const LoadOptions& options, LlamaWeights* out);
-
 /// Checks hyper-parameters for consistency (positive sizes, heads % kv_heads, even
 /// head_dim). kInvalidArgument naming `source` and the field.
 [[nodiscard]] Status ValidateConfig(const ModelConfig& config, const std::string& source);
@@ -135,11 +103,16 @@ std::unique_ptr<LlamaModel> MakeMappedLlama(LoadedModel m, const LoadOptions& op
 [[nodiscard]] StatusOr<LoadedModel> LoadGgufModel(const std::string& path,
                                                   const LoadOptions& options);
 
+/// A model folder or file, as LlamaModel::Load takes it (kNotFound when missing), with its
+/// weights mapped.
+[[nodiscard]] StatusOr<LoadedModel> LoadModelFiles(const std::string& path,
+                                                   const LoadOptions& options);
+
 /// Hex SHA-256 of `prefix` followed by the bytes of each file in order.
 [[nodiscard]] StatusOr<std::string> Sha256OfFiles(const std::string& prefix,
                                                   const std::vector<std::string>& paths);
 
-/// Converts a libtorch / std exception message to a Status (kResourceExhausted for
+/// Converts an exception's message to a Status (kResourceExhausted for
 /// allocation failures, else kInternal).
 [[nodiscard]] Status StatusFromException(const std::exception& e, const std::string& context);
 

@@ -1,4 +1,4 @@
-// Loader pieces shared by the HF and GGUF paths: config checks, weight fusion, SHA-256.
+// Loader pieces shared by the HF and GGUF paths: config checks, mapped weight views, SHA-256.
 #include <openssl/evp.h>
 
 #include <cmath>
@@ -65,68 +65,6 @@ Status ValidateConfig(const ModelConfig& c, const std::string& source) {
   }
   if (c.sliding_window < 0)
     return bad(absl::StrCat("sliding window must be >= 0, got ", c.sliding_window));
-  return absl::OkStatus();
-}
-
-Status BuildWeights(const ModelConfig& c, WeightReader& reader, const LoadOptions& options,
-                    LlamaWeights* out) {
-  const auto to_target = [&](const torch::Tensor& t) {
-    return t.to(options.dtype).to(options.device).contiguous();
-  };
-  const int64_t h = c.hidden, q_rows = int64_t{c.heads} * c.head_dim,
-                kv_rows = int64_t{c.kv_heads} * c.head_dim;
-  try {
-    torch::NoGradGuard no_grad;
-    POLYKV_ASSIGN_OR_RETURN(torch::Tensor embed, reader.Get("embed", -1, {c.vocab, h}));
-    out->embed = to_target(embed);
-    embed = torch::Tensor();
-    out->layers.clear();
-    out->layers.resize(c.layers);
-    for (int l = 0; l < c.layers; ++l) {
-      LayerWeights& lw = out->layers[l];
-      POLYKV_ASSIGN_OR_RETURN(torch::Tensor an, reader.Get("attn_norm", l, {h}));
-      lw.attn_norm = to_target(an);
-      {
-        POLYKV_ASSIGN_OR_RETURN(torch::Tensor q, reader.Get("q", l, {q_rows, h}));
-        POLYKV_ASSIGN_OR_RETURN(torch::Tensor k, reader.Get("k", l, {kv_rows, h}));
-        POLYKV_ASSIGN_OR_RETURN(torch::Tensor v, reader.Get("v", l, {kv_rows, h}));
-        const auto dt = q.scalar_type();
-        lw.wqkv = to_target(torch::cat({q, k.to(dt), v.to(dt)}, 0));
-      }
-      if (c.qkv_bias) {
-        POLYKV_ASSIGN_OR_RETURN(torch::Tensor bq, reader.Get("q_bias", l, {q_rows}));
-        POLYKV_ASSIGN_OR_RETURN(torch::Tensor bk, reader.Get("k_bias", l, {kv_rows}));
-        POLYKV_ASSIGN_OR_RETURN(torch::Tensor bv, reader.Get("v_bias", l, {kv_rows}));
-        const auto dt = bq.scalar_type();
-        lw.bqkv = to_target(torch::cat({bq, bk.to(dt), bv.to(dt)}, 0));
-      }
-      POLYKV_ASSIGN_OR_RETURN(torch::Tensor o, reader.Get("o", l, {h, q_rows}));
-      lw.wo = to_target(o);
-      if (c.o_bias) {
-        POLYKV_ASSIGN_OR_RETURN(torch::Tensor bo, reader.Get("o_bias", l, {h}));
-        lw.bo = to_target(bo);
-      }
-      POLYKV_ASSIGN_OR_RETURN(torch::Tensor fn, reader.Get("ffn_norm", l, {h}));
-      lw.ffn_norm = to_target(fn);
-      {
-        POLYKV_ASSIGN_OR_RETURN(torch::Tensor g, reader.Get("gate", l, {c.ffn, h}));
-        POLYKV_ASSIGN_OR_RETURN(torch::Tensor u, reader.Get("up", l, {c.ffn, h}));
-        lw.wgate_up = to_target(torch::cat({g, u.to(g.scalar_type())}, 0));
-      }
-      POLYKV_ASSIGN_OR_RETURN(torch::Tensor d, reader.Get("down", l, {h, c.ffn}));
-      lw.wdown = to_target(d);
-    }
-    POLYKV_ASSIGN_OR_RETURN(torch::Tensor norm, reader.Get("norm", -1, {h}));
-    out->norm = to_target(norm);
-    if (c.tied_embeddings) {
-      out->lm_head = out->embed;
-    } else {
-      POLYKV_ASSIGN_OR_RETURN(torch::Tensor head, reader.Get("output", -1, {c.vocab, h}));
-      out->lm_head = to_target(head);
-    }
-  } catch (const std::exception& e) {
-    return StatusFromException(e, "loading weights");
-  }
   return absl::OkStatus();
 }
 
@@ -244,7 +182,7 @@ Status StatusFromException(const std::exception& e, const std::string& context) 
   const bool oom = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
                    msg.find("out of memory") != std::string::npos ||
                    msg.find("can't allocate") != std::string::npos;
-  // libtorch messages carry a long C++ backtrace after the first line: keep the first.
+  // Some messages carry a long backtrace after the first line: keep the first.
   std::string first = msg.substr(0, msg.find('\n'));
   if (oom) return absl::ResourceExhaustedError(absl::StrCat(context, ": out of memory: ", first));
   return absl::InternalError(absl::StrCat(context, ": ", first));

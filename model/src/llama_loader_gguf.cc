@@ -25,14 +25,6 @@ struct GgufArch {
 };
 constexpr GgufArch kGgufArchs[] = {{"llama", true, false}, {"qwen2", false, true}};
 
-// llama.cpp's convert script reorders the rows of q_proj / k_proj (and their biases) for
-// interleaved-pair RoPE: W_gguf = W_hf.reshape(n_head, 2, hd/2, in).swapaxes(1, 2). This is
-// its inverse, giving back HF rotate_half rows. `w` is [n_head*hd][in] or [n_head*hd].
-torch::Tensor UnpermuteQk(const torch::Tensor& w, int64_t n_head) {
-  const int64_t rows = w.size(0), in = w.dim() == 2 ? w.size(1) : 1, hd = rows / n_head;
-  return w.reshape({n_head, hd / 2, 2, in}).transpose(1, 2).reshape(w.sizes()).contiguous();
-}
-
 class GgufReader : public WeightReader {
  public:
   GgufReader(std::shared_ptr<const GgufFile> file, const ModelConfig& c, bool permuted_qk)
@@ -58,20 +50,6 @@ class GgufReader : public WeightReader {
     return absl::StrCat("blk.", layer, ".", kLayer.at(role));
   }
 
-  StatusOr<torch::Tensor> Get(const std::string& role, int layer,
-                              const std::vector<int64_t>& shape) override {
-    POLYKV_ASSIGN_OR_RETURN(const GgufTensorInfo* info, Find(role, layer, shape));
-    torch::Tensor t = torch::empty(shape, torch::kFloat32);
-    const auto data = g_.TensorData(*info);
-    Status s =
-        DequantizeToF32(info->type, data.data(), data.size(), t.numel(), t.data_ptr<float>());
-    if (!s.ok())
-      return Status(s.code(),
-                    absl::StrCat(g_.path(), ": tensor '", info->name, "': ", s.message()));
-    if (permuted_qk_ && (role == "q" || role == "q_bias")) return UnpermuteQk(t, c_.heads);
-    if (permuted_qk_ && (role == "k" || role == "k_bias")) return UnpermuteQk(t, c_.kv_heads);
-    return t;
-  }
   bool HasOutput() override { return g_.FindTensor("output.weight") != nullptr; }
 
   StatusOr<RawTensor> GetRaw(const std::string& role, int layer,
@@ -373,12 +351,8 @@ StatusOr<LoadedModel> LoadGgufModel(const std::string& path, const LoadOptions& 
     POLYKV_ASSIGN_OR_RETURN(m.config, ConfigFromGguf(*g, &arch, &uses_rope_freqs));
     GgufReader reader(g, m.config, arch->permuted_qk);
     if (uses_rope_freqs) reader.MarkUsed("rope_freqs.weight");
-    if (options.weights == WeightStorage::kMapped) {
-      m.mapped = std::make_unique<MappedWeights>();
-      POLYKV_RETURN_IF_ERROR(BuildMappedWeights(m.config, reader, m.mapped.get()));
-    } else {
-      POLYKV_RETURN_IF_ERROR(BuildWeights(m.config, reader, options, &m.weights));
-    }
+    m.mapped = std::make_unique<MappedWeights>();
+    POLYKV_RETURN_IF_ERROR(BuildMappedWeights(m.config, reader, m.mapped.get()));
     POLYKV_RETURN_IF_ERROR(reader.CheckAllTensorsUsed());
     if (g->Has("tokenizer.ggml.model")) {
       auto tok = TokenizerFromGguf(*g);
@@ -387,7 +361,7 @@ StatusOr<LoadedModel> LoadGgufModel(const std::string& path, const LoadOptions& 
                       absl::StrCat(path, ": tokenizer: ", tok.status().message()));
       m.tokenizer = std::move(tok).value();
     }
-  }  // the copy runtime unmaps the file here; the mapped one keeps it
+  }  // the mapped weights keep the file mapped
   POLYKV_ASSIGN_OR_RETURN(m.fingerprint, Sha256OfFiles("gguf\n", {path}));
   return m;
 }

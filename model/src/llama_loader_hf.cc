@@ -386,11 +386,6 @@ class HfReader : public WeightReader {
     return absl::StrCat(p, "mlp.", role, "_proj.weight");  // gate, up, down
   }
 
-  StatusOr<torch::Tensor> Get(const std::string& role, int layer,
-                              const std::vector<int64_t>& shape) override {
-    POLYKV_ASSIGN_OR_RETURN(auto found, Find(role, layer, shape));
-    return found.first->Read(*found.second);
-  }
   bool HasOutput() override { return where_.count("lm_head.weight") > 0; }
 
   StatusOr<RawTensor> GetRaw(const std::string& role, int layer,
@@ -511,12 +506,8 @@ StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const LoadOptions& op
     opened.push_back(std::move(sf));
   }
   HfReader reader(std::move(opened), std::move(where), m.config);
-  if (options.weights == WeightStorage::kMapped) {
-    m.mapped = std::make_unique<MappedWeights>();
-    POLYKV_RETURN_IF_ERROR(BuildMappedWeights(m.config, reader, m.mapped.get()));
-  } else {
-    POLYKV_RETURN_IF_ERROR(BuildWeights(m.config, reader, options, &m.weights));
-  }
+  m.mapped = std::make_unique<MappedWeights>();
+  POLYKV_RETURN_IF_ERROR(BuildMappedWeights(m.config, reader, m.mapped.get()));
   POLYKV_RETURN_IF_ERROR(reader.CheckAllTensorsUsed());
 
   // Tokenizer: optional (stories260K ships none).

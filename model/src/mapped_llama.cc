@@ -13,10 +13,10 @@
 //   logits = RMSNorm(x) Wout^T for the requested rows.
 // Matrix products of n <= LoadOptions::quantized_rows rows run on the quantized kernels, and
 // so do longer ones over weight types the AMX-INT8 tiles take (on CPUs that have them);
-// the rest dequantize row tiles of W into a scratch buffer and call libtorch's GEMM.
-// Attention without a prefix and n > kMappedGemmRows (a long prefill) runs as libtorch
-// batched GEMMs; every other case on kernels::AttentionForward.
-#include <ATen/Parallel.h>
+// the rest dequantize row tiles of W into a scratch buffer and call CBLAS sgemm (OpenBLAS).
+// Attention without a prefix and n > kMappedGemmRows (a long prefill) runs as sgemm per KV
+// head; every other case on kernels::AttentionForward.
+#include <cblas.h>
 
 #include <algorithm>
 #include <atomic>
@@ -30,6 +30,7 @@
 #include "polykv/kernels/attention.h"
 #include "polykv/kernels/matmul.h"
 #include "polykv/kernels/ops.h"
+#include "polykv/model/prefill.h"
 
 namespace polykv::model::internal {
 namespace {
@@ -40,8 +41,7 @@ int64_t TileRows(int64_t cols) { return std::max<int64_t>(16, (int64_t{1} << 18)
 class MappedLlama final : public LlamaBase {
  public:
   MappedLlama(LoadedModel m, const LoadOptions& options)
-      : LlamaBase(m.config, std::move(m.tokenizer), std::move(m.fingerprint), torch::kCPU,
-                  torch::kFloat32),
+      : LlamaBase(m.config, std::move(m.tokenizer), std::move(m.fingerprint)),
         w_(std::move(*m.mapped)),
         quantized_rows_(std::max<int64_t>(0, options.quantized_rows)) {
     auto add = [&](const MappedMatrix& mm) { bytes_per_token_ += mm.w.bytes(); };
@@ -96,31 +96,27 @@ class MappedLlama final : public LlamaBase {
       return absl::InvalidArgumentError("FreezeAsPrefix: the cache already has a prefix");
     POLYKV_RETURN_IF_ERROR(CheckCache(cache));
     if (cache.length == 0) return absl::InvalidArgumentError("FreezeAsPrefix: empty cache");
-    struct Owner {
-      std::vector<torch::Tensor> k, v;
-    };
-    auto owner = std::make_shared<Owner>();
-    auto prefix = std::make_shared<KvPrefix>();
-    prefix->view.kv_heads = config_.kv_heads;
-    prefix->view.head_dim = config_.head_dim;
-    prefix->view.tokens = cache.length;
-    prefix->view.codec = kernels::PrefixCodec::kRaw;
-    prefix->view.raw_dtype = kernels::DType::kF32;
+    const int64_t cap = cache.capacity, len = cache.length, hd = config_.head_dim;
+    std::vector<std::vector<float>> k, v;
     try {
       for (int l = 0; l < config_.layers; ++l) {
         // [kv_heads][length][head_dim], contiguous: the raw pool layout.
-        torch::Tensor k = cache.k[l].narrow(1, 0, cache.length);
-        torch::Tensor v = cache.v[l].narrow(1, 0, cache.length);
-        owner->k.push_back(cache.capacity() == cache.length ? cache.k[l] : k.contiguous());
-        owner->v.push_back(cache.capacity() == cache.length ? cache.v[l] : v.contiguous());
-        prefix->view.layers.push_back(
-            kernels::PrefixLayer{owner->k.back().data_ptr<float>(), nullptr,
-                                 owner->v.back().data_ptr<float>(), nullptr});
+        for (auto [from, to] : {std::pair{&cache.k[l], &k}, std::pair{&cache.v[l], &v}}) {
+          if (cap == len) {
+            to->push_back(std::move(*from));
+          } else {
+            std::vector<float> packed(static_cast<size_t>(config_.kv_heads * len * hd));
+            for (int64_t h = 0; h < config_.kv_heads; ++h)
+              std::copy_n(from->begin() + h * cap * hd, len * hd, packed.begin() + h * len * hd);
+            to->push_back(std::move(packed));
+          }
+        }
       }
     } catch (const std::exception& e) {
       return StatusFromException(e, "FreezeAsPrefix");
     }
-    prefix->owner = owner;
+    POLYKV_ASSIGN_OR_RETURN(std::shared_ptr<KvPrefix> prefix,
+                            MakeRawPrefix(config_, len, std::move(k), std::move(v)));
     std::vector<int32_t> tokens = std::move(cache.tokens);
     cache = KvCache();
     return NewCacheWithPrefix(std::move(prefix), std::move(tokens), capacity);
@@ -140,25 +136,18 @@ class MappedLlama final : public LlamaBase {
     return quantized_rows_ > 0 && (n <= quantized_rows_ || kernels::MatMulUsesTiles(m.w.type, n));
   }
 
-  // Dequantized row tiles of W times x with libtorch's GEMM.
+  // Dequantized row tiles of W times x with CBLAS sgemm: y[:, r0:r0+tr] = x W_tile^T.
   Status LinearGemm(const MappedMatrix& m, const float* x, int64_t n, float* y, int64_t y_stride) {
     const int64_t rows = m.w.rows, cols = m.w.cols;
     const int64_t tile = std::min(rows, TileRows(cols));
     if (static_cast<int64_t>(tile_.size()) < tile * cols)
       tile_.resize(static_cast<size_t>(tile * cols));
-    torch::Tensor xt = torch::from_blob(const_cast<float*>(x), {n, cols}, torch::kFloat32);
     for (int64_t r0 = 0; r0 < rows; r0 += tile) {
       const int64_t tr = std::min(tile, rows - r0);
-      std::atomic<bool> failed{false};
-      at::parallel_for(0, tr, 16, [&](int64_t b, int64_t e) {
-        if (!kernels::DequantizeRows(m.w, r0 + b, r0 + e, tile_.data() + b * cols).ok())
-          failed.store(true);
-      });
-      if (failed.load())
-        return absl::InternalError("LinearGemm: dequantizing a weight tile failed");
-      torch::Tensor wt = torch::from_blob(tile_.data(), {tr, cols}, torch::kFloat32);
-      torch::Tensor out = torch::from_blob(y + r0, {n, tr}, {y_stride, 1}, torch::kFloat32);
-      torch::mm_out(out, xt, wt.t());
+      POLYKV_RETURN_IF_ERROR(kernels::DequantizeRowsParallel(m.w, r0, r0 + tr, tile_.data()));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+                  static_cast<int>(tr), static_cast<int>(cols), 1.f, x, static_cast<int>(cols),
+                  tile_.data(), static_cast<int>(cols), 0.f, y + r0, static_cast<int>(y_stride));
     }
     return absl::OkStatus();
   }
@@ -201,34 +190,61 @@ class MappedLlama final : public LlamaBase {
     }
   }
 
-  // Long prefill without a prefix: softmax(Q K^T / sqrt(d) + causal mask) V as libtorch
-  // batched GEMMs over the suffix (the copy runtime's formulation).
-  Status TorchAttention(const KvCache& cache, int l, int64_t s0, int64_t n, const float* q,
-                        float* out) {
+  // Long prefill without a prefix: softmax(Q K^T / sqrt(d) + causal mask) V with CBLAS
+  // sgemm, one KV head at a time over its G query heads (GQA): Qg [G*n][hd] gathered from
+  // q [n][H][hd], scores [G*n][total] (f32, masked where key position > query position),
+  // a row softmax, then [G*n][hd] = P V scattered back into out [n][H][hd].
+  Status BlasAttention(const KvCache& cache, int l, int64_t s0, int64_t n, const float* q,
+                       float* out) {
+    const int64_t H = config_.heads, KV = config_.kv_heads, G = H / KV, hd = config_.head_dim;
+    const int64_t total = s0 + n, cap = cache.capacity;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
     try {
-      const int64_t H = config_.heads, KV = config_.kv_heads, G = H / KV, hd = config_.head_dim;
-      const int64_t total = s0 + n;
-      torch::Tensor qt = torch::from_blob(const_cast<float*>(q), {n, H, hd}, torch::kFloat32)
-                             .transpose(0, 1)
-                             .reshape({KV, G * n, hd});
-      torch::Tensor K = cache.k[l].narrow(1, 0, total), V = cache.v[l].narrow(1, 0, total);
-      torch::Tensor scores =
-          torch::bmm(qt, K.transpose(1, 2)).mul_(1.0 / std::sqrt(static_cast<double>(hd)));
-      if (n > 1) {
-        torch::Tensor mask = torch::ones({n, total}, torch::kBool).triu(s0 + 1);
-        scores.view({KV, G, n, total}).masked_fill_(mask, -std::numeric_limits<float>::infinity());
-      }
-      torch::Tensor p = torch::softmax(scores, -1);
-      torch::Tensor o = torch::bmm(p, V).view({H, n, hd}).transpose(0, 1).reshape({n, H * hd});
-      std::memcpy(out, o.contiguous().data_ptr<float>(), sizeof(float) * n * H * hd);
+      if (static_cast<int64_t>(scores_.size()) < G * n * total)
+        scores_.resize(static_cast<size_t>(G * n * total));
+      if (static_cast<int64_t>(qg_.size()) < 2 * G * n * hd)
+        qg_.resize(static_cast<size_t>(2 * G * n * hd));
     } catch (const std::exception& e) {
       return StatusFromException(e, "attention");
+    }
+    float* qg = qg_.data();
+    float* og = qg_.data() + G * n * hd;
+    float* sc = scores_.data();
+    for (int64_t kvh = 0; kvh < KV; ++kvh) {
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < n; ++i)
+          std::memcpy(qg + (g * n + i) * hd, q + (i * H + kvh * G + g) * hd, sizeof(float) * hd);
+      const float* K = cache.k[static_cast<size_t>(l)].data() + kvh * cap * hd;
+      const float* V = cache.v[static_cast<size_t>(l)].data() + kvh * cap * hd;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(G * n),
+                  static_cast<int>(total), static_cast<int>(hd), scale, qg, static_cast<int>(hd), K,
+                  static_cast<int>(hd), 0.f, sc, static_cast<int>(total));
+      for (int64_t r = 0; r < G * n; ++r) {
+        float* row = sc + r * total;
+        const int64_t visible = s0 + (r % n) + 1;  // keys 0 .. s0 + i
+        float mx = row[0];
+        for (int64_t j = 1; j < visible; ++j) mx = std::max(mx, row[j]);
+        float sum = 0;
+        for (int64_t j = 0; j < visible; ++j) {
+          row[j] = std::exp(row[j] - mx);
+          sum += row[j];
+        }
+        const float inv = 1.f / sum;
+        for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
+        std::fill(row + visible, row + total, 0.f);
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(G * n),
+                  static_cast<int>(hd), static_cast<int>(total), 1.f, sc, static_cast<int>(total),
+                  V, static_cast<int>(hd), 0.f, og, static_cast<int>(hd));
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < n; ++i)
+          std::memcpy(out + (i * H + kvh * G + g) * hd, og + (g * n + i) * hd, sizeof(float) * hd);
     }
     return absl::OkStatus();
   }
 
-  StatusOr<torch::Tensor> ForwardImpl(absl::Span<const int32_t> tokens, KvCache& cache,
-                                      int64_t logits_from) override {
+  StatusOr<Logits> ForwardImpl(absl::Span<const int32_t> tokens, KvCache& cache,
+                               int64_t logits_from) override {
     const int64_t n = static_cast<int64_t>(tokens.size());
     if (n == 0) return absl::InvalidArgumentError("Forward: empty token list");
     POLYKV_RETURN_IF_ERROR(CheckTokens(tokens));
@@ -236,12 +252,8 @@ class MappedLlama final : public LlamaBase {
     const int64_t P = cache.prefix_length(), past = cache.length, s0 = past - P;
     const int64_t H = config_.heads, KV = config_.kv_heads, hd = config_.head_dim,
                   D = config_.hidden, F = config_.ffn;
-    try {
-      EnsureCapacity(cache, s0 + n);
-    } catch (const std::exception& e) {
-      return StatusFromException(e, "Forward (KV cache)");
-    }
-    const int64_t cap = cache.capacity();
+    POLYKV_RETURN_IF_ERROR(EnsureCapacity(cache, s0 + n));
+    const int64_t cap = cache.capacity;
     // Workspace: [n][D] x, h, t; [n][H*hd] q, att; [n][KV*hd] k, v; [n][F] g, u; rope.
     auto grow = [n](std::vector<float>& b, int64_t per_row) {
       if (static_cast<int64_t>(b.size()) < n * per_row) b.resize(static_cast<size_t>(n * per_row));
@@ -273,8 +285,8 @@ class MappedLlama final : public LlamaBase {
       AddBias(v, n, KV * hd, lw.bv);
       if (lw.q.interleaved_heads > 0) Deinterleave(q, n, static_cast<int32_t>(H));
       if (lw.k.interleaved_heads > 0) Deinterleave(k, n, static_cast<int32_t>(KV));
-      float* ck = cache.k[l].data_ptr<float>();
-      float* cv = cache.v[l].data_ptr<float>();
+      float* ck = cache.k[static_cast<size_t>(l)].data();
+      float* cv = cache.v[static_cast<size_t>(l)].data();
       for (int64_t i = 0; i < n; ++i) {
         kernels::RopeHeads(q + i * H * hd, static_cast<int32_t>(H), static_cast<int32_t>(hd),
                            cosb + i * hd, sinb + i * hd);
@@ -286,7 +298,7 @@ class MappedLlama final : public LlamaBase {
         }
       }
       if (!cache.prefix && n > kMappedGemmRows) {
-        POLYKV_RETURN_IF_ERROR(TorchAttention(cache, l, s0, n, q, att));
+        POLYKV_RETURN_IF_ERROR(BlasAttention(cache, l, s0, n, q, att));
       } else {
         kernels::AttentionArgs a;
         a.prefix = cache.prefix ? &cache.prefix->view : nullptr;
@@ -319,15 +331,17 @@ class MappedLlama final : public LlamaBase {
     cache.tokens.insert(cache.tokens.end(), tokens.begin(), tokens.end());
 
     const int64_t m = n - logits_from;
-    torch::Tensor logits;
+    Logits logits;
+    logits.rows = m;
+    logits.vocab = config_.vocab;
     try {
-      logits = torch::empty({m, config_.vocab}, torch::kFloat32);
+      logits.values.resize(static_cast<size_t>(m * config_.vocab));
     } catch (const std::exception& e) {
       return StatusFromException(e, "Forward (logits)");
     }
     if (m > 0) {
       kernels::RmsNormRows(x + logits_from * D, w_.norm, m, D, config_.rms_eps, h);
-      POLYKV_RETURN_IF_ERROR(Linear(w_.lm_head, h, m, logits.data_ptr<float>(), config_.vocab));
+      POLYKV_RETURN_IF_ERROR(Linear(w_.lm_head, h, m, logits.values.data(), config_.vocab));
     }
     if (n > kMappedGemmRows) ReleaseWorkspace();  // a long prefill's buffers are not kept
     return logits;
@@ -335,14 +349,14 @@ class MappedLlama final : public LlamaBase {
 
   void ReleaseWorkspace() {
     for (std::vector<float>* b :
-         {&x_, &h_, &t_, &q_, &att_, &k_, &v_, &g_, &u_, &cos_, &sin_, &tile_})
+         {&x_, &h_, &t_, &q_, &att_, &k_, &v_, &g_, &u_, &cos_, &sin_, &tile_, &scores_, &qg_})
       std::vector<float>().swap(*b);
   }
 
   MappedWeights w_;
   int64_t quantized_rows_;
   int64_t bytes_per_token_ = 0;
-  std::vector<float> x_, h_, t_, q_, att_, k_, v_, g_, u_, cos_, sin_, tile_;
+  std::vector<float> x_, h_, t_, q_, att_, k_, v_, g_, u_, cos_, sin_, tile_, scores_, qg_;
 };
 
 }  // namespace

@@ -40,6 +40,30 @@ StatusOr<std::vector<ChunkPlan>> PlanChunks(int64_t n, int64_t context, int64_t 
   return out;
 }
 
+StatusOr<std::vector<double>> ScoreTokens(LlamaModel& m, KvCache& cache,
+                                          absl::Span<const int32_t> input,
+                                          absl::Span<const int32_t> targets, int64_t rows) {
+  if (input.empty() || input.size() != targets.size())
+    return absl::InvalidArgumentError(absl::StrCat("score: ", input.size(), " inputs and ",
+                                                   targets.size(), " targets (need equal, > 0)"));
+  for (int32_t t : targets)
+    if (t < 0 || t >= m.config().vocab)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "score: target token id ", t, " outside the vocabulary [0, ", m.config().vocab, ")"));
+  rows = std::max<int64_t>(rows, 1);
+  std::vector<double> nll;
+  nll.reserve(input.size());
+  for (size_t done = 0; done < input.size();) {
+    const size_t n = std::min<size_t>(static_cast<size_t>(rows), input.size() - done);
+    POLYKV_ASSIGN_OR_RETURN(Logits logits,
+                            m.Forward(input.subspan(done, n), cache, /*all_logits=*/true));
+    for (size_t i = 0; i < n; ++i)
+      nll.push_back(-LogProb(logits.row(static_cast<int64_t>(i)), targets[done + i]));
+    done += n;
+  }
+  return nll;
+}
+
 StatusOr<ChunkedPerplexityResult> ChunkedPerplexity(LlamaModel& m, absl::Span<const int32_t> tokens,
                                                     const ChunkedPerplexityOptions& o) {
   POLYKV_ASSIGN_OR_RETURN(std::vector<ChunkPlan> plan,
@@ -50,7 +74,6 @@ StatusOr<ChunkedPerplexityResult> ChunkedPerplexity(LlamaModel& m, absl::Span<co
   const int64_t n_ctx = o.context;
   ChunkedPerplexityResult r;
   try {
-    torch::NoGradGuard ng;
     for (const ChunkPlan& p : plan) {
       std::vector<int32_t> chunk(tokens.begin() + p.start, tokens.begin() + p.start + n_ctx);
       if (o.replace_bos) chunk[0] = o.bos_id;
@@ -60,21 +83,12 @@ StatusOr<ChunkedPerplexityResult> ChunkedPerplexity(LlamaModel& m, absl::Span<co
         const int64_t e = std::min(n_ctx, b + rows);
         const bool need = e > p.first && b < end_scored;
         POLYKV_ASSIGN_OR_RETURN(
-            torch::Tensor logits,
+            Logits logits,
             m.Forward(absl::MakeConstSpan(chunk).subspan(b, e - b), cache, /*all_logits=*/need));
         if (!need) continue;
-        torch::Tensor lg = logits.to(torch::kFloat32).cpu().contiguous();
-        const int64_t vocab = lg.size(1);
-        const float* data = lg.data_ptr<float>();
         for (int64_t pos = std::max(b, p.first); pos < std::min(e, end_scored); ++pos) {
-          const float* row = data + (pos - b) * vocab;
           const int32_t target = tokens[p.start + pos + 1];
-          // llama.cpp log_softmax: max in f32, sum of expf(x - max) in f64.
-          float mx = row[0];
-          for (int64_t v = 1; v < vocab; ++v) mx = std::max(mx, row[v]);
-          double sum = 0;
-          for (int64_t v = 0; v < vocab; ++v) sum += std::exp(row[v] - mx);
-          const double lp = static_cast<double>(row[target] - mx) - std::log(sum);
+          const double lp = LogProb(logits.row(pos - b), target);
           r.nll += -lp;
           r.nll2 += lp * lp;
           r.token_nll.push_back(-lp);

@@ -1,5 +1,5 @@
 // A prefill's K/V as plain buffers, a model's K/V dtype, and a prefill after a read-only
-// prefix (polykv/model/prefill.h): the libtorch side of what the daemon and the CLI use.
+// prefix (polykv/model/prefill.h).
 #include "polykv/model/prefill.h"
 
 #include <algorithm>
@@ -8,35 +8,29 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "polykv/kernels/dtype_convert.h"
 #include "polykv/model/llama.h"
 
 namespace polykv::model {
 namespace {
 
-StatusOr<kernels::DType> DTypeOf(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat32:
-      return kernels::DType::kF32;
-    case torch::kFloat16:
-      return kernels::DType::kF16;
-    case torch::kBFloat16:
-      return kernels::DType::kBF16;
-    default:
-      return absl::UnimplementedError(
-          absl::StrCat("KV dtype ", c10::toString(t), " is not supported by pools"));
-  }
-}
-
-torch::ScalarType ScalarTypeOf(kernels::DType d) {
-  switch (d) {
-    case kernels::DType::kF16:
-      return torch::kFloat16;
-    case kernels::DType::kBF16:
-      return torch::kBFloat16;
+// f32 values converted to `dtype`'s bytes (f32: copied as they are).
+std::vector<uint8_t> Convert(const std::vector<float>& x, kernels::DType dtype) {
+  std::vector<uint8_t> out(x.size() * kernels::DTypeSize(dtype));
+  switch (dtype) {
     case kernels::DType::kF32:
+      std::copy_n(reinterpret_cast<const uint8_t*>(x.data()), out.size(), out.begin());
       break;
+    case kernels::DType::kF16:
+    case kernels::DType::kBF16: {
+      auto* o = reinterpret_cast<uint16_t*>(out.data());
+      const bool bf16 = dtype == kernels::DType::kBF16;
+      for (size_t i = 0; i < x.size(); ++i)
+        o[i] = bf16 ? kernels::dtype::FloatToBf16(x[i]) : kernels::dtype::FloatToF16(x[i]);
+      break;
+    }
   }
-  return torch::kFloat32;
+  return out;
 }
 
 }  // namespace
@@ -44,43 +38,78 @@ torch::ScalarType ScalarTypeOf(kernels::DType d) {
 size_t PrefilledLayerCount(const PrefillResult& prefill) { return prefill.k.size(); }
 
 StatusOr<PrefilledLayer> ExportPrefilledLayer(const PrefillResult& prefill, size_t layer,
-                                              bool to_host, std::optional<kernels::DType> dtype) {
+                                              bool /*to_host*/,
+                                              std::optional<kernels::DType> dtype) {
   if (layer >= prefill.k.size() || layer >= prefill.v.size()) {
     return absl::OutOfRangeError(absl::StrCat("prefill layer ", layer, " of ", prefill.k.size(),
                                               " K / ", prefill.v.size(), " V layers"));
   }
+  const std::vector<float>& k = prefill.k[layer];
+  const std::vector<float>& v = prefill.v[layer];
+  if (k.size() != v.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill layer ", layer, ": K has ", k.size(), " elements, V ", v.size()));
+  }
+  const kernels::DType out_dtype = dtype.value_or(kernels::DType::kF32);
   try {
-    torch::Tensor k = prefill.k[layer];
-    torch::Tensor v = prefill.v[layer];
-    if (k.numel() != v.numel()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prefill layer ", layer, ": K has ", k.numel(), " elements, V ", v.numel()));
-    }
-    if (to_host && k.is_cuda()) {
-      k = k.cpu();
-      v = v.cpu();
-    }
-    if (dtype.has_value()) {
-      k = k.to(ScalarTypeOf(*dtype));
-      v = v.to(ScalarTypeOf(*dtype));
-    }
-    k = k.contiguous();
-    v = v.contiguous();
+    auto kept = std::make_shared<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>>(
+        Convert(k, out_dtype), Convert(v, out_dtype));
     PrefilledLayer out;
-    POLYKV_ASSIGN_OR_RETURN(out.dtype_, DTypeOf(k.scalar_type()));
-    out.device_ = k.is_cuda() ? kernels::Device::kCuda : kernels::Device::kCpu;
-    out.elements_ = k.numel();
-    out.k_ = k.data_ptr();
-    out.v_ = v.data_ptr();
-    out.keep_ =
-        std::make_shared<std::pair<torch::Tensor, torch::Tensor>>(std::move(k), std::move(v));
+    out.dtype_ = out_dtype;
+    out.device_ = kernels::Device::kCpu;
+    out.elements_ = static_cast<int64_t>(k.size());
+    out.k_ = kept->first.data();
+    out.v_ = kept->second.data();
+    out.keep_ = std::move(kept);
     return out;
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("prefill layer ", layer, ": ", e.what()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("prefill layer ", layer, ": out of memory copying ", k.size(), " values"));
   }
 }
 
-StatusOr<kernels::DType> KvDType(const LlamaModel& m) { return DTypeOf(m.dtype()); }
+StatusOr<kernels::DType> KvDType(const LlamaModel& m) {
+  const kernels::DType d = m.dtype();
+  switch (d) {
+    case kernels::DType::kF32:
+    case kernels::DType::kF16:
+    case kernels::DType::kBF16:
+      return d;
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("KV dtype ", static_cast<int>(d), " is not supported by pools"));
+}
+
+StatusOr<std::shared_ptr<KvPrefix>> MakeRawPrefix(const ModelConfig& config, int64_t tokens,
+                                                  std::vector<std::vector<float>> k,
+                                                  std::vector<std::vector<float>> v) {
+  const size_t want = static_cast<size_t>(int64_t{config.kv_heads} * tokens * config.head_dim);
+  if (k.size() != static_cast<size_t>(config.layers) || v.size() != k.size())
+    return absl::InvalidArgumentError(absl::StrCat("raw prefix: ", k.size(), " K and ", v.size(),
+                                                   " V layers for a model of ", config.layers));
+  for (size_t l = 0; l < k.size(); ++l)
+    if (k[l].size() != want || v[l].size() != want)
+      return absl::InvalidArgumentError(
+          absl::StrCat("raw prefix layer ", l, ": ", k[l].size(), " K and ", v[l].size(),
+                       " V values, [kv_heads][tokens][head_dim] needs ", want));
+  struct Owner {
+    std::vector<std::vector<float>> k, v;
+  };
+  auto owner = std::make_shared<Owner>();
+  owner->k = std::move(k);
+  owner->v = std::move(v);
+  auto prefix = std::make_shared<KvPrefix>();
+  prefix->view.kv_heads = config.kv_heads;
+  prefix->view.head_dim = config.head_dim;
+  prefix->view.tokens = tokens;
+  prefix->view.codec = kernels::PrefixCodec::kRaw;
+  prefix->view.raw_dtype = kernels::DType::kF32;
+  for (size_t l = 0; l < owner->k.size(); ++l)
+    prefix->view.layers.push_back(
+        kernels::PrefixLayer{owner->k[l].data(), nullptr, owner->v[l].data(), nullptr});
+  prefix->owner = std::move(owner);
+  return prefix;
+}
 
 StatusOr<PrefillResult> PrefillAfterPrefix(LlamaModel& m,
                                            const std::vector<kernels::PrefixView>& views,
@@ -106,16 +135,28 @@ StatusOr<PrefillResult> PrefillAfterPrefix(LlamaModel& m,
     if (!logits.ok()) return logits.status();
     on_chunk(off + len, n);
   }
+  // The suffix holds exactly n positions when its capacity was n (no growth): move it;
+  // otherwise pack [kv_heads][n][head_dim] out of [kv_heads][capacity][head_dim].
+  PrefillResult out;
+  out.tokens = n;
+  const int64_t cap = cache->capacity, kvh = m.config().kv_heads, hd = m.config().head_dim;
   try {
-    PrefillResult out;
     for (size_t l = 0; l < cache->k.size(); ++l) {
-      out.k.push_back(cache->k[l].narrow(1, 0, n).contiguous());
-      out.v.push_back(cache->v[l].narrow(1, 0, n).contiguous());
+      for (auto [from, to] : {std::pair{&cache->k[l], &out.k}, std::pair{&cache->v[l], &out.v}}) {
+        if (cap == n) {
+          to->push_back(std::move(*from));
+          continue;
+        }
+        std::vector<float> packed(static_cast<size_t>(kvh * n * hd));
+        for (int64_t h = 0; h < kvh; ++h)
+          std::copy_n(from->begin() + h * cap * hd, n * hd, packed.begin() + h * n * hd);
+        to->push_back(std::move(packed));
+      }
     }
-    return out;
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("a child pool's K/V: ", e.what()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("a child pool's K/V: out of memory");
   }
+  return out;
 }
 
 }  // namespace polykv::model

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "polykv/kernels/dtype_convert.h"
 
 namespace polykv::model {
 namespace {
@@ -155,22 +156,31 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
   return f;
 }
 
-StatusOr<torch::Tensor> SafetensorsFile::Read(const SafetensorsEntry& entry) const {
-  torch::ScalarType st;
+StatusOr<std::vector<float>> SafetensorsFile::ReadF32(const SafetensorsEntry& entry) const {
+  size_t elem = 0;
   if (entry.dtype == "F32") {
-    st = torch::kFloat32;
-  } else if (entry.dtype == "F16") {
-    st = torch::kFloat16;
-  } else if (entry.dtype == "BF16") {
-    st = torch::kBFloat16;
+    elem = 4;
+  } else if (entry.dtype == "F16" || entry.dtype == "BF16") {
+    elem = 2;
   } else {
     return absl::UnimplementedError(absl::StrCat(path_, ": tensor '", entry.name, "' has dtype ",
                                                  entry.dtype,
                                                  "; only F32, F16, BF16 are supported"));
   }
-  torch::Tensor t = torch::empty(entry.shape, torch::TensorOptions().dtype(st));
-  POLYKV_RETURN_IF_ERROR(ReadExact(fd_, t.data_ptr(), entry.nbytes, entry.offset, path_));
-  return t;
+  const size_t count = static_cast<size_t>(entry.nbytes / elem);
+  std::vector<uint8_t> raw(static_cast<size_t>(entry.nbytes));
+  POLYKV_RETURN_IF_ERROR(ReadExact(fd_, raw.data(), entry.nbytes, entry.offset, path_));
+  std::vector<float> out(count);
+  if (elem == 4) {
+    std::memcpy(out.data(), raw.data(), raw.size());
+  } else {
+    const bool bf16 = entry.dtype == "BF16";
+    for (size_t i = 0; i < count; ++i) {
+      const uint8_t* p = raw.data() + 2 * i;
+      out[i] = bf16 ? kernels::dtype::LoadBf16(p) : kernels::dtype::LoadF16(p);
+    }
+  }
+  return out;
 }
 
 }  // namespace polykv::model

@@ -1,9 +1,7 @@
 // Safetensors reader (https://huggingface.co/docs/safetensors): header parsing with bounds
-// checks, tensor reads into libtorch CPU tensors via pread, and a read-only shared mapping of
-// the whole file for the mapped runtime.
+// checks, tensor reads converted to f32 via pread, and a read-only shared mapping of the whole
+// file for the mapped runtime.
 #pragma once
-
-#include <torch/torch.h>
 
 #include <cstdint>
 #include <memory>
@@ -43,9 +41,9 @@ class SafetensorsFile {
   /// nullptr when absent.
   const SafetensorsEntry* Find(std::string_view name) const;
 
-  /// Reads `entry` into a new contiguous CPU tensor of its own dtype (F32/F16/BF16).
+  /// Reads `entry` (F32/F16/BF16) as f32 values, row-major, product(shape) of them.
   /// Errors: kUnimplemented for other dtypes; kDataLoss on a short read.
-  [[nodiscard]] StatusOr<torch::Tensor> Read(const SafetensorsEntry& entry) const;
+  [[nodiscard]] StatusOr<std::vector<float>> ReadF32(const SafetensorsEntry& entry) const;
 
   /// The bytes of `entry` inside the read-only mapping (valid while this object lives);
   /// empty for an entry that does not lie inside this file.

@@ -1,7 +1,8 @@
-// Compute thread control: libtorch intra-op threads (Debian's libtorch starts with 1 thread)
-// and the threads of the matrix and attention kernels.
-#include <torch/torch.h>
+// Compute thread control: the threads of the matrix and attention kernels and of OpenBLAS
+// (the sgemm of long prefills).
+#include <dlfcn.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "polykv/kernels/cpu.h"
@@ -11,8 +12,13 @@ namespace polykv::model {
 
 int SetComputeThreads(int n) {
   if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  torch::set_num_threads(n);
   kernels::SetComputeThreads(n);
+  // OpenBLAS (selected as libblas.so.3) exports openblas_set_num_threads; the reference
+  // BLAS has no threads to set.
+  using SetFn = void (*)(int);
+  static const auto set_blas =
+      reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set_blas != nullptr) set_blas(n);
   return n;
 }
 

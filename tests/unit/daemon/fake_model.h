@@ -69,8 +69,7 @@ class FakeModel : public model::LlamaModel {
   const model::ModelConfig& config() const override { return config_; }
   const model::Tokenizer* tokenizer() const override { return tokenizer_.get(); }
   const std::string& fingerprint() const override { return fingerprint_; }
-  torch::Device device() const override { return torch::kCPU; }
-  torch::ScalarType dtype() const override { return torch::kFloat32; }
+  kernels::DType dtype() const override { return kernels::DType::kF32; }
   model::KvCache NewCache(int64_t) const override { return {}; }
   [[nodiscard]] StatusOr<model::KvCache> NewCacheWithPrefix(std::shared_ptr<const model::KvPrefix>,
                                                             std::vector<int32_t>,
@@ -82,7 +81,7 @@ class FakeModel : public model::LlamaModel {
   }
   model::WeightStorage weight_storage() const override { return model::WeightStorage::kCopy; }
   int64_t WeightBytesPerToken() const override { return 0; }
-  [[nodiscard]] StatusOr<torch::Tensor> Forward(absl::Span<const int32_t>, model::KvCache&,
+  [[nodiscard]] StatusOr<model::Logits> Forward(absl::Span<const int32_t>, model::KvCache&,
                                                 bool) override {
     return absl::UnimplementedError("fake model");
   }
@@ -93,11 +92,11 @@ class FakeModel : public model::LlamaModel {
     const int64_t n = static_cast<int64_t>(tokens.size());
     model::PrefillResult r;
     for (int l = 0; l < config_.layers; ++l) {
-      torch::Tensor k = torch::empty({config_.kv_heads, n, config_.head_dim});
-      torch::Tensor v = torch::empty_like(k);
-      float* kp = k.data_ptr<float>();
-      float* vp = v.data_ptr<float>();
-      for (int64_t i = 0; i < k.numel(); ++i) {
+      std::vector<float> k(static_cast<size_t>(config_.kv_heads * n * config_.head_dim));
+      std::vector<float> v(k.size());
+      float* kp = k.data();
+      float* vp = v.data();
+      for (int64_t i = 0; i < static_cast<int64_t>(k.size()); ++i) {
         const int64_t t = (i / config_.head_dim) % n;
         kp[i] = 0.01f * static_cast<float>(tokens[t] % 97) + 0.1f * l + 0.001f * (i % 7);
         vp[i] = 0.02f * static_cast<float>(tokens[t] % 89) - 0.05f * l + 0.003f * (i % 5);
@@ -109,7 +108,8 @@ class FakeModel : public model::LlamaModel {
       progress(done, n);
       if (done == n) break;
     }
-    r.last_logits = torch::zeros({config_.vocab});
+    r.tokens = n;
+    r.last_logits.assign(static_cast<size_t>(config_.vocab), 0.f);
     return r;
   }
   [[nodiscard]] StatusOr<model::GenerateResult> Generate(model::KvCache&, absl::Span<const int32_t>,

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "polykv/model/llama.h"
+#include "torch_test_util.h"
 
 namespace polykv::model {
 namespace {
@@ -93,12 +94,20 @@ class ArchModelsTest : public ::testing::Test {
     o.threads = 1;
     o.weights = v.weights;
     o.quantized_rows = v.quantized_rows;
-    auto m = LlamaModel::Load(c.path, o);
+    auto m = testing::LoadRuntime(c.path, o);
     EXPECT_TRUE(m.ok()) << c.name << " (" << v.name << "): " << m.status();
     return m.ok() ? std::move(m).value() : nullptr;
   }
   static float MaxDiff(const torch::Tensor& a, const torch::Tensor& b) {
     return (a - b).abs().max().item<float>();
+  }
+  static float MaxDiff(const Logits& a, const torch::Tensor& b) {
+    return MaxDiff(testing::T(a), b);
+  }
+  static float MaxDiff(const std::vector<float>& a, const torch::Tensor& b) {
+    return MaxDiff(torch::from_blob(const_cast<float*>(a.data()), {static_cast<int64_t>(a.size())},
+                                    torch::kFloat32),
+                   b.reshape({-1}));
   }
 
   static std::vector<int32_t>* tokens_;
@@ -172,7 +181,7 @@ TEST_F(ArchModelsTest, LogitsMatchReference) {
       KvCache cache = m->NewCache(4);  // grows
       auto l = m->Forward(*tokens_, cache, /*all_logits=*/true);
       ASSERT_TRUE(l.ok()) << l.status();
-      ASSERT_EQ(l->sizes(), c.logits.sizes());
+      ASSERT_EQ(testing::T(*l).sizes(), c.logits.sizes());
       const float d = MaxDiff(*l, c.logits);
       EXPECT_LT(d, kTolerance) << "max |logit - reference| = " << d;
       RecordProperty(c.name + "_" + v.name + "_max_diff", std::to_string(d));
@@ -195,14 +204,19 @@ TEST_F(ArchModelsTest, IncrementalDecodeAndChunkedPrefillMatchReference) {
       for (int64_t i = first; i < n; ++i) {
         auto step = m->Forward(absl::MakeConstSpan(tokens_->data() + i, 1), cache);
         ASSERT_TRUE(step.ok()) << step.status();
-        EXPECT_LT(MaxDiff((*step)[0], c.logits[i]), kTolerance) << "position " << i;
+        EXPECT_LT(MaxDiff(*step, c.logits[i]), kTolerance) << "position " << i;
       }
       auto p = m->Prefill(*tokens_, /*chunk=*/5);
       ASSERT_TRUE(p.ok()) << p.status();
       EXPECT_LT(MaxDiff(p->last_logits, c.logits[n - 1]), kTolerance);
       // The prefilled K/V equal the incremental cache's.
       for (int l = 0; l < 2; ++l)
-        EXPECT_LT(MaxDiff(p->k[l], cache.k[l].narrow(1, 0, n)), 1e-5f) << "layer " << l;
+        EXPECT_LT(MaxDiff(p->k[l], testing::T(cache.k[l], m->config().kv_heads, cache.capacity,
+                                              m->config().head_dim)
+                                       .narrow(1, 0, n)
+                                       .contiguous()),
+                  1e-5f)
+            << "layer " << l;
     }
   }
 }
@@ -238,7 +252,7 @@ TEST_F(ArchModelsTest, GgufAndHfFormsAgree) {
     KvCache ca = ma->NewCache(12), cb = mb->NewCache(12);
     auto la = ma->Forward(*tokens_, ca, true), lb = mb->Forward(*tokens_, cb, true);
     ASSERT_TRUE(la.ok() && lb.ok());
-    EXPECT_LT(MaxDiff(*la, *lb), 1e-5f);
+    EXPECT_LT(MaxDiff(*la, testing::T(*lb)), 1e-5f);
     EXPECT_NE(ma->fingerprint(), mb->fingerprint());
   }
 }
@@ -378,7 +392,7 @@ TEST_F(ArchModelsTest, PublishedConfigsLoad) {
       KvCache cache = m->NewCache(12);
       auto l = m->Forward(*tokens_, cache, /*all_logits=*/true);
       ASSERT_TRUE(l.ok()) << l.status();
-      EXPECT_TRUE(torch::isfinite(*l).all().item<bool>());
+      EXPECT_TRUE(torch::isfinite(testing::T(*l)).all().item<bool>());
       if (p.expect_as != nullptr) {
         const float diff = MaxDiff(*l, Find(p.expect_as).logits);
         EXPECT_LT(diff, kTolerance) << "max |logit - reference| = " << diff;

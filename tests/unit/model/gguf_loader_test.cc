@@ -9,6 +9,7 @@
 #include "gguf_writer.h"
 #include "polykv/model/gguf.h"
 #include "polykv/model/llama.h"
+#include "torch_test_util.h"
 
 namespace polykv::model {
 namespace {
@@ -116,7 +117,7 @@ torch::Tensor Logits(LlamaModel& m) {
   KvCache c = m.NewCache(8);
   auto r = m.Forward(ids, c, true);
   EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? *r : torch::zeros({1});
+  return r.ok() ? testing::T(*r) : torch::zeros({1});
 }
 
 class GgufLoaderTest : public ::testing::Test {
@@ -228,7 +229,7 @@ TEST_F(GgufLoaderTest, Errors) {
     o.extra_tensor = "blk.0.attn_q_norm.weight";  // Qwen3-style QK-norm
     LoadOptions lo;
     lo.weights = ws;
-    auto r = LlamaModel::Load(WriteTempFile("stories_qnorm.gguf", BuildStoriesGguf(o)), lo);
+    auto r = testing::LoadRuntime(WriteTempFile("stories_qnorm.gguf", BuildStoriesGguf(o)), lo);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
     EXPECT_NE(
         std::string(r.status().message()).find("unsupported tensor 'blk.0.attn_q_norm.weight'"),

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <vector>
 
+#include "model_test_util.h"
+
 namespace polykv::model {
 namespace {
 
@@ -81,8 +83,9 @@ TEST_F(StoriesTest, PrefillThenDecodeEqualsFullForward) {
   KvCache full = model_->NewCache(n);
   auto all = model_->Forward(seq, full, /*all_logits=*/true);
   ASSERT_TRUE(all.ok()) << all.status();
-  ASSERT_EQ(all->sizes(), (std::vector<int64_t>{n, 512}));
-  EXPECT_EQ(all->scalar_type(), torch::kFloat32);
+  ASSERT_EQ(all->rows, n);
+  ASSERT_EQ(all->vocab, 512);
+  ASSERT_EQ(all->values.size(), static_cast<size_t>(n * 512));
 
   // Prefill of the first 20 tokens in chunks of 7, then token-by-token decode.
   std::vector<int32_t> head(seq.begin(), seq.begin() + 20);
@@ -91,19 +94,22 @@ TEST_F(StoriesTest, PrefillThenDecodeEqualsFullForward) {
   ASSERT_TRUE(pre.ok()) << pre.status();
   EXPECT_EQ(progress, (std::vector<std::pair<int64_t, int64_t>>{{7, 20}, {14, 20}, {20, 20}}));
   ASSERT_EQ(pre->k.size(), 5u);
-  EXPECT_EQ(pre->k[0].sizes(), (std::vector<int64_t>{4, 20, 8}));
-  EXPECT_LT((pre->last_logits - (*all)[19]).abs().max().item<float>(), 1e-4f);
+  EXPECT_EQ(pre->k[0].size(), 4u * 20 * 8);
+  EXPECT_EQ(pre->tokens, 20);
+  using testing::CacheRows;
+  using testing::MaxAbsDiff;
+  EXPECT_LT(MaxAbsDiff(pre->last_logits, all->row(19)), 1e-4f);
   for (int l = 0; l < 5; ++l) {
-    EXPECT_LT((pre->k[l] - full.k[l].narrow(1, 0, 20)).abs().max().item<float>(), 1e-4f);
-    EXPECT_LT((pre->v[l] - full.v[l].narrow(1, 0, 20)).abs().max().item<float>(), 1e-4f);
+    EXPECT_LT(MaxAbsDiff(pre->k[l], CacheRows(full, full.k[l], 4, 8, 20)), 1e-4f);
+    EXPECT_LT(MaxAbsDiff(pre->v[l], CacheRows(full, full.v[l], 4, 8, 20)), 1e-4f);
   }
   KvCache inc = model_->NewCache(4);  // grows
   ASSERT_TRUE(model_->Forward(head, inc).ok());
   for (int64_t i = 20; i < n; ++i) {
     auto step = model_->Forward({seq[i]}, inc);
     ASSERT_TRUE(step.ok()) << step.status();
-    ASSERT_EQ(step->sizes(), (std::vector<int64_t>{1, 512}));
-    EXPECT_LT(((*step)[0] - (*all)[i]).abs().max().item<float>(), 1e-4f) << "position " << i;
+    ASSERT_EQ(step->rows, 1);
+    EXPECT_LT(MaxAbsDiff(step->row(0), all->row(i)), 1e-4f) << "position " << i;
   }
   EXPECT_EQ(inc.length, n);
   EXPECT_EQ(inc.tokens, seq);
@@ -115,10 +121,7 @@ TEST_F(StoriesTest, InjectedCacheDecodesLikeOwnCache) {
   ASSERT_TRUE(model_->Forward(prompt, own).ok());
   // A fresh cache of another capacity whose tensors are copied from `own`.
   KvCache injected = model_->NewCache(100);
-  for (int l = 0; l < 5; ++l) {
-    injected.k[l].narrow(1, 0, own.length).copy_(own.k[l].narrow(1, 0, own.length));
-    injected.v[l].narrow(1, 0, own.length).copy_(own.v[l].narrow(1, 0, own.length));
-  }
+  testing::CopyCacheRows(own, injected, 4, 8, own.length);
   injected.length = own.length;
   injected.tokens = own.tokens;
   SamplingOptions s;
@@ -132,10 +135,7 @@ TEST_F(StoriesTest, InjectedCacheDecodesLikeOwnCache) {
   // Sampled decoding with the same seed also agrees.
   KvCache own2 = model_->NewCache(4), inj2 = model_->NewCache(64);
   ASSERT_TRUE(model_->Forward(prompt, own2).ok());
-  for (int l = 0; l < 5; ++l) {
-    inj2.k[l].narrow(1, 0, 9).copy_(own2.k[l].narrow(1, 0, 9));
-    inj2.v[l].narrow(1, 0, 9).copy_(own2.v[l].narrow(1, 0, 9));
-  }
+  testing::CopyCacheRows(own2, inj2, 4, 8, 9);
   inj2.length = 9;
   inj2.tokens = prompt;
   s.greedy = false;
@@ -265,9 +265,9 @@ double DirectNll(LlamaModel& m, const std::vector<int32_t>& seq, int64_t begin, 
   std::vector<int32_t> in(seq.begin() + begin, seq.begin() + to);
   auto logits = m.Forward(in, c, true);
   EXPECT_TRUE(logits.ok());
-  auto lp = torch::log_softmax(logits->to(torch::kFloat64), -1);
   double s = 0;
-  for (int64_t p = from; p < to; ++p) s -= lp[p - begin][seq[p + 1]].item<double>();
+  for (int64_t p = from; p < to; ++p)
+    s -= testing::LogSoftmaxF64(logits->row(p - begin), seq[p + 1]);
   return s;
 }
 

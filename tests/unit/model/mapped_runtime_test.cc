@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "polykv/model/llama.h"
+#include "torch_test_util.h"
 
 namespace polykv::model {
 namespace {
@@ -34,7 +35,7 @@ std::unique_ptr<LlamaModel> Load(const std::string& path, WeightStorage w) {
   LoadOptions o;
   o.threads = 1;
   o.weights = w;
-  auto m = LlamaModel::Load(path, o);
+  auto m = testing::LoadRuntime(path, o);
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? std::move(m).value() : nullptr;
 }
@@ -54,7 +55,7 @@ float MaxDiff(LlamaModel& a, LlamaModel& b, const std::vector<int32_t>& ids) {
   auto lb = b.Forward(ids, cb, true);
   EXPECT_TRUE(la.ok() && lb.ok());
   if (!la.ok() || !lb.ok()) return 1e9f;
-  return (*la - *lb).abs().max().item<float>();
+  return (testing::T(*la) - testing::T(*lb)).abs().max().item<float>();
 }
 
 class MappedRuntime : public ::testing::Test {};

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "model_test_util.h"
 #include "polykv/model/llama.h"
 #include "polykv/model/prefill.h"
 
@@ -43,9 +44,8 @@ TEST(PrefillExport, LayersHoldThePrefillBytesAndOutliveIt) {
     EXPECT_EQ(layer->device(), kernels::Device::kCpu);
     ASSERT_EQ(layer->elements(),
               int64_t{c.kv_heads} * static_cast<int64_t>(ids.size()) * c.head_dim);
-    torch::Tensor k = pre->k[l].contiguous(), v = pre->v[l].contiguous();
-    want_k.emplace_back(k.data_ptr<float>(), k.data_ptr<float>() + k.numel());
-    want_v.emplace_back(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+    want_k.push_back(pre->k[l]);
+    want_v.push_back(pre->v[l]);
     layers.push_back(*std::move(layer));
   }
   *pre = PrefillResult();  // the exported layers keep their own storage
@@ -64,9 +64,15 @@ TEST(PrefillExport, ConvertsToTheAskedDtypeAndRefusesAMissingLayer) {
   auto layer = ExportPrefilledLayer(*pre, 0, true, kernels::DType::kBF16);
   ASSERT_TRUE(layer.ok()) << layer.status();
   EXPECT_EQ(layer->dtype(), kernels::DType::kBF16);
-  torch::Tensor want = pre->v[0].to(torch::kBFloat16).contiguous();
-  ASSERT_EQ(layer->elements(), want.numel());
-  EXPECT_EQ(std::memcmp(layer->v(), want.data_ptr(), static_cast<size_t>(want.numel()) * 2), 0);
+  // bf16 by hand: round the f32 bits to nearest even at bit 16 (finite values).
+  std::vector<uint16_t> want;
+  for (float f : pre->v[0]) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    want.push_back(static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16));
+  }
+  ASSERT_EQ(layer->elements(), static_cast<int64_t>(want.size()));
+  EXPECT_EQ(std::memcmp(layer->v(), want.data(), want.size() * 2), 0);
 
   auto missing = ExportPrefilledLayer(*pre, PrefilledLayerCount(*pre), true);
   ASSERT_FALSE(missing.ok());
@@ -111,10 +117,14 @@ TEST(PrefillExport, PrefillAfterARawPrefixEqualsTheTailOfOnePrefill) {
   ASSERT_EQ(after->k.size(), whole->k.size());
   for (size_t l = 0; l < after->k.size(); ++l) {
     const int64_t n = static_cast<int64_t>(tail.size());
-    torch::Tensor wk = whole->k[l].narrow(1, static_cast<int64_t>(head.size()), n);
-    torch::Tensor wv = whole->v[l].narrow(1, static_cast<int64_t>(head.size()), n);
-    EXPECT_LE((after->k[l] - wk).abs().max().item<float>(), 1e-4f) << "layer " << l;
-    EXPECT_LE((after->v[l] - wv).abs().max().item<float>(), 1e-4f) << "layer " << l;
+    const int64_t kvh = (*m)->config().kv_heads, hd = (*m)->config().head_dim;
+    const int64_t whole_n = whole->tokens, h0 = static_cast<int64_t>(head.size());
+    using testing::MaxAbsDiff;
+    using testing::Positions;
+    EXPECT_LE(MaxAbsDiff(after->k[l], Positions(whole->k[l], kvh, whole_n, hd, h0, n)), 1e-4f)
+        << "layer " << l;
+    EXPECT_LE(MaxAbsDiff(after->v[l], Positions(whole->v[l], kvh, whole_n, hd, h0, n)), 1e-4f)
+        << "layer " << l;
   }
 
   auto no_views = PrefillAfterPrefix(**m, {}, head, tail, 8, [](int64_t, int64_t) {});

@@ -12,9 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "model_test_util.h"
 #include "polykv/ipc/codec_spec.h"
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/model/llama.h"
+#ifdef POLYKV_HAVE_TORCH
+#include "polykv/model/torch_reference.h"
+#endif
 
 namespace polykv::model {
 namespace {
@@ -75,8 +79,7 @@ MemoryPool MakePool(const LlamaModel& m, const PrefillResult& prefill,
   EXPECT_TRUE(w.ok()) << w.status();
   for (uint32_t l = 0; l < p.layers; ++l)
     EXPECT_TRUE(
-        w->WriteLayer(l, prefill.k[l].data_ptr(), prefill.v[l].data_ptr(), kernels::DType::kF32)
-            .ok());
+        w->WriteLayer(l, prefill.k[l].data(), prefill.v[l].data(), kernels::DType::kF32).ok());
   EXPECT_TRUE(w->Finalize().ok());
   auto r = ipc::PoolReader::Open(base, layout->total_bytes, /*verify_payload=*/true);
   EXPECT_TRUE(r.ok()) << r.status();
@@ -126,20 +129,24 @@ void CompareInPlaceWithDecompressed(LlamaModel& m, const char* model_name, bool 
       // Decompressed: every layer decoded into a private dense cache.
       KvCache dense = m.NewCache(static_cast<int64_t>(doc.size()) + rows + 1);
       for (int l = 0; l < m.config().layers; ++l) {
-        torch::Tensor k = torch::empty(
-            {m.config().kv_heads, static_cast<int64_t>(doc.size()), m.config().head_dim});
-        torch::Tensor v = torch::empty_like(k);
-        ASSERT_TRUE(
-            pool.reader->DecodeLayer(l, k.data_ptr(), v.data_ptr(), kernels::DType::kF32).ok());
-        dense.k[l].narrow(1, 0, static_cast<int64_t>(doc.size())).copy_(k);
-        dense.v[l].narrow(1, 0, static_cast<int64_t>(doc.size())).copy_(v);
+        const int64_t kvh = m.config().kv_heads, hd = m.config().head_dim;
+        const int64_t nd = static_cast<int64_t>(doc.size());
+        std::vector<float> k(static_cast<size_t>(kvh * nd * hd)), v(k.size());
+        ASSERT_TRUE(pool.reader->DecodeLayer(l, k.data(), v.data(), kernels::DType::kF32).ok());
+        for (int64_t h = 0; h < kvh; ++h) {
+          std::copy_n(k.begin() + h * nd * hd, nd * hd,
+                      dense.k[l].begin() + h * dense.capacity * hd);
+          std::copy_n(v.begin() + h * nd * hd, nd * hd,
+                      dense.v[l].begin() + h * dense.capacity * hd);
+        }
       }
       dense.tokens = doc;
       dense.length = static_cast<int64_t>(doc.size());
       auto decompressed = m.Forward(prompt, dense, /*all_logits=*/true);
       ASSERT_TRUE(decompressed.ok()) << decompressed.status();
-      const float d = (*in_place - *decompressed).abs().max().item<float>();
-      const float mag = decompressed->abs().max().item<float>();
+      const float d = testing::MaxAbsDiff(in_place->values, decompressed->values);
+      float mag = 0;
+      for (float x : decompressed->values) mag = std::max(mag, std::abs(x));
       EXPECT_LE(d, 1e-4f * std::max(1.0f, mag / 10.0f))
           << model_name << " " << c.name << " " << rows << " prompt rows";
       if (rows == 7 || rows == 300)
@@ -193,7 +200,7 @@ TEST(PrefixAttention, RawPrefixOfOwnPrefillEqualsCodecNonePoolBitForBit) {
   ASSERT_TRUE(cache.ok());
   auto b = (*m)->Forward(prompt, *cache, true);
   ASSERT_TRUE(b.ok());
-  EXPECT_TRUE(torch::equal(*a, *b));
+  EXPECT_EQ(a->values, b->values);
 }
 
 TEST(PrefixAttention, LostLeaseFailsTheStepAndKeepsTheCache) {
@@ -240,13 +247,20 @@ TEST(PrefixAttention, BadPrefixesAreRefused) {
   prefix->view.kv_heads = 4;
   c = (*m)->NewCacheWithPrefix(prefix, {1, 2, 3}, 4);  // 3 ids for 2 positions
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
-  // The copy runtime cannot attend in place.
-  LoadOptions copy;
-  copy.weights = WeightStorage::kCopy;
-  auto t = LlamaModel::Load(kStories, copy);
+#ifdef POLYKV_HAVE_TORCH
+  // The libtorch reference runtime cannot attend in place.
+  auto t = LoadTorchReference(kStories, {});
   ASSERT_TRUE(t.ok());
   c = (*t)->NewCacheWithPrefix(prefix, {1, 2}, 4);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
+#endif
+  // LlamaModel::Load names where the reference runtime lives.
+  LoadOptions copy;
+  copy.weights = WeightStorage::kCopy;
+  auto refused = LlamaModel::Load(kStories, copy);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(refused.status().message()).find("LoadTorchReference"), std::string::npos)
+      << refused.status();
 }
 
 }  // namespace

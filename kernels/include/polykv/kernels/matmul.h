@@ -162,6 +162,11 @@ struct MatMulOutput {
 /// format's own arithmetic, in f32). Errors: kInvalidArgument for a bad range.
 [[nodiscard]] Status DequantizeRows(const WeightView& w, int64_t begin, int64_t end, float* out);
 
+/// DequantizeRows split over the kernels' compute threads (ComputeThreads(), the calling
+/// thread included) in tasks of 16 rows: the same values. Errors as DequantizeRows.
+[[nodiscard]] Status DequantizeRowsParallel(const WeightView& w, int64_t begin, int64_t end,
+                                            float* out);
+
 /// Dequantizes `count` values of `type` from `data` (`bytes` long) to f32 `out`: the
 /// layout-agnostic form of DequantizeRows used by loaders. Errors: kUnimplemented for an
 /// unknown type; kInvalidArgument when count is not a whole number of blocks or `bytes` is

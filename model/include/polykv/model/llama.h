@@ -1,17 +1,20 @@
 // Llama-family decoder runtime: load (HF safetensors folder or GGUF), prefill, decode from a
 // caller-supplied KV cache, sampling, perplexity.
 //
-// Two runtimes behind one interface (LoadOptions::weights):
-//  - mapped (the default on the CPU): the model file stays mapped read-only and every matrix
-//    product runs on its own tensor format (kernels/matmul.h), so all processes on a host
-//    share the same page-cache pages and none holds converted weights. Decode and short
-//    prompts (<= kMappedGemmRows rows) use the quantized kernels; longer prefills
-//    dequantize one weight tile at a time into a small scratch buffer and multiply with
-//    libtorch's GEMM. Attention runs on kernels/attention.h, which also attends in place
-//    to a read-only shared prefix (a compressed pool) with an exact log-sum-exp merge.
-//  - f32 copy (LoadOptions::weights = kCopy, and every CUDA load): the weights are
-//    dequantized into private libtorch tensors of the compute dtype and every op runs on
-//    libtorch (the reference path; required for CUDA).
+// This header, like every public header of polykv/model, speaks in plain types (f32 spans and
+// buffers, kernels::DType): no framework type reaches a caller (as llama.cpp's llama.h).
+//
+// The runtime (LlamaModel::Load) keeps the model file mapped read-only and runs every matrix
+// product on its own tensor format (kernels/matmul.h), so all processes on a host share the
+// same page-cache pages and none holds converted weights. Decode and short prompts
+// (<= LoadOptions::quantized_rows rows) use the quantized kernels; longer forwards
+// dequantize one weight tile at a time into a small scratch buffer and multiply with CBLAS
+// sgemm (OpenBLAS). Attention runs on kernels/attention.h, which also attends in place to a
+// read-only shared prefix (a compressed pool) with an exact log-sum-exp merge; a long
+// prefill without a prefix runs its attention as sgemm too.
+// A libtorch f32 reference runtime (private dequantized copies, every op on libtorch) lives
+// in the optional target polykv_model_torch (polykv/model/torch_reference.h): tests and
+// benchmarks compare against it; no product binary links it.
 //
 // Architecture: RMSNorm, RoPE (rope_theta from the model, HF rotate_half layout; linear,
 // Llama 3.1 ("llama3"), YaRN or file-given per-frequency scaling), SwiGLU MLP, grouped-query
@@ -23,16 +26,16 @@
 // attention.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/types/span.h"
 #include "polykv/kernels/attention.h"
+#include "polykv/kernels/codec.h"
 #include "polykv/model/tokenizer.h"
 #include "polykv/status.h"
 
@@ -122,29 +125,25 @@ struct ModelConfig {
 
 /// Where the weights live and which runtime computes with them.
 enum class WeightStorage : uint8_t {
-  kAuto = 0,    ///< kMapped on the CPU (f32 compute dtype), kCopy on CUDA
-  kMapped = 1,  ///< file mapped read-only; kernels over its blocks (CPU, f32 only)
-  kCopy = 2,    ///< private libtorch tensors in the compute dtype (today's reference path)
+  kAuto = 0,    ///< kMapped
+  kMapped = 1,  ///< file mapped read-only; kernels over its blocks (CPU, f32 compute)
+  kCopy = 2,    ///< private dequantized libtorch tensors: only the reference runtime of
+                ///< polykv_model_torch (LoadTorchReference); LlamaModel::Load refuses it
 };
 
 /// "auto", "mapped" or "copy".
 const char* WeightStorageName(WeightStorage w);
 
 /// Rows up to which the mapped runtime multiplies with the quantized kernels; longer
-/// forwards (prefill) dequantize weight tiles and use libtorch's GEMM (bench_model measures
+/// forwards (prefill) dequantize weight tiles and use CBLAS sgemm (bench_model measures
 /// both; see README).
 inline constexpr int64_t kMappedGemmRows = 48;
 
 /// How to load a model.
 struct LoadOptions {
-  /// libtorch intra-op threads; 0 = all cores (std::thread::hardware_concurrency()).
+  /// Compute threads (matrix and attention kernels, OpenBLAS); 0 = all cores.
   int threads = 0;
-  /// Compute device; CUDA when available and requested.
-  torch::Device device = torch::kCPU;
-  /// Compute dtype of weights and the KV cache: kFloat32 on CPU, kBFloat16 on GPU.
-  torch::ScalarType dtype = torch::kFloat32;
-  /// Mapped weights (CPU) or a private copy; kMapped with CUDA or a non-f32 dtype is
-  /// kInvalidArgument.
+  /// kAuto / kMapped; kCopy is kInvalidArgument here (see LoadTorchReference).
   WeightStorage weights = WeightStorage::kAuto;
   /// Mapped runtime: forwards of up to this many rows multiply on the quantized kernels
   /// (8-bit activations for quantized weights), and so do longer ones over the weight types
@@ -177,29 +176,47 @@ struct KvPrefix {
 };
 
 /// A KV cache: an optional read-only shared `prefix` (positions [0, P)) followed by the
-/// private suffix: per layer K and V, each [kv_heads][capacity][head_dim] in the model's
-/// dtype/device, K stored after RoPE; suffix slot i holds position P + i. The first
-/// `length` positions (prefix included) are valid; `tokens` holds their ids
-/// (size == length).
+/// private suffix: per layer K and V, each f32 [kv_heads][capacity][head_dim], K stored
+/// after RoPE; suffix slot i holds position P + i. The first `length` positions (prefix
+/// included) are valid; `tokens` holds their ids (size == length). Plain host buffers owned
+/// by the cache (LlamaModel::NewCache sizes them).
 struct KvCache {
-  std::vector<torch::Tensor> k;            ///< [layers] x [kv_heads][capacity][head_dim] (suffix)
-  std::vector<torch::Tensor> v;            ///< [layers] x [kv_heads][capacity][head_dim] (suffix)
+  std::vector<std::vector<float>> k;       ///< [layers] x f32 [kv_heads][capacity][head_dim]
+  std::vector<std::vector<float>> v;       ///< [layers] x f32 [kv_heads][capacity][head_dim]
+  int64_t capacity = 0;                    ///< suffix slots allocated in every k[l] / v[l]
   std::vector<int32_t> tokens;             ///< ids of the cached positions (prefix and suffix)
   int64_t length = 0;                      ///< valid positions, prefix included
   std::shared_ptr<const KvPrefix> prefix;  ///< null: no shared prefix
-  /// Suffix slots allocated.
-  int64_t capacity() const { return k.empty() ? 0 : k[0].size(1); }
   /// Positions held by the shared prefix (0 without one).
   int64_t prefix_length() const { return prefix ? prefix->tokens() : 0; }
   /// Valid positions held privately.
   int64_t suffix_length() const { return length - prefix_length(); }
+  /// Bytes of the private buffers (capacity, K and V, every layer).
+  uint64_t bytes() const {
+    uint64_t b = 0;
+    for (const auto& t : k) b += t.size() * sizeof(float);
+    for (const auto& t : v) b += t.size() * sizeof(float);
+    return b;
+  }
+};
+
+/// Logits of some positions: f32 [rows][vocab], row-major.
+struct Logits {
+  int64_t rows = 0;
+  int32_t vocab = 0;
+  std::vector<float> values;  ///< rows * vocab
+  /// Row i (i < rows).
+  absl::Span<const float> row(int64_t i) const {
+    return absl::MakeConstSpan(values.data() + i * vocab, static_cast<size_t>(vocab));
+  }
 };
 
 /// Result of Prefill: the document's K/V per layer and the last position's logits.
 struct PrefillResult {
-  std::vector<torch::Tensor> k;  ///< [layers] x [kv_heads][tokens][head_dim], after RoPE
-  std::vector<torch::Tensor> v;  ///< [layers] x [kv_heads][tokens][head_dim]
-  torch::Tensor last_logits;     ///< [vocab] f32
+  int64_t tokens = 0;                 ///< positions prefilled
+  std::vector<std::vector<float>> k;  ///< [layers] x f32 [kv_heads][tokens][head_dim], after RoPE
+  std::vector<std::vector<float>> v;  ///< [layers] x f32 [kv_heads][tokens][head_dim]
+  std::vector<float> last_logits;     ///< f32 [vocab] (empty for PrefillAfterPrefix)
 };
 
 /// Sampling settings for Generate.
@@ -241,8 +258,8 @@ class LlamaModel {
   virtual const Tokenizer* tokenizer() const = 0;
   /// Hex SHA-256 identifying the weights and config: part of a pool id.
   virtual const std::string& fingerprint() const = 0;
-  virtual torch::Device device() const = 0;
-  virtual torch::ScalarType dtype() const = 0;
+  /// Element type of the K/V the runtime computes (KvCache, PrefillResult): kF32.
+  virtual kernels::DType dtype() const = 0;
 
   /// An empty cache with room for `capacity` positions.
   virtual KvCache NewCache(int64_t capacity) const = 0;
@@ -251,7 +268,7 @@ class LlamaModel {
   /// segments; ids `tokens`), with room for `capacity` private positions after it. Errors:
   /// kInvalidArgument when a segment does not match the model (layers, kv_heads, head_dim)
   /// or tokens.size() != its length; kFailedPrecondition for a runtime that cannot attend
-  /// to a prefix in place (the libtorch copy runtime).
+  /// to a prefix in place (the libtorch reference runtime).
   [[nodiscard]] virtual StatusOr<KvCache> NewCacheWithPrefix(std::shared_ptr<const KvPrefix> prefix,
                                                              std::vector<int32_t> tokens,
                                                              int64_t capacity) const = 0;
@@ -259,7 +276,7 @@ class LlamaModel {
   /// Turns what `cache` holds privately (it must have no prefix yet) into a read-only raw
   /// prefix of a new cache with room for `capacity` more positions: the same K/V bytes,
   /// attended to with the same split as a pool of codec none, so a process that prefilled a
-  /// document itself computes exactly what an agent of a codec-none pool does. The tensors
+  /// document itself computes exactly what an agent of a codec-none pool does. The buffers
   /// move into the prefix's owner. Errors: kInvalidArgument for an empty cache or one that
   /// already has a prefix; kFailedPrecondition as NewCacheWithPrefix.
   [[nodiscard]] virtual StatusOr<KvCache> FreezeAsPrefix(KvCache&& cache,
@@ -272,19 +289,18 @@ class LlamaModel {
   virtual int64_t WeightBytesPerToken() const = 0;
 
   /// Runs `tokens` at positions cache.length .. cache.length+n-1, appending their K/V
-  /// (grows capacity if needed: reallocation to max(needed, 2 x capacity), so tensors held
-  /// elsewhere stop aliasing the cache). A default-constructed (empty) KvCache is allocated
+  /// (grows capacity if needed: reallocation to max(needed, 2 x capacity), so pointers into
+  /// the old buffers become invalid). A default-constructed (empty) KvCache is allocated
   /// on first use. The cache must match the model: [layers] tensors of
   /// [kv_heads][capacity][head_dim] in dtype()/device(), tokens.size() == length. Returns logits
   /// f32 [n][vocab] when `all_logits`, else [1][vocab] for the last position. Errors:
   /// kInvalidArgument for ids outside the vocab or an empty `tokens`; kResourceExhausted when out
   /// of memory.
-  [[nodiscard]] virtual StatusOr<torch::Tensor> Forward(absl::Span<const int32_t> tokens,
-                                                        KvCache& cache,
-                                                        bool all_logits = false) = 0;
+  [[nodiscard]] virtual StatusOr<Logits> Forward(absl::Span<const int32_t> tokens, KvCache& cache,
+                                                 bool all_logits = false) = 0;
 
   /// Prefills a document from scratch in chunks of `chunk` tokens, calling
-  /// `progress(done, total)` after each. Returns K/V [kv_heads][tokens][head_dim] per layer.
+  /// `progress(done, total)` after each. Returns K/V f32 [kv_heads][tokens][head_dim] per layer.
   [[nodiscard]] virtual StatusOr<PrefillResult> Prefill(
       absl::Span<const int32_t> tokens, int64_t chunk = 512,
       const std::function<void(int64_t, int64_t)>& progress = nullptr) = 0;
@@ -316,7 +332,24 @@ class LlamaModel {
                                                               int64_t context, int64_t stride) = 0;
 };
 
-/// Sets libtorch intra-op threads: n > 0, or all cores when n == 0. Returns the count set.
+/// Sets the compute threads of the kernels and of OpenBLAS: n > 0, or all cores when
+/// n == 0. Returns the count set.
 int SetComputeThreads(int n);
+
+/// Greedy choice: the index of the largest logit (the lowest index on ties).
+/// kInvalidArgument for an empty span.
+[[nodiscard]] StatusOr<int32_t> Argmax(absl::Span<const float> logits);
+
+/// Samples one id (SamplingOptions' rule: argmax when greedy; otherwise softmax(logits / T)
+/// in f64, the smallest set of most likely ids whose mass reaches top_p, a draw u in [0, 1)
+/// from the top 53 bits of rng() scaled by that mass). Errors: kInvalidArgument for an
+/// empty span.
+[[nodiscard]] StatusOr<int32_t> SampleToken(absl::Span<const float> logits,
+                                            const SamplingOptions& options, std::mt19937_64& rng);
+
+/// log p(target) under softmax(logits) as llama.cpp computes it (tools/perplexity): the
+/// maximum in f32, sum of exp(x - max) in f64, logits[target] - max - log(sum). The one
+/// scoring formula of PolyKV (perplexity, agent scoring, eval). `target` must be in range.
+double LogProb(absl::Span<const float> logits, int32_t target);
 
 }  // namespace polykv::model

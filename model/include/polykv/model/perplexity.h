@@ -63,6 +63,15 @@ struct ChunkedPerplexityResult {
   double stderr_ppl() const;  ///< llama.cpp's "+/-" (0 when undefined)
 };
 
+/// The one scoring loop: feeds `input` at cache.length.. in forwards of at most `rows` rows
+/// (at least 1) and returns -log p(targets[i] | positions up to input[i]) for every i, by
+/// LogProb. Errors: kInvalidArgument when the spans differ in size, are empty or a target
+/// is outside the vocabulary; the model's Forward errors.
+[[nodiscard]] StatusOr<std::vector<double>> ScoreTokens(LlamaModel& m, KvCache& cache,
+                                                        absl::Span<const int32_t> input,
+                                                        absl::Span<const int32_t> targets,
+                                                        int64_t rows);
+
 /// Runs the protocol above. Errors: those of PlanChunks, kInvalidArgument for replace_bos
 /// with bos_id < 0, and the model's Forward errors.
 [[nodiscard]] StatusOr<ChunkedPerplexityResult> ChunkedPerplexity(

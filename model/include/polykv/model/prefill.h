@@ -1,6 +1,6 @@
-// A prefill's K/V for code that does not handle libtorch tensors (the daemon, the CLI): one
-// layer as plain contiguous buffers, the K/V element type of a model, and a child prefill that
-// attends to a read-only prefix in place (a pool tree's child pool).
+// A prefill's K/V as a pool writer takes it (the daemon, the CLI): one layer as plain
+// contiguous buffers in the pool's element type, the K/V element type of a model, and a child
+// prefill that attends to a read-only prefix in place (a pool tree's child pool).
 #pragma once
 
 #include <cstddef>
@@ -17,6 +17,8 @@
 namespace polykv::model {
 
 class LlamaModel;
+struct KvPrefix;
+struct ModelConfig;
 struct PrefillResult;
 
 /// One layer of a prefill's K and V as plain contiguous buffers, each
@@ -34,7 +36,7 @@ class PrefilledLayer {
  private:
   friend StatusOr<PrefilledLayer> ExportPrefilledLayer(const PrefillResult&, size_t, bool,
                                                        std::optional<kernels::DType>);
-  std::shared_ptr<const void> keep_;  // the tensors behind k_ and v_
+  std::shared_ptr<const void> keep_;  // the buffers behind k_ and v_
   const void* k_ = nullptr;
   const void* v_ = nullptr;
   kernels::DType dtype_ = kernels::DType::kF32;
@@ -45,23 +47,32 @@ class PrefilledLayer {
 /// Layers held by `prefill` (PrefillResult::k.size()).
 size_t PrefilledLayerCount(const PrefillResult& prefill);
 
-/// Layer `layer` of `prefill` as contiguous buffers: copied to the host when `to_host` and
-/// the prefill lies on a GPU (else left where it is), converted to `dtype` when one is given.
-/// Errors: kOutOfRange (no such layer); kInvalidArgument (K and V differ in element count);
-/// kUnimplemented (an element type pools do not take: f32, f16 and bf16 only); kInternal
-/// (libtorch threw, e.g. out of memory on the copy).
+/// Layer `layer` of `prefill` as contiguous host buffers of its own (a copy, so it outlives
+/// `prefill`), converted from f32 to `dtype` when one is given (round to nearest even).
+/// `to_host` asks for host memory; every runtime prefills on the host today, so it is kept
+/// for a device prefill. Errors: kOutOfRange (no such layer); kInvalidArgument (K and V
+/// differ in element count); kResourceExhausted (out of memory on the copy).
 [[nodiscard]] StatusOr<PrefilledLayer> ExportPrefilledLayer(
     const PrefillResult& prefill, size_t layer, bool to_host,
     std::optional<kernels::DType> dtype = std::nullopt);
 
-/// The element type of `m`'s K/V (its compute dtype). kUnimplemented for a dtype pools do not
-/// take (f32, f16 and bf16 only).
+/// The element type of `m`'s K/V (LlamaModel::dtype()). kUnimplemented for a dtype pools do
+/// not take (f32, f16 and bf16 only).
 [[nodiscard]] StatusOr<kernels::DType> KvDType(const LlamaModel& m);
+
+/// A read-only raw f32 prefix of `tokens` positions owning `k` and `v` ([layers] x f32
+/// [kv_heads][tokens][head_dim] each, K after RoPE): what a process attends to when it holds
+/// a document's K/V itself (a codec-none pool's layout). kInvalidArgument when a buffer's
+/// size or the layer count does not match `config`.
+[[nodiscard]] StatusOr<std::shared_ptr<KvPrefix>> MakeRawPrefix(const ModelConfig& config,
+                                                                int64_t tokens,
+                                                                std::vector<std::vector<float>> k,
+                                                                std::vector<std::vector<float>> v);
 
 /// Prefills `ids` at positions after a read-only prefix: `views` (root first) hold
 /// `prefix_tokens`, attended to in place with the same split attention agents run, in chunks
 /// of `chunk` tokens (at least 1); `on_chunk(done, total)` is called after each. Returns the
-/// new tokens' K/V, [kv_heads][ids][head_dim] per layer, like LlamaModel::Prefill (without
+/// new tokens' K/V, f32 [kv_heads][ids][head_dim] per layer, like LlamaModel::Prefill (without
 /// last_logits). Errors: those of LlamaModel::NewCacheWithPrefix (the views must match the
 /// model) and LlamaModel::Forward.
 [[nodiscard]] StatusOr<PrefillResult> PrefillAfterPrefix(

@@ -1,0 +1,67 @@
+// Helpers of the model tests: comparisons of plain f32 buffers and K/V rows of a KvCache.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "polykv/model/llama.h"
+
+namespace polykv::model::testing {
+
+/// max |a_i - b_i|; +inf when the sizes differ (so a size mismatch fails any tolerance).
+inline float MaxAbsDiff(absl::Span<const float> a, absl::Span<const float> b) {
+  if (a.size() != b.size()) return std::numeric_limits<float>::infinity();
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+/// Suffix slots [0, n) of a cache buffer [kv_heads][capacity][head_dim] as
+/// [kv_heads][n][head_dim].
+inline std::vector<float> CacheRows(const KvCache& c, const std::vector<float>& buf,
+                                    int64_t kv_heads, int64_t head_dim, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(kv_heads * n * head_dim));
+  for (int64_t h = 0; h < kv_heads; ++h)
+    std::copy_n(buf.begin() + h * c.capacity * head_dim, n * head_dim,
+                out.begin() + h * n * head_dim);
+  return out;
+}
+
+/// Copies suffix positions [0, n) of every layer of `from` into `to` (both
+/// [kv_heads][capacity][head_dim], capacities may differ).
+inline void CopyCacheRows(const KvCache& from, KvCache& to, int64_t kv_heads, int64_t head_dim,
+                          int64_t n) {
+  for (size_t l = 0; l < from.k.size(); ++l) {
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      std::copy_n(from.k[l].begin() + h * from.capacity * head_dim, n * head_dim,
+                  to.k[l].begin() + h * to.capacity * head_dim);
+      std::copy_n(from.v[l].begin() + h * from.capacity * head_dim, n * head_dim,
+                  to.v[l].begin() + h * to.capacity * head_dim);
+    }
+  }
+}
+
+/// Positions [p0, p0 + n) of a [kv_heads][tokens][head_dim] buffer as [kv_heads][n][head_dim].
+inline std::vector<float> Positions(const std::vector<float>& buf, int64_t kv_heads, int64_t tokens,
+                                    int64_t head_dim, int64_t p0, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(kv_heads * n * head_dim));
+  for (int64_t h = 0; h < kv_heads; ++h)
+    std::copy_n(buf.begin() + (h * tokens + p0) * head_dim, n * head_dim,
+                out.begin() + h * n * head_dim);
+  return out;
+}
+
+/// log softmax(row)[target] entirely in f64 (an independent reference for LogProb).
+inline double LogSoftmaxF64(absl::Span<const float> row, int32_t target) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (float x : row) mx = std::max(mx, static_cast<double>(x));
+  double sum = 0;
+  for (float x : row) sum += std::exp(static_cast<double>(x) - mx);
+  return static_cast<double>(row[static_cast<size_t>(target)]) - mx - std::log(sum);
+}
+
+}  // namespace polykv::model::testing
