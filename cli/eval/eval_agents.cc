@@ -157,7 +157,10 @@ StatusOr<std::vector<AgentRow>> AgentInvariance(const std::vector<int32_t>& ids,
                                           "--score-ids", cont_ids,       "--json",     "--threads",
                                           "1",           "--timeout-ms", "30000"};
         }));
-        double lo = 1e300, hi = -1e300, sum = 0;
+        // The mean as first + mean of the differences: exactly the agents' value when they all
+        // agree ((x + x + x) / 3 need not round back to x).
+        double lo = 1e300, hi = -1e300, sum = 0, first = 0;
+        bool have_first = false;
         for (const cli::Child& k : kids) {
           if (!k.error.empty() || !k.result.contains("mean_nll"))
             return absl::InternalError(absl::StrCat("agents: agent ", k.index, " of ", n, " on ",
@@ -165,9 +168,13 @@ StatusOr<std::vector<AgentRow>> AgentInvariance(const std::vector<int32_t>& ids,
           const double x = k.result["mean_nll"].get<double>();
           lo = std::min(lo, x);
           hi = std::max(hi, x);
-          sum += x;
+          if (!have_first) {
+            first = x;
+            have_first = true;
+          }
+          sum += x - first;
         }
-        nll[c.name][n].push_back(sum / n);
+        nll[c.name][n].push_back(first + sum / n);
         spread[c.name][n].push_back(hi - lo);
         log(absl::StrFormat(
             "agents: window %d/%d %s, %d agent(s) at once: mean NLL %.6f (spread "

@@ -1,7 +1,4 @@
-// Compute thread control: the threads of the matrix and attention kernels and of OpenBLAS
-// (the sgemm of long prefills).
-#include <dlfcn.h>
-
+// Compute thread control: the threads of the matrix and attention kernels.
 #include <algorithm>
 #include <thread>
 
@@ -13,12 +10,9 @@ namespace polykv::model {
 int SetComputeThreads(int n) {
   if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   kernels::SetComputeThreads(n);
-  // OpenBLAS (selected as libblas.so.3) exports openblas_set_num_threads; the reference
-  // BLAS has no threads to set.
-  using SetFn = void (*)(int);
-  static const auto set_blas =
-      reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (set_blas != nullptr) set_blas(n);
+  // OpenBLAS keeps its own thread count (as it did under libtorch): the sgemm of a long
+  // prefill then splits its work the same way whatever n a process asks for, so processes
+  // with different thread counts score bit-identically (EvalAgents.NAgentsAtOnce...).
   return n;
 }
 
