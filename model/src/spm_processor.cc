@@ -33,6 +33,7 @@ bool Processor::Decode(const std::vector<int>& ids, std::string* text, std::stri
 int Processor::PieceSize() const { return impl_->sp.GetPieceSize(); }
 int Processor::BosId() const { return impl_->sp.bos_id(); }
 int Processor::EosId() const { return impl_->sp.eos_id(); }
+std::string Processor::IdToPiece(int id) const { return impl_->sp.IdToPiece(id); }
 std::string Processor::SerializedModel() const { return impl_->sp.serialized_model_proto(); }
 
 }  // namespace polykv::model::spm

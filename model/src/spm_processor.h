@@ -21,6 +21,8 @@ class Processor {
   int PieceSize() const;
   int BosId() const;
   int EosId() const;
+  /// Text of piece `id` ("<s>", "▁the").
+  std::string IdToPiece(int id) const;
   std::string SerializedModel() const;
 
  private:

@@ -142,75 +142,49 @@ StatusOr<std::string> VocabTokenizer::Decode(absl::Span<const int32_t> ids) cons
   return out;
 }
 
-StatusOr<std::string> VocabTokenizer::ApplyChatTemplate(absl::Span<const ChatMessage> messages,
-                                                        bool add_generation_prompt) const {
-  return RenderChatTemplate(vocab_.chat_template, messages, add_generation_prompt);
+std::string VocabTokenizer::TokenText(int32_t id) const {
+  if (id < 0 || id >= vocab_size()) return "";
+  if (vocab_.types[id] == kControl) return vocab_.tokens[id];
+  std::string out;
+  DecodeToken(id, /*first=*/false, &out);
+  return out;
 }
-
-namespace {
-// Reads the literal text of `tmpl` from `pos` to `end_marker`, unescaping "\n" written as a
-// two-character escape inside a Jinja string.
-std::string Unescape(std::string_view s) {
-  std::string r;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size() && s[i + 1] == 'n') {
-      r += '\n';
-      ++i;
-    } else {
-      r += s[i];
-    }
-  }
-  return r;
-}
-}  // namespace
 
 StatusOr<std::string> RenderChatTemplate(const std::string& chat_template,
                                          absl::Span<const ChatMessage> messages,
-                                         bool add_generation_prompt) {
+                                         bool add_generation_prompt, const std::string& bos_token,
+                                         const std::string& eos_token) {
   if (chat_template.empty()) {
     return absl::UnimplementedError("the model has no chat template (tokenizer.chat_template)");
   }
-  if (chat_template.find("<|im_start|>") == std::string::npos) {
-    return absl::UnimplementedError(
-        "unsupported chat template: PolyKV renders ChatML (<|im_start|>) templates only");
-  }
-  // Default system prompt, as in SmolLM2's template:
-  //   {% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n...
-  std::string default_system;
-  bool has_default_system = false;
-  size_t cond = chat_template.find("messages[0]['role'] != 'system'");
-  if (cond != std::string::npos) {
-    size_t endif = chat_template.find("{% endif %}", cond);
-    size_t sys = chat_template.find("<|im_start|>system", cond);
-    if (sys != std::string::npos && (endif == std::string::npos || sys < endif)) {
-      sys += std::strlen("<|im_start|>system");
-      size_t end = chat_template.find("<|im_end|>", sys);
-      if (end != std::string::npos) {
-        std::string body = Unescape(std::string_view(chat_template).substr(sys, end - sys));
-        if (!body.empty() && body[0] == '\n') {
-          default_system = body.substr(1);
-          has_default_system = true;
-        }
-      }
-    }
-  }
-  std::string out;
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role.empty() || m.role.find_first_of("\n<>") != std::string::npos) {
       return absl::InvalidArgumentError(
           absl::StrCat("chat message ", i, " has an invalid role '", m.role, "'"));
     }
-    if (i == 0 && m.role != "system" && has_default_system) {
-      absl::StrAppend(&out, "<|im_start|>system\n", default_system, "<|im_end|>\n");
-    }
-    absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
   }
-  if (add_generation_prompt) out += "<|im_start|>assistant\n";
-  return out;
+  POLYKV_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::Parse(chat_template));
+  ChatRenderOptions opt;
+  opt.add_generation_prompt = add_generation_prompt;
+  opt.bos_token = bos_token;
+  opt.eos_token = eos_token;
+  return t.Render(messages, opt);
 }
 
 }  // namespace tok
+
+StatusOr<std::string> Tokenizer::ApplyChatTemplate(absl::Span<const ChatMessage> messages,
+                                                   bool add_generation_prompt) const {
+  return ApplyChatTemplate(messages, add_generation_prompt, chat_template());
+}
+
+StatusOr<std::string> Tokenizer::ApplyChatTemplate(absl::Span<const ChatMessage> messages,
+                                                   bool add_generation_prompt,
+                                                   const std::string& template_source) const {
+  return tok::RenderChatTemplate(template_source, messages, add_generation_prompt,
+                                 TokenText(bos_id()), TokenText(eos_id()));
+}
 
 StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& gguf) {
   if (!gguf.Has("tokenizer.ggml.model")) {

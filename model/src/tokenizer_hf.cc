@@ -201,9 +201,10 @@ class SentencePieceTokenizer final : public Tokenizer {
   int32_t eos_id() const override { return sp_.EosId(); }
   bool adds_bos() const override { return add_bos_ && bos_id() >= 0; }
   bool IsEndOfGeneration(int32_t id) const override { return id >= 0 && id == eos_id(); }
-  StatusOr<std::string> ApplyChatTemplate(absl::Span<const ChatMessage> messages,
-                                          bool add_generation_prompt) const override {
-    return RenderChatTemplate(chat_template_, messages, add_generation_prompt);
+  std::string chat_template() const override { return chat_template_; }
+  std::string TokenText(int32_t id) const override {
+    if (id < 0 || id >= vocab_size()) return "";
+    return sp_.IdToPiece(id);
   }
   std::string Fingerprint() const override { return fingerprint_; }
   std::string family() const override { return "spm"; }

@@ -59,8 +59,8 @@ class VocabTokenizer : public Tokenizer {
   int32_t eos_id() const override { return vocab_.eos; }
   bool adds_bos() const override { return vocab_.add_bos && vocab_.bos >= 0; }
   bool IsEndOfGeneration(int32_t id) const override { return eog_.count(id) > 0; }
-  [[nodiscard]] StatusOr<std::string> ApplyChatTemplate(absl::Span<const ChatMessage> messages,
-                                                        bool add_generation_prompt) const override;
+  std::string chat_template() const override { return vocab_.chat_template; }
+  std::string TokenText(int32_t id) const override;
   std::string Fingerprint() const override { return fingerprint_; }
 
  protected:
@@ -107,12 +107,15 @@ std::string Sha256Hex(std::string_view data);
 /// tokenizer.model through libsentencepiece.
 [[nodiscard]] StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceModel(const std::string& path);
 
-/// ChatML rendering ("<|im_start|>role\ncontent<|im_end|>\n"...), with the default system
-/// prompt the template inserts when the first message is not a system message (if any).
-/// kUnimplemented when `chat_template` is not ChatML.
+/// Renders `chat_template` (Jinja, see ChatTemplate) with `messages` and the model's BOS/EOS
+/// token texts. Errors: kUnimplemented when `chat_template` is empty or uses an unsupported
+/// construct; kInvalidArgument for an empty role or one holding '\n', '<' or '>', template
+/// syntax errors and raise_exception().
 [[nodiscard]] StatusOr<std::string> RenderChatTemplate(const std::string& chat_template,
                                                        absl::Span<const ChatMessage> messages,
-                                                       bool add_generation_prompt);
+                                                       bool add_generation_prompt,
+                                                       const std::string& bos_token,
+                                                       const std::string& eos_token);
 
 /// One symbol of a word being merged: a byte span of the text, in a doubly-linked list.
 struct MergeSymbol {

@@ -209,7 +209,10 @@ GgufWriter TinyBpeVocab() {
   w.AddI32Array("tokenizer.ggml.token_type", {1, 1, 1, 3, 3});
   w.AddStringArray("tokenizer.ggml.merges", {"a b"});
   w.AddU32("tokenizer.ggml.eos_token_id", 4);
-  w.AddString("tokenizer.chat_template", "{% for m in messages %}<|im_start|>...{% endfor %}");
+  w.AddString("tokenizer.chat_template",
+              "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+              "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+              "{{ '<|im_start|>assistant\\n' }}{% endif %}");
   return w;
 }
 

@@ -10,17 +10,12 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "polykv/model/chat_template.h"
 #include "polykv/status.h"
 
 namespace polykv::model {
 
 class GgufFile;
-
-/// One chat turn for ApplyChatTemplate.
-struct ChatMessage {
-  std::string role;  ///< "system", "user" or "assistant"
-  std::string content;
-};
 
 /// Text <-> token ids. Implementations are immutable and thread-safe after load.
 class Tokenizer {
@@ -51,11 +46,25 @@ class Tokenizer {
   /// True for ids that end generation (EOS, <|im_end|>, <|endoftext|> ...).
   virtual bool IsEndOfGeneration(int32_t id) const = 0;
 
-  /// Formats a conversation with the model's chat template (ChatML for SmolLM2-Instruct:
-  /// "<|im_start|>role\ncontent<|im_end|>\n" ... then "<|im_start|>assistant\n" when
-  /// `add_generation_prompt`). Errors: kUnimplemented for an unknown template.
-  [[nodiscard]] virtual StatusOr<std::string> ApplyChatTemplate(
-      absl::Span<const ChatMessage> messages, bool add_generation_prompt) const = 0;
+  /// Formats a conversation with the model's chat template (GGUF tokenizer.chat_template or
+  /// tokenizer_config.json chat_template), rendered by ChatTemplate with this model's BOS and
+  /// EOS token texts; for SmolLM2-Instruct that is "<|im_start|>role\ncontent<|im_end|>\n"
+  /// ... then "<|im_start|>assistant\n" when `add_generation_prompt`. Errors:
+  /// kUnimplemented when the model has no template or it uses an unsupported construct;
+  /// kInvalidArgument for an empty role or one holding '\n', '<' or '>', for template
+  /// syntax errors and raise_exception() (see ChatTemplate).
+  [[nodiscard]] StatusOr<std::string> ApplyChatTemplate(absl::Span<const ChatMessage> messages,
+                                                        bool add_generation_prompt) const;
+  /// As above with `template_source` (e.g. a --chat-template file) instead of the model's own.
+  [[nodiscard]] StatusOr<std::string> ApplyChatTemplate(absl::Span<const ChatMessage> messages,
+                                                        bool add_generation_prompt,
+                                                        const std::string& template_source) const;
+
+  /// Jinja source of the model's chat template; "" when it has none.
+  virtual std::string chat_template() const { return ""; }
+  /// Text of token `id` as chat templates see it (bos_token, eos_token: "<|im_start|>",
+  /// "<s>"); "" for -1 or an id outside the vocabulary.
+  virtual std::string TokenText(int32_t id) const = 0;
 
   /// Hex SHA-256 (64 lowercase hex digits) over the tokenizer kind, token texts and types,
   /// BOS/EOS, merges or scores and the pre-tokenizer: part of a pool id. Equal for the same
