@@ -1,19 +1,27 @@
-// bench_attention: the split attention kernels (kernels/attention.h) on one SmolLM2-shaped
-// layer (9 query heads, 3 KV heads, head_dim 64) over a prefix of 1451 / 4096 tokens, in
-// place on a K8/V3 prefix and on the same prefix decoded to f32 (what --attend decompressed
-// attends to), for 1 (decode) and 8 / 32 (an agent's prompt) query rows, per ISA variant,
-// 1 thread. Baseline in the same run: the scalar reference and single-thread memcpy of the
-// bytes the call reads.
+// bench_attention: the split attention kernels (kernels/attention.h) on SmolLM2-shaped layers
+// (9 query heads, 3 KV heads, head_dim 64).
+//  - single: one layer over a prefix of 1451 / 4096 tokens, in place on a K8/V3 prefix and on
+//    the same prefix decoded to f32 (what --attend decompressed attends to), for 1 (decode)
+//    and 8 / 32 (an agent's prompt) query rows, per ISA variant. Baseline in the same run: the
+//    scalar reference and single-thread memcpy of the bytes the call reads.
+//  - batch: one decode step of S sessions (1 query row each, ragged private suffixes) over one
+//    shared pool of every layer (default 16 sessions, 1469 tokens: the demo document, 30
+//    layers), AttentionForwardBatch (the pool read once per layer) against S separate
+//    AttentionForward calls in the same run, session-major (what S agent processes do: each
+//    walks every layer for its own token) and layer-major; prefix bytes read per step.
+// Every figure is single-threaded thread CPU time (median).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "polykv/kernels/attention.h"
 #include "polykv/kernels/codec.h"
+#include "polykv/kernels/codec_math.h"
 #include "polykv/kernels/cpu.h"
 
 namespace {
@@ -50,16 +58,9 @@ double Median(int reps, F&& f) {
   return t[t.size() / 2];
 }
 
-}  // namespace
+constexpr int kHeads = 9, kKv = 3, kHd = 64;
 
-int main(int argc, char** argv) {
-  CLI::App app{"bench_attention: split attention over a K8/V3 prefix, in place vs decoded f32"};
-  int reps = 15;
-  app.add_option("--reps", reps, "Timed calls per figure (median)");
-  CLI11_PARSE(app, argc, argv);
-
-  constexpr int kHeads = 9, kKv = 3, kHd = 64;
-  SetComputeThreads(1);
+int SingleTable(int reps) {
   std::printf(
       "bench_attention: one layer, %d heads / %d KV heads, head_dim %d, 1 thread, "
       "median thread CPU time of %d calls (SmolLM2 has 30 such layers)\n\n",
@@ -147,5 +148,219 @@ int main(int argc, char** argv) {
       }
     }
   }
+  return 0;
+}
+
+// One pool of `layers` layers of `tokens` tokens in one codec, owning its bytes.
+struct BenchPool {
+  std::string name;
+  std::vector<std::vector<int8_t>> k8;
+  std::vector<std::vector<uint8_t>> kpacked, v;
+  std::vector<std::vector<float>> kscales, norms;
+  std::vector<std::vector<uint16_t>> norms16, raw_k, raw_v;
+  PrefixView view;
+};
+
+// codec "none-f16" (raw), or key_bits / key scale / value bits (edge_bits in the first and
+// last `edge` layers) / f16 norms.
+bool MakePool(BenchPool& p, const std::string& name, int layers, int64_t tokens, bool raw,
+              int key_bits, KeyScaleMode mode, int value_bits, int edge_bits, int edge,
+              bool f16_norms) {
+  const LayerShape shape{kKv, tokens, kHd};
+  p.name = name;
+  p.view.kv_heads = kKv;
+  p.view.head_dim = kHd;
+  p.view.tokens = tokens;
+  p.view.layers.resize(layers);
+  if (raw) {
+    p.view.codec = PrefixCodec::kRaw;
+    p.view.raw_dtype = DType::kF16;
+    p.raw_k.resize(layers);
+    p.raw_v.resize(layers);
+  } else {
+    p.view.codec = PrefixCodec::kK8V;
+    p.view.config.key_bits = key_bits;
+    p.view.config.key_scale = mode;
+    p.view.config.value_bits = value_bits;
+    p.view.config.norm_dtype = f16_norms ? DType::kF16 : DType::kF32;
+    p.kpacked.resize(layers);
+    p.kscales.resize(layers);
+    p.v.resize(layers);
+    p.norms.resize(layers);
+    p.norms16.resize(layers);
+  }
+  for (int l = 0; l < layers; ++l) {
+    const auto kraw = Gauss(shape.elements(), 100 + 2 * l, 1.5f);
+    const auto vraw = Gauss(shape.elements(), 101 + 2 * l, 1.0f);
+    if (raw) {
+      p.raw_k[l].resize(kraw.size());
+      p.raw_v[l].resize(vraw.size());
+      for (size_t i = 0; i < kraw.size(); ++i) {
+        p.raw_k[l][i] = math::FloatToF16(kraw[i]);
+        p.raw_v[l][i] = math::FloatToF16(vraw[i]);
+      }
+      p.view.layers[l] = PrefixLayer{p.raw_k[l].data(), nullptr, p.raw_v[l].data(), nullptr};
+      continue;
+    }
+    CodecConfig c = p.view.config;
+    const bool boundary = edge_bits > 0 && (l < edge || l >= layers - edge);
+    c.value_bits = boundary ? edge_bits : value_bits;
+    p.kpacked[l].resize(shape.vectors() * PackedKeyVectorBytes(kHd, key_bits));
+    p.kscales[l].resize(KeyScaleCount(shape, mode));
+    p.v[l].resize(shape.vectors() * PackedVectorBytes(kHd, c.value_bits));
+    p.norms[l].resize(shape.vectors());
+    if (!EncodeKeys(kraw.data(), DType::kF32, shape, c, p.kpacked[l].data(), p.kscales[l].data())
+             .ok() ||
+        !EncodeValues(vraw.data(), DType::kF32, shape, c, p.v[l].data(), p.norms[l].data()).ok())
+      return false;
+    const void* norms = p.norms[l].data();
+    if (f16_norms) {
+      p.norms16[l].resize(p.norms[l].size());
+      NormsToF16(p.norms[l].data(), static_cast<int64_t>(p.norms[l].size()), p.norms16[l].data());
+      norms = p.norms16[l].data();
+    }
+    p.view.layers[l] =
+        PrefixLayer{p.kpacked[l].data(), p.kscales[l].data(), p.v[l].data(), norms, c.value_bits};
+  }
+  return true;
+}
+
+int BatchTable(int reps, int sessions, int64_t tokens, int layers) {
+  std::printf(
+      "\nbatched decode step: %d sessions x 1 query row over one %lld-token pool, %d layers, "
+      "%d heads / %d KV heads, head_dim %d, private suffixes of 21..%d tokens, 1 thread, "
+      "median thread CPU time of %d steps\n\n",
+      sessions, static_cast<long long>(tokens), layers, kHeads, kKv, kHd, 21 + 3 * (sessions - 1),
+      reps);
+  std::vector<BenchPool> pools(3);
+  if (!MakePool(pools[0], "k8v3", layers, tokens, false, 8, KeyScaleMode::kPerTensor, 3, 0, 0,
+                false) ||
+      !MakePool(pools[1], "default", layers, tokens, false, 7, KeyScaleMode::kPerChannel, 3, 4, 3,
+                true) ||
+      !MakePool(pools[2], "none-f16", layers, tokens, true, 8, KeyScaleMode::kPerTensor, 3, 0, 0,
+                false)) {
+    std::fprintf(stderr, "error: encoding the pool failed\n");
+    return 1;
+  }
+  // Per layer and session: suffix K/V (f32 [kv][cap][hd]), the new row's query and output.
+  struct Sess {
+    int64_t len = 0, cap = 0;
+    std::vector<std::vector<float>> k, v, q, out;
+  };
+  std::vector<Sess> ss(sessions);
+  for (int s = 0; s < sessions; ++s) {
+    Sess& x = ss[s];
+    x.len = 21 + 3 * s;  // a question of ~20 tokens + 3 s generated, the new row included
+    x.cap = x.len + 8;
+    for (int l = 0; l < layers; ++l) {
+      const uint64_t seed = 7000 + 10 * (static_cast<uint64_t>(s) * layers + l);
+      x.k.push_back(Gauss(static_cast<size_t>(kKv * x.cap * kHd), seed, 1.5f));
+      x.v.push_back(Gauss(static_cast<size_t>(kKv * x.cap * kHd), seed + 1, 1.0f));
+      x.q.push_back(Gauss(static_cast<size_t>(kHeads * kHd), seed + 2, 1.0f));
+      x.out.emplace_back(static_cast<size_t>(kHeads * kHd));
+    }
+  }
+  std::printf("%-9s %-7s %-24s %10s %12s %14s %10s\n", "pool", "isa", "step", "ms/step",
+              "tok/s attn", "prefix MiB/step", "vs agents");
+  for (const BenchPool& p : pools) {
+    double pool_bytes = 0;
+    {
+      PrefixView one = p.view;  // LayerBytes averages over the layers: x layers = the pool
+      pool_bytes = static_cast<double>(one.LayerBytes()) * layers;
+    }
+    for (Isa isa : SupportedIsas()) {
+      AttentionOptions o;
+      o.isa = static_cast<int>(isa);
+      o.threads = 1;
+      auto args_of = [&](int s, int l) {
+        AttentionArgs a;
+        a.prefix = &p.view;
+        a.layer = l;
+        a.k_suffix = ss[s].k[l].data();
+        a.v_suffix = ss[s].v[l].data();
+        a.suffix_capacity = ss[s].cap;
+        a.suffix_length = ss[s].len;
+        a.n = 1;
+        a.heads = kHeads;
+        a.kv_heads = kKv;
+        a.head_dim = kHd;
+        a.q = ss[s].q[l].data();
+        a.out = ss[s].out[l].data();
+        return a;
+      };
+      bool ok = true;
+      const double agents = Median(reps, [&] {
+        for (int s = 0; s < sessions; ++s)
+          for (int l = 0; l < layers; ++l) ok = ok && AttentionForward(args_of(s, l), o).ok();
+      });
+      const double layer_major = Median(reps, [&] {
+        for (int l = 0; l < layers; ++l)
+          for (int s = 0; s < sessions; ++s) ok = ok && AttentionForward(args_of(s, l), o).ok();
+      });
+      // The batched outputs must equal the separate calls' (bit for bit, as the tests assert).
+      std::vector<std::vector<float>> expect(static_cast<size_t>(sessions) * layers);
+      for (int s = 0; s < sessions; ++s)
+        for (int l = 0; l < layers; ++l) expect[s * layers + l] = ss[s].out[l];
+      std::vector<std::vector<AttentionSession>> bs(layers);
+      for (int l = 0; l < layers; ++l)
+        for (int s = 0; s < sessions; ++s) {
+          const AttentionArgs a = args_of(s, l);
+          bs[l].push_back(AttentionSession{a.k_suffix, a.v_suffix, a.suffix_capacity,
+                                           a.suffix_length, 1, a.q, a.out});
+        }
+      const double batched = Median(reps, [&] {
+        for (int l = 0; l < layers; ++l) {
+          BatchAttentionArgs b;
+          b.prefix = &p.view;
+          b.layer = l;
+          b.heads = kHeads;
+          b.kv_heads = kKv;
+          b.head_dim = kHd;
+          b.sessions = bs[l];
+          ok = ok && AttentionForwardBatch(b, o).ok();
+        }
+      });
+      if (!ok) {
+        std::fprintf(stderr, "error: attention failed\n");
+        return 1;
+      }
+      for (int s = 0; s < sessions; ++s)
+        for (int l = 0; l < layers; ++l)
+          if (ss[s].out[l] != expect[s * layers + l]) {
+            std::fprintf(stderr, "error: batched output of session %d layer %d differs\n", s, l);
+            return 1;
+          }
+      const double mib = pool_bytes / (1024.0 * 1024.0);
+      auto row = [&](const char* what, double t, double read) {
+        std::printf("%-9s %-7s %-24s %10.2f %12.0f %14.2f %9.2fx\n", p.name.c_str(), IsaName(isa),
+                    what, t * 1e3, sessions / t, read, agents / t);
+      };
+      row("separate, session-major", agents, mib * sessions);
+      row("separate, layer-major", layer_major, mib * sessions);
+      row("batched", batched, mib);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_attention: split attention over a compressed prefix; batched sessions"};
+  int reps = 15;
+  std::string table = "all";
+  int sessions = 16, layers = 30;
+  int64_t tokens = 1469;
+  app.add_option("--reps", reps, "Timed calls per figure (median)");
+  app.add_option("--table", table, "single, batch or all")
+      ->check(CLI::IsMember({"single", "batch", "all"}));
+  app.add_option("--sessions", sessions, "batch: sessions per step")->check(CLI::Range(1, 4096));
+  app.add_option("--tokens", tokens, "batch: pool tokens")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--layers", layers, "batch: layers")->check(CLI::Range(1, 256));
+  CLI11_PARSE(app, argc, argv);
+  SetComputeThreads(1);
+  if (table != "batch" && SingleTable(reps) != 0) return 1;
+  if (table != "single" && BatchTable(std::max(3, reps / 3), sessions, tokens, layers) != 0)
+    return 1;
   return 0;
 }

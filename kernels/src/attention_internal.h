@@ -27,6 +27,10 @@ struct ChunkArgs {
   int32_t bits = 3;                ///< packed: value bits (2, 3 or 4)
   const float* levels = nullptr;   ///< packed: 2^bits Lloyd-Max levels
   int64_t t0 = 0, t1 = 0;
+  /// AVX-512: queries [0, transposed) score on transposed keys, the others on key-row
+  /// tiles (the two paths sum in different orders); -1 = all of them iff
+  /// nq >= kTransposedQueries (one call's choice). Other ISAs ignore it.
+  int32_t transposed = -1;
   /// >= (t1 - t0) * (3 * hd + nq) + 16 * hd floats: keys, values and scores of the chunk,
   /// and the keys transposed (AVX-512, many queries)
   float* scratch = nullptr;
@@ -36,6 +40,10 @@ struct ChunkArgs {
   float* l = nullptr;
   float* o = nullptr;
 };
+
+/// Query rows per chunk from which the AVX-512 build scores on transposed keys (an agent's
+/// prompt: its rows x the GQA group); below it (decode: one row x the group) key-row tiles.
+inline constexpr int kTransposedQueries = 12;
 
 using ChunkFn = void (*)(const ChunkArgs&);
 

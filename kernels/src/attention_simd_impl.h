@@ -154,11 +154,10 @@ struct Vec16 {
   }
 };
 
-// Query rows from which the AVX-512 build computes a chunk's scores on transposed keys
-// (an agent's prompt: its rows x the GQA group): keys in lanes, one FMA chain per score over
-// head_dim in order and no horizontal reductions; the keys' transposition is shared by the
-// queries. Below it (decode: one row x the group) the key-row tiles above stay cheaper.
-constexpr int kTransposedQueries = 12;
+// From kTransposedQueries query rows (attention_internal.h) the AVX-512 build computes a
+// chunk's scores on transposed keys: keys in lanes, one FMA chain per score over head_dim in
+// order and no horizontal reductions; the keys' transposition is shared by the queries.
+// Below it (decode: one row x the group) the key-row tiles above stay cheaper.
 
 // 16 x 16 f32 transpose in registers: r[i] = row i on entry, column i on return.
 inline void Transpose16(__m512 r[16]) {
@@ -324,12 +323,14 @@ void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbu
     ends[j] = e;
     tmax = e > tmax ? e : tmax;
   }
-  // Scores s[j][t] for t < tmax.
+  // Scores s[j][t] for t < tmax: queries [0, tq) on transposed keys (AVX-512), the others
+  // on key-row tiles.
   int j0 = 0;
-  bool transposed = false;
 #ifdef __AVX512F__
   if constexpr (V::W == 16) {
-    if (a.nq >= kTransposedQueries) {
+    const int tq = a.transposed < 0 ? (a.nq >= kTransposedQueries ? a.nq : 0)
+                                    : (a.transposed < a.nq ? a.transposed : a.nq);
+    if (tq > 0) {
       float* kt = sbuf + static_cast<int64_t>(a.nq) * T;  // scratch after the scores
       const int64_t tp = (tmax + 15) / 16 * 16;
       TransposeKeys(kf, hd, tmax, kt, tp);
@@ -345,14 +346,14 @@ void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbu
           });
         }
       };
-      for (; j0 + 4 <= a.nq; j0 += 4) row(j0, std::integral_constant<int, 4>{});
-      if (j0 < a.nq) WithCount<3>(a.nq - j0, [&](auto n) { row(j0, n); });
-      j0 = a.nq;
-      transposed = true;
+      for (; j0 + 4 <= tq; j0 += 4) row(j0, std::integral_constant<int, 4>{});
+      if (j0 < tq) WithCount<3>(tq - j0, [&](auto n) { row(j0, n); });
+      j0 = tq;
     }
   }
 #endif
-  const int64_t tk = transposed ? tmax : tmax / V::KB * V::KB;
+  const int jk = j0;  // first query on key-row tiles
+  const int64_t tk = tmax / V::KB * V::KB;
   for (; j0 + V::QB <= a.nq; j0 += V::QB)
     for (int64_t t = 0; t < tk; t += V::KB)
       ScoreTile<V, V::QB, V::KB>(a.q + j0 * hd, kf + t * hd, hd, sbuf + j0 * T + t, T);
@@ -363,7 +364,7 @@ void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbu
                                                 T);
     });
   }
-  for (int j = 0; j < a.nq; ++j)
+  for (int j = jk; j < a.nq; ++j)
     for (int64_t t = tk; t < tmax; ++t)
       sbuf[j * T + t] = ScoreOne<V>(a.q + j * hd, kf + t * hd, hd);
 

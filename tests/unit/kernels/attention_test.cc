@@ -559,5 +559,239 @@ TEST(Attention, RejectsInconsistentShapes) {
   EXPECT_EQ(AttentionForward(a).code(), absl::StatusCode::kInvalidArgument);  // kv_heads differ
 }
 
+// ---- AttentionForwardBatch: S sessions over one shared prefix -----------------------------
+
+// One session's buffers: its suffix K/V, queries and output.
+struct TestSession {
+  int64_t cap = 0, slen = 0, n = 0;
+  std::vector<float> ks, vs, q, out;
+};
+
+// Sessions with the given (rows, private suffix tokens before the rows) pairs: suffix_length
+// = rows + history; rows 0 = a session that sits the step out.
+std::vector<TestSession> MakeSessions(const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                                      int heads, int kvh, int hd, uint64_t seed) {
+  std::vector<TestSession> v;
+  for (const auto& [rows, history] : shapes) {
+    TestSession s;
+    s.n = rows;
+    s.slen = rows + history;
+    s.cap = s.slen + 3;
+    s.ks = Gauss(static_cast<size_t>(kvh * s.cap * hd), seed++, 1.5f);
+    s.vs = Gauss(static_cast<size_t>(kvh * s.cap * hd), seed++);
+    s.q = Gauss(static_cast<size_t>(std::max<int64_t>(rows, 1) * heads * hd), seed++);
+    v.push_back(std::move(s));
+  }
+  return v;
+}
+
+// Every session's output of AttentionForwardBatch equals its own AttentionForward call bit for
+// bit, on every ISA and for 1 and 2 threads; a session with n = 0 is left untouched.
+void CheckBatch(const std::vector<PrefixView>& segments, int heads, int kvh, int hd,
+                std::vector<TestSession>& sess) {
+  const PrefixView* prefix = segments.empty() ? nullptr : &segments[0];
+  const absl::Span<const PrefixView> tail = segments.size() > 1
+                                                ? absl::MakeConstSpan(segments).subspan(1)
+                                                : absl::Span<const PrefixView>();
+  for (Isa isa : SupportedIsas()) {
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << IsaName(isa) << " threads " << threads);
+      AttentionOptions o;
+      o.isa = static_cast<int>(isa);
+      o.threads = threads;
+      std::vector<std::vector<float>> separate(sess.size());
+      std::vector<AttentionSession> bs(sess.size());
+      for (size_t i = 0; i < sess.size(); ++i) {
+        TestSession& s = sess[i];
+        const size_t out_size = static_cast<size_t>(std::max<int64_t>(s.n, 1) * heads * hd);
+        s.out.assign(out_size, 1e30f);
+        bs[i] = AttentionSession{s.ks.data(), s.vs.data(), s.cap,       s.slen,
+                                 s.n,         s.q.data(),  s.out.data()};
+        if (s.n == 0) continue;
+        AttentionArgs a;
+        a.prefix = prefix;
+        a.prefix_tail = tail;
+        a.k_suffix = s.ks.data();
+        a.v_suffix = s.vs.data();
+        a.suffix_capacity = s.cap;
+        a.suffix_length = s.slen;
+        a.n = s.n;
+        a.heads = heads;
+        a.kv_heads = kvh;
+        a.head_dim = hd;
+        a.q = s.q.data();
+        separate[i].assign(out_size, 1e30f);
+        a.out = separate[i].data();
+        ASSERT_TRUE(AttentionForward(a, o).ok());
+      }
+      BatchAttentionArgs b;
+      b.prefix = prefix;
+      b.prefix_tail = tail;
+      b.heads = heads;
+      b.kv_heads = kvh;
+      b.head_dim = hd;
+      b.sessions = bs;
+      const Status st = AttentionForwardBatch(b, o);
+      ASSERT_TRUE(st.ok()) << st;
+      for (size_t i = 0; i < sess.size(); ++i) {
+        if (sess[i].n == 0) {
+          for (float x : sess[i].out) ASSERT_EQ(x, 1e30f) << "session " << i << " was written";
+          continue;
+        }
+        ASSERT_EQ(sess[i].out, separate[i])
+            << "session " << i << " (n " << sess[i].n << ", suffix " << sess[i].slen << ")";
+      }
+    }
+  }
+}
+
+// Ragged session sets: S = 1, 3 and 16, suffix histories 0 (only the new row) to 300 (past a
+// chunk), decode rows (n = 1) mixed with prompt rows (n = 7: 7 x G queries, which the
+// AVX-512 build scores on transposed keys in its own call), a session with n = 0.
+std::vector<std::vector<std::pair<int64_t, int64_t>>> RaggedSets() {
+  std::vector<std::pair<int64_t, int64_t>> sixteen;
+  for (int i = 0; i < 16; ++i) sixteen.push_back({i == 5 ? 7 : 1, (i * 37) % 290});
+  sixteen[0].second = 0;
+  sixteen[9] = {0, 4};  // idle this step
+  return {{{1, 0}}, {{1, 12}, {7, 0}, {1, 300}}, sixteen};
+}
+
+TEST(AttentionBatch, EqualsSeparateCallsBitForBitForEveryCodecAndIsa) {
+  // Bit-equal, not within a tolerance: a batched prefix chunk computes every score, softmax and
+  // value sum of a session in the float order of that session's own call.
+  struct Codec {
+    const char* codec;
+    int bits;
+    KeyScaleMode mode;
+    int key_bits;
+    bool f16_norms;
+    int layer_bits;
+  };
+  const Codec codecs[] = {
+      {"none-f32", 0, KeyScaleMode::kPerTensor, 8, false, 0},
+      {"none-f16", 0, KeyScaleMode::kPerTensor, 8, false, 0},
+      {"none-bf16", 0, KeyScaleMode::kPerTensor, 8, false, 0},
+      {"k8v", 3, KeyScaleMode::kPerTensor, 8, false, 0},  // k8v3 (paper)
+      {"k8v", 2, KeyScaleMode::kPerHead, 8, false, 0},
+      {"k8v", 4, KeyScaleMode::kPerChannel, 8, false, 0},
+      {"k8v", 3, KeyScaleMode::kPerChannel, 7, true, 0},  // the default codec's middle layers
+      {"k8v", 3, KeyScaleMode::kPerChannel, 7, true, 4},  // ... and its 4-bit boundary layers
+      {"k8v", 3, KeyScaleMode::kPerHead, 5, false, 2},
+  };
+  struct Model {
+    int heads, kvh, hd;
+    int64_t prefix;
+  };
+  const Model models[] = {
+      {9, 3, 64, 600},   // SmolLM2: GQA 3, prefix over three chunks
+      {4, 2, 8, 40},     // stories260K-like head_dim 8
+      {8, 2, 80, 257},   // head_dim 80 (not a multiple of 16; block rotation)
+      {8, 8, 128, 300},  // no GQA
+      {2, 1, 12, 50},    // head_dim 12: the scalar path on every ISA
+  };
+  for (const Model& md : models) {
+    for (const Codec& c : codecs) {
+      // Every codec on the SmolLM2 shape; raw f32 / bf16, k8v3 and the default codec's
+      // boundary layers on the others (CPU time).
+      const size_t ci = static_cast<size_t>(&c - codecs);
+      if (md.hd != 64 && ci != 0 && ci != 2 && ci != 3 && ci != 7) continue;
+      TestPrefix p = MakePrefix(md.kvh, md.prefix, md.hd, c.codec, c.bits, c.mode, 3 + md.hd,
+                                c.key_bits, c.f16_norms, c.layer_bits);
+      for (const auto& set : RaggedSets()) {
+        SCOPED_TRACE(::testing::Message()
+                     << c.codec << c.bits << " mode " << static_cast<int>(c.mode) << " key_bits "
+                     << c.key_bits << " f16 " << c.f16_norms << " layer_bits " << c.layer_bits
+                     << " heads " << md.heads << "/" << md.kvh << " hd " << md.hd << " S "
+                     << set.size());
+        auto sess = MakeSessions(set, md.heads, md.kvh, md.hd, 100);
+        CheckBatch({p.view}, md.heads, md.kvh, md.hd, sess);
+      }
+    }
+  }
+}
+
+TEST(AttentionBatch, PrefixSegmentsAndNoPrefix) {
+  // A pool tree's segments (parent + child, each with its own key scales) and no prefix at
+  // all: still each session's own call, bit for bit.
+  const int heads = 9, kvh = 3, hd = 64;
+  TestPrefix a = MakePrefix(kvh, 300, hd, "k8v", 3, KeyScaleMode::kPerChannel, 31, 8, false, 0, 7);
+  TestPrefix b = MakePrefix(kvh, 45, hd, "k8v", 3, KeyScaleMode::kPerHead, 77, 8, false, 0, 7);
+  for (const auto& set : RaggedSets()) {
+    auto sess = MakeSessions(set, heads, kvh, hd, 500);
+    CheckBatch({a.view, b.view}, heads, kvh, hd, sess);
+    CheckBatch({}, heads, kvh, hd, sess);
+  }
+}
+
+TEST(AttentionBatch, MatchesPlainAttentionPerSession) {
+  // Against the double-precision reference too (so the batch is not only equal to itself):
+  // outputs are convex combinations of O(1) values, |error| <= 2e-5 as for AttentionForward.
+  const int heads = 9, kvh = 3, hd = 64;
+  TestPrefix p = MakePrefix(kvh, 600, hd, "k8v", 3, KeyScaleMode::kPerChannel, 5, 7, true, 0);
+  auto sess = MakeSessions(RaggedSets()[2], heads, kvh, hd, 900);
+  std::vector<AttentionSession> bs;
+  for (TestSession& s : sess) {
+    s.out.assign(static_cast<size_t>(std::max<int64_t>(s.n, 1) * heads * hd), 0.0f);
+    bs.push_back(
+        AttentionSession{s.ks.data(), s.vs.data(), s.cap, s.slen, s.n, s.q.data(), s.out.data()});
+  }
+  BatchAttentionArgs b;
+  b.prefix = &p.view;
+  b.heads = heads;
+  b.kv_heads = kvh;
+  b.head_dim = hd;
+  b.sessions = bs;
+  ASSERT_TRUE(AttentionForwardBatch(b).ok());
+  for (size_t i = 0; i < sess.size(); ++i) {
+    const TestSession& s = sess[i];
+    if (s.n == 0) continue;
+    const auto ref = Reference(&p, s.ks, s.vs, s.cap, s.slen, s.n, heads, kvh, hd, s.q);
+    double max_err = 0;
+    for (size_t k = 0; k < ref.size(); ++k)
+      max_err = std::max(max_err, std::fabs(s.out[k] - ref[k]));
+    EXPECT_LE(max_err, 2e-5) << "session " << i;
+  }
+}
+
+TEST(AttentionBatch, RejectsBadSessionsNamingThem) {
+  std::vector<float> buf(4096);
+  AttentionSession good{buf.data(), buf.data(), 4, 2, 1, buf.data(), buf.data() + 2048};
+  std::vector<AttentionSession> s = {good, good, good};
+  BatchAttentionArgs b;
+  b.heads = 2;
+  b.kv_heads = 1;
+  b.head_dim = 8;
+  b.sessions = s;
+  EXPECT_TRUE(AttentionForwardBatch(b).ok());
+  s[2].suffix_length = 5;  // > capacity
+  Status st = AttentionForwardBatch(b);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("session 2"), std::string::npos) << st;
+  s[2] = good;
+  s[1].n = -1;
+  st = AttentionForwardBatch(b);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("session 1"), std::string::npos) << st;
+  s[1] = good;
+  s[0].q = nullptr;
+  EXPECT_EQ(AttentionForwardBatch(b).code(), absl::StatusCode::kInvalidArgument);
+  s[0] = good;
+  b.heads = 3;  // not a multiple of kv_heads
+  b.kv_heads = 2;
+  EXPECT_EQ(AttentionForwardBatch(b).code(), absl::StatusCode::kInvalidArgument);
+  b.heads = 2;
+  b.kv_heads = 1;
+  PrefixView pv;  // kv_heads differ from the model's
+  pv.kv_heads = 2;
+  pv.head_dim = 8;
+  pv.tokens = 3;
+  pv.layers.resize(1, PrefixLayer{buf.data(), nullptr, buf.data(), nullptr});
+  b.prefix = &pv;
+  EXPECT_EQ(AttentionForwardBatch(b).code(), absl::StatusCode::kInvalidArgument);
+  b.prefix = nullptr;
+  b.sessions = {};
+  EXPECT_TRUE(AttentionForwardBatch(b).ok());  // nothing to do
+}
+
 }  // namespace
 }  // namespace polykv::kernels

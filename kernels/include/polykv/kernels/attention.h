@@ -125,6 +125,44 @@ struct AttentionOptions {
 /// kUnimplemented for Device::kCuda in a build without CUDA, kInternal for a CUDA error.
 [[nodiscard]] Status AttentionForward(const AttentionArgs& args, const AttentionOptions& opt = {});
 
+/// One session of a batched call (AttentionForwardBatch): its query rows and its private
+/// suffix, with the meaning of the AttentionArgs fields of the same names.
+struct AttentionSession {
+  const float* k_suffix = nullptr;  ///< f32 [kv_heads][suffix_capacity][head_dim]
+  const float* v_suffix = nullptr;
+  int64_t suffix_capacity = 0;
+  /// Valid suffix positions, the n new rows included (>= n): row i sits at suffix index
+  /// suffix_length - n + i. suffix_length == n: no private token before the new rows.
+  int64_t suffix_length = 0;
+  int64_t n = 0;             ///< query rows; 0 = the session sits this step out (untouched)
+  const float* q = nullptr;  ///< f32 [n][heads][head_dim] (after RoPE)
+  float* out = nullptr;      ///< f32 [n][heads][head_dim]
+};
+
+/// Arguments of AttentionForwardBatch for one layer: S sessions over ONE shared prefix.
+struct BatchAttentionArgs {
+  const PrefixView* prefix = nullptr;        ///< as AttentionArgs::prefix (may be null)
+  absl::Span<const PrefixView> prefix_tail;  ///< as AttentionArgs::prefix_tail
+  int32_t layer = 0;
+  int32_t heads = 0, kv_heads = 0, head_dim = 0;
+  absl::Span<const AttentionSession> sessions;  ///< may be empty (nothing to do)
+};
+
+/// AttentionForward for S sessions sharing one prefix (Hydragen's inter-sequence batching,
+/// Juravsky et al. 2024; FlashInfer's shared-prefix cascade): each prefix chunk of each KV
+/// head is read and decoded ONCE for the queries of all sessions (int8 keys converted once,
+/// a queries x keys score tile, packed values decoded once and accumulated for every query),
+/// then each session's own suffix chunks are merged in by log-sum-exp as AttentionForward
+/// does. Every session's output is bit-identical to an AttentionForward call with the same
+/// prefix and that session's fields, on every ISA and thread count: every score, softmax and
+/// value sum follows the single call's float order (tiles never change a result; on AVX-512
+/// a session takes the transposed-key scores iff its own call would).
+/// Prefix bytes read per step: LayerBytes() once instead of S times.
+/// Device::kCuda runs one AttentionForward per session (correct, not yet batched).
+/// Errors: as AttentionForward, the message naming the session ("session 3: ...").
+[[nodiscard]] Status AttentionForwardBatch(const BatchAttentionArgs& args,
+                                           const AttentionOptions& opt = {});
+
 /// A partial softmax state of one query head (see the file comment).
 struct AttentionState {
   float m = 0;         ///< maximum score (-inf for an empty part)
