@@ -40,11 +40,28 @@ __device__ inline float BlockReduce(float v, float* red, bool is_max) {
   return r;
 }
 
-// Key element d of token t of KV head h.
+// Key element d of token t of KV head h: the int8 code, a packed key code (key_bits 4..7:
+// code q + 2^(bits-1) at stream bits [d bits, (d + 1) bits) of the vector, PackKeyCodes'
+// layout; at most 2 bytes hold it) or the raw value.
 __device__ inline float PrefixKey(const AttentionLaunch& a, int h, int64_t t, int d) {
+  if (a.codec == 1 && a.key_bits < 8) {
+    const int64_t vbytes = m::PackedBytes(a.head_dim, a.key_bits);
+    const uint8_t* p = static_cast<const uint8_t*>(a.pk) + (h * a.prefix_tokens + t) * vbytes;
+    const int bit = d * a.key_bits;
+    uint32_t w = p[bit / 8];
+    if (bit / 8 + 1 < vbytes) w |= static_cast<uint32_t>(p[bit / 8 + 1]) << 8;
+    const int code = static_cast<int>((w >> (bit % 8)) & ((1u << a.key_bits) - 1u));
+    return static_cast<float>(code - (1 << (a.key_bits - 1)));
+  }
   const int64_t idx = (h * a.prefix_tokens + t) * a.head_dim + d;
   if (a.codec == 1) return static_cast<float>(static_cast<const int8_t*>(a.pk)[idx]);
   return m::LoadF32(a.pk, a.raw_dtype, idx);
+}
+
+// Norm of value vector `vec` (f32, or f16 widened exactly as NormsFromF16 does).
+__device__ inline float PrefixNorm(const AttentionLaunch& a, int64_t vec) {
+  if (a.norms_f16) return m::F16ToFloat(static_cast<const uint16_t*>(a.pv_norms)[vec]);
+  return static_cast<const float*>(a.pv_norms)[vec];
 }
 
 // Value element d of token t of KV head h (packed: norm * level, rotated domain).
@@ -57,7 +74,7 @@ __device__ inline float PrefixValue(const AttentionLaunch& a, int h, int64_t t, 
     uint32_t w = p[bit / 8];
     if (bit / 8 + 1 < vbytes) w |= static_cast<uint32_t>(p[bit / 8 + 1]) << 8;
     const uint32_t code = (w >> (bit % 8)) & ((1u << a.bits) - 1u);
-    return a.pv_norms[vec] * a.levels[code];
+    return PrefixNorm(a, vec) * a.levels[code];
   }
   return m::LoadF32(a.pv, a.raw_dtype, (h * a.prefix_tokens + t) * a.head_dim + d);
 }

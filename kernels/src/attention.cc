@@ -490,13 +490,6 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
       return absl::UnimplementedError(
           "attention on CUDA reads one prefix segment: this prefix has a parent pool's "
           "segments too (attend on the CPU, or decode the pools)");
-    if (pv != nullptr && pv->codec == PrefixCodec::kK8V &&
-        (pv->config.key_bits != 8 || pv->config.norm_dtype != DType::kF32 ||
-         pv->ValueBitsOf(a.layer) != pv->config.value_bits))
-      return absl::UnimplementedError(
-          "attention on CUDA reads 8-bit keys, f32 norms and one value bit width: this "
-          "prefix has packed keys, f16 norms or per-layer value bits (attend on the CPU, or "
-          "decode the pool)");
     if (pv != nullptr) {
       const PrefixLayer& pl = pv->layers[a.layer];
       l.prefix_tokens = pv->tokens;
@@ -505,12 +498,16 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
       l.pk = pl.k;
       l.pk_scales = pl.k_scales;
       l.pv = pl.v;
-      l.pv_norms = static_cast<const float*>(pl.v_norms);
+      l.pv_norms = pl.v_norms;
       l.key_scale_mode = static_cast<int>(pv->config.key_scale);
       l.seed = pv->config.rotation_seed;
       if (l.codec == 1) {
+        // Every codec a pool holds: 8-bit or packed (4..7-bit) keys, f32 or f16 norms, this
+        // layer's value bits.
+        l.key_bits = pv->config.key_bits;
+        l.norms_f16 = pv->config.norm_dtype == DType::kF16;
         POLYKV_ASSIGN_OR_RETURN(math::ValueCodebook cb,
-                                internal::GetValueCodebook(pv->config.value_bits));
+                                internal::GetValueCodebook(pv->ValueBitsOf(a.layer)));
         l.bits = cb.bits;
         for (int i = 0; i < (1 << cb.bits); ++i) l.levels[i] = cb.levels[i];
       }

@@ -15,14 +15,16 @@ namespace polykv::kernels::cuda {
 struct AttentionLaunch {
   // Prefix (prefix_tokens == 0: none).
   int64_t prefix_tokens = 0;
-  int codec = 0;      ///< 0 raw, 1 int8 keys + packed values
-  int raw_dtype = 0;  ///< codec 0: 0 f32, 1 f16, 2 bf16
-  const void* pk = nullptr;
+  int codec = 0;             ///< 0 raw, 1 int8 keys + packed values
+  int raw_dtype = 0;         ///< codec 0: 0 f32, 1 f16, 2 bf16
+  const void* pk = nullptr;  ///< codec 1: int8 codes (key_bits 8) or packed key codes
   const float* pk_scales = nullptr;
   const void* pv = nullptr;
-  const float* pv_norms = nullptr;
-  int key_scale_mode = 0;  ///< KeyScaleMode value
-  int bits = 3;
+  const void* pv_norms = nullptr;  ///< codec 1: f32 or f16 (norms_f16) [kv_heads * tokens]
+  int key_scale_mode = 0;          ///< KeyScaleMode value
+  int key_bits = 8;                ///< codec 1: 8, or 4..7 (PackKeyCodes layout, codec.h)
+  bool norms_f16 = false;          ///< codec 1: the norms are f16 (CodecConfig::norm_dtype)
+  int bits = 3;                    ///< codec 1: this layer's value bits (PrefixView::ValueBitsOf)
   float levels[16] = {};
   uint64_t seed = 0;
   // Suffix and queries.

@@ -5,12 +5,13 @@
 
 #include "ops_internal.h"
 #include "polykv/kernels/cpu.h"
+#include "polykv/kernels/ops_math.h"
 
 namespace polykv::kernels {
 namespace ops {
 
 void SiluMulScalar(const float* gate, const float* up, int64_t count, float* out) {
-  for (int64_t i = 0; i < count; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  for (int64_t i = 0; i < count; ++i) out[i] = opmath::SiluMulValue(gate[i], up[i]);
 }
 
 }  // namespace ops
@@ -20,9 +21,9 @@ void RmsNormRows(const float* x, const float* w, int64_t rows, int64_t dim, floa
     const float* xr = x + r * dim;
     double ss = 0;
     for (int64_t i = 0; i < dim; ++i) ss += double{xr[i]} * xr[i];
-    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
+    const float inv = opmath::RmsNormInverse(ss, dim, eps);
     float* o = out + r * dim;
-    for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv * w[i];
+    for (int64_t i = 0; i < dim; ++i) o[i] = opmath::RmsNormValue(xr[i], inv, w[i]);
   }
 }
 
@@ -41,9 +42,8 @@ void RopeHeads(float* x, int32_t heads, int32_t head_dim, const float* cos, cons
   for (int32_t h = 0; h < heads; ++h) {
     float* v = x + static_cast<int64_t>(h) * head_dim;
     for (int32_t i = 0; i < half; ++i) {
-      const float a = v[i], b = v[i + half];
-      v[i] = a * cos[i] - b * sin[i];
-      v[i + half] = b * cos[i + half] + a * sin[i + half];
+      opmath::RopePair(v[i], v[i + half], cos[i], sin[i], cos[i + half], sin[i + half], &v[i],
+                       &v[i + half]);
     }
   }
 }

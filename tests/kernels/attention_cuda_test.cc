@@ -1,7 +1,8 @@
 // CPU vs CUDA split attention over [prefix | suffix] (label gpu): the same random layers,
-// every codec and key scale mode, GQA, head_dim 8..128, prompt rows 1 and 7, a suffix that
-// crosses a chunk. The CUDA kernels accumulate in a different order: max |d| <= 2e-5 (outputs
-// are convex combinations of O(1) values). Skips without a CUDA device or a CUDA build.
+// every codec and key scale mode, packed keys, f16 norms and per-layer value bits, GQA,
+// head_dim 8..128, prompt rows 1 and 7, a suffix that crosses a chunk. The CUDA kernels accumulate
+// in a different order: max |d| <= 2e-5 (outputs are convex combinations of O(1) values). Skips
+// without a CUDA device or a CUDA build.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -47,27 +48,51 @@ struct Case {
   int64_t prefix, suffix, n;
 };
 
-void Check(const Case& c, bool k8, int bits, KeyScaleMode mode) {
-  SCOPED_TRACE(::testing::Message() << "hd " << c.hd << " prefix " << c.prefix << " suffix "
-                                    << c.suffix << " n " << c.n << (k8 ? " k8v" : " raw") << bits);
+// The pool format of a compressed prefix: key bits (8 or packed 4..7), f16 norms, and
+// whether the attended layer carries its own value bits (PrefixLayer::value_bits, layer 1 of
+// two, the view's config saying 3 bits).
+struct Format {
+  int key_bits = 8;
+  bool f16_norms = false;
+  bool layer_bits = false;
+};
+
+void Check(const Case& c, bool k8, int bits, KeyScaleMode mode, Format f = {}) {
+  SCOPED_TRACE(::testing::Message()
+               << "hd " << c.hd << " prefix " << c.prefix << " suffix " << c.suffix << " n " << c.n
+               << (k8 ? " k8v" : " raw") << bits << " mode " << static_cast<int>(mode)
+               << " key_bits " << f.key_bits << (f.f16_norms ? " f16 norms" : "")
+               << (f.layer_bits ? " per-layer bits" : ""));
   const LayerShape shape{c.kv_heads, c.prefix, c.hd};
   std::vector<float> kraw = Gauss(shape.elements(), 1), vraw = Gauss(shape.elements(), 2);
   PrefixView pv;
   pv.kv_heads = c.kv_heads;
   pv.head_dim = c.hd;
   pv.tokens = c.prefix;
-  pv.layers.resize(1);
-  std::vector<int8_t> kq(shape.elements());
+  const int layer = f.layer_bits ? 1 : 0;
+  pv.layers.resize(layer + 1);
+  std::vector<uint8_t> kq(shape.vectors() * PackedKeyVectorBytes(c.hd, f.key_bits));
   std::vector<float> ks(KeyScaleCount(shape, mode)), norms(shape.vectors());
+  std::vector<uint16_t> norms16(shape.vectors());
   std::vector<uint8_t> packed(shape.vectors() * PackedVectorBytes(c.hd, bits > 0 ? bits : 3));
+  const void* norm_ptr = norms.data();
   if (k8) {
     pv.codec = PrefixCodec::kK8V;
-    pv.config.value_bits = bits;
+    pv.config.value_bits = f.layer_bits ? 3 : bits;
     pv.config.key_scale = mode;
-    ASSERT_TRUE(QuantizeKeys(kraw.data(), DType::kF32, shape, mode, kq.data(), ks.data()).ok());
+    pv.config.key_bits = f.key_bits;
+    pv.config.norm_dtype = f.f16_norms ? DType::kF16 : DType::kF32;
+    CodecConfig enc = pv.config;
+    enc.value_bits = bits;
+    ASSERT_TRUE(EncodeKeys(kraw.data(), DType::kF32, shape, enc, kq.data(), ks.data()).ok());
     ASSERT_TRUE(
-        EncodeValues(vraw.data(), DType::kF32, shape, pv.config, packed.data(), norms.data()).ok());
-    pv.layers[0] = {kq.data(), ks.data(), packed.data(), norms.data()};
+        EncodeValues(vraw.data(), DType::kF32, shape, enc, packed.data(), norms.data()).ok());
+    if (f.f16_norms) {
+      NormsToF16(norms.data(), shape.vectors(), norms16.data());
+      norm_ptr = norms16.data();
+    }
+    pv.layers[layer] = {kq.data(), ks.data(), packed.data(), norm_ptr, f.layer_bits ? bits : 0};
+    if (f.layer_bits) pv.layers[0] = pv.layers[layer];  // layer 0 is not attended to
   } else {
     pv.layers[0] = {kraw.data(), nullptr, vraw.data(), nullptr};
   }
@@ -76,6 +101,7 @@ void Check(const Case& c, bool k8, int bits, KeyScaleMode mode) {
   const auto q = Gauss(c.n * c.heads * c.hd, 5);
   AttentionArgs a;
   a.prefix = &pv;
+  a.layer = layer;
   a.k_suffix = ksuf.data();
   a.v_suffix = vsuf.data();
   a.suffix_capacity = cap;
@@ -91,18 +117,23 @@ void Check(const Case& c, bool k8, int bits, KeyScaleMode mode) {
 
   // The same on the device.
   PrefixView dv = pv;
-  void *dk = nullptr, *dvv = nullptr;
-  float *dks = nullptr, *dn = nullptr;
+  void *dk = nullptr, *dvv = nullptr, *dn = nullptr;
+  float* dks = nullptr;
   if (k8) {
     dk = ToDevice(kq);
     dks = ToDevice(ks);
     dvv = ToDevice(packed);
-    dn = ToDevice(norms);
+    dn = f.f16_norms ? static_cast<void*>(ToDevice(norms16)) : static_cast<void*>(ToDevice(norms));
   } else {
     dk = ToDevice(kraw);
     dvv = ToDevice(vraw);
   }
-  dv.layers[0] = {dk, dks, dvv, dn};
+  for (PrefixLayer& l : dv.layers) {
+    l.k = dk;
+    l.k_scales = dks;
+    l.v = dvv;
+    l.v_norms = dn;
+  }
   float* dksuf = ToDevice(ksuf);
   float* dvsuf = ToDevice(vsuf);
   float* dq = ToDevice(q);
@@ -119,9 +150,9 @@ void Check(const Case& c, bool k8, int bits, KeyScaleMode mode) {
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaMemcpy(gpu.data(), dout, sizeof(float) * gpu.size(), cudaMemcpyDeviceToHost);
-  for (void* p : {static_cast<void*>(dk), static_cast<void*>(dks), dvv, static_cast<void*>(dn),
-                  static_cast<void*>(dksuf), static_cast<void*>(dvsuf), static_cast<void*>(dq),
-                  static_cast<void*>(dout)})
+  for (void* p :
+       {static_cast<void*>(dk), static_cast<void*>(dks), dvv, dn, static_cast<void*>(dksuf),
+        static_cast<void*>(dvsuf), static_cast<void*>(dq), static_cast<void*>(dout)})
     if (p != nullptr) cudaFree(p);
   double max_err = 0;
   for (size_t i = 0; i < cpu.size(); ++i)
@@ -146,6 +177,27 @@ TEST(AttentionCuda, MatchesCpuForEveryCodec) {
       for (KeyScaleMode m :
            {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel})
         Check(c, true, bits, m);
+  }
+#endif
+}
+
+// The pool's other formats, the default codec's among them (packed keys, f16 norms, per-layer
+// value bits): the CUDA kernel reads them where they lie, with the same tolerance.
+TEST(AttentionCuda, MatchesCpuForPackedKeysF16NormsAndPerLayerBits) {
+#if !defined(POLYKV_HAVE_CUDA)
+  GTEST_SKIP() << "built without CUDA";
+#else
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  const Case cases[] = {{9, 3, 64, 600, 20, 1}, {9, 3, 64, 300, 70, 7}, {8, 2, 80, 257, 3, 1}};
+  for (const Case& c : cases) {
+    for (int kb : {4, 5, 6, 7})
+      for (KeyScaleMode m : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerChannel})
+        Check(c, true, 3, m, Format{kb, false, false});
+    for (int bits : {2, 3, 4}) {
+      Check(c, true, bits, KeyScaleMode::kPerHead, Format{8, true, false});
+      Check(c, true, bits, KeyScaleMode::kPerTensor, Format{8, false, true});
+      Check(c, true, bits, KeyScaleMode::kPerChannel, Format{5, true, true});
+    }
   }
 #endif
 }

@@ -68,8 +68,8 @@ struct PrefixView {
   DType raw_dtype = DType::kF32;  ///< kRaw
   /// kK8V: key_bits (8, or 4..7 packed: unpacked per chunk into int8 scratch), value_bits
   /// (per layer: PrefixLayer::value_bits), key_scale, rotation_seed, norm_dtype (f16 norms
-  /// are widened per chunk). The CUDA kernels take 8-bit keys, f32 norms and one value bit
-  /// width only (kUnimplemented otherwise).
+  /// are widened per chunk). The CUDA kernels read all of these where they lie (packed keys
+  /// unpacked per element, f16 norms widened per token, each layer's own value bits).
   CodecConfig config;
   std::vector<PrefixLayer> layers;
   /// Bytes read per layer when every prefix token is attended to (K, scales, V, norms),

@@ -1,0 +1,124 @@
+// Device-neutral entry points of what an agent computes per decode/prompt step: matrix
+// products over weight blocks, embedding rows, RMSNorm, RoPE, SiLU-gate, residual add,
+// greedy argmax and top-p sampling. Each call runs on the Device it is given:
+//  - Device::kCpu: the CPU kernels (matmul.h, ops.h, sampling.h) on host pointers;
+//  - Device::kCuda: the CUDA kernels (kernels/cuda/*.cu) on device pointers, enqueued on
+//    `stream` (a cudaStream_t; nullptr = the default stream) without synchronizing, on the
+//    calling thread's current device (cudaSetDevice). A build without CUDA returns
+//    kUnimplemented, a CUDA build on a host without a usable device kFailedPrecondition:
+//    never a silent fallback to the CPU.
+// Arguments are checked on the host first (kInvalidArgument naming the field, kUnimplemented
+// for a weight type without device kernels), so the same bad call fails the same way with or
+// without a device. CUDA errors are kInternal (kResourceExhausted for out of device memory)
+// naming the kernel; errors of a kernel that fail later surface at the next synchronizing
+// call, as with any CUDA work.
+//
+// Shared math: the CUDA kernels and the CPU run the same per-element functions
+// (block_math.h, ops_math.h). Agreement with the CPU (tests/kernels/device_ops_cuda_test.cc):
+//  - DeviceDequantizeRows, DeviceEmbedRows, DeviceRopeRows, DeviceAdd, DeviceArgmaxRows:
+//    bit-identical;
+//  - DeviceMatMul on CUDA, n <= 16 rows (warp kernels): bit-identical to the CPU emulation
+//    of the warp's order (block_math.h MatVecRowWarpOrder); against the exact f64 product
+//    |err| <= gamma(cols) sum_i |w_i x_i| (gamma(k) = k u / (1 - k u), u = 2^-24). The CPU
+//    kernels (matmul.h) quantize activations to 8-bit + residual codes for block weights, so
+//    CPU and CUDA logits differ by that (matmul.h: max |dlogit| 0.006 on SmolLM2 Q4_1);
+//  - DeviceMatMul on CUDA, n > 16 rows, F32 weights: cublasSgemm (f32 inputs and
+//    accumulation, no TF32); F16 / BF16 weights: the activations rounded to the weight's
+//    16-bit type, cublasGemmEx with f32 accumulation (|err| <= 2^-8 (bf16) or 2^-11 (f16)
+//    relative per product term, plus the f32 sum's rounding); quantized weights: the warp
+//    kernels in launches of 16 rows;
+//  - DeviceRmsNormRows: the f64 sum of squares in another order: equal to 1 f32 ulp;
+//  - DeviceSiluMul: expf differs by <= 2 ulp on the device: relative 1e-6;
+//  - DeviceSampleTopP: the f64 softmax sum in another order (~1e-16 relative): the same id
+//    unless u * cum falls within that of a boundary.
+#pragma once
+
+#include <cstdint>
+
+#include "polykv/kernels/codec.h"
+#include "polykv/kernels/matmul.h"
+#include "polykv/status.h"
+
+namespace polykv::kernels {
+
+/// CUDA devices this process can use: 0 in a build without CUDA or when the driver reports
+/// none (or fails). Computed once per process.
+int CudaDeviceCount();
+
+/// OK when calls on `device` can run here. kCuda: kUnimplemented in a build without CUDA,
+/// kFailedPrecondition naming the reason when no device is usable.
+[[nodiscard]] Status CheckDeviceAvailable(Device device);
+
+/// Whether `type` has CUDA kernels: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (the
+/// K-quants Q4_K, Q5_K, Q6_K run on the CPU only).
+bool DeviceWeightTypeSupported(WeightType type);
+
+/// Most activation rows one CUDA warp-kernel launch multiplies (block_math.h).
+inline constexpr int64_t kDeviceMatVecMaxRows = 16;
+
+/// Options of DeviceMatMul.
+struct DeviceMatMulOptions {
+  /// CUDA, F32/F16/BF16 weights: -1 (auto) uses cuBLAS for n > kDeviceMatVecMaxRows and the
+  /// warp kernels below; 0 never uses cuBLAS (launches of 16 rows); 1 uses cuBLAS for every n.
+  int blas = -1;
+  /// Device::kCpu: the CPU kernels' options.
+  MatMulOptions cpu;
+};
+
+/// y[r * y_stride + o] = sum_i x[r * x_stride + i] * W[o][i] for r < n, o < w.rows (matmul.h
+/// MatMul): x f32 [n][>= cols], y f32 [n][>= rows]; on kCuda w.data, x and y are device
+/// memory. Errors: kInvalidArgument for n < 0, strides below cols / rows or null pointers;
+/// kUnimplemented for a weight type without kernels on `device`; device errors as above.
+[[nodiscard]] Status DeviceMatMul(const WeightView& w, const float* x, int64_t n, int64_t x_stride,
+                                  float* y, int64_t y_stride, Device device,
+                                  Stream stream = nullptr, const DeviceMatMulOptions& options = {});
+
+/// Dequantizes rows [begin, end) of `w` to f32 out[(r - begin) * cols + i] (DequantizeRows).
+[[nodiscard]] Status DeviceDequantizeRows(const WeightView& w, int64_t begin, int64_t end,
+                                          float* out, Device device, Stream stream = nullptr);
+
+/// Embedding lookup: out[r * out_stride + i] = table[ids[r]][i] (f32) for r < n; `ids`
+/// lives on `device` (kCuda: device memory, each id in [0, table.rows), which the caller
+/// checks: a row for an id outside is written as NaN; kCpu: host memory, checked:
+/// kOutOfRange naming the id).
+[[nodiscard]] Status DeviceEmbedRows(const WeightView& table, const int32_t* ids, int64_t n,
+                                     float* out, int64_t out_stride, Device device,
+                                     Stream stream = nullptr);
+
+/// RMSNorm of rows x [rows][dim] with weight w [dim] into out (ops.h RmsNormRows; `out`
+/// may alias `x`).
+[[nodiscard]] Status DeviceRmsNormRows(const float* x, const float* w, int64_t rows, int64_t dim,
+                                       float eps, float* out, Device device,
+                                       Stream stream = nullptr);
+
+/// out[i] = silu(gate[i]) * up[i] for i < count (ops.h SiluMul; may alias).
+[[nodiscard]] Status DeviceSiluMul(const float* gate, const float* up, int64_t count, float* out,
+                                   Device device, Stream stream = nullptr);
+
+/// out[i] = a[i] + b[i] for i < count (the residual add; may alias).
+[[nodiscard]] Status DeviceAdd(const float* a, const float* b, int64_t count, float* out,
+                               Device device, Stream stream = nullptr);
+
+/// RoPE in the HF rotate_half layout (ops.h RopeHeads) on n rows of x, row r at
+/// x + r * row_stride holding `heads` vectors of head_dim, with row r's tables at
+/// cos + r * head_dim and sin + r * head_dim (f32 [n][head_dim], computed on the host by the
+/// runtime: the d/2 angles twice, Llama-3 / YaRN scaling included). In place.
+/// Errors: kInvalidArgument for odd head_dim, row_stride < heads * head_dim, n > 65535.
+[[nodiscard]] Status DeviceRopeRows(float* x, int64_t n, int64_t row_stride, int32_t heads,
+                                    int32_t head_dim, const float* cos, const float* sin,
+                                    Device device, Stream stream = nullptr);
+
+/// ids[r] = ArgmaxLogits(logits + r * stride, vocab) for r < rows (greedy decoding: lowest
+/// id on ties, NaN largest). ids lives on `device`.
+[[nodiscard]] Status DeviceArgmaxRows(const float* logits, int64_t rows, int64_t vocab,
+                                      int64_t stride, int32_t* ids, Device device,
+                                      Stream stream = nullptr);
+
+/// *id = SampleTopP(logits, vocab, temperature, top_p, u) (sampling.h; the caller draws u
+/// in [0, 1) from its own generator, so a seed gives the same tokens on every device). `id`
+/// lives on `device`. Errors as SampleTopP.
+[[nodiscard]] Status DeviceSampleTopP(const float* logits, int64_t vocab, float temperature,
+                                      float top_p, double u, int32_t* id, Device device,
+                                      Stream stream = nullptr);
+
+}  // namespace polykv::kernels

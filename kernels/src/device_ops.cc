@@ -1,0 +1,411 @@
+// Device-neutral entry points of the agent-step kernels (device_ops.h): host-side checks,
+// then the CPU kernels or the CUDA launchers (device_cuda.h) and cuBLAS.
+#include "polykv/kernels/device_ops.h"
+
+#include <algorithm>
+#include <initializer_list>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "polykv/kernels/block_math.h"
+#include "polykv/kernels/ops.h"
+#include "polykv/kernels/sampling.h"
+#if defined(POLYKV_HAVE_CUDA)
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <map>
+
+#include "device_cuda.h"
+#include "polykv/cuda_status.h"
+#endif
+
+namespace polykv::kernels {
+
+static_assert(blocks::kF32 == static_cast<uint32_t>(WeightType::kF32) &&
+                  blocks::kF16 == static_cast<uint32_t>(WeightType::kF16) &&
+                  blocks::kBF16 == static_cast<uint32_t>(WeightType::kBF16) &&
+                  blocks::kQ4_0 == static_cast<uint32_t>(WeightType::kQ4_0) &&
+                  blocks::kQ4_1 == static_cast<uint32_t>(WeightType::kQ4_1) &&
+                  blocks::kQ5_0 == static_cast<uint32_t>(WeightType::kQ5_0) &&
+                  blocks::kQ5_1 == static_cast<uint32_t>(WeightType::kQ5_1) &&
+                  blocks::kQ8_0 == static_cast<uint32_t>(WeightType::kQ8_0),
+              "block_math.h type numbers are WeightType's");
+
+namespace {
+
+#if defined(POLYKV_HAVE_CUDA)
+struct DeviceProbe {
+  int count = 0;
+  std::string why;  ///< empty when count > 0
+};
+
+const DeviceProbe& Probe() {
+  static const DeviceProbe probe = [] {
+    DeviceProbe p;
+    const cudaError_t e = cudaGetDeviceCount(&p.count);
+    if (e != cudaSuccess) {
+      p.count = 0;
+      p.why = absl::StrCat("cudaGetDeviceCount failed: ", cudaGetErrorName(e), ": ",
+                           cudaGetErrorString(e));
+      cudaGetLastError();  // clear the error so that later calls do not report it
+    } else if (p.count == 0) {
+      p.why = "cudaGetDeviceCount reports 0 devices";
+    }
+    return p;
+  }();
+  return probe;
+}
+
+cudaStream_t CudaStream(Stream s) { return static_cast<cudaStream_t>(s); }
+
+Status CublasStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const std::string msg =
+      absl::StrCat(what, ": cuBLAS error ", cublasGetStatusName(s), ": ", cublasGetStatusString(s));
+  if (s == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+// One cuBLAS handle per (thread, device), created on first use and destroyed with the thread.
+class BlasHandles {
+ public:
+  ~BlasHandles() {
+    for (auto& [dev, h] : handles_) cublasDestroy(h);
+  }
+  StatusOr<cublasHandle_t> Get(cudaStream_t stream) {
+    int dev = 0;
+    POLYKV_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&dev), "cudaGetDevice"));
+    auto it = handles_.find(dev);
+    if (it == handles_.end()) {
+      cublasHandle_t h = nullptr;
+      POLYKV_RETURN_IF_ERROR(CublasStatus(cublasCreate(&h), "cublasCreate"));
+      it = handles_.emplace(dev, h).first;
+    }
+    POLYKV_RETURN_IF_ERROR(CublasStatus(cublasSetStream(it->second, stream), "cublasSetStream"));
+    return it->second;
+  }
+
+ private:
+  std::map<int, cublasHandle_t> handles_;
+};
+
+StatusOr<cublasHandle_t> ThreadBlas(cudaStream_t stream) {
+  thread_local BlasHandles handles;
+  return handles.Get(stream);
+}
+
+// y = x W^T with cuBLAS (column-major view: Y^T [rows x n] = W [cols x rows]^T X^T [cols x n]).
+Status BlasMatMul(const WeightView& w, const float* x, int64_t n, int64_t x_stride, float* y,
+                  int64_t y_stride, cudaStream_t stream) {
+  if (w.rows > INT32_MAX || w.cols > INT32_MAX || n > INT32_MAX || x_stride > INT32_MAX ||
+      y_stride > INT32_MAX)
+    return absl::InvalidArgumentError(
+        absl::StrCat("DeviceMatMul: cuBLAS sizes must fit int32 (rows ", w.rows, ", cols ", w.cols,
+                     ", n ", n, ")"));
+  POLYKV_ASSIGN_OR_RETURN(cublasHandle_t h, ThreadBlas(stream));
+  const int m = static_cast<int>(w.rows), k = static_cast<int>(w.cols), nn = static_cast<int>(n);
+  const float alpha = 1.0f, beta = 0.0f;
+  if (w.type == WeightType::kF32) {
+    POLYKV_RETURN_IF_ERROR(
+        CublasStatus(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+    return CublasStatus(
+        cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha,
+                    static_cast<const float*>(w.data), k, x, static_cast<int>(x_stride), &beta, y,
+                    static_cast<int>(y_stride)),
+        "cublasSgemm");
+  }
+  // F16 / BF16: the activations rounded to the weight's type, f32 accumulation and output.
+  const bool f16 = w.type == WeightType::kF16;
+  void* xh = nullptr;
+  POLYKV_RETURN_IF_ERROR(
+      CudaStatus(cudaMallocAsync(&xh, sizeof(uint16_t) * static_cast<size_t>(n * w.cols), stream),
+                 "cudaMallocAsync (16-bit activations)"));
+  Status st = CudaStatus(cuda::InvokeConvertRows(x, n, w.cols, x_stride, f16 ? 1 : 2, xh, stream),
+                         "f32 -> 16-bit rows kernel");
+  if (st.ok()) {
+    const cudaDataType_t t = f16 ? CUDA_R_16F : CUDA_R_16BF;
+    st = CublasStatus(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, t, k, xh,
+                                   t, k, &beta, y, CUDA_R_32F, static_cast<int>(y_stride),
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                      "cublasGemmEx");
+  }
+  const Status fs = CudaStatus(cudaFreeAsync(xh, stream), "cudaFreeAsync");
+  return st.ok() ? fs : st;
+}
+#endif  // POLYKV_HAVE_CUDA
+
+Status CheckWeight(const WeightView& w, const char* what) {
+  if (w.rows < 1 || w.cols < 1 || w.data == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(what, ": weight view of ", w.rows, " x ", w.cols,
+                                                   (w.data == nullptr ? " (null)" : "")));
+  auto fmt = WeightBlockFormat(w.type);
+  if (!fmt.ok()) return fmt.status();
+  if (w.cols % fmt->values != 0 || w.row_bytes != w.cols / fmt->values * fmt->bytes)
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", WeightTypeName(w.type), " view with cols ", w.cols,
+                     " and row_bytes ", w.row_bytes, " is not a whole number of blocks"));
+  return absl::OkStatus();
+}
+
+Status CheckCudaType(const WeightView& w, const char* what) {
+  if (!DeviceWeightTypeSupported(w.type))
+    return absl::UnimplementedError(absl::StrCat(what, ": weight type ", WeightTypeName(w.type),
+                                                 " has no CUDA kernels (F32, F16, BF16, Q4_0, "
+                                                 "Q4_1, Q5_0, Q5_1, Q8_0 have)"));
+  return absl::OkStatus();
+}
+
+Status CheckPtrs(const char* what, std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (p == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null pointer"));
+  return absl::OkStatus();
+}
+
+Status CheckCount(const char* what, const char* name, int64_t v, int64_t min) {
+  if (v < min)
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", name, " must be >= ", min, ", got ", v));
+  return absl::OkStatus();
+}
+
+// The kCuda branch: `statement` in CUDA builds (after CheckDeviceAvailable has passed);
+// elsewhere CheckDeviceAvailable has already refused kCuda.
+#if defined(POLYKV_HAVE_CUDA)
+#define POLYKV_DEVICE_CUDA(...) __VA_ARGS__
+#else
+#define POLYKV_DEVICE_CUDA(...) \
+  (void)stream;                 \
+  return absl::InternalError("CUDA branch reached in a build without CUDA")
+#endif
+
+}  // namespace
+
+int CudaDeviceCount() {
+#if defined(POLYKV_HAVE_CUDA)
+  return Probe().count;
+#else
+  return 0;
+#endif
+}
+
+Status CheckDeviceAvailable(Device device) {
+  if (device == Device::kCpu) return absl::OkStatus();
+  if (device != Device::kCuda)
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown device ", static_cast<int>(device), " (kCpu 0, kCuda 1)"));
+#if defined(POLYKV_HAVE_CUDA)
+  if (Probe().count > 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("Device::kCuda requested but no CUDA device is usable: ", Probe().why));
+#else
+  return absl::UnimplementedError(
+      "Device::kCuda requested but PolyKV was built without CUDA (POLYKV_ENABLE_CUDA=OFF or no "
+      "nvcc)");
+#endif
+}
+
+bool DeviceWeightTypeSupported(WeightType type) {
+  return blocks::DeviceTypeSupported(static_cast<uint32_t>(type));
+}
+
+Status DeviceMatMul(const WeightView& w, const float* x, int64_t n, int64_t x_stride, float* y,
+                    int64_t y_stride, Device device, Stream stream,
+                    const DeviceMatMulOptions& options) {
+  constexpr const char* kWhat = "DeviceMatMul";
+  POLYKV_RETURN_IF_ERROR(CheckWeight(w, kWhat));
+  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "n", n, 0));
+  if (x_stride < w.cols || y_stride < w.rows)
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": x_stride ", x_stride, " < cols ",
+                                                   w.cols, " or y_stride ", y_stride, " < rows ",
+                                                   w.rows));
+  if (n == 0) return absl::OkStatus();
+  POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {x, y}));
+  if (device == Device::kCuda) POLYKV_RETURN_IF_ERROR(CheckCudaType(w, kWhat));
+  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  if (device == Device::kCpu) return MatMul(w, x, n, x_stride, y, y_stride, options.cpu);
+  POLYKV_DEVICE_CUDA({
+    const bool float_type =
+        w.type == WeightType::kF32 || w.type == WeightType::kF16 || w.type == WeightType::kBF16;
+    const bool blas =
+        float_type && (options.blas == 1 || (options.blas < 0 && n > kDeviceMatVecMaxRows));
+    if (blas) return BlasMatMul(w, x, n, x_stride, y, y_stride, CudaStream(stream));
+    for (int64_t r = 0; r < n; r += kDeviceMatVecMaxRows) {
+      const int64_t m = std::min<int64_t>(kDeviceMatVecMaxRows, n - r);
+      POLYKV_RETURN_IF_ERROR(
+          CudaStatus(cuda::InvokeMatVec(static_cast<uint32_t>(w.type), w.data, w.rows, w.cols,
+                                        w.row_bytes, x + r * x_stride, m, x_stride,
+                                        y + r * y_stride, y_stride, CudaStream(stream)),
+                     "matrix-vector kernel"));
+    }
+    return absl::OkStatus();
+  });
+}
+
+Status DeviceDequantizeRows(const WeightView& w, int64_t begin, int64_t end, float* out,
+                            Device device, Stream stream) {
+  constexpr const char* kWhat = "DeviceDequantizeRows";
+  POLYKV_RETURN_IF_ERROR(CheckWeight(w, kWhat));
+  if (begin < 0 || end > w.rows || begin > end)
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": rows [", begin, ", ", end, ") outside [0, ", w.rows, ")"));
+  if (begin == end) return absl::OkStatus();
+  POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {out}));
+  if (device == Device::kCuda) POLYKV_RETURN_IF_ERROR(CheckCudaType(w, kWhat));
+  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  if (device == Device::kCpu) return DequantizeRows(w, begin, end, out);
+  POLYKV_DEVICE_CUDA(return CudaStatus(
+      cuda::InvokeDequantizeRows(static_cast<uint32_t>(w.type), w.data, begin, end, w.cols,
+                                 w.row_bytes, out, CudaStream(stream)),
+      "dequantize kernel"));
+}
+
+Status DeviceEmbedRows(const WeightView& table, const int32_t* ids, int64_t n, float* out,
+                       int64_t out_stride, Device device, Stream stream) {
+  constexpr const char* kWhat = "DeviceEmbedRows";
+  POLYKV_RETURN_IF_ERROR(CheckWeight(table, kWhat));
+  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "n", n, 0));
+  if (out_stride < table.cols)
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": out_stride ", out_stride, " < cols ", table.cols));
+  if (n == 0) return absl::OkStatus();
+  POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {ids, out}));
+  if (device == Device::kCuda) POLYKV_RETURN_IF_ERROR(CheckCudaType(table, kWhat));
+  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  if (device == Device::kCpu) {
+    for (int64_t r = 0; r < n; ++r) {
+      if (ids[r] < 0 || ids[r] >= table.rows)
+        return absl::OutOfRangeError(absl::StrCat(kWhat, ": id ", ids[r], " at index ", r,
+                                                  " is outside [0, ", table.rows, ")"));
+      POLYKV_RETURN_IF_ERROR(DequantizeRows(table, ids[r], ids[r] + 1, out + r * out_stride));
+    }
+    return absl::OkStatus();
+  }
+  POLYKV_DEVICE_CUDA(return CudaStatus(
+      cuda::InvokeEmbedRows(static_cast<uint32_t>(table.type), table.data, table.rows, table.cols,
+                            table.row_bytes, ids, n, out, out_stride, CudaStream(stream)),
+      "embedding kernel"));
+}
+
+Status DeviceRmsNormRows(const float* x, const float* w, int64_t rows, int64_t dim, float eps,
+                         float* out, Device device, Stream stream) {
+  constexpr const char* kWhat = "DeviceRmsNormRows";
+  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "rows", rows, 0));
+  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "dim", dim, 1));
+  if (!(eps >= 0.0f))
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": eps must be >= 0, got ", eps));
+  if (rows > INT32_MAX)
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": rows ", rows, " > 2^31-1"));
+  if (rows == 0) return absl::OkStatus();
+  POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {x, w, out}));
+  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  if (device == Device::kCpu) {
+    RmsNormRows(x, w, rows, dim, eps, out);
+    return absl::OkStatus();
+  }
+  POLYKV_DEVICE_CUDA(return CudaStatus(
+      cuda::InvokeRmsNormRows(x, w, rows, dim, eps, out, CudaStream(stream)), "RMSNorm kernel"));
+}
+
+Status DeviceSiluMul(const float* gate, const float* up, int64_t count, float* out, Device device,
+                     Stream stream) {
+  constexpr const char* kWhat = "DeviceSiluMul";
+  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "count", count, 0));
+  if (count == 0) return absl::OkStatus();
+  POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {gate, up, out}));
+  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  if (device == Device::kCpu) {
+    SiluMul(gate, up, count, out);
+    return absl::OkStatus();
+  }
+  POLYKV_DEVICE_CUDA(return CudaStatus(
+      cuda::InvokeSiluMul(gate, up, count, out, CudaStream(stream)), "SiLU-gate kernel"));
+}
+
+Status DeviceAdd(const float* a, const float* b, int64_t count, float* out, Device device,
+                 Stream stream) {
+  constexpr const char* kWhat = "DeviceAdd";
+  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "count", count, 0));
+  if (count == 0) return absl::OkStatus();
+  POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {a, b, out}));
+  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  if (device == Device::kCpu) {
+    for (int64_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+    return absl::OkStatus();
+  }
+  POLYKV_DEVICE_CUDA(
+      return CudaStatus(cuda::InvokeAdd(a, b, count, out, CudaStream(stream)), "add kernel"));
+}
+
+Status DeviceRopeRows(float* x, int64_t n, int64_t row_stride, int32_t heads, int32_t head_dim,
+                      const float* cos, const float* sin, Device device, Stream stream) {
+  constexpr const char* kWhat = "DeviceRopeRows";
+  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "n", n, 0));
+  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "heads", heads, 1));
+  if (head_dim < 2 || head_dim % 2 != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": head_dim must be even and >= 2, got ", head_dim));
+  if (row_stride < int64_t{heads} * head_dim)
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWhat, ": row_stride ", row_stride, " < heads * head_dim ", int64_t{heads} * head_dim));
+  if (n > 65535)
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": n ", n, " > 65535 rows per call"));
+  if (n == 0) return absl::OkStatus();
+  POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {x, cos, sin}));
+  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  if (device == Device::kCpu) {
+    for (int64_t r = 0; r < n; ++r)
+      RopeHeads(x + r * row_stride, heads, head_dim, cos + r * head_dim, sin + r * head_dim);
+    return absl::OkStatus();
+  }
+  POLYKV_DEVICE_CUDA(return CudaStatus(
+      cuda::InvokeRopeRows(x, n, row_stride, heads, head_dim, cos, sin, CudaStream(stream)),
+      "RoPE kernel"));
+}
+
+Status DeviceArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
+                        int32_t* ids, Device device, Stream stream) {
+  constexpr const char* kWhat = "DeviceArgmaxRows";
+  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "rows", rows, 0));
+  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "vocab", vocab, 1));
+  if (vocab > INT32_MAX || rows > INT32_MAX || stride < vocab)
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": vocab ", vocab, ", rows ", rows,
+                                                   ", stride ", stride,
+                                                   " (vocab, rows < 2^31, stride >= vocab)"));
+  if (rows == 0) return absl::OkStatus();
+  POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {logits, ids}));
+  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  if (device == Device::kCpu) {
+    for (int64_t r = 0; r < rows; ++r) ids[r] = ArgmaxLogits(logits + r * stride, vocab);
+    return absl::OkStatus();
+  }
+  POLYKV_DEVICE_CUDA(return CudaStatus(
+      cuda::InvokeArgmaxRows(logits, rows, vocab, stride, ids, CudaStream(stream)),
+      "argmax kernel"));
+}
+
+Status DeviceSampleTopP(const float* logits, int64_t vocab, float temperature, float top_p,
+                        double u, int32_t* id, Device device, Stream stream) {
+  constexpr const char* kWhat = "DeviceSampleTopP";
+  if (vocab < 1 || vocab > INT32_MAX)
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": vocab ", vocab, " (1..2^31-1)"));
+  if (!(temperature > 0.0f))
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": temperature must be > 0, got ", temperature));
+  if (!(top_p > 0.0f && top_p <= 1.0f))
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": top_p must be in (0, 1], got ", top_p));
+  if (!(u >= 0.0 && u < 1.0))
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": u must be in [0, 1), got ", u));
+  POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {logits, id}));
+  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  if (device == Device::kCpu) {
+    POLYKV_ASSIGN_OR_RETURN(*id, SampleTopP(logits, vocab, temperature, top_p, u));
+    return absl::OkStatus();
+  }
+  POLYKV_DEVICE_CUDA(return CudaStatus(
+      cuda::InvokeSampleTopP(logits, vocab, temperature, top_p, u, id, CudaStream(stream)),
+      "top-p sampling kernels"));
+}
+
+}  // namespace polykv::kernels
