@@ -4,7 +4,7 @@
 // bytes read per decoded token and the effective bandwidth next to single-thread memcpy
 // measured in the same run; memory after load (RSS, PSS, private) of each runtime.
 // Usage: bench_model [--model PATH] (default: env POLYKV_SMOLLM2_GGUF) [--decode-tokens N]
-//                    [--text FILE] [--threads N] [--skip-copy]
+//                    [--text FILE] [--threads N] [--skip-copy] [--decode-only]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -74,10 +74,12 @@ struct Figures {
   double prefill512 = 0, prefill2048 = 0, decode = 0;
 };
 
-Figures Run(LlamaModel& m, const std::vector<int32_t>& doc, int threads, int decode_tokens) {
+Figures Run(LlamaModel& m, const std::vector<int32_t>& doc, int threads, int decode_tokens,
+            bool decode_only) {
   polykv::model::SetComputeThreads(threads);
   Figures f;
   for (int64_t n : {512, 2048}) {
+    if (decode_only) break;
     const double s = Now();
     auto r = m.Prefill(absl::MakeConstSpan(doc.data(), n), 512);
     const double dt = Now() - s;
@@ -115,11 +117,14 @@ int main(int argc, char** argv) {
   bool skip_copy = false;
   bool crossover = false;
   bool prompt_rows = false;
+  bool decode_only = false;
   std::string text_path = "data/wikitext-2/wiki.test.raw";
   app.add_option("--model", model_path, "Model (.gguf or HF folder); default $POLYKV_SMOLLM2_GGUF");
   app.add_option("--decode-tokens", decode_tokens, "Tokens to decode after a 512-token prompt");
   app.add_option("--threads", max_threads, "Second thread count measured (the first is 1)");
   app.add_flag("--skip-copy", skip_copy, "Measure only the mapped runtime");
+  app.add_flag("--decode-only", decode_only,
+               "Measure only decode after a 512-token prompt (prefill figures print as 0)");
   app.add_flag("--crossover", crossover,
                "Only time forwards of 4..128 rows on the quantized kernels vs dequantized "
                "tiles + GEMM, then exit");
@@ -220,8 +225,8 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  const Figures m1 = Run(mm, doc, 1, decode_tokens);
-  const Figures m2 = Run(mm, doc, max_threads, decode_tokens);
+  const Figures m1 = Run(mm, doc, 1, decode_tokens, decode_only);
+  const Figures m2 = Run(mm, doc, max_threads, decode_tokens, decode_only);
   const Memory after_mapped_run = ReadMemory();
 
   Figures c1, c2;
@@ -251,8 +256,8 @@ int main(int argc, char** argv) {
     after_copy.priv -= before_copy.priv - base.priv;
     after_copy.anon -= before_copy.anon - base.anon;
     copy_bytes = static_cast<double>((*copy)->WeightBytesPerToken());
-    c1 = Run(**copy, doc, 1, decode_tokens);
-    c2 = Run(**copy, doc, max_threads, decode_tokens);
+    c1 = Run(**copy, doc, 1, decode_tokens, decode_only);
+    c2 = Run(**copy, doc, max_threads, decode_tokens, decode_only);
   }
 
   std::printf("model: %s\n  %d layers, hidden %d, heads %d/%d kv, ffn %d, vocab %d\n",
