@@ -85,6 +85,11 @@ StatusOr<polykv_pool_info> FindPool(const AgentsArgs& a) {
   if (s != POLYKV_OK) {
     return Status(static_cast<absl::StatusCode>(s), "pool " + a.pool + ": " + detail);
   }
+  if (std::string(info.state) == "quarantined") {
+    return absl::FailedPreconditionError(
+        "pool " + a.pool +
+        " is quarantined (a corrupt pool file, never served): " + std::string(info.state_detail));
+  }
   return info;
 }
 

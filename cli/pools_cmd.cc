@@ -247,6 +247,9 @@ void RunPing(const CommonArgs& args) {
   }
 }
 
+/// A pool's state as the daemon reported it; "memory" from daemons older than the field.
+std::string StateOf(const pc::PoolInfo& p) { return p.state.empty() ? "memory" : p.state; }
+
 void RunList(const CommonArgs& args) {
   auto client = Connect(args);
   if (!client.ok()) return FailWith(FromClient(client.status()));
@@ -288,8 +291,9 @@ void RunList(const CommonArgs& args) {
   size_t codec_width = 5;
   for (const auto& [p, depth] : rows) codec_width = std::max(codec_width, p->codec.size());
   const int cw = static_cast<int>(codec_width);
-  std::printf("%-*s  %-*s  %-4s  %8s  %6s  %11s  %6s  %6s  %s\n", width, "ID", cw, "CODEC", "MEM",
-              "TOKENS", "LAYERS", "SIZE", "RATIO", "LEASES", "ORIGIN");
+  std::printf("%-*s  %-*s  %-11s  %-4s  %8s  %6s  %11s  %6s  %6s  %s\n", width, "ID", cw, "CODEC",
+              "STATE", "MEM", "TOKENS", "LAYERS", "SIZE", "RATIO", "LEASES", "ORIGIN");
+  std::map<std::string, int> by_state;
   for (const auto& [p, depth] : rows) {
     std::string name;
     for (int d = 1; d < depth; ++d) name += "   ";
@@ -297,11 +301,23 @@ void RunList(const CommonArgs& args) {
     name += p->id;
     // "└─ " is 3 columns but 7 bytes: pad by columns, not bytes.
     const int pad = width - (64 + 3 * depth);
-    std::printf("%s%*s  %-*s  %-4s  %8llu  %6u  %11s  %5.2fx  %6u  %s\n", name.c_str(), pad, "", cw,
-                p->codec.c_str(), p->backend.c_str(), static_cast<unsigned long long>(p->tokens),
-                p->layers, HumanBytes(p->total_bytes).c_str(), p->effective_ratio, p->leases,
+    const std::string state = StateOf(*p);
+    ++by_state[state];
+    std::printf("%s%*s  %-*s  %-11s  %-4s  %8llu  %6u  %11s  %5.2fx  %6u  %s\n", name.c_str(), pad,
+                "", cw, p->codec.empty() ? "-" : p->codec.c_str(), state.c_str(),
+                p->backend.empty() ? "-" : p->backend.c_str(),
+                static_cast<unsigned long long>(p->tokens), p->layers,
+                HumanBytes(p->total_bytes).c_str(), p->effective_ratio, p->leases,
                 p->origin.empty() ? "-" : p->origin.c_str());
   }
+  for (const auto& [p, depth] : rows) {
+    if (StateOf(*p) == "quarantined") {
+      std::printf("quarantined %.16s: %s\n", p->id.c_str(), p->state_detail.c_str());
+    }
+  }
+  std::printf(
+      "%d in memory, %d on disk only (restored on first attach or create), %d quarantined\n",
+      by_state["memory"], by_state["disk"], by_state["quarantined"]);
   std::printf("pool memory %s used of %s; %s\n", HumanBytes(daemon->memory_used).c_str(),
               daemon->memory_cap ? HumanBytes(daemon->memory_cap).c_str() : "no cap",
               CacheLine(*daemon).c_str());
@@ -310,7 +326,7 @@ void RunList(const CommonArgs& args) {
 // Hand-written rather than from the field list: rows are grouped, labelled and formatted for
 // reading (sizes with units and shares of the total, times as dates, the fidelity on one line,
 // the parent's positions as a range), not one field per row.
-void PrintInfoHuman(const pc::PoolInfo& p) {
+void PrintInfoHuman(const pc::PoolInfo& p, const std::vector<std::string>& chain) {
   auto row = [](const char* name, const std::string& value) {
     std::printf("  %-18s %s\n", name, value.c_str());
   };
@@ -323,6 +339,12 @@ void PrintInfoHuman(const pc::PoolInfo& p) {
     row(name, buf);
   };
   std::printf("pool %s\n", p.id.c_str());
+  const std::string state = StateOf(p);
+  row("state", state == "memory"        ? std::string("memory (published)")
+               : state == "disk"        ? "disk only (restored on the first attach or create)"
+               : state == "quarantined" ? std::string("quarantined (never served)")
+                                        : state);
+  if (!p.state_detail.empty()) row(state == "quarantined" ? "why" : "file", p.state_detail);
   row("model", p.model);
   row("fingerprint", p.model_fingerprint);
   row("architecture", p.architecture.empty() ? "-" : p.architecture);
@@ -333,6 +355,11 @@ void PrintInfoHuman(const pc::PoolInfo& p) {
   row("tokens", std::to_string(p.tokens));
   if (!p.parent.empty()) {
     row("parent", p.parent);
+    if (!chain.empty()) {
+      std::string text;
+      for (const std::string& c : chain) text += c.substr(0, 16) + " -> ";
+      row("parent chain", text + p.id.substr(0, 16) + " (root first)");
+    }
     row("positions", std::to_string(p.parent_tokens) + " .. " +
                          std::to_string(p.parent_tokens + p.tokens - 1) +
                          " (after the parent chain's " + std::to_string(p.parent_tokens) + ")");
@@ -373,10 +400,26 @@ void RunShow(const CommonArgs& args, const std::string& id) {
   if (!client.ok()) return FailWith(FromClient(client.status()));
   auto info = client->GetPoolInfo(id);  // the daemon resolves a unique prefix
   if (!info.ok()) return FailWith(FromClient(info.status()));
+  // The parent chain, root first, from the daemon's list (pools in memory and on disk).
+  std::vector<std::string> chain;
+  if (!info->parent.empty()) {
+    auto pools = client->ListPools();
+    if (!pools.ok()) return FailWith(FromClient(pools.status()));
+    std::map<std::string, std::string> parent_of;
+    for (const auto& p : *pools) parent_of[p.id] = p.parent;
+    std::set<std::string> seen;
+    for (std::string at = info->parent; !at.empty() && seen.insert(at).second;) {
+      chain.insert(chain.begin(), at);
+      auto it = parent_of.find(at);
+      at = it == parent_of.end() ? std::string() : it->second;
+    }
+  }
   if (args.json) {
-    std::cout << InfoJson(*info).dump(2) << "\n";
+    json j = InfoJson(*info);
+    j["parent_chain"] = chain;
+    std::cout << j.dump(2) << "\n";
   } else {
-    PrintInfoHuman(*info);
+    PrintInfoHuman(*info, chain);
   }
 }
 

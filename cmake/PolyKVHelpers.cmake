@@ -14,6 +14,14 @@ function(polykv_add_gtest name)
   # A GTEST_SKIP() is reported by ctest as skipped, never counted as a pass.
   set(props TIMEOUT ${ARG_TIMEOUT} SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
   if(ARG_LABELS)
+    # gtest_discover_tests flattens its PROPERTIES, so "a;b" would set label a and a bogus
+    # property b: one label per test (ctest -L is a regex, so "integration-bigmodel" is
+    # selected by -L integration and by -L bigmodel).
+    list(LENGTH ARG_LABELS label_count)
+    if(label_count GREATER 1)
+      message(FATAL_ERROR "polykv_add_gtest(${name}): one label only, got \"${ARG_LABELS}\" "
+        "(join them with '-', e.g. integration-bigmodel)")
+    endif()
     list(APPEND props LABELS "${ARG_LABELS}")
   endif()
   gtest_discover_tests(${name} TEST_PREFIX "${ARG_TEST_PREFIX}" DISCOVERY_TIMEOUT 120 PROPERTIES ${props})

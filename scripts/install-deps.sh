@@ -23,7 +23,7 @@ PACKAGES=(
   libcpp-httplib-dev        # polykvd --metrics-listen (GET /metrics)
   curl python3-prometheus-client  # tests: scrape /metrics, parse the text format
   clang libclang-rt-dev     # fault suite: libFuzzer targets (scripts/fuzz.sh); gcc builds the rest
-  clang-format              # scripts/check-format.sh (the sources' layout, checked by the tests)
+  clang-format-14           # scripts/check-format.sh runs clang-format-14 (the version the tree is formatted with)
   util-linux                # setpriv (uid tests), flock (scripts/fuzz.sh)
 )
 

@@ -417,6 +417,23 @@ bool NeedsOperator(ipc::MessageType t) {
   return ipc::SpecOf(t).role == ipc::MessageRole::kOperator;
 }
 
+/// What makes two CREATE_POOLs the same work: every field the create reads, and who asks
+/// (the requester decides which model paths may be opened). Length-prefixed, so no two
+/// different requests give one key.
+std::string CreateWorkKey(const ipc::Request& r, const Requester& who) {
+  std::string key;
+  auto add = [&key](absl::string_view part) { absl::StrAppend(&key, part.size(), ":", part, ";"); };
+  add(r.model);
+  add(r.document);
+  add(absl::StrJoin(r.token_ids, ","));
+  add(r.codec);
+  add(r.key_scale);
+  add(r.parent);
+  absl::StrAppend(&key, r.add_bos ? 1 : 0, r.norm_correction ? 1 : 0, ";", who.uid, ";",
+                  who.trusted_paths ? 1 : 0);
+  return key;
+}
+
 /// A queued or running CREATE_POOL.
 struct CreateJob {
   uint64_t key = 0;
@@ -516,7 +533,7 @@ void CreateWorker(std::shared_ptr<CreateShared> shared, std::shared_ptr<std::ato
       r.pool = result->info;
       r.created = result->created;
       if (result->created && !result->restored && !result->replicated) {
-        shared->metrics->AddPrefillTokens(result->info.tokens);
+        shared->metrics->AddPrefill(result->info.tokens);
       }
       return r;
     });
@@ -568,8 +585,22 @@ struct Daemon::Impl {
     int64_t done = 0, total = 1;
     Clock::time_point last_sent;
     std::shared_ptr<std::atomic<bool>> cancel;
+    /// Identical CREATE_POOLs that arrived while this one was queued or running (single
+    /// flight): they take no queue slot and get this create's answer (created = false).
+    struct Joined {
+      std::string identity;
+      bool delimiter = false;
+      uint64_t request_id = 0;
+      bool progress = false;
+      Clock::time_point last_sent;
+      Clock::time_point joined_at;  ///< for the request's duration in /metrics
+    };
+    std::vector<Joined> joined;
+    std::string work_key;  ///< CreateWorkKey (CREATE_POOL only; "" otherwise)
   };
   std::map<uint64_t, Tracked> tracked;
+  /// CreateWorkKey -> key of the tracked create doing that work.
+  std::map<std::string, uint64_t> creates_by_work;
   uint64_t next_key = 0;
 
   bool shut_down = false;
@@ -591,6 +622,8 @@ struct Daemon::Impl {
   ipc::Reply Dispatch(const ipc::Request& req, uint32_t peer_pid);
   void DaemonFigures(ipc::Reply* r);
   void StartCreate(std::string identity, bool delimiter, ipc::Request req, Requester who);
+  /// Forgets an answered create (and its single-flight entry).
+  void Untrack(std::map<uint64_t, Tracked>::iterator it);
   void Shutdown();
 
   // Daemon::Start's steps, in the order it runs them. A step that fails returns the error
@@ -680,17 +713,19 @@ ipc::Reply Daemon::Impl::Dispatch(const ipc::Request& req, uint32_t peer_pid) {
       if (peers) r.peers = peers->States();
       return r;
     case ipc::MessageType::kList:
-      r.pools = manager->List();
+      // Published pools and, with --state-dir, the pool files not restored yet and the
+      // quarantined ones, each with its state: what an operator sees right after a restart.
+      r.pools = manager->Catalog();
       DaemonFigures(&r);
       return r;
     case ipc::MessageType::kStats:
       if (!req.pool_id.empty()) {
-        auto info = manager->Info(req.pool_id);
+        auto info = manager->Describe(req.pool_id);
         if (!info.ok()) return fail(info.status());
         r.pool = *info;
         r.pools = {*info};
       } else {
-        r.pools = manager->List();
+        r.pools = manager->Catalog();
       }
       DaemonFigures(&r);
       return r;
@@ -745,6 +780,30 @@ void Daemon::Impl::StartCreate(std::string identity, bool delimiter, ipc::Reques
   t.type = req.type;
   t.progress = req.progress;
   t.cancel = job.cancel;
+  if (req.type == ipc::MessageType::kCreatePool) {
+    // Single flight, before admission control: the same work already queued or running is
+    // joined (no queue slot taken); only distinct work is counted against the queue.
+    t.work_key = CreateWorkKey(req, who);
+    if (auto same = creates_by_work.find(t.work_key); same != creates_by_work.end()) {
+      Tracked& leader = tracked.at(same->second);
+      Tracked::Joined j{t.identity, t.delimiter,  t.request_id,
+                        t.progress, Clock::now(), Clock::now()};
+      metrics->AddCoalescedCreate();
+      spdlog::info("create id={} joins the identical create id={} in flight ({} joined)",
+                   t.request_id, leader.request_id, leader.joined.size() + 1);
+      if (j.progress) {
+        ipc::Reply p;
+        p.type = ipc::MessageType::kProgress;
+        p.id = j.request_id;
+        p.stage = leader.stage;
+        p.done = leader.done;
+        p.total = leader.total;
+        Send(j.identity, j.delimiter, p);
+      }
+      leader.joined.push_back(std::move(j));
+      return;
+    }
+  }
   size_t queued = 0, running = 0;
   bool full = false;
   {
@@ -779,7 +838,16 @@ void Daemon::Impl::StartCreate(std::string identity, bool delimiter, ipc::Reques
     p.total = static_cast<int64_t>(queued);
     Send(t.identity, t.delimiter, p);
   }
+  if (!t.work_key.empty()) creates_by_work[t.work_key] = key;
   tracked.emplace(key, std::move(t));
+}
+
+void Daemon::Impl::Untrack(std::map<uint64_t, Tracked>::iterator it) {
+  if (!it->second.work_key.empty()) {
+    auto w = creates_by_work.find(it->second.work_key);
+    if (w != creates_by_work.end() && w->second == it->first) creates_by_work.erase(w);
+  }
+  tracked.erase(it);
 }
 
 void Daemon::Impl::ForwardEvents() {
@@ -795,15 +863,34 @@ void Daemon::Impl::ForwardEvents() {
     if (it == tracked.end()) continue;  // already answered (cancelled at shutdown)
     Tracked& t = it->second;
     if (e.final) {
+      // The joined creates get the same answer under their own request ids; the pool was
+      // made by the first one (created = false for the others, as for any create that
+      // finds its pool made by another).
+      for (const Tracked::Joined& j : t.joined) {
+        ipc::Reply r = e.reply;
+        r.id = j.request_id;
+        r.created = false;
+        metrics->ObserveRequest(t.type, r,
+                                std::chrono::duration<double>(Clock::now() - j.joined_at).count());
+        Send(j.identity, j.delimiter, std::move(r));
+      }
       Send(t.identity, t.delimiter, std::move(e.reply));
-      tracked.erase(it);
+      Untrack(it);
       continue;
     }
     t.stage = e.reply.stage;
     t.done = e.reply.done;
     t.total = e.reply.total;
+    const auto now = Clock::now();
+    for (Tracked::Joined& j : t.joined) {
+      if (!j.progress) continue;
+      ipc::Reply p = e.reply;
+      p.id = j.request_id;
+      j.last_sent = now;
+      Send(j.identity, j.delimiter, std::move(p));
+    }
     if (t.progress) {
-      t.last_sent = Clock::now();
+      t.last_sent = now;
       Send(t.identity, t.delimiter, std::move(e.reply));
     }
   }
@@ -811,15 +898,24 @@ void Daemon::Impl::ForwardEvents() {
 
 void Daemon::Impl::Heartbeats() {
   const auto now = Clock::now();
+  const auto due = [&](bool progress, Clock::time_point last) {
+    return progress && now - last >= std::chrono::milliseconds(ipc::kHeartbeatMs);
+  };
   for (auto& [key, t] : tracked) {
-    if (!t.progress || now - t.last_sent < std::chrono::milliseconds(ipc::kHeartbeatMs)) continue;
     ipc::Reply p;
     p.type = ipc::MessageType::kProgress;
-    p.id = t.request_id;
     p.stage = t.stage;
     p.done = t.done;
     p.total = t.total;
     p.heartbeat = true;
+    for (Tracked::Joined& j : t.joined) {
+      if (!due(j.progress, j.last_sent)) continue;
+      p.id = j.request_id;
+      j.last_sent = now;
+      Send(j.identity, j.delimiter, p);
+    }
+    if (!due(t.progress, t.last_sent)) continue;
+    p.id = t.request_id;
     t.last_sent = now;
     Send(t.identity, t.delimiter, p);
   }
@@ -928,19 +1024,23 @@ void Daemon::Impl::Shutdown() {
     }
     creates->cv.notify_all();
   }
+  size_t cancelled = 0;
   for (auto& [key, t] : tracked) {
     t.cancel->store(true);
-    if (router) {
-      Send(t.identity, t.delimiter,
-           ipc::ErrorReply(t.type, t.request_id,
-                           absl::CancelledError(absl::StrCat(
-                               "polykvd is shutting down: the ",
-                               t.type == ipc::MessageType::kCreatePool ? "create" : "fetch",
-                               " was cancelled (retry once it is back)"))));
+    const Status why = absl::CancelledError(
+        absl::StrCat("polykvd is shutting down: the ",
+                     t.type == ipc::MessageType::kCreatePool ? "create" : "fetch",
+                     " was cancelled (retry once it is back)"));
+    cancelled += 1 + t.joined.size();
+    if (!router) continue;
+    for (const Tracked::Joined& j : t.joined) {
+      Send(j.identity, j.delimiter, ipc::ErrorReply(t.type, j.request_id, why));
     }
+    Send(t.identity, t.delimiter, ipc::ErrorReply(t.type, t.request_id, why));
   }
-  if (!tracked.empty()) spdlog::info("cancelled {} create(s) in flight", tracked.size());
+  if (cancelled > 0) spdlog::info("cancelled {} create(s) in flight", cancelled);
   tracked.clear();
+  creates_by_work.clear();
   if (manager) manager->Shutdown();  // running creates stop at their next check
   try {
     if (router) {
@@ -1006,6 +1106,9 @@ const std::string& Daemon::instance() const { return impl_->instance; }
 const std::string& Daemon::fd_socket() const { return impl_->fd_path; }
 int Daemon::workers_left_behind() const { return impl_->left_behind; }
 PoolManager& Daemon::pools() { return *impl_->manager; }
+int Daemon::metrics_port() const {
+  return impl_->metrics_server ? impl_->metrics_server->port() : 0;
+}
 
 StatusOr<std::string> Daemon::Impl::CheckOptions(const DaemonOptions& o) {
   std::string backend = o.backend;

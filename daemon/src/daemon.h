@@ -93,6 +93,8 @@ class Daemon {
   /// process should then end with _exit: static destructors would race with them.
   int workers_left_behind() const;
   PoolManager& pools();
+  /// The port GET /metrics listens on (--metrics-listen, port 0 = any free one); 0 without.
+  int metrics_port() const;
 
   struct Impl;
 

@@ -107,7 +107,12 @@ void Metrics::ObserveError(const std::string& code) {
   ++errors_[code.empty() ? "UNKNOWN" : code];
 }
 
-void Metrics::AddPrefillTokens(uint64_t tokens) { prefill_tokens_.fetch_add(tokens); }
+void Metrics::AddPrefill(uint64_t tokens) {
+  prefill_tokens_.fetch_add(tokens);
+  prefills_.fetch_add(1);
+}
+
+void Metrics::AddCoalescedCreate() { coalesced_creates_.fetch_add(1); }
 
 std::string Metrics::Render(const PoolManager& pools, const PoolStore* store) const {
   std::string out;
@@ -160,6 +165,27 @@ std::string Metrics::Render(const PoolManager& pools, const PoolStore* store) co
              return static_cast<double>(it == agents.end() ? 0 : it->second);
            });
 
+  // Every pool the daemon knows (the published ones, the pool files not restored yet, the
+  // quarantined files), by state, and one series per pool naming its state and parent.
+  const std::vector<ipc::PoolInfo> catalog = pools.Catalog();
+  std::map<std::string, uint64_t> by_state = {{"memory", 0}, {"disk", 0}, {"quarantined", 0}};
+  for (const auto& p : catalog) ++by_state[p.state];
+  Family(&out, "polykv_pools_by_state", "gauge",
+         "Pools by state: memory (published), disk (a pool file only, restored on first use), "
+         "quarantined (a corrupt pool file, never served).");
+  for (const auto& [state, n] : by_state) {
+    Sample(&out, "polykv_pools_by_state", absl::StrCat("state=\"", Escape(state), "\""),
+           static_cast<double>(n));
+  }
+  Family(&out, "polykv_pool_state", "gauge",
+         "1 per known pool, labelled with its state and its parent pool (\"\" for a root).");
+  for (const auto& p : catalog) {
+    Sample(&out, "polykv_pool_state",
+           absl::StrCat("pool=\"", Escape(p.id), "\",state=\"", Escape(p.state), "\",parent=\"",
+                        Escape(p.parent), "\""),
+           1);
+  }
+
   Family(&out, "polykv_persisted_pools", "gauge", "Pool files in the state folder.");
   Sample(&out, "polykv_persisted_pools", "", store ? static_cast<double>(store->count()) : 0);
   Family(&out, "polykv_persisted_bytes", "gauge", "Bytes of the pool files in the state folder.");
@@ -184,6 +210,14 @@ std::string Metrics::Render(const PoolManager& pools, const PoolStore* store) co
 
   Family(&out, "polykv_prefill_tokens_total", "counter", "Tokens prefilled by pool creates.");
   Sample(&out, "polykv_prefill_tokens_total", "", static_cast<double>(prefill_tokens_.load()));
+  Family(&out, "polykv_prefills_total", "counter",
+         "Creates that ran the model (restores, replicas and joined creates run none).");
+  Sample(&out, "polykv_prefills_total", "", static_cast<double>(prefills_.load()));
+  Family(&out, "polykv_creates_coalesced_total", "counter",
+         "CREATE_POOLs that joined an identical create in flight (single flight) instead of "
+         "taking a create queue slot.");
+  Sample(&out, "polykv_creates_coalesced_total", "",
+         static_cast<double>(coalesced_creates_.load()));
   {
     std::lock_guard<std::mutex> lock(mu_);
     Family(&out, "polykv_requests_total", "counter", "Answered requests by type.");

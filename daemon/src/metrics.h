@@ -53,8 +53,12 @@ class Metrics {
   void ObserveRequest(ipc::MessageType type, const ipc::Reply& reply, double seconds);
   /// An error reply to a frame that could not be decoded or was refused.
   void ObserveError(const std::string& code);
-  /// Tokens run through the model by a create (restored pools add none).
-  void AddPrefillTokens(uint64_t tokens);
+  /// A create that ran the model over `tokens` tokens (restored and replicated pools, and
+  /// creates that found their pool made, add nothing): polykv_prefills_total and
+  /// polykv_prefill_tokens_total.
+  void AddPrefill(uint64_t tokens);
+  /// A CREATE_POOL that joined an identical one in flight instead of taking a queue slot.
+  void AddCoalescedCreate();
 
   /// The exposition: the counters above plus gauges read from `pools` (and `store` when
   /// not null) at call time.
@@ -65,6 +69,8 @@ class Metrics {
   std::map<std::string, uint64_t> requests_;  // by type name
   std::map<std::string, uint64_t> errors_;    // by code
   std::atomic<uint64_t> prefill_tokens_{0};
+  std::atomic<uint64_t> prefills_{0};
+  std::atomic<uint64_t> coalesced_creates_{0};
   Histogram attach_;
   Histogram create_;
 };

@@ -1118,9 +1118,9 @@ std::vector<std::string> PoolManager::ChildrenLocked(const std::string& id) cons
   return out;
 }
 
-int PoolManager::EvictTreeLocked(const std::string& id) {
+int PoolManager::EvictTreeLocked(const std::string& id, std::vector<std::string>* files) {
   int n = 0;
-  for (const std::string& child : ChildrenLocked(id)) n += EvictTreeLocked(child);
+  for (const std::string& child : ChildrenLocked(id)) n += EvictTreeLocked(child, files);
   auto pool = pools_.find(id);
   if (pool == pools_.end()) return n;
   uint32_t invalidated = 0;
@@ -1137,7 +1137,7 @@ int PoolManager::EvictTreeLocked(const std::string& id) {
   }
   used_ -= pool->second.info.total_bytes;
   pools_.erase(pool);  // closes the memfd (agents' mappings stay valid) / frees device memory
-  if (options_.store) options_.store->Remove(id);
+  if (options_.store) files->push_back(id);  // removed by the caller, without mu_
   spdlog::info(
       "evicted pool {}{}", id.substr(0, 16),
       invalidated > 0 ? absl::StrCat(" (forced, ", invalidated, " lease(s) invalidated)") : "");
@@ -1286,26 +1286,46 @@ StatusOr<ipc::UniqueFd> PoolManager::PoolFd(const std::string& lease_id) {
 }
 
 Status PoolManager::Evict(const std::string& pool_id, bool force) {
+  // The state folder is read before the pool lock is taken (a slow disk must not stall every
+  // other request): the manifests of all pool files, and the file of `pool_id` itself for a
+  // pool that is only on disk. Files are removed after the lock is released.
+  std::vector<ipc::PoolFileManifest> files;
+  std::optional<ipc::PoolFileManifest> on_disk;
+  if (options_.store) {
+    bool published = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      published = ResolvePoolIdLocked(pool_id).ok();
+    }
+    if (!published) on_disk = options_.store->Find(pool_id);
+    files = options_.store->List();
+  }
+  std::vector<std::string> remove;  // pool files to delete once mu_ is released
+  Status s = EvictLocked(pool_id, force, files, on_disk, &remove);
+  for (const std::string& id : remove) options_.store->Remove(id);
+  return s;
+}
+
+Status PoolManager::EvictLocked(const std::string& pool_id, bool force,
+                                const std::vector<ipc::PoolFileManifest>& files,
+                                const std::optional<ipc::PoolFileManifest>& on_disk,
+                                std::vector<std::string>* remove) {
   std::lock_guard<std::mutex> lock(mu_);
   DropExpiredLeasesLocked();
   auto resolved = ResolvePoolIdLocked(pool_id);
-  std::optional<ipc::PoolFileManifest> on_disk;
   if (!resolved.ok()) {
     // A pool that is only on disk (not restored since the restart): remove its file.
-    if (resolved.status().code() == absl::StatusCode::kNotFound && options_.store) {
-      on_disk = options_.store->Find(pool_id);
+    if (resolved.status().code() != absl::StatusCode::kNotFound || !on_disk) {
+      return resolved.status();
     }
-    if (!on_disk) return resolved.status();
   }
   const std::string id = resolved.ok() ? *resolved : on_disk->info.id;
   // Its descendants: in memory, and persisted ones not restored since the restart.
   std::vector<std::string> children = ChildrenLocked(id);
   std::map<std::string, std::vector<std::string>> disk_children;  // parent -> children
-  if (options_.store) {
-    for (const ipc::PoolFileManifest& m : options_.store->List()) {
-      if (!m.info.parent.empty() && pools_.count(m.info.id) == 0) {
-        disk_children[m.info.parent].push_back(m.info.id);
-      }
+  for (const ipc::PoolFileManifest& m : files) {
+    if (!m.info.parent.empty() && pools_.count(m.info.id) == 0) {
+      disk_children[m.info.parent].push_back(m.info.id);
     }
   }
   std::vector<std::string> disk_tree;  // persisted-only descendants of id
@@ -1328,22 +1348,23 @@ Status PoolManager::Evict(const std::string& pool_id, bool force) {
                      absl::StrJoin(names, ", "),
                      "): evict them first, or evict with force to drop the whole subtree"));
   }
+  if (resolved.ok()) {
+    const uint32_t live = pools_.find(id)->second.leases;
+    if (live > 0 && !force) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pool ", id.substr(0, 16), " has ", live, " live lease(s); evict with force to drop it"));
+    }
+  }
   for (const std::string& c : disk_tree) {
-    options_.store->Remove(c);
+    remove->push_back(c);
     spdlog::info("evicted persisted pool {} (child of an evicted pool)", c.substr(0, 16));
   }
   if (!resolved.ok()) {
-    options_.store->Remove(id);
+    remove->push_back(id);
     spdlog::info("evicted persisted pool {}", id.substr(0, 16));
     return absl::OkStatus();
   }
-  auto pool = pools_.find(id);
-  const uint32_t live = pool->second.leases;
-  if (live > 0 && !force) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pool ", id.substr(0, 16), " has ", live, " live lease(s); evict with force to drop it"));
-  }
-  EvictTreeLocked(id);
+  EvictTreeLocked(id, remove);
   return absl::OkStatus();
 }
 
@@ -1375,6 +1396,75 @@ StatusOr<ipc::PoolInfo> PoolManager::Info(const std::string& pool_id) const {
   const_cast<PoolManager*>(this)->DropExpiredLeasesLocked();
   POLYKV_ASSIGN_OR_RETURN(std::string id, ResolvePoolIdLocked(pool_id));
   return InfoLocked(pools_.at(id));
+}
+
+namespace {
+
+ipc::PoolInfo DiskInfo(const ipc::PoolFileManifest& m, const PoolStore& store) {
+  ipc::PoolInfo info = m.info;
+  info.leases = 0;
+  info.backend.clear();  // in no memory until it is restored
+  info.state = "disk";
+  info.state_detail = store.PathOf(m.info.id);
+  return info;
+}
+
+ipc::PoolInfo QuarantinedInfo(const PoolStore::QuarantinedFile& q) {
+  ipc::PoolInfo info;
+  if (q.info) info = *q.info;
+  if (info.id.empty()) info.id = q.id;
+  info.leases = 0;
+  info.backend.clear();
+  info.state = "quarantined";
+  info.state_detail = absl::StrCat(q.reason, " (", q.path, ")");
+  return info;
+}
+
+}  // namespace
+
+std::vector<ipc::PoolInfo> PoolManager::Catalog() const {
+  // The files first, then the pools in memory: a pool restored in between is then shown
+  // once, in memory (the later look).
+  std::vector<ipc::PoolFileManifest> files;
+  std::vector<PoolStore::QuarantinedFile> quarantined;
+  if (options_.store) {
+    files = options_.store->List();
+    quarantined = options_.store->Quarantined();
+  }
+  std::vector<ipc::PoolInfo> out = List();
+  std::set<std::string> held;
+  for (ipc::PoolInfo& info : out) {
+    held.insert(info.id);
+    info.state = "memory";
+  }
+  for (const ipc::PoolFileManifest& m : files) {
+    if (held.count(m.info.id)) continue;
+    out.push_back(DiskInfo(m, *options_.store));
+  }
+  for (const PoolStore::QuarantinedFile& q : quarantined) out.push_back(QuarantinedInfo(q));
+  return out;
+}
+
+StatusOr<ipc::PoolInfo> PoolManager::Describe(const std::string& pool_id) const {
+  StatusOr<ipc::PoolInfo> info = Info(pool_id);
+  if (info.ok()) {
+    info->state = "memory";
+    return info;
+  }
+  if (info.status().code() != absl::StatusCode::kNotFound || !options_.store) return info;
+  if (pool_id.size() < 8) return info;
+  if (auto m = options_.store->Find(pool_id)) return DiskInfo(*m, *options_.store);
+  // The newest quarantined file of that id (or unique prefix of one).
+  std::optional<PoolStore::QuarantinedFile> found;
+  for (const PoolStore::QuarantinedFile& q : options_.store->Quarantined()) {
+    if (q.id.rfind(pool_id, 0) != 0) continue;
+    if (found && found->id != q.id) {
+      return absl::InvalidArgumentError(absl::StrCat("pool id prefix ", pool_id, " is ambiguous"));
+    }
+    found = q;
+  }
+  if (found) return QuarantinedInfo(*found);
+  return info;
 }
 
 uint64_t PoolManager::memory_used() const {

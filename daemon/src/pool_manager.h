@@ -285,6 +285,16 @@ class PoolManager {
   std::vector<ipc::PoolInfo> List() const;
   /// One pool. Errors: kNotFound, kInvalidArgument (ambiguous prefix).
   [[nodiscard]] StatusOr<ipc::PoolInfo> Info(const std::string& pool_id) const;
+  /// Every pool this daemon knows, each with its `state`: the published ones ("memory",
+  /// oldest first), then the pool files of the state folder not restored since the start
+  /// ("disk", least recently used first; restored on the first attach or create, nothing is
+  /// read but their manifests), then the quarantined files ("quarantined", oldest first;
+  /// the manifest's description when it still reads, else only the id from the file name).
+  /// state_detail names the pool file (and for a quarantined one why it was quarantined).
+  std::vector<ipc::PoolInfo> Catalog() const;
+  /// One pool of the Catalog by full id or unique prefix (>= 8 hex): a published one first,
+  /// then a pool file, then a quarantined file. Errors: as Info.
+  [[nodiscard]] StatusOr<ipc::PoolInfo> Describe(const std::string& pool_id) const;
   /// Bytes held by published and in-flight pools.
   uint64_t memory_used() const;
   uint64_t memory_cap() const { return options_.memory_cap; }
@@ -430,8 +440,16 @@ class PoolManager {
                                                    const ProgressFn& progress,
                                                    const std::atomic<bool>* cancel,
                                                    const ParentChain* chain);
-  /// Evicts `id` and its descendants (mu_ held); returns how many pools went.
-  int EvictTreeLocked(const std::string& id);
+  /// Evicts `id` and its descendants (mu_ held); returns how many pools went. Their pool
+  /// files (with a state folder) are appended to `files` for the caller to remove.
+  int EvictTreeLocked(const std::string& id, std::vector<std::string>* files);
+  /// Evict's checks and work in memory under mu_, given what it read from the state folder
+  /// beforehand (`files`: every manifest; `on_disk`: pool_id's own file, when not published).
+  /// Appends the pool files to delete to `remove`.
+  [[nodiscard]] Status EvictLocked(const std::string& pool_id, bool force,
+                                   const std::vector<ipc::PoolFileManifest>& files,
+                                   const std::optional<ipc::PoolFileManifest>& on_disk,
+                                   std::vector<std::string>* remove);
   /// Full ids of the pools in memory whose parent is `id` (mu_ held).
   std::vector<std::string> ChildrenLocked(const std::string& id) const;
 

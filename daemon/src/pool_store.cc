@@ -10,7 +10,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 
@@ -18,6 +21,7 @@ namespace polykv::daemon {
 namespace {
 
 constexpr char kSuffix[] = ".pkv";
+constexpr char kWhySuffix[] = ".why";
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -62,6 +66,7 @@ StatusOr<std::unique_ptr<PoolStore>> PoolStore::Open(const std::string& dir_in,
   POLYKV_RETURN_IF_ERROR(MakeDir(dir + "/quarantine"));
   std::unique_ptr<PoolStore> store(new PoolStore(dir, budget_bytes));
   std::lock_guard<std::mutex> lock(store->mu_);
+  store->ScanQuarantineLocked();  // before the scan below adds to it
   const std::string pools = dir + "/pools";
   DIR* d = opendir(pools.c_str());
   if (d == nullptr) {
@@ -82,6 +87,12 @@ StatusOr<std::unique_ptr<PoolStore>> PoolStore::Open(const std::string& dir_in,
     }
     if (!EndsWith(name, kSuffix)) continue;
     const std::string id = name.substr(0, name.size() - (sizeof(kSuffix) - 1));
+    if (struct stat ls; lstat(path.c_str(), &ls) == 0 && !S_ISREG(ls.st_mode)) {
+      // A FIFO would block the start (its open waits for a writer), a symlink could lead
+      // anywhere: neither is a pool file this daemon wrote.
+      store->QuarantineLocked(path, "not a regular file");
+      continue;
+    }
     auto m = ipc::ReadPoolFileManifest(path);
     if (!m.ok() && m.status().code() == absl::StatusCode::kFailedPrecondition) {
       spdlog::warn("state: skipping {}: {}", path, std::string(m.status().message()));
@@ -112,18 +123,82 @@ std::string PoolStore::PathOf(const std::string& id) const {
   return absl::StrCat(dir_, "/pools/", id, kSuffix);
 }
 
-void PoolStore::QuarantineLocked(const std::string& path, const std::string& why) {
+void PoolStore::QuarantineLocked(const std::string& path, const std::string& why,
+                                 const ipc::PoolInfo* info) {
   const size_t slash = path.rfind('/');
-  const std::string target =
-      absl::StrCat(dir_, "/quarantine/", path.substr(slash + 1), ".", NowNs() / 1000000);
+  const int64_t now_ms = NowNs() / 1000000;
+  const std::string name = path.substr(slash + 1);
+  const std::string target = absl::StrCat(dir_, "/quarantine/", name, ".", now_ms);
   if (rename(path.c_str(), target.c_str()) != 0) {
     spdlog::error("state: {} is unusable ({}) and cannot be moved to quarantine: {}; deleting it",
                   path, why, std::strerror(errno));
     unlink(path.c_str());
   } else {
     spdlog::error("state: quarantined {} -> {}: {}", path, target, why);
+    // The reason beside the file, so that a restarted daemon (and an operator) still knows.
+    const std::string why_path = target + kWhySuffix;
+    const int fd = open(why_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd >= 0) {
+      const std::string text = why + "\n";
+      (void)!write(fd, text.data(), text.size());
+      close(fd);
+    }
+    QuarantinedFile q;
+    q.path = target;
+    q.id = name.size() > sizeof(kSuffix) - 1 ? name.substr(0, name.size() - (sizeof(kSuffix) - 1))
+                                             : name;
+    q.reason = why;
+    q.when_unix_ms = now_ms;
+    if (info != nullptr) q.info = *info;  // a file whose region, not manifest, was bad
+    quarantine_.push_back(std::move(q));
   }
   ++quarantined_;
+}
+
+void PoolStore::ScanQuarantineLocked() {
+  const std::string folder = dir_ + "/quarantine";
+  DIR* d = opendir(folder.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d)) names.emplace_back(e->d_name);
+  closedir(d);
+  for (const std::string& name : names) {
+    if (name == "." || name == ".." || EndsWith(name, kWhySuffix)) continue;
+    // "<id>.pkv.<unix ms>"
+    const size_t pkv = name.rfind(std::string(kSuffix) + ".");
+    if (pkv == std::string::npos) continue;
+    QuarantinedFile q;
+    q.path = folder + "/" + name;
+    q.id = name.substr(0, pkv);
+    q.when_unix_ms = std::atoll(name.c_str() + pkv + sizeof(kSuffix));
+    q.reason = "(no reason recorded)";
+    if (FILE* f = std::fopen((q.path + kWhySuffix).c_str(), "r")) {
+      char buf[1024];
+      const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+      std::fclose(f);
+      std::string text(buf, n);
+      while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+      if (!text.empty()) q.reason = text;
+    }
+    struct stat ls;
+    if (lstat(q.path.c_str(), &ls) == 0 && S_ISREG(ls.st_mode)) {
+      if (auto m = ipc::ReadPoolFileManifest(q.path); m.ok()) q.info = m->info;
+    }
+    quarantine_.push_back(std::move(q));
+  }
+  std::sort(quarantine_.begin(), quarantine_.end(),
+            [](const QuarantinedFile& a, const QuarantinedFile& b) {
+              return std::tie(a.when_unix_ms, a.path) < std::tie(b.when_unix_ms, b.path);
+            });
+  if (!quarantine_.empty()) {
+    spdlog::warn("state: {} quarantined pool file(s) in {} (never served; see `pools list`)",
+                 quarantine_.size(), folder);
+  }
+}
+
+std::vector<PoolStore::QuarantinedFile> PoolStore::Quarantined() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return quarantine_;
 }
 
 std::optional<std::string> PoolStore::ResolveLocked(const std::string& id) const {
@@ -139,14 +214,20 @@ std::optional<std::string> PoolStore::ResolveLocked(const std::string& id) const
 }
 
 std::optional<ipc::PoolFileManifest> PoolStore::Find(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto full = ResolveLocked(id);
-  if (full) return entries_.at(*full).manifest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto full = ResolveLocked(id);
+    if (full) return entries_.at(*full).manifest;
+  }
   if (!IsHexId(id)) return std::nullopt;
+  // A file the scan did not see (`pools import`): read without the lock, so that a slow
+  // read stalls only this caller.
   const std::string path = PathOf(id);
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return std::nullopt;
   auto m = ipc::ReadPoolFileManifest(path);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = entries_.find(id); it != entries_.end()) return it->second.manifest;
   if (!m.ok() || m->info.id != id) {
     if (!m.ok() && m.status().code() == absl::StatusCode::kFailedPrecondition) {
       spdlog::warn("state: skipping {}: {}", path, std::string(m.status().message()));
@@ -207,6 +288,8 @@ Status PoolStore::Save(const ipc::PoolInfo& info, const void* data, uint64_t siz
   // writers of one id write the same bytes and the last rename wins harmlessly.
   ipc::PoolInfo stored = info;
   stored.leases = 0;
+  stored.state.clear();  // where a pool is depends on the daemon that reads the file
+  stored.state_detail.clear();
   const std::string path = PathOf(info.id);
   POLYKV_RETURN_IF_ERROR(ipc::WritePoolFile(path, stored, data, size));
   auto m = ipc::ReadPoolFileManifest(path);
@@ -241,7 +324,7 @@ Status PoolStore::ReadInto(const std::string& id, void* dst, uint64_t size) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(id);
   if (s.code() == absl::StatusCode::kDataLoss) {
-    QuarantineLocked(path, std::string(s.message()));
+    QuarantineLocked(path, std::string(s.message()), &m.info);
     if (it != entries_.end()) {
       bytes_ -= it->second.file_bytes;
       entries_.erase(it);

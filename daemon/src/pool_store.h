@@ -1,7 +1,8 @@
 // polykvd's persisted pools (--state-dir): one pool file per published pool under
 // <state-dir>/pools/<id>.pkv (ipc/pool_file.h), a disk budget with LRU eviction of files
 // (last use = the file's mtime, so the order survives restarts), and quarantine of corrupt
-// or truncated files under <state-dir>/quarantine/ (never served, never deleted silently).
+// or truncated files under <state-dir>/quarantine/ (never served, never deleted silently; the
+// reason is kept beside each file and listed by Quarantined()).
 // Knows nothing of how pools are held in memory. Thread-safe.
 #pragma once
 
@@ -46,6 +47,20 @@ class PoolStore {
   /// Manifests of all persisted pools, least recently used first.
   std::vector<ipc::PoolFileManifest> List() const;
 
+  /// A file in <dir>/quarantine/: "<id>.pkv.<unix ms>", with "<that>.why" beside it holding
+  /// the reason (written when it was quarantined; files quarantined by older daemons have
+  /// none).
+  struct QuarantinedFile {
+    std::string path;
+    std::string id;      ///< from the file name (may not be a valid id: the name was wrong)
+    std::string reason;  ///< the .why text, or "(no reason recorded)"
+    int64_t when_unix_ms = 0;
+    /// The manifest when it still reads (a file whose region, not manifest, was bad).
+    std::optional<ipc::PoolInfo> info;
+  };
+  /// Every quarantined file, oldest first (Open scans the folder; later quarantines add to it).
+  std::vector<QuarantinedFile> Quarantined() const;
+
   /// Bytes of all pool files (prelude + manifest + region).
   uint64_t bytes() const;
   size_t count() const;
@@ -65,7 +80,11 @@ class PoolStore {
     int64_t last_use_ns = 0;
   };
   PoolStore(std::string dir, uint64_t budget) : dir_(std::move(dir)), budget_(budget) {}
-  void QuarantineLocked(const std::string& path, const std::string& why);
+  /// Moves `path` to quarantine/ with `why` beside it; `info`: what its manifest said, when
+  /// it was readable.
+  void QuarantineLocked(const std::string& path, const std::string& why,
+                        const ipc::PoolInfo* info = nullptr);
+  void ScanQuarantineLocked();
   void EnforceBudgetLocked(const std::string& keep);
   std::optional<std::string> ResolveLocked(const std::string& id_or_prefix) const;
 
@@ -73,6 +92,7 @@ class PoolStore {
   const uint64_t budget_;
   mutable std::mutex mu_;
   std::map<std::string, Entry> entries_;  // by full id
+  std::vector<QuarantinedFile> quarantine_;
   uint64_t bytes_ = 0;
   uint64_t quarantined_ = 0;
   uint64_t evicted_ = 0;

@@ -328,6 +328,9 @@ std::string EncodeRequest(const Request& r) {
     case MessageType::kAttach:
       j["pool_id"] = r.pool_id;
       j["client_pid"] = r.client_pid;
+      // Heartbeats while the daemon replicates the pool first (only sent when asked, so the
+      // frame of a plain ATTACH is what it always was).
+      if (r.progress) j["progress"] = true;
       break;
     case MessageType::kEvict:
       j["pool_id"] = r.pool_id;

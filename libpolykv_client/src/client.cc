@@ -764,6 +764,10 @@ polykv_status polykv_attach(polykv_client* client, const char* pool_id, polykv_p
     req.type = ipc::MessageType::kAttach;
     req.pool_id = pool_id;
     req.client_pid = static_cast<uint32_t>(getpid());
+    // A pool the daemon must first replicate from a peer takes longer than one try: with
+    // progress asked, the daemon sends heartbeats meanwhile and the wait lasts until its
+    // answer (a clear status) instead of resending after the try's timeout.
+    req.progress = true;
     const auto sent = Clock::now();
     StatusOr<ipc::Reply> reply = client->Call(req);
     if (!reply.ok()) {

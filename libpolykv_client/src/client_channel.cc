@@ -20,6 +20,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kPollSliceMs = 50;  // cancel flag granularity
+// How long PROGRESS messages can keep one try of Call waiting (the daemon's own bounds on
+// replication, peer timeouts and stalled transfers, end it far sooner).
+constexpr int kProgressCapMs = 600000;
 
 }  // namespace
 
@@ -110,7 +113,8 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
       std::this_thread::sleep_for(std::chrono::milliseconds(std::min(try_timeout_ms, 100)));
       continue;
     }
-    const auto deadline = Clock::now() + std::chrono::milliseconds(try_timeout_ms);
+    auto deadline = Clock::now() + std::chrono::milliseconds(try_timeout_ms);
+    const auto cap = Clock::now() + std::chrono::milliseconds(kProgressCapMs);
     while (true) {
       if (cancel && cancel->load()) return absl::CancelledError("request cancelled");
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -131,6 +135,11 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
       if (!reply->instance.empty()) last_instance_ = reply->instance;
       if (reply->id != request.id) continue;  // stale: a reply to an earlier request
       if (reply->type == ipc::MessageType::kProgress) {
+        // The daemon is working on this request (an ATTACH that replicates the pool from a
+        // peer, say): this try waits try_timeout_ms more, since a resend would only queue the
+        // same work again. The PROGRESS messages themselves (a heartbeat every
+        // ipc::kHeartbeatMs) bound how long silence can last; kProgressCapMs bounds the whole.
+        deadline = std::min(cap, Clock::now() + std::chrono::milliseconds(try_timeout_ms));
         if (on_progress) on_progress(*reply);
         continue;
       }

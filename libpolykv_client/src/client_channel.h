@@ -30,7 +30,10 @@ class Channel {
   Channel& operator=(const Channel&) = delete;
 
   /// Sends `request` (its id is set here) up to `tries` times, each waiting `try_timeout_ms`
-  /// milliseconds. PROGRESS messages for the request go to `on_progress` (may be empty).
+  /// milliseconds. PROGRESS messages for the request go to `on_progress` (may be empty), and
+  /// each one gives the try `try_timeout_ms` more (the daemon is working on it: a request it
+  /// runs on a worker, e.g. an ATTACH that replicates the pool, sends a heartbeat every
+  /// ipc::kHeartbeatMs when `request.progress` is set), up to 10 minutes in all.
   /// `cancel`, when given and set, ends the wait early with kCancelled.
   /// Returns the reply (ok or error reply: check ipc::ReplyStatus). Errors: kUnavailable
   /// when no try got a reply; kInvalidArgument / kFailedPrecondition for a malformed or

@@ -29,6 +29,7 @@
 #include "polykv/ipc/sealed_region.h"
 #include "polykv/model/llama.h"
 #include "support/files.h"
+#include "support/leaks.h"
 #include "support/process.h"
 
 namespace polykv::testing {
@@ -76,10 +77,18 @@ inline const std::string& ShmPrefix() {
   return prefix;
 }
 
-/// Path a host pool would have had as a named POSIX shm object (older daemons named them
-/// prefix + first 16 hex); pools are sealed memfds now, so nothing should ever be there.
-inline std::string ShmPath(const std::string& pool_id) {
-  return "/dev/shm" + ShmPrefix() + pool_id.substr(0, 16);
+/// A fresh --shm-prefix for each daemon this process starts (ShmPrefix() + a count), so the
+/// pool memfds of one daemon ("memfd:<prefix><id16>") are told apart from another's.
+inline std::string NextDaemonPrefix() {
+  static int count = 0;
+  return ShmPrefix() + std::to_string(++count) + "-";
+}
+
+/// The pool memfds with `prefix` that any process (a daemon, an agent) still holds as a
+/// descriptor or a mapping, after up to `timeout_ms` for them to go; "none" when there are
+/// none. The leak check of every integration test (Daemon::Stop runs it).
+inline std::string PoolMemoryLeft(const std::string& prefix, int timeout_ms = 10000) {
+  return support::DescribeMemfdUses(support::MemfdUsesSettled(prefix, timeout_ms));
 }
 
 /// One raw request/reply on a fresh DEALER socket (no retry); nullopt on timeout.
@@ -132,12 +141,13 @@ class Daemon {
   explicit Daemon(int lease_seconds = 30, std::vector<std::string> extra = {},
                   std::vector<std::string> prefix = {}) {
     endpoint_ = "ipc://" + dir_.path() + "/control.sock";
+    shm_prefix_ = NextDaemonPrefix();
     std::vector<std::string> argv = std::move(prefix);
     for (const std::string& a :
          {DaemonPath(), std::string("--endpoint"), endpoint_, std::string("--backend"),
           std::string("host"), std::string("--lease-seconds"), std::to_string(lease_seconds),
           std::string("--threads"), std::string("1"), std::string("--log-level"),
-          std::string("warn"), std::string("--shm-prefix"), ShmPrefix()}) {
+          std::string("warn"), std::string("--shm-prefix"), shm_prefix_}) {
       argv.push_back(a);
     }
     argv.insert(argv.end(), extra.begin(), extra.end());
@@ -155,16 +165,20 @@ class Daemon {
   }
   ~Daemon() { Stop(); }
 
-  /// SIGTERM (then SIGKILL after 10 s); removes leftovers of the pools this test created.
-  /// Returns the exit code (or -1 when it had to be killed).
+  /// SIGTERM (then SIGKILL after 10 s), then the leak check: once the daemon has ended (and
+  /// the agents the test ran), no process may hold or map one of its pools' memfds (a test
+  /// failure names who does). Returns the exit code (or -1 when it had to be killed).
   int Stop() {
+    const bool was_running = proc_.running();
     const int code = proc_.Stop(10000);
-    for (const auto& id : pools_) {
-      std::error_code ec;
-      fs::remove(ShmPath(id), ec);
+    if (was_running && ready_) {
+      EXPECT_EQ(PoolMemoryLeft(shm_prefix_), "none")
+          << "pool memory of the stopped polykvd at " << endpoint_ << " is still held";
     }
     return code;
   }
+  /// The daemon's --shm-prefix (its pools' memfds are "memfd:<prefix without '/'><id16>").
+  const std::string& shm_prefix() const { return shm_prefix_; }
   bool ready() const { return ready_; }
   const std::string& endpoint() const { return endpoint_; }
   const std::string& dir() const { return dir_.path(); }
@@ -228,7 +242,7 @@ class Daemon {
 
  private:
   TempDir dir_;
-  std::string endpoint_;
+  std::string endpoint_, shm_prefix_;
   Process proc_;
   bool ready_ = false;
   std::vector<std::string> pools_;

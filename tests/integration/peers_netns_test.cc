@@ -134,20 +134,12 @@ ProcessResult RunAgent(const std::vector<std::string>& prefix, const std::string
   return RunProcess(argv, dir, 120000);
 }
 
-/// Pool memfds a process holds ("/memfd:<prefix>..." links in /proc/PID/fd).
+/// Pool memfds a process holds as descriptors (support::MemfdUses; every daemon of this test
+/// process has a prefix starting with ShmPrefix()).
 int MemfdsOf(pid_t pid) {
   int n = 0;
-  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
-  const std::string want = "/memfd:" + ShmPrefix().substr(1);
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      char target[512];
-      const ssize_t len = readlink((dir + "/" + e->d_name).c_str(), target, sizeof(target) - 1);
-      if (len <= 0) continue;
-      target[len] = '\0';
-      if (std::string(target).rfind(want, 0) == 0) ++n;
-    }
-    closedir(d);
+  for (const support::MemfdUse& u : support::MemfdUses(ShmPrefix(), pid)) {
+    n += u.where.rfind("fd ", 0) == 0 ? 1 : 0;
   }
   return n;
 }

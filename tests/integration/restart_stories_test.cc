@@ -75,15 +75,18 @@ TEST(RestartStories, PoolBytesAndAnswersSurviveRestarts) {
   {
     Daemon d(30, flags);
     ASSERT_TRUE(d.ready()) << d.log();
-    EXPECT_EQ(d.Info(k8_pool).id[0], '\0') << "lazy: not published before use";
+    EXPECT_STREQ(d.Info(k8_pool).state, "disk") << "lazy: not published before use";
     size_t i = 0;
     for (const auto& pool : {none_pool, k8_pool}) {
       for (const auto& p : prompts) EXPECT_EQ(Answer(d, pool, p), answers[i++]) << pool;
     }
     EXPECT_EQ(PoolDigest(d.endpoint(), none_pool), none_digest);
     EXPECT_EQ(PoolDigest(d.endpoint(), k8_pool), k8_digest);
-    EXPECT_FALSE(fs::exists(ShmPath(k8_pool))) << "restored as a sealed memfd, not shm";
-    EXPECT_FALSE(fs::exists(ShmPath(none_pool))) << "restored as a sealed memfd, not shm";
+    for (const auto& pool : {k8_pool, none_pool}) {
+      const auto uses = support::MemfdUses(d.shm_prefix() + pool.substr(0, 16), d.process().pid());
+      EXPECT_EQ(uses.size(), 1u) << "restored as a sealed memfd of polykvd: "
+                                 << support::DescribeMemfdUses(uses);
+    }
     // A crash: SIGKILL leaves the state folder as it was.
     d.process().Kill(SIGKILL);
     d.process().Wait(10000);
@@ -94,8 +97,8 @@ TEST(RestartStories, PoolBytesAndAnswersSurviveRestarts) {
     preload.push_back("--preload");
     Daemon d(30, preload);
     ASSERT_TRUE(d.ready()) << d.log();
-    EXPECT_STREQ(d.Info(k8_pool).id, k8_pool.c_str()) << "published before any attach";
-    EXPECT_STREQ(d.Info(none_pool).id, none_pool.c_str()) << "published before any attach";
+    EXPECT_STREQ(d.Info(k8_pool).state, "memory") << "published before any attach";
+    EXPECT_STREQ(d.Info(none_pool).state, "memory") << "published before any attach";
     EXPECT_EQ(PoolDigest(d.endpoint(), none_pool), none_digest);
     EXPECT_EQ(PoolDigest(d.endpoint(), k8_pool), k8_digest);
     size_t i = 0;
@@ -106,6 +109,78 @@ TEST(RestartStories, PoolBytesAndAnswersSurviveRestarts) {
     EXPECT_EQ(d.Evict(k8_pool, false), POLYKV_OK);
     EXPECT_FALSE(fs::exists(k8_file));
     EXPECT_EQ(d.Stop(), 0) << d.log();
+  }
+}
+
+json CliJson(const Daemon& d, std::vector<std::string> args) {
+  std::vector<std::string> argv = {CliPath()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  for (const char* a : {"--endpoint", d.endpoint().c_str(), "--json"}) argv.push_back(a);
+  ProcessResult r = RunProcess(argv, d.dir(), 60000);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  if (r.exit_code != 0) return json();
+  return json::parse(r.out, nullptr, false);
+}
+
+const json* Row(const json& list, const std::string& id) {
+  if (!list.contains("pools")) return nullptr;
+  for (const json& p : list["pools"]) {
+    if (p.value("id", "") == id) return &p;
+  }
+  return nullptr;
+}
+
+// Issue 29: right after a restart (SIGTERM or SIGKILL) `pools list` and `pools show` name
+// the persisted pools, their state and parent chain, and nothing is restored by looking.
+TEST(RestartStories, PoolsListShowsPersistedPoolsRightAfterARestart) {
+  if (!fs::exists(DaemonPath()) || !fs::exists(CliPath())) GTEST_SKIP() << "not built";
+  TempDir state;
+  const std::vector<std::string> flags = {"--state-dir", state.path()};
+  std::string root, child;
+  {
+    Daemon d(30, flags);
+    ASSERT_TRUE(d.ready()) << d.log();
+    std::string err;
+    root = d.CreatePool(StoriesPath(), Document(), "k8v3", &err);
+    ASSERT_FALSE(root.empty()) << err;
+    child = d.CreatePool(StoriesPath(), {45, 99, 210, 7, 300}, "", &err, "", false, root);
+    ASSERT_FALSE(child.empty()) << err;
+    EXPECT_EQ(d.Stop(), 0) << d.log();
+  }
+  for (const bool sigkill_next : {true, false}) {
+    Daemon d(30, flags);
+    ASSERT_TRUE(d.ready()) << d.log();
+    const json list = CliJson(d, {"pools", "list"});
+    ASSERT_TRUE(list.contains("pools")) << list.dump();
+    EXPECT_EQ(list["pools"].size(), 2u) << list.dump(2);
+    const json* r = Row(list, root);
+    const json* c = Row(list, child);
+    ASSERT_TRUE(r != nullptr && c != nullptr) << list.dump(2);
+    EXPECT_EQ((*r)["state"], "disk");
+    EXPECT_EQ((*c)["state"], "disk");
+    EXPECT_EQ((*c)["parent"], root);
+    EXPECT_EQ((*r)["state_detail"], state.path() + "/pools/" + root + ".pkv");
+    EXPECT_EQ(list["daemon"]["memory_used"], 0) << "listing restores nothing";
+    const json shown = CliJson(d, {"pools", "show", child.substr(0, 12)});
+    EXPECT_EQ(shown.value("id", ""), child);
+    EXPECT_EQ(shown.value("state", ""), "disk");
+    EXPECT_EQ(shown["parent_chain"], json::array({root}));
+    ProcessResult human =
+        RunProcess({CliPath(), "pools", "list", "--endpoint", d.endpoint()}, d.dir(), 60000);
+    EXPECT_NE(human.out.find("└─ " + child), std::string::npos) << human.out;
+    EXPECT_NE(human.out.find("0 in memory, 2 on disk only"), std::string::npos) << human.out;
+    // Using the child restores the chain; the list then says so.
+    ASSERT_EQ(Answer(d, child, {1, 45}).size(), 32u);
+    const json after = CliJson(d, {"pools", "list"});
+    ASSERT_TRUE(Row(after, root) != nullptr && Row(after, child) != nullptr) << after.dump();
+    EXPECT_EQ((*Row(after, root))["state"], "memory");
+    EXPECT_EQ((*Row(after, child))["state"], "memory");
+    if (sigkill_next) {
+      d.process().Kill(SIGKILL);
+      d.process().Wait(10000);
+    } else {
+      EXPECT_EQ(d.Stop(), 0) << d.log();
+    }
   }
 }
 

@@ -1,7 +1,9 @@
 // The shared test support library: files (read, write, replace, copy, TempDir removal) and
-// child processes (exit codes, captured output, extra environment, timeouts, signals).
+// child processes (exit codes, captured output, extra environment, timeouts, signals), and the
+// memfd leak check (descriptors and mappings of any process).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "support/files.h"
+#include "support/leaks.h"
 #include "support/process.h"
 #include "support/wait.h"
 
@@ -214,6 +217,38 @@ TEST(TestSupportWait, WaitForPollsUntilTheConditionHolds) {
   EXPECT_FALSE(WaitFor([] { return false; }, 100));
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(100));
   EXPECT_GE(TimeoutScale(), 1);
+}
+
+// The leak check sees a memfd as a descriptor and as a mapping, in this process and in
+// another one (a child that inherited the descriptor), and nothing once all are gone.
+TEST(TestSupportLeaks, MemfdUsesFindsDescriptorsAndMappingsOfAnyProcess) {
+  const std::string prefix = "/polykv-leak" + std::to_string(getpid()) + "-";
+  EXPECT_TRUE(MemfdUses(prefix).empty());
+  const int fd = memfd_create((prefix.substr(1) + "0123abcd").c_str(), 0);  // inherited
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  std::vector<MemfdUse> uses = MemfdUses(prefix);
+  ASSERT_EQ(uses.size(), 1u) << DescribeMemfdUses(uses);
+  EXPECT_EQ(uses[0].pid, getpid());
+  EXPECT_EQ(uses[0].where, "fd " + std::to_string(fd));
+  EXPECT_EQ(uses[0].name, "memfd:" + prefix.substr(1) + "0123abcd");
+  void* map = mmap(nullptr, 8192, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  Process child;
+  ASSERT_TRUE(child.Start({"/bin/sleep", "30"}).ok());
+  ASSERT_TRUE(WaitFor([&] { return MemfdUses(prefix, child.pid()).size() == 1; }, 5000))
+      << DescribeMemfdUses(MemfdUses(prefix));
+  close(fd);
+  uses = MemfdUses(prefix, getpid());
+  ASSERT_EQ(uses.size(), 1u) << DescribeMemfdUses(uses);
+  EXPECT_EQ(uses[0].where.rfind("map ", 0), 0u) << uses[0].where;
+  EXPECT_EQ(MemfdUses(prefix).size(), 2u) << "the mapping here, the descriptor in the child";
+  child.Kill(SIGKILL);
+  child.Wait(5000);
+  munmap(map, 8192);
+  uses = MemfdUsesSettled(prefix, 5000);
+  EXPECT_TRUE(uses.empty()) << DescribeMemfdUses(uses);
+  EXPECT_EQ(DescribeMemfdUses({}), "none");
 }
 
 }  // namespace

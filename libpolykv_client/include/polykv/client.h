@@ -104,6 +104,12 @@ typedef struct polykv_pool_info_t {
    * folder) or "peer tcp://HOST:PORT" (replicated from another daemon). */
   char origin[160];
   /* New members go here, after every member of the first version. */
+  /* Where the pool is on the answering daemon (polykv_list_pools, polykv_pool_info_by_id):
+   * "memory" (published), "disk" (only a pool file in its state folder, restored on the first
+   * attach or create) or "quarantined" (a corrupt pool file, never served); "" from older
+   * daemons. state_detail: the pool file, and for a quarantined one why. */
+  char state[16];
+  char state_detail[512];
 } polykv_pool_info;
 
 /** Defines `static inline T fn(void)`, which returns a zeroed T with struct_size = sizeof(T):

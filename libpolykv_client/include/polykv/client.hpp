@@ -150,6 +150,9 @@ struct PoolInfo {
   uint64_t parent_tokens = 0;
   /// "prefill", "state" or "peer tcp://HOST:PORT" (see polykv_pool_info).
   std::string origin;
+  /// "memory", "disk" (a pool file only, restored on first use) or "quarantined" (see
+  /// polykv_pool_info); state_detail: the file, and why for a quarantined one.
+  std::string state, state_detail;
   /// The C struct these members were copied from: every field, those added to
   /// polykv_pool_info after this wrapper's members included.
   polykv_pool_info raw = polykv_pool_info_init();
@@ -189,6 +192,8 @@ struct PoolInfo {
     p.parent = c.parent;
     p.parent_tokens = c.parent_tokens;
     p.origin = c.origin;
+    p.state = c.state;
+    p.state_detail = c.state_detail;
     p.raw = c;
     return p;
   }

@@ -183,6 +183,42 @@ TEST(ClientLazyPirateTest, RetriesAfterDroppedRequestAndIgnoresStaleReplies) {
   EXPECT_NE(reqs[1].id, reqs[2].id);
 }
 
+// Issue 29: an ATTACH that the daemon answers only after replicating the pool from a peer
+// (here 4 s, twice the client's 2 s per try) asks for progress, waits on the heartbeats and
+// gets the daemon's own answer, sent once. Before, the client resent the ATTACH after each
+// try and ended UNAVAILABLE "no reply ... after 3 tries" while the daemon was still working.
+TEST(ClientLazyPirateTest, AttachThatReplicatesWaitsOnHeartbeatsForTheAnswer) {
+  FakeDaemon daemon([](const ipc::Request& req) -> std::vector<ipc::Reply> {
+    if (req.type != ipc::MessageType::kAttach) return {FakeDaemon::OkReply(req)};
+    std::vector<ipc::Reply> out;
+    ipc::Reply beat;
+    beat.type = ipc::MessageType::kProgress;
+    beat.id = req.id;
+    beat.stage = "fetch";
+    beat.heartbeat = true;
+    for (int s = 0; s < 4; ++s) {  // what polykvd sends while a worker replicates
+      if (req.progress) out.push_back(beat);
+      out.push_back(FakeDaemon::Pause(1000));
+    }
+    out.push_back(ipc::ErrorReply(
+        req.type, req.id,
+        absl::NotFoundError("pool eeee is not held here nor by any peer (tcp://a: NOT_FOUND)")));
+    return out;
+  });
+  polykv_client* c = nullptr;
+  ASSERT_EQ(polykv_connect(daemon.endpoint().c_str(), 2000, &c), POLYKV_OK) << polykv_last_error();
+  polykv_pool* pool = nullptr;
+  EXPECT_EQ(polykv_attach(c, std::string(64, 'e').c_str(), &pool), POLYKV_NOT_FOUND)
+      << polykv_last_error();
+  EXPECT_NE(std::string(polykv_last_error()).find("not held here nor by any peer"),
+            std::string::npos)
+      << polykv_last_error();
+  EXPECT_EQ(daemon.Count(ipc::MessageType::kAttach), 1) << "sent once, not resent per try";
+  EXPECT_TRUE(daemon.requests().back().progress) << "heartbeats asked for";
+  EXPECT_EQ(pool, nullptr);
+  polykv_disconnect(c);
+}
+
 TEST(ClientLazyPirateTest, ErrorRepliesKeepCodeAndMessage) {
   FakeDaemon daemon([&](const ipc::Request& req) -> std::vector<ipc::Reply> {
     if (req.type == ipc::MessageType::kPing) return {FakeDaemon::OkReply(req)};

@@ -18,6 +18,8 @@ namespace polykv::client::testing {
 
 /// Serves requests on its own thread. `handler` returns the messages to send back in
 /// order (PROGRESS messages, stale replies, the reply); an empty vector drops the request.
+/// A Pause(ms) among them waits that long before the next one (nothing else is served
+/// meanwhile, as a daemon busy with one request answers nothing else on it).
 class FakeDaemon {
  public:
   using Handler = std::function<std::vector<ipc::Reply>(const ipc::Request&)>;
@@ -48,6 +50,15 @@ class FakeDaemon {
     int n = 0;
     for (const auto& r : requests_) n += r.type == type;
     return n;
+  }
+
+  /// Not a message: the loop sleeps `ms` milliseconds at this point of the handler's list.
+  static ipc::Reply Pause(int ms) {
+    ipc::Reply r;
+    r.type = ipc::MessageType::kError;
+    r.stage = kPauseStage;
+    r.done = ms;
+    return r;
   }
 
   /// A successful reply echoing `req`'s type and id.
@@ -81,6 +92,10 @@ class FakeDaemon {
         requests_.push_back(*req);
       }
       for (const ipc::Reply& reply : handler_(*req)) {
+        if (reply.type == ipc::MessageType::kError && reply.stage == kPauseStage) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(reply.done));
+          continue;
+        }
         socket_.send(zmq::buffer(frames.front().to_string_view()), zmq::send_flags::sndmore);
         socket_.send(zmq::message_t(), zmq::send_flags::sndmore);
         socket_.send(zmq::buffer(ipc::EncodeReply(reply)), zmq::send_flags::none);
@@ -88,6 +103,7 @@ class FakeDaemon {
     }
   }
 
+  static constexpr const char* kPauseStage = "fake-daemon-pause";
   Handler handler_;
   std::string path_, endpoint_;
   zmq::context_t context_{1};

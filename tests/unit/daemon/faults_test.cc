@@ -5,6 +5,7 @@
 // minor ones (echoed input, lease-expiry log lines, lease counts).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
@@ -13,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -236,7 +238,7 @@ TEST_F(PoolManagerFaults, PublishedPoolCannotBeWrittenEvenByItsOwner) {
   PoolManager& m = Make();
   auto r = m.CreatePool(TextRequest(model_, "a pool that must not change"), nullptr);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(ShmObjects(prefix_).empty()) << "no named segment to open O_RDWR";
+  EXPECT_EQ(MemfdObjects(prefix_).size(), 1u) << "a memfd: no named segment to open O_RDWR";
   auto g = m.Attach(r->info.id, 0);
   ASSERT_TRUE(g.ok());
   auto fd = m.PoolFd(g->lease_id);
@@ -426,6 +428,97 @@ TEST_F(DaemonFaults, CreatesAreQueuedBoundedAndReserveOnlyWhenTheyRun) {
       EXPECT_EQ(used_while_blocked, done->pool->total_bytes);
     }
   }
+}
+
+// The value of an unlabelled sample in a Prometheus exposition, or -1 when absent.
+double MetricValue(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return -1;
+}
+
+// Issue 29: identical creates coalesce before admission control. 32 clients create the same
+// document at once with 2 workers and a queue of 8: every one succeeds with the one pool,
+// the model runs once, and /metrics says 31 joined (before: 22 got RESOURCE_EXHAUSTED).
+TEST_F(DaemonFaults, IdenticalCreatesCoalesceBeforeTheQueue) {
+  Gate prefill;
+  loader_.before_prefill = [&] { prefill.Wait(); };
+  DaemonOptions o;
+  o.create_workers = 2;
+  o.max_queued_creates = 8;
+  o.metrics_listen = "127.0.0.1:0";
+  StartDaemon(o);
+  constexpr int kClients = 32;
+  std::vector<std::unique_ptr<RawClient>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<RawClient>(dir_.endpoint()));
+  }
+  for (int i = 0; i < kClients; ++i) {
+    ipc::Request r = Create("the same document for everyone");
+    r.id = 1000 + i;
+    r.progress = i % 2 == 0;  // half of them without PROGRESS messages
+    clients[i]->SendFrame(ipc::EncodeRequest(r));
+    if (i == 0) {  // the first one is in its prefill before the others arrive
+      for (int k = 0; k < 500 && prefill.entered() == 0; ++k) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      ASSERT_EQ(prefill.entered(), 1);
+    }
+  }
+  RawClient probe(dir_.endpoint());
+  // Every create is accepted: PING shows one running create and none queued (the joined
+  // ones take no slot). Wait until the control loop has read all of them.
+  const bool all_read = testing::WaitFor(
+      [&] {
+        auto ping = probe.Ping();
+        return ping.ok() && ping->creates_running == 1 && ping->creates_queued == 0 &&
+               MetricValue(
+                   httplib::Client("127.0.0.1", daemon_->metrics_port()).Get("/metrics")->body,
+                   "polykv_creates_coalesced_total") == kClients - 1;
+      },
+      10000);
+  EXPECT_TRUE(all_read);
+  prefill.Open();
+  std::set<std::string> ids;
+  int created = 0;
+  for (int i = 0; i < kClients; ++i) {
+    StatusOr<ipc::Reply> done = absl::UnknownError("no reply");
+    for (int k = 0; k < 400; ++k) {
+      auto f = clients[i]->RecvFrame(10000);
+      ASSERT_TRUE(f.has_value()) << "no answer to create " << i;
+      done = ipc::DecodeReply(*f);
+      ASSERT_TRUE(done.ok());
+      if (done->type != ipc::MessageType::kProgress) break;
+      EXPECT_TRUE(i % 2 == 0) << "PROGRESS only to those who asked";
+      EXPECT_EQ(done->id, 1000u + i);
+    }
+    ASSERT_TRUE(done->ok) << i << ": " << done->code << " " << done->error;
+    EXPECT_EQ(done->id, 1000u + i) << "each answer under its own request id";
+    ASSERT_TRUE(done->pool.has_value());
+    ids.insert(done->pool->id);
+    created += done->created ? 1 : 0;
+  }
+  EXPECT_EQ(ids.size(), 1u) << "one id";
+  EXPECT_EQ(created, 1) << "one create made it, the others joined";
+  EXPECT_EQ(daemon_->pools().List().size(), 1u) << "one pool";
+  EXPECT_EQ(prefill.entered(), 1) << "one prefill";
+  auto metrics = httplib::Client("127.0.0.1", daemon_->metrics_port()).Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(MetricValue(metrics->body, "polykv_prefills_total"), 1) << metrics->body;
+  EXPECT_EQ(MetricValue(metrics->body, "polykv_creates_coalesced_total"), kClients - 1);
+  EXPECT_EQ(MetricValue(metrics->body, "polykv_errors_total"), -1) << "no error reply at all";
+
+  // Distinct work still takes queue slots: the same document with another codec is not joined.
+  prefill.Open();
+  RawClient other(dir_.endpoint());
+  ipc::Request r = Create("the same document for everyone");
+  r.codec = "none";
+  auto reply = other.Call(r, 20000);
+  ASSERT_TRUE(reply.ok() && reply->ok) << (reply.ok() ? reply->error : reply.status().ToString());
+  EXPECT_TRUE(reply->created);
+  EXPECT_EQ(prefill.entered(), 2);
 }
 
 // D1 + D2: SIGTERM answers in-flight creates with CANCELLED and does not wait for ever on a

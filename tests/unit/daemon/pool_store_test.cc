@@ -4,12 +4,17 @@
 // that is absent or changed is refused; the disk budget evicts the least recently used file.
 #include "pool_store.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <thread>
 
+#include "metrics.h"
 #include "polykv/ipc/sealed_region.h"
 #include "pool_manager.h"
 #include "test_util.h"
@@ -20,9 +25,21 @@ namespace {
 namespace fs = std::filesystem;
 using testing::CreateRequest;
 
+// Files in `dir`, the ".why" notes beside quarantined files left out.
 size_t FilesIn(const std::string& dir) {
   if (!fs::exists(dir)) return 0;
-  return static_cast<size_t>(std::distance(fs::directory_iterator(dir), fs::directory_iterator()));
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".why") ++n;
+  }
+  return n;
+}
+
+const ipc::PoolInfo* FindIn(const std::vector<ipc::PoolInfo>& list, const std::string& id) {
+  for (const auto& p : list) {
+    if (p.id == id) return &p;
+  }
+  return nullptr;
 }
 
 class PoolStoreTest : public ::testing::Test {
@@ -210,6 +227,123 @@ TEST_F(PoolStoreTest, CorruptFileIsQuarantinedAndNeverServed) {
   EXPECT_EQ(store_->quarantined(), 1u);
   EXPECT_EQ(FilesIn(state_ + "/quarantine"), 2u);
   EXPECT_FALSE(fs::exists(file));
+}
+
+// Issue 29: right after a restart the daemon lists its persisted pools (with their parent)
+// without restoring them; a quarantined file is listed with why, also after a further restart.
+TEST_F(PoolStoreTest, CatalogListsPersistedPoolsAfterRestartWithoutRestoring) {
+  std::string root, child, other;
+  {
+    PoolManager& a = Restart();
+    auto r = a.CreatePool(CreateRequest("k8v3"), nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+    root = r->info.id;
+    ipc::Request c;
+    c.type = ipc::MessageType::kCreatePool;
+    c.parent = root;
+    c.codec = "";
+    c.token_ids = {7, 8, 9, 10, 11};
+    auto rc = a.CreatePool(c, nullptr);
+    ASSERT_TRUE(rc.ok()) << rc.status();
+    child = rc->info.id;
+    auto ro = a.CreatePool(CreateRequest("k8v3", 5), nullptr);
+    ASSERT_TRUE(ro.ok()) << ro.status();
+    other = ro->info.id;
+    std::vector<ipc::PoolInfo> before = a.Catalog();
+    ASSERT_EQ(before.size(), 3u);
+    for (const auto& p : before) EXPECT_EQ(p.state, "memory") << p.id;
+  }
+  PoolManager& b = Restart();
+  std::vector<ipc::PoolInfo> list = b.Catalog();
+  ASSERT_EQ(list.size(), 3u);
+  for (const std::string& id : {root, child, other}) {
+    const ipc::PoolInfo* p = FindIn(list, id);
+    ASSERT_NE(p, nullptr) << id;
+    EXPECT_EQ(p->state, "disk");
+    EXPECT_EQ(p->state_detail, store_->PathOf(id));
+    EXPECT_EQ(p->leases, 0u);
+    EXPECT_GT(p->total_bytes, 0u);
+  }
+  EXPECT_EQ(FindIn(list, child)->parent, root);
+  EXPECT_EQ(FindIn(list, root)->parent, "");
+  EXPECT_EQ(b.memory_used(), 0u) << "listing restores nothing";
+  EXPECT_EQ(b.restored_count(), 0u);
+  EXPECT_TRUE(b.List().empty());
+  auto shown = b.Describe(child.substr(0, 12));
+  ASSERT_TRUE(shown.ok()) << shown.status();
+  EXPECT_EQ(shown->id, child);
+  EXPECT_EQ(shown->state, "disk");
+  EXPECT_EQ(b.Info(child).status().code(), absl::StatusCode::kNotFound) << "not published";
+  // /metrics names every pool with its state and parent.
+  Metrics metrics;
+  const std::string text = metrics.Render(b, store_.get());
+  EXPECT_NE(text.find("polykv_pools_by_state{state=\"disk\"} 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("polykv_pools_by_state{state=\"memory\"} 0"), std::string::npos);
+  EXPECT_NE(text.find(absl::StrCat("polykv_pool_state{pool=\"", child,
+                                   "\",state=\"disk\",parent=\"", root, "\"} 1")),
+            std::string::npos)
+      << text;
+
+  // Attaching the child restores the chain: both move to "memory", the third stays on disk.
+  auto g = b.Attach(child, 1);
+  ASSERT_TRUE(g.ok()) << g.status();
+  list = b.Catalog();
+  ASSERT_EQ(list.size(), 3u) << "each pool once";
+  EXPECT_EQ(FindIn(list, root)->state, "memory");
+  EXPECT_EQ(FindIn(list, child)->state, "memory");
+  EXPECT_EQ(FindIn(list, other)->state, "disk");
+  ASSERT_TRUE(b.Detach(g->lease_id).ok());
+
+  // A corrupt manifest is quarantined by the next start's scan and listed with why, and so
+  // it stays after another restart (the reason is kept beside the file).
+  const std::string file = store_->PathOf(other);
+  std::string bytes = support::ReadFile(file);
+  bytes[ipc::kPoolFilePrelude + 2] ^= 0x20;
+  { std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes; }
+  for (int restart = 0; restart < 2; ++restart) {
+    PoolManager& c = Restart();
+    list = c.Catalog();
+    ASSERT_EQ(list.size(), 3u) << "restart " << restart;
+    const ipc::PoolInfo* q = FindIn(list, other);
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(q->state, "quarantined");
+    EXPECT_NE(q->state_detail.find("/quarantine/" + other + ".pkv."), std::string::npos)
+        << q->state_detail;
+    EXPECT_NE(q->state_detail.find("checksum"), std::string::npos) << q->state_detail;
+    auto d = c.Describe(other);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->state, "quarantined");
+    EXPECT_EQ(c.Attach(other, 1).status().code(), absl::StatusCode::kNotFound);
+  }
+}
+
+// Issue 29: Evict reads the state folder before it takes the pool lock, so a slow disk stalls
+// only the evict, not every other request. A FIFO named like a pool file stands in for a
+// read that does not come back (its open blocks until a writer appears).
+TEST_F(PoolStoreTest, EvictReadsTheStateFolderOutsideThePoolLock) {
+  PoolManager& m = Restart();
+  auto r = m.CreatePool(CreateRequest("k8v3"), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string stuck_id(64, 'a');
+  const std::string fifo = store_->PathOf(stuck_id);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  std::thread evict(
+      [&] { EXPECT_EQ(m.Evict(stuck_id, false).code(), absl::StatusCode::kNotFound); });
+  // Give the evict time to reach the read, then ask for what every client asks for.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto list = std::async(std::launch::async, [&] { return m.List().size(); });
+  auto attach = std::async(std::launch::async, [&] { return m.Attach(r->info.id, 1).ok(); });
+  const bool answered = list.wait_for(std::chrono::seconds(5)) == std::future_status::ready &&
+                        attach.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  // Let the read finish: a writer that writes nothing (the "file" is then truncated).
+  const int w = open(fifo.c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(w, 0);
+  close(w);
+  evict.join();
+  ASSERT_TRUE(answered) << "List/Attach waited for the evict's disk read";
+  EXPECT_EQ(list.get(), 1u);
+  EXPECT_TRUE(attach.get());
+  EXPECT_FALSE(fs::exists(fifo)) << "the unreadable file went to quarantine";
 }
 
 TEST_F(PoolStoreTest, AbsentOrChangedModelIsRefusedAndTheFileKept) {

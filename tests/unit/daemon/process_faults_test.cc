@@ -92,7 +92,7 @@ TEST_F(ProcessFaults, CreateFailsWithinSecondsWhenTheDaemonIsKilled) {
                       dir_.socket()),
             std::string::npos)
       << text;
-  EXPECT_TRUE(ShmObjects(prefix_).empty());
+  EXPECT_EQ(testing::PoolMemoryLeft(prefix_), "none");
 }
 
 TEST_F(ProcessFaults, CreateFailsWithinSecondsWhenTheDaemonRestarts) {
@@ -159,10 +159,11 @@ TEST_F(ProcessFaults, NoSegmentOutlivesAKilledDaemonWhateverThePrefix) {
   RawClient c(dir_.endpoint());
   auto r = c.Call(CreateRequest("none"), 60000);
   ASSERT_TRUE(r.ok() && r->ok) << (r.ok() ? r->error : r.status().ToString());
+  EXPECT_EQ(support::MemfdUses(probe, daemon).size(), 1u) << "the pool: a memfd of polykvd";
   EXPECT_TRUE(ShmObjects(probe).empty());
   kill(daemon, SIGKILL);
   waitpid(daemon, nullptr, 0);
-  EXPECT_TRUE(ShmObjects(probe).empty()) << "nothing of the dead daemon's pools is left";
+  EXPECT_EQ(testing::PoolMemoryLeft(probe), "none") << "nothing of the dead daemon's pools is left";
   // Segments recorded by an older polykvd are removed on restart when they carry our prefix,
   // whatever it is (it used to be only names beginning with /polykv) - and only those.
   const std::string ours = probe + "0123456789abcdef";
@@ -189,7 +190,6 @@ TEST_F(ProcessFaults, PoolOfARunningDaemonCannotBeRewritten) {
   RawClient c(dir_.endpoint());
   auto r = c.Call(CreateRequest("k8v3"), 60000);
   ASSERT_TRUE(r.ok() && r->ok);
-  EXPECT_TRUE(ShmObjects(prefix_).empty());
   const std::string fd_dir = "/proc/" + std::to_string(daemon) + "/fd";
   int memfds = 0, refused_open = 0;
   const std::string junk(200000, 'X');

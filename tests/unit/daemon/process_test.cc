@@ -69,7 +69,8 @@ TEST_F(ProcessTest, ServesAndExitsCleanlyOnSigterm) {
   auto l = c.Call(list);
   ASSERT_TRUE(l.ok() && l->ok);
   ASSERT_EQ(l->pools.size(), 1u);
-  EXPECT_TRUE(ShmObjects(prefix_).empty()) << "host pools are sealed memfds, not named";
+  EXPECT_EQ(support::MemfdUses(prefix_, pid).size(), 1u)
+      << "the pool is a memfd held by polykvd: " << testing::PoolMemoryLeft(prefix_, 0);
   EXPECT_TRUE(Exists(dir_.socket() + ".fds"));
   struct stat st;
   ASSERT_EQ(stat(dir_.socket().c_str(), &st), 0);
@@ -80,7 +81,7 @@ TEST_F(ProcessTest, ServesAndExitsCleanlyOnSigterm) {
   EXPECT_FALSE(Exists(dir_.socket()));
   EXPECT_FALSE(Exists(dir_.socket() + ".pid"));
   EXPECT_FALSE(Exists(dir_.socket() + ".fds"));
-  EXPECT_TRUE(ShmObjects(prefix_).empty());
+  EXPECT_EQ(testing::PoolMemoryLeft(prefix_), "none") << "no process holds a pool";
 }
 
 TEST_F(ProcessTest, SecondDaemonOnLiveEndpointRefuses) {
@@ -105,17 +106,17 @@ TEST_F(ProcessTest, RestartAfterSigkillCleansStaleSocketAndSegments) {
     auto r = c.Call(CreateRequest("none"), 60000);
     ASSERT_TRUE(r.ok() && r->ok);
   }
-  EXPECT_TRUE(ShmObjects(prefix_).empty());
+  EXPECT_EQ(support::MemfdUses(prefix_, pid).size(), 1u);
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
   // Leftovers of the dead daemon: its socket files, but no pool memory (the memfds went
   // with the process).
   EXPECT_TRUE(Exists(dir_.socket()));
+  EXPECT_EQ(testing::PoolMemoryLeft(prefix_), "none");
   EXPECT_TRUE(ShmObjects(prefix_).empty());
 
   pid_t again = StartDaemon();
   ASSERT_GT(again, 0);
-  EXPECT_TRUE(ShmObjects(prefix_).empty());
   RawClient c(dir_.endpoint());
   ipc::Request list;
   list.type = ipc::MessageType::kList;
@@ -127,7 +128,7 @@ TEST_F(ProcessTest, RestartAfterSigkillCleansStaleSocketAndSegments) {
   EXPECT_TRUE(r->created);
   kill(again, SIGTERM);
   EXPECT_EQ(WaitExit(again, 20000), 0);
-  EXPECT_TRUE(ShmObjects(prefix_).empty());
+  EXPECT_EQ(testing::PoolMemoryLeft(prefix_), "none");
 }
 
 TEST_F(ProcessTest, BadFlagsExitNonZero) {

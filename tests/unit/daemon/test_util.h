@@ -19,6 +19,7 @@
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
 #include "support/files.h"
+#include "support/leaks.h"
 
 namespace polykv::daemon::testing {
 
@@ -56,22 +57,20 @@ inline std::vector<std::string> ShmObjects(const std::string& prefix) {
 }
 
 /// Descriptors of this process that are pool memfds of `prefix` ("/polykv-..."): their
-/// /proc/self/fd links read "/memfd:<prefix without '/'>... (deleted)".
+/// /proc/self/fd links read "/memfd:<prefix without '/'>... (deleted)" (support::MemfdUses,
+/// the mappings left out).
 inline std::vector<std::string> MemfdObjects(const std::string& prefix) {
   std::vector<std::string> out;
-  const std::string want = "/memfd:" + prefix.substr(1);
-  if (DIR* d = opendir("/proc/self/fd")) {
-    while (dirent* e = readdir(d)) {
-      char buf[512];
-      std::string link = std::string("/proc/self/fd/") + e->d_name;
-      ssize_t n = readlink(link.c_str(), buf, sizeof(buf) - 1);
-      if (n <= 0) continue;
-      buf[n] = '\0';
-      if (std::string(buf).rfind(want, 0) == 0) out.push_back(buf);
-    }
-    closedir(d);
+  for (const support::MemfdUse& u : support::MemfdUses(prefix, getpid())) {
+    if (u.where.rfind("fd ", 0) == 0) out.push_back("/" + u.name);
   }
   return out;
+}
+
+/// Pool memfds of `prefix` that any process still holds or maps once `timeout_ms` passed
+/// (support::MemfdUsesSettled), as text for a failure message; "none" when there are none.
+inline std::string PoolMemoryLeft(const std::string& prefix, int timeout_ms = 5000) {
+  return support::DescribeMemfdUses(support::MemfdUsesSettled(prefix, timeout_ms));
 }
 
 /// Number of this process's memfds with `prefix`, once it equals `want` or `timeout_ms` has

@@ -1,9 +1,13 @@
-// Format tests of the codec: Lloyd-Max codebooks, bit packing, dtype conversions, golden bytes.
+// Format tests of the codec: Lloyd-Max codebooks, bit packing, dtype conversions, golden bytes
+// (shared with an independent Python reference, tests/data/codec/golden.json).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "polykv/kernels/codec.h"
@@ -217,31 +221,45 @@ std::string Hex(const uint8_t* p, size_t n) {
   return s;
 }
 
-TEST(CodecGolden, ValueBytesThreeBitsHeadDim64) {
-  const LayerShape shape{1, 2, 64};
-  const auto v = GoldenInput(2, 64);
-  CodecConfig cfg;  // 3 bits, default seed, no norm correction
-  std::vector<uint8_t> packed(2 * PackedVectorBytes(64, 3));
-  std::vector<float> norms(2);
-  ASSERT_TRUE(EncodeValues(v.data(), DType::kF32, shape, cfg, packed.data(), norms.data()).ok());
-  EXPECT_EQ(Hex(packed.data(), 24), "5c3764d5ba759f49a65497a154b7b12959be8c1c4a856f0b");
-  EXPECT_EQ(Hex(packed.data() + 24, 24), "e5dec89b47752ec98636c5cd94a59ad1d25ca5769692bfa8");
-  EXPECT_FLOAT_EQ(norms[0], 6.0897069f);
-  EXPECT_FLOAT_EQ(norms[1], 5.9272695f);
+// The golden bytes live in tests/data/codec/golden.json, which the independent Python reference
+// of the codec's definition (tests/python/codec_reference.py, ctest codec_python_reference)
+// checks too: these are not just snapshots of this code's own output.
+nlohmann::json GoldenCase(const std::string& name) {
+  std::ifstream in(POLYKV_TEST_DATA_DIR "/codec/golden.json");
+  EXPECT_TRUE(in) << "tests/data/codec/golden.json missing";
+  const nlohmann::json golden = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  for (const auto& c : golden.value("value_cases", nlohmann::json::array())) {
+    if (c.value("name", "") == name) return c;
+  }
+  ADD_FAILURE() << "no value case " << name << " in golden.json";
+  return nlohmann::json::object();
 }
 
-TEST(CodecGolden, ValueBytesFourBitsHeadDim48NormCorrected) {
-  const LayerShape shape{1, 1, 48};
-  const auto v = GoldenInput(1, 48);
+void ExpectGoldenValues(const std::string& name) {
+  const nlohmann::json c = GoldenCase(name);
+  ASSERT_TRUE(c.contains("packed_hex")) << name;
+  const int d = c["head_dim"], n = c["vectors"], bits = c["bits"];
+  const LayerShape shape{1, n, d};
+  const auto v = GoldenInput(n, d);
   CodecConfig cfg;
-  cfg.value_bits = 4;
-  cfg.norm_correction = true;
-  cfg.rotation_seed = 12345;
-  std::vector<uint8_t> packed(PackedVectorBytes(48, 4));
-  std::vector<float> norms(1);
+  cfg.value_bits = bits;
+  cfg.norm_correction = c["norm_correction"];
+  cfg.rotation_seed = std::stoull(c["seed"].get<std::string>(), nullptr, 16);
+  const int64_t vb = PackedVectorBytes(d, bits);
+  std::vector<uint8_t> packed(n * vb);
+  std::vector<float> norms(n);
   ASSERT_TRUE(EncodeValues(v.data(), DType::kF32, shape, cfg, packed.data(), norms.data()).ok());
-  EXPECT_EQ(Hex(packed.data(), packed.size()), "6e3796c82c52ab987ea663ac5c9952a2778754b4ce4c47d6");
-  EXPECT_FLOAT_EQ(norms[0], 5.2528362f);
+  for (int j = 0; j < n; ++j) {
+    EXPECT_EQ(Hex(packed.data() + j * vb, vb), c["packed_hex"][j].get<std::string>())
+        << name << " vector " << j;
+    EXPECT_FLOAT_EQ(norms[j], c["norms"][j].get<float>()) << name << " vector " << j;
+  }
+}
+
+TEST(CodecGolden, ValueBytesThreeBitsHeadDim64) { ExpectGoldenValues("bits3_head_dim64"); }
+
+TEST(CodecGolden, ValueBytesFourBitsHeadDim48NormCorrected) {
+  ExpectGoldenValues("bits4_head_dim48_norm_corrected");
 }
 
 TEST(CodecGolden, RotationSignsOfDefaultSeed) {

@@ -169,7 +169,13 @@ struct MemoryHandle {
   X(uint64_t,    parent_tokens,      "parent_tokens",      parent_tokens)                         \
   /* Where this daemon got the pool: "prefill" (built here), "state" (restored from its */        \
   /* state folder) or "peer tcp://HOST:PORT" (replicated from another daemon). */                 \
-  X(std::string, origin,             "origin",             origin)
+  X(std::string, origin,             "origin",             origin)                                \
+  /* Where the pool is on the answering daemon (LIST, STATS): "memory" (published), "disk" */     \
+  /* (only a pool file in its state folder: restored on the first attach or create) or */         \
+  /* "quarantined" (a corrupt pool file moved to quarantine/, never served); state_detail: */     \
+  /* the file, and for a quarantined one why. Empty from older daemons (read as "memory"). */     \
+  X(std::string, state,              "state",              state)                                 \
+  X(std::string, state_detail,       "state_detail",       state_detail)
 // clang-format on
 
 /// Description of a pool (LIST, STATS, ATTACH, CREATE_POOL replies): the fields of
@@ -223,7 +229,9 @@ struct Request {
   std::string parent;
   std::string key_scale = "tensor";  ///< "tensor" | "head" | "channel"
   bool norm_correction = false;
-  bool progress = false;  ///< send PROGRESS messages
+  /// CREATE_POOL, FETCH, ATTACH: send PROGRESS messages (heartbeats every kHeartbeatMs while
+  /// the request runs on a worker: a create, or an ATTACH that replicates the pool first).
+  bool progress = false;
   // ATTACH / EVICT / STATS(one pool)
   std::string pool_id;
   bool force = false;  ///< EVICT with live leases
