@@ -7,6 +7,7 @@
 # The eval venv (scripts/install-eval-deps.sh: numpy, tokenizers, all-MiniLM-L6-v2) is
 # installed too and exported as POLYKV_EVAL_PYTHON for the ctest eval_post_semantic.
 # Before building, scripts/check-format.sh checks every source against .clang-format.
+# Then the same without libtorch (POLYKV_WITH_TORCH=OFF) in <build>-notorch.
 # POLYKV_CI_SANITIZE=1 adds the ASan+UBSan and ThreadSanitizer runs (scripts/sanitize.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,17 @@ export POLYKV_SMOLLM2_GGUF
 echo "test: SmolLM2-135M-Instruct at $POLYKV_SMOLLM2_GGUF" >&2
 
 ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j"$JOBS" </dev/null
+
+# The torch-free configuration (issue 26): the whole product without libtorch
+# (POLYKV_WITH_TORCH=OFF), built and tested too. Every test runs there except the suites the
+# build above already ran that do not touch the model runtime's build options (fault, fuzz,
+# gpu, the 1.7B integration-bigmodel run); the torch-reference tests do not exist there.
+NOTORCH="${BUILD}-notorch"
+cmake -S . -B "$NOTORCH" -DCMAKE_BUILD_TYPE=Release -DPOLYKV_BUILD_TESTS=ON \
+  -DPOLYKV_BUILD_BENCHMARKS=OFF -DPOLYKV_WITH_TORCH=OFF </dev/null
+cmake --build "$NOTORCH" -j"$JOBS" </dev/null
+ctest --test-dir "$NOTORCH" --output-on-failure --no-tests=error -j"$JOBS" \
+  -LE 'fault|fuzz|gpu|bigmodel' </dev/null
 
 if [ "${POLYKV_CI_SANITIZE:-0}" = 1 ]; then
   bash scripts/sanitize.sh asan

@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "polykv/client.h"
-#include "polykv/ipc/pool_layout.h"
+#include "polykv/kernels/attention.h"
 #include "polykv/model/perplexity.h"
 #include "polykv/model/prefill.h"
 
@@ -83,6 +83,36 @@ void RecordAnswer(const PooledAgent& agent, model::GenerateResult gen, AgentResu
   st.generation_ms = gen.total_ms;
   st.new_tokens = static_cast<int64_t>(result->answer_ids.size());
   st.tokens_per_s = gen.total_ms > 0 ? st.new_tokens * 1000.0 / gen.total_ms : 0;
+}
+
+// The kernels' view of an attached host pool, from the encoding the client library parsed
+// at attach (polykv_pool_attention_view / polykv_pool_layer_view): no second header parse.
+StatusOr<kernels::PrefixView> PrefixViewOfPool(const polykv_pool* pool, uint64_t* parent_tokens) {
+  polykv_attention_view a = polykv_attention_view_init();
+  POLYKV_RETURN_IF_ERROR(
+      FromCStatus(polykv_pool_attention_view(pool, &a), "pool attention view"));
+  kernels::PrefixView v;
+  v.kv_heads = static_cast<int32_t>(a.kv_heads);
+  v.head_dim = static_cast<int32_t>(a.head_dim);
+  v.tokens = static_cast<int64_t>(a.tokens);
+  v.codec = a.codec == 0 ? kernels::PrefixCodec::kRaw : kernels::PrefixCodec::kK8V;
+  v.raw_dtype = static_cast<kernels::DType>(a.raw_dtype);
+  v.config.key_bits = a.key_bits;
+  v.config.value_bits = a.value_bits;
+  v.config.key_scale = static_cast<kernels::KeyScaleMode>(a.key_scale);
+  v.config.norm_correction = a.norm_correction != 0;
+  v.config.norm_dtype = static_cast<kernels::DType>(a.norm_dtype);
+  v.config.rotation_seed = a.rotation_seed;
+  v.layers.resize(a.layers);
+  for (uint32_t l = 0; l < a.layers; ++l) {
+    polykv_layer_view lv = polykv_layer_view_init();
+    POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_layer_view(pool, l, &lv), "pool layer view"));
+    v.layers[l] = kernels::PrefixLayer{lv.k, lv.k_scales, lv.v, lv.v_norms,
+                                       v.codec == kernels::PrefixCodec::kK8V ? lv.value_bits : 0};
+  }
+  POLYKV_RETURN_IF_ERROR(kernels::ValidatePrefixView(v));
+  *parent_tokens = a.parent_tokens;
+  return v;
 }
 
 }  // namespace
@@ -401,19 +431,14 @@ Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, boo
     auto prefix = std::make_shared<model::KvPrefix>();
     uint64_t bytes_per_token = 0;
     for (size_t i = 0; i < n; ++i) {
-      const void* base = nullptr;
-      uint64_t size = 0;
-      POLYKV_RETURN_IF_ERROR(
-          FromCStatus(polykv_pool_mapping(pools[i], &base, &size), "pool mapping"));
-      POLYKV_ASSIGN_OR_RETURN(ipc::PoolReader reader,
-                              ipc::PoolReader::Open(base, size, /*verify_payload=*/false));
-      const ipc::PoolParams& p = reader.params();
-      if (p.tokens != chain.infos[i].tokens || p.parent_tokens != chain.infos[i].parent_tokens)
-        return absl::DataLossError(absl::StrCat("pool ", chain.infos[i].id, ": header holds ",
-                                                p.tokens, " tokens after ", p.parent_tokens,
-                                                ", the daemon reported ", chain.infos[i].tokens,
-                                                " after ", chain.infos[i].parent_tokens));
-      POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, ipc::PrefixViewOf(reader));
+      uint64_t parent_tokens = 0;
+      POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, PrefixViewOfPool(pools[i], &parent_tokens));
+      if (v.tokens != static_cast<int64_t>(chain.infos[i].tokens) ||
+          parent_tokens != chain.infos[i].parent_tokens)
+        return absl::DataLossError(absl::StrCat(
+            "pool ", chain.infos[i].id, ": header holds ", v.tokens, " tokens after ",
+            parent_tokens, ", the daemon reported ", chain.infos[i].tokens, " after ",
+            chain.infos[i].parent_tokens));
       bytes_per_token += static_cast<uint64_t>(v.LayerBytes()) * v.layers.size();
       if (i == 0) {
         prefix->view = std::move(v);

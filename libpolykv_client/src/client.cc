@@ -863,6 +863,73 @@ polykv_status polykv_pool_mapping(const polykv_pool* pool, const void** base, ui
   return POLYKV_OK;
 }
 
+namespace {
+
+// The attached host pool's PrefixView, built from the header parsed at attach.
+polykv::StatusOr<polykv::kernels::PrefixView> HostViewOf(const polykv_pool* pool) {
+  if (!pool->reader || pool->map_base == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool ", pool->info.id, " lives in GPU memory: it has no host view to attend to"));
+  return ipc::PrefixViewOf(*pool->reader);
+}
+
+}  // namespace
+
+polykv_status polykv_pool_attention_view(const polykv_pool* pool, polykv_attention_view* out) {
+  if (pool == nullptr || out == nullptr)
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_attention_view: NULL argument");
+  if (out->struct_size != sizeof(polykv_attention_view))
+    return Fail(POLYKV_INVALID_ARGUMENT,
+                absl::StrCat("polykv_pool_attention_view: struct_size ", out->struct_size,
+                             " is not sizeof(polykv_attention_view) = ",
+                             sizeof(polykv_attention_view), " (use polykv_attention_view_init)"));
+  return Guarded("polykv_pool_attention_view", [&]() -> Status {
+    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, HostViewOf(pool));
+    const ipc::PoolParams& p = pool->reader->params();
+    *out = polykv_attention_view_init();
+    out->codec = static_cast<uint32_t>(v.codec);
+    out->layers = static_cast<uint32_t>(v.layers.size());
+    out->kv_heads = static_cast<uint32_t>(v.kv_heads);
+    out->head_dim = static_cast<uint32_t>(v.head_dim);
+    out->tokens = static_cast<uint64_t>(v.tokens);
+    out->parent_tokens = p.parent_tokens;
+    out->raw_dtype = static_cast<polykv_dtype>(v.raw_dtype);
+    out->key_bits = v.config.key_bits;
+    out->value_bits = v.config.value_bits;
+    out->key_scale = static_cast<int32_t>(v.config.key_scale);
+    out->norm_correction = v.config.norm_correction ? 1 : 0;
+    out->norm_dtype = static_cast<polykv_dtype>(v.config.norm_dtype);
+    out->rotation_seed = v.config.rotation_seed;
+    return Status();
+  });
+}
+
+polykv_status polykv_pool_layer_view(const polykv_pool* pool, uint32_t layer,
+                                     polykv_layer_view* out) {
+  if (pool == nullptr || out == nullptr)
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_layer_view: NULL argument");
+  if (out->struct_size != sizeof(polykv_layer_view))
+    return Fail(POLYKV_INVALID_ARGUMENT,
+                absl::StrCat("polykv_pool_layer_view: struct_size ", out->struct_size,
+                             " is not sizeof(polykv_layer_view) = ", sizeof(polykv_layer_view),
+                             " (use polykv_layer_view_init)"));
+  return Guarded("polykv_pool_layer_view", [&]() -> Status {
+    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, HostViewOf(pool));
+    if (layer >= v.layers.size())
+      return absl::InvalidArgumentError(absl::StrCat("polykv_pool_layer_view: layer ", layer,
+                                                     " is not below the pool's ",
+                                                     v.layers.size(), " layers"));
+    const kernels::PrefixLayer& l = v.layers[layer];
+    *out = polykv_layer_view_init();
+    out->value_bits = v.ValueBitsOf(layer);
+    out->k = l.k;
+    out->k_scales = l.k_scales;
+    out->v = l.v;
+    out->v_norms = l.v_norms;
+    return Status();
+  });
+}
+
 size_t polykv_pool_layer_elements(const polykv_pool* pool) {
   if (pool == nullptr || !pool->reader) return 0;
   const ipc::PoolParams& p = pool->reader->params();

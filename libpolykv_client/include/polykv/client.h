@@ -356,6 +356,61 @@ POLYKV_CLIENT_API polykv_status polykv_pool_info_by_id(polykv_client* client, co
 POLYKV_CLIENT_API polykv_status polykv_pool_mapping(const polykv_pool* pool, const void** base,
                                                     uint64_t* size);
 
+/** How an attached host pool's K/V lie in its mapping, for attending to them in place
+ *  (polykv_pool_attention_view; every layer's pointers from polykv_pool_layer_view). The
+ *  encoding is the one kernels/attention.h reads (PrefixView): codec 0 = raw K/V of
+ *  raw_dtype [kv_heads][tokens][head_dim] (codec "none"); codec 1 = keys int8 symmetric linear
+ *  (key_bits 8, or 4..7 densely packed) with f32 scales (key_scale 0 per tensor, 1 per KV
+ *  head, 2 per channel), values TurboQuant-MSE (random signs seeded by rotation_seed +
+ *  Walsh-Hadamard rotation, Lloyd-Max codebook for N(0,1), value_bits per layer) with
+ *  per-vector norms of norm_dtype (f32 or f16). An out-struct that grows: make one with
+ *  polykv_attention_view_init(). */
+typedef struct polykv_attention_view_t {
+  uint32_t struct_size; /**< in: sizeof(polykv_attention_view) */
+  uint32_t codec;       /**< 0 raw, 1 int8 keys + TurboQuant-MSE values */
+  uint32_t layers, kv_heads, head_dim;
+  uint64_t tokens;           /**< positions of this pool (after parent_tokens of its chain) */
+  uint64_t parent_tokens;    /**< positions of the parent chain (0 for a root pool) */
+  polykv_dtype raw_dtype;    /**< codec 0 */
+  int32_t key_bits;          /**< codec 1: 8, or 4..7 (packed) */
+  int32_t value_bits;        /**< codec 1: the default; a layer's own in polykv_layer_view */
+  int32_t key_scale;         /**< codec 1: 0 per tensor, 1 per KV head, 2 per channel */
+  int32_t norm_correction;   /**< codec 1: norms are ||v|| / ||reconstruction|| */
+  polykv_dtype norm_dtype;   /**< codec 1: F32 or F16 norms */
+  uint64_t rotation_seed;    /**< codec 1: seeds the random signs */
+} polykv_attention_view;
+
+/** A zeroed polykv_attention_view with struct_size set. */
+POLYKV_DEFINE_STRUCT_INIT(polykv_attention_view, polykv_attention_view_init)
+
+/** Pointers into the mapping for one layer of an attached host pool, valid until
+ *  polykv_detach: k (int8 / packed key codes, or raw K), k_scales (codec 1: f32 scales),
+ *  v (packed value codes, or raw V), v_norms (codec 1: [kv_heads * tokens] of norm_dtype),
+ *  value_bits (codec 1: this layer's value bits). Make one with polykv_layer_view_init(). */
+typedef struct polykv_layer_view_t {
+  uint32_t struct_size; /**< in: sizeof(polykv_layer_view) */
+  int32_t value_bits;
+  const void* k;
+  const float* k_scales;
+  const void* v;
+  const void* v_norms;
+} polykv_layer_view;
+
+/** A zeroed polykv_layer_view with struct_size set. */
+POLYKV_DEFINE_STRUCT_INIT(polykv_layer_view, polykv_layer_view_init)
+
+/** The encoding of an attached host pool as parsed (and checked) at polykv_attach: no second
+ *  parse of the header by the caller. Errors: POLYKV_INVALID_ARGUMENT (NULL, or a
+ *  struct_size other than sizeof(polykv_attention_view)), POLYKV_FAILED_PRECONDITION for a
+ *  cuda pool (device memory has no host view). */
+POLYKV_CLIENT_API polykv_status polykv_pool_attention_view(const polykv_pool* pool,
+                                                           polykv_attention_view* out);
+
+/** Layer `layer`'s pointers (see polykv_layer_view). Errors as polykv_pool_attention_view,
+ *  and POLYKV_INVALID_ARGUMENT for a layer >= layers. */
+POLYKV_CLIENT_API polykv_status polykv_pool_layer_view(const polykv_pool* pool, uint32_t layer,
+                                                       polykv_layer_view* out);
+
 /** Elements of one of K or V of a layer: kv_heads * tokens * head_dim (0 for NULL). */
 POLYKV_CLIENT_API size_t polykv_pool_layer_elements(const polykv_pool* pool);
 

@@ -192,7 +192,7 @@ TEST(ProtocolTest, EveryPoolInfoFieldRoundTripsUnderItsWireName) {
       "kv_heads head_dim total_bytes key_codes key_scales value_codes value_norms overhead "
       "bf16_bytes effective_ratio leases created_unix_ms prefill_ms encode_ms publish_ms "
       "fidelity_layers key_rel_mse_mean key_rel_mse_max value_rel_mse_mean value_rel_mse_max "
-      "parent parent_tokens origin",
+      "parent parent_tokens origin state state_detail",
       ' ');
   std::vector<std::string> keys;
   ForEachPoolInfoField(info, [&](const char* key, const auto&) { keys.push_back(key); });
