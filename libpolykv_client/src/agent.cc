@@ -89,8 +89,7 @@ void RecordAnswer(const PooledAgent& agent, model::GenerateResult gen, AgentResu
 // at attach (polykv_pool_attention_view / polykv_pool_layer_view): no second header parse.
 StatusOr<kernels::PrefixView> PrefixViewOfPool(const polykv_pool* pool, uint64_t* parent_tokens) {
   polykv_attention_view a = polykv_attention_view_init();
-  POLYKV_RETURN_IF_ERROR(
-      FromCStatus(polykv_pool_attention_view(pool, &a), "pool attention view"));
+  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_attention_view(pool, &a), "pool attention view"));
   kernels::PrefixView v;
   v.kv_heads = static_cast<int32_t>(a.kv_heads);
   v.head_dim = static_cast<int32_t>(a.head_dim);
@@ -435,10 +434,10 @@ Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, boo
       POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, PrefixViewOfPool(pools[i], &parent_tokens));
       if (v.tokens != static_cast<int64_t>(chain.infos[i].tokens) ||
           parent_tokens != chain.infos[i].parent_tokens)
-        return absl::DataLossError(absl::StrCat(
-            "pool ", chain.infos[i].id, ": header holds ", v.tokens, " tokens after ",
-            parent_tokens, ", the daemon reported ", chain.infos[i].tokens, " after ",
-            chain.infos[i].parent_tokens));
+        return absl::DataLossError(absl::StrCat("pool ", chain.infos[i].id, ": header holds ",
+                                                v.tokens, " tokens after ", parent_tokens,
+                                                ", the daemon reported ", chain.infos[i].tokens,
+                                                " after ", chain.infos[i].parent_tokens));
       bytes_per_token += static_cast<uint64_t>(v.LayerBytes()) * v.layers.size();
       if (i == 0) {
         prefix->view = std::move(v);
