@@ -5,15 +5,18 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "polykv/client.h"
 #include "polykv/kernels/attention.h"
+#include "polykv/kernels/device_ops.h"
 #include "polykv/model/perplexity.h"
 #include "polykv/model/prefill.h"
 
@@ -65,11 +68,22 @@ Status CheckPromptIds(absl::Span<const int32_t> prompt_ids, int32_t vocab) {
   return absl::OkStatus();
 }
 
-/// Whether an agent attends to a pool in place: asked for, the model's weights mapped (the
-/// split attention path) and the pool on the host.
-bool AttendsInPlace(Attend attend, const model::LlamaModel& model, const char* pool_backend) {
-  return attend == Attend::kInPlace && model.weight_storage() == model::WeightStorage::kMapped &&
-         std::string(pool_backend) == "host";
+/// OK when the agent can compute on `device`; checked before the model is loaded, so
+/// `--device cuda` never ends in a CPU run. kUnimplemented (no CUDA in this build, or the CUDA
+/// model runtime is not linked), kFailedPrecondition (no usable device, ordinal too large).
+Status CheckAgentDevice(const AgentDevice& device) {
+  if (device.kind == kernels::Device::kCpu) return absl::OkStatus();
+  const std::string name = AgentDeviceName(device);
+  POLYKV_RETURN_IF_ERROR(kernels::CheckDeviceAvailable(kernels::Device::kCuda));
+  if (device.index >= kernels::CudaDeviceCount()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--device ", name, ": this host has ", kernels::CudaDeviceCount(), " CUDA device(s)"));
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("--device ", name,
+                   ": the CUDA agent runtime (model step on device_ops.h, attention in place on "
+                   "the CUDA IPC pool) is not linked into this build; run with --device cpu "
+                   "(and --allow-copy for a cuda pool)"));
 }
 
 /// Records a generation in `result`: the answer (ids and, with a tokenizer, text) and its
@@ -89,8 +103,7 @@ void RecordAnswer(const PooledAgent& agent, model::GenerateResult gen, AgentResu
 // at attach (polykv_pool_attention_view / polykv_pool_layer_view): no second header parse.
 StatusOr<kernels::PrefixView> PrefixViewOfPool(const polykv_pool* pool, uint64_t* parent_tokens) {
   polykv_attention_view a = polykv_attention_view_init();
-  POLYKV_RETURN_IF_ERROR(
-      FromCStatus(polykv_pool_attention_view(pool, &a), "pool attention view"));
+  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_attention_view(pool, &a), "pool attention view"));
   kernels::PrefixView v;
   v.kv_heads = static_cast<int32_t>(a.kv_heads);
   v.head_dim = static_cast<int32_t>(a.head_dim);
@@ -277,9 +290,42 @@ Status PooledAgent::AttachChain(const std::string& id, AttachedChain* chain) {
   return absl::OkStatus();
 }
 
+StatusOr<PoolRoute> PooledAgent::Route(const std::string& id, const AttachedChain* chain) {
+  RouteInput in;
+  in.device = options_.device;
+  in.in_place = options_.attend == Attend::kInPlace;
+  in.mapped_weights = model_->weight_storage() == model::WeightStorage::kMapped;
+  in.allow_copy = options_.allow_copy;
+  in.pool_id = id;
+  if (chain == nullptr) {
+    // Before attaching: a cuda pool is refused without mapping it (no CUDA context here).
+    POLYKV_RETURN_IF_ERROR(EnsureConnected(nullptr));
+    polykv_pool_info info = polykv_pool_info_init();
+    Status s = FromCStatus(polykv_pool_info_by_id(client_, id.c_str(), &info),
+                           absl::StrCat("stats of pool ", id));
+    if (IsConnectionError(s)) Disconnect();
+    POLYKV_RETURN_IF_ERROR(s);
+    in.backend = info.backend;
+    return RoutePool(in);
+  }
+  std::optional<PoolRoute> route;
+  for (const polykv_pool_info& info : chain->infos) {
+    in.backend = info.backend;
+    in.pool_id = info.id;
+    POLYKV_ASSIGN_OR_RETURN(PoolRoute r, RoutePool(in));
+    if (route && *route != r)
+      return absl::FailedPreconditionError(
+          absl::StrCat("pool ", id, ": its parent chain lies in more than one backend"));
+    route = r;
+  }
+  if (!route) return absl::InternalError("empty pool chain");
+  return *route;
+}
+
 StatusOr<std::unique_ptr<PooledAgent>> PooledAgent::Create(const AgentOptions& options) {
   std::unique_ptr<PooledAgent> agent(new PooledAgent());
   agent->options_ = options;
+  POLYKV_RETURN_IF_ERROR(CheckAgentDevice(options.device));
   model::LoadOptions load = options.load;
   load.threads = options.threads;
   POLYKV_ASSIGN_OR_RETURN(agent->model_, model::LlamaModel::Load(options.model_path, load));
@@ -353,13 +399,15 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
   // on the next Run); every pool must come from this model ----
   auto t_attach = Clock::now();
   AttachedChain chain;
+  POLYKV_RETURN_IF_ERROR(Route(std::string(pool_id), nullptr).status());
   POLYKV_RETURN_IF_ERROR(AttachChain(std::string(pool_id), &chain));
+  POLYKV_ASSIGN_OR_RETURN(result.route, Route(std::string(pool_id), &chain));
   st.attach_ms = MsSince(t_attach);
   chain.Describe(&result);
 
   // ---- the document's KV: views of the mapped pools, or decoded into a private cache ----
   auto t_decode = Clock::now();
-  const bool in_place = AttendsInPlace(options_.attend, *model_, chain.leaf().backend);
+  const bool in_place = result.route == PoolRoute::kHostInPlace;
   result.attend = in_place ? Attend::kInPlace : Attend::kDecompressed;
   const int64_t extra =
       static_cast<int64_t>(prompt_ids.size()) + std::max<int32_t>(sampling.max_new_tokens, 0) + 1;
@@ -367,6 +415,8 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
   POLYKV_RETURN_IF_ERROR(BuildCache(chain, extra, in_place, &cache, &st));
   st.decode_ms = MsSince(t_decode);
   st.private_kv_bytes = CacheBytes(cache);
+  if (result.route == PoolRoute::kCudaCopiedToHost)
+    std::fprintf(stderr, "%s\n", CopyCostLine(pool_id, st.pool_bytes, st.private_kv_bytes).c_str());
 
   // ---- generate after the document ----
   POLYKV_ASSIGN_OR_RETURN(model::GenerateResult gen, model_->Generate(cache, prompt_ids, sampling));
@@ -399,12 +449,16 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
             absl::StrCat("score: token id ", id, " outside the vocabulary"));
   const std::string id(pool_id);
   AttachedChain chain;
+  POLYKV_RETURN_IF_ERROR(Route(id, nullptr).status());
   POLYKV_RETURN_IF_ERROR(AttachChain(id, &chain));
-  const bool in_place = AttendsInPlace(options_.attend, *model_, chain.leaf().backend);
+  POLYKV_ASSIGN_OR_RETURN(const PoolRoute route, Route(id, &chain));
+  const bool in_place = route == PoolRoute::kHostInPlace;
   AgentStats st;
   model::KvCache cache;
   POLYKV_RETURN_IF_ERROR(
       BuildCache(chain, static_cast<int64_t>(input_ids.size()) + 1, in_place, &cache, &st));
+  if (route == PoolRoute::kCudaCopiedToHost)
+    std::fprintf(stderr, "%s\n", CopyCostLine(id, chain.total_bytes, CacheBytes(cache)).c_str());
   POLYKV_ASSIGN_OR_RETURN(std::vector<double> nll,
                           model::ScoreTokens(*model_, cache, input_ids, target_ids, rows));
   cache = model::KvCache();
@@ -435,10 +489,10 @@ Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, boo
       POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, PrefixViewOfPool(pools[i], &parent_tokens));
       if (v.tokens != static_cast<int64_t>(chain.infos[i].tokens) ||
           parent_tokens != chain.infos[i].parent_tokens)
-        return absl::DataLossError(absl::StrCat(
-            "pool ", chain.infos[i].id, ": header holds ", v.tokens, " tokens after ",
-            parent_tokens, ", the daemon reported ", chain.infos[i].tokens, " after ",
-            chain.infos[i].parent_tokens));
+        return absl::DataLossError(absl::StrCat("pool ", chain.infos[i].id, ": header holds ",
+                                                v.tokens, " tokens after ", parent_tokens,
+                                                ", the daemon reported ", chain.infos[i].tokens,
+                                                " after ", chain.infos[i].parent_tokens));
       bytes_per_token += static_cast<uint64_t>(v.LayerBytes()) * v.layers.size();
       if (i == 0) {
         prefix->view = std::move(v);

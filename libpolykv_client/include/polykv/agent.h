@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "polykv/agent_device.h"
 #include "polykv/model/llama.h"
 #include "polykv/status.h"
 
@@ -49,9 +50,18 @@ struct AgentOptions {
   int timeout_ms = 5000;    ///< per daemon request (Lazy Pirate inside the client)
   int threads = 0;          ///< compute threads (kernels, OpenBLAS); 0 = all cores
   model::LoadOptions load;  ///< weights / quantized_rows (threads is taken from `threads`)
-  /// In place needs a host pool and the mapped runtime; otherwise Run falls back to
-  /// decompressing (AgentResult::attend says which ran).
+  /// In place needs a host pool and the mapped runtime; otherwise a host pool is decompressed
+  /// (AgentResult::attend says which ran). A cuda pool is never copied to the host silently:
+  /// see `device` and `allow_copy` (agent_device.h RoutePool).
   Attend attend = Attend::kInPlace;
+  /// Where the agent computes (`--device cpu|cuda[:N]`). kCuda: Create fails with
+  /// kUnimplemented (build without CUDA, or the CUDA model runtime not linked) or
+  /// kFailedPrecondition (no usable device / ordinal out of range): never a CPU run.
+  AgentDevice device;
+  /// `--allow-copy`: a CPU agent may read a cuda pool by decoding it on the device into a
+  /// private host cache, logging one line with the bytes copied and the private memory it
+  /// takes (CopyCostLine). Without it such a Run fails with kFailedPrecondition.
+  bool allow_copy = false;
 };
 
 /// Memory of this process from /proc/self/smaps_rollup, in bytes.
@@ -93,6 +103,7 @@ struct AgentResult {
   std::vector<int32_t> prompt_ids;   ///< the prompt as fed after the document
   std::string codec;                 ///< the pool's codec ("k8v3", "none", ...)
   Attend attend = Attend::kInPlace;  ///< how the document's KV was read
+  PoolRoute route = PoolRoute::kHostInPlace;  ///< where it lay and how it was read
   AgentStats stats;
 };
 
@@ -134,10 +145,12 @@ class PooledAgent {
   /// decodes it into a private cache, generates from `prompt_ids` (appended after the
   /// document: every pool of the chain), detaches. Errors:
   ///  kNotFound (unknown or evicted pool: "pool <id> was evicted"),
-  ///  kFailedPrecondition (lease expired, or the pool's model fingerprint / shape does not
-  ///  match the loaded model), kUnavailable / kDeadlineExceeded (daemon gone; the next
-  ///  Run reconnects), kInvalidArgument (empty prompt, ids outside the vocabulary),
-  ///  kDataLoss (bad pool header). Never returns data decoded after an eviction was seen.
+  ///  kFailedPrecondition (lease expired, the pool's model fingerprint / shape does not
+  ///  match the loaded model, or the pool lies where this agent cannot attend to it:
+  ///  RoutePool, checked with a STATS request before anything is attached or mapped), kUnavailable
+  ///  / kDeadlineExceeded (daemon gone; the next Run reconnects), kInvalidArgument (empty prompt,
+  ///  ids outside the vocabulary), kDataLoss (bad pool header). Never returns data decoded after an
+  ///  eviction was seen.
   StatusOr<AgentResult> Run(std::string_view pool_id, absl::Span<const int32_t> prompt_ids,
                             const model::SamplingOptions& sampling);
   /// Same, with prompt text encoded by the model's tokenizer (no BOS; special tokens such
@@ -184,6 +197,9 @@ class PooledAgent {
   /// with this model and shape and that their positions follow one another. Errors: as Run;
   /// kDataLoss for a chain whose positions do not add up.
   [[nodiscard]] Status AttachChain(const std::string& id, AttachedChain* chain);
+  /// Decides how pool `id` is read (RoutePool) from its STATS, before attaching anything, and
+  /// again from the attached chain (`chain` non-null: every pool must route the same way).
+  [[nodiscard]] StatusOr<PoolRoute> Route(const std::string& id, const AttachedChain* chain);
   /// Fills `cache` from the attached chain (positions 0 .. chain tokens - 1): prefix views of
   /// every pool (in place) or their decoded layers.
   [[nodiscard]] Status BuildCache(AttachedChain& chain, int64_t extra_capacity, bool in_place,
