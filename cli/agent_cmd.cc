@@ -70,7 +70,8 @@ nlohmann::json StatsJson(const client::AgentStats& s) {
           {"pss_bytes", s.memory.pss},
           {"private_bytes", s.memory.private_bytes},
           {"anonymous_bytes", s.memory.anonymous},
-          {"peak_rss_bytes", s.peak_rss_bytes}};
+          {"peak_rss_bytes", s.peak_rss_bytes},
+          {"device_bytes", s.device_bytes}};
 }
 
 std::string IdsString(const std::vector<int32_t>& ids) {

@@ -17,6 +17,7 @@
 #include "polykv/client.h"
 #include "polykv/kernels/attention.h"
 #include "polykv/kernels/device_ops.h"
+#include "polykv/model/cuda_llama.h"
 #include "polykv/model/perplexity.h"
 #include "polykv/model/prefill.h"
 
@@ -79,6 +80,7 @@ Status CheckAgentDevice(const AgentDevice& device) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--device ", name, ": this host has ", kernels::CudaDeviceCount(), " CUDA device(s)"));
   }
+  if (model::CudaRuntimeBuilt()) return absl::OkStatus();
   return absl::UnimplementedError(
       absl::StrCat("--device ", name,
                    ": the CUDA agent runtime (model step on device_ops.h, attention in place on "
@@ -101,9 +103,13 @@ void RecordAnswer(const PooledAgent& agent, model::GenerateResult gen, AgentResu
 
 // The kernels' view of an attached host pool, from the encoding the client library parsed
 // at attach (polykv_pool_attention_view / polykv_pool_layer_view): no second header parse.
-StatusOr<kernels::PrefixView> PrefixViewOfPool(const polykv_pool* pool, uint64_t* parent_tokens) {
+// device: a pool in CUDA memory (polykv_pool_device_*_view: device pointers).
+StatusOr<kernels::PrefixView> PrefixViewOfPool(const polykv_pool* pool, uint64_t* parent_tokens,
+                                               bool device = false) {
   polykv_attention_view a = polykv_attention_view_init();
-  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_attention_view(pool, &a), "pool attention view"));
+  POLYKV_RETURN_IF_ERROR(FromCStatus(
+      device ? polykv_pool_device_attention_view(pool, &a) : polykv_pool_attention_view(pool, &a),
+      "pool attention view"));
   kernels::PrefixView v;
   v.kv_heads = static_cast<int32_t>(a.kv_heads);
   v.head_dim = static_cast<int32_t>(a.head_dim);
@@ -119,7 +125,9 @@ StatusOr<kernels::PrefixView> PrefixViewOfPool(const polykv_pool* pool, uint64_t
   v.layers.resize(a.layers);
   for (uint32_t l = 0; l < a.layers; ++l) {
     polykv_layer_view lv = polykv_layer_view_init();
-    POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_layer_view(pool, l, &lv), "pool layer view"));
+    POLYKV_RETURN_IF_ERROR(FromCStatus(
+        device ? polykv_pool_device_layer_view(pool, l, &lv) : polykv_pool_layer_view(pool, l, &lv),
+        "pool layer view"));
     v.layers[l] = kernels::PrefixLayer{lv.k, lv.k_scales, lv.v, lv.v_norms,
                                        v.codec == kernels::PrefixCodec::kK8V ? lv.value_bits : 0};
   }
@@ -290,6 +298,46 @@ Status PooledAgent::AttachChain(const std::string& id, AttachedChain* chain) {
   return absl::OkStatus();
 }
 
+Status PooledAgent::RunOnDevice(AttachedChain& chain, absl::Span<const int32_t> prompt_ids,
+                                const model::SamplingOptions& sampling, AgentResult* result) {
+  AgentStats& st = result->stats;
+  result->attend = Attend::kInPlace;
+  if (chain.guards.size() != 1)
+    return absl::UnimplementedError(absl::StrCat("pool ", chain.leaf().id,
+                                                 " has parent pools: a pool tree on --device "
+                                                 "cuda is not implemented (one segment only)"));
+  polykv_pool* pool = chain.guards[0]->pool;
+  int where = -1;
+  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_cuda_device(pool, &where), "pool device"));
+  if (where != options_.device.index)
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool ", chain.leaf().id, " lies on cuda:", where, ", this agent computes on ",
+                     AgentDeviceName(options_.device), ": run it with --device cuda:", where));
+  const auto t0 = Clock::now();
+  auto prefix = std::make_shared<model::KvPrefix>();
+  uint64_t parent_tokens = 0;
+  POLYKV_ASSIGN_OR_RETURN(prefix->view, PrefixViewOfPool(pool, &parent_tokens, /*device=*/true));
+  auto step = std::make_shared<int64_t>(0);
+  prefix->check = [this, step, pool, id = std::string(chain.leaf().id)]() -> Status {
+    if (hooks_.after_step) hooks_.after_step(*step);
+    ++*step;
+    return FromCStatus(polykv_pool_lease_status(pool), absl::StrCat("lease of pool ", id));
+  };
+  st.decode_ms = MsSince(t0);
+  st.prefix_bytes_per_token =
+      static_cast<uint64_t>(prefix->view.LayerBytes()) * prefix->view.layers.size();
+  POLYKV_ASSIGN_OR_RETURN(model::GenerateResult gen,
+                          cuda_->Generate(prefix.get(), prompt_ids, sampling));
+  RecordAnswer(*this, std::move(gen), result);
+  const model::ModelConfig& c = cuda_->config();
+  st.private_kv_bytes = uint64_t{2} * c.layers * c.kv_heads * c.head_dim * sizeof(float) *
+                        (prompt_ids.size() + std::max<int32_t>(sampling.max_new_tokens, 0) + 1);
+  st.device_bytes = cuda_->device_bytes() + st.private_kv_bytes;
+  st.memory = ReadProcessMemory();
+  if (hooks_.before_detach) hooks_.before_detach();
+  return absl::OkStatus();
+}
+
 StatusOr<PoolRoute> PooledAgent::Route(const std::string& id, const AttachedChain* chain) {
   RouteInput in;
   in.device = options_.device;
@@ -330,6 +378,10 @@ StatusOr<std::unique_ptr<PooledAgent>> PooledAgent::Create(const AgentOptions& o
   load.threads = options.threads;
   POLYKV_ASSIGN_OR_RETURN(agent->model_, model::LlamaModel::Load(options.model_path, load));
   model::SetComputeThreads(options.threads);
+  if (options.device.kind == kernels::Device::kCuda) {  // the CPU model: config, tokenizer
+    POLYKV_ASSIGN_OR_RETURN(agent->cuda_,
+                            model::CudaLlama::Load(options.model_path, options.device.index, load));
+  }
   return agent;
 }
 
@@ -407,6 +459,12 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
 
   // ---- the document's KV: views of the mapped pools, or decoded into a private cache ----
   auto t_decode = Clock::now();
+  if (result.route == PoolRoute::kCudaInPlace) {
+    POLYKV_RETURN_IF_ERROR(RunOnDevice(chain, prompt_ids, sampling, &result));
+    (void)chain.Release();
+    st.peak_rss_bytes = PeakRssBytes();
+    return result;
+  }
   const bool in_place = result.route == PoolRoute::kHostInPlace;
   result.attend = in_place ? Attend::kInPlace : Attend::kDecompressed;
   const int64_t extra =
@@ -452,6 +510,8 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
   POLYKV_RETURN_IF_ERROR(Route(id, nullptr).status());
   POLYKV_RETURN_IF_ERROR(AttachChain(id, &chain));
   POLYKV_ASSIGN_OR_RETURN(const PoolRoute route, Route(id, &chain));
+  if (route == PoolRoute::kCudaInPlace)
+    return absl::UnimplementedError("scoring (--score-ids) on --device cuda");
   const bool in_place = route == PoolRoute::kHostInPlace;
   AgentStats st;
   model::KvCache cache;
@@ -566,6 +626,16 @@ StatusOr<BaselineResult> PooledAgent::RunBaseline(absl::Span<const int32_t> docu
   if (prompt_ids.empty())
     return absl::InvalidArgumentError("empty prompt: give at least one token");
   BaselineResult r;
+  if (cuda_) {  // re-prefill document + prompt on the device (no prefix)
+    std::vector<int32_t> all(document_ids.begin(), document_ids.end());
+    all.insert(all.end(), prompt_ids.begin(), prompt_ids.end());
+    POLYKV_ASSIGN_OR_RETURN(model::GenerateResult gen, cuda_->Generate(nullptr, all, sampling));
+    r.answer_ids = std::move(gen.tokens);
+    r.answer_text = DecodeText(r.answer_ids);
+    r.prompt_first_token_ms = r.ttft_ms = r.prefill_ms = gen.first_token_ms;
+    r.generation_ms = gen.total_ms;
+    return r;
+  }
   const int64_t n = static_cast<int64_t>(document_ids.size());
   const int64_t capacity = n + static_cast<int64_t>(prompt_ids.size()) +
                            std::max<int32_t>(sampling.max_new_tokens, 0) + 1;

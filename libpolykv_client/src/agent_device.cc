@@ -9,8 +9,8 @@ namespace polykv::client {
 
 StatusOr<AgentDevice> ParseAgentDevice(std::string_view text) {
   const auto bad = [&](const char* why) {
-    return absl::InvalidArgumentError(absl::StrCat("device '", std::string(text), "': ", why,
-                                                   " (expected cpu, cuda or cuda:N)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device '", std::string(text), "': ", why, " (expected cpu, cuda or cuda:N)"));
   };
   if (text == "cpu") return AgentDevice{};
   if (text == "cuda") return AgentDevice{kernels::Device::kCuda, 0};
@@ -68,15 +68,14 @@ StatusOr<PoolRoute> RoutePool(const RouteInput& in) {
   }
   if (cuda_pool) {
     if (!in.in_place) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "pool ", pool, " (backend cuda): --attend decompressed is not available on ", dev,
-          "; a cuda agent attends to the pool in place (--attend in-place)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("pool ", pool, " (backend cuda): --attend decompressed is not available on ",
+                       dev, "; a cuda agent attends to the pool in place (--attend in-place)"));
     }
     return PoolRoute::kCudaInPlace;
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      "pool ", pool, " lies in host memory (daemon backend host) and this agent computes on ",
-      dev,
+      "pool ", pool, " lies in host memory (daemon backend host) and this agent computes on ", dev,
       " (--device cuda): a cuda agent attends to cuda pools only. Start polykvd with "
       "--backend cuda, or run the agent with --device cpu"));
 }

@@ -29,6 +29,9 @@
 struct polykv_client;
 struct polykv_pool;
 struct polykv_pool_info_t;
+namespace polykv::model {
+class CudaLlama;
+}
 
 namespace polykv::client {
 
@@ -54,9 +57,10 @@ struct AgentOptions {
   /// (AgentResult::attend says which ran). A cuda pool is never copied to the host silently:
   /// see `device` and `allow_copy` (agent_device.h RoutePool).
   Attend attend = Attend::kInPlace;
-  /// Where the agent computes (`--device cpu|cuda[:N]`). kCuda: Create fails with
-  /// kUnimplemented (build without CUDA, or the CUDA model runtime not linked) or
-  /// kFailedPrecondition (no usable device / ordinal out of range): never a CPU run.
+  /// Where the agent computes (`--device cpu|cuda[:N]`). kCuda: Create uploads the weights to
+  /// that device (model::CudaLlama) and Run attends in place to a pool in CUDA memory there;
+  /// Create fails with kUnimplemented (build without CUDA) or kFailedPrecondition (no usable
+  /// device / ordinal out of range) before loading anything: never a CPU run.
   AgentDevice device;
   /// `--allow-copy`: a CPU agent may read a cuda pool by decoding it on the device into a
   /// private host cache, logging one line with the bytes copied and the private memory it
@@ -93,7 +97,9 @@ struct AgentStats {
   /// scales, V codes and norms); 0 when decompressed.
   uint64_t prefix_bytes_per_token = 0;
   uint64_t peak_rss_bytes = 0;  ///< getrusage(RUSAGE_SELF).ru_maxrss after the run
-  ProcessMemory memory;         ///< after the run (before detaching the pool)
+  /// --device cuda: device memory this agent holds (weights + workspace + KV suffix), bytes.
+  uint64_t device_bytes = 0;
+  ProcessMemory memory;  ///< after the run (before detaching the pool)
 };
 
 /// The answer of one Run.
@@ -200,6 +206,11 @@ class PooledAgent {
   /// Decides how pool `id` is read (RoutePool) from its STATS, before attaching anything, and
   /// again from the attached chain (`chain` non-null: every pool must route the same way).
   [[nodiscard]] StatusOr<PoolRoute> Route(const std::string& id, const AttachedChain* chain);
+  /// --device cuda: attends in place to the chain's pool in CUDA memory and generates on the
+  /// device (CudaLlama). kUnimplemented for a pool tree; kFailedPrecondition for a pool on
+  /// another device.
+  [[nodiscard]] Status RunOnDevice(AttachedChain& chain, absl::Span<const int32_t> prompt_ids,
+                                   const model::SamplingOptions& sampling, AgentResult* result);
   /// Fills `cache` from the attached chain (positions 0 .. chain tokens - 1): prefix views of
   /// every pool (in place) or their decoded layers.
   [[nodiscard]] Status BuildCache(AttachedChain& chain, int64_t extra_capacity, bool in_place,
@@ -212,6 +223,7 @@ class PooledAgent {
 
   AgentOptions options_;
   std::unique_ptr<model::LlamaModel> model_;
+  std::unique_ptr<model::CudaLlama> cuda_;  ///< --device cuda only
   ::polykv_client* client_ = nullptr;
   AgentHooks hooks_;
 };

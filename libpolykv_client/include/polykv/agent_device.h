@@ -38,10 +38,10 @@ std::string AgentDeviceName(const AgentDevice& device);
 
 /// How one Run reads the pools of its chain (see the table at the top of this file).
 enum class PoolRoute : uint8_t {
-  kHostInPlace = 0,        ///< host pool, attended in place by the CPU runtime
-  kHostDecoded = 1,        ///< host pool decoded into a private host cache
-  kCudaCopiedToHost = 2,   ///< cuda pool decoded on the device, copied to a private host cache
-  kCudaInPlace = 3,        ///< cuda pool attended in place by the CUDA runtime
+  kHostInPlace = 0,       ///< host pool, attended in place by the CPU runtime
+  kHostDecoded = 1,       ///< host pool decoded into a private host cache
+  kCudaCopiedToHost = 2,  ///< cuda pool decoded on the device, copied to a private host cache
+  kCudaInPlace = 3,       ///< cuda pool attended in place by the CUDA runtime
 };
 
 /// "host-in-place", "host-decoded", "cuda-copied-to-host", "cuda-in-place".
@@ -49,12 +49,12 @@ const char* PoolRouteName(PoolRoute route);
 
 /// What RoutePool decides from.
 struct RouteInput {
-  AgentDevice device;            ///< where the agent computes
-  bool in_place = true;          ///< Attend::kInPlace asked for (false: decompressed)
-  bool mapped_weights = true;    ///< the CPU runtime's weights are mapped (split attention)
-  bool allow_copy = false;       ///< AgentOptions::allow_copy (`--allow-copy`)
-  std::string_view backend;      ///< the pool's backend: "host" or "cuda"
-  std::string_view pool_id;      ///< for the error message
+  AgentDevice device;          ///< where the agent computes
+  bool in_place = true;        ///< Attend::kInPlace asked for (false: decompressed)
+  bool mapped_weights = true;  ///< the CPU runtime's weights are mapped (split attention)
+  bool allow_copy = false;     ///< AgentOptions::allow_copy (`--allow-copy`)
+  std::string_view backend;    ///< the pool's backend: "host" or "cuda"
+  std::string_view pool_id;    ///< for the error message
 };
 
 /// Decides how a Run reads a pool (the table at the top of this file). Errors:

@@ -1,6 +1,8 @@
 // The agent's device seam on the CPU: --device parsing, the pool routing table, and a
 // PooledAgent against a scripted daemon whose pool lies in CUDA memory (no device needed):
 // without --allow-copy it fails before attaching anything; nothing falls back silently.
+#include "polykv/agent_device.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
@@ -8,7 +10,6 @@
 
 #include "fake_daemon.h"
 #include "polykv/agent.h"
-#include "polykv/agent_device.h"
 #include "polykv/ipc/protocol.h"
 #include "polykv/kernels/device_ops.h"
 
@@ -197,12 +198,16 @@ TEST(AgentDeviceTest, CudaAgentNeverRunsOnTheCpu) {
   auto agent = PooledAgent::Create(o);
   ASSERT_FALSE(agent.ok());
   const StatusCode code = agent.status().code();
-  EXPECT_TRUE(code == StatusCode::kUnimplemented || code == StatusCode::kFailedPrecondition)
-      << agent.status();
-  EXPECT_EQ(std::string(agent.status().message()).find("/nonexistent/model"), std::string::npos)
-      << agent.status();
   if (kernels::CudaDeviceCount() == 0) {
+    // No device (or no CUDA build): the device's own error, before the model is looked at.
+    EXPECT_TRUE(code == StatusCode::kUnimplemented || code == StatusCode::kFailedPrecondition)
+        << agent.status();
     EXPECT_EQ(code, kernels::CheckDeviceAvailable(Device::kCuda).code());
+    EXPECT_EQ(std::string(agent.status().message()).find("/nonexistent/model"), std::string::npos)
+        << agent.status();
+  } else {
+    // A device: the model is loaded for it, and the missing file is the error.
+    EXPECT_EQ(code, StatusCode::kNotFound) << agent.status();
   }
   // An ordinal past the devices present is refused too.
   o.device = *ParseAgentDevice("cuda:1023");
