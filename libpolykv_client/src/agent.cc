@@ -338,28 +338,41 @@ Status PooledAgent::RunOnDevice(AttachedChain& chain, absl::Span<const int32_t> 
   return absl::OkStatus();
 }
 
-StatusOr<PoolRoute> PooledAgent::Route(const std::string& id, const AttachedChain* chain) {
+RouteInput PooledAgent::RouteInputFor(std::string_view pool_id) const {
   RouteInput in;
   in.device = options_.device;
   in.in_place = options_.attend == Attend::kInPlace;
   in.mapped_weights = model_->weight_storage() == model::WeightStorage::kMapped;
   in.allow_copy = options_.allow_copy;
-  in.pool_id = id;
-  if (chain == nullptr) {
-    // Before attaching: a cuda pool is refused without mapping it (no CUDA context here).
-    POLYKV_RETURN_IF_ERROR(EnsureConnected(nullptr));
-    polykv_pool_info info = polykv_pool_info_init();
-    Status s = FromCStatus(polykv_pool_info_by_id(client_, id.c_str(), &info),
-                           absl::StrCat("stats of pool ", id));
-    if (IsConnectionError(s)) Disconnect();
-    POLYKV_RETURN_IF_ERROR(s);
-    in.backend = info.backend;
-    return RoutePool(in);
-  }
+  in.pool_id = pool_id;
+  return in;
+}
+
+Status PooledAgent::PreRoute(const std::string& id) {
+  // Before attaching: a cuda pool is refused without mapping it (no CUDA context here).
+  POLYKV_RETURN_IF_ERROR(EnsureConnected(nullptr));
+  polykv_pool_info info = polykv_pool_info_init();
+  Status s = FromCStatus(polykv_pool_info_by_id(client_, id.c_str(), &info),
+                         absl::StrCat("stats of pool ", id));
+  if (IsConnectionError(s)) Disconnect();
+  POLYKV_RETURN_IF_ERROR(s);
+  // A persisted pool not yet restored reports no backend: decided after attaching.
+  if (info.backend[0] == '\0') return absl::OkStatus();
+  RouteInput in = RouteInputFor(id);
+  in.backend = info.backend;
+  return RoutePool(in).status();
+}
+
+StatusOr<PoolRoute> PooledAgent::Route(const AttachedChain& chain) {
   std::optional<PoolRoute> route;
-  for (const polykv_pool_info& info : chain->infos) {
-    in.backend = info.backend;
-    in.pool_id = info.id;
+  for (size_t i = 0; i < chain.infos.size(); ++i) {
+    // Where the attached mapping actually lies (not what a description says).
+    int cuda_device = -1;
+    POLYKV_RETURN_IF_ERROR(
+        FromCStatus(polykv_pool_cuda_device(chain.guards[i]->pool, &cuda_device), "pool device"));
+    const std::string id = chain.infos[i].id;
+    RouteInput in = RouteInputFor(id);
+    in.backend = cuda_device >= 0 ? "cuda" : "host";
     POLYKV_ASSIGN_OR_RETURN(PoolRoute r, RoutePool(in));
     if (route && *route != r)
       return absl::FailedPreconditionError(
@@ -451,9 +464,9 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
   // on the next Run); every pool must come from this model ----
   auto t_attach = Clock::now();
   AttachedChain chain;
-  POLYKV_RETURN_IF_ERROR(Route(std::string(pool_id), nullptr).status());
+  POLYKV_RETURN_IF_ERROR(PreRoute(std::string(pool_id)));
   POLYKV_RETURN_IF_ERROR(AttachChain(std::string(pool_id), &chain));
-  POLYKV_ASSIGN_OR_RETURN(result.route, Route(std::string(pool_id), &chain));
+  POLYKV_ASSIGN_OR_RETURN(result.route, Route(chain));
   st.attach_ms = MsSince(t_attach);
   chain.Describe(&result);
 
@@ -507,9 +520,9 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
             absl::StrCat("score: token id ", id, " outside the vocabulary"));
   const std::string id(pool_id);
   AttachedChain chain;
-  POLYKV_RETURN_IF_ERROR(Route(id, nullptr).status());
+  POLYKV_RETURN_IF_ERROR(PreRoute(id));
   POLYKV_RETURN_IF_ERROR(AttachChain(id, &chain));
-  POLYKV_ASSIGN_OR_RETURN(const PoolRoute route, Route(id, &chain));
+  POLYKV_ASSIGN_OR_RETURN(const PoolRoute route, Route(chain));
   if (route == PoolRoute::kCudaInPlace)
     return absl::UnimplementedError("scoring (--score-ids) on --device cuda");
   const bool in_place = route == PoolRoute::kHostInPlace;

@@ -18,14 +18,19 @@
 
 namespace polykv::model {
 
+int64_t GgufInterleavedSourceRow(int64_t r, int32_t head_dim) {
+  const int64_t head = r / head_dim, i = r % head_dim, half = head_dim / 2;
+  const int64_t s = i / half, j = i % half;
+  return head * head_dim + 2 * j + s;
+}
+
 #if !defined(POLYKV_HAVE_CUDA)
 
 struct CudaLlama::Impl {};
 CudaLlama::CudaLlama(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudaLlama::~CudaLlama() = default;
 bool CudaRuntimeBuilt() { return false; }
-StatusOr<std::unique_ptr<CudaLlama>> CudaLlama::Load(const std::string&, int,
-                                                     const LoadOptions&) {
+StatusOr<std::unique_ptr<CudaLlama>> CudaLlama::Load(const std::string&, int, const LoadOptions&) {
   return absl::UnimplementedError(
       "the CUDA model runtime is not in this build (configure with POLYKV_ENABLE_CUDA=ON and "
       "nvcc)");
@@ -59,9 +64,9 @@ constexpr Device kDev = Device::kCuda;
 /// reused as they are: the device runtime computes with the very same host tables.
 class HostSide final : public internal::LlamaBase {
  public:
-  using LlamaBase::LlamaBase;
   using LlamaBase::CheckTokens;
   using LlamaBase::IsEos;
+  using LlamaBase::LlamaBase;
   using LlamaBase::RopeTables;
   StatusOr<KvCache> NewCacheWithPrefix(std::shared_ptr<const KvPrefix>, std::vector<int32_t>,
                                        int64_t) const override {
@@ -112,14 +117,6 @@ class DeviceBlock {
   uint64_t bytes_ = 0;
 };
 
-/// GGUF Q/K: row 2j + s of each head holds HF row s * head_dim / 2 + j. Returns, for HF row
-/// r, the file row holding it.
-int64_t InterleavedSource(int64_t r, int64_t head_dim) {
-  const int64_t head = r / head_dim, i = r % head_dim, half = head_dim / 2;
-  const int64_t s = i / half, j = i % half;
-  return head * head_dim + 2 * j + s;
-}
-
 struct DeviceMatrix {
   kernels::WeightView w;  ///< data: device memory
   DeviceBlock block;
@@ -160,8 +157,8 @@ struct CudaLlama::Impl {
       const int64_t hd = cfg().head_dim;
       permuted.resize(static_cast<size_t>(m.w.bytes()));
       for (int64_t r = 0; r < m.w.rows; ++r)
-        std::copy_n(src + InterleavedSource(r, hd) * m.w.row_bytes, m.w.row_bytes,
-                    permuted.data() + r * m.w.row_bytes);
+        std::copy_n(src + GgufInterleavedSourceRow(r, static_cast<int32_t>(hd)) * m.w.row_bytes,
+                    m.w.row_bytes, permuted.data() + r * m.w.row_bytes);
       src = permuted.data();
     }
     POLYKV_RETURN_IF_ERROR(out->block.Upload(src, static_cast<uint64_t>(m.w.bytes()), what));
@@ -176,7 +173,7 @@ struct CudaLlama::Impl {
     std::vector<float> tmp;
     if (interleaved) {
       tmp.resize(static_cast<size_t>(n));
-      for (int64_t r = 0; r < n; ++r) tmp[r] = v[InterleavedSource(r, cfg().head_dim)];
+      for (int64_t r = 0; r < n; ++r) tmp[r] = v[GgufInterleavedSourceRow(r, cfg().head_dim)];
       v = tmp.data();
     }
     weight_bytes += static_cast<uint64_t>(n) * 4;
@@ -218,8 +215,17 @@ struct CudaLlama::Impl {
                    K = uint64_t(c.kv_heads) * c.head_dim, F = c.ffn, hd = c.head_dim;
     const uint64_t un = static_cast<uint64_t>(n);
     workspace_bytes = 0;
-    for (auto [b, floats] : {std::pair{&x, D}, {&h, D}, {&t, D}, {&q, Q}, {&att, Q}, {&k, K},
-                             {&v, K}, {&g, F}, {&u, F}, {&cos, hd}, {&sin, hd}}) {
+    for (auto [b, floats] : {std::pair{&x, D},
+                             {&h, D},
+                             {&t, D},
+                             {&q, Q},
+                             {&att, Q},
+                             {&k, K},
+                             {&v, K},
+                             {&g, F},
+                             {&u, F},
+                             {&cos, hd},
+                             {&sin, hd}}) {
       POLYKV_RETURN_IF_ERROR(b->Allocate(un * floats * 4, "workspace"));
       workspace_bytes += un * floats * 4;
     }
@@ -265,10 +271,10 @@ Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* c
   // [n][KV][hd] rows into the suffix [KV][cap][hd] at s0: one strided copy per row.
   for (int64_t i = 0; i < n; ++i) {
     for (auto [dst, src] : {std::pair{ck, k.f()}, std::pair{cv, v.f()}}) {
-      POLYKV_RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpy2DAsync(dst + (s0 + i) * hd, cap * hd * 4, src + i * KV * hd, hd * 4, hd * 4,
-                            KV, cudaMemcpyDeviceToDevice, nullptr),
-          "cudaMemcpy2DAsync (K/V into the suffix)"));
+      POLYKV_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpy2DAsync(dst + (s0 + i) * hd, cap * hd * 4, src + i * KV * hd, hd * 4,
+                                       hd * 4, KV, cudaMemcpyDeviceToDevice, nullptr),
+                     "cudaMemcpy2DAsync (K/V into the suffix)"));
     }
   }
   kernels::AttentionArgs a;
@@ -301,8 +307,8 @@ Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* c
 
 // Runs `tokens` at positions past.. (suffix index past - P ..); leaves the last row's
 // logits in `logits`.
-Status CudaLlama::Impl::Step(absl::Span<const int32_t> tokens, const KvPrefix* prefix,
-                             int64_t past, std::vector<DeviceBlock>& suffix, int64_t cap) {
+Status CudaLlama::Impl::Step(absl::Span<const int32_t> tokens, const KvPrefix* prefix, int64_t past,
+                             std::vector<DeviceBlock>& suffix, int64_t cap) {
   const ModelConfig& c = cfg();
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t P = prefix != nullptr ? prefix->tokens() : 0, s0 = past - P;
@@ -361,9 +367,7 @@ StatusOr<std::unique_ptr<CudaLlama>> CudaLlama::Load(const std::string& path, in
 const ModelConfig& CudaLlama::config() const { return impl_->cfg(); }
 const std::string& CudaLlama::fingerprint() const { return impl_->host->fingerprint(); }
 int CudaLlama::device() const { return impl_->device; }
-uint64_t CudaLlama::device_bytes() const {
-  return impl_->weight_bytes + impl_->workspace_bytes;
-}
+uint64_t CudaLlama::device_bytes() const { return impl_->weight_bytes + impl_->workspace_bytes; }
 
 namespace {
 
@@ -403,8 +407,13 @@ StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix* prefix,
   int64_t past = prefix != nullptr ? prefix->tokens() : 0;
   GenerateResult r;
   std::mt19937_64 rng(s.seed);
-  POLYKV_RETURN_IF_ERROR(m.Step(prompt, prefix, past, suffix, cap));
-  past += static_cast<int64_t>(prompt.size());
+  // The prompt in steps of at most kFeedRows rows (grid sizes, workspace); logits of the last.
+  constexpr size_t kFeedRows = 256;
+  for (size_t off = 0; off < prompt.size(); off += kFeedRows) {
+    const absl::Span<const int32_t> part = prompt.subspan(off, kFeedRows);
+    POLYKV_RETURN_IF_ERROR(m.Step(part, prefix, past, suffix, cap));
+    past += static_cast<int64_t>(part.size());
+  }
   int32_t* dev_id = static_cast<int32_t*>(m.out_id.get());
   for (int32_t i = 0; i < s.max_new_tokens; ++i) {
     if (s.greedy) {
@@ -415,8 +424,8 @@ StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix* prefix,
                                                        s.top_p, Uniform01(rng), dev_id, kDev));
     }
     int32_t tok = 0;
-    POLYKV_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(&tok, dev_id, 4, cudaMemcpyDeviceToHost),
-                                      "cudaMemcpy sampled id"));
+    POLYKV_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpy(&tok, dev_id, 4, cudaMemcpyDeviceToHost), "cudaMemcpy sampled id"));
     if (i == 0) r.first_token_ms = MsSince(t0);
     if (s.stop_at_eos && m.host->IsEos(tok)) break;
     r.tokens.push_back(tok);

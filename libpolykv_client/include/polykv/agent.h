@@ -203,9 +203,14 @@ class PooledAgent {
   /// with this model and shape and that their positions follow one another. Errors: as Run;
   /// kDataLoss for a chain whose positions do not add up.
   [[nodiscard]] Status AttachChain(const std::string& id, AttachedChain* chain);
-  /// Decides how pool `id` is read (RoutePool) from its STATS, before attaching anything, and
-  /// again from the attached chain (`chain` non-null: every pool must route the same way).
-  [[nodiscard]] StatusOr<PoolRoute> Route(const std::string& id, const AttachedChain* chain);
+  /// RoutePool's input for this agent's options and pool `pool_id` (backend left empty).
+  RouteInput RouteInputFor(std::string_view pool_id) const;
+  /// Refuses pool `id` from its STATS before anything is attached or mapped when RoutePool
+  /// would (a pool that reports no backend yet is decided after attaching).
+  [[nodiscard]] Status PreRoute(const std::string& id);
+  /// How the attached chain is read (RoutePool on where each mapping lies; every pool of the
+  /// chain must route the same way).
+  [[nodiscard]] StatusOr<PoolRoute> Route(const AttachedChain& chain);
   /// --device cuda: attends in place to the chain's pool in CUDA memory and generates on the
   /// device (CudaLlama). kUnimplemented for a pool tree; kFailedPrecondition for a pool on
   /// another device.

@@ -120,13 +120,13 @@ std::string ModelPath() { return std::string(POLYKV_TEST_DATA_DIR) + "/models/st
 
 /// A daemon whose only pool has backend "cuda"; ATTACH answers NOT_FOUND (the test machine
 /// could not map CUDA memory anyway): reaching it shows the agent went on to attach.
-FakeDaemon CudaPoolDaemon() {
-  return FakeDaemon([](const ipc::Request& req) -> std::vector<ipc::Reply> {
+FakeDaemon CudaPoolDaemon(std::string backend = "cuda") {
+  return FakeDaemon([backend](const ipc::Request& req) -> std::vector<ipc::Reply> {
     if (req.type == ipc::MessageType::kStats) {
       ipc::Reply r = FakeDaemon::OkReply(req);
       ipc::PoolInfo p;
       p.id = kPool;
-      p.backend = "cuda";
+      p.backend = backend;
       p.codec = "k8v3";
       p.tokens = 16;
       p.layers = 5;
@@ -187,6 +187,20 @@ TEST(AgentDeviceTest, AllowCopyLetsACpuAgentAttachACudaPool) {
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status();
   EXPECT_NE(r.status().message().find("fake: attach refused"), std::string::npos) << r.status();
   EXPECT_GE(daemon.Count(ipc::MessageType::kAttach), 1);
+}
+
+TEST(AgentDeviceTest, APoolWithoutABackendYetIsDecidedAfterAttaching) {
+  // A persisted pool the daemon has not restored yet reports backend "" in STATS: the agent
+  // attaches (and decides from the mapping) instead of refusing it as unknown.
+  FakeDaemon daemon = CudaPoolDaemon("");
+  auto agent = MakeAgent(daemon.endpoint(), /*allow_copy=*/false);
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  model::SamplingOptions sampling;
+  sampling.max_new_tokens = 2;
+  auto r = (*agent)->Run(kPool, std::vector<int32_t>{1, 2, 3}, sampling);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status();
+  EXPECT_EQ(daemon.Count(ipc::MessageType::kAttach), 1);
 }
 
 TEST(AgentDeviceTest, CudaAgentNeverRunsOnTheCpu) {

@@ -79,6 +79,13 @@ class CudaLlama {
   std::unique_ptr<Impl> impl_;
 };
 
+/// GGUF Llama Q/K projections store each head's rows in llama.cpp's interleaved-pair order
+/// (row 2j + s of a head holds HF row s * head_dim / 2 + j). Returns the file row that holds
+/// HF row `r` (r < heads * head_dim; head_dim even): the CUDA runtime permutes those weight
+/// rows and their biases once at upload by this, where the CPU runtime de-interleaves every
+/// output.
+int64_t GgufInterleavedSourceRow(int64_t r, int32_t head_dim);
+
 /// Whether this build has the CUDA model runtime (a CUDA build): false = Load returns
 /// kUnimplemented.
 bool CudaRuntimeBuilt();
