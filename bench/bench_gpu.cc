@@ -52,23 +52,24 @@ int main(int argc, char** argv) {
   const k::LayerShape shape{8, 32768, 128};
   const size_t n = static_cast<size_t>(shape.elements());
   std::vector<float> host(n);
-  for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.f - 1;
+  for (size_t i = 0; i < n; ++i)
+    host[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.f - 1;
   float *x = nullptr, *y = nullptr, *norms = nullptr, *scales = nullptr;
   uint8_t* codes = nullptr;
   cudaMalloc(reinterpret_cast<void**>(&x), n * 4);
   cudaMalloc(reinterpret_cast<void**>(&y), n * 4);
   cudaMalloc(reinterpret_cast<void**>(&codes), n);
   cudaMalloc(reinterpret_cast<void**>(&norms), static_cast<size_t>(shape.vectors()) * 4);
-  cudaMalloc(reinterpret_cast<void**>(&scales), static_cast<size_t>(shape.elements() / shape.tokens) * 4);
+  cudaMalloc(reinterpret_cast<void**>(&scales),
+             static_cast<size_t>(shape.elements() / shape.tokens) * 4);
   cudaMemcpy(x, host.data(), n * 4, cudaMemcpyHostToDevice);
   const int reps = 10;
   auto t0 = Clock::now();
   for (int r = 0; r < reps; ++r) cudaMemcpy(y, x, n * 4, cudaMemcpyDeviceToDevice);
   cudaDeviceSynchronize();
   const double memcpy_gbs = 2.0 * n * 4 * reps / secs(t0) / 1e9;  // read + write
-  std::printf("bench_gpu: device %d, layer [%d][%lld][%d] f32 (%.0f MiB)\n", device,
-              shape.kv_heads, static_cast<long long>(shape.tokens), shape.head_dim,
-              n * 4 / 1048576.0);
+  std::printf("bench_gpu: device %d, layer [%d][%lld][%d] f32 (%.0f MiB)\n", device, shape.kv_heads,
+              static_cast<long long>(shape.tokens), shape.head_dim, n * 4 / 1048576.0);
   Row("device memcpy (read + write)", memcpy_gbs, "GB/s", memcpy_gbs, "memcpy");
   k::CodecConfig cfg;  // k8v3
   struct Op {
@@ -84,9 +85,7 @@ int main(int argc, char** argv) {
       {"encode values 3-bit (f32 in)",
        [&] { return k::EncodeValues(x, k::DType::kF32, shape, cfg, codes, norms, Device::kCuda); }},
       {"decode values 3-bit (f32 out)",
-       [&] {
-         return k::DecodeValues(codes, norms, shape, cfg, y, k::DType::kF32, Device::kCuda);
-       }},
+       [&] { return k::DecodeValues(codes, norms, shape, cfg, y, k::DType::kF32, Device::kCuda); }},
   };
   for (const Op& op : ops) {
     polykv::Status s = op.run();  // warm-up

@@ -4,6 +4,8 @@
 // without a prefix and after a raw prefix in device memory attended in place. Skips without
 // a CUDA device; without CUDA in the build, Load must refuse (kUnimplemented), never run on
 // the CPU.
+#include "polykv/model/cuda_llama.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "polykv/kernels/device_ops.h"
-#include "polykv/model/cuda_llama.h"
 #include "polykv/model/llama.h"
 
 #if defined(POLYKV_HAVE_CUDA)
@@ -25,10 +26,10 @@ namespace {
 
 std::string ModelPath() { return std::string(POLYKV_TEST_DATA_DIR) + "/models/stories260K"; }
 
-#define POLYKV_REQUIRE_CUDA_DEVICE()                                           \
-  do {                                                                         \
-    const Status st_ = kernels::CheckDeviceAvailable(kernels::Device::kCuda);  \
-    if (!st_.ok()) GTEST_SKIP() << "no CUDA device: " << st_.message();        \
+#define POLYKV_REQUIRE_CUDA_DEVICE()                                          \
+  do {                                                                        \
+    const Status st_ = kernels::CheckDeviceAvailable(kernels::Device::kCuda); \
+    if (!st_.ok()) GTEST_SKIP() << "no CUDA device: " << st_.message();       \
   } while (0)
 
 TEST(CudaLlamaTest, RefusesWithoutADeviceInsteadOfRunningOnTheCpu) {
