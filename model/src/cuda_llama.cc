@@ -3,6 +3,7 @@
 #include "polykv/model/cuda_llama.h"
 
 #include <chrono>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "llama_internal.h"
 #include "polykv/kernels/attention.h"
 #include "polykv/kernels/device_ops.h"
+#include "polykv/kernels/dtype_convert.h"
 
 #if defined(POLYKV_HAVE_CUDA)
 #include "polykv/cuda_status.h"
@@ -145,11 +147,34 @@ struct CudaLlama::Impl {
 
   const ModelConfig& cfg() const { return host->config(); }
 
-  Status UploadMatrix(const internal::MappedMatrix& m, DeviceMatrix* out, const char* what) {
+  // A type without CUDA kernels (the K-quants; llama.cpp stores a tied embedding of a Q4_1
+  // file as Q6_K) becomes F16 at upload, said in one line: values within f16 rounding of
+  // the CPU's dequantized ones, 2 bytes per weight on the device.
+  Status ToF16(const kernels::WeightView& w, const char* what, std::vector<uint8_t>* out,
+               kernels::WeightView* view) {
+    std::vector<float> row(static_cast<size_t>(w.cols));
+    out->resize(static_cast<size_t>(w.rows * w.cols * 2));
+    uint16_t* dst = reinterpret_cast<uint16_t*>(out->data());
+    for (int64_t r = 0; r < w.rows; ++r) {
+      POLYKV_RETURN_IF_ERROR(kernels::DequantizeRows(w, r, r + 1, row.data()));
+      for (int64_t i = 0; i < w.cols; ++i) dst[r * w.cols + i] = kernels::dtype::FloatToF16(row[i]);
+    }
+    *view = w;
+    view->type = kernels::WeightType::kF16;
+    view->row_bytes = w.cols * 2;
+    view->data = out->data();
+    std::fprintf(stderr,
+                 "CUDA runtime: %s weights of type %d have no CUDA kernels: converted to F16 at "
+                 "upload (%.1f MiB on the device)\n",
+                 what, static_cast<int>(w.type), out->size() / 1048576.0);
+    return absl::OkStatus();
+  }
+
+  Status UploadMatrix(const internal::MappedMatrix& mm, DeviceMatrix* out, const char* what) {
+    internal::MappedMatrix m = mm;
+    std::vector<uint8_t> converted;
     if (!kernels::DeviceWeightTypeSupported(m.w.type))
-      return absl::UnimplementedError(absl::StrCat(
-          "CUDA runtime: the ", what, " weights have a type without CUDA kernels (type ",
-          static_cast<int>(m.w.type), "); use a Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/F16/BF16/F32 model"));
+      POLYKV_RETURN_IF_ERROR(ToF16(mm.w, what, &converted, &m.w));
     out->w = m.w;
     const uint8_t* src = static_cast<const uint8_t*>(m.w.data);
     std::vector<uint8_t> permuted;

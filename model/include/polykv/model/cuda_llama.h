@@ -15,7 +15,9 @@
 //   DeviceSampleTopP (u drawn on the host from the seed as the CPU runtime draws it).
 // Weights: every matrix is copied to device memory once per process, in its stored format
 // (GGUF Q/K rows permuted once from llama.cpp's interleaved order to HF's, which the CPU
-// runtime does on each output instead); the norms and biases as f32.
+// runtime does on each output instead); the norms and biases as f32. A matrix whose type has
+// no CUDA kernels (the K-quants: a tied Q6_K embedding of a Q4_1 GGUF) is converted to F16 at
+// upload, with one line on stderr saying so.
 //
 // Agreement with the CPU runtime: the device matrix products do not quantize activations
 // (the CPU kernels do, matmul.h), so logits differ by that (~1e-2 on SmolLM2 Q4_1; exact-f32
@@ -38,8 +40,8 @@ namespace polykv::model {
 class CudaLlama {
  public:
   /// Loads `path` (as LlamaModel::Load: HF folder or .gguf) and uploads its weights to CUDA
-  /// device `device` (an ordinal). Errors: kUnimplemented (no CUDA in this build, or a weight
-  /// type without CUDA kernels, e.g. Q4_K), kFailedPrecondition (no usable device, ordinal
+  /// device `device` (an ordinal). Errors: kUnimplemented (no CUDA in this build),
+  /// kFailedPrecondition (no usable device, ordinal
   /// out of range), kResourceExhausted (device memory), the loader's errors.
   [[nodiscard]] static StatusOr<std::unique_ptr<CudaLlama>> Load(const std::string& path,
                                                                  int device,
