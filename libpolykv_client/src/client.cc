@@ -867,7 +867,7 @@ polykv_status polykv_pool_mapping(const polykv_pool* pool, const void** base, ui
 namespace {
 
 // The attached host pool's PrefixView, built from the header parsed at attach.
-polykv::StatusOr<polykv::kernels::PrefixView> HostViewOf(const polykv_pool* pool) {
+StatusOr<kernels::PrefixView> HostViewOf(const polykv_pool* pool) {
   if (!pool->reader || pool->map_base == nullptr)
     return absl::FailedPreconditionError(absl::StrCat(
         "pool ", pool->info.id, " lives in GPU memory: it has no host view to attend to"));
