@@ -20,7 +20,8 @@
 
 namespace {
 
-void Row(const char* figure, double value, const char* unit, double baseline, const char* of) {
+[[maybe_unused]] void Row(const char* figure, double value, const char* unit, double baseline,
+                          const char* of) {
   std::printf("  %-36s %12.2f %-8s baseline %12.2f (%s)  ratio %.3f\n", figure, value, unit,
               baseline, of, baseline > 0 ? value / baseline : 0.0);
 }
