@@ -46,7 +46,7 @@ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPOLYKV_ENABLE_CUDA=ON 
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DPOLYKV_BUILD_TESTS=ON -DPOLYKV_BUILD_BENCHMARKS=ON \
   "${LAUNCH[@]}" >"$LOGDIR/configure.log" 2>&1 || { tail -30 "$LOGDIR/configure.log"; exit 1; }
 GPU_TESTS=(kernels_codec_cuda_test kernels_attention_cuda_test kernels_device_ops_cuda_test
-  model_cuda_llama_test ipc_cuda_ipc_test agent_device_test)
+  model_cuda_llama_test ipc_cuda_ipc_test agent_device_test integration_agents_cuda_test)
 cmake --build "$BUILD" -j"$JOBS" --target polykvd polykv-cli bench_gpu "${GPU_TESTS[@]}" \
   >"$LOGDIR/build.log" 2>&1 || { tail -40 "$LOGDIR/build.log"; exit 1; }
 echo "built in ${SECONDS}s"
