@@ -365,7 +365,8 @@ void PrintFigures(const AgentsArgs& a, const polykv_pool_info& info, const Agent
 
 Status RunAgents(const AgentsArgs& a) {
   POLYKV_ASSIGN_OR_RETURN(polykv_pool_info info, FindPool(a));
-  {  // refuse before spawning N agents that would all fail the same way
+  if (info.backend[0] != '\0') {  // refuse before spawning N agents that would all fail
+    // (a persisted pool not restored yet reports no backend: each agent decides on attach)
     client::RouteInput route;
     POLYKV_ASSIGN_OR_RETURN(route.device, client::ParseAgentDevice(a.device));
     route.in_place = a.attend == "in-place";

@@ -25,12 +25,12 @@ class AgentsCuda : public ::testing::Test {
     if (!fs::exists(DaemonPath()) || !fs::exists(CliPath()))
       GTEST_SKIP() << "polykvd or polykv-cli not built";
     endpoint_ = "ipc://" + dir_.path() + "/control.sock";
-    ASSERT_TRUE(daemon_
-                    .Start({DaemonPath(), "--endpoint", endpoint_, "--backend", "cuda",
-                            "--lease-seconds", "5", "--log-level", "info", "--shm-prefix",
-                            NextDaemonPrefix()},
-                           dir_.File("polykvd.out"), dir_.File("polykvd.err"))
-                    .ok());
+    ASSERT_TRUE(
+        daemon_
+            .Start({DaemonPath(), "--endpoint", endpoint_, "--backend", "cuda", "--lease-seconds",
+                    "5", "--log-level", "info", "--shm-prefix", NextDaemonPrefix()},
+                   dir_.File("polykvd.out"), dir_.File("polykvd.err"))
+            .ok());
     for (int i = 0; i < 300; ++i) {
       polykv_client* c = nullptr;
       if (polykv_connect(endpoint_.c_str(), 500, &c) == POLYKV_OK) {
@@ -51,9 +51,9 @@ class AgentsCuda : public ::testing::Test {
     if (daemon_.running()) EXPECT_EQ(daemon_.Stop(10000), 0);
   }
   std::vector<std::string> Agent(const std::string& device, bool allow_copy) const {
-    std::vector<std::string> v = {CliPath(),      "agent",       "--pool",       pool_,
-                                  "--model",      StoriesPath(), "--endpoint",   endpoint_,
-                                  "--prompt-ids", "403,407,261", "--device",     device,
+    std::vector<std::string> v = {CliPath(),      "agent",        "--pool",           pool_,
+                                  "--model",      StoriesPath(),  "--endpoint",       endpoint_,
+                                  "--prompt-ids", "403,407,261",  "--device",         device,
                                   "--json",       "--ignore-eos", "--max-new-tokens", "32"};
     if (allow_copy) v.push_back("--allow-copy");
     return v;
