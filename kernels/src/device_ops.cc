@@ -13,8 +13,10 @@
 #if defined(POLYKV_HAVE_CUDA)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <map>
+#include <type_traits>
 
 #include "device_cuda.h"
 #include "polykv/cuda_status.h"
@@ -59,10 +61,62 @@ const DeviceProbe& Probe() {
 
 cudaStream_t CudaStream(Stream s) { return static_cast<cudaStream_t>(s); }
 
+// cuBLAS is opened on first use (dlopen of the soname this build was compiled against), not
+// linked: linking it costs every process that loads the kernels ~80 ms of relocations and
+// static initialisers at start (an agent on the CPU, `polykv-cli ping`), for a library only
+// products of more than 16 rows on a GPU call.
+struct CublasApi {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&cublasSgemm_v2) sgemm = nullptr;
+  // The C entry point (C++ code also sees an inline overload taking a cudaDataType compute type).
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t) = nullptr;
+  decltype(&cublasGetStatusName) status_name = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+  std::string error;  ///< why it could not be opened (empty when it was)
+};
+
+#define POLYKV_CUBLAS_SONAME_(major) "libcublas.so." #major
+#define POLYKV_CUBLAS_SONAME(major) POLYKV_CUBLAS_SONAME_(major)
+
+const CublasApi& Cublas() {
+  static const CublasApi api = [] {
+    CublasApi a;
+    const char* soname = POLYKV_CUBLAS_SONAME(CUBLAS_VER_MAJOR);
+    void* lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* e = dlerror();
+      a.error = absl::StrCat("cannot open ", soname, ": ", e != nullptr ? e : "unknown error");
+      return a;
+    }
+    const auto get = [&](auto* fn, const char* name) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, name));
+      if (*fn == nullptr && a.error.empty())
+        a.error = absl::StrCat(soname, " has no symbol ", name);
+    };
+    get(&a.create, "cublasCreate_v2");
+    get(&a.destroy, "cublasDestroy_v2");
+    get(&a.set_stream, "cublasSetStream_v2");
+    get(&a.set_math_mode, "cublasSetMathMode");
+    get(&a.sgemm, "cublasSgemm_v2");
+    get(&a.gemm_ex, "cublasGemmEx");
+    get(&a.status_name, "cublasGetStatusName");
+    get(&a.status_string, "cublasGetStatusString");
+    return a;  // the library stays open for the life of the process
+  }();
+  return api;
+}
+
 Status CublasStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const CublasApi& api = Cublas();
   const std::string msg =
-      absl::StrCat(what, ": cuBLAS error ", cublasGetStatusName(s), ": ", cublasGetStatusString(s));
+      absl::StrCat(what, ": cuBLAS error ", api.status_name(s), ": ", api.status_string(s));
   if (s == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(msg);
   return absl::InternalError(msg);
 }
@@ -71,18 +125,21 @@ Status CublasStatus(cublasStatus_t s, const char* what) {
 class BlasHandles {
  public:
   ~BlasHandles() {
-    for (auto& [dev, h] : handles_) cublasDestroy(h);
+    for (auto& [dev, h] : handles_) Cublas().destroy(h);
   }
   StatusOr<cublasHandle_t> Get(cudaStream_t stream) {
     int dev = 0;
     POLYKV_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&dev), "cudaGetDevice"));
+    const CublasApi& api = Cublas();
+    if (!api.error.empty())
+      return absl::FailedPreconditionError(absl::StrCat("cuBLAS: ", api.error));
     auto it = handles_.find(dev);
     if (it == handles_.end()) {
       cublasHandle_t h = nullptr;
-      POLYKV_RETURN_IF_ERROR(CublasStatus(cublasCreate(&h), "cublasCreate"));
+      POLYKV_RETURN_IF_ERROR(CublasStatus(api.create(&h), "cublasCreate"));
       it = handles_.emplace(dev, h).first;
     }
-    POLYKV_RETURN_IF_ERROR(CublasStatus(cublasSetStream(it->second, stream), "cublasSetStream"));
+    POLYKV_RETURN_IF_ERROR(CublasStatus(api.set_stream(it->second, stream), "cublasSetStream"));
     return it->second;
   }
 
@@ -108,11 +165,11 @@ Status BlasMatMul(const WeightView& w, const float* x, int64_t n, int64_t x_stri
   const float alpha = 1.0f, beta = 0.0f;
   if (w.type == WeightType::kF32) {
     POLYKV_RETURN_IF_ERROR(
-        CublasStatus(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+        CublasStatus(Cublas().set_math_mode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
     return CublasStatus(
-        cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha,
-                    static_cast<const float*>(w.data), k, x, static_cast<int>(x_stride), &beta, y,
-                    static_cast<int>(y_stride)),
+        Cublas().sgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha,
+                       static_cast<const float*>(w.data), k, x, static_cast<int>(x_stride), &beta,
+                       y, static_cast<int>(y_stride)),
         "cublasSgemm");
   }
   // F16 / BF16: the activations rounded to the weight's type, f32 accumulation and output.
@@ -125,9 +182,9 @@ Status BlasMatMul(const WeightView& w, const float* x, int64_t n, int64_t x_stri
                          "f32 -> 16-bit rows kernel");
   if (st.ok()) {
     const cudaDataType_t t = f16 ? CUDA_R_16F : CUDA_R_16BF;
-    st = CublasStatus(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, t, k, xh,
-                                   t, k, &beta, y, CUDA_R_32F, static_cast<int>(y_stride),
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    st = CublasStatus(Cublas().gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, t, k,
+                                       xh, t, k, &beta, y, CUDA_R_32F, static_cast<int>(y_stride),
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                       "cublasGemmEx");
   }
   const Status fs = CudaStatus(cudaFreeAsync(xh, stream), "cudaFreeAsync");

@@ -1,9 +1,15 @@
 // Loader pieces shared by the HF and GGUF paths: config checks, mapped weight views, SHA-256.
 #include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "llama_internal.h"
@@ -149,8 +155,59 @@ Status BuildMappedWeights(const ModelConfig& c, WeightReader& reader, MappedWeig
   return absl::OkStatus();
 }
 
-StatusOr<std::string> Sha256OfFiles(const std::string& prefix,
-                                    const std::vector<std::string>& paths) {
+namespace {
+
+std::string HexOf(const unsigned char* md, unsigned len) {
+  static const char* kHex = "0123456789abcdef";
+  std::string hex;
+  for (unsigned i = 0; i < len; ++i) {
+    hex.push_back(kHex[md[i] >> 4]);
+    hex.push_back(kHex[md[i] & 15]);
+  }
+  return hex;
+}
+
+// The fingerprint cache folder ("" = off).
+std::string FingerprintCacheDir() {
+  if (const char* e = std::getenv("POLYKV_FINGERPRINT_CACHE"); e != nullptr && *e != '\0')
+    return std::string_view(e) == "0" ? std::string() : std::string(e);
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x == '/')
+    return absl::StrCat(x, "/polykv/fingerprints");
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h == '/')
+    return absl::StrCat(h, "/.cache/polykv/fingerprints");
+  return std::string();
+}
+
+// The cache entry's name for these files as they are now (see Sha256OfFiles), or "" when a
+// file cannot be stat'ed.
+std::string FingerprintCacheKey(const std::string& prefix, const std::vector<std::string>& paths) {
+  std::string id = absl::StrCat("polykv-fingerprint-1\n", prefix.size(), "\n", prefix);
+  for (const std::string& p : paths) {
+    char* real = realpath(p.c_str(), nullptr);
+    struct stat st;
+    const bool ok = real != nullptr && stat(real, &st) == 0;
+    if (ok) {
+      absl::StrAppend(&id, "\n", real, "\n", st.st_dev, " ", st.st_ino, " ", st.st_size, " ",
+                      st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, " ", st.st_ctim.tv_sec, ".",
+                      st.st_ctim.tv_nsec);
+    }
+    std::free(real);
+    if (!ok) return std::string();
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(id.data(), id.size(), md, &len, EVP_sha256(), nullptr) != 1) return std::string();
+  return HexOf(md, len);
+}
+
+bool IsHexDigest(const std::string& s) {
+  if (s.size() != 64) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+StatusOr<std::string> HashFiles(const std::string& prefix, const std::vector<std::string>& paths) {
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1)
     return absl::InternalError("SHA-256 init failed");
@@ -168,13 +225,35 @@ StatusOr<std::string> Sha256OfFiles(const std::string& prefix,
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   if (EVP_DigestFinal_ex(ctx.get(), md, &len) != 1) return absl::InternalError("SHA-256 failed");
-  static const char* kHex = "0123456789abcdef";
-  std::string hex;
-  for (unsigned i = 0; i < len; ++i) {
-    hex.push_back(kHex[md[i] >> 4]);
-    hex.push_back(kHex[md[i] & 15]);
+  return HexOf(md, len);
+}
+
+}  // namespace
+
+StatusOr<std::string> Sha256OfFiles(const std::string& prefix,
+                                    const std::vector<std::string>& paths) {
+  const std::string dir = FingerprintCacheDir();
+  const std::string key = dir.empty() ? std::string() : FingerprintCacheKey(prefix, paths);
+  const std::string entry = key.empty() ? std::string() : absl::StrCat(dir, "/", key);
+  if (!entry.empty()) {
+    std::ifstream in(entry);
+    std::string cached;
+    if (in >> cached && IsHexDigest(cached)) return cached;
   }
-  return hex;
+  POLYKV_ASSIGN_OR_RETURN(std::string digest, HashFiles(prefix, paths));
+  if (!entry.empty()) {
+    // Best effort, atomically: a temporary file in the same folder renamed over the entry.
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    const std::string tmp = absl::StrCat(entry, ".tmp.", getpid());
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << digest << "\n";
+      if (!out.flush()) ec = std::make_error_code(std::errc::io_error);
+    }
+    if (ec || std::rename(tmp.c_str(), entry.c_str()) != 0) std::remove(tmp.c_str());
+  }
+  return digest;
 }
 
 Status StatusFromException(const std::exception& e, const std::string& context) {
