@@ -40,6 +40,7 @@ using polykv::StatusOr;
 using polykv::client::Channel;
 using Clock = std::chrono::steady_clock;
 namespace ipc = polykv::ipc;
+namespace kernels = polykv::kernels;
 
 constexpr int kDefaultTimeoutMs = 5000;
 constexpr int kTries = 3;                        // Lazy Pirate tries per request
