@@ -89,8 +89,7 @@ void RecordAnswer(const PooledAgent& agent, model::GenerateResult gen, AgentResu
 // at attach (polykv_pool_attention_view / polykv_pool_layer_view): no second header parse.
 StatusOr<kernels::PrefixView> PrefixViewOfPool(const polykv_pool* pool, uint64_t* parent_tokens) {
   polykv_attention_view a = polykv_attention_view_init();
-  POLYKV_RETURN_IF_ERROR(
-      FromCStatus(polykv_pool_attention_view(pool, &a), "pool attention view"));
+  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_attention_view(pool, &a), "pool attention view"));
   kernels::PrefixView v;
   v.kv_heads = static_cast<int32_t>(a.kv_heads);
   v.head_dim = static_cast<int32_t>(a.head_dim);
@@ -169,6 +168,43 @@ std::string ChatQuestionPrompt(std::string_view question) {
 std::string ChatDocument(std::string_view document, std::string_view instruction) {
   return absl::StrCat("<|im_start|>system\n", std::string(instruction), "\n\n",
                       std::string(document), "<|im_end|>\n");
+}
+
+StatusOr<std::string> ChatDocumentFor(const model::Tokenizer* tokenizer, std::string_view document,
+                                      std::string_view instruction) {
+  if (tokenizer == nullptr || tokenizer->chat_template().empty())
+    return ChatDocument(document, instruction);
+  const model::ChatMessage system{
+      "system", absl::StrCat(std::string(instruction), "\n\n", std::string(document))};
+  return tokenizer->ApplyChatTemplate(absl::MakeConstSpan(&system, 1), false);
+}
+
+StatusOr<std::string> ChatTurnsAfterDocument(const model::Tokenizer* tokenizer,
+                                             absl::Span<const model::ChatMessage> messages) {
+  if (messages.empty()) return absl::InvalidArgumentError("chat: no messages to render");
+  if (tokenizer == nullptr || tokenizer->chat_template().empty()) {
+    std::string out;
+    for (const model::ChatMessage& m : messages) {
+      if (m.role == "user") {
+        out += ChatQuestionPrompt(m.content);
+      } else {
+        absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
+      }
+    }
+    if (messages.back().role != "user") out += "<|im_start|>assistant\n";
+    return out;
+  }
+  // The system turn's text does not change how the turns after it render.
+  std::vector<model::ChatMessage> conv;
+  conv.push_back({"system", "You answer questions about this article.\n\nDOCUMENT"});
+  POLYKV_ASSIGN_OR_RETURN(std::string prefix, tokenizer->ApplyChatTemplate(conv, false));
+  conv.insert(conv.end(), messages.begin(), messages.end());
+  POLYKV_ASSIGN_OR_RETURN(std::string full, tokenizer->ApplyChatTemplate(conv, true));
+  if (full.size() < prefix.size() || full.compare(0, prefix.size(), prefix) != 0)
+    return absl::UnimplementedError(
+        "chat: the model's template does not render the system turn as a prefix of the "
+        "conversation, so the turns after the pool's document cannot be cut out");
+  return full.substr(prefix.size());
 }
 
 Status PooledAgent::AttachPool(const std::string& id, polykv_pool** pool, polykv_pool_info* info) {
@@ -435,10 +471,10 @@ Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, boo
       POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, PrefixViewOfPool(pools[i], &parent_tokens));
       if (v.tokens != static_cast<int64_t>(chain.infos[i].tokens) ||
           parent_tokens != chain.infos[i].parent_tokens)
-        return absl::DataLossError(absl::StrCat(
-            "pool ", chain.infos[i].id, ": header holds ", v.tokens, " tokens after ",
-            parent_tokens, ", the daemon reported ", chain.infos[i].tokens, " after ",
-            chain.infos[i].parent_tokens));
+        return absl::DataLossError(absl::StrCat("pool ", chain.infos[i].id, ": header holds ",
+                                                v.tokens, " tokens after ", parent_tokens,
+                                                ", the daemon reported ", chain.infos[i].tokens,
+                                                " after ", chain.infos[i].parent_tokens));
       bytes_per_token += static_cast<uint64_t>(v.LayerBytes()) * v.layers.size();
       if (i == 0) {
         prefix->view = std::move(v);
