@@ -9,7 +9,8 @@ Decode tok/s = (new tokens - 1) / (generation time - prompt + first token time):
 per-token rate. For the CLI and Python `complete` it comes from the agent's own stats; for
 Python `stream` also from Python's clock (first to last token received by the iterator, so
 the binding's per-token path is inside the measurement). Prints a table with the CLI as the
-baseline and each figure's ratio to it (target: within 5%)."""
+baseline and each figure's ratio to it: of the medians, and the median of per-rep ratios to
+the adjacent CLI run (target: within 5%)."""
 
 import argparse
 import json
@@ -91,11 +92,15 @@ def main() -> int:
         print(f"pool {pool.id[:12]} ({pool.codec}, {pool.tokens} document tokens), "
               f"{args.new_tokens} new tokens greedy, {args.reps} reps, threads "
               f"{args.threads or os.cpu_count()}; identical answers: {len(answers) == 1}")
-        print(f"{'figure':34} {'decode tok/s (median)':>22} {'min':>8} {'max':>8} "
-              f"{'vs CLI':>7}")
+        print(f"{'figure':30} {'decode tok/s (median)':>22} {'min':>7} {'max':>7} "
+              f"{'vs CLI':>7} {'paired':>7}")
+        cli_xs = rows["cli agent (stats)"]
         for name, xs in rows.items():
-            print(f"{name:34} {statistics.median(xs):22.1f} {min(xs):8.1f} {max(xs):8.1f} "
-                  f"{statistics.median(xs) / base:7.3f}")
+            # paired: median over reps of this rep's figure / the CLI's figure of the same rep
+            # (adjacent runs: robust to load that drifts during the benchmark).
+            paired = statistics.median(x / c for x, c in zip(xs, cli_xs))
+            print(f"{name:30} {statistics.median(xs):22.1f} {min(xs):7.1f} {max(xs):7.1f} "
+                  f"{statistics.median(xs) / base:7.3f} {paired:7.3f}")
         return 0 if len(answers) == 1 else 1
     finally:
         daemon.terminate()
