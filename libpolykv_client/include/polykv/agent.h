@@ -215,7 +215,9 @@ std::string ChatDocument(std::string_view document, std::string_view instruction
 /// document, no generation prompt; ChatDocument (ChatML) when `tokenizer` is null or the
 /// model ships no template. For SmolLM2-Instruct both are byte-equal. Errors: those of
 /// Tokenizer::ApplyChatTemplate (kUnimplemented naming an unsupported construct,
-/// kInvalidArgument when the template raises, e.g. a model without system turns).
+/// kInvalidArgument when the template raises, e.g. Gemma's "System role not supported";
+/// kUnimplemented when the rendering does not hold the document, as with Mistral's templates,
+/// which fold the system message into the last user turn).
 [[nodiscard]] StatusOr<std::string> ChatDocumentFor(const model::Tokenizer* tokenizer,
                                                     std::string_view document,
                                                     std::string_view instruction =
@@ -229,7 +231,8 @@ std::string ChatDocument(std::string_view document, std::string_view instruction
 /// decides every byte. ChatQuestionPrompt (ChatML) for each user turn when `tokenizer` is
 /// null or has no template. Errors: as ChatDocumentFor; kInvalidArgument for no messages;
 /// kUnimplemented when the template does not render the system turn as a prefix of the
-/// conversation (the continuation cannot be cut out).
+/// conversation, or repeats it in a later turn (the continuation cannot be cut out: Phi-3.5,
+/// Mistral).
 [[nodiscard]] StatusOr<std::string> ChatTurnsAfterDocument(
     const model::Tokenizer* tokenizer, absl::Span<const model::ChatMessage> messages);
 
