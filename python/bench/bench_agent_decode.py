@@ -68,7 +68,7 @@ def main() -> int:
                 "python stream (stats)": [], "python stream (python clock)": []}
         answers = set()
         agent.complete(msgs, **kw)  # warm the page cache
-        for _ in range(args.reps):  # interleaved: drift hits every variant alike
+        def run_cli():
             out = subprocess.run([cli, "agent", "--pool", pool.id, "--model", args.model,
                                   "--prompt", QUESTION, "--chat", "--ignore-eos",
                                   "--max-new-tokens", str(args.new_tokens), "--threads",
@@ -77,9 +77,13 @@ def main() -> int:
             ref = json.loads(out.stdout.strip().splitlines()[-1])
             rows["cli agent (stats)"].append(decode_rate(ref["stats"]))
             answers.add(tuple(ref["answer_ids"]))
+
+        def run_complete():
             c = agent.complete(msgs, **kw)
             rows["python complete (stats)"].append(decode_rate(c.stats))
             answers.add(tuple(c.token_ids))
+
+        def run_stream():
             s = agent.stream(msgs, tokens=True, **kw)
             stamps = []
             for _tok in s:
@@ -88,6 +92,13 @@ def main() -> int:
             rows["python stream (python clock)"].append((len(stamps) - 1) /
                                                         (stamps[-1] - stamps[0]))
             answers.add(tuple(s.completion.token_ids))
+
+        # Interleaved, and the order rotates every rep, so load that drifts and whatever the
+        # previous run leaves behind hit every variant alike.
+        order = [run_cli, run_complete, run_stream]
+        for rep in range(args.reps):
+            for fn in order[rep % 3:] + order[: rep % 3]:
+                fn()
         base = statistics.median(rows["cli agent (stats)"])
         print(f"pool {pool.id[:12]} ({pool.codec}, {pool.tokens} document tokens), "
               f"{args.new_tokens} new tokens greedy, {args.reps} reps, threads "
