@@ -148,7 +148,13 @@ Status RunAgent(const AgentArgs& a) {
   if (!a.prompt_ids.empty()) {
     POLYKV_ASSIGN_OR_RETURN(prompt_ids, ParseTokenIds(a.prompt_ids, "--prompt-ids"));
   } else {
-    const std::string text = a.chat ? client::ChatQuestionPrompt(a.prompt) : a.prompt;
+    std::string text = a.prompt;
+    if (a.chat) {
+      // The model's own chat template (ChatML when it ships none).
+      const model::ChatMessage msg{"user", a.prompt};
+      POLYKV_ASSIGN_OR_RETURN(text, client::ChatTurnsAfterDocument(agent->model().tokenizer(),
+                                                                   absl::MakeConstSpan(&msg, 1)));
+    }
     POLYKV_ASSIGN_OR_RETURN(prompt_ids, agent->EncodePrompt(text));
   }
   model::SamplingOptions sampling;
@@ -247,8 +253,10 @@ void RegisterAgentCommands(CLI::App& app) {
   auto* p = cmd->add_option("--prompt", args->prompt, "prompt text (needs a tokenizer)");
   auto* pi = cmd->add_option("--prompt-ids", args->prompt_ids, "prompt token ids: 1,2,3");
   p->excludes(pi);
-  cmd->add_flag("--chat", args->chat,
-                "wrap --prompt as a ChatML user turn + assistant prompt (instruct models)");
+  cmd->add_flag(
+      "--chat", args->chat,
+      "wrap --prompt as a user turn + assistant prompt with the model's own chat template "
+      "(ChatML when it has none), after the pool's system turn");
   cmd->add_option("--max-new-tokens", args->max_new_tokens, "tokens to generate")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--temperature", args->temperature, "sampling temperature (0 = greedy)")

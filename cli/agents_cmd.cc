@@ -423,7 +423,7 @@ void RegisterAgentsCommands(CLI::App& app) {
                   "file with one question per line (cycled when N exceeds it)")
       ->required();
   run->add_flag("--ids", args->ids, "question lines are prompt token ids (1,2,3)");
-  run->add_flag("--raw", args->raw, "do not wrap questions in the ChatML template");
+  run->add_flag("--raw", args->raw, "do not wrap questions in the model's chat template");
   run->add_option("-n,--agents", args->n, "number of agent processes")->check(CLI::Range(1, 4096));
   run->add_option("-j,--jobs", args->jobs, "agents alive at once (default: cores)")
       ->check(CLI::Range(0, 4096));

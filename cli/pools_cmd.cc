@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "polykv/agent.h"
 #include "polykv/client.hpp"
 #include "polykv/ipc/pool_file.h"
 #include "polykv/ipc/pool_layout.h"
@@ -53,7 +54,9 @@ struct CreateArgs {
   bool norm_correction = false;
   bool no_bos = false;
   int create_timeout_s = 600;
-  std::string parent;  // a child pool (pool tree): the parent's id or unique prefix
+  std::string parent;       // a child pool (pool tree): the parent's id or unique prefix
+  std::string chat_system;  // non-empty: frame the document as a system turn (chat template)
+  bool chat_system_given = false;
 };
 
 /// The client library's status as a polykv::Status (the codes are the same numbers), for
@@ -438,6 +441,15 @@ void RunCreate(const CommonArgs& args, const CreateArgs& c) {
       return FailWith(absl::InvalidArgumentError("document file " + c.document + " is empty"));
     }
     opts.document = std::move(*text);
+    if (c.chat_system_given) {
+      // The system turn as the model's own chat template renders it (agent --chat renders
+      // the question turns after it with the same template).
+      auto tok = model::LoadTokenizer(c.model);
+      if (!tok.ok()) return FailWith(tok.status());
+      auto framed = client::ChatDocumentFor(tok->get(), opts.document, c.chat_system);
+      if (!framed.ok()) return FailWith(framed.status());
+      opts.document = std::move(*framed);
+    }
   }
   opts.codec = c.codec;
   opts.key_scale = c.key_scale;
@@ -761,11 +773,17 @@ void RegisterPoolsCommands(CLI::App& app) {
   create->add_flag("--norm-correction", create_args.norm_correction,
                    "TurboQuant norm correction for values");
   create->add_flag("--no-bos", create_args.no_bos, "do not prepend BOS when tokenizing");
+  auto* chat_system =
+      create->add_option("--chat-system", create_args.chat_system,
+                         "frame the document as a system turn \"INSTRUCTION\\n\\nDOCUMENT\" "
+                         "rendered with the model's own chat template (ChatML when it has none), "
+                         "for agents that ask with `agent --chat`");
+  chat_system->excludes(ids);
   create
       ->add_option("--create-timeout-s", create_args.create_timeout_s,
                    "give up waiting for the daemon after this many seconds")
       ->check(CLI::Range(1, 86400));
-  create->callback([] {
+  create->callback([chat_system] {
     if (create_args.model.empty() && create_args.parent.empty()) {
       return FailWith(Status(absl::StatusCode::kInvalidArgument,
                              "pools create needs --model PATH (or --parent ID)"));
@@ -773,6 +791,11 @@ void RegisterPoolsCommands(CLI::App& app) {
     if (create_args.document.empty() && create_args.token_ids.empty()) {
       return FailWith(Status(absl::StatusCode::kInvalidArgument,
                              "pools create needs --document FILE or --token-ids 1,2,3"));
+    }
+    create_args.chat_system_given = chat_system->count() > 0;
+    if (create_args.chat_system_given && create_args.model.empty()) {
+      return FailWith(Status(absl::StatusCode::kInvalidArgument,
+                             "--chat-system needs --model (its chat template)"));
     }
     RunCreate(pools_args, create_args);
   });

@@ -117,14 +117,12 @@ for _ in $(seq 1 100); do
 done
 "$CLI" ping </dev/null || die "polykvd does not answer"
 
-# ---- 3. one pool: the article inside a ChatML system turn --------------------------------
+# ---- 3. one pool: the article inside a system turn of the model's own chat template --------
+# (GGUF tokenizer.chat_template; the agents render their question turns after it with the same
+# template: `agent --chat`).
 step "creating the shared pool ($CODEC) from $(basename "$DOC")"
-{
-  printf '<|im_start|>system\nYou answer questions about this article.\n\n'
-  cat "$DOC"
-  printf '<|im_end|>\n'
-} >"$WORK/document.txt"
-POOL="$("$CLI" pools create --model "$MODEL" --document "$WORK/document.txt" \
+POOL="$("$CLI" pools create --model "$MODEL" --document "$DOC" \
+          --chat-system "You answer questions about this article." \
           --codec "$CODEC" --no-bos </dev/null | tail -n 1)"
 [[ "$POOL" =~ ^[0-9a-f]{64}$ ]] || die "pools create did not print a pool id (got '$POOL')"
 "$CLI" pools show "$POOL" </dev/null

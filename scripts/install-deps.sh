@@ -26,6 +26,7 @@ PACKAGES=(
   clang-format-14           # scripts/check-format.sh runs clang-format-14 (the version the tree is formatted with)
   util-linux                # setpriv (uid tests), flock (scripts/fuzz.sh)
   ccache                    # scripts/test.sh compiles through it: rebuilds and the second configuration reuse objects
+  python3-venv python3-dev  # the polykv Python package (pip install ./python; ctest python_package)
 )
 
 missing=()

@@ -192,6 +192,56 @@ std::string ChatDocument(std::string_view document, std::string_view instruction
                       std::string(document), "<|im_end|>\n");
 }
 
+StatusOr<std::string> ChatDocumentFor(const model::Tokenizer* tokenizer, std::string_view document,
+                                      std::string_view instruction) {
+  if (tokenizer == nullptr || tokenizer->chat_template().empty())
+    return ChatDocument(document, instruction);
+  const model::ChatMessage system{
+      "system", absl::StrCat(std::string(instruction), "\n\n", std::string(document))};
+  POLYKV_ASSIGN_OR_RETURN(std::string text,
+                          tokenizer->ApplyChatTemplate(absl::MakeConstSpan(&system, 1), false));
+  // Some templates (Mistral's) fold the system message into the last user turn and render
+  // nothing for a system turn alone: the document would silently be lost.
+  if (text.find(system.content) == std::string::npos)
+    return absl::UnimplementedError(
+        "chat: the model's template does not render a system turn on its own (it folds the "
+        "system message into a later turn, as Mistral's does), so the document cannot be a "
+        "shared system-turn prefix: frame the document yourself");
+  return text;
+}
+
+StatusOr<std::string> ChatTurnsAfterDocument(const model::Tokenizer* tokenizer,
+                                             absl::Span<const model::ChatMessage> messages) {
+  if (messages.empty()) return absl::InvalidArgumentError("chat: no messages to render");
+  if (tokenizer == nullptr || tokenizer->chat_template().empty()) {
+    std::string out;
+    for (const model::ChatMessage& m : messages) {
+      if (m.role == "user") {
+        out += ChatQuestionPrompt(m.content);
+      } else {
+        absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
+      }
+    }
+    if (messages.back().role != "user") out += "<|im_start|>assistant\n";
+    return out;
+  }
+  // The system turn's text does not change how the turns after it render; a sentinel shows
+  // where the template puts it.
+  const std::string sentinel = "You answer questions about this article.\n\nPOLYKV_DOCUMENT_7f3a";
+  std::vector<model::ChatMessage> conv;
+  conv.push_back({"system", sentinel});
+  POLYKV_ASSIGN_OR_RETURN(std::string prefix, tokenizer->ApplyChatTemplate(conv, false));
+  conv.insert(conv.end(), messages.begin(), messages.end());
+  POLYKV_ASSIGN_OR_RETURN(std::string full, tokenizer->ApplyChatTemplate(conv, true));
+  if (full.size() < prefix.size() || full.compare(0, prefix.size(), prefix) != 0 ||
+      prefix.find(sentinel) == std::string::npos ||
+      full.find(sentinel, prefix.size()) != std::string::npos)
+    return absl::UnimplementedError(
+        "chat: the model's template does not render the system turn as a prefix of the "
+        "conversation, so the turns after the pool's document cannot be cut out");
+  return full.substr(prefix.size());
+}
+
 Status PooledAgent::AttachPool(const std::string& id, polykv_pool** pool, polykv_pool_info* info) {
   POLYKV_RETURN_IF_ERROR(EnsureConnected(nullptr));
   polykv_status cs = polykv_attach(client_, id.c_str(), pool);

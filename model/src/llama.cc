@@ -202,6 +202,7 @@ StatusOr<GenerateResult> LlamaBase::Generate(KvCache& cache, absl::Span<const in
     if (i == 0) r.first_token_ms = MsSince(t0);
     if (options.stop_at_eos && IsEos(tok)) break;
     r.tokens.push_back(tok);
+    if (options.on_token && !options.on_token(tok)) break;  // stopped by the caller
     // Append the token's K/V; the last one needs no logits (logits_from = 1: none).
     const bool last = i + 1 == options.max_new_tokens;
     const int32_t one[1] = {tok};

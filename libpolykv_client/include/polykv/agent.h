@@ -243,6 +243,32 @@ std::string ChatDocument(std::string_view document, std::string_view instruction
                                                         "You answer questions about this "
                                                         "article.");
 
+/// The pool's document as a system turn rendered with the model's own chat template
+/// (GGUF tokenizer.chat_template / tokenizer_config.json), content instruction + "\n\n" +
+/// document, no generation prompt; ChatDocument (ChatML) when `tokenizer` is null or the
+/// model ships no template. For SmolLM2-Instruct both are byte-equal. Errors: those of
+/// Tokenizer::ApplyChatTemplate (kUnimplemented naming an unsupported construct,
+/// kInvalidArgument when the template raises, e.g. Gemma's "System role not supported";
+/// kUnimplemented when the rendering does not hold the document, as with Mistral's templates,
+/// which fold the system message into the last user turn).
+[[nodiscard]] StatusOr<std::string> ChatDocumentFor(const model::Tokenizer* tokenizer,
+                                                    std::string_view document,
+                                                    std::string_view instruction =
+                                                        "You answer questions about this "
+                                                        "article.");
+
+/// The text an agent feeds after a ChatDocumentFor pool: `messages` (user / assistant turns)
+/// rendered with the model's chat template as the continuation of a conversation whose first
+/// turn is the pool's system turn, ending with the assistant generation prompt. Computed as
+/// render(system + messages, generation prompt) minus its prefix render(system): the template
+/// decides every byte. ChatQuestionPrompt (ChatML) for each user turn when `tokenizer` is
+/// null or has no template. Errors: as ChatDocumentFor; kInvalidArgument for no messages;
+/// kUnimplemented when the template does not render the system turn as a prefix of the
+/// conversation, or repeats it in a later turn (the continuation cannot be cut out: Phi-3.5,
+/// Mistral).
+[[nodiscard]] StatusOr<std::string> ChatTurnsAfterDocument(
+    const model::Tokenizer* tokenizer, absl::Span<const model::ChatMessage> messages);
+
 /// Peak resident set size of this process in bytes (getrusage ru_maxrss).
 uint64_t PeakRssBytes();
 

@@ -237,6 +237,37 @@ TEST_F(StoriesTest, StopsAtEos) {
   EXPECT_EQ(stopped, 1) << "no seed in 0..9 produced EOS within 300 tokens";
 }
 
+TEST_F(StoriesTest, OnTokenSeesEveryTokenAndCanStop) {
+  const std::vector<int32_t> want = Greedy({1}, 12);
+  ASSERT_EQ(want.size(), 12u);
+  // Sees every token in order, as soon as it is sampled.
+  std::vector<int32_t> seen;
+  SamplingOptions s;
+  s.max_new_tokens = 12;
+  s.stop_at_eos = false;
+  s.on_token = [&seen](int32_t t) {
+    seen.push_back(t);
+    return true;
+  };
+  KvCache c = model_->NewCache(8);
+  auto r = model_->Generate(c, {1}, s);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tokens, want);
+  EXPECT_EQ(seen, want);
+  // Returning false stops after that token: it is returned, not fed to the cache.
+  seen.clear();
+  s.on_token = [&seen](int32_t t) {
+    seen.push_back(t);
+    return seen.size() < 5;
+  };
+  KvCache c2 = model_->NewCache(8);
+  auto stopped = model_->Generate(c2, {1}, s);
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(stopped->tokens, std::vector<int32_t>(want.begin(), want.begin() + 5));
+  EXPECT_EQ(seen, stopped->tokens);
+  EXPECT_EQ(c2.length, 1 + 4);
+}
+
 TEST_F(StoriesTest, PerplexityScoresEveryTargetOnce) {
   std::vector<int32_t> seq = {1};
   {

@@ -227,6 +227,10 @@ struct SamplingOptions {
   float top_p = 0.95f;
   uint64_t seed = 0;
   bool stop_at_eos = true;  ///< stop on Tokenizer::IsEndOfGeneration / config eos_id
+  /// Optional: called on the Generate thread with each new token as soon as it is sampled
+  /// (streaming). Returning false stops the generation (cancellation, stop strings): that
+  /// token is still returned but not fed to the cache. Empty: no call.
+  std::function<bool(int32_t token)> on_token;
 };
 
 /// Output of Generate.
@@ -312,8 +316,9 @@ class LlamaModel {
   /// turn); an end-of-generation token stops the loop and is neither returned nor cached. Sampling:
   /// greedy = argmax (lowest id on ties); otherwise softmax(logits / T), the smallest set of most
   /// likely tokens whose mass reaches top_p, and a draw from a std::mt19937_64 seeded with `seed`:
-  /// the same seed gives the same tokens. Errors: kInvalidArgument for an empty cache with an empty
-  /// prompt, max_new_tokens < 0, temperature <= 0 or top_p outside (0, 1] when sampling, a
+  /// the same seed gives the same tokens. options.on_token (when set) sees every returned token
+  /// in order and may stop the loop early. Errors: kInvalidArgument for an empty cache with an
+  /// empty prompt, max_new_tokens < 0, temperature <= 0 or top_p outside (0, 1] when sampling, a
   /// malformed cache.
   [[nodiscard]] virtual StatusOr<GenerateResult> Generate(KvCache& cache,
                                                           absl::Span<const int32_t> prompt,
