@@ -89,8 +89,7 @@ void RecordAnswer(const PooledAgent& agent, model::GenerateResult gen, AgentResu
 // at attach (polykv_pool_attention_view / polykv_pool_layer_view): no second header parse.
 StatusOr<kernels::PrefixView> PrefixViewOfPool(const polykv_pool* pool, uint64_t* parent_tokens) {
   polykv_attention_view a = polykv_attention_view_init();
-  POLYKV_RETURN_IF_ERROR(
-      FromCStatus(polykv_pool_attention_view(pool, &a), "pool attention view"));
+  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_attention_view(pool, &a), "pool attention view"));
   kernels::PrefixView v;
   v.kv_heads = static_cast<int32_t>(a.kv_heads);
   v.head_dim = static_cast<int32_t>(a.head_dim);
@@ -341,6 +340,25 @@ StatusOr<std::vector<int32_t>> PooledAgent::PoolTokenIds(std::string_view pool_i
   return ids;
 }
 
+StatusOr<SharedPool> PooledAgent::AttachShared(std::string_view pool_id) {
+  auto chain = std::make_shared<AttachedChain>();
+  POLYKV_RETURN_IF_ERROR(AttachChain(std::string(pool_id), chain.get()));
+  if (!AttendsInPlace(Attend::kInPlace, *model_, chain->leaf().backend))
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool ", std::string(pool_id), " lives on backend '", chain->leaf().backend,
+                     "': a batched host attends to host pools in place only"));
+  AgentStats st;
+  model::KvCache cache;
+  POLYKV_RETURN_IF_ERROR(BuildCache(*chain, 1, /*in_place=*/true, &cache, &st, chain));
+  SharedPool sp;
+  sp.codec = chain->leaf().codec;
+  sp.pool_bytes = chain->total_bytes;
+  sp.prefix_bytes_per_step = st.prefix_bytes_per_token;
+  sp.prefix = cache.prefix;
+  sp.token_ids = std::move(cache.tokens);
+  return sp;
+}
+
 StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
                                        absl::Span<const int32_t> prompt_ids,
                                        const model::SamplingOptions& sampling) {
@@ -413,7 +431,8 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
 }
 
 Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, bool in_place,
-                               model::KvCache* cache, AgentStats* st) {
+                               model::KvCache* cache, AgentStats* st,
+                               std::shared_ptr<const void> owner) {
   const model::ModelConfig& cfg = model_->config();
   const size_t n = chain.infos.size();
   POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> doc_ids, chain.TokenIds());
@@ -429,16 +448,17 @@ Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, boo
   };
   if (in_place) {
     auto prefix = std::make_shared<model::KvPrefix>();
+    prefix->owner = std::move(owner);
     uint64_t bytes_per_token = 0;
     for (size_t i = 0; i < n; ++i) {
       uint64_t parent_tokens = 0;
       POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, PrefixViewOfPool(pools[i], &parent_tokens));
       if (v.tokens != static_cast<int64_t>(chain.infos[i].tokens) ||
           parent_tokens != chain.infos[i].parent_tokens)
-        return absl::DataLossError(absl::StrCat(
-            "pool ", chain.infos[i].id, ": header holds ", v.tokens, " tokens after ",
-            parent_tokens, ", the daemon reported ", chain.infos[i].tokens, " after ",
-            chain.infos[i].parent_tokens));
+        return absl::DataLossError(absl::StrCat("pool ", chain.infos[i].id, ": header holds ",
+                                                v.tokens, " tokens after ", parent_tokens,
+                                                ", the daemon reported ", chain.infos[i].tokens,
+                                                " after ", chain.infos[i].parent_tokens));
       bytes_per_token += static_cast<uint64_t>(v.LayerBytes()) * v.layers.size();
       if (i == 0) {
         prefix->view = std::move(v);

@@ -884,7 +884,7 @@ polykv_status polykv_pool_attention_view(const polykv_pool* pool, polykv_attenti
                              " is not sizeof(polykv_attention_view) = ",
                              sizeof(polykv_attention_view), " (use polykv_attention_view_init)"));
   return Guarded("polykv_pool_attention_view", [&]() -> Status {
-    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, HostViewOf(pool));
+    POLYKV_ASSIGN_OR_RETURN(polykv::kernels::PrefixView v, HostViewOf(pool));
     const ipc::PoolParams& p = pool->reader->params();
     *out = polykv_attention_view_init();
     out->codec = static_cast<uint32_t>(v.codec);
@@ -914,12 +914,12 @@ polykv_status polykv_pool_layer_view(const polykv_pool* pool, uint32_t layer,
                              " is not sizeof(polykv_layer_view) = ", sizeof(polykv_layer_view),
                              " (use polykv_layer_view_init)"));
   return Guarded("polykv_pool_layer_view", [&]() -> Status {
-    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, HostViewOf(pool));
+    POLYKV_ASSIGN_OR_RETURN(polykv::kernels::PrefixView v, HostViewOf(pool));
     if (layer >= v.layers.size())
       return absl::InvalidArgumentError(absl::StrCat("polykv_pool_layer_view: layer ", layer,
                                                      " is not below the pool's ",
                                                      v.layers.size(), " layers"));
-    const kernels::PrefixLayer& l = v.layers[layer];
+    const polykv::kernels::PrefixLayer& l = v.layers[layer];
     *out = polykv_layer_view_init();
     out->value_bits = v.ValueBitsOf(layer);
     out->k = l.k;

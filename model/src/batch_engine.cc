@@ -99,7 +99,8 @@ StatusOr<uint64_t> BatchEngine::Submit(SessionRequest request, SessionCallback c
         absl::StrCat("max_new_tokens must be >= 0, got ", o.max_new_tokens));
   if (!o.greedy) {
     if (!(o.temperature > 0) || !std::isfinite(o.temperature))
-      return absl::InvalidArgumentError(absl::StrCat("temperature must be > 0, got ", o.temperature));
+      return absl::InvalidArgumentError(
+          absl::StrCat("temperature must be > 0, got ", o.temperature));
     if (!(o.top_p > 0 && o.top_p <= 1))
       return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", o.top_p));
   }
@@ -160,8 +161,8 @@ void BatchEngine::Emit(Session& s, bool done, FinishReason why, Status error) {
   if (!done) {
     // Hold back what could still become a stop string, and an incomplete UTF-8 sequence.
     safe -= std::min(safe, s.max_stop > 0 ? s.max_stop - 1 : 0);
-    while (safe > 0 && safe < s.text.size() && (static_cast<unsigned char>(s.text[safe]) & 0xC0) ==
-                                                   0x80)
+    while (safe > 0 && safe < s.text.size() &&
+           (static_cast<unsigned char>(s.text[safe]) & 0xC0) == 0x80)
       --safe;
     if (safe == s.text.size()) safe -= IncompleteUtf8Tail(s.text);
   }
@@ -208,8 +209,7 @@ bool BatchEngine::Advance(Session& s, absl::Span<const float> logits) {
     ++stats_.generated_tokens;
   }
   const Tokenizer* t = model_.tokenizer();
-  const bool eos =
-      t != nullptr ? t->IsEndOfGeneration(*tok) : *tok == model_.config().eos_id;
+  const bool eos = t != nullptr ? t->IsEndOfGeneration(*tok) : *tok == model_.config().eos_id;
   if (s.req.sampling.stop_at_eos && eos) {
     Finish(s, FinishReason::kStop);
     return false;
@@ -309,8 +309,8 @@ bool BatchEngine::Step() {
     const size_t before = queue_.size();
     queue_.erase(std::remove_if(queue_.begin(), queue_.end(), is_cancelled), queue_.end());
     stats_.sessions_cancelled += before - queue_.size();
-    const size_t room = static_cast<size_t>(std::max<int64_t>(
-        0, options_.max_sessions - static_cast<int64_t>(running_.size())));
+    const size_t room = static_cast<size_t>(
+        std::max<int64_t>(0, options_.max_sessions - static_cast<int64_t>(running_.size())));
     const size_t take = std::min(room, queue_.size());
     for (size_t i = 0; i < take; ++i) fresh.push_back(std::move(queue_[i]));
     queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(take));

@@ -95,8 +95,8 @@ float CompareBatchWithSeparate(LlamaModel& m, std::shared_ptr<const KvPrefix> pr
     auto c = m.NewCacheWithPrefix(prefix, doc, 4);  // small: the steps grow it
     EXPECT_TRUE(c.ok()) << c.status();
     batch[i] = std::move(*c);
-    auto logits = m.Forward(Tokens(prompt_lengths[i], vocab, static_cast<int32_t>(10 + i)),
-                            batch[i], false);
+    auto logits =
+        m.Forward(Tokens(prompt_lengths[i], vocab, static_cast<int32_t>(10 + i)), batch[i], false);
     EXPECT_TRUE(logits.ok()) << logits.status();
     single[i] = batch[i];
     next_batch[i] = next_single[i] = *Argmax(logits->row(0));
@@ -122,8 +122,9 @@ float CompareBatchWithSeparate(LlamaModel& m, std::shared_ptr<const KvPrefix> pr
     }
   }
   for (size_t i = 0; i < S; ++i) EXPECT_EQ(batch[i].tokens, single[i].tokens) << what;
-  std::printf("%s: %zu sessions x %d steps, max |dlogit| batch vs separate %.2e (|logit| <= %.1f)\n",
-              what.c_str(), S, steps, worst, mag);
+  std::printf(
+      "%s: %zu sessions x %d steps, max |dlogit| batch vs separate %.2e (|logit| <= %.1f)\n",
+      what.c_str(), S, steps, worst, mag);
   return worst;
 }
 
@@ -134,8 +135,7 @@ TEST(BatchDecode, StoriesEqualsSeparateForwards) {
   ASSERT_TRUE(m.ok()) << m.status();
   const std::vector<int32_t> doc = Tokens(300, (*m)->config().vocab, 1);
   // Stated tolerance: 1e-4 absolute (logits of stories260K are <= ~20).
-  EXPECT_LE(CompareBatchWithSeparate(**m, OwnPrefix(**m, doc), doc, "stories260K none", 24),
-            1e-4f);
+  EXPECT_LE(CompareBatchWithSeparate(**m, OwnPrefix(**m, doc), doc, "stories260K none", 24), 1e-4f);
   EXPECT_LE(CompareBatchWithSeparate(**m, PoolPrefix(**m, doc, "k7c-v3-e4x2-nc-n16"), doc,
                                      "stories260K k7c-v3-e4x2-nc-n16", 24),
             1e-4f);
@@ -150,9 +150,9 @@ TEST(BatchDecode, StoriesWithoutPrefix) {
   std::vector<KvCache> ref(3);
   std::vector<int32_t> next(3);
   for (size_t i = 0; i < 3; ++i) {
-    auto l = (*m)->Forward(Tokens(static_cast<int64_t>(2 + 4 * i), (*m)->config().vocab,
-                                  static_cast<int32_t>(i)),
-                           c[i], false);
+    auto l = (*m)->Forward(
+        Tokens(static_cast<int64_t>(2 + 4 * i), (*m)->config().vocab, static_cast<int32_t>(i)),
+        c[i], false);
     ASSERT_TRUE(l.ok()) << l.status();
     ref[i] = c[i];
     next[i] = *Argmax(l->row(0));
@@ -182,15 +182,13 @@ TEST(BatchDecode, Errors) {
   const std::vector<int32_t> two = {5, 6};
   EXPECT_EQ(model.ForwardBatch({}, {}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(model.ForwardBatch({&a}, two).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(model.ForwardBatch({&a, &a}, two).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model.ForwardBatch({&a, &a}, two).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(model.ForwardBatch({&a, &other}, two).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(model.ForwardBatch({&a, nullptr}, two).status().code(),
             absl::StatusCode::kInvalidArgument);
   const std::vector<int32_t> bad = {5, model.config().vocab};
-  EXPECT_EQ(model.ForwardBatch({&a, &b}, bad).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model.ForwardBatch({&a, &b}, bad).status().code(), absl::StatusCode::kInvalidArgument);
   // A failed step changed no cache.
   EXPECT_EQ(a.length, 40);
   EXPECT_EQ(b.length, 40);

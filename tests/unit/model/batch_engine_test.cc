@@ -7,9 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
-#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <string>
@@ -163,20 +163,16 @@ TEST(BatchEngine, SubmitErrors) {
   Fixture f = Load(kStories, 16);
   BatchEngine engine(*f.model, f.prefix, f.doc, 0);
   SessionRequest r;
-  EXPECT_EQ(engine.Submit(r, Collect(nullptr)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.Submit(r, Collect(nullptr)).status().code(), absl::StatusCode::kInvalidArgument);
   r.prompt = {f.model->config().vocab};
-  EXPECT_EQ(engine.Submit(r, Collect(nullptr)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.Submit(r, Collect(nullptr)).status().code(), absl::StatusCode::kInvalidArgument);
   r.prompt = {1};
   r.sampling.greedy = false;
   r.sampling.temperature = 0;
-  EXPECT_EQ(engine.Submit(r, Collect(nullptr)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.Submit(r, Collect(nullptr)).status().code(), absl::StatusCode::kInvalidArgument);
   r.sampling.greedy = true;
   r.stop = {"x"};  // stories260K has no tokenizer
-  EXPECT_EQ(engine.Submit(r, Collect(nullptr)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.Submit(r, Collect(nullptr)).status().code(), absl::StatusCode::kInvalidArgument);
   r.stop.clear();
   r.sampling.max_new_tokens = 1 << 20;
   EXPECT_EQ(engine.Submit(r, Collect(nullptr)).status().code(), absl::StatusCode::kOutOfRange);
@@ -197,7 +193,7 @@ TEST(BatchEngine, ThreadRunsAndShutsDown) {
                   .Submit(r,
                           [&](const SessionEvent& e) {
                             std::lock_guard<std::mutex> l(mu);
-                            Collect(&done_one)(e);
+                            Collect (&done_one)(e);
                             cv.notify_all();
                             return true;
                           })
@@ -218,9 +214,10 @@ TEST(BatchEngine, SmolLM2StopStringsAndText) {
   Fixture f = Load(SmolLM2Path(), 40);
   const Tokenizer* tok = f.model->tokenizer();
   ASSERT_NE(tok, nullptr);
-  auto prompt = tok->Encode("<|im_start|>user\nWrite a list of three colors.<|im_end|>\n"
-                            "<|im_start|>assistant\n",
-                            false);
+  auto prompt = tok->Encode(
+      "<|im_start|>user\nWrite a list of three colors.<|im_end|>\n"
+      "<|im_start|>assistant\n",
+      false);
   ASSERT_TRUE(prompt.ok());
   SessionRequest r;
   r.prompt = *prompt;

@@ -78,14 +78,14 @@ struct BatchEngineStats {
   uint64_t sessions_submitted = 0;
   uint64_t sessions_finished = 0;
   uint64_t sessions_cancelled = 0;
-  uint64_t steps = 0;              ///< batched decode steps
-  uint64_t step_rows = 0;          ///< sum over steps of the sessions in each
-  uint64_t prompt_tokens = 0;      ///< prompt tokens fed
-  uint64_t generated_tokens = 0;   ///< tokens sampled
-  double decode_seconds = 0;       ///< time inside ForwardBatch
-  double prefill_seconds = 0;      ///< time inside prompt forwards
-  int64_t running = 0;             ///< sessions decoding now
-  int64_t waiting = 0;             ///< sessions queued
+  uint64_t steps = 0;                  ///< batched decode steps
+  uint64_t step_rows = 0;              ///< sum over steps of the sessions in each
+  uint64_t prompt_tokens = 0;          ///< prompt tokens fed
+  uint64_t generated_tokens = 0;       ///< tokens sampled
+  double decode_seconds = 0;           ///< time inside ForwardBatch
+  double prefill_seconds = 0;          ///< time inside prompt forwards
+  int64_t running = 0;                 ///< sessions decoding now
+  int64_t waiting = 0;                 ///< sessions queued
   uint64_t weight_bytes_per_step = 0;  ///< weights read per batched step (once for all)
   uint64_t prefix_bytes_per_step = 0;  ///< prefix read per batched step (once for all)
 };
