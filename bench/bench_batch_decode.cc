@@ -115,7 +115,9 @@ StatusOr<Row> Measure(model::LlamaModel& m, const Pool& pool, const std::vector<
       suffix_bytes += 2.0 * 4 * m.config().layers * m.config().kv_heads * m.config().head_dim *
                       (c.suffix_length() + 1);
     POLYKV_ASSIGN_OR_RETURN(model::Logits l, m.ForwardBatch(ptrs, next));
-    for (int i = 0; i < s; ++i) POLYKV_ASSIGN_OR_RETURN(next[i], model::Argmax(l.row(i)));
+    for (int i = 0; i < s; ++i) {
+      POLYKV_ASSIGN_OR_RETURN(next[i], model::Argmax(l.row(i)));
+    }
   }
   const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
   Row r;

@@ -30,6 +30,7 @@ struct ServeArgs {
   int max_sessions = 64;
   int default_max_tokens = 256;
   int http_threads = 64;
+  int min_step_ms = 0;
 };
 
 // SIGINT / SIGTERM end the host: the handler (any thread may run it) writes to a pipe that
@@ -60,6 +61,7 @@ Status Serve(const ServeArgs& a) {
   POLYKV_ASSIGN_OR_RETURN(client::SharedPool pool, agent->AttachShared(a.pool));
   model::BatchEngineOptions eo;
   eo.max_sessions = a.max_sessions;
+  eo.min_step_ms = a.min_step_ms;
   const int64_t cached = static_cast<int64_t>(pool.token_ids.size());
   auto engine = std::make_unique<model::BatchEngine>(
       agent->model(), pool.prefix, std::move(pool.token_ids), pool.prefix_bytes_per_step, eo);
@@ -118,6 +120,9 @@ void RegisterAgentsServeCommand(CLI::App& agents) {
       ->check(CLI::Range(0, 1 << 20));
   c->add_option("--http-threads", args->http_threads, "HTTP connections served at once")
       ->check(CLI::Range(2, 4096));
+  c->add_option("--min-step-ms", args->min_step_ms,
+                "pace decode steps to at least this many ms (tests, demos; 0 = full speed)")
+      ->check(CLI::Range(0, 60000));
   c->callback([args] {
     if (Status s = Serve(*args); !s.ok()) FailWith(s);
   });

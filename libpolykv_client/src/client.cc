@@ -917,8 +917,8 @@ polykv_status polykv_pool_layer_view(const polykv_pool* pool, uint32_t layer,
     POLYKV_ASSIGN_OR_RETURN(polykv::kernels::PrefixView v, HostViewOf(pool));
     if (layer >= v.layers.size())
       return absl::InvalidArgumentError(absl::StrCat("polykv_pool_layer_view: layer ", layer,
-                                                     " is not below the pool's ",
-                                                     v.layers.size(), " layers"));
+                                                     " is not below the pool's ", v.layers.size(),
+                                                     " layers"));
     const polykv::kernels::PrefixLayer& l = v.layers[layer];
     *out = polykv_layer_view_init();
     out->value_bits = v.ValueBitsOf(layer);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -346,7 +347,10 @@ void BatchEngine::RunUntilStopped() {
       });
       if (stopped_) break;
     }
+    const auto t0 = Clock::now();
     Step();
+    const auto pace = std::chrono::milliseconds(options_.min_step_ms) - (Clock::now() - t0);
+    if (pace.count() > 0) std::this_thread::sleep_for(pace);
   }
   // Shutting down: every session still known ends with kCancelled.
   std::vector<std::unique_ptr<Session>> queued;

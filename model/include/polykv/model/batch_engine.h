@@ -71,6 +71,9 @@ struct BatchEngineOptions {
   /// Context positions allowed per session (prefix + prompt + answer); 0 = the model's
   /// max_positions.
   int64_t max_context = 0;
+  /// RunUntilStopped paces steps to at least this many milliseconds (0: as fast as they
+  /// run): for tests and demos that need sessions to outlive a client's reaction.
+  int32_t min_step_ms = 0;
 };
 
 /// Counters of a BatchEngine (for /metrics).
