@@ -160,6 +160,11 @@ int Main(int argc, char** argv) {
   std::vector<std::vector<int32_t>> prompts;
   for (const std::string& q : Questions())
     prompts.push_back(*tok->Encode(client::ChatQuestionPrompt(q), false));
+  if (prompts.empty()) {
+    std::fprintf(stderr, "bench_batch_decode: no questions in %s/data/questions.txt (set "
+                 "POLYKV_SOURCE_DIR to the source tree)\n", SourceDir().c_str());
+    return 2;
+  }
   auto pool = MakePool(**m, *doc, codec);
   if (!pool.ok()) {
     std::fprintf(stderr, "pool: %s\n", pool.status().ToString().c_str());

@@ -79,6 +79,7 @@ sample_memory "$WORK/mem-host" & SAMPLER=$!
 T0=$(now)
 start_daemon host
 POOL=$(create_pool)
+TP1=$(now)
 "$CLI" agents serve --pool "$POOL" --model "$MODEL" --listen 127.0.0.1:0 --alias doc \
   --max-sessions "$N" </dev/null >"$WORK/host.log" 2>&1 &
 HPID=$!
@@ -90,15 +91,22 @@ for _ in $(seq 1 600); do
   sleep 0.05
 done
 [[ -n $PORT ]] || { cat "$WORK/host.log" >&2; exit 1; }
-i=0
+TR1=$(now)
+# Request bodies first, then every client at once.
+python3 - "$WORK" "$MAX_NEW" <<'EOF'
+import json, sys
+work, max_new = sys.argv[1], int(sys.argv[2])
+for i, q in enumerate(open(f"{work}/questions.txt").read().splitlines()):
+    body = {"model": "doc", "messages": [{"role": "user", "content": q}],
+            "max_tokens": max_new, "temperature": 0}
+    open(f"{work}/body-{i}.json", "w").write(json.dumps(body))
+EOF
 CURLS=()
-while IFS= read -r q; do
-  body=$(python3 -c 'import json,sys; print(json.dumps({"model":"doc","messages":[{"role":"user","content":sys.argv[1]}],"max_tokens":int(sys.argv[2]),"temperature":0}))' "$q" "$MAX_NEW")
-  curl -s -X POST "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \
-    -d "$body" -o "$WORK/answer-$i.json" &
+for ((i = 0; i < $(wc -l <"$WORK/questions.txt"); i++)); do
+  curl -s -X POST "http://127.0.0.1:$PORT/v1/chat/completions" \
+    -H 'Content-Type: application/json' -d "@$WORK/body-$i.json" -o "$WORK/answer-$i.json" &
   CURLS+=($!)
-  i=$((i + 1))
-done <"$WORK/questions.txt"
+done
 for c in "${CURLS[@]}"; do wait "$c"; done
 T1=$(now)
 HOST_HWM=$(hwm_mib "$HPID")
@@ -118,6 +126,7 @@ kill "$HPID" "$DPID"; wait "$HPID" "$DPID" 2>/dev/null || true
 metric() { awk -v k="$1" '$1 == k {print $2}' "$WORK/metrics"; }
 GEN=$(metric polykv_host_generated_tokens_total)
 DEC=$(metric polykv_host_decode_seconds_total)
+PRE=$(metric polykv_host_prefill_seconds_total)
 STEPS=$(metric polykv_host_steps_total)
 ROWS=$(metric polykv_host_step_rows_total)
 WB=$(metric polykv_host_weight_bytes_per_step)
@@ -130,6 +139,7 @@ sample_memory "$WORK/mem-proc" & SAMPLER=$!
 T2=$(now)
 start_daemon proc
 POOL=$(create_pool)
+TP2=$(now)
 "$CLI" agents run --pool "$POOL" --model "$MODEL" --questions "$WORK/questions.txt" -n "$N" \
   -j "$JOBS" --max-new-tokens "$MAX_NEW" --no-baseline --json </dev/null >"$WORK/agents.json"
 T3=$(now)
@@ -153,13 +163,20 @@ printf '%-52s %14s %14s %8s\n' "figure (cold start -> last answer)" "agents serv
   "agents run -j$JOBS" "ratio"
 printf '%-52s %14s %14s %7.2fx\n' "wall time, s" "$HOST_S" "$PROC_S" \
   "$(python3 -c "print($HOST_S / $PROC_S)")"
+printf '%-52s %14s %14s\n' "  of which daemon start + pools create, s" \
+  "$(python3 -c "print('%.1f' % ($TP1 - $T0))")" "$(python3 -c "print('%.1f' % ($TP2 - $T2))")"
+printf '%-52s %14s %14s\n' "  of which host start (load, attach), s" \
+  "$(python3 -c "print('%.1f' % ($TR1 - $TP1))")" "-"
+printf '%-52s %14s %14s\n' "  of which answering all questions, s" \
+  "$(python3 -c "print('%.1f' % ($T1 - $TR1))")" "$(python3 -c "print('%.1f' % ($T3 - $TP2))")"
 printf '%-52s %14s %14s\n' "tokens generated" "$HOST_TOKENS" "$PROC_TOKENS"
 printf '%-52s %14s %14s\n' "peak drop of MemAvailable, MiB" "$HOST_DROP" "$PROC_DROP"
 printf '%-52s %14s %14s\n' "peak RSS: host process / largest agent, MiB" "$HOST_HWM" "$AGENT_RSS"
 printf '%-52s %14s %14s\n' "peak RSS of polykvd, MiB" "$DAEMON_HWM" "$DAEMON2_HWM"
-python3 - "$GEN" "$DEC" "$STEPS" "$ROWS" "$WB" "$PB" <<'EOF'
+python3 - "$GEN" "$DEC" "$STEPS" "$ROWS" "$WB" "$PB" "$PRE" <<'EOF'
 import sys
-gen, dec, steps, rows, wb, pb = (float(x) for x in sys.argv[1:])
+gen, dec, steps, rows, wb, pb, pre = (float(x) for x in sys.argv[1:])
+print(f"{'host: seconds in prompt forwards / batched steps':52s} {pre:14.1f} {dec:14.1f}")
 print(f"{'host: decode tok/s inside batched steps':52s} {gen / dec if dec else 0:14.1f}")
 print(f"{'host: batched steps, mean sessions per step':52s} {steps:14.0f} {rows / steps if steps else 0:14.2f}")
 print(f"{'host: MiB read per step (weights + pool, once)':52s} {(wb + pb) / 1048576:14.2f}")
@@ -167,5 +184,5 @@ print(f"{'  N separate agents read per step, MiB':52s} {rows / steps * (wb + pb)
 EOF
 if [[ -x $BUILD/bench/bench_batch_decode ]]; then
   printf '\n==> bench_batch_decode (decode tok/s, 1 vs many sessions, same run)\n'
-  "$BUILD/bench/bench_batch_decode" --model "$MODEL" --sessions "1,2,4,8,$N" --steps "$MAX_NEW"
+  POLYKV_SOURCE_DIR="$ROOT" "$BUILD/bench/bench_batch_decode" --model "$MODEL" --sessions "1,2,4,8,$N" --steps "$MAX_NEW"
 fi
