@@ -183,6 +183,13 @@ bool ParseRequest(ApiKind kind, const std::string& body_text, const model::Llama
   }
   if (body.contains("n") && !(body["n"].is_number_integer() && body["n"].get<int64_t>() == 1))
     return Fail(e, "only n = 1 is supported", "n");
+  for (const char* name : {"logprobs", "top_logprobs", "echo", "best_of", "tools", "suffix"}) {
+    const bool asked = body.contains(name) && !body[name].is_null() &&
+                       !(body[name].is_boolean() && !body[name].get<bool>()) &&
+                       !(std::string(name) == "best_of" && body[name] == 1) &&
+                       !(std::string(name) == "tools" && body[name].empty());
+    if (asked) return Fail(e, absl::StrCat("'", name, "' is not supported by this server"), name);
+  }
   if (!ParsePrompt(kind, body, model, &out->session.prompt, e)) return false;
   model::SamplingOptions& s = out->session.sampling;
   double max_tokens = id.default_max_tokens, temperature = 1, top_p = 1;

@@ -66,8 +66,9 @@ struct ServeIdentity {
 /// max_completion_tokens, temperature (0 = greedy; default 1), top_p, seed, stop (string or
 /// up to 4 strings), n (1 only), stream, stream_options.include_usage; and the extensions
 /// ignore_eos (vLLM's: do not stop at end-of-generation tokens) and return_token_ids.
-/// Unknown fields are ignored. Returns an ApiError (400, or 404 for an unknown model) for bad
-/// input.
+/// logprobs, top_logprobs, echo, best_of > 1, tools and suffix are refused (400 naming the
+/// field); other unknown fields are ignored. Returns an ApiError (400, or 404 for an unknown model)
+/// for bad input.
 [[nodiscard]] bool ParseRequest(ApiKind kind, const std::string& body,
                                 const model::LlamaModel& model, const ServeIdentity& id,
                                 ParsedRequest* out, ApiError* error);

@@ -42,7 +42,8 @@ TEST(OpenAiApi, ParsesCompletionWithTokenIds) {
                            R"({"model":"doc","prompt":[5,6,7],"max_tokens":9,"temperature":0,
                                "stop":["a","b"],"stream":true,"seed":3,
                                "stream_options":{"include_usage":true},"ignore_eos":true,
-                               "return_token_ids":true,"user":"ignored"})",
+                               "return_token_ids":true,"user":"ignored","logprobs":null,
+                               "echo":false,"best_of":1})",
                            Stories(), Id(), &r, &e))
       << e.message;
   EXPECT_EQ(r.session.prompt, (std::vector<int32_t>{5, 6, 7}));
@@ -84,6 +85,9 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {ApiKind::kCompletion, R"({"prompt":[1],"n":2})", 400, "n"},
       {ApiKind::kCompletion, R"({"prompt":[1],"stop":["a","b","c","d","e"]})", 400, "stop"},
       {ApiKind::kCompletion, R"({"prompt":[1],"stream":"yes"})", 400, "stream"},
+      {ApiKind::kCompletion, R"({"prompt":[1],"logprobs":2})", 400, "logprobs"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", 400,
+       "logprobs"},
       {ApiKind::kChat, R"({"messages":[]})", 400, "messages"},
       {ApiKind::kChat, R"({"messages":[{"role":"tool","content":"x"}]})", 400, "messages[0].role"},
       {ApiKind::kChat, R"({"messages":[{"role":"user","content":5}]})", 400, "messages[0].content"},
