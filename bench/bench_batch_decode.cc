@@ -161,8 +161,10 @@ int Main(int argc, char** argv) {
   for (const std::string& q : Questions())
     prompts.push_back(*tok->Encode(client::ChatQuestionPrompt(q), false));
   if (prompts.empty()) {
-    std::fprintf(stderr, "bench_batch_decode: no questions in %s/data/questions.txt (set "
-                 "POLYKV_SOURCE_DIR to the source tree)\n", SourceDir().c_str());
+    std::fprintf(stderr,
+                 "bench_batch_decode: no questions in %s/data/questions.txt (set "
+                 "POLYKV_SOURCE_DIR to the source tree)\n",
+                 SourceDir().c_str());
     return 2;
   }
   auto pool = MakePool(**m, *doc, codec);
