@@ -88,9 +88,11 @@ Status Serve(const ServeArgs& a) {
   }
   std::printf("polykv agents serve: signal %d, stopping\n", static_cast<int>(sig));
   std::fflush(stdout);
-  (*server)->Stop();
+  // Sessions still running end now (their clients get finish "stop"), then the server stops
+  // once every response is written.
   engine->Shutdown();
   engine_thread.join();
+  (*server)->Stop();
   server->reset();
   engine.reset();  // detaches the pool (the agent's connection is still open)
   return absl::OkStatus();
