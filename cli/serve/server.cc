@@ -75,6 +75,36 @@ ApiError EngineError(const Status& s) {
 
 std::string Sse(const json& j) { return absl::StrCat("data: ", j.dump(), "\n\n"); }
 
+// The engine's counters in the Prometheus text format.
+std::string MetricsText(const model::BatchEngine& engine) {
+  const model::BatchEngineStats s = engine.stats();
+  std::string out;
+  const auto metric = [&out](const char* name, const char* type, const char* help, double v) {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ",
+                    v, "\n");
+  };
+  metric("polykv_host_sessions_running", "gauge", "Sessions decoding now.", s.running);
+  metric("polykv_host_sessions_waiting", "gauge", "Sessions queued.", s.waiting);
+  metric("polykv_host_sessions_submitted_total", "counter", "Sessions submitted.",
+         s.sessions_submitted);
+  metric("polykv_host_sessions_finished_total", "counter", "Sessions finished.",
+         s.sessions_finished);
+  metric("polykv_host_sessions_cancelled_total", "counter", "Sessions cancelled.",
+         s.sessions_cancelled);
+  metric("polykv_host_steps_total", "counter", "Batched decode steps.", s.steps);
+  metric("polykv_host_step_rows_total", "counter", "Sessions summed over steps.", s.step_rows);
+  metric("polykv_host_prompt_tokens_total", "counter", "Prompt tokens fed.", s.prompt_tokens);
+  metric("polykv_host_generated_tokens_total", "counter", "Tokens sampled.", s.generated_tokens);
+  metric("polykv_host_decode_seconds_total", "counter", "Time in batched steps.", s.decode_seconds);
+  metric("polykv_host_prefill_seconds_total", "counter", "Time in prompt forwards.",
+         s.prefill_seconds);
+  metric("polykv_host_weight_bytes_per_step", "gauge", "Weight bytes read per step.",
+         static_cast<double>(s.weight_bytes_per_step));
+  metric("polykv_host_prefix_bytes_per_step", "gauge", "Pool bytes read per step.",
+         static_cast<double>(s.prefix_bytes_per_step));
+  return out;
+}
+
 }  // namespace
 
 struct OpenAiServer::Threads {
@@ -242,33 +272,7 @@ void OpenAiServer::Routes() {
                     "application/json");
   });
   server_->Get("/metrics", [engine](const httplib::Request&, httplib::Response& res) {
-    const model::BatchEngineStats s = engine->stats();
-    std::string out;
-    const auto metric = [&out](const char* name, const char* type, const char* help, double v) {
-      absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name,
-                      " ", v, "\n");
-    };
-    metric("polykv_host_sessions_running", "gauge", "Sessions decoding now.", s.running);
-    metric("polykv_host_sessions_waiting", "gauge", "Sessions queued.", s.waiting);
-    metric("polykv_host_sessions_submitted_total", "counter", "Sessions submitted.",
-           s.sessions_submitted);
-    metric("polykv_host_sessions_finished_total", "counter", "Sessions finished.",
-           s.sessions_finished);
-    metric("polykv_host_sessions_cancelled_total", "counter", "Sessions cancelled.",
-           s.sessions_cancelled);
-    metric("polykv_host_steps_total", "counter", "Batched decode steps.", s.steps);
-    metric("polykv_host_step_rows_total", "counter", "Sessions summed over steps.", s.step_rows);
-    metric("polykv_host_prompt_tokens_total", "counter", "Prompt tokens fed.", s.prompt_tokens);
-    metric("polykv_host_generated_tokens_total", "counter", "Tokens sampled.", s.generated_tokens);
-    metric("polykv_host_decode_seconds_total", "counter", "Time in batched steps.",
-           s.decode_seconds);
-    metric("polykv_host_prefill_seconds_total", "counter", "Time in prompt forwards.",
-           s.prefill_seconds);
-    metric("polykv_host_weight_bytes_per_step", "gauge", "Weight bytes read per step.",
-           static_cast<double>(s.weight_bytes_per_step));
-    metric("polykv_host_prefix_bytes_per_step", "gauge", "Pool bytes read per step.",
-           static_cast<double>(s.prefix_bytes_per_step));
-    res.set_content(out, "text/plain; version=0.0.4");
+    res.set_content(MetricsText(*engine), "text/plain; version=0.0.4");
   });
   server_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
