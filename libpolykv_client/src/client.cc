@@ -40,6 +40,7 @@ using polykv::StatusOr;
 using polykv::client::Channel;
 using Clock = std::chrono::steady_clock;
 namespace ipc = polykv::ipc;
+namespace kernels = polykv::kernels;
 
 constexpr int kDefaultTimeoutMs = 5000;
 constexpr int kTries = 3;                        // Lazy Pirate tries per request
@@ -866,7 +867,7 @@ polykv_status polykv_pool_mapping(const polykv_pool* pool, const void** base, ui
 namespace {
 
 // The attached host pool's PrefixView, built from the header parsed at attach.
-polykv::StatusOr<polykv::kernels::PrefixView> HostViewOf(const polykv_pool* pool) {
+StatusOr<kernels::PrefixView> HostViewOf(const polykv_pool* pool) {
   if (!pool->reader || pool->map_base == nullptr)
     return absl::FailedPreconditionError(absl::StrCat(
         "pool ", pool->info.id, " lives in GPU memory: it has no host view to attend to"));
@@ -884,7 +885,7 @@ polykv_status polykv_pool_attention_view(const polykv_pool* pool, polykv_attenti
                              " is not sizeof(polykv_attention_view) = ",
                              sizeof(polykv_attention_view), " (use polykv_attention_view_init)"));
   return Guarded("polykv_pool_attention_view", [&]() -> Status {
-    POLYKV_ASSIGN_OR_RETURN(polykv::kernels::PrefixView v, HostViewOf(pool));
+    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, HostViewOf(pool));
     const ipc::PoolParams& p = pool->reader->params();
     *out = polykv_attention_view_init();
     out->codec = static_cast<uint32_t>(v.codec);
@@ -914,12 +915,12 @@ polykv_status polykv_pool_layer_view(const polykv_pool* pool, uint32_t layer,
                              " is not sizeof(polykv_layer_view) = ", sizeof(polykv_layer_view),
                              " (use polykv_layer_view_init)"));
   return Guarded("polykv_pool_layer_view", [&]() -> Status {
-    POLYKV_ASSIGN_OR_RETURN(polykv::kernels::PrefixView v, HostViewOf(pool));
+    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, HostViewOf(pool));
     if (layer >= v.layers.size())
       return absl::InvalidArgumentError(absl::StrCat("polykv_pool_layer_view: layer ", layer,
                                                      " is not below the pool's ", v.layers.size(),
                                                      " layers"));
-    const polykv::kernels::PrefixLayer& l = v.layers[layer];
+    const kernels::PrefixLayer& l = v.layers[layer];
     *out = polykv_layer_view_init();
     out->value_bits = v.ValueBitsOf(layer);
     out->k = l.k;

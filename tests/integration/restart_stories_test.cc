@@ -84,8 +84,10 @@ TEST(RestartStories, PoolBytesAndAnswersSurviveRestarts) {
     EXPECT_EQ(PoolDigest(d.endpoint(), k8_pool), k8_digest);
     for (const auto& pool : {k8_pool, none_pool}) {
       const auto uses = support::MemfdUses(d.shm_prefix() + pool.substr(0, 16), d.process().pid());
-      EXPECT_EQ(uses.size(), 1u) << "restored as a sealed memfd of polykvd: "
-                                 << support::DescribeMemfdUses(uses);
+      const support::MemfdCounts held = support::CountMemfdUses(uses);
+      EXPECT_EQ(held.memfds, 1) << "restored as a sealed memfd of polykvd: "
+                                << support::DescribeMemfdUses(uses);
+      EXPECT_EQ(held.descriptors, 1) << support::DescribeMemfdUses(uses);
     }
     // A crash: SIGKILL leaves the state folder as it was.
     d.process().Kill(SIGKILL);

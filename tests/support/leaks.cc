@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "support/wait.h"
@@ -97,6 +98,17 @@ std::string DescribeMemfdUses(const std::vector<MemfdUse>& uses) {
     s += "pid " + std::to_string(u.pid) + " " + u.where + " " + u.name;
   }
   return s;
+}
+
+MemfdCounts CountMemfdUses(const std::vector<MemfdUse>& uses) {
+  MemfdCounts c;
+  std::set<std::string> names;
+  for (const MemfdUse& u : uses) {
+    if (u.where.rfind("fd ", 0) == 0) ++c.descriptors;
+    names.insert(u.name);
+  }
+  c.memfds = static_cast<int>(names.size());
+  return c;
 }
 
 }  // namespace polykv::support

@@ -29,6 +29,14 @@ std::vector<MemfdUse> MemfdUses(const std::string& name_prefix, pid_t only_pid =
 /// closed asynchronously: a process being reaped, a descriptor server's duplicate).
 std::vector<MemfdUse> MemfdUsesSettled(const std::string& name_prefix, int timeout_ms = 5000);
 
+/// How many of `uses` are descriptors ("fd ..."), and how many distinct memfds they name.
+/// A daemon holds each published pool once as a descriptor and maps it once or more.
+struct MemfdCounts {
+  int descriptors = 0;
+  int memfds = 0;
+};
+MemfdCounts CountMemfdUses(const std::vector<MemfdUse>& uses);
+
 /// "pid 12 fd 7 memfd:polykv-x-0123; pid 40 map ... memfd:..." ("none" when empty).
 std::string DescribeMemfdUses(const std::vector<MemfdUse>& uses);
 

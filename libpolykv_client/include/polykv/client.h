@@ -369,15 +369,15 @@ typedef struct polykv_attention_view_t {
   uint32_t struct_size; /**< in: sizeof(polykv_attention_view) */
   uint32_t codec;       /**< 0 raw, 1 int8 keys + TurboQuant-MSE values */
   uint32_t layers, kv_heads, head_dim;
-  uint64_t tokens;           /**< positions of this pool (after parent_tokens of its chain) */
-  uint64_t parent_tokens;    /**< positions of the parent chain (0 for a root pool) */
-  polykv_dtype raw_dtype;    /**< codec 0 */
-  int32_t key_bits;          /**< codec 1: 8, or 4..7 (packed) */
-  int32_t value_bits;        /**< codec 1: the default; a layer's own in polykv_layer_view */
-  int32_t key_scale;         /**< codec 1: 0 per tensor, 1 per KV head, 2 per channel */
-  int32_t norm_correction;   /**< codec 1: norms are ||v|| / ||reconstruction|| */
-  polykv_dtype norm_dtype;   /**< codec 1: F32 or F16 norms */
-  uint64_t rotation_seed;    /**< codec 1: seeds the random signs */
+  uint64_t tokens;         /**< positions of this pool (after parent_tokens of its chain) */
+  uint64_t parent_tokens;  /**< positions of the parent chain (0 for a root pool) */
+  polykv_dtype raw_dtype;  /**< codec 0 */
+  int32_t key_bits;        /**< codec 1: 8, or 4..7 (packed) */
+  int32_t value_bits;      /**< codec 1: the default; a layer's own in polykv_layer_view */
+  int32_t key_scale;       /**< codec 1: 0 per tensor, 1 per KV head, 2 per channel */
+  int32_t norm_correction; /**< codec 1: norms are ||v|| / ||reconstruction|| */
+  polykv_dtype norm_dtype; /**< codec 1: F32 or F16 norms */
+  uint64_t rotation_seed;  /**< codec 1: seeds the random signs */
 } polykv_attention_view;
 
 /** A zeroed polykv_attention_view with struct_size set. */

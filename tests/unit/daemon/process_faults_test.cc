@@ -159,7 +159,9 @@ TEST_F(ProcessFaults, NoSegmentOutlivesAKilledDaemonWhateverThePrefix) {
   RawClient c(dir_.endpoint());
   auto r = c.Call(CreateRequest("none"), 60000);
   ASSERT_TRUE(r.ok() && r->ok) << (r.ok() ? r->error : r.status().ToString());
-  EXPECT_EQ(support::MemfdUses(probe, daemon).size(), 1u) << "the pool: a memfd of polykvd";
+  const support::MemfdCounts held = support::CountMemfdUses(support::MemfdUses(probe, daemon));
+  EXPECT_EQ(held.memfds, 1) << "the pool: a memfd of polykvd";
+  EXPECT_EQ(held.descriptors, 1) << "the pool: a memfd of polykvd";
   EXPECT_TRUE(ShmObjects(probe).empty());
   kill(daemon, SIGKILL);
   waitpid(daemon, nullptr, 0);

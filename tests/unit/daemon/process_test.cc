@@ -69,8 +69,12 @@ TEST_F(ProcessTest, ServesAndExitsCleanlyOnSigterm) {
   auto l = c.Call(list);
   ASSERT_TRUE(l.ok() && l->ok);
   ASSERT_EQ(l->pools.size(), 1u);
-  EXPECT_EQ(support::MemfdUses(prefix_, pid).size(), 1u)
-      << "the pool is a memfd held by polykvd: " << testing::PoolMemoryLeft(prefix_, 0);
+  {
+    const auto held = support::CountMemfdUses(support::MemfdUses(prefix_, pid));
+    EXPECT_EQ(held.memfds, 1) << "the pool is a memfd held by polykvd: "
+                              << testing::PoolMemoryLeft(prefix_, 0);
+    EXPECT_EQ(held.descriptors, 1) << testing::PoolMemoryLeft(prefix_, 0);
+  }
   EXPECT_TRUE(Exists(dir_.socket() + ".fds"));
   struct stat st;
   ASSERT_EQ(stat(dir_.socket().c_str(), &st), 0);
@@ -106,7 +110,8 @@ TEST_F(ProcessTest, RestartAfterSigkillCleansStaleSocketAndSegments) {
     auto r = c.Call(CreateRequest("none"), 60000);
     ASSERT_TRUE(r.ok() && r->ok);
   }
-  EXPECT_EQ(support::MemfdUses(prefix_, pid).size(), 1u);
+  EXPECT_EQ(support::CountMemfdUses(support::MemfdUses(prefix_, pid)).memfds, 1);
+  EXPECT_EQ(support::CountMemfdUses(support::MemfdUses(prefix_, pid)).descriptors, 1);
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
   // Leftovers of the dead daemon: its socket files, but no pool memory (the memfds went
