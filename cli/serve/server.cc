@@ -194,6 +194,7 @@ void OpenAiServer::Routes() {
       std::string text;          // whole responses: the answer so far
       std::vector<int32_t> ids;  // whole responses: the answer's ids
       bool first = true;
+      std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
     };
     auto st = std::make_shared<StreamState>();
     st->queued = std::move(first);
@@ -202,7 +203,14 @@ void OpenAiServer::Routes() {
       std::deque<model::SessionEvent> got;
       got.swap(st->queued);
       if (got.empty()) got = pending->Take(std::chrono::milliseconds(1000));
-      if (got.empty() && !stream) return sink.write(" ", 1);  // keep-alive: notices a gone client
+      // A whole response writes nothing until the end: a space (leading JSON whitespace) once a
+      // second notices a client that went away.
+      const auto now = std::chrono::steady_clock::now();
+      const bool done = !got.empty() && got.back().done;
+      if (!stream && !done && now - st->last_write >= std::chrono::seconds(1)) {
+        st->last_write = now;
+        if (!sink.write(" ", 1)) return false;
+      }
       for (const model::SessionEvent& e : got) {
         if (stream && (!e.text_delta.empty() || st->first || (want_ids && !e.new_ids.empty()))) {
           json chunk = ChunkJson(kind, rid, created, model_name, e.text_delta, st->first, "");

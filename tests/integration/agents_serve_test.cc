@@ -197,7 +197,7 @@ TEST_F(AgentsServe, StoriesStreamingErrorsAndDisconnect) {
   std::string err;
   const std::string pool = daemon_->CreatePool(StoriesPath(), in.document, "", &err);
   ASSERT_FALSE(pool.empty()) << err;
-  Host host(*daemon_, pool, StoriesPath(), /*min_step_ms=*/10);  // sessions outlive a hang-up
+  Host host(*daemon_, pool, StoriesPath(), /*min_step_ms=*/30);  // sessions outlive a hang-up
   ASSERT_GT(host.port(), 0);
   // Streaming: chunks whose token ids add up to the whole answer, a finish chunk, usage, [DONE].
   const json body = {{"prompt", in.prompts[0]},
@@ -254,7 +254,7 @@ TEST_F(AgentsServe, StoriesStreamingErrorsAndDisconnect) {
   {
     int chunks = 0;
     json long_body = body;
-    long_body["max_tokens"] = 150;
+    long_body["max_tokens"] = 190;
     long_body["prompt"] = in.prompts[1];
     PostReceiving(host.port(), "/v1/completions", long_body,
                   [&](const char*, size_t) { return ++chunks < 2; });
@@ -267,6 +267,26 @@ TEST_F(AgentsServe, StoriesStreamingErrorsAndDisconnect) {
     running = Metric(m, "polykv_host_sessions_running");
   }
   EXPECT_EQ(cancelled, 1);
+  EXPECT_EQ(running, 0);
+  // A whole (non-streamed) response whose client gives up after 0.5 s: noticed by the
+  // keep-alive space the server writes once a second, cancelled long before 190 tokens.
+  {
+    httplib::Client c("127.0.0.1", host.port());
+    c.set_read_timeout(0, 500000);
+    json whole = body;
+    whole.erase("stream");
+    whole.erase("stream_options");
+    whole["max_tokens"] = 190;
+    whole["prompt"] = in.prompts[2];
+    EXPECT_FALSE(c.Post("/v1/completions", whole.dump(), "application/json"));
+  }
+  for (int i = 0; i < 100 && (cancelled < 2 || running != 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string m = Get(host.port(), "/metrics", &status);
+    cancelled = Metric(m, "polykv_host_sessions_cancelled_total");
+    running = Metric(m, "polykv_host_sessions_running");
+  }
+  EXPECT_EQ(cancelled, 2);
   EXPECT_EQ(running, 0);
   EXPECT_EQ(host.Stop(), 0) << host.log();
 }
