@@ -45,6 +45,8 @@ struct AgentArgs {
   int debug_pause_step = -1;
   int debug_pause_ms = 0;
   std::string attend = "in-place";
+  std::string device = "cpu";
+  bool allow_copy = false;
   std::string weights = "auto";
   std::string hold_file;
   std::string score_ids;
@@ -68,7 +70,8 @@ nlohmann::json StatsJson(const client::AgentStats& s) {
           {"pss_bytes", s.memory.pss},
           {"private_bytes", s.memory.private_bytes},
           {"anonymous_bytes", s.memory.anonymous},
-          {"peak_rss_bytes", s.peak_rss_bytes}};
+          {"peak_rss_bytes", s.peak_rss_bytes},
+          {"device_bytes", s.device_bytes}};
 }
 
 std::string IdsString(const std::vector<int32_t>& ids) {
@@ -87,6 +90,8 @@ Status RunAgent(const AgentArgs& a) {
   opts.timeout_ms = a.timeout_ms;
   opts.threads = a.threads;
   POLYKV_ASSIGN_OR_RETURN(opts.attend, client::ParseAttend(a.attend));
+  POLYKV_ASSIGN_OR_RETURN(opts.device, client::ParseAgentDevice(a.device));
+  opts.allow_copy = a.allow_copy;
   if (a.weights == "mapped") opts.load.weights = model::WeightStorage::kMapped;
   auto t_load = std::chrono::steady_clock::now();
   POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<client::PooledAgent> agent,
@@ -167,6 +172,7 @@ Status RunAgent(const AgentArgs& a) {
                         {"pid", static_cast<int64_t>(getpid())},
                         {"codec", r.codec},
                         {"attend", client::AttendName(r.attend)},
+                        {"route", client::PoolRouteName(r.route)},
                         {"model_load_ms", load_ms},
                         {"prompt_ids", r.prompt_ids},
                         {"answer_ids", r.answer_ids},
@@ -263,6 +269,13 @@ void RegisterAgentCommands(CLI::App& app) {
                   "in-place (default: attend to the mapped pool; host pools, mapped weights) or "
                   "decompressed (decode the pool into a private cache first)")
       ->check(CLI::IsMember({"in-place", "decompressed"}));
+  cmd->add_option(
+      "--device", args->device,
+      "cpu (default), cuda or cuda:N: where the agent computes; a cuda agent attends "
+      "to a cuda pool in place. No silent CPU fallback: an unusable device is an error");
+  cmd->add_flag("--allow-copy", args->allow_copy,
+                "a CPU agent may read a pool that lies in CUDA memory by copying it into a "
+                "private host cache (one log line says the cost); without it that is an error");
   cmd->add_option("--weights", args->weights,
                   "mapped (the default: compute on the model file's own blocks, shared by every "
                   "process); the libtorch f32 copy is a test and benchmark reference only")

@@ -26,6 +26,7 @@
 
 #include "absl/strings/str_split.h"
 #include "commands.h"
+#include "polykv/agent_device.h"
 #include "polykv/client.h"
 #include "polykv/status.h"
 #include "util/files.h"
@@ -52,6 +53,8 @@ struct AgentsArgs {
   std::string endpoint;
   int timeout_ms = 5000;
   std::string attend = "in-place";
+  std::string device = "cpu";  // every agent's --device
+  bool allow_copy = false;     // every agent's --allow-copy
 };
 
 StatusOr<std::vector<std::string>> ReadQuestions(const std::string& path) {
@@ -109,7 +112,10 @@ std::vector<std::string> AgentArgv(const AgentsArgs& a, const std::string& exe,
                                 "--timeout-ms",
                                 std::to_string(a.timeout_ms),
                                 "--attend",
-                                a.attend};
+                                a.attend,
+                                "--device",
+                                a.device};
+  if (a.allow_copy) v.push_back("--allow-copy");
   if (!a.endpoint.empty()) v.insert(v.end(), {"--endpoint", a.endpoint});
   if (a.ids) {
     v.insert(v.end(), {"--prompt-ids", prompt});
@@ -359,6 +365,16 @@ void PrintFigures(const AgentsArgs& a, const polykv_pool_info& info, const Agent
 
 Status RunAgents(const AgentsArgs& a) {
   POLYKV_ASSIGN_OR_RETURN(polykv_pool_info info, FindPool(a));
+  if (info.backend[0] != '\0') {  // refuse before spawning N agents that would all fail
+    // (a persisted pool not restored yet reports no backend: each agent decides on attach)
+    client::RouteInput route;
+    POLYKV_ASSIGN_OR_RETURN(route.device, client::ParseAgentDevice(a.device));
+    route.in_place = a.attend == "in-place";
+    route.allow_copy = a.allow_copy;
+    route.backend = info.backend;
+    route.pool_id = a.pool;
+    POLYKV_RETURN_IF_ERROR(client::RoutePool(route).status());
+  }
   POLYKV_ASSIGN_OR_RETURN(std::vector<std::string> questions, ReadQuestions(a.questions));
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   AgentsRun run;
@@ -422,6 +438,10 @@ void RegisterAgentsCommands(CLI::App& app) {
   run->add_option("--attend", args->attend,
                   "in-place (default) or decompressed: how each agent reads the pool")
       ->check(CLI::IsMember({"in-place", "decompressed"}));
+  run->add_option("--device", args->device,
+                  "cpu (default), cuda or cuda:N: where each agent computes (polykv-cli agent)");
+  run->add_flag("--allow-copy", args->allow_copy,
+                "let CPU agents copy a pool that lies in CUDA memory (logged with its cost)");
   run->add_option("--timeout-ms", args->timeout_ms, "per-request timeout")
       ->check(CLI::Range(1, 3600000));
   run->callback([args] {

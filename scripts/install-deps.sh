@@ -25,6 +25,7 @@ PACKAGES=(
   clang libclang-rt-dev     # fault suite: libFuzzer targets (scripts/fuzz.sh); gcc builds the rest
   clang-format-14           # scripts/check-format.sh runs clang-format-14 (the version the tree is formatted with)
   util-linux                # setpriv (uid tests), flock (scripts/fuzz.sh)
+  ccache                    # scripts/test.sh compiles through it: rebuilds and the second configuration reuse objects
 )
 
 missing=()

@@ -21,8 +21,17 @@ export POLYKV_EVAL_PYTHON
 echo "test: eval Python at $POLYKV_EVAL_PYTHON" >&2
 BUILD=${POLYKV_BUILD_DIR:-build}
 JOBS=${POLYKV_JOBS:-$(nproc)}
+# Compile through ccache when it is there: the torch-free configuration below shares most
+# objects with this one, and a rebuild in another clone reuses them (paths relative to the
+# clone, so the cache does not depend on where it lies).
+LAUNCHER=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+  LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
+    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPOLYKV_BUILD_TESTS=ON \
-  -DPOLYKV_BUILD_BENCHMARKS=ON </dev/null
+  -DPOLYKV_BUILD_BENCHMARKS=ON "${LAUNCHER[@]}" </dev/null
 cmake --build "$BUILD" -j"$JOBS" </dev/null
 
 POLYKV_SMOLLM2_GGUF="$(bash scripts/fetch-model.sh </dev/null | tail -n1)"
@@ -37,7 +46,7 @@ ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j"$JOBS" </dev/n
 # gpu, the 1.7B integration-bigmodel run); the torch-reference tests do not exist there.
 NOTORCH="${BUILD}-notorch"
 cmake -S . -B "$NOTORCH" -DCMAKE_BUILD_TYPE=Release -DPOLYKV_BUILD_TESTS=ON \
-  -DPOLYKV_BUILD_BENCHMARKS=OFF -DPOLYKV_WITH_TORCH=OFF </dev/null
+  -DPOLYKV_BUILD_BENCHMARKS=OFF -DPOLYKV_WITH_TORCH=OFF "${LAUNCHER[@]}" </dev/null
 cmake --build "$NOTORCH" -j"$JOBS" </dev/null
 ctest --test-dir "$NOTORCH" --output-on-failure --no-tests=error -j"$JOBS" \
   -LE 'fault|fuzz|gpu|bigmodel' </dev/null

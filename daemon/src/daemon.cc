@@ -1115,7 +1115,10 @@ StatusOr<std::string> Daemon::Impl::CheckOptions(const DaemonOptions& o) {
   if (backend == "auto") {
     backend = ipc::CudaAvailable() ? "cuda" : "host";
     spdlog::info("backend auto -> {} ({})", backend,
-                 backend == "cuda" ? "a CUDA device is usable" : "no usable CUDA device");
+                 backend == "cuda"
+                     ? "a CUDA device is usable: pools live in device memory; agents attend in "
+                       "place with --device cuda, CPU agents need --allow-copy"
+                     : "no usable CUDA device: pools live in host memory (memfd)");
   } else if (backend == "cuda" && !ipc::CudaAvailable()) {
     return absl::FailedPreconditionError("--backend cuda but no CUDA device is usable");
   } else if (backend != "host" && backend != "cuda") {

@@ -626,9 +626,25 @@ Status PoolReader::VerifyPayload() const {
 
 namespace polykv::ipc {
 
+namespace {
+// The view at the reader's base, wherever it lies (pointer arithmetic only).
+StatusOr<kernels::PrefixView> ViewAtBase(const PoolReader& reader);
+}  // namespace
+
 StatusOr<kernels::PrefixView> PrefixViewOf(const PoolReader& reader) {
   if (reader.device() != kernels::Device::kCpu)
     return absl::FailedPreconditionError("a pool in device memory has no host view");
+  return ViewAtBase(reader);
+}
+
+StatusOr<kernels::PrefixView> DevicePrefixViewOf(const PoolReader& reader) {
+  if (reader.device() != kernels::Device::kCuda)
+    return absl::FailedPreconditionError("a pool in host memory has no device view");
+  return ViewAtBase(reader);
+}
+
+namespace {
+StatusOr<kernels::PrefixView> ViewAtBase(const PoolReader& reader) {
   const PoolParams& p = reader.params();
   kernels::PrefixView v;
   v.kv_heads = static_cast<int32_t>(p.kv_heads);
@@ -657,5 +673,6 @@ StatusOr<kernels::PrefixView> PrefixViewOf(const PoolReader& reader) {
   POLYKV_RETURN_IF_ERROR(kernels::ValidatePrefixView(v));
   return v;
 }
+}  // namespace
 
 }  // namespace polykv::ipc

@@ -5,15 +5,19 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "polykv/client.h"
 #include "polykv/kernels/attention.h"
+#include "polykv/kernels/device_ops.h"
+#include "polykv/model/cuda_llama.h"
 #include "polykv/model/perplexity.h"
 #include "polykv/model/prefill.h"
 
@@ -65,11 +69,23 @@ Status CheckPromptIds(absl::Span<const int32_t> prompt_ids, int32_t vocab) {
   return absl::OkStatus();
 }
 
-/// Whether an agent attends to a pool in place: asked for, the model's weights mapped (the
-/// split attention path) and the pool on the host.
-bool AttendsInPlace(Attend attend, const model::LlamaModel& model, const char* pool_backend) {
-  return attend == Attend::kInPlace && model.weight_storage() == model::WeightStorage::kMapped &&
-         std::string(pool_backend) == "host";
+/// OK when the agent can compute on `device`; checked before the model is loaded, so
+/// `--device cuda` never ends in a CPU run. kUnimplemented (no CUDA in this build, or the CUDA
+/// model runtime is not linked), kFailedPrecondition (no usable device, ordinal too large).
+Status CheckAgentDevice(const AgentDevice& device) {
+  if (device.kind == kernels::Device::kCpu) return absl::OkStatus();
+  const std::string name = AgentDeviceName(device);
+  POLYKV_RETURN_IF_ERROR(kernels::CheckDeviceAvailable(kernels::Device::kCuda));
+  if (device.index >= kernels::CudaDeviceCount()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--device ", name, ": this host has ", kernels::CudaDeviceCount(), " CUDA device(s)"));
+  }
+  if (model::CudaRuntimeBuilt()) return absl::OkStatus();
+  return absl::UnimplementedError(
+      absl::StrCat("--device ", name,
+                   ": the CUDA agent runtime (model step on device_ops.h, attention in place on "
+                   "the CUDA IPC pool) is not linked into this build; run with --device cpu "
+                   "(and --allow-copy for a cuda pool)"));
 }
 
 /// Records a generation in `result`: the answer (ids and, with a tokenizer, text) and its
@@ -87,9 +103,13 @@ void RecordAnswer(const PooledAgent& agent, model::GenerateResult gen, AgentResu
 
 // The kernels' view of an attached host pool, from the encoding the client library parsed
 // at attach (polykv_pool_attention_view / polykv_pool_layer_view): no second header parse.
-StatusOr<kernels::PrefixView> PrefixViewOfPool(const polykv_pool* pool, uint64_t* parent_tokens) {
+// device: a pool in CUDA memory (polykv_pool_device_*_view: device pointers).
+StatusOr<kernels::PrefixView> PrefixViewOfPool(const polykv_pool* pool, uint64_t* parent_tokens,
+                                               bool device = false) {
   polykv_attention_view a = polykv_attention_view_init();
-  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_attention_view(pool, &a), "pool attention view"));
+  POLYKV_RETURN_IF_ERROR(FromCStatus(
+      device ? polykv_pool_device_attention_view(pool, &a) : polykv_pool_attention_view(pool, &a),
+      "pool attention view"));
   kernels::PrefixView v;
   v.kv_heads = static_cast<int32_t>(a.kv_heads);
   v.head_dim = static_cast<int32_t>(a.head_dim);
@@ -105,7 +125,9 @@ StatusOr<kernels::PrefixView> PrefixViewOfPool(const polykv_pool* pool, uint64_t
   v.layers.resize(a.layers);
   for (uint32_t l = 0; l < a.layers; ++l) {
     polykv_layer_view lv = polykv_layer_view_init();
-    POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_layer_view(pool, l, &lv), "pool layer view"));
+    POLYKV_RETURN_IF_ERROR(FromCStatus(
+        device ? polykv_pool_device_layer_view(pool, l, &lv) : polykv_pool_layer_view(pool, l, &lv),
+        "pool layer view"));
     v.layers[l] = kernels::PrefixLayer{lv.k, lv.k_scales, lv.v, lv.v_norms,
                                        v.codec == kernels::PrefixCodec::kK8V ? lv.value_bits : 0};
   }
@@ -276,13 +298,103 @@ Status PooledAgent::AttachChain(const std::string& id, AttachedChain* chain) {
   return absl::OkStatus();
 }
 
+Status PooledAgent::RunOnDevice(AttachedChain& chain, absl::Span<const int32_t> prompt_ids,
+                                const model::SamplingOptions& sampling, AgentResult* result) {
+  AgentStats& st = result->stats;
+  result->attend = Attend::kInPlace;
+  if (chain.guards.size() != 1)
+    return absl::UnimplementedError(absl::StrCat("pool ", chain.leaf().id,
+                                                 " has parent pools: a pool tree on --device "
+                                                 "cuda is not implemented (one segment only)"));
+  polykv_pool* pool = chain.guards[0]->pool;
+  int where = -1;
+  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_cuda_device(pool, &where), "pool device"));
+  if (where != options_.device.index)
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool ", chain.leaf().id, " lies on cuda:", where, ", this agent computes on ",
+                     AgentDeviceName(options_.device), ": run it with --device cuda:", where));
+  const auto t0 = Clock::now();
+  auto prefix = std::make_shared<model::KvPrefix>();
+  uint64_t parent_tokens = 0;
+  POLYKV_ASSIGN_OR_RETURN(prefix->view, PrefixViewOfPool(pool, &parent_tokens, /*device=*/true));
+  auto step = std::make_shared<int64_t>(0);
+  prefix->check = [this, step, pool, id = std::string(chain.leaf().id)]() -> Status {
+    if (hooks_.after_step) hooks_.after_step(*step);
+    ++*step;
+    return FromCStatus(polykv_pool_lease_status(pool), absl::StrCat("lease of pool ", id));
+  };
+  st.decode_ms = MsSince(t0);
+  st.prefix_bytes_per_token =
+      static_cast<uint64_t>(prefix->view.LayerBytes()) * prefix->view.layers.size();
+  POLYKV_ASSIGN_OR_RETURN(model::GenerateResult gen,
+                          cuda_->Generate(prefix.get(), prompt_ids, sampling));
+  RecordAnswer(*this, std::move(gen), result);
+  const model::ModelConfig& c = cuda_->config();
+  st.private_kv_bytes = uint64_t{2} * c.layers * c.kv_heads * c.head_dim * sizeof(float) *
+                        (prompt_ids.size() + std::max<int32_t>(sampling.max_new_tokens, 0) + 1);
+  st.device_bytes = cuda_->device_bytes() + st.private_kv_bytes;
+  st.memory = ReadProcessMemory();
+  if (hooks_.before_detach) hooks_.before_detach();
+  return absl::OkStatus();
+}
+
+RouteInput PooledAgent::RouteInputFor(std::string_view pool_id) const {
+  RouteInput in;
+  in.device = options_.device;
+  in.in_place = options_.attend == Attend::kInPlace;
+  in.mapped_weights = model_->weight_storage() == model::WeightStorage::kMapped;
+  in.allow_copy = options_.allow_copy;
+  in.pool_id = pool_id;
+  return in;
+}
+
+Status PooledAgent::PreRoute(const std::string& id) {
+  // Before attaching: a cuda pool is refused without mapping it (no CUDA context here).
+  POLYKV_RETURN_IF_ERROR(EnsureConnected(nullptr));
+  polykv_pool_info info = polykv_pool_info_init();
+  Status s = FromCStatus(polykv_pool_info_by_id(client_, id.c_str(), &info),
+                         absl::StrCat("stats of pool ", id));
+  if (IsConnectionError(s)) Disconnect();
+  POLYKV_RETURN_IF_ERROR(s);
+  // A persisted pool not yet restored reports no backend: decided after attaching.
+  if (info.backend[0] == '\0') return absl::OkStatus();
+  RouteInput in = RouteInputFor(id);
+  in.backend = info.backend;
+  return RoutePool(in).status();
+}
+
+StatusOr<PoolRoute> PooledAgent::Route(const AttachedChain& chain) {
+  std::optional<PoolRoute> route;
+  for (size_t i = 0; i < chain.infos.size(); ++i) {
+    // Where the attached mapping actually lies (not what a description says).
+    int cuda_device = -1;
+    POLYKV_RETURN_IF_ERROR(
+        FromCStatus(polykv_pool_cuda_device(chain.guards[i]->pool, &cuda_device), "pool device"));
+    const std::string id = chain.infos[i].id;
+    RouteInput in = RouteInputFor(id);
+    in.backend = cuda_device >= 0 ? "cuda" : "host";
+    POLYKV_ASSIGN_OR_RETURN(PoolRoute r, RoutePool(in));
+    if (route && *route != r)
+      return absl::FailedPreconditionError(
+          absl::StrCat("pool ", id, ": its parent chain lies in more than one backend"));
+    route = r;
+  }
+  if (!route) return absl::InternalError("empty pool chain");
+  return *route;
+}
+
 StatusOr<std::unique_ptr<PooledAgent>> PooledAgent::Create(const AgentOptions& options) {
   std::unique_ptr<PooledAgent> agent(new PooledAgent());
   agent->options_ = options;
+  POLYKV_RETURN_IF_ERROR(CheckAgentDevice(options.device));
   model::LoadOptions load = options.load;
   load.threads = options.threads;
   POLYKV_ASSIGN_OR_RETURN(agent->model_, model::LlamaModel::Load(options.model_path, load));
   model::SetComputeThreads(options.threads);
+  if (options.device.kind == kernels::Device::kCuda) {  // the CPU model: config, tokenizer
+    POLYKV_ASSIGN_OR_RETURN(agent->cuda_,
+                            model::CudaLlama::Load(options.model_path, options.device.index, load));
+  }
   return agent;
 }
 
@@ -371,13 +483,21 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
   // on the next Run); every pool must come from this model ----
   auto t_attach = Clock::now();
   AttachedChain chain;
+  POLYKV_RETURN_IF_ERROR(PreRoute(std::string(pool_id)));
   POLYKV_RETURN_IF_ERROR(AttachChain(std::string(pool_id), &chain));
+  POLYKV_ASSIGN_OR_RETURN(result.route, Route(chain));
   st.attach_ms = MsSince(t_attach);
   chain.Describe(&result);
 
   // ---- the document's KV: views of the mapped pools, or decoded into a private cache ----
   auto t_decode = Clock::now();
-  const bool in_place = AttendsInPlace(options_.attend, *model_, chain.leaf().backend);
+  if (result.route == PoolRoute::kCudaInPlace) {
+    POLYKV_RETURN_IF_ERROR(RunOnDevice(chain, prompt_ids, sampling, &result));
+    (void)chain.Release();
+    st.peak_rss_bytes = PeakRssBytes();
+    return result;
+  }
+  const bool in_place = result.route == PoolRoute::kHostInPlace;
   result.attend = in_place ? Attend::kInPlace : Attend::kDecompressed;
   const int64_t extra =
       static_cast<int64_t>(prompt_ids.size()) + std::max<int32_t>(sampling.max_new_tokens, 0) + 1;
@@ -385,6 +505,8 @@ StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
   POLYKV_RETURN_IF_ERROR(BuildCache(chain, extra, in_place, &cache, &st));
   st.decode_ms = MsSince(t_decode);
   st.private_kv_bytes = CacheBytes(cache);
+  if (result.route == PoolRoute::kCudaCopiedToHost)
+    std::fprintf(stderr, "%s\n", CopyCostLine(pool_id, st.pool_bytes, st.private_kv_bytes).c_str());
 
   // ---- generate after the document ----
   POLYKV_ASSIGN_OR_RETURN(model::GenerateResult gen, model_->Generate(cache, prompt_ids, sampling));
@@ -417,12 +539,18 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
             absl::StrCat("score: token id ", id, " outside the vocabulary"));
   const std::string id(pool_id);
   AttachedChain chain;
+  POLYKV_RETURN_IF_ERROR(PreRoute(id));
   POLYKV_RETURN_IF_ERROR(AttachChain(id, &chain));
-  const bool in_place = AttendsInPlace(options_.attend, *model_, chain.leaf().backend);
+  POLYKV_ASSIGN_OR_RETURN(const PoolRoute route, Route(chain));
+  if (route == PoolRoute::kCudaInPlace)
+    return absl::UnimplementedError("scoring (--score-ids) on --device cuda");
+  const bool in_place = route == PoolRoute::kHostInPlace;
   AgentStats st;
   model::KvCache cache;
   POLYKV_RETURN_IF_ERROR(
       BuildCache(chain, static_cast<int64_t>(input_ids.size()) + 1, in_place, &cache, &st));
+  if (route == PoolRoute::kCudaCopiedToHost)
+    std::fprintf(stderr, "%s\n", CopyCostLine(id, chain.total_bytes, CacheBytes(cache)).c_str());
   POLYKV_ASSIGN_OR_RETURN(std::vector<double> nll,
                           model::ScoreTokens(*model_, cache, input_ids, target_ids, rows));
   cache = model::KvCache();
@@ -532,6 +660,16 @@ StatusOr<BaselineResult> PooledAgent::RunBaseline(absl::Span<const int32_t> docu
   if (prompt_ids.empty())
     return absl::InvalidArgumentError("empty prompt: give at least one token");
   BaselineResult r;
+  if (cuda_) {  // re-prefill document + prompt on the device (no prefix)
+    std::vector<int32_t> all(document_ids.begin(), document_ids.end());
+    all.insert(all.end(), prompt_ids.begin(), prompt_ids.end());
+    POLYKV_ASSIGN_OR_RETURN(model::GenerateResult gen, cuda_->Generate(nullptr, all, sampling));
+    r.answer_ids = std::move(gen.tokens);
+    r.answer_text = DecodeText(r.answer_ids);
+    r.prompt_first_token_ms = r.ttft_ms = r.prefill_ms = gen.first_token_ms;
+    r.generation_ms = gen.total_ms;
+    return r;
+  }
   const int64_t n = static_cast<int64_t>(document_ids.size());
   const int64_t capacity = n + static_cast<int64_t>(prompt_ids.size()) +
                            std::max<int32_t>(sampling.max_new_tokens, 0) + 1;

@@ -874,18 +874,27 @@ StatusOr<kernels::PrefixView> HostViewOf(const polykv_pool* pool) {
   return ipc::PrefixViewOf(*pool->reader);
 }
 
-}  // namespace
+// The attached cuda pool's PrefixView: device pointers into the CUDA IPC mapping.
+polykv::StatusOr<polykv::kernels::PrefixView> DeviceViewOf(const polykv_pool* pool) {
+  if (!pool->reader || !pool->cuda)
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool ", pool->info.id,
+                     " lives in host memory: it has no device view (attend to it "
+                     "with polykv_pool_attention_view)"));
+  return ipc::DevicePrefixViewOf(*pool->reader);
+}
 
-polykv_status polykv_pool_attention_view(const polykv_pool* pool, polykv_attention_view* out) {
+polykv_status AttentionViewImpl(const char* fn, const polykv_pool* pool, polykv_attention_view* out,
+                                bool device) {
   if (pool == nullptr || out == nullptr)
-    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_attention_view: NULL argument");
+    return Fail(POLYKV_INVALID_ARGUMENT, absl::StrCat(fn, ": NULL argument"));
   if (out->struct_size != sizeof(polykv_attention_view))
     return Fail(POLYKV_INVALID_ARGUMENT,
-                absl::StrCat("polykv_pool_attention_view: struct_size ", out->struct_size,
+                absl::StrCat(fn, ": struct_size ", out->struct_size,
                              " is not sizeof(polykv_attention_view) = ",
                              sizeof(polykv_attention_view), " (use polykv_attention_view_init)"));
-  return Guarded("polykv_pool_attention_view", [&]() -> Status {
-    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, HostViewOf(pool));
+  return Guarded(fn, [&]() -> Status {
+    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, device ? DeviceViewOf(pool) : HostViewOf(pool));
     const ipc::PoolParams& p = pool->reader->params();
     *out = polykv_attention_view_init();
     out->codec = static_cast<uint32_t>(v.codec);
@@ -905,21 +914,20 @@ polykv_status polykv_pool_attention_view(const polykv_pool* pool, polykv_attenti
   });
 }
 
-polykv_status polykv_pool_layer_view(const polykv_pool* pool, uint32_t layer,
-                                     polykv_layer_view* out) {
+polykv_status LayerViewImpl(const char* fn, const polykv_pool* pool, uint32_t layer,
+                            polykv_layer_view* out, bool device) {
   if (pool == nullptr || out == nullptr)
-    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_layer_view: NULL argument");
+    return Fail(POLYKV_INVALID_ARGUMENT, absl::StrCat(fn, ": NULL argument"));
   if (out->struct_size != sizeof(polykv_layer_view))
     return Fail(POLYKV_INVALID_ARGUMENT,
-                absl::StrCat("polykv_pool_layer_view: struct_size ", out->struct_size,
+                absl::StrCat(fn, ": struct_size ", out->struct_size,
                              " is not sizeof(polykv_layer_view) = ", sizeof(polykv_layer_view),
                              " (use polykv_layer_view_init)"));
-  return Guarded("polykv_pool_layer_view", [&]() -> Status {
-    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, HostViewOf(pool));
+  return Guarded(fn, [&]() -> Status {
+    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, device ? DeviceViewOf(pool) : HostViewOf(pool));
     if (layer >= v.layers.size())
-      return absl::InvalidArgumentError(absl::StrCat("polykv_pool_layer_view: layer ", layer,
-                                                     " is not below the pool's ", v.layers.size(),
-                                                     " layers"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          fn, ": layer ", layer, " is not below the pool's ", v.layers.size(), " layers"));
     const kernels::PrefixLayer& l = v.layers[layer];
     *out = polykv_layer_view_init();
     out->value_bits = v.ValueBitsOf(layer);
@@ -929,6 +937,34 @@ polykv_status polykv_pool_layer_view(const polykv_pool* pool, uint32_t layer,
     out->v_norms = l.v_norms;
     return Status();
   });
+}
+
+}  // namespace
+
+polykv_status polykv_pool_attention_view(const polykv_pool* pool, polykv_attention_view* out) {
+  return AttentionViewImpl("polykv_pool_attention_view", pool, out, false);
+}
+
+polykv_status polykv_pool_layer_view(const polykv_pool* pool, uint32_t layer,
+                                     polykv_layer_view* out) {
+  return LayerViewImpl("polykv_pool_layer_view", pool, layer, out, false);
+}
+
+polykv_status polykv_pool_device_attention_view(const polykv_pool* pool,
+                                                polykv_attention_view* out) {
+  return AttentionViewImpl("polykv_pool_device_attention_view", pool, out, true);
+}
+
+polykv_status polykv_pool_device_layer_view(const polykv_pool* pool, uint32_t layer,
+                                            polykv_layer_view* out) {
+  return LayerViewImpl("polykv_pool_device_layer_view", pool, layer, out, true);
+}
+
+polykv_status polykv_pool_cuda_device(const polykv_pool* pool, int* cuda_device) {
+  if (pool == nullptr || cuda_device == nullptr)
+    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_cuda_device: NULL argument");
+  *cuda_device = pool->cuda ? pool->cuda->device() : -1;
+  return POLYKV_OK;
 }
 
 size_t polykv_pool_layer_elements(const polykv_pool* pool) {

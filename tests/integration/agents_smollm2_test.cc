@@ -197,8 +197,11 @@ TEST_F(AgentsSmolLM2, K8V3GreedyAgreementOver64Tokens) {
   const double rate = agree / (64.0 * n);
   std::printf("SmolLM2 k8v3 greedy agreement: %.3f, mean common prefix %.1f\n", rate,
               prefix / static_cast<double>(n));
-  EXPECT_GE(prefix / static_cast<double>(n), 4.0);
-  EXPECT_GE(rate, 0.25);
+  // README (Answers): 0.742 agreement, mean common prefix 36.0, measured by this test on the
+  // 2-core AVX-512 development machine (2026-12-04; the same with POLYKV_ISA=avx2 and
+  // scalar). Slack: one late greedy flip more than measured (about 0.04 and 4 tokens).
+  EXPECT_GE(prefix / static_cast<double>(n), 32.0);
+  EXPECT_GE(rate, 0.70);
 }
 
 void ManyAgents(Daemon& d, const std::string& pool, int n, bool baseline) {

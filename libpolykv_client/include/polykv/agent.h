@@ -22,12 +22,16 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "polykv/agent_device.h"
 #include "polykv/model/llama.h"
 #include "polykv/status.h"
 
 struct polykv_client;
 struct polykv_pool;
 struct polykv_pool_info_t;
+namespace polykv::model {
+class CudaLlama;
+}
 
 namespace polykv::client {
 
@@ -49,9 +53,19 @@ struct AgentOptions {
   int timeout_ms = 5000;    ///< per daemon request (Lazy Pirate inside the client)
   int threads = 0;          ///< compute threads (kernels, OpenBLAS); 0 = all cores
   model::LoadOptions load;  ///< weights / quantized_rows (threads is taken from `threads`)
-  /// In place needs a host pool and the mapped runtime; otherwise Run falls back to
-  /// decompressing (AgentResult::attend says which ran).
+  /// In place needs a host pool and the mapped runtime; otherwise a host pool is decompressed
+  /// (AgentResult::attend says which ran). A cuda pool is never copied to the host silently:
+  /// see `device` and `allow_copy` (agent_device.h RoutePool).
   Attend attend = Attend::kInPlace;
+  /// Where the agent computes (`--device cpu|cuda[:N]`). kCuda: Create uploads the weights to
+  /// that device (model::CudaLlama) and Run attends in place to a pool in CUDA memory there;
+  /// Create fails with kUnimplemented (build without CUDA) or kFailedPrecondition (no usable
+  /// device / ordinal out of range) before loading anything: never a CPU run.
+  AgentDevice device;
+  /// `--allow-copy`: a CPU agent may read a cuda pool by decoding it on the device into a
+  /// private host cache, logging one line with the bytes copied and the private memory it
+  /// takes (CopyCostLine). Without it such a Run fails with kFailedPrecondition.
+  bool allow_copy = false;
 };
 
 /// Memory of this process from /proc/self/smaps_rollup, in bytes.
@@ -83,7 +97,9 @@ struct AgentStats {
   /// scales, V codes and norms); 0 when decompressed.
   uint64_t prefix_bytes_per_token = 0;
   uint64_t peak_rss_bytes = 0;  ///< getrusage(RUSAGE_SELF).ru_maxrss after the run
-  ProcessMemory memory;         ///< after the run (before detaching the pool)
+  /// --device cuda: device memory this agent holds (weights + workspace + KV suffix), bytes.
+  uint64_t device_bytes = 0;
+  ProcessMemory memory;  ///< after the run (before detaching the pool)
 };
 
 /// The answer of one Run.
@@ -93,6 +109,7 @@ struct AgentResult {
   std::vector<int32_t> prompt_ids;   ///< the prompt as fed after the document
   std::string codec;                 ///< the pool's codec ("k8v3", "none", ...)
   Attend attend = Attend::kInPlace;  ///< how the document's KV was read
+  PoolRoute route = PoolRoute::kHostInPlace;  ///< where it lay and how it was read
   AgentStats stats;
 };
 
@@ -149,10 +166,12 @@ class PooledAgent {
   /// decodes it into a private cache, generates from `prompt_ids` (appended after the
   /// document: every pool of the chain), detaches. Errors:
   ///  kNotFound (unknown or evicted pool: "pool <id> was evicted"),
-  ///  kFailedPrecondition (lease expired, or the pool's model fingerprint / shape does not
-  ///  match the loaded model), kUnavailable / kDeadlineExceeded (daemon gone; the next
-  ///  Run reconnects), kInvalidArgument (empty prompt, ids outside the vocabulary),
-  ///  kDataLoss (bad pool header). Never returns data decoded after an eviction was seen.
+  ///  kFailedPrecondition (lease expired, the pool's model fingerprint / shape does not
+  ///  match the loaded model, or the pool lies where this agent cannot attend to it:
+  ///  RoutePool, checked with a STATS request before anything is attached or mapped), kUnavailable
+  ///  / kDeadlineExceeded (daemon gone; the next Run reconnects), kInvalidArgument (empty prompt,
+  ///  ids outside the vocabulary), kDataLoss (bad pool header). Never returns data decoded after an
+  ///  eviction was seen.
   StatusOr<AgentResult> Run(std::string_view pool_id, absl::Span<const int32_t> prompt_ids,
                             const model::SamplingOptions& sampling);
   /// Same, with prompt text encoded by the model's tokenizer (no BOS; special tokens such
@@ -204,6 +223,19 @@ class PooledAgent {
   /// with this model and shape and that their positions follow one another. Errors: as Run;
   /// kDataLoss for a chain whose positions do not add up.
   [[nodiscard]] Status AttachChain(const std::string& id, AttachedChain* chain);
+  /// RoutePool's input for this agent's options and pool `pool_id` (backend left empty).
+  RouteInput RouteInputFor(std::string_view pool_id) const;
+  /// Refuses pool `id` from its STATS before anything is attached or mapped when RoutePool
+  /// would (a pool that reports no backend yet is decided after attaching).
+  [[nodiscard]] Status PreRoute(const std::string& id);
+  /// How the attached chain is read (RoutePool on where each mapping lies; every pool of the
+  /// chain must route the same way).
+  [[nodiscard]] StatusOr<PoolRoute> Route(const AttachedChain& chain);
+  /// --device cuda: attends in place to the chain's pool in CUDA memory and generates on the
+  /// device (CudaLlama). kUnimplemented for a pool tree; kFailedPrecondition for a pool on
+  /// another device.
+  [[nodiscard]] Status RunOnDevice(AttachedChain& chain, absl::Span<const int32_t> prompt_ids,
+                                   const model::SamplingOptions& sampling, AgentResult* result);
   /// Fills `cache` from the attached chain (positions 0 .. chain tokens - 1): prefix views of
   /// every pool (in place) or their decoded layers.
   /// In place, the prefix's owner is `owner` (null: none).
@@ -218,6 +250,7 @@ class PooledAgent {
 
   AgentOptions options_;
   std::unique_ptr<model::LlamaModel> model_;
+  std::unique_ptr<model::CudaLlama> cuda_;  ///< --device cuda only
   ::polykv_client* client_ = nullptr;
   AgentHooks hooks_;
 };

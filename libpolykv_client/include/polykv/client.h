@@ -411,6 +411,25 @@ POLYKV_CLIENT_API polykv_status polykv_pool_attention_view(const polykv_pool* po
 POLYKV_CLIENT_API polykv_status polykv_pool_layer_view(const polykv_pool* pool, uint32_t layer,
                                                        polykv_layer_view* out);
 
+/** Where an attached pool lies: *cuda_device = the CUDA ordinal of a pool in CUDA memory
+ *  (mapped into this process by CUDA IPC), -1 for a host pool. Errors:
+ *  POLYKV_INVALID_ARGUMENT (NULL). */
+POLYKV_CLIENT_API polykv_status polykv_pool_cuda_device(const polykv_pool* pool, int* cuda_device);
+
+/** polykv_pool_attention_view for a pool in CUDA memory (same encoding), for attending to it
+ *  in place with CUDA kernels. Errors: POLYKV_INVALID_ARGUMENT as polykv_pool_attention_view,
+ *  POLYKV_FAILED_PRECONDITION for a host pool. */
+POLYKV_CLIENT_API polykv_status polykv_pool_device_attention_view(const polykv_pool* pool,
+                                                                  polykv_attention_view* out);
+
+/** polykv_pool_layer_view for a pool in CUDA memory: every pointer is DEVICE memory of
+ *  polykv_pool_cuda_device, valid until polykv_detach; never dereference it on the host.
+ *  Errors as polykv_pool_device_attention_view, and POLYKV_INVALID_ARGUMENT for a layer >=
+ *  layers. */
+POLYKV_CLIENT_API polykv_status polykv_pool_device_layer_view(const polykv_pool* pool,
+                                                              uint32_t layer,
+                                                              polykv_layer_view* out);
+
 /** Elements of one of K or V of a layer: kv_heads * tokens * head_dim (0 for NULL). */
 POLYKV_CLIENT_API size_t polykv_pool_layer_elements(const polykv_pool* pool);
 

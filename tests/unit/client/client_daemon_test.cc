@@ -131,6 +131,33 @@ TEST_F(ClientDaemonTest, AttachDecodesBitExactlyLikeTheModelsOwnPrefill) {
   EXPECT_NE(access(daemon_->ShmPath(id).c_str(), F_OK), 0);
 }
 
+TEST_F(ClientDaemonTest, HostPoolHasHostViewsAndNoDeviceView) {
+  const std::string id = CreateNonePool();
+  ASSERT_FALSE(id.empty());
+  auto pool = client_->Attach(id);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  int cuda_device = 7;
+  ASSERT_EQ(polykv_pool_cuda_device(pool->get(), &cuda_device), POLYKV_OK);
+  EXPECT_EQ(cuda_device, -1);  // a host pool
+  EXPECT_EQ(polykv_pool_cuda_device(pool->get(), nullptr), POLYKV_INVALID_ARGUMENT);
+  polykv_attention_view a = polykv_attention_view_init();
+  ASSERT_EQ(polykv_pool_attention_view(pool->get(), &a), POLYKV_OK) << polykv_last_error();
+  EXPECT_EQ(a.tokens, kIds.size());
+  polykv_attention_view d = polykv_attention_view_init();
+  EXPECT_EQ(polykv_pool_device_attention_view(pool->get(), &d), POLYKV_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(polykv_last_error()).find("lives in host memory"), std::string::npos)
+      << polykv_last_error();
+  polykv_layer_view l = polykv_layer_view_init();
+  EXPECT_EQ(polykv_pool_device_layer_view(pool->get(), 0, &l), POLYKV_FAILED_PRECONDITION);
+  EXPECT_EQ(l.k, nullptr);
+  ASSERT_EQ(polykv_pool_layer_view(pool->get(), 0, &l), POLYKV_OK) << polykv_last_error();
+  EXPECT_NE(l.k, nullptr);
+  EXPECT_EQ(polykv_pool_layer_view(pool->get(), a.layers, &l), POLYKV_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(polykv_last_error()).find("polykv_pool_layer_view: layer"),
+            std::string::npos)
+      << polykv_last_error();
+}
+
 TEST_F(ClientDaemonTest, RenewalKeepsPoolAttachedThenForcedEvictRefusesDecode) {
   const std::string id = CreateNonePool();
   ASSERT_FALSE(id.empty());

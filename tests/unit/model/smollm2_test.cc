@@ -92,8 +92,9 @@ TEST_F(SmolLm2Test, WikiText2Perplexity) {
             << r->mean_nll << ")" << std::endl;
   EXPECT_EQ(r->tokens_scored, 1023);
   EXPECT_TRUE(std::isfinite(r->perplexity));
-  EXPECT_GT(r->perplexity, 8.0);
-  EXPECT_LT(r->perplexity, 45.0);
+  // README (Measured figures): 13.70, measured 13.7046 on the 2-core AVX-512 development
+  // machine (2026-12-04). Slack 0.5% for the float order of other ISAs and thread counts.
+  EXPECT_NEAR(r->perplexity, 13.70, 0.07);
 }
 
 }  // namespace

@@ -250,6 +250,11 @@ class PoolReader {
 /// Errors: kFailedPrecondition for a device (CUDA) reader.
 [[nodiscard]] StatusOr<kernels::PrefixView> PrefixViewOf(const PoolReader& reader);
 
+/// The same view of a pool in CUDA memory: every pointer is device memory (for the CUDA
+/// attention kernels, AttentionOptions::device = kCuda), valid while the CUDA IPC mapping
+/// lives. Errors: kFailedPrecondition for a host reader.
+[[nodiscard]] StatusOr<kernels::PrefixView> DevicePrefixViewOf(const PoolReader& reader);
+
 /// 64-bit checksum used by the pool format (XXH64 over `bytes`, seed 0).
 uint64_t Checksum64(const void* data, uint64_t bytes);
 

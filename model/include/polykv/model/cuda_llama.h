@@ -1,0 +1,95 @@
+// The CUDA model runtime: an agent's whole step on one CUDA device, over the device kernels
+// of polykv/kernels/device_ops.h and the CUDA attention of polykv/kernels/attention.h.
+//
+// Per forward of n rows at positions past .. past + n - 1 (the same order of operations as
+// the mapped CPU runtime, mapped_llama.cc):
+//   x = DeviceEmbedRows(ids)                                        f32 [n][hidden]
+//   per layer: h = RMSNorm(x); q, k, v = h W^T (+ biases)           DeviceMatMul
+//     RoPE on q, k with the CPU runtime's own host cos/sin tables   DeviceRopeRows
+//       (Llama-3, YaRN, linear and file factors included), uploaded per step
+//     k, v appended to the agent's private device suffix            f32 [kv_heads][cap][hd]
+//     attention over [prefix where it lies | suffix], merged by     AttentionForward(kCuda)
+//       log-sum-exp (the prefix: a pool in CUDA memory, read in place, never copied)
+//     x += o Wo^T (+ bias); h = RMSNorm(x); x += (silu(h Wg^T) * h Wu^T) Wd^T
+//   logits = RMSNorm(x_last) Wout^T; the next id by DeviceArgmaxRows (greedy) or
+//   DeviceSampleTopP (u drawn on the host from the seed as the CPU runtime draws it).
+// Weights: every matrix is copied to device memory once per process, in its stored format
+// (GGUF Q/K rows permuted once from llama.cpp's interleaved order to HF's, which the CPU
+// runtime does on each output instead); the norms and biases as f32. A matrix whose type has
+// no CUDA kernels (the K-quants: a tied Q6_K embedding of a Q4_1 GGUF) is converted to F16 at
+// upload, with one line on stderr saying so.
+//
+// Agreement with the CPU runtime: the device matrix products do not quantize activations
+// (the CPU kernels do, matmul.h), so logits differ by that (~1e-2 on SmolLM2 Q4_1; exact-f32
+// weights agree to float rounding); greedy answers are compared in the gpu tests.
+// A build without CUDA returns kUnimplemented from Load; a host without a usable device
+// kFailedPrecondition: never a CPU run.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/types/span.h"
+#include "polykv/model/llama.h"
+#include "polykv/status.h"
+
+namespace polykv::model {
+
+/// A Llama-family model whose forward passes run on one CUDA device. Not thread-safe.
+class CudaLlama {
+ public:
+  /// Loads `path` (as LlamaModel::Load: HF folder or .gguf) and uploads its weights to CUDA
+  /// device `device` (an ordinal). Errors: kUnimplemented (no CUDA in this build),
+  /// kFailedPrecondition (no usable device, ordinal
+  /// out of range), kResourceExhausted (device memory), the loader's errors.
+  [[nodiscard]] static StatusOr<std::unique_ptr<CudaLlama>> Load(const std::string& path,
+                                                                 int device,
+                                                                 const LoadOptions& options = {});
+  ~CudaLlama();
+  CudaLlama(const CudaLlama&) = delete;
+  CudaLlama& operator=(const CudaLlama&) = delete;
+
+  const ModelConfig& config() const;
+  const std::string& fingerprint() const;
+  /// The CUDA ordinal the weights live on.
+  int device() const;
+  /// Bytes of device memory this model holds: weights, norms, biases and the workspace.
+  uint64_t device_bytes() const;
+
+  /// Generates after `prefix` (null: no prefix): feeds `prompt` at positions
+  /// prefix->tokens() .. (prefix tokens ids are not needed), then samples up to
+  /// sampling.max_new_tokens ids as LlamaModel::Generate does (greedy = lowest id on ties;
+  /// top-p with a std::mt19937_64 seeded by sampling.seed; an end-of-generation id stops).
+  /// Every pointer of `prefix` (all segments) must be device memory of device(); a
+  /// single segment only (no tail). The agent's own K/V live in a private device suffix of
+  /// prompt + max_new_tokens positions, freed on return. prefix->check is called after every
+  /// step (a failing check fails the call). Errors: kInvalidArgument (empty prompt, ids
+  /// outside the vocabulary, a prefix of another shape), kUnimplemented (prefix tail),
+  /// kInternal / kResourceExhausted for device errors.
+  [[nodiscard]] StatusOr<GenerateResult> Generate(const KvPrefix* prefix,
+                                                  absl::Span<const int32_t> prompt,
+                                                  const SamplingOptions& sampling);
+
+  /// Logits f32 [vocab] of the last of `tokens` run from position 0 without a prefix (tests:
+  /// CUDA vs CPU). Errors as Generate.
+  [[nodiscard]] StatusOr<std::vector<float>> LastLogits(absl::Span<const int32_t> tokens);
+
+ private:
+  struct Impl;
+  explicit CudaLlama(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// GGUF Llama Q/K projections store each head's rows in llama.cpp's interleaved-pair order
+/// (row 2j + s of a head holds HF row s * head_dim / 2 + j). Returns the file row that holds
+/// HF row `r` (r < heads * head_dim; head_dim even): the CUDA runtime permutes those weight
+/// rows and their biases once at upload by this, where the CPU runtime de-interleaves every
+/// output.
+int64_t GgufInterleavedSourceRow(int64_t r, int32_t head_dim);
+
+/// Whether this build has the CUDA model runtime (a CUDA build): false = Load returns
+/// kUnimplemented.
+bool CudaRuntimeBuilt();
+
+}  // namespace polykv::model

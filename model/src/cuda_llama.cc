@@ -1,0 +1,485 @@
+// The CUDA model runtime (polykv/model/cuda_llama.h): weights uploaded once, every op of a
+// forward step on device_ops.h kernels, attention in place on a device prefix.
+#include "polykv/model/cuda_llama.h"
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "llama_base.h"
+#include "llama_internal.h"
+#include "polykv/kernels/attention.h"
+#include "polykv/kernels/device_ops.h"
+#include "polykv/kernels/dtype_convert.h"
+
+#if defined(POLYKV_HAVE_CUDA)
+#include "polykv/cuda_status.h"
+#endif
+
+namespace polykv::model {
+
+int64_t GgufInterleavedSourceRow(int64_t r, int32_t head_dim) {
+  const int64_t head = r / head_dim, i = r % head_dim, half = head_dim / 2;
+  const int64_t s = i / half, j = i % half;
+  return head * head_dim + 2 * j + s;
+}
+
+#if !defined(POLYKV_HAVE_CUDA)
+
+struct CudaLlama::Impl {};
+CudaLlama::CudaLlama(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaLlama::~CudaLlama() = default;
+bool CudaRuntimeBuilt() { return false; }
+StatusOr<std::unique_ptr<CudaLlama>> CudaLlama::Load(const std::string&, int, const LoadOptions&) {
+  return absl::UnimplementedError(
+      "the CUDA model runtime is not in this build (configure with POLYKV_ENABLE_CUDA=ON and "
+      "nvcc)");
+}
+const ModelConfig& CudaLlama::config() const {
+  static const ModelConfig kNone;
+  return kNone;
+}
+const std::string& CudaLlama::fingerprint() const {
+  static const std::string kNone;
+  return kNone;
+}
+int CudaLlama::device() const { return -1; }
+uint64_t CudaLlama::device_bytes() const { return 0; }
+StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix*, absl::Span<const int32_t>,
+                                             const SamplingOptions&) {
+  return absl::UnimplementedError("the CUDA model runtime is not in this build");
+}
+StatusOr<std::vector<float>> CudaLlama::LastLogits(absl::Span<const int32_t>) {
+  return absl::UnimplementedError("the CUDA model runtime is not in this build");
+}
+
+#else  // POLYKV_HAVE_CUDA
+
+namespace {
+
+using kernels::Device;
+constexpr Device kDev = Device::kCuda;
+
+/// The CPU runtime's shared pieces (RoPE tables with every scaling, EOS ids, id checks),
+/// reused as they are: the device runtime computes with the very same host tables.
+class HostSide final : public internal::LlamaBase {
+ public:
+  using LlamaBase::CheckTokens;
+  using LlamaBase::IsEos;
+  using LlamaBase::LlamaBase;
+  using LlamaBase::RopeTables;
+  StatusOr<KvCache> NewCacheWithPrefix(std::shared_ptr<const KvPrefix>, std::vector<int32_t>,
+                                       int64_t) const override {
+    return absl::UnimplementedError("HostSide");
+  }
+  StatusOr<KvCache> FreezeAsPrefix(KvCache&&, int64_t) const override {
+    return absl::UnimplementedError("HostSide");
+  }
+  WeightStorage weight_storage() const override { return WeightStorage::kMapped; }
+  int64_t WeightBytesPerToken() const override { return 0; }
+
+ private:
+  StatusOr<Logits> ForwardImpl(absl::Span<const int32_t>, KvCache&, int64_t) override {
+    return absl::UnimplementedError("HostSide");
+  }
+};
+
+/// One cudaMalloc'ed block, freed on destruction.
+class DeviceBlock {
+ public:
+  DeviceBlock() = default;
+  DeviceBlock(DeviceBlock&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; }
+  DeviceBlock& operator=(DeviceBlock&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~DeviceBlock() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  Status Allocate(uint64_t bytes, const char* what) {
+    if (p_ != nullptr) cudaFree(p_);
+    p_ = nullptr;
+    bytes_ = bytes;
+    return CudaStatus(cudaMalloc(&p_, bytes == 0 ? 1 : bytes), absl::StrCat("cudaMalloc ", what));
+  }
+  Status Upload(const void* host, uint64_t bytes, const char* what) {
+    POLYKV_RETURN_IF_ERROR(Allocate(bytes, what));
+    return CudaStatus(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice),
+                      absl::StrCat("cudaMemcpy ", what));
+  }
+  float* f() const { return static_cast<float*>(p_); }
+  void* get() const { return p_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+struct DeviceMatrix {
+  kernels::WeightView w;  ///< data: device memory
+  DeviceBlock block;
+};
+
+struct DeviceLayer {
+  DeviceMatrix q, k, v, o, gate, up, down;
+  DeviceBlock attn_norm, ffn_norm, bq, bk, bv, bo;  ///< f32; biases empty when absent
+};
+
+}  // namespace
+
+struct CudaLlama::Impl {
+  std::unique_ptr<HostSide> host;
+  internal::MappedWeights mapped;  // the file mappings (kept for the lifetime; read once)
+  int device = 0;
+  DeviceMatrix embed, lm_head;
+  bool tied = false;
+  std::vector<DeviceLayer> layers;
+  DeviceBlock norm;
+  uint64_t weight_bytes = 0;
+  // Workspace, sized for `rows` rows.
+  int64_t rows = 0;
+  DeviceBlock x, h, t, q, att, k, v, g, u, cos, sin, logits, ids, out_id;
+  uint64_t workspace_bytes = 0;
+
+  const ModelConfig& cfg() const { return host->config(); }
+
+  // A type without CUDA kernels (the K-quants; llama.cpp stores a tied embedding of a Q4_1
+  // file as Q6_K) becomes F16 at upload, said in one line: values within f16 rounding of
+  // the CPU's dequantized ones, 2 bytes per weight on the device.
+  Status ToF16(const kernels::WeightView& w, const char* what, std::vector<uint8_t>* out,
+               kernels::WeightView* view) {
+    std::vector<float> row(static_cast<size_t>(w.cols));
+    out->resize(static_cast<size_t>(w.rows * w.cols * 2));
+    uint16_t* dst = reinterpret_cast<uint16_t*>(out->data());
+    for (int64_t r = 0; r < w.rows; ++r) {
+      POLYKV_RETURN_IF_ERROR(kernels::DequantizeRows(w, r, r + 1, row.data()));
+      for (int64_t i = 0; i < w.cols; ++i) dst[r * w.cols + i] = kernels::dtype::FloatToF16(row[i]);
+    }
+    *view = w;
+    view->type = kernels::WeightType::kF16;
+    view->row_bytes = w.cols * 2;
+    view->data = out->data();
+    std::fprintf(stderr,
+                 "CUDA runtime: %s weights of type %d have no CUDA kernels: converted to F16 at "
+                 "upload (%.1f MiB on the device)\n",
+                 what, static_cast<int>(w.type), out->size() / 1048576.0);
+    return absl::OkStatus();
+  }
+
+  Status UploadMatrix(const internal::MappedMatrix& mm, DeviceMatrix* out, const char* what) {
+    internal::MappedMatrix m = mm;
+    std::vector<uint8_t> converted;
+    if (!kernels::DeviceWeightTypeSupported(m.w.type))
+      POLYKV_RETURN_IF_ERROR(ToF16(mm.w, what, &converted, &m.w));
+    out->w = m.w;
+    const uint8_t* src = static_cast<const uint8_t*>(m.w.data);
+    std::vector<uint8_t> permuted;
+    if (m.interleaved_heads > 0) {  // HF row order, once, instead of per output
+      const int64_t hd = cfg().head_dim;
+      permuted.resize(static_cast<size_t>(m.w.bytes()));
+      for (int64_t r = 0; r < m.w.rows; ++r)
+        std::copy_n(src + GgufInterleavedSourceRow(r, static_cast<int32_t>(hd)) * m.w.row_bytes,
+                    m.w.row_bytes, permuted.data() + r * m.w.row_bytes);
+      src = permuted.data();
+    }
+    POLYKV_RETURN_IF_ERROR(out->block.Upload(src, static_cast<uint64_t>(m.w.bytes()), what));
+    out->w.data = out->block.get();
+    weight_bytes += static_cast<uint64_t>(m.w.bytes());
+    return absl::OkStatus();
+  }
+
+  Status UploadVector(const float* v, int64_t n, bool interleaved, DeviceBlock* out,
+                      const char* what) {
+    if (v == nullptr) return absl::OkStatus();
+    std::vector<float> tmp;
+    if (interleaved) {
+      tmp.resize(static_cast<size_t>(n));
+      for (int64_t r = 0; r < n; ++r) tmp[r] = v[GgufInterleavedSourceRow(r, cfg().head_dim)];
+      v = tmp.data();
+    }
+    weight_bytes += static_cast<uint64_t>(n) * 4;
+    return out->Upload(v, static_cast<uint64_t>(n) * 4, what);
+  }
+
+  Status UploadAll() {
+    const ModelConfig& c = cfg();
+    POLYKV_RETURN_IF_ERROR(UploadMatrix(mapped.embed, &embed, "embedding"));
+    tied = mapped.lm_head.w.data == mapped.embed.w.data;
+    if (!tied) POLYKV_RETURN_IF_ERROR(UploadMatrix(mapped.lm_head, &lm_head, "lm_head"));
+    POLYKV_RETURN_IF_ERROR(UploadVector(mapped.norm, c.hidden, false, &norm, "norm"));
+    layers.resize(mapped.layers.size());
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const internal::MappedLayer& m = mapped.layers[l];
+      DeviceLayer& d = layers[l];
+      POLYKV_RETURN_IF_ERROR(UploadMatrix(m.q, &d.q, "q"));
+      POLYKV_RETURN_IF_ERROR(UploadMatrix(m.k, &d.k, "k"));
+      POLYKV_RETURN_IF_ERROR(UploadMatrix(m.v, &d.v, "v"));
+      POLYKV_RETURN_IF_ERROR(UploadMatrix(m.o, &d.o, "o"));
+      POLYKV_RETURN_IF_ERROR(UploadMatrix(m.gate, &d.gate, "gate"));
+      POLYKV_RETURN_IF_ERROR(UploadMatrix(m.up, &d.up, "up"));
+      POLYKV_RETURN_IF_ERROR(UploadMatrix(m.down, &d.down, "down"));
+      const int64_t qd = int64_t{c.heads} * c.head_dim, kd = int64_t{c.kv_heads} * c.head_dim;
+      POLYKV_RETURN_IF_ERROR(UploadVector(m.attn_norm, c.hidden, false, &d.attn_norm, "norm"));
+      POLYKV_RETURN_IF_ERROR(UploadVector(m.ffn_norm, c.hidden, false, &d.ffn_norm, "norm"));
+      POLYKV_RETURN_IF_ERROR(UploadVector(m.bq, qd, m.q.interleaved_heads > 0, &d.bq, "bias"));
+      POLYKV_RETURN_IF_ERROR(UploadVector(m.bk, kd, m.k.interleaved_heads > 0, &d.bk, "bias"));
+      POLYKV_RETURN_IF_ERROR(UploadVector(m.bv, kd, false, &d.bv, "bias"));
+      POLYKV_RETURN_IF_ERROR(UploadVector(m.bo, c.hidden, false, &d.bo, "bias"));
+    }
+    return absl::OkStatus();
+  }
+
+  Status EnsureWorkspace(int64_t n) {
+    if (n <= rows) return absl::OkStatus();
+    const ModelConfig& c = cfg();
+    const uint64_t D = c.hidden, Q = uint64_t(c.heads) * c.head_dim,
+                   K = uint64_t(c.kv_heads) * c.head_dim, F = c.ffn, hd = c.head_dim;
+    const uint64_t un = static_cast<uint64_t>(n);
+    workspace_bytes = 0;
+    for (auto [b, floats] : {std::pair{&x, D},
+                             {&h, D},
+                             {&t, D},
+                             {&q, Q},
+                             {&att, Q},
+                             {&k, K},
+                             {&v, K},
+                             {&g, F},
+                             {&u, F},
+                             {&cos, hd},
+                             {&sin, hd}}) {
+      POLYKV_RETURN_IF_ERROR(b->Allocate(un * floats * 4, "workspace"));
+      workspace_bytes += un * floats * 4;
+    }
+    POLYKV_RETURN_IF_ERROR(logits.Allocate(uint64_t(c.vocab) * 4, "logits"));
+    POLYKV_RETURN_IF_ERROR(ids.Allocate(un * 4, "ids"));
+    POLYKV_RETURN_IF_ERROR(out_id.Allocate(4, "sampled id"));
+    workspace_bytes += uint64_t(c.vocab) * 4 + un * 4 + 4;
+    rows = n;
+    return absl::OkStatus();
+  }
+
+  Status Bias(float* y, const DeviceBlock& b, int64_t n, int64_t width) {
+    if (b.get() == nullptr) return absl::OkStatus();
+    for (int64_t i = 0; i < n; ++i)
+      POLYKV_RETURN_IF_ERROR(kernels::DeviceAdd(y + i * width, b.f(), width, y + i * width, kDev));
+    return absl::OkStatus();
+  }
+
+  Status Layer(int l, int64_t n, const KvPrefix* prefix, float* ck, float* cv, int64_t cap,
+               int64_t s0);
+  Status Step(absl::Span<const int32_t> tokens, const KvPrefix* prefix, int64_t past,
+              std::vector<DeviceBlock>& suffix, int64_t cap);
+};
+
+// One decoder layer for n rows (the workspace holds x; the suffix gets rows s0 .. s0 + n).
+Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* ck, float* cv,
+                              int64_t cap, int64_t s0) {
+  const ModelConfig& c = cfg();
+  const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim, D = c.hidden, F = c.ffn;
+  const DeviceLayer& w = layers[static_cast<size_t>(l)];
+  POLYKV_RETURN_IF_ERROR(
+      kernels::DeviceRmsNormRows(x.f(), w.attn_norm.f(), n, D, c.rms_eps, h.f(), kDev));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.q.w, h.f(), n, D, q.f(), H * hd, kDev));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.k.w, h.f(), n, D, k.f(), KV * hd, kDev));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.v.w, h.f(), n, D, v.f(), KV * hd, kDev));
+  POLYKV_RETURN_IF_ERROR(Bias(q.f(), w.bq, n, H * hd));
+  POLYKV_RETURN_IF_ERROR(Bias(k.f(), w.bk, n, KV * hd));
+  POLYKV_RETURN_IF_ERROR(Bias(v.f(), w.bv, n, KV * hd));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceRopeRows(q.f(), n, H * hd, static_cast<int32_t>(H),
+                                                 static_cast<int32_t>(hd), cos.f(), sin.f(), kDev));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceRopeRows(k.f(), n, KV * hd, static_cast<int32_t>(KV),
+                                                 static_cast<int32_t>(hd), cos.f(), sin.f(), kDev));
+  // [n][KV][hd] rows into the suffix [KV][cap][hd] at s0: one strided copy per row.
+  for (int64_t i = 0; i < n; ++i) {
+    for (auto [dst, src] : {std::pair{ck, k.f()}, std::pair{cv, v.f()}}) {
+      POLYKV_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpy2DAsync(dst + (s0 + i) * hd, cap * hd * 4, src + i * KV * hd, hd * 4,
+                                       hd * 4, KV, cudaMemcpyDeviceToDevice, nullptr),
+                     "cudaMemcpy2DAsync (K/V into the suffix)"));
+    }
+  }
+  kernels::AttentionArgs a;
+  a.prefix = prefix != nullptr ? &prefix->view : nullptr;
+  a.layer = l;
+  a.k_suffix = ck;
+  a.v_suffix = cv;
+  a.suffix_capacity = cap;
+  a.suffix_length = s0 + n;
+  a.n = n;
+  a.heads = static_cast<int32_t>(H);
+  a.kv_heads = static_cast<int32_t>(KV);
+  a.head_dim = static_cast<int32_t>(hd);
+  a.q = q.f();
+  a.out = att.f();
+  kernels::AttentionOptions opt;
+  opt.device = kDev;
+  POLYKV_RETURN_IF_ERROR(kernels::AttentionForward(a, opt));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.o.w, att.f(), n, H * hd, t.f(), D, kDev));
+  POLYKV_RETURN_IF_ERROR(Bias(t.f(), w.bo, n, D));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceAdd(x.f(), t.f(), n * D, x.f(), kDev));
+  POLYKV_RETURN_IF_ERROR(
+      kernels::DeviceRmsNormRows(x.f(), w.ffn_norm.f(), n, D, c.rms_eps, h.f(), kDev));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.gate.w, h.f(), n, D, g.f(), F, kDev));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.up.w, h.f(), n, D, u.f(), F, kDev));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceSiluMul(g.f(), u.f(), n * F, g.f(), kDev));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.down.w, g.f(), n, F, t.f(), D, kDev));
+  return kernels::DeviceAdd(x.f(), t.f(), n * D, x.f(), kDev);
+}
+
+// Runs `tokens` at positions past.. (suffix index past - P ..); leaves the last row's
+// logits in `logits`.
+Status CudaLlama::Impl::Step(absl::Span<const int32_t> tokens, const KvPrefix* prefix, int64_t past,
+                             std::vector<DeviceBlock>& suffix, int64_t cap) {
+  const ModelConfig& c = cfg();
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t P = prefix != nullptr ? prefix->tokens() : 0, s0 = past - P;
+  if (s0 < 0 || s0 + n > cap)
+    return absl::InternalError(absl::StrCat("CUDA step: suffix ", s0, " + ", n, " > ", cap));
+  POLYKV_RETURN_IF_ERROR(host->CheckTokens(tokens));
+  POLYKV_RETURN_IF_ERROR(EnsureWorkspace(n));
+  std::vector<float> cs(static_cast<size_t>(n * c.head_dim)), sn(cs.size());
+  host->RopeTables(past, n, cs.data(), sn.data());  // the CPU runtime's own tables
+  POLYKV_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpy(cos.get(), cs.data(), cs.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy cos"));
+  POLYKV_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpy(sin.get(), sn.data(), sn.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy sin"));
+  POLYKV_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpy(ids.get(), tokens.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice),
+      "cudaMemcpy ids"));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceEmbedRows(embed.w, static_cast<const int32_t*>(ids.get()),
+                                                  n, x.f(), c.hidden, kDev));
+  for (int l = 0; l < c.layers; ++l)
+    POLYKV_RETURN_IF_ERROR(Layer(l, n, prefix, suffix[2 * l].f(), suffix[2 * l + 1].f(), cap, s0));
+  const float* last = x.f() + (n - 1) * c.hidden;
+  POLYKV_RETURN_IF_ERROR(
+      kernels::DeviceRmsNormRows(last, norm.f(), 1, c.hidden, c.rms_eps, h.f(), kDev));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(tied ? embed.w : lm_head.w, h.f(), 1, c.hidden,
+                                               logits.f(), c.vocab, kDev));
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "CUDA forward step"));
+  if (prefix != nullptr && prefix->check) POLYKV_RETURN_IF_ERROR(prefix->check());
+  return absl::OkStatus();
+}
+
+CudaLlama::CudaLlama(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaLlama::~CudaLlama() {
+  if (impl_) cudaSetDevice(impl_->device);  // free on the device the blocks live on
+}
+bool CudaRuntimeBuilt() { return true; }
+
+StatusOr<std::unique_ptr<CudaLlama>> CudaLlama::Load(const std::string& path, int device,
+                                                     const LoadOptions& options) {
+  POLYKV_RETURN_IF_ERROR(kernels::CheckDeviceAvailable(kDev));
+  if (device < 0 || device >= kernels::CudaDeviceCount())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA device ", device, " requested; this host has ", kernels::CudaDeviceCount()));
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+  LoadOptions o = options;
+  o.weights = WeightStorage::kMapped;
+  POLYKV_ASSIGN_OR_RETURN(internal::LoadedModel m, internal::LoadModelFiles(path, o));
+  auto impl = std::make_unique<Impl>();
+  impl->device = device;
+  impl->mapped = std::move(*m.mapped);
+  impl->host = std::make_unique<HostSide>(std::move(m.config), std::move(m.tokenizer),
+                                          std::move(m.fingerprint));
+  POLYKV_RETURN_IF_ERROR(impl->UploadAll());
+  return std::unique_ptr<CudaLlama>(new CudaLlama(std::move(impl)));
+}
+
+const ModelConfig& CudaLlama::config() const { return impl_->cfg(); }
+const std::string& CudaLlama::fingerprint() const { return impl_->host->fingerprint(); }
+int CudaLlama::device() const { return impl_->device; }
+uint64_t CudaLlama::device_bytes() const { return impl_->weight_bytes + impl_->workspace_bytes; }
+
+namespace {
+
+// As the CPU runtime draws u (llama.cc): the top 53 bits of one mt19937_64 output.
+double Uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+double MsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix* prefix,
+                                             absl::Span<const int32_t> prompt,
+                                             const SamplingOptions& s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Impl& m = *impl_;
+  const ModelConfig& c = m.cfg();
+  if (prompt.empty()) return absl::InvalidArgumentError("CUDA Generate: empty prompt");
+  if (s.max_new_tokens < 0) return absl::InvalidArgumentError("max_new_tokens < 0");
+  if (!s.greedy && (!(s.temperature > 0) || !(s.top_p > 0 && s.top_p <= 1)))
+    return absl::InvalidArgumentError("CUDA Generate: temperature must be > 0, top_p in (0, 1]");
+  if (prefix != nullptr) {
+    if (!prefix->tail.empty())
+      return absl::UnimplementedError("CUDA runtime: a prefix of several segments (pool tree)");
+    const kernels::PrefixView& v = prefix->view;
+    if (static_cast<int32_t>(v.layers.size()) != c.layers || v.kv_heads != c.kv_heads ||
+        v.head_dim != c.head_dim)
+      return absl::InvalidArgumentError("CUDA Generate: prefix shape does not match the model");
+  }
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(m.device), "cudaSetDevice"));
+  const int64_t cap = static_cast<int64_t>(prompt.size()) + s.max_new_tokens + 1;
+  std::vector<DeviceBlock> suffix(2 * static_cast<size_t>(c.layers));
+  for (DeviceBlock& b : suffix)
+    POLYKV_RETURN_IF_ERROR(
+        b.Allocate(static_cast<uint64_t>(c.kv_heads) * cap * c.head_dim * 4, "KV suffix"));
+  int64_t past = prefix != nullptr ? prefix->tokens() : 0;
+  GenerateResult r;
+  std::mt19937_64 rng(s.seed);
+  // The prompt in steps of at most kFeedRows rows (grid sizes, workspace); logits of the last.
+  constexpr size_t kFeedRows = 256;
+  for (size_t off = 0; off < prompt.size(); off += kFeedRows) {
+    const absl::Span<const int32_t> part = prompt.subspan(off, kFeedRows);
+    POLYKV_RETURN_IF_ERROR(m.Step(part, prefix, past, suffix, cap));
+    past += static_cast<int64_t>(part.size());
+  }
+  int32_t* dev_id = static_cast<int32_t*>(m.out_id.get());
+  for (int32_t i = 0; i < s.max_new_tokens; ++i) {
+    if (s.greedy) {
+      POLYKV_RETURN_IF_ERROR(
+          kernels::DeviceArgmaxRows(m.logits.f(), 1, c.vocab, c.vocab, dev_id, kDev));
+    } else {
+      POLYKV_RETURN_IF_ERROR(kernels::DeviceSampleTopP(m.logits.f(), c.vocab, s.temperature,
+                                                       s.top_p, Uniform01(rng), dev_id, kDev));
+    }
+    int32_t tok = 0;
+    POLYKV_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpy(&tok, dev_id, 4, cudaMemcpyDeviceToHost), "cudaMemcpy sampled id"));
+    if (i == 0) r.first_token_ms = MsSince(t0);
+    if (s.stop_at_eos && m.host->IsEos(tok)) break;
+    r.tokens.push_back(tok);
+    if (i + 1 == s.max_new_tokens) break;
+    const int32_t one[1] = {tok};
+    POLYKV_RETURN_IF_ERROR(m.Step(absl::MakeConstSpan(one, 1), prefix, past, suffix, cap));
+    ++past;
+  }
+  r.total_ms = MsSince(t0);
+  return r;
+}
+
+StatusOr<std::vector<float>> CudaLlama::LastLogits(absl::Span<const int32_t> tokens) {
+  Impl& m = *impl_;
+  if (tokens.empty()) return absl::InvalidArgumentError("LastLogits: empty tokens");
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(m.device), "cudaSetDevice"));
+  const int64_t cap = static_cast<int64_t>(tokens.size());
+  std::vector<DeviceBlock> suffix(2 * static_cast<size_t>(m.cfg().layers));
+  for (DeviceBlock& b : suffix)
+    POLYKV_RETURN_IF_ERROR(b.Allocate(
+        static_cast<uint64_t>(m.cfg().kv_heads) * cap * m.cfg().head_dim * 4, "KV suffix"));
+  POLYKV_RETURN_IF_ERROR(m.Step(tokens, nullptr, 0, suffix, cap));
+  std::vector<float> out(static_cast<size_t>(m.cfg().vocab));
+  POLYKV_RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpy(out.data(), m.logits.get(), out.size() * 4, cudaMemcpyDeviceToHost),
+                 "cudaMemcpy logits"));
+  return out;
+}
+
+#endif  // POLYKV_HAVE_CUDA
+
+}  // namespace polykv::model

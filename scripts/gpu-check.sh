@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh: the GPU checks of PolyKV in one run (under 8 minutes on one H200):
+#  1. configure + build with CUDA for the local GPU's architecture only (build-gpu/);
+#  2. ctest -L gpu: CUDA vs CPU within the tolerances each test states (codec, attention,
+#     device ops, the CUDA model runtime, CUDA IPC);
+#  3. end to end: polykvd --backend cuda publishes a pool; an agent process with --device cuda
+#     attends to it in place; a CPU agent is refused (FAILED_PRECONDITION) and, with
+#     --allow-copy, copies it and logs the cost; two cuda agents on one pool at once (GPU
+#     memory per agent); device memory back to its level after SIGKILL of an agent and of
+#     the daemon;
+#  4. figures: device memcpy, codec throughput, decode tok/s (bench_gpu), TTFT via the pool vs
+#     re-prefill (agent --baseline-prefill).
+# Everything is printed and, when $OUT is set, saved as $OUT/gpu-check.log. Exit status: 0 when
+# every check passed, 1 otherwise (the figures are printed either way).
+# Env: POLYKV_GPU_BUILD_DIR (default build-gpu), POLYKV_GPU_MODEL (default: stories260K; a
+# SmolLM2 GGUF gives meaningful figures), POLYKV_GPU_JOBS (default nproc).
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${POLYKV_GPU_BUILD_DIR:-$ROOT/build-gpu}"
+MODEL="${POLYKV_GPU_MODEL:-$ROOT/tests/data/models/stories260K}"
+JOBS="${POLYKV_GPU_JOBS:-$(nproc)}"
+LOGDIR="${OUT:-$BUILD/gpu-check}"
+mkdir -p "$LOGDIR"
+exec > >(tee "$LOGDIR/gpu-check.log") 2>&1
+
+FAILED=0
+step() { printf '\n==== %s (%ds)\n' "$*" "$SECONDS"; }
+pass() { printf 'PASS %s\n' "$*"; }
+fail() { printf 'FAIL %s\n' "$*"; FAILED=1; }
+gpu_used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | tr -d ' '; }
+
+step "device"
+if ! nvidia-smi; then
+  echo "gpu-check: no NVIDIA GPU here (nvidia-smi failed): nothing to check"
+  exit 1
+fi
+ARCH="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i 0 | tr -d ' .')"
+echo "compute capability -> CMAKE_CUDA_ARCHITECTURES=$ARCH"
+
+step "configure + build (CUDA arch $ARCH, $JOBS jobs)"
+LAUNCH=()
+command -v ccache >/dev/null && LAUNCH=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache
+  -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPOLYKV_ENABLE_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DPOLYKV_BUILD_TESTS=ON -DPOLYKV_BUILD_BENCHMARKS=ON \
+  "${LAUNCH[@]}" >"$LOGDIR/configure.log" 2>&1 || { tail -30 "$LOGDIR/configure.log"; exit 1; }
+GPU_TESTS=(kernels_codec_cuda_test kernels_attention_cuda_test kernels_device_ops_cuda_test
+  model_cuda_llama_test ipc_cuda_ipc_test agent_device_test integration_agents_cuda_test)
+cmake --build "$BUILD" -j"$JOBS" --target polykvd polykv-cli bench_gpu "${GPU_TESTS[@]}" \
+  >"$LOGDIR/build.log" 2>&1 || { tail -40 "$LOGDIR/build.log"; exit 1; }
+echo "built in ${SECONDS}s"
+
+step "ctest -L gpu (CUDA vs CPU) + the agent device seam"
+if ctest --test-dir "$BUILD" -L gpu -E NOT_BUILT --output-on-failure --timeout 300 -j4; then
+  pass "ctest -L gpu"
+else
+  fail "ctest -L gpu"
+fi
+ctest --test-dir "$BUILD" -R '^AgentDeviceTest' --output-on-failure && pass "agent device seam" ||
+  fail "agent device seam"
+
+# ---- end to end: a daemon with a CUDA pool, agent processes ---------------------------------
+DAEMON="$BUILD/daemon/polykvd"
+CLI="$BUILD/cli/polykv-cli"
+WORK="$(mktemp -d /tmp/polykv-gpu-check.XXXXXX)"
+export POLYKV_ENDPOINT="ipc://$WORK/control.sock"
+DPID=""
+cleanup() {
+  [[ -n "$DPID" ]] && kill -9 "$DPID" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+start_daemon() {
+  "$DAEMON" --endpoint "$POLYKV_ENDPOINT" --backend cuda --log-level info \
+    --lease-seconds 5 >"$WORK/polykvd.log" 2>&1 </dev/null &
+  DPID=$!
+  for _ in $(seq 100); do "$CLI" ping >/dev/null 2>&1 && return 0; sleep 0.1; done
+  cat "$WORK/polykvd.log"
+  return 1
+}
+
+step "end to end: polykvd --backend cuda"
+BASE_MIB="$(gpu_used_mib)"
+echo "GPU memory used before the daemon: ${BASE_MIB} MiB"
+if ! start_daemon; then
+  fail "polykvd --backend cuda did not start"
+  exit 1
+fi
+DOC_IDS="$(seq -s, 1 2 1023 | awk -F, '{o=""; for(i=1;i<=NF;i++){o=o (i>1?",":"") ($i%500)+1}; print o}')"
+POOL="$("$CLI" pools --json create --model "$MODEL" --token-ids "$DOC_IDS" 2>"$WORK/create.err" |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' 2>/dev/null)"
+if [[ -z "$POOL" ]]; then
+  cat "$WORK/create.err"
+  fail "pools create on the cuda backend"
+  exit 1
+fi
+pass "pool $POOL published on the cuda backend"
+PROMPT="1,403,407,261"
+
+"$CLI" agent --pool "$POOL" --model "$MODEL" --prompt-ids "$PROMPT" --device cuda \
+  --max-new-tokens 32 --ignore-eos --baseline-prefill --json >"$WORK/cuda.json" 2>"$WORK/cuda.err"
+if [[ $? -eq 0 ]] && grep -q '"route":"cuda-in-place"' "$WORK/cuda.json"; then
+  pass "agent --device cuda attends in place to the CUDA pool"
+else
+  cat "$WORK/cuda.err"
+  fail "agent --device cuda"
+fi
+
+"$CLI" agent --pool "$POOL" --model "$MODEL" --prompt-ids "$PROMPT" --device cpu \
+  --max-new-tokens 4 >"$WORK/cpu.out" 2>"$WORK/cpu.err"
+if grep -q "FAILED_PRECONDITION" "$WORK/cpu.err" && grep -q -- "--allow-copy" "$WORK/cpu.err"; then
+  pass "CPU agent refused without --allow-copy: $(head -c 160 "$WORK/cpu.err")..."
+else
+  cat "$WORK/cpu.out" "$WORK/cpu.err"
+  fail "CPU agent on a CUDA pool was not refused"
+fi
+
+"$CLI" agent --pool "$POOL" --model "$MODEL" --prompt-ids "$PROMPT" --device cpu --allow-copy \
+  --max-new-tokens 32 --ignore-eos --json >"$WORK/copy.json" 2>"$WORK/copy.err"
+if [[ $? -eq 0 ]] && grep -q "allow-copy: pool" "$WORK/copy.err"; then
+  pass "CPU agent --allow-copy: $(grep 'allow-copy: pool' "$WORK/copy.err")"
+else
+  cat "$WORK/copy.err"
+  fail "CPU agent --allow-copy"
+fi
+python3 - "$WORK/cuda.json" "$WORK/copy.json" <<'EOF' || FAILED=1
+import json, sys
+c = json.load(open(sys.argv[1])); h = json.load(open(sys.argv[2]))
+same = c["answer_ids"] == h["answer_ids"]
+print(("PASS" if same else "FAIL"), "greedy answer, CUDA agent vs CPU agent (copied pool):",
+      "equal" if same else f'{c["answer_ids"]} vs {h["answer_ids"]}')
+s = c["stats"]
+print(f'FIGURE cuda agent: TTFT via pool {s["ttft_ms"]:.1f} ms vs re-prefill '
+      f'{c["baseline"]["ttft_ms"]:.1f} ms; decode {s["tokens_per_s"]:.1f} tok/s; device '
+      f'memory {s["device_bytes"]/1048576:.1f} MiB; baseline answer equal: {c["baseline"]["match"]}')
+sys.exit(0 if same else 1)
+EOF
+
+step "two cuda agents on one pool at once; GPU memory per agent"
+HOLD="$WORK/hold"
+touch "$HOLD"
+BEFORE_AGENTS="$(gpu_used_mib)"
+PIDS=()
+for i in 1 2; do
+  "$CLI" agent --pool "$POOL" --model "$MODEL" --prompt-ids "$PROMPT" --device cuda \
+    --max-new-tokens 16 --json --hold-while-exists "$HOLD" >"$WORK/two$i.json" 2>"$WORK/two$i.err" &
+  PIDS+=($!)
+done
+for _ in $(seq 300); do
+  n=$(grep -l "holding the pool" "$WORK"/two*.err 2>/dev/null | wc -l)
+  [[ "$n" -eq 2 ]] && break
+  sleep 0.1
+done
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+WITH_AGENTS="$(gpu_used_mib)"
+echo "FIGURE GPU memory per agent: $(((WITH_AGENTS - BEFORE_AGENTS) / 2)) MiB (device total ${BEFORE_AGENTS} -> ${WITH_AGENTS} MiB)"
+# SIGKILL one agent while it holds the pool: its device memory must come back.
+kill -9 "${PIDS[0]}" 2>/dev/null
+rm -f "$HOLD"
+wait "${PIDS[1]}" && pass "second agent answered while the first was killed" ||
+  fail "second agent"
+wait "${PIDS[0]}" 2>/dev/null
+sleep 2
+AFTER_AGENTS="$(gpu_used_mib)"
+if ((AFTER_AGENTS <= BEFORE_AGENTS + 16)); then
+  pass "device memory after SIGKILL of an agent: ${AFTER_AGENTS} MiB (before agents ${BEFORE_AGENTS})"
+else
+  fail "device memory after SIGKILL of an agent: ${AFTER_AGENTS} MiB > ${BEFORE_AGENTS} + 16"
+fi
+
+step "SIGKILL of the daemon: its pools' device memory is released"
+kill -9 "$DPID"
+wait "$DPID" 2>/dev/null
+DPID=""
+sleep 2
+AFTER_DAEMON="$(gpu_used_mib)"
+if ((AFTER_DAEMON <= BASE_MIB + 16)); then
+  pass "device memory after SIGKILL of the daemon: ${AFTER_DAEMON} MiB (before ${BASE_MIB})"
+else
+  fail "device memory after SIGKILL of the daemon: ${AFTER_DAEMON} MiB > ${BASE_MIB} + 16"
+fi
+
+step "figures: memcpy, codec, decode (bench_gpu)"
+"$BUILD/bench/bench_gpu" --model "$MODEL" --tokens 128 || fail "bench_gpu"
+
+step "done in ${SECONDS}s"
+((FAILED == 0)) && echo "gpu-check: all checks passed" || echo "gpu-check: some checks FAILED"
+exit "$FAILED"

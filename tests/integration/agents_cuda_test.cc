@@ -1,0 +1,101 @@
+// End to end on a GPU (label gpu; skips without a CUDA device): polykvd --backend cuda
+// publishes a stories260K pool in device memory; `polykv-cli agent --device cuda` processes
+// attend to it in place (route cuda-in-place) and answer as a CPU agent that copied the pool
+// (--allow-copy, which logs its cost); a CPU agent without --allow-copy is refused with
+// FAILED_PRECONDITION; two cuda agents at once give the same answer.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+#include "polykv/kernels/device_ops.h"
+
+namespace polykv::testing {
+namespace {
+
+using nlohmann::json;
+
+class AgentsCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const Status dev = kernels::CheckDeviceAvailable(kernels::Device::kCuda);
+    if (!dev.ok()) GTEST_SKIP() << "no CUDA device: " << dev.message();
+    if (!fs::exists(DaemonPath()) || !fs::exists(CliPath()))
+      GTEST_SKIP() << "polykvd or polykv-cli not built";
+    endpoint_ = "ipc://" + dir_.path() + "/control.sock";
+    ASSERT_TRUE(
+        daemon_
+            .Start({DaemonPath(), "--endpoint", endpoint_, "--backend", "cuda", "--lease-seconds",
+                    "5", "--log-level", "info", "--shm-prefix", NextDaemonPrefix()},
+                   dir_.File("polykvd.out"), dir_.File("polykvd.err"))
+            .ok());
+    for (int i = 0; i < 300; ++i) {
+      polykv_client* c = nullptr;
+      if (polykv_connect(endpoint_.c_str(), 500, &c) == POLYKV_OK) {
+        polykv_disconnect(c);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    std::vector<int32_t> doc(400);
+    for (size_t i = 0; i < doc.size(); ++i) doc[i] = 1 + static_cast<int32_t>(i * 53 % 500);
+    ProcessResult r = RunProcess({CliPath(), "pools", "--json", "--endpoint", endpoint_, "create",
+                                  "--model", StoriesPath(), "--token-ids", JoinIds(doc)},
+                                 dir_.path(), 120000);
+    ASSERT_EQ(r.exit_code, 0) << r.err << ReadFile(dir_.File("polykvd.err"));
+    pool_ = json::parse(r.out)["id"].get<std::string>();
+  }
+  void TearDown() override {
+    if (daemon_.running()) EXPECT_EQ(daemon_.Stop(10000), 0);
+  }
+  std::vector<std::string> Agent(const std::string& device, bool allow_copy) const {
+    std::vector<std::string> v = {CliPath(),      "agent",        "--pool",           pool_,
+                                  "--model",      StoriesPath(),  "--endpoint",       endpoint_,
+                                  "--prompt-ids", "403,407,261",  "--device",         device,
+                                  "--json",       "--ignore-eos", "--max-new-tokens", "32"};
+    if (allow_copy) v.push_back("--allow-copy");
+    return v;
+  }
+  TempDir dir_;
+  support::Process daemon_;
+  std::string endpoint_, pool_;
+};
+
+TEST_F(AgentsCuda, CudaAgentAttendsInPlaceAndAnswersAsACopyingCpuAgent) {
+  ProcessResult gpu = RunProcess(Agent("cuda", false), dir_.path(), 120000);
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+  const json g = json::parse(gpu.out);
+  EXPECT_EQ(g["route"], "cuda-in-place");
+  EXPECT_GT(g["stats"]["device_bytes"].get<uint64_t>(), 0u);
+  ProcessResult cpu = RunProcess(Agent("cpu", true), dir_.path(), 120000);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  const json c = json::parse(cpu.out);
+  EXPECT_EQ(c["route"], "cuda-copied-to-host");
+  EXPECT_NE(cpu.err.find("--allow-copy: pool " + pool_), std::string::npos) << cpu.err;
+  EXPECT_EQ(g["answer_ids"], c["answer_ids"]);
+  EXPECT_EQ(g["answer_ids"].size(), 32u);
+}
+
+TEST_F(AgentsCuda, CpuAgentWithoutAllowCopyIsRefused) {
+  ProcessResult cpu = RunProcess(Agent("cpu", false), dir_.path(), 120000);
+  EXPECT_NE(cpu.exit_code, 0);
+  EXPECT_NE(cpu.err.find("FAILED_PRECONDITION"), std::string::npos) << cpu.err;
+  EXPECT_NE(cpu.err.find("--allow-copy"), std::string::npos) << cpu.err;
+}
+
+TEST_F(AgentsCuda, TwoCudaAgentsOnOnePoolAtOnce) {
+  support::Process a, b;
+  ASSERT_TRUE(a.Start(Agent("cuda", false), dir_.File("a.out"), dir_.File("a.err")).ok());
+  ASSERT_TRUE(b.Start(Agent("cuda", false), dir_.File("b.out"), dir_.File("b.err")).ok());
+  ASSERT_TRUE(a.Wait(120000));
+  ASSERT_TRUE(b.Wait(120000));
+  ASSERT_EQ(a.exit_code(), 0) << ReadFile(dir_.File("a.err"));
+  ASSERT_EQ(b.exit_code(), 0) << ReadFile(dir_.File("b.err"));
+  EXPECT_EQ(json::parse(ReadFile(dir_.File("a.out")))["answer_ids"],
+            json::parse(ReadFile(dir_.File("b.out")))["answer_ids"]);
+}
+
+}  // namespace
+}  // namespace polykv::testing

@@ -1,0 +1,145 @@
+// The CUDA model runtime (model::CudaLlama) against the CPU runtime on stories260K (f32
+// weights), label gpu: logits of a forward within 1e-3 absolute (cuBLAS f32 without TF32 and
+// the warp kernels sum in another order than the CPU), greedy answers equal token for token,
+// without a prefix and after a raw prefix in device memory attended in place. Skips without
+// a CUDA device; without CUDA in the build, Load must refuse (kUnimplemented), never run on
+// the CPU.
+#include "polykv/model/cuda_llama.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "polykv/kernels/device_ops.h"
+#include "polykv/model/llama.h"
+
+#if defined(POLYKV_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace polykv::model {
+namespace {
+
+std::string ModelPath() { return std::string(POLYKV_TEST_DATA_DIR) + "/models/stories260K"; }
+
+#define POLYKV_REQUIRE_CUDA_DEVICE()                                          \
+  do {                                                                        \
+    const Status st_ = kernels::CheckDeviceAvailable(kernels::Device::kCuda); \
+    if (!st_.ok()) GTEST_SKIP() << "no CUDA device: " << st_.message();       \
+  } while (0)
+
+TEST(CudaLlamaTest, RefusesWithoutADeviceInsteadOfRunningOnTheCpu) {
+  if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
+  auto m = CudaLlama::Load(ModelPath(), 0);
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(m.status().code() == absl::StatusCode::kUnimplemented ||
+              m.status().code() == absl::StatusCode::kFailedPrecondition)
+      << m.status();
+  EXPECT_EQ(CudaRuntimeBuilt(), kernels::CheckDeviceAvailable(kernels::Device::kCuda).code() !=
+                                    absl::StatusCode::kUnimplemented);
+}
+
+TEST(CudaLlamaTest, LogitsMatchTheCpuRuntime) {
+  POLYKV_REQUIRE_CUDA_DEVICE();
+  auto cpu = LlamaModel::Load(ModelPath());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = CudaLlama::Load(ModelPath(), 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ((*gpu)->fingerprint(), (*cpu)->fingerprint());
+  for (int n : {1, 7, 40}) {  // warp kernels (<= 16 rows) and cuBLAS (> 16)
+    std::vector<int32_t> ids(n);
+    for (int i = 0; i < n; ++i) ids[i] = 1 + (i * 37) % ((*cpu)->config().vocab - 1);
+    KvCache cache;
+    auto want = (*cpu)->Forward(ids, cache);
+    ASSERT_TRUE(want.ok()) << want.status();
+    auto got = (*gpu)->LastLogits(ids);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), want->values.size());
+    float worst = 0;
+    for (size_t i = 0; i < got->size(); ++i)
+      worst = std::max(worst, std::fabs((*got)[i] - want->values[i]));
+    EXPECT_LE(worst, 1e-3f) << n << " rows";
+  }
+}
+
+TEST(CudaLlamaTest, GreedyAnswerEqualsTheCpuRuntime) {
+  POLYKV_REQUIRE_CUDA_DEVICE();
+  auto cpu = LlamaModel::Load(ModelPath());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = CudaLlama::Load(ModelPath(), 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  SamplingOptions s;
+  s.max_new_tokens = 40;
+  s.stop_at_eos = false;
+  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 285};
+  KvCache cache;
+  auto want = (*cpu)->Generate(cache, prompt, s);
+  ASSERT_TRUE(want.ok()) << want.status();
+  auto got = (*gpu)->Generate(nullptr, prompt, s);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->tokens, want->tokens);
+  EXPECT_EQ(got->tokens.size(), 40u);
+}
+
+#if defined(POLYKV_HAVE_CUDA)
+TEST(CudaLlamaTest, AttendsInPlaceToADevicePrefixAsTheCpuDoes) {
+  POLYKV_REQUIRE_CUDA_DEVICE();
+  auto cpu = LlamaModel::Load(ModelPath());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = CudaLlama::Load(ModelPath(), 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const ModelConfig& c = (*cpu)->config();
+  std::vector<int32_t> doc(300);
+  for (size_t i = 0; i < doc.size(); ++i) doc[i] = 1 + static_cast<int32_t>(i * 53) % (c.vocab - 1);
+  const std::vector<int32_t> prompt = {403, 407, 261};
+  SamplingOptions s;
+  s.max_new_tokens = 24;
+  s.stop_at_eos = false;
+  // CPU: the document as a raw read-only prefix (the split attention of a codec-none pool).
+  auto pre = (*cpu)->Prefill(doc);
+  ASSERT_TRUE(pre.ok()) << pre.status();
+  KvCache cache;
+  ASSERT_TRUE((*cpu)->Forward(doc, cache).ok());
+  auto frozen = (*cpu)->FreezeAsPrefix(std::move(cache), 64);
+  ASSERT_TRUE(frozen.ok()) << frozen.status();
+  auto want = (*cpu)->Generate(*frozen, prompt, s);
+  ASSERT_TRUE(want.ok()) << want.status();
+  // CUDA: the same K/V copied to device memory, attended in place there.
+  const size_t bytes = size_t{static_cast<size_t>(c.kv_heads)} * doc.size() * c.head_dim * 4;
+  std::vector<void*> blocks;
+  KvPrefix prefix;
+  prefix.view.kv_heads = c.kv_heads;
+  prefix.view.head_dim = c.head_dim;
+  prefix.view.tokens = static_cast<int64_t>(doc.size());
+  prefix.view.codec = kernels::PrefixCodec::kRaw;
+  prefix.view.raw_dtype = kernels::DType::kF32;
+  for (int l = 0; l < c.layers; ++l) {
+    void* k = nullptr;
+    void* v = nullptr;
+    ASSERT_EQ(cudaMalloc(&k, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&v, bytes), cudaSuccess);
+    blocks.push_back(k);
+    blocks.push_back(v);
+    ASSERT_EQ(cudaMemcpy(k, pre->k[l].data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(v, pre->v[l].data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    prefix.view.layers.push_back(kernels::PrefixLayer{k, nullptr, v, nullptr, 0});
+  }
+  int checks = 0;
+  prefix.check = [&checks]() -> Status {
+    ++checks;
+    return absl::OkStatus();
+  };
+  auto got = (*gpu)->Generate(&prefix, prompt, s);
+  for (void* b : blocks) cudaFree(b);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->tokens, want->tokens);
+  EXPECT_EQ(checks, 24);  // the prompt step + 23 decode steps (the last token is not fed)
+}
+#endif
+
+}  // namespace
+}  // namespace polykv::model
