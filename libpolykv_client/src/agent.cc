@@ -454,11 +454,13 @@ StatusOr<std::vector<int32_t>> PooledAgent::PoolTokenIds(std::string_view pool_i
 
 StatusOr<SharedPool> PooledAgent::AttachShared(std::string_view pool_id) {
   auto chain = std::make_shared<AttachedChain>();
+  POLYKV_RETURN_IF_ERROR(PreRoute(std::string(pool_id)));
   POLYKV_RETURN_IF_ERROR(AttachChain(std::string(pool_id), chain.get()));
-  if (!AttendsInPlace(Attend::kInPlace, *model_, chain->leaf().backend))
+  POLYKV_ASSIGN_OR_RETURN(PoolRoute route, Route(*chain));
+  if (route != PoolRoute::kHostInPlace)
     return absl::FailedPreconditionError(
         absl::StrCat("pool ", std::string(pool_id), " lives on backend '", chain->leaf().backend,
-                     "': a batched host attends to host pools in place only"));
+                     "': a batched host attends to host pools in place, on the CPU, only"));
   AgentStats st;
   model::KvCache cache;
   POLYKV_RETURN_IF_ERROR(BuildCache(*chain, 1, /*in_place=*/true, &cache, &st, chain));
