@@ -447,6 +447,7 @@ void RegisterAgentsCommands(CLI::App& app) {
   run->callback([args] {
     if (Status s = RunAgents(*args); !s.ok()) FailWith(s);
   });
+  RegisterAgentsServeCommand(*grp);
 }
 
 }  // namespace polykv::cli

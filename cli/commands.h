@@ -20,6 +20,8 @@ void RegisterPoolsCommands(CLI::App& app);
 void RegisterAgentCommands(CLI::App& app);
 /// `agents run` (agents_cmd.cc).
 void RegisterAgentsCommands(CLI::App& app);
+/// `agents serve` under the `agents` group (agents_serve_cmd.cc).
+void RegisterAgentsServeCommand(CLI::App& agents);
 /// `keys generate` (keys_cmd.cc).
 void RegisterKeysCommands(CLI::App& app);
 /// `eval` (eval_cmd.cc; library code in cli/eval/).

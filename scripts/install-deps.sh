@@ -20,7 +20,7 @@ PACKAGES=(
   libssl-dev                # SHA-256 (pool ids, fingerprints)
   libxxhash-dev             # pool checksums (XXH64)
   libucx-dev ucx-utils      # transfer between hosts (UCX ucp_get); ucx_perftest baseline
-  libcpp-httplib-dev        # polykvd --metrics-listen (GET /metrics)
+  libcpp-httplib-dev        # polykvd --metrics-listen (GET /metrics); polykv-cli agents serve (HTTP)
   curl python3-prometheus-client  # tests: scrape /metrics, parse the text format
   clang libclang-rt-dev     # fault suite: libFuzzer targets (scripts/fuzz.sh); gcc builds the rest
   clang-format-14           # scripts/check-format.sh runs clang-format-14 (the version the tree is formatted with)

@@ -502,6 +502,27 @@ StatusOr<std::vector<int32_t>> PooledAgent::PoolTokenIds(std::string_view pool_i
   return ids;
 }
 
+StatusOr<SharedPool> PooledAgent::AttachShared(std::string_view pool_id) {
+  auto chain = std::make_shared<AttachedChain>();
+  POLYKV_RETURN_IF_ERROR(PreRoute(std::string(pool_id)));
+  POLYKV_RETURN_IF_ERROR(AttachChain(std::string(pool_id), chain.get()));
+  POLYKV_ASSIGN_OR_RETURN(PoolRoute route, Route(*chain));
+  if (route != PoolRoute::kHostInPlace)
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool ", std::string(pool_id), " lives on backend '", chain->leaf().backend,
+                     "': a batched host attends to host pools in place, on the CPU, only"));
+  AgentStats st;
+  model::KvCache cache;
+  POLYKV_RETURN_IF_ERROR(BuildCache(*chain, 1, /*in_place=*/true, &cache, &st, chain));
+  SharedPool sp;
+  sp.codec = chain->leaf().codec;
+  sp.pool_bytes = chain->total_bytes;
+  sp.prefix_bytes_per_step = st.prefix_bytes_per_token;
+  sp.prefix = cache.prefix;
+  sp.token_ids = std::move(cache.tokens);
+  return sp;
+}
+
 StatusOr<AgentResult> PooledAgent::Run(std::string_view pool_id,
                                        absl::Span<const int32_t> prompt_ids,
                                        const model::SamplingOptions& sampling) {
@@ -590,7 +611,8 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
 }
 
 Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, bool in_place,
-                               model::KvCache* cache, AgentStats* st) {
+                               model::KvCache* cache, AgentStats* st,
+                               std::shared_ptr<const void> owner) {
   const model::ModelConfig& cfg = model_->config();
   const size_t n = chain.infos.size();
   POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> doc_ids, chain.TokenIds());
@@ -606,6 +628,7 @@ Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, boo
   };
   if (in_place) {
     auto prefix = std::make_shared<model::KvPrefix>();
+    prefix->owner = std::move(owner);
     uint64_t bytes_per_token = 0;
     for (size_t i = 0; i < n; ++i) {
       uint64_t parent_tokens = 0;

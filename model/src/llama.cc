@@ -129,6 +129,60 @@ StatusOr<Logits> LlamaBase::Forward(absl::Span<const int32_t> tokens, KvCache& c
   return Step(tokens, cache, all_logits ? 0 : static_cast<int64_t>(tokens.size()) - 1);
 }
 
+StatusOr<Logits> LlamaBase::ForwardBatch(absl::Span<KvCache* const> caches,
+                                         absl::Span<const int32_t> tokens) {
+  if (caches.empty()) return absl::InvalidArgumentError("ForwardBatch: empty batch");
+  if (caches.size() != tokens.size())
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardBatch: ", caches.size(), " caches but ", tokens.size(), " tokens"));
+  for (size_t i = 0; i < caches.size(); ++i) {
+    if (caches[i] == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: cache ", i, " is null"));
+    if (caches[i]->prefix != caches[0]->prefix)
+      return absl::InvalidArgumentError(
+          absl::StrCat("ForwardBatch: cache ", i,
+                       " has a different shared prefix than cache 0 (a batch shares one)"));
+    for (size_t j = 0; j < i; ++j)
+      if (caches[j] == caches[i])
+        return absl::InvalidArgumentError(
+            absl::StrCat("ForwardBatch: caches ", j, " and ", i, " are the same cache"));
+    POLYKV_RETURN_IF_ERROR(CheckWindow(caches[i]->length, 1));
+  }
+  return ForwardBatchImpl(caches, tokens);
+}
+
+StatusOr<Logits> LlamaBase::ForwardBatchImpl(absl::Span<KvCache* const> caches,
+                                             absl::Span<const int32_t> tokens) {
+  const size_t s = caches.size();
+  Logits out;
+  out.rows = static_cast<int64_t>(s);
+  out.vocab = config_.vocab;
+  std::vector<int64_t> lengths(s);
+  for (size_t i = 0; i < s; ++i) lengths[i] = caches[i]->length;
+  const auto rollback = [&](size_t done) {
+    for (size_t i = 0; i < done; ++i) {
+      caches[i]->length = lengths[i];
+      caches[i]->tokens.resize(static_cast<size_t>(lengths[i]));
+    }
+  };
+  try {
+    out.values.resize(s * static_cast<size_t>(config_.vocab));
+  } catch (const std::exception& e) {
+    return StatusFromException(e, "ForwardBatch (logits)");
+  }
+  for (size_t i = 0; i < s; ++i) {
+    StatusOr<Logits> one = ForwardImpl(tokens.subspan(i, 1), *caches[i], 0);
+    if (!one.ok()) {
+      rollback(i);
+      return absl::Status(one.status().code(),
+                          absl::StrCat("session ", i, ": ", one.status().message()));
+    }
+    std::copy(one->values.begin(), one->values.end(),
+              out.values.begin() + static_cast<std::ptrdiff_t>(i) * config_.vocab);
+  }
+  return out;
+}
+
 StatusOr<PrefillResult> LlamaBase::Prefill(absl::Span<const int32_t> tokens, int64_t chunk,
                                            const std::function<void(int64_t, int64_t)>& progress) {
   if (tokens.empty()) return absl::InvalidArgumentError("Prefill: empty token list");

@@ -32,6 +32,8 @@ class LlamaBase : public LlamaModel {
                                                   const SamplingOptions& options) override;
   [[nodiscard]] StatusOr<PerplexityResult> Perplexity(absl::Span<const int32_t> tokens,
                                                       int64_t context, int64_t stride) override;
+  [[nodiscard]] StatusOr<Logits> ForwardBatch(absl::Span<KvCache* const> caches,
+                                              absl::Span<const int32_t> tokens) override;
 
  protected:
   /// Runs `tokens` at positions cache.length.., appends their K/V to the suffix, returns f32
@@ -40,6 +42,13 @@ class LlamaBase : public LlamaModel {
   /// and the cache itself.
   [[nodiscard]] virtual StatusOr<Logits> ForwardImpl(absl::Span<const int32_t> tokens,
                                                      KvCache& cache, int64_t logits_from) = 0;
+
+  /// ForwardBatch after its checks (sizes, distinct caches, one shared prefix, windows):
+  /// one new token per cache, logits f32 [S][vocab]; on error no cache's length or tokens
+  /// changed. This default runs one ForwardImpl per session (the reference runtime); the
+  /// mapped runtime batches the step.
+  [[nodiscard]] virtual StatusOr<Logits> ForwardBatchImpl(absl::Span<KvCache* const> caches,
+                                                          absl::Span<const int32_t> tokens);
 
   /// ForwardImpl after CheckWindow: every forward pass of LlamaBase goes through here.
   [[nodiscard]] StatusOr<Logits> Step(absl::Span<const int32_t> tokens, KvCache& cache,

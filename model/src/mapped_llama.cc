@@ -243,6 +243,132 @@ class MappedLlama final : public LlamaBase {
     return absl::OkStatus();
   }
 
+  // h = RMSNorm(x); q, k, v = h W^T (+ biases), GGUF Q/K rows de-interleaved: n rows.
+  Status ProjectQkv(const MappedLayer& lw, const float* x, int64_t n, float* h, float* q, float* k,
+                    float* v) {
+    const int64_t H = config_.heads, KV = config_.kv_heads, hd = config_.head_dim,
+                  D = config_.hidden;
+    kernels::RmsNormRows(x, lw.attn_norm, n, D, config_.rms_eps, h);
+    POLYKV_RETURN_IF_ERROR(LinearShared({{&lw.q, q}, {&lw.k, k}, {&lw.v, v}}, h, n, D));
+    AddBias(q, n, H * hd, lw.bq);  // in the rows' own (possibly interleaved) order
+    AddBias(k, n, KV * hd, lw.bk);
+    AddBias(v, n, KV * hd, lw.bv);
+    if (lw.q.interleaved_heads > 0) Deinterleave(q, n, static_cast<int32_t>(H));
+    if (lw.k.interleaved_heads > 0) Deinterleave(k, n, static_cast<int32_t>(KV));
+    return absl::OkStatus();
+  }
+
+  // After attention: x += att Wo^T (+ bias); x += (silu(h Wg^T) * h Wu^T) Wd^T with
+  // h = RMSNorm(x): n rows; t, g, u are scratch.
+  Status FinishLayer(const MappedLayer& lw, const float* att, int64_t n, float* x, float* h,
+                     float* t, float* g, float* u) {
+    const int64_t D = config_.hidden, F = config_.ffn;
+    POLYKV_RETURN_IF_ERROR(Linear(lw.o, att, n, t, D));
+    AddBias(t, n, D, lw.bo);
+    for (int64_t i = 0; i < n * D; ++i) x[i] += t[i];
+    kernels::RmsNormRows(x, lw.ffn_norm, n, D, config_.rms_eps, h);
+    POLYKV_RETURN_IF_ERROR(LinearShared({{&lw.gate, g}, {&lw.up, u}}, h, n, D));
+    kernels::SiluMul(g, u, n * F, g);
+    POLYKV_RETURN_IF_ERROR(Linear(lw.down, g, n, t, D));
+    for (int64_t i = 0; i < n * D; ++i) x[i] += t[i];
+    return absl::OkStatus();
+  }
+
+  // RoPE on row i's q and k (cos/sin of its position), then k, v stored at suffix slot `slot`
+  // of `cache`'s layer l.
+  void RopeAndStore(KvCache& cache, int l, int64_t slot, float* q_row, float* k_row,
+                    const float* v_row, const float* cos_row, const float* sin_row) {
+    const int64_t H = config_.heads, KV = config_.kv_heads, hd = config_.head_dim;
+    const int64_t cap = cache.capacity;
+    kernels::RopeHeads(q_row, static_cast<int32_t>(H), static_cast<int32_t>(hd), cos_row, sin_row);
+    kernels::RopeHeads(k_row, static_cast<int32_t>(KV), static_cast<int32_t>(hd), cos_row, sin_row);
+    float* ck = cache.k[static_cast<size_t>(l)].data();
+    float* cv = cache.v[static_cast<size_t>(l)].data();
+    for (int64_t kvh = 0; kvh < KV; ++kvh) {
+      std::memcpy(ck + (kvh * cap + slot) * hd, k_row + kvh * hd, sizeof(float) * hd);
+      std::memcpy(cv + (kvh * cap + slot) * hd, v_row + kvh * hd, sizeof(float) * hd);
+    }
+  }
+
+  // Batched decode (LlamaModel::ForwardBatch): S sessions, one token each, one shared
+  // prefix. Row i of every workspace is session i.
+  StatusOr<Logits> ForwardBatchImpl(absl::Span<KvCache* const> caches,
+                                    absl::Span<const int32_t> tokens) override {
+    const int64_t S = static_cast<int64_t>(caches.size());
+    POLYKV_RETURN_IF_ERROR(CheckTokens(tokens));
+    for (int64_t i = 0; i < S; ++i) {
+      Status st = CheckCache(*caches[i]);
+      if (st.ok()) st = EnsureCapacity(*caches[i], caches[i]->suffix_length() + 1);
+      if (!st.ok()) return absl::Status(st.code(), absl::StrCat("session ", i, ": ", st.message()));
+    }
+    const int64_t H = config_.heads, KV = config_.kv_heads, hd = config_.head_dim,
+                  D = config_.hidden, F = config_.ffn;
+    auto grow = [S](std::vector<float>& b, int64_t per_row) {
+      if (static_cast<int64_t>(b.size()) < S * per_row) b.resize(static_cast<size_t>(S * per_row));
+      return b.data();
+    };
+    float *x, *h, *t, *q, *att, *k, *v, *g, *u, *cosb, *sinb;
+    try {
+      x = grow(x_, D), h = grow(h_, D), t = grow(t_, D), q = grow(q_, H * hd);
+      att = grow(att_, H * hd), k = grow(k_, KV * hd), v = grow(v_, KV * hd);
+      g = grow(g_, F), u = grow(u_, F), cosb = grow(cos_, hd), sinb = grow(sin_, hd);
+    } catch (const std::exception& e) {
+      return StatusFromException(e, "ForwardBatch (workspace)");
+    }
+    for (int64_t i = 0; i < S; ++i) {
+      POLYKV_RETURN_IF_ERROR(
+          kernels::DequantizeRows(w_.embed.w, tokens[i], tokens[i] + 1, x + i * D));
+      RopeTables(caches[i]->length, 1, cosb + i * hd, sinb + i * hd);
+    }
+    const std::shared_ptr<const KvPrefix>& prefix = caches[0]->prefix;
+    std::vector<kernels::AttentionSession> sessions(static_cast<size_t>(S));
+    for (int l = 0; l < config_.layers; ++l) {
+      const MappedLayer& lw = w_.layers[static_cast<size_t>(l)];
+      POLYKV_RETURN_IF_ERROR(ProjectQkv(lw, x, S, h, q, k, v));
+      for (int64_t i = 0; i < S; ++i) {
+        KvCache& c = *caches[i];
+        const int64_t slot = c.suffix_length();
+        RopeAndStore(c, l, slot, q + i * H * hd, k + i * KV * hd, v + i * KV * hd, cosb + i * hd,
+                     sinb + i * hd);
+        kernels::AttentionSession& a = sessions[static_cast<size_t>(i)];
+        a.k_suffix = c.k[static_cast<size_t>(l)].data();
+        a.v_suffix = c.v[static_cast<size_t>(l)].data();
+        a.suffix_capacity = c.capacity;
+        a.suffix_length = slot + 1;
+        a.n = 1;
+        a.q = q + i * H * hd;
+        a.out = att + i * H * hd;
+      }
+      kernels::BatchAttentionArgs ba;
+      ba.prefix = prefix ? &prefix->view : nullptr;
+      if (prefix) ba.prefix_tail = prefix->tail;
+      ba.layer = l;
+      ba.heads = static_cast<int32_t>(H);
+      ba.kv_heads = static_cast<int32_t>(KV);
+      ba.head_dim = static_cast<int32_t>(hd);
+      ba.sessions = sessions;
+      POLYKV_RETURN_IF_ERROR(kernels::AttentionForwardBatch(ba));
+      POLYKV_RETURN_IF_ERROR(FinishLayer(lw, att, S, x, h, t, g, u));
+    }
+    // The step read the shared prefix: its results count only while the prefix is valid.
+    if (prefix && prefix->check) POLYKV_RETURN_IF_ERROR(prefix->check());
+    Logits logits;
+    logits.rows = S;
+    logits.vocab = config_.vocab;
+    try {
+      logits.values.resize(static_cast<size_t>(S * config_.vocab));
+    } catch (const std::exception& e) {
+      return StatusFromException(e, "ForwardBatch (logits)");
+    }
+    kernels::RmsNormRows(x, w_.norm, S, D, config_.rms_eps, h);
+    POLYKV_RETURN_IF_ERROR(Linear(w_.lm_head, h, S, logits.values.data(), config_.vocab));
+    for (int64_t i = 0; i < S; ++i) {  // commit: every session holds its new token
+      caches[i]->length += 1;
+      caches[i]->tokens.push_back(tokens[i]);
+    }
+    return logits;
+  }
+
   StatusOr<Logits> ForwardImpl(absl::Span<const int32_t> tokens, KvCache& cache,
                                int64_t logits_from) override {
     const int64_t n = static_cast<int64_t>(tokens.size());
@@ -278,25 +404,12 @@ class MappedLlama final : public LlamaBase {
 
     for (int l = 0; l < config_.layers; ++l) {
       const MappedLayer& lw = w_.layers[static_cast<size_t>(l)];
-      kernels::RmsNormRows(x, lw.attn_norm, n, D, config_.rms_eps, h);
-      POLYKV_RETURN_IF_ERROR(LinearShared({{&lw.q, q}, {&lw.k, k}, {&lw.v, v}}, h, n, D));
-      AddBias(q, n, H * hd, lw.bq);  // in the rows' own (possibly interleaved) order
-      AddBias(k, n, KV * hd, lw.bk);
-      AddBias(v, n, KV * hd, lw.bv);
-      if (lw.q.interleaved_heads > 0) Deinterleave(q, n, static_cast<int32_t>(H));
-      if (lw.k.interleaved_heads > 0) Deinterleave(k, n, static_cast<int32_t>(KV));
+      POLYKV_RETURN_IF_ERROR(ProjectQkv(lw, x, n, h, q, k, v));
+      for (int64_t i = 0; i < n; ++i)
+        RopeAndStore(cache, l, s0 + i, q + i * H * hd, k + i * KV * hd, v + i * KV * hd,
+                     cosb + i * hd, sinb + i * hd);
       float* ck = cache.k[static_cast<size_t>(l)].data();
       float* cv = cache.v[static_cast<size_t>(l)].data();
-      for (int64_t i = 0; i < n; ++i) {
-        kernels::RopeHeads(q + i * H * hd, static_cast<int32_t>(H), static_cast<int32_t>(hd),
-                           cosb + i * hd, sinb + i * hd);
-        kernels::RopeHeads(k + i * KV * hd, static_cast<int32_t>(KV), static_cast<int32_t>(hd),
-                           cosb + i * hd, sinb + i * hd);
-        for (int64_t kvh = 0; kvh < KV; ++kvh) {
-          std::memcpy(ck + (kvh * cap + s0 + i) * hd, k + (i * KV + kvh) * hd, sizeof(float) * hd);
-          std::memcpy(cv + (kvh * cap + s0 + i) * hd, v + (i * KV + kvh) * hd, sizeof(float) * hd);
-        }
-      }
       if (!cache.prefix && n > kMappedGemmRows) {
         POLYKV_RETURN_IF_ERROR(BlasAttention(cache, l, s0, n, q, att));
       } else {
@@ -316,14 +429,7 @@ class MappedLlama final : public LlamaBase {
         a.out = att;
         POLYKV_RETURN_IF_ERROR(kernels::AttentionForward(a));
       }
-      POLYKV_RETURN_IF_ERROR(Linear(lw.o, att, n, t, D));
-      AddBias(t, n, D, lw.bo);
-      for (int64_t i = 0; i < n * D; ++i) x[i] += t[i];
-      kernels::RmsNormRows(x, lw.ffn_norm, n, D, config_.rms_eps, h);
-      POLYKV_RETURN_IF_ERROR(LinearShared({{&lw.gate, g}, {&lw.up, u}}, h, n, D));
-      kernels::SiluMul(g, u, n * F, g);
-      POLYKV_RETURN_IF_ERROR(Linear(lw.down, g, n, t, D));
-      for (int64_t i = 0; i < n * D; ++i) x[i] += t[i];
+      POLYKV_RETURN_IF_ERROR(FinishLayer(lw, att, n, x, h, t, g, u));
     }
     // The step read the shared prefix: its results count only while the prefix is valid.
     if (cache.prefix && cache.prefix->check) POLYKV_RETURN_IF_ERROR(cache.prefix->check());

@@ -136,6 +136,21 @@ struct AgentHooks {
   std::function<void()> before_detach;
 };
 
+/// A pool (and its parent chain) held attached by a long-lived host (polykv-cli agents
+/// serve): the read-only prefix its sessions attend to in place.
+struct SharedPool {
+  /// The chain's K/V where they lie (root pool in `view`, children in `tail`); its owner
+  /// keeps every pool attached (leases renewed) until the last holder lets go; its check
+  /// fails a step once a lease is lost (eviction, expiry).
+  std::shared_ptr<const model::KvPrefix> prefix;
+  std::vector<int32_t> token_ids;  ///< the chain's tokens (positions 0 .. tokens - 1)
+  std::string codec;               ///< the leaf pool's codec ("k7c-v3-e4x2-nc-n16", "none", ...)
+  uint64_t pool_bytes = 0;         ///< the mapped regions, summed over the chain
+  /// Bytes of the prefix read by one step (every layer's K codes, scales, V codes, norms),
+  /// once for all sessions of a batched step.
+  uint64_t prefix_bytes_per_step = 0;
+};
+
 /// An agent: one loaded model (per process) that runs prompts against pools.
 /// Not thread-safe: one Run at a time.
 class PooledAgent {
@@ -180,6 +195,11 @@ class PooledAgent {
                                        absl::Span<const int32_t> prompt_ids,
                                        const model::SamplingOptions& sampling);
 
+  /// Attaches `pool_id` and its parent chain for in-place attention and keeps them attached
+  /// while the returned prefix lives (the agent must outlive it). Errors as Run;
+  /// kFailedPrecondition for a pool that cannot be attended in place (a device pool).
+  StatusOr<SharedPool> AttachShared(std::string_view pool_id);
+
   /// Reads the token ids an agent of the pool attends to (attach + read + detach): its parent
   /// chain's (pool tree) and its own. Errors as Run.
   StatusOr<std::vector<int32_t>> PoolTokenIds(std::string_view pool_id);
@@ -218,8 +238,10 @@ class PooledAgent {
                                    const model::SamplingOptions& sampling, AgentResult* result);
   /// Fills `cache` from the attached chain (positions 0 .. chain tokens - 1): prefix views of
   /// every pool (in place) or their decoded layers.
+  /// In place, the prefix's owner is `owner` (null: none).
   [[nodiscard]] Status BuildCache(AttachedChain& chain, int64_t extra_capacity, bool in_place,
-                                  model::KvCache* cache, AgentStats* st);
+                                  model::KvCache* cache, AgentStats* st,
+                                  std::shared_ptr<const void> owner = nullptr);
   void Disconnect();
   /// Connects if needed and attaches pool `id` into `*pool` (detached by the caller's guard),
   /// filling `*info`. A connection error drops the connection so the next call rebuilds it.

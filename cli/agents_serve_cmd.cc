@@ -1,0 +1,133 @@
+// `polykv-cli agents serve`: one process hosting many agent sessions over one pool, decoded
+// in batches (model::BatchEngine: continuous batching, ForwardBatch), behind an
+// OpenAI-compatible HTTP endpoint (serve/server.h). Runs until SIGINT or SIGTERM.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "commands.h"
+#include "polykv/agent.h"
+#include "polykv/model/batch_engine.h"
+#include "polykv/status.h"
+#include "serve/server.h"
+
+namespace polykv::cli {
+namespace {
+
+struct ServeArgs {
+  std::string pool;
+  std::string model;
+  std::string listen = "127.0.0.1:8080";
+  std::string alias;  // default: the pool id
+  std::string endpoint;
+  int timeout_ms = 5000;
+  int threads = 0;
+  int max_sessions = 64;
+  int default_max_tokens = 256;
+  int http_threads = 64;
+  int min_step_ms = 0;
+};
+
+// SIGINT / SIGTERM end the host: the handler (any thread may run it) writes to a pipe that
+// Serve waits on.
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int sig) {
+  const char c = static_cast<char>(sig);
+  (void)!write(g_signal_pipe[1], &c, 1);
+}
+
+Status Serve(const ServeArgs& a) {
+  if (pipe(g_signal_pipe) != 0) return absl::InternalError("pipe failed");
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that goes away must not kill the host
+
+  client::AgentOptions o;
+  o.model_path = a.model;
+  o.endpoint = a.endpoint;
+  o.timeout_ms = a.timeout_ms;
+  o.threads = a.threads;
+  POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<client::PooledAgent> agent,
+                          client::PooledAgent::Create(o));
+  POLYKV_ASSIGN_OR_RETURN(client::SharedPool pool, agent->AttachShared(a.pool));
+  model::BatchEngineOptions eo;
+  eo.max_sessions = a.max_sessions;
+  eo.min_step_ms = a.min_step_ms;
+  const int64_t cached = static_cast<int64_t>(pool.token_ids.size());
+  auto engine = std::make_unique<model::BatchEngine>(
+      agent->model(), pool.prefix, std::move(pool.token_ids), pool.prefix_bytes_per_step, eo);
+  pool.prefix.reset();  // the engine holds it (and with it the attachment)
+  std::thread engine_thread([&] { engine->RunUntilStopped(); });
+  serve::ServeIdentity id;
+  id.model_alias = a.alias.empty() ? a.pool : a.alias;
+  id.pool_id = a.pool;
+  id.default_max_tokens = a.default_max_tokens;
+  auto server = serve::OpenAiServer::Start(a.listen, *engine, id, a.http_threads);
+  if (!server.ok()) {
+    engine->Shutdown();
+    engine_thread.join();
+    return server.status();
+  }
+  std::printf(
+      "polykv agents serve: listening on http://%s:%d (model '%s', pool %s, codec %s, %lld "
+      "cached tokens, up to %d sessions per step)\n",
+      a.listen.substr(0, a.listen.rfind(':')).c_str(), (*server)->port(), id.model_alias.c_str(),
+      a.pool.c_str(), pool.codec.c_str(), static_cast<long long>(cached), a.max_sessions);
+  std::fflush(stdout);
+  char sig = 0;
+  while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+  }
+  std::printf("polykv agents serve: signal %d, stopping\n", static_cast<int>(sig));
+  std::fflush(stdout);
+  // Sessions still running end now (their clients get finish "stop"), then the server stops
+  // once every response is written.
+  engine->Shutdown();
+  engine_thread.join();
+  (*server)->Stop();
+  server->reset();
+  engine.reset();  // detaches the pool (the agent's connection is still open)
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterAgentsServeCommand(CLI::App& agents) {
+  auto args = std::make_shared<ServeArgs>();
+  CLI::App* c = agents.add_subcommand(
+      "serve",
+      "Host many agent sessions over one pool in one process (batched decode) behind an "
+      "OpenAI-compatible HTTP endpoint");
+  c->add_option("--pool", args->pool, "pool id")->required();
+  c->add_option("--model", args->model, "the pool's model")->required();
+  c->add_option("--listen", args->listen, "HOST:PORT to listen on (port 0: any free port)");
+  c->add_option("--alias", args->alias, "model name listed by /v1/models (default: the pool id)");
+  c->add_option("--endpoint", args->endpoint, "polykvd endpoint");
+  c->add_option("--timeout-ms", args->timeout_ms, "per daemon request")
+      ->check(CLI::Range(1, 3600000));
+  c->add_option("--threads", args->threads, "compute threads (default: all cores)")
+      ->check(CLI::Range(0, 1024));
+  c->add_option("--max-sessions", args->max_sessions, "sessions decoded per step (more wait)")
+      ->check(CLI::Range(1, 4096));
+  c->add_option("--default-max-tokens", args->default_max_tokens,
+                "max_tokens of a request that gives none")
+      ->check(CLI::Range(0, 1 << 20));
+  c->add_option("--http-threads", args->http_threads, "HTTP connections served at once")
+      ->check(CLI::Range(2, 4096));
+  c->add_option("--min-step-ms", args->min_step_ms,
+                "pace decode steps to at least this many ms (tests, demos; 0 = full speed)")
+      ->check(CLI::Range(0, 60000));
+  c->callback([args] {
+    if (Status s = Serve(*args); !s.ok()) FailWith(s);
+  });
+}
+
+}  // namespace polykv::cli

@@ -1,0 +1,366 @@
+// BatchEngine: continuous batching of generation sessions over one shared prefix.
+#include "polykv/model/batch_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace polykv::model {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Bytes at the end of `text` that start an incomplete UTF-8 sequence (held back in a stream).
+size_t IncompleteUtf8Tail(const std::string& text) {
+  const size_t n = text.size();
+  for (size_t back = 1; back <= std::min<size_t>(3, n); ++back) {
+    const auto c = static_cast<unsigned char>(text[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    size_t need = 1;
+    if ((c & 0xE0) == 0xC0) need = 2;
+    if ((c & 0xF0) == 0xE0) need = 3;
+    if ((c & 0xF8) == 0xF0) need = 4;
+    return need > back ? back : 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "unknown";
+}
+
+struct BatchEngine::Session {
+  uint64_t id = 0;
+  SessionRequest req;
+  SessionCallback callback;
+  KvCache cache;
+  std::mt19937_64 rng;
+  std::vector<int32_t> answer;
+  std::string text;  // the answer decoded (truncated at a stop string)
+  size_t emitted_ids = 0, emitted_chars = 0, max_stop = 0;
+  int32_t next = -1;  // token fed in the next batched step
+  bool finished = false;
+  bool silent = false;  // cancelled: no more events
+};
+
+BatchEngine::BatchEngine(LlamaModel& model, std::shared_ptr<const KvPrefix> prefix,
+                         std::vector<int32_t> prefix_tokens, uint64_t prefix_bytes,
+                         BatchEngineOptions options)
+    : model_(model),
+      prefix_(std::move(prefix)),
+      prefix_tokens_(std::move(prefix_tokens)),
+      prefix_bytes_(prefix_bytes),
+      options_(options) {
+  stats_.weight_bytes_per_step = static_cast<uint64_t>(model_.WeightBytesPerToken());
+  stats_.prefix_bytes_per_step = prefix_bytes_;
+}
+
+BatchEngine::~BatchEngine() {
+  Shutdown();
+  // Sessions still held end silently: no callback may run after the engine is gone.
+  running_.clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.clear();
+}
+
+StatusOr<uint64_t> BatchEngine::Submit(SessionRequest request, SessionCallback callback) {
+  const ModelConfig& cfg = model_.config();
+  const SamplingOptions& o = request.sampling;
+  if (request.prompt.empty())
+    return absl::InvalidArgumentError("empty prompt: give at least one token");
+  for (int32_t id : request.prompt)
+    if (id < 0 || id >= cfg.vocab)
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token id ", id, " is outside the vocabulary [0, ", cfg.vocab, ")"));
+  if (o.max_new_tokens < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be >= 0, got ", o.max_new_tokens));
+  if (!o.greedy) {
+    if (!(o.temperature > 0) || !std::isfinite(o.temperature))
+      return absl::InvalidArgumentError(
+          absl::StrCat("temperature must be > 0, got ", o.temperature));
+    if (!(o.top_p > 0 && o.top_p <= 1))
+      return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", o.top_p));
+  }
+  size_t max_stop = 0;
+  for (const std::string& s : request.stop) {
+    if (s.empty()) return absl::InvalidArgumentError("empty stop string");
+    max_stop = std::max(max_stop, s.size());
+  }
+  if (max_stop > 0 && model_.tokenizer() == nullptr)
+    return absl::InvalidArgumentError("stop strings need a model with a tokenizer");
+  const int64_t context = options_.max_context > 0 ? options_.max_context : cfg.max_positions;
+  const int64_t need = prefix_tokens() + static_cast<int64_t>(request.prompt.size()) +
+                       std::max<int32_t>(o.max_new_tokens, 0);
+  if (context > 0 && need > context)
+    return absl::OutOfRangeError(absl::StrCat(
+        "prefix (", prefix_tokens(), ") + prompt (", request.prompt.size(), ") + max tokens (",
+        o.max_new_tokens, ") = ", need, " positions exceed the context of ", context));
+  auto s = std::make_unique<Session>();
+  s->req = std::move(request);
+  s->callback = std::move(callback);
+  s->rng.seed(s->req.sampling.seed);
+  s->max_stop = max_stop;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_) return absl::FailedPreconditionError("the engine is shutting down");
+  s->id = next_id_++;
+  const uint64_t id = s->id;
+  queue_.push_back(std::move(s));
+  ++stats_.sessions_submitted;
+  stats_.waiting = static_cast<int64_t>(queue_.size());
+  cv_.notify_all();
+  return id;
+}
+
+void BatchEngine::Cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_.push_back(id);
+  cv_.notify_all();
+}
+
+void BatchEngine::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
+  cv_.notify_all();
+}
+
+BatchEngineStats BatchEngine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void BatchEngine::Emit(Session& s, bool done, FinishReason why, Status error) {
+  if (s.silent) return;
+  SessionEvent e;
+  e.id = s.id;
+  e.new_ids.assign(s.answer.begin() + static_cast<std::ptrdiff_t>(s.emitted_ids), s.answer.end());
+  s.emitted_ids = s.answer.size();
+  size_t safe = s.text.size();
+  if (!done) {
+    // Hold back what could still become a stop string, and an incomplete UTF-8 sequence.
+    safe -= std::min(safe, s.max_stop > 0 ? s.max_stop - 1 : 0);
+    while (safe > 0 && safe < s.text.size() &&
+           (static_cast<unsigned char>(s.text[safe]) & 0xC0) == 0x80)
+      --safe;
+    if (safe == s.text.size()) safe -= IncompleteUtf8Tail(s.text);
+  }
+  if (safe > s.emitted_chars) {
+    e.text_delta = s.text.substr(s.emitted_chars, safe - s.emitted_chars);
+    s.emitted_chars = safe;
+  }
+  e.done = done;
+  e.finish = why;
+  e.error = std::move(error);
+  e.prompt_tokens = static_cast<int64_t>(s.req.prompt.size());
+  e.cached_tokens = prefix_tokens();
+  e.completion_tokens = static_cast<int64_t>(s.answer.size());
+  if (done || !e.new_ids.empty() || !e.text_delta.empty()) {
+    if (!s.callback(e) && !done) {
+      s.silent = true;
+      s.finished = true;
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.sessions_cancelled;
+    }
+  }
+}
+
+void BatchEngine::Finish(Session& s, FinishReason why, Status error) {
+  if (s.finished) return;
+  s.finished = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++(why == FinishReason::kCancelled ? stats_.sessions_cancelled : stats_.sessions_finished);
+  }
+  Emit(s, true, why, std::move(error));
+  s.silent = true;
+  s.cache = KvCache();  // free the private KV now
+}
+
+bool BatchEngine::Advance(Session& s, absl::Span<const float> logits) {
+  StatusOr<int32_t> tok = SampleToken(logits, s.req.sampling, s.rng);
+  if (!tok.ok()) {
+    Finish(s, FinishReason::kError, tok.status());
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.generated_tokens;
+  }
+  const Tokenizer* t = model_.tokenizer();
+  const bool eos = t != nullptr ? t->IsEndOfGeneration(*tok) : *tok == model_.config().eos_id;
+  if (s.req.sampling.stop_at_eos && eos) {
+    Finish(s, FinishReason::kStop);
+    return false;
+  }
+  s.answer.push_back(*tok);
+  if (t != nullptr) {
+    StatusOr<std::string> text = t->Decode(s.answer);
+    if (text.ok()) s.text = std::move(*text);
+    size_t cut = std::string::npos;
+    for (const std::string& stop : s.req.stop) {
+      const size_t from = s.emitted_chars > stop.size() ? s.emitted_chars - stop.size() : 0;
+      cut = std::min(cut, s.text.find(stop, from));
+    }
+    if (cut != std::string::npos) {
+      s.text.resize(std::max(cut, s.emitted_chars));
+      Finish(s, FinishReason::kStop);
+      return false;
+    }
+  }
+  if (static_cast<int64_t>(s.answer.size()) >= s.req.sampling.max_new_tokens) {
+    Finish(s, FinishReason::kLength);
+    return false;
+  }
+  s.next = *tok;
+  Emit(s, false);
+  return !s.finished;
+}
+
+void BatchEngine::Admit(std::vector<std::unique_ptr<Session>>& fresh) {
+  for (std::unique_ptr<Session>& s : fresh) {
+    const int64_t capacity = static_cast<int64_t>(s->req.prompt.size()) +
+                             std::max<int32_t>(s->req.sampling.max_new_tokens, 0) + 1;
+    const auto t0 = Clock::now();
+    StatusOr<Logits> logits = absl::InternalError("unset");
+    if (prefix_) {
+      StatusOr<KvCache> c = model_.NewCacheWithPrefix(prefix_, prefix_tokens_, capacity);
+      if (!c.ok()) {
+        Finish(*s, FinishReason::kError, c.status());
+        continue;
+      }
+      s->cache = std::move(*c);
+    } else {
+      s->cache = model_.NewCache(capacity);
+    }
+    logits = model_.Forward(s->req.prompt, s->cache, false);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.prefill_seconds += SecondsSince(t0);
+      stats_.prompt_tokens += s->req.prompt.size();
+    }
+    if (!logits.ok()) {
+      Finish(*s, FinishReason::kError, logits.status());
+      continue;
+    }
+    if (s->req.sampling.max_new_tokens == 0) {
+      Finish(*s, FinishReason::kLength);
+      continue;
+    }
+    if (Advance(*s, logits->row(0))) running_.push_back(std::move(s));
+  }
+}
+
+void BatchEngine::DecodeRunning() {
+  std::vector<KvCache*> caches;
+  std::vector<int32_t> tokens;
+  for (const std::unique_ptr<Session>& s : running_) {
+    caches.push_back(&s->cache);
+    tokens.push_back(s->next);
+  }
+  if (caches.empty()) return;
+  const auto t0 = Clock::now();
+  StatusOr<Logits> logits = model_.ForwardBatch(caches, tokens);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.decode_seconds += SecondsSince(t0);
+    ++stats_.steps;
+    stats_.step_rows += caches.size();
+  }
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (!logits.ok()) {
+      Finish(*running_[i], FinishReason::kError, logits.status());
+    } else {
+      Advance(*running_[i], logits->row(static_cast<int64_t>(i)));
+    }
+  }
+}
+
+bool BatchEngine::Step() {
+  std::vector<std::unique_ptr<Session>> fresh;
+  std::vector<uint64_t> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled.swap(cancelled_);
+    const auto is_cancelled = [&](const std::unique_ptr<Session>& s) {
+      return std::find(cancelled.begin(), cancelled.end(), s->id) != cancelled.end();
+    };
+    const size_t before = queue_.size();
+    queue_.erase(std::remove_if(queue_.begin(), queue_.end(), is_cancelled), queue_.end());
+    stats_.sessions_cancelled += before - queue_.size();
+    const size_t room = static_cast<size_t>(
+        std::max<int64_t>(0, options_.max_sessions - static_cast<int64_t>(running_.size())));
+    const size_t take = std::min(room, queue_.size());
+    for (size_t i = 0; i < take; ++i) fresh.push_back(std::move(queue_[i]));
+    queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(take));
+    stats_.waiting = static_cast<int64_t>(queue_.size());
+  }
+  for (std::unique_ptr<Session>& s : running_) {
+    if (std::find(cancelled.begin(), cancelled.end(), s->id) != cancelled.end()) {
+      s->silent = true;
+      Finish(*s, FinishReason::kCancelled);
+    }
+  }
+  const auto drop_finished = [this] {
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [](const std::unique_ptr<Session>& s) { return s->finished; }),
+                   running_.end());
+  };
+  drop_finished();
+  const bool any = !fresh.empty() || !running_.empty();
+  Admit(fresh);
+  DecodeRunning();
+  drop_finished();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.running = static_cast<int64_t>(running_.size());
+  return any;
+}
+
+void BatchEngine::RunUntilStopped() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] {
+        return stopped_ || !queue_.empty() || !running_.empty() || !cancelled_.empty();
+      });
+      if (stopped_) break;
+    }
+    const auto t0 = Clock::now();
+    Step();
+    const auto pace = std::chrono::milliseconds(options_.min_step_ms) - (Clock::now() - t0);
+    if (pace.count() > 0) std::this_thread::sleep_for(pace);
+  }
+  // Shutting down: every session still known ends with kCancelled.
+  std::vector<std::unique_ptr<Session>> queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queued.swap(queue_);
+  }
+  for (std::unique_ptr<Session>& s : running_) Finish(*s, FinishReason::kCancelled);
+  for (std::unique_ptr<Session>& s : queued) Finish(*s, FinishReason::kCancelled);
+  running_.clear();
+}
+
+}  // namespace polykv::model

@@ -1,0 +1,339 @@
+// `polykv-cli agents serve` as a process next to polykvd: the host's greedy answers (several
+// requests at once, batched) equal those of single `polykv-cli agent` processes; streaming
+// (SSE chunks, [DONE], usage with the pool's cached tokens), /v1/models, /health, /metrics,
+// OpenAI-style errors, a client that disconnects frees its session, and SIGTERM leaves no
+// pool mapping behind (Daemon::Stop's leak check). stories260K (token-id prompts) always;
+// SmolLM2 chat answers against `polykv-cli agent --chat` when POLYKV_SMOLLM2_GGUF is set.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <functional>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+#include "polykv/agent.h"
+
+namespace polykv::testing {
+namespace {
+
+using nlohmann::json;
+
+StoriesInputs& Stories() {
+  static StoriesInputs* st = MakeStoriesInputs(/*doc_seed=*/71, /*doc_tokens=*/300,
+                                               /*prompt_seed=*/900, /*prompts=*/6);
+  return *st;
+}
+
+// The host process: started on a free port, stopped with SIGTERM (exit code checked).
+class Host {
+ public:
+  Host(const Daemon& d, const std::string& pool, const std::string& model, int min_step_ms = 0) {
+    out_ = d.dir() + "/host.out";
+    err_ = d.dir() + "/host.err";
+    Status s = proc_.Start({CliPath(), "agents", "serve", "--pool", pool, "--model", model,
+                            "--endpoint", d.endpoint(), "--listen", "127.0.0.1:0", "--threads", "2",
+                            "--alias", "doc", "--min-step-ms", std::to_string(min_step_ms)},
+                           out_, err_);
+    EXPECT_TRUE(s.ok()) << s;
+    const std::regex re("listening on http://127\\.0\\.0\\.1:([0-9]+)");
+    for (int i = 0; i < 600 && port_ == 0 && proc_.running(); ++i) {
+      std::smatch m;
+      const std::string out = ReadFile(out_);
+      if (std::regex_search(out, m, re)) port_ = std::stoi(m[1]);
+      if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      proc_.Wait(0);
+    }
+    EXPECT_GT(port_, 0) << "host did not start: " << ReadFile(err_);
+  }
+  ~Host() {
+    if (proc_.running()) proc_.Stop(10000);
+  }
+  int Stop() { return proc_.Stop(20000); }
+  int port() const { return port_; }
+  std::string log() const { return ReadFile(out_) + ReadFile(err_); }
+
+ private:
+  Process proc_;
+  std::string out_, err_;
+  int port_ = 0;
+};
+
+json PostJson(int port, const std::string& path, const json& body, int* status) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(300, 0);
+  auto r = c.Post(path.c_str(), body.dump(), "application/json");
+  if (!r) {
+    *status = -1;
+    return json();
+  }
+  *status = r->status;
+  return json::parse(r->body, nullptr, false);
+}
+
+// POSTs `body` with `receive` getting the response body as it arrives (false: hang up).
+void PostReceiving(int port, const std::string& path, const json& body,
+                   std::function<bool(const char*, size_t)> receive) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(300, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [receive](const char* data, size_t n, uint64_t, uint64_t) {
+    return receive(data, n);
+  };
+  (void)c.send(req);
+}
+
+// A streamed request: the "data:" payloads in order (the last should be "[DONE]").
+std::vector<std::string> PostStream(int port, const std::string& path, const json& body) {
+  std::string buf;
+  PostReceiving(port, path, body, [&](const char* data, size_t n) {
+    buf.append(data, n);
+    return true;
+  });
+  std::vector<std::string> events;
+  size_t pos = 0;
+  for (size_t end; (end = buf.find("\n\n", pos)) != std::string::npos; pos = end + 2) {
+    const std::string ev = buf.substr(pos, end - pos);
+    if (ev.rfind("data: ", 0) == 0) events.push_back(ev.substr(6));
+  }
+  return events;
+}
+
+std::string Get(int port, const std::string& path, int* status) {
+  httplib::Client c("127.0.0.1", port);
+  auto r = c.Get(path.c_str());
+  *status = r ? r->status : -1;
+  return r ? r->body : "";
+}
+
+double Metric(const std::string& text, const std::string& name) {
+  const std::regex re("\n" + name + " ([0-9.e+]+)");
+  std::smatch m;
+  return std::regex_search(text, m, re) ? std::stod(m[1]) : -1;
+}
+
+class AgentsServe : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(DaemonPath()) || !fs::exists(CliPath()))
+      GTEST_SKIP() << "polykvd or polykv-cli not built";
+    daemon_ = std::make_unique<Daemon>(/*lease_seconds=*/10);
+    ASSERT_TRUE(daemon_->ready()) << "polykvd did not start:\n" << daemon_->log();
+  }
+  void TearDown() override {
+    if (daemon_) EXPECT_EQ(daemon_->Stop(), 0) << daemon_->log();
+  }
+  std::vector<int32_t> SingleAgent(const std::string& pool, const std::string& model,
+                                   const std::vector<int32_t>& prompt, int tokens) {
+    ProcessResult r =
+        RunProcess({CliPath(), "agent", "--pool", pool, "--model", model, "--endpoint",
+                    daemon_->endpoint(), "--prompt-ids", JoinIds(prompt), "--max-new-tokens",
+                    std::to_string(tokens), "--ignore-eos", "--json", "--threads", "1"},
+                   daemon_->dir());
+    return AgentAnswerIds(r);
+  }
+  std::unique_ptr<Daemon> daemon_;
+};
+
+TEST_F(AgentsServe, StoriesGreedyAnswersEqualSingleAgents) {
+  StoriesInputs& in = Stories();
+  ASSERT_NE(in.model, nullptr);
+  std::string err;
+  const std::string pool = daemon_->CreatePool(StoriesPath(), in.document, "", &err);
+  ASSERT_FALSE(pool.empty()) << err;
+  Host host(*daemon_, pool, StoriesPath());
+  ASSERT_GT(host.port(), 0);
+  constexpr int kTokens = 24;
+  // Six requests at once: the host decodes them in shared steps.
+  std::vector<std::future<json>> answers;
+  for (const std::vector<int32_t>& p : in.prompts) {
+    answers.push_back(std::async(std::launch::async, [&host, p, kTokens] {
+      int status = 0;
+      json j = PostJson(host.port(), "/v1/completions",
+                        {{"model", "doc"},
+                         {"prompt", p},
+                         {"max_tokens", kTokens},
+                         {"temperature", 0},
+                         {"ignore_eos", true},
+                         {"return_token_ids", true}},
+                        &status);
+      EXPECT_EQ(status, 200) << j.dump();
+      return j;
+    }));
+  }
+  for (size_t i = 0; i < answers.size(); ++i) {
+    const json j = answers[i].get();
+    ASSERT_TRUE(j.contains("choices")) << j.dump();
+    const std::vector<int32_t> ids = j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(ids, SingleAgent(pool, StoriesPath(), in.prompts[i], kTokens)) << "prompt " << i;
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(j["object"], "text_completion");
+    EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], in.document.size());
+    EXPECT_EQ(j["usage"]["prompt_tokens"], in.document.size() + in.prompts[i].size());
+    EXPECT_EQ(j["usage"]["completion_tokens"], kTokens);
+  }
+  int status = 0;
+  const std::string metrics = Get(host.port(), "/metrics", &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(Metric(metrics, "polykv_host_sessions_finished_total"), 6);
+  EXPECT_GT(Metric(metrics, "polykv_host_step_rows_total"),
+            Metric(metrics, "polykv_host_steps_total"))
+      << "no step decoded two sessions together:\n"
+      << metrics;
+  EXPECT_EQ(host.Stop(), 0) << host.log();
+}
+
+TEST_F(AgentsServe, StoriesStreamingErrorsAndDisconnect) {
+  StoriesInputs& in = Stories();
+  ASSERT_NE(in.model, nullptr);
+  std::string err;
+  const std::string pool = daemon_->CreatePool(StoriesPath(), in.document, "", &err);
+  ASSERT_FALSE(pool.empty()) << err;
+  Host host(*daemon_, pool, StoriesPath(), /*min_step_ms=*/30);  // sessions outlive a hang-up
+  ASSERT_GT(host.port(), 0);
+  // Streaming: chunks whose token ids add up to the whole answer, a finish chunk, usage, [DONE].
+  const json body = {{"prompt", in.prompts[0]},
+                     {"max_tokens", 12},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"return_token_ids", true},
+                     {"stream", true},
+                     {"stream_options", {{"include_usage", true}}}};
+  const std::vector<std::string> events = PostStream(host.port(), "/v1/completions", body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::vector<int32_t> streamed;
+  std::string finish;
+  json usage;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json c = json::parse(events[i]);
+    if (c.contains("usage")) {
+      usage = c["usage"];
+      continue;
+    }
+    const json& ch = c["choices"][0];
+    if (ch.contains("token_ids"))
+      for (int32_t id : ch["token_ids"].get<std::vector<int32_t>>()) streamed.push_back(id);
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  EXPECT_EQ(streamed, SingleAgent(pool, StoriesPath(), in.prompts[0], 12));
+  EXPECT_EQ(finish, "length");
+  EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], in.document.size());
+  // Errors, OpenAI style.
+  int status = 0;
+  json e = PostJson(host.port(), "/v1/completions", json("not an object"), &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  e = PostJson(host.port(), "/v1/completions", {{"prompt", {1, 2}}, {"temperature", 7}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(e["error"]["param"], "temperature");
+  e = PostJson(host.port(), "/v1/completions", {{"model", "nope"}, {"prompt", {1}}}, &status);
+  EXPECT_EQ(status, 404);
+  EXPECT_EQ(e["error"]["code"], "model_not_found");
+  e = PostJson(host.port(), "/v1/completions", {{"prompt", "text"}}, &status);
+  EXPECT_EQ(status, 400) << "stories260K has no tokenizer: text prompts are refused";
+  e = PostJson(host.port(), "/v1/completions", {{"prompt", {1}}, {"max_tokens", 1 << 19}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(e["error"]["code"], "context_length_exceeded");
+  // /v1/models and /health.
+  const json models = json::parse(Get(host.port(), "/v1/models", &status));
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(models["data"][0]["id"], "doc");
+  const json health = json::parse(Get(host.port(), "/health", &status));
+  EXPECT_EQ(health["status"], "ok");
+  EXPECT_EQ(health["cached_tokens"], in.document.size());
+  // A client that reads two chunks and hangs up: its session is cancelled, not run to 150.
+  {
+    int chunks = 0;
+    json long_body = body;
+    long_body["max_tokens"] = 190;
+    long_body["prompt"] = in.prompts[1];
+    PostReceiving(host.port(), "/v1/completions", long_body,
+                  [&](const char*, size_t) { return ++chunks < 2; });
+  }
+  double cancelled = 0, running = 1;
+  for (int i = 0; i < 100 && (cancelled < 1 || running != 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string m = Get(host.port(), "/metrics", &status);
+    cancelled = Metric(m, "polykv_host_sessions_cancelled_total");
+    running = Metric(m, "polykv_host_sessions_running");
+  }
+  EXPECT_EQ(cancelled, 1);
+  EXPECT_EQ(running, 0);
+  // A whole (non-streamed) response whose client gives up after 0.5 s: noticed by the
+  // keep-alive space the server writes once a second, cancelled long before 190 tokens.
+  {
+    httplib::Client c("127.0.0.1", host.port());
+    c.set_read_timeout(0, 500000);
+    json whole = body;
+    whole.erase("stream");
+    whole.erase("stream_options");
+    whole["max_tokens"] = 190;
+    whole["prompt"] = in.prompts[2];
+    EXPECT_FALSE(c.Post("/v1/completions", whole.dump(), "application/json"));
+  }
+  for (int i = 0; i < 100 && (cancelled < 2 || running != 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string m = Get(host.port(), "/metrics", &status);
+    cancelled = Metric(m, "polykv_host_sessions_cancelled_total");
+    running = Metric(m, "polykv_host_sessions_running");
+  }
+  EXPECT_EQ(cancelled, 2);
+  EXPECT_EQ(running, 0);
+  EXPECT_EQ(host.Stop(), 0) << host.log();
+}
+
+TEST_F(AgentsServe, SmolLM2ChatAnswersEqualSingleAgents) {
+  if (SmolLM2Path().empty()) GTEST_SKIP() << "POLYKV_SMOLLM2_GGUF is not set";
+  std::string err;
+  const std::string doc =
+      client::ChatDocument(ReadFile(SourceDir() + "/data/wikitext-2/robert_boulter.txt"));
+  const std::string pool = daemon_->CreatePool(SmolLM2Path(), {}, "", &err, doc, false);
+  ASSERT_FALSE(pool.empty()) << err;
+  Host host(*daemon_, pool, SmolLM2Path());
+  ASSERT_GT(host.port(), 0);
+  const std::vector<std::string> questions = {
+      "Who is Robert Boulter?", "Which theatre staged Herons in 2001?",
+      "Who wrote the play Herons?", "Who directed Mercury Fur?"};
+  constexpr int kTokens = 32;
+  std::vector<std::future<json>> answers;
+  for (const std::string& q : questions) {
+    answers.push_back(std::async(std::launch::async, [&host, q, kTokens] {
+      int status = 0;
+      json j = PostJson(host.port(), "/v1/chat/completions",
+                        {{"model", "doc"},
+                         {"messages", {{{"role", "user"}, {"content", q}}}},
+                         {"max_tokens", kTokens},
+                         {"temperature", 0}},
+                        &status);
+      EXPECT_EQ(status, 200) << j.dump();
+      return j;
+    }));
+  }
+  for (size_t i = 0; i < questions.size(); ++i) {
+    const json j = answers[i].get();
+    ASSERT_TRUE(j.contains("choices")) << j.dump();
+    ProcessResult r =
+        RunProcess({CliPath(), "agent", "--pool", pool, "--model", SmolLM2Path(), "--endpoint",
+                    daemon_->endpoint(), "--prompt", questions[i], "--chat", "--max-new-tokens",
+                    std::to_string(kTokens), "--json", "--threads", "1"},
+                   daemon_->dir());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json single = json::parse(r.out);
+    EXPECT_EQ(j["choices"][0]["message"]["content"], single["answer"]) << questions[i];
+    EXPECT_EQ(j["object"], "chat.completion");
+    EXPECT_GT(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 1000);
+  }
+  EXPECT_EQ(host.Stop(), 0) << host.log();
+}
+
+}  // namespace
+}  // namespace polykv::testing
