@@ -85,6 +85,10 @@ class FakeModel : public model::LlamaModel {
                                                 bool) override {
     return absl::UnimplementedError("fake model");
   }
+  [[nodiscard]] StatusOr<model::Logits> ForwardBatch(absl::Span<model::KvCache* const>,
+                                                     absl::Span<const int32_t>) override {
+    return absl::UnimplementedError("fake model");
+  }
   [[nodiscard]] StatusOr<model::PrefillResult> Prefill(
       absl::Span<const int32_t> tokens, int64_t chunk,
       const std::function<void(int64_t, int64_t)>& progress) override {
