@@ -134,8 +134,8 @@ step "launching $N agent processes${JOBS:+ (-j $JOBS)}"
 
 # ---- 5. what the codec lost: pools verify re-prefills the document and measures each layer -
 step "fidelity of the pool ($CODEC): pools verify"
-"$CLI" --json pools show "$POOL" </dev/null >"$WORK/show.json"
-"$CLI" --json pools verify "$POOL" --model "$MODEL" </dev/null >"$WORK/verify.json" ||
+"$CLI" pools show "$POOL" --json </dev/null >"$WORK/show.json"
+"$CLI" pools verify "$POOL" --model "$MODEL" --json </dev/null >"$WORK/verify.json" ||
   die "pools verify failed (see above)"
 python3 - "$WORK/show.json" "$WORK/verify.json" <<'PY'
 import json, sys
