@@ -405,8 +405,11 @@ Status PooledAgent::PreRoute(const std::string& id) {
   Status s = FromCStatus(polykv_pool_info_by_id(client_, id.c_str(), &info),
                          absl::StrCat("stats of pool ", id));
   if (IsConnectionError(s)) Disconnect();
+  // A pool this daemon does not hold yet (NOT_FOUND: an ATTACH replicates it from a peer, or
+  // answers NOT_FOUND itself) and a persisted pool not yet restored (no backend): decided
+  // after attaching, from where the mapping lies.
+  if (s.code() == absl::StatusCode::kNotFound) return absl::OkStatus();
   POLYKV_RETURN_IF_ERROR(s);
-  // A persisted pool not yet restored reports no backend: decided after attaching.
   if (info.backend[0] == '\0') return absl::OkStatus();
   RouteInput in = RouteInputFor(id);
   in.backend = info.backend;
