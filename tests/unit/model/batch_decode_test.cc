@@ -21,19 +21,10 @@
 namespace polykv::model {
 namespace {
 
+using testing::SmolLM2Path;
+using testing::Tokens;
+
 const char* kStories = POLYKV_TEST_DATA_DIR "/models/stories260K";
-
-std::string SmolLM2Path() {
-  const char* p = std::getenv("POLYKV_SMOLLM2_GGUF");
-  return p != nullptr && std::filesystem::exists(p) ? p : "";
-}
-
-std::vector<int32_t> Tokens(int64_t n, int32_t vocab, int32_t seed) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + seed * 104729 + 13) % vocab);
-  return ids;
-}
 
 // A pool of the document written in memory with codec spec `spec`, kept alive by the
 // returned prefix's owner.

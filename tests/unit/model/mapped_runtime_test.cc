@@ -18,18 +18,17 @@
 #include <string>
 #include <vector>
 
+#include "model_test_util.h"
 #include "polykv/model/llama.h"
 #include "torch_test_util.h"
 
 namespace polykv::model {
 namespace {
 
-const char* kStories = POLYKV_TEST_DATA_DIR "/models/stories260K";
+using testing::SmolLM2Path;
+using testing::Tokens;
 
-std::string SmolLM2Path() {
-  const char* p = std::getenv("POLYKV_SMOLLM2_GGUF");
-  return p != nullptr && std::filesystem::exists(p) ? p : "";
-}
+const char* kStories = POLYKV_TEST_DATA_DIR "/models/stories260K";
 
 std::unique_ptr<LlamaModel> Load(const std::string& path, WeightStorage w) {
   LoadOptions o;
@@ -38,13 +37,6 @@ std::unique_ptr<LlamaModel> Load(const std::string& path, WeightStorage w) {
   auto m = testing::LoadRuntime(path, o);
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? std::move(m).value() : nullptr;
-}
-
-std::vector<int32_t> Tokens(int64_t n, int32_t vocab, int32_t seed) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + seed * 104729 + 13) % vocab);
-  return ids;
 }
 
 // Max |logit difference| of a full forward of `ids` (all rows) between the two runtimes.

@@ -4,13 +4,30 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "absl/types/span.h"
 #include "polykv/model/llama.h"
 
 namespace polykv::model::testing {
+
+/// $POLYKV_SMOLLM2_GGUF when it names an existing file, else "" (the SmolLM2 cases skip).
+inline std::string SmolLM2Path() {
+  const char* p = std::getenv("POLYKV_SMOLLM2_GGUF");
+  return p != nullptr && std::filesystem::exists(p) ? p : "";
+}
+
+/// n deterministic token ids in [0, vocab): (i * 7919 + seed * 104729 + 13) % vocab.
+inline std::vector<int32_t> Tokens(int64_t n, int32_t vocab, int32_t seed) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + seed * 104729 + 13) % vocab);
+  return ids;
+}
 
 /// max |a_i - b_i|; +inf when the sizes differ (so a size mismatch fails any tolerance).
 inline float MaxAbsDiff(absl::Span<const float> a, absl::Span<const float> b) {

@@ -14,14 +14,9 @@
 namespace polykv::model {
 namespace {
 
-const char* kStories = POLYKV_TEST_DATA_DIR "/models/stories260K";
+using testing::Tokens;
 
-std::vector<int32_t> Tokens(int64_t n, int32_t vocab, int32_t seed) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + seed * 104729 + 13) % vocab);
-  return ids;
-}
+const char* kStories = POLYKV_TEST_DATA_DIR "/models/stories260K";
 
 TEST(PrefillExport, LayersHoldThePrefillBytesAndOutliveIt) {
   auto m = LlamaModel::Load(kStories, {});

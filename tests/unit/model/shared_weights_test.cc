@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "model_test_util.h"
 #include "polykv/model/llama.h"
 
 extern char** environ;
@@ -24,12 +25,9 @@ extern char** environ;
 namespace polykv::model {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::SmolLM2Path;
 
-std::string SmolLM2Path() {
-  const char* p = std::getenv("POLYKV_SMOLLM2_GGUF");
-  return p != nullptr && fs::exists(p) ? p : "";
-}
+namespace fs = std::filesystem;
 
 struct Rollup {
   double rss = 0, pss = 0, priv = 0;  // bytes
