@@ -13,7 +13,10 @@
 # Everything is printed and, when $OUT is set, saved as $OUT/gpu-check.log. Exit status: 0 when
 # every check passed, 1 otherwise (the figures are printed either way).
 # Env: POLYKV_GPU_BUILD_DIR (default build-gpu), POLYKV_GPU_MODEL (default: stories260K; a
-# SmolLM2 GGUF gives meaningful figures), POLYKV_GPU_JOBS (default nproc).
+# SmolLM2 GGUF gives meaningful figures), POLYKV_GPU_JOBS (default nproc),
+# POLYKV_GPU_PREBUILT=1 (use the build dir as it is: binaries built elsewhere for this GPU's
+# architecture; no configure, no build), POLYKV_GPU_SMOLLM2 (a SmolLM2 GGUF: adds the demo
+# document on a cuda pool, CUDA agents vs CPU agents on the demo questions, and its figures).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,6 +28,7 @@ mkdir -p "$LOGDIR"
 exec > >(tee "$LOGDIR/gpu-check.log") 2>&1
 
 FAILED=0
+WORK0="$(mktemp -d /tmp/polykv-gpu-tests.XXXXXX)"
 step() { printf '\n==== %s (%ds)\n' "$*" "$SECONDS"; }
 pass() { printf 'PASS %s\n' "$*"; }
 fail() { printf 'FAIL %s\n' "$*"; FAILED=1; }
@@ -38,6 +42,14 @@ fi
 ARCH="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i 0 | tr -d ' .')"
 echo "compute capability -> CMAKE_CUDA_ARCHITECTURES=$ARCH"
 
+GPU_TESTS=(kernels_codec_cuda_test kernels_attention_cuda_test kernels_device_ops_cuda_test
+  model_cuda_llama_test ipc_cuda_ipc_test agent_device_test integration_agents_cuda_test)
+if [[ "${POLYKV_GPU_PREBUILT:-0}" == 1 ]]; then
+step "prebuilt binaries in $BUILD (no build)"
+for b in daemon/polykvd cli/polykv-cli bench/bench_gpu; do
+  [[ -x "$BUILD/$b" ]] || { echo "gpu-check: $BUILD/$b missing (POLYKV_GPU_PREBUILT=1)"; exit 1; }
+done
+else
 step "configure + build (CUDA arch $ARCH, $JOBS jobs)"
 LAUNCH=()
 command -v ccache >/dev/null && LAUNCH=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache
@@ -45,17 +57,29 @@ command -v ccache >/dev/null && LAUNCH=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPOLYKV_ENABLE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DPOLYKV_BUILD_TESTS=ON -DPOLYKV_BUILD_BENCHMARKS=ON \
   "${LAUNCH[@]}" >"$LOGDIR/configure.log" 2>&1 || { tail -30 "$LOGDIR/configure.log"; exit 1; }
-GPU_TESTS=(kernels_codec_cuda_test kernels_attention_cuda_test kernels_device_ops_cuda_test
-  model_cuda_llama_test ipc_cuda_ipc_test agent_device_test integration_agents_cuda_test)
 cmake --build "$BUILD" -j"$JOBS" --target polykvd polykv-cli bench_gpu "${GPU_TESTS[@]}" \
   >"$LOGDIR/build.log" 2>&1 || { tail -40 "$LOGDIR/build.log"; exit 1; }
 echo "built in ${SECONDS}s"
+fi
 
 step "ctest -L gpu (CUDA vs CPU) + the agent device seam"
-if ctest --test-dir "$BUILD" -L gpu -E NOT_BUILT --output-on-failure --timeout 300 -j4; then
+if ctest --test-dir "$BUILD" -L gpu -E NOT_BUILT --output-on-failure --timeout "${POLYKV_GPU_TEST_TIMEOUT:-300}" -j4; then
   pass "ctest -L gpu"
 else
   fail "ctest -L gpu"
+  # The failing tests once more under compute-sanitizer (memcheck), when it is there.
+  if command -v compute-sanitizer >/dev/null; then
+    for t in "${GPU_TESTS[@]}"; do
+      bin="$(find "$BUILD/tests" -name "$t" -type f | head -1)"
+      [[ -n "$bin" ]] || continue
+      timeout 60 "$bin" --gtest_brief=1 >"$WORK0/$t.log" 2>&1 && continue
+      bad="$(grep -E '^\[  FAILED  \] [A-Za-z0-9_/]+\.[A-Za-z0-9_/]+' "$WORK0/$t.log" |
+        awk '{print $4}' | sort -u | paste -sd: -)"
+      step "compute-sanitizer $t ${bad:-(crashed)}"
+      timeout 90 compute-sanitizer --tool memcheck --print-limit 12 "$bin" \
+        ${bad:+--gtest_filter="$bad"} 2>&1 | tail -80
+    done
+  fi
 fi
 ctest --test-dir "$BUILD" -R '^AgentDeviceTest' --output-on-failure && pass "agent device seam" ||
   fail "agent device seam"
@@ -68,7 +92,7 @@ export POLYKV_ENDPOINT="ipc://$WORK/control.sock"
 DPID=""
 cleanup() {
   [[ -n "$DPID" ]] && kill -9 "$DPID" 2>/dev/null
-  rm -rf "$WORK"
+  rm -rf "$WORK" "$WORK0"
 }
 trap cleanup EXIT
 start_daemon() {
@@ -183,6 +207,58 @@ fi
 
 step "figures: memcpy, codec, decode (bench_gpu)"
 "$BUILD/bench/bench_gpu" --model "$MODEL" --tokens 128 || fail "bench_gpu"
+
+# ---- the demo document with SmolLM2 (POLYKV_GPU_SMOLLM2): CUDA agents vs CPU agents --------
+if [[ -n "${POLYKV_GPU_SMOLLM2:-}" && -f "${POLYKV_GPU_SMOLLM2}" ]]; then
+  SMOL="$POLYKV_GPU_SMOLLM2"
+  step "demo document on a cuda pool, SmolLM2: CUDA agents vs CPU agents (greedy, 48 tokens)"
+  if start_daemon; then
+    DEMO_POOL="$("$CLI" pools create --model "$SMOL" --document "$ROOT/data/wikitext-2/robert_boulter.txt" \
+      --chat-system "You answer questions about this article." --no-bos </dev/null 2>"$WORK/demo-create.err" | tail -n 1)"
+    if [[ "$DEMO_POOL" =~ ^[0-9a-f]{64}$ ]]; then
+      "$CLI" pools show "$DEMO_POOL" </dev/null | head -20
+      SAME=0; TOTAL=0
+      while IFS= read -r q && ((TOTAL < ${POLYKV_GPU_QUESTIONS:-8})); do
+        [[ -z "$q" || "$q" == \#* ]] && continue
+        TOTAL=$((TOTAL + 1))
+        extra=(); ((TOTAL == 1)) && extra=(--baseline-prefill)
+        "$CLI" agent --pool "$DEMO_POOL" --model "$SMOL" --chat --prompt "$q" --device cuda \
+          --max-new-tokens 48 --json "${extra[@]}" </dev/null >"$WORK/sq$TOTAL.cuda.json" 2>"$WORK/sq$TOTAL.cuda.err"
+        "$CLI" agent --pool "$DEMO_POOL" --model "$SMOL" --chat --prompt "$q" --device cpu \
+          --allow-copy --max-new-tokens 48 --json </dev/null >"$WORK/sq$TOTAL.cpu.json" 2>"$WORK/sq$TOTAL.cpu.err"
+        python3 - "$WORK/sq$TOTAL.cuda.json" "$WORK/sq$TOTAL.cpu.json" "$q" <<'EOF2' && SAME=$((SAME + 1))
+import json, sys
+try:
+    c = json.load(open(sys.argv[1])); h = json.load(open(sys.argv[2]))
+except Exception as e:
+    print("FAIL", sys.argv[3], "- no JSON answer:", e); sys.exit(1)
+same = c["answer_ids"] == h["answer_ids"]
+print("PASS" if same else "FAIL", repr(sys.argv[3]), "->", repr(c.get("answer", ""))[:120])
+if not same: print("   cpu:", repr(h.get("answer", ""))[:120])
+s = c["stats"]
+print(f'   cuda: ttft {s["ttft_ms"]:.1f} ms, decode {s["tokens_per_s"]:.1f} tok/s, device '
+      f'{s["device_bytes"]/1048576:.1f} MiB; cpu (copied pool): ttft {h["stats"]["ttft_ms"]:.1f} ms, '
+      f'decode {h["stats"]["tokens_per_s"]:.1f} tok/s')
+if "baseline" in c:
+    b = c["baseline"]
+    print(f'FIGURE SmolLM2 demo: TTFT via the cuda pool {s["ttft_ms"]:.1f} ms vs re-prefill '
+          f'{b["ttft_ms"]:.1f} ms (answer equal: {b["match"]})')
+sys.exit(0 if same else 1)
+EOF2
+        [[ -s "$WORK/sq$TOTAL.cuda.err" ]] && grep -v '^$' "$WORK/sq$TOTAL.cuda.err" | tail -3
+      done <"$ROOT/data/questions.txt"
+      ((SAME == TOTAL)) && pass "SmolLM2 demo: CUDA answers equal to CPU answers on $SAME/$TOTAL questions" ||
+        fail "SmolLM2 demo: CUDA answers equal to CPU answers on $SAME/$TOTAL questions"
+    else
+      cat "$WORK/demo-create.err"; fail "SmolLM2 demo pool on the cuda backend"
+    fi
+    kill -9 "$DPID" 2>/dev/null; wait "$DPID" 2>/dev/null; DPID=""
+  else
+    fail "polykvd --backend cuda (SmolLM2 demo)"
+  fi
+  step "figures: SmolLM2 decode (bench_gpu)"
+  "$BUILD/bench/bench_gpu" --model "$SMOL" --tokens 256 || fail "bench_gpu SmolLM2"
+fi
 
 step "done in ${SECONDS}s"
 ((FAILED == 0)) && echo "gpu-check: all checks passed" || echo "gpu-check: some checks FAILED"

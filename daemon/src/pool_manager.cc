@@ -524,10 +524,7 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
   CodecChoice codec;
   kernels::KeyScaleMode key_scale = kernels::KeyScaleMode::kPerTensor;
   if (parent == nullptr) {
-    POLYKV_ASSIGN_OR_RETURN(codec,
-                            ParseCodecName(request.codec.empty() && options_.backend == "cuda"
-                                               ? std::string(kDefaultCudaPoolCodec)
-                                               : request.codec));
+    POLYKV_ASSIGN_OR_RETURN(codec, ParseCodecName(request.codec));
     POLYKV_ASSIGN_OR_RETURN(key_scale, ParseKeyScale(request.key_scale));
   } else if (!request.codec.empty()) {
     // Another name for the parent's codec is fine; another codec is not.

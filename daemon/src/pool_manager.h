@@ -162,11 +162,10 @@ struct LeaseGrant {
   ipc::MemoryHandle memory;  ///< Attach only
 };
 
-/// The codec of a CREATE_POOL that names none, on the host backend: the measured default
-/// spec (ipc::kDefaultCodecSpec). The CUDA backend's default is kDefaultCudaPoolCodec: its
-/// kernels read 8-bit keys, f32 norms and one value width.
+/// The codec of a CREATE_POOL that names none, on every backend: the measured default spec
+/// (ipc::kDefaultCodecSpec). The CUDA attention kernels read it in place (packed keys, f16
+/// norms, per-layer value widths; AttentionCuda tests, scripts/gpu-check.sh).
 inline constexpr char kDefaultPoolCodec[] = "default";
-inline constexpr char kDefaultCudaPoolCodec[] = "k8v3";
 
 /// Parsed codec name: a preset ("none", "paper", "default", "k8v2" | "k8v3" | "k8v4") or a
 /// spec (ipc/codec_spec.h, e.g. "k7c-v3-e4x3-nc-n16"); "" = kDefaultPoolCodec.
