@@ -586,6 +586,19 @@ Status PoolReader::DecodeLayer(uint32_t layer, void* k_out, void* v_out, kernels
                        v_out, out_dtype, device_, stream);
 }
 
+Status DecodeLayerCopy(const uint8_t* bytes, const PoolParams& params, const PoolLayout& layout,
+                       uint32_t layer, void* k_out, void* v_out, DType out_dtype) {
+  POLYKV_RETURN_IF_ERROR(CheckLayerArgs(layer, static_cast<uint32_t>(layout.layer.size())));
+  if (bytes == nullptr || k_out == nullptr || v_out == nullptr)
+    return absl::InvalidArgumentError("layer bytes, K or V output is null");
+  LayerOffsets rel = layout.layer[layer];  // offsets from the copy's first byte
+  const uint64_t first = rel.k;
+  for (uint64_t* o : {&rel.k, &rel.k_scales, &rel.v, &rel.v_norms, &rel.end})
+    *o = *o >= first ? *o - first : 0;
+  return DecodeLayerAt(bytes, params, rel, params.ValueBitsOf(layer), k_out, v_out, out_dtype,
+                       kernels::Device::kCpu, nullptr);
+}
+
 std::vector<LayerFidelity> PoolReader::RecordedFidelity() const {
   std::vector<LayerFidelity> out;
   const uint32_t n = header_.fidelity_layers;

@@ -2,6 +2,13 @@
 // per (chunk task, query) computes a partial softmax state, one block per (KV head, query)
 // merges them by log-sum-exp in position order, un-rotating TurboQuant-MSE values once (the
 // rotation's signs and block size from codec_math.h, shared with the CPU path).
+//
+// Work split inside a chunk (kChunk = 64 tokens, smaller than the CPU's kAttentionChunk so
+// that one decode query still spreads over many blocks): scores one warp per token (lanes
+// over head_dim, a shuffle sum), values blockDim / head_dim thread groups over the tokens
+// (each thread one dimension), summed in shared memory. The suffix length may be read from
+// device memory (suffix_length_dev: a captured CUDA graph serves every decode step; the grid
+// is sized by the bound suffix_length and chunks past the live length stay empty).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -18,7 +25,8 @@ namespace {
 namespace m = ::polykv::kernels::math;
 
 constexpr int kThreads = 128;
-constexpr int kChunk = static_cast<int>(kAttentionChunk);
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunk = 64;
 constexpr int kMaxHd = 512;
 
 struct Geometry {
@@ -79,6 +87,11 @@ __device__ inline float PrefixValue(const AttentionLaunch& a, int h, int64_t t, 
   return m::LoadF32(a.pv, a.raw_dtype, (h * a.prefix_tokens + t) * a.head_dim + d);
 }
 
+// The live suffix length: from device memory when the launch names it (graph replay).
+__device__ inline int64_t SuffixLength(const AttentionLaunch& a) {
+  return a.suffix_length_dev != nullptr ? *a.suffix_length_dev : a.suffix_length;
+}
+
 // Partial state of query j of KV head h over one chunk: grid (tasks, nq).
 __global__ void PartialKernel(AttentionLaunch a, Geometry geo, float* states) {
   __shared__ float qs[kMaxHd];
@@ -89,11 +102,12 @@ __global__ void PartialKernel(AttentionLaunch a, Geometry geo, float* states) {
   const int h = static_cast<int>(flat / geo.tasks_per_head);
   const int64_t task = flat % geo.tasks_per_head;
   const bool prefix = task < geo.pc;
+  const int64_t slen = SuffixLength(a);
   const int64_t t0 = (prefix ? task : task - geo.pc) * kChunk;
-  const int64_t part_len = prefix ? a.prefix_tokens : a.suffix_length;
+  const int64_t part_len = prefix ? a.prefix_tokens : slen;
   const int64_t t1 = t0 + kChunk < part_len ? t0 + kChunk : part_len;
   const int64_t row = j / geo.g, grp = j % geo.g;
-  const int64_t limit = prefix ? part_len : a.suffix_length - a.n + row + 1;
+  const int64_t limit = prefix ? part_len : slen - a.n + row + 1;
   const int64_t end = limit < t1 ? limit : t1;
   float* st = states + (flat * geo.nq + j) * (a.head_dim + 2);
   const int hd = a.head_dim;
@@ -118,35 +132,62 @@ __global__ void PartialKernel(AttentionLaunch a, Geometry geo, float* states) {
   }
   __syncthreads();
   const int count = static_cast<int>(end - t0);
-  float mx = -INFINITY;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // Scores: warp w takes tokens w, w + kWarps, ...; lanes over the head dimension.
+  for (int i = warp; i < count; i += kWarps) {
     const int64_t t = t0 + i;
     float s = 0.0f;
     if (prefix) {
-      for (int d = 0; d < hd; ++d) s += qs[d] * PrefixKey(a, h, t, d);
+      for (int d = lane; d < hd; d += 32) s += qs[d] * PrefixKey(a, h, t, d);
     } else {
       const float* k = a.k_suffix + (h * a.suffix_capacity + t) * hd;
-      for (int d = 0; d < hd; ++d) s += qs[d] * k[d];
+      for (int d = lane; d < hd; d += 32) s += qs[d] * k[d];
     }
-    sc[i] = s;
-    mx = fmaxf(mx, s);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane == 0) sc[i] = s;
   }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) mx = fmaxf(mx, sc[i]);
   mx = BlockReduce(mx, red, true);
   float lsum = 0.0f;
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
     sc[i] = expf(sc[i] - mx);
     lsum += sc[i];
   }
-  const float l = BlockReduce(lsum, red, false);
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+  const float l = BlockReduce(lsum, red, false);  // its barriers publish sc[] too
+  // Values: `groups` groups of hd threads; group p sums tokens p, p + groups, ...
+  const int groups = hd <= kThreads ? kThreads / hd : 1;
+  if (groups > 1) {
+    const int p = threadIdx.x / hd, d = threadIdx.x % hd;
     float acc = 0.0f;
-    for (int i = 0; i < count; ++i) {
-      const int64_t t = t0 + i;
-      const float v =
-          prefix ? PrefixValue(a, h, t, d) : a.v_suffix[(h * a.suffix_capacity + t) * hd + d];
-      acc += sc[i] * v;
+    if (p < groups) {
+      for (int i = p; i < count; i += groups) {
+        const int64_t t = t0 + i;
+        const float v =
+            prefix ? PrefixValue(a, h, t, d) : a.v_suffix[(h * a.suffix_capacity + t) * hd + d];
+        acc += sc[i] * v;
+      }
     }
-    st[2 + d] = acc / l;
+    red[threadIdx.x] = p < groups ? acc : 0.0f;
+    __syncthreads();
+    if (threadIdx.x < hd) {
+      float sum = 0.0f;
+      for (int g = 0; g < groups; ++g) sum += red[g * hd + threadIdx.x];
+      st[2 + threadIdx.x] = sum / l;
+    }
+  } else {
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+      float acc = 0.0f;
+      for (int i = 0; i < count; ++i) {
+        const int64_t t = t0 + i;
+        const float v =
+            prefix ? PrefixValue(a, h, t, d) : a.v_suffix[(h * a.suffix_capacity + t) * hd + d];
+        acc += sc[i] * v;
+      }
+      st[2 + d] = acc / l;
+    }
   }
   if (threadIdx.x == 0) {
     st[0] = mx;

@@ -73,6 +73,17 @@ __global__ void RopeKernel(float* x, int64_t row_stride, int32_t head_dim,
     om::RopePair(v[i], v[i + half], c[i], s[i], c[i + half], s[i + half], &v[i], &v[i + half]);
 }
 
+// Grid (kv_heads, n): block (h, r) copies one head_dim vector.
+__global__ void AppendKvRowsKernel(const float* __restrict__ src, int64_t src_stride,
+                                   int32_t head_dim, float* __restrict__ cache, int64_t capacity,
+                                   int64_t pos, const int64_t* __restrict__ pos_dev) {
+  const int64_t h = blockIdx.x, r = blockIdx.y;
+  const int64_t p = (pos_dev != nullptr ? *pos_dev : pos) + r;
+  const float* s = src + r * src_stride + h * head_dim;
+  float* d = cache + (h * capacity + p) * head_dim;
+  for (int i = threadIdx.x; i < head_dim; i += blockDim.x) d[i] = s[i];
+}
+
 __global__ void ConvertRowsKernel(const float* __restrict__ x, int64_t n, int64_t cols, int64_t xs,
                                   int dtype, uint16_t* __restrict__ out) {
   const int64_t total = n * cols;
@@ -254,6 +265,17 @@ cudaError_t InvokeRopeRows(float* x, int64_t n, int64_t row_stride, int32_t head
   const int threads = head_dim / 2 < 128 ? head_dim / 2 : 128;
   RopeKernel<<<dim3(static_cast<unsigned>(heads), static_cast<unsigned>(n)), threads, 0, stream>>>(
       x, row_stride, head_dim, cos, sin);
+  return cudaGetLastError();
+}
+
+cudaError_t InvokeAppendKvRows(const float* src, int64_t n, int64_t src_stride, int32_t kv_heads,
+                               int32_t head_dim, float* cache, int64_t capacity, int64_t pos,
+                               const int64_t* pos_dev, cudaStream_t stream) {
+  if (n < 0 || n > 65535 || kv_heads < 1 || head_dim < 1) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const int threads = head_dim < 128 ? head_dim : 128;
+  AppendKvRowsKernel<<<dim3(static_cast<unsigned>(kv_heads), static_cast<unsigned>(n)), threads, 0,
+                       stream>>>(src, src_stride, head_dim, cache, capacity, pos, pos_dev);
   return cudaGetLastError();
 }
 

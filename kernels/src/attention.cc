@@ -483,6 +483,10 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
   std::vector<const PrefixView*> segs;
   POLYKV_RETURN_IF_ERROR(PrefixSegments(a.prefix, a.prefix_tail, a.layer, a.kv_heads, hd, &segs));
   const PrefixView* pv = segs.empty() ? nullptr : segs.front();
+  if (a.suffix_length_device != nullptr && opt.device != Device::kCuda)
+    return absl::InvalidArgumentError(
+        "attention: suffix_length_device is a CUDA launch's (device memory); the CPU takes "
+        "suffix_length");
   if (opt.device == Device::kCuda) {
 #if defined(POLYKV_HAVE_CUDA)
     cuda::AttentionLaunch l;
@@ -516,6 +520,7 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
     l.v_suffix = a.v_suffix;
     l.suffix_capacity = a.suffix_capacity;
     l.suffix_length = a.suffix_length;
+    l.suffix_length_dev = a.suffix_length_device;
     l.n = a.n;
     l.heads = a.heads;
     l.kv_heads = a.kv_heads;

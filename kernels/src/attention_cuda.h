@@ -31,6 +31,9 @@ struct AttentionLaunch {
   const float* k_suffix = nullptr;
   const float* v_suffix = nullptr;
   int64_t suffix_capacity = 0, suffix_length = 0, n = 0;
+  /// When set, the live suffix length is read here at run time (device memory) and
+  /// suffix_length is its upper bound (the launch shape).
+  const int64_t* suffix_length_dev = nullptr;
   int32_t heads = 0, kv_heads = 0, head_dim = 0;
   const float* q = nullptr;
   float* out = nullptr;

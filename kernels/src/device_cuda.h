@@ -48,6 +48,12 @@ cudaError_t InvokeAdd(const float* a, const float* b, int64_t count, float* out,
 cudaError_t InvokeRopeRows(float* x, int64_t n, int64_t row_stride, int32_t heads, int32_t head_dim,
                            const float* cos, const float* sin, cudaStream_t stream);
 
+/// cache[h][pos + r][d] = src[r * src_stride + h * head_dim + d] for r < n, h < kv_heads,
+/// pos = *pos_dev when set (read by the kernel), else `pos`.
+cudaError_t InvokeAppendKvRows(const float* src, int64_t n, int64_t src_stride, int32_t kv_heads,
+                               int32_t head_dim, float* cache, int64_t capacity, int64_t pos,
+                               const int64_t* pos_dev, cudaStream_t stream);
+
 /// ids[r] = argmax of logits[r * stride .. + vocab) (ops_math.h LogitBeats).
 cudaError_t InvokeArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
                              int32_t* ids, cudaStream_t stream);

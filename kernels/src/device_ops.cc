@@ -394,6 +394,37 @@ Status DeviceAdd(const float* a, const float* b, int64_t count, float* out, Devi
       return CudaStatus(cuda::InvokeAdd(a, b, count, out, CudaStream(stream)), "add kernel"));
 }
 
+Status DeviceAppendKvRows(const float* src, int64_t n, int64_t src_stride, int32_t kv_heads,
+                          int32_t head_dim, float* cache, int64_t capacity, int64_t pos,
+                          const int64_t* pos_device, Device device, Stream stream) {
+  constexpr const char* kWhat = "DeviceAppendKvRows";
+  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "n", n, 0));
+  if (kv_heads < 1 || head_dim < 1 || src_stride < int64_t{kv_heads} * head_dim)
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": kv_heads ", kv_heads, ", head_dim ",
+                                                   head_dim, ", src_stride ", src_stride));
+  if (pos_device == nullptr && (pos < 0 || pos + n > capacity))
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": rows ", pos, " + ", n, " past the cache capacity ", capacity));
+  if (n == 0) return absl::OkStatus();
+  POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {src, cache}));
+  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  if (device == Device::kCpu) {
+    const int64_t p0 = pos_device != nullptr ? *pos_device : pos;
+    if (p0 < 0 || p0 + n > capacity)
+      return absl::InvalidArgumentError(
+          absl::StrCat(kWhat, ": rows ", p0, " + ", n, " past the cache capacity ", capacity));
+    for (int64_t r = 0; r < n; ++r)
+      for (int32_t h = 0; h < kv_heads; ++h)
+        std::copy_n(src + r * src_stride + int64_t{h} * head_dim, head_dim,
+                    cache + (int64_t{h} * capacity + p0 + r) * head_dim);
+    return absl::OkStatus();
+  }
+  POLYKV_DEVICE_CUDA(
+      return CudaStatus(cuda::InvokeAppendKvRows(src, n, src_stride, kv_heads, head_dim, cache,
+                                                 capacity, pos, pos_device, CudaStream(stream)),
+                        "append-KV kernel"));
+}
+
 Status DeviceRopeRows(float* x, int64_t n, int64_t row_stride, int32_t heads, int32_t head_dim,
                       const float* cos, const float* sin, Device device, Stream stream) {
   constexpr const char* kWhat = "DeviceRopeRows";

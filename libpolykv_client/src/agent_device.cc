@@ -84,7 +84,7 @@ std::string CopyCostLine(std::string_view pool_id, uint64_t pool_bytes, uint64_t
   char buf[320];
   std::snprintf(buf, sizeof(buf),
                 "agent: --allow-copy: pool %.*s lies in CUDA memory (backend cuda); copying "
-                "%.1f MiB of compressed KV (decoded on the device) into a private host cache of "
+                "%.1f MiB of compressed KV to the host, decoded there into a private host cache of "
                 "%.1f MiB for this agent alone, instead of attending in place",
                 static_cast<int>(pool_id.size()), pool_id.data(), pool_bytes / 1048576.0,
                 private_bytes / 1048576.0);

@@ -1,6 +1,8 @@
 // CUDA pool decode into host memory (see client_device.h).
 #include "client_device.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 
 #if defined(POLYKV_HAVE_CUDA)
@@ -12,33 +14,20 @@
 namespace polykv::client {
 
 #if defined(POLYKV_HAVE_CUDA)
-namespace {
-
-/// cudaFree on scope exit.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-};
-
-}  // namespace
-
 Status DecodeDeviceLayerToHost(const ipc::PoolReader& reader, int device, uint32_t layer,
                                void* k_out, void* v_out, kernels::DType dtype) {
-  const ipc::PoolParams& p = reader.params();
-  const size_t elem = dtype == kernels::DType::kF32 ? 4 : 2;
-  const size_t bytes = size_t{p.kv_heads} * p.tokens * p.head_dim * elem;
+  const ipc::PoolLayout& layout = reader.layout();
+  if (layer >= layout.layer.size())
+    return absl::OutOfRangeError(absl::StrCat("layer ", layer, " of ", layout.layer.size()));
+  // The layer's compressed bytes to the host, decoded there by the CPU codec (every codec a
+  // pool holds: packed keys and f16 norms included).
+  const ipc::LayerOffsets& lo = layout.layer[layer];
+  std::vector<uint8_t> bytes(static_cast<size_t>(lo.end - lo.k));
   POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
-  DeviceBuffer k, v;
-  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&k.ptr, bytes), "cudaMalloc (decoded K)"));
-  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&v.ptr, bytes), "cudaMalloc (decoded V)"));
-  POLYKV_RETURN_IF_ERROR(reader.DecodeLayer(layer, k.ptr, v.ptr, dtype, nullptr));
-  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(k_out, k.ptr, bytes, cudaMemcpyDeviceToHost),
-                                    "cudaMemcpy (K to host)"));
-  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(v_out, v.ptr, bytes, cudaMemcpyDeviceToHost),
-                                    "cudaMemcpy (V to host)"));
-  return Status();
+  POLYKV_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpy(bytes.data(), reader.base() + lo.k, bytes.size(), cudaMemcpyDeviceToHost),
+      "cudaMemcpy (a pool layer to the host)"));
+  return ipc::DecodeLayerCopy(bytes.data(), reader.params(), layout, layer, k_out, v_out, dtype);
 }
 
 #else

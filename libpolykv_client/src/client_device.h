@@ -9,10 +9,10 @@
 
 namespace polykv::client {
 
-/// Decodes `layer` of a device-resident pool on `device` into temporary device buffers and
-/// copies them to host k_out / v_out ([kv_heads][tokens][head_dim] of `dtype` each).
-/// Errors: kUnimplemented in builds without CUDA; kResourceExhausted when device memory is
-/// short; kInternal with the CUDA error string otherwise.
+/// Copies `layer` of a device-resident pool on `device` to the host as it lies (compressed)
+/// and decodes it there with the CPU codec into host k_out / v_out ([kv_heads][tokens]
+/// [head_dim] of `dtype` each; every codec). Errors: kUnimplemented in builds without CUDA;
+/// kInternal with the CUDA error string; the codec's errors.
 [[nodiscard]] Status DecodeDeviceLayerToHost(const ipc::PoolReader& reader, int device,
                                              uint32_t layer, void* k_out, void* v_out,
                                              kernels::DType dtype);

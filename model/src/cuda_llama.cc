@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -47,6 +48,7 @@ const std::string& CudaLlama::fingerprint() const {
 }
 int CudaLlama::device() const { return -1; }
 uint64_t CudaLlama::device_bytes() const { return 0; }
+void CudaLlama::set_cuda_graphs(bool) {}
 StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix*, absl::Span<const int32_t>,
                                              const SamplingOptions&) {
   return absl::UnimplementedError("the CUDA model runtime is not in this build");
@@ -129,6 +131,19 @@ struct DeviceLayer {
   DeviceBlock attn_norm, ffn_norm, bq, bk, bv, bo;  ///< f32; biases empty when absent
 };
 
+/// A captured decode step (one Generate's: its suffix and capacity are baked in).
+struct DecodeGraph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  DecodeGraph() = default;
+  DecodeGraph(const DecodeGraph&) = delete;
+  DecodeGraph& operator=(const DecodeGraph&) = delete;
+  ~DecodeGraph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+};
+
 }  // namespace
 
 struct CudaLlama::Impl {
@@ -143,7 +158,14 @@ struct CudaLlama::Impl {
   // Workspace, sized for `rows` rows.
   int64_t rows = 0;
   DeviceBlock x, h, t, q, att, k, v, g, u, cos, sin, logits, ids, out_id;
+  DeviceBlock pos;  ///< int64 [2] (graph decode): the step's suffix index, live suffix length
   uint64_t workspace_bytes = 0;
+  cudaStream_t stream = nullptr;  ///< every kernel and copy of this model
+  bool graphs = true;
+
+  ~Impl() {
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
 
   const ModelConfig& cfg() const { return host->config(); }
 
@@ -257,7 +279,8 @@ struct CudaLlama::Impl {
     POLYKV_RETURN_IF_ERROR(logits.Allocate(uint64_t(c.vocab) * 4, "logits"));
     POLYKV_RETURN_IF_ERROR(ids.Allocate(un * 4, "ids"));
     POLYKV_RETURN_IF_ERROR(out_id.Allocate(4, "sampled id"));
-    workspace_bytes += uint64_t(c.vocab) * 4 + un * 4 + 4;
+    if (pos.get() == nullptr) POLYKV_RETURN_IF_ERROR(pos.Allocate(16, "step position"));
+    workspace_bytes += uint64_t(c.vocab) * 4 + un * 4 + 4 + 16;
     rows = n;
     return absl::OkStatus();
   }
@@ -265,42 +288,56 @@ struct CudaLlama::Impl {
   Status Bias(float* y, const DeviceBlock& b, int64_t n, int64_t width) {
     if (b.get() == nullptr) return absl::OkStatus();
     for (int64_t i = 0; i < n; ++i)
-      POLYKV_RETURN_IF_ERROR(kernels::DeviceAdd(y + i * width, b.f(), width, y + i * width, kDev));
+      POLYKV_RETURN_IF_ERROR(
+          kernels::DeviceAdd(y + i * width, b.f(), width, y + i * width, kDev, stream));
     return absl::OkStatus();
   }
 
   Status Layer(int l, int64_t n, const KvPrefix* prefix, float* ck, float* cv, int64_t cap,
-               int64_t s0);
+               int64_t s0, bool device_pos);
+  Status Layers(int64_t n, const KvPrefix* prefix, std::vector<DeviceBlock>& suffix, int64_t cap,
+                int64_t s0, bool device_pos);
+  Status Upload(void* dst, const void* src, size_t bytes, const char* what) {
+    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
+                      absl::StrCat("cudaMemcpyAsync ", what));
+  }
+  Status UploadRope(int64_t past, int64_t n);
+  Status Finish(const KvPrefix* prefix);
   Status Step(absl::Span<const int32_t> tokens, const KvPrefix* prefix, int64_t past,
               std::vector<DeviceBlock>& suffix, int64_t cap);
+  Status CaptureDecode(const KvPrefix* prefix, std::vector<DeviceBlock>& suffix, int64_t cap,
+                       DecodeGraph* g);
+  Status ReplayDecode(const KvPrefix* prefix, int64_t past, DecodeGraph& g);
 };
 
-// One decoder layer for n rows (the workspace holds x; the suffix gets rows s0 .. s0 + n).
+// One decoder layer for n rows (the workspace holds x; the suffix gets rows s0 .. s0 + n, or
+// with device_pos the rows at pos[0] and a live length pos[1] read on the device).
 Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* ck, float* cv,
-                              int64_t cap, int64_t s0) {
+                              int64_t cap, int64_t s0, bool device_pos) {
   const ModelConfig& c = cfg();
   const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim, D = c.hidden, F = c.ffn;
   const DeviceLayer& w = layers[static_cast<size_t>(l)];
+  cudaStream_t s = stream;
   POLYKV_RETURN_IF_ERROR(
-      kernels::DeviceRmsNormRows(x.f(), w.attn_norm.f(), n, D, c.rms_eps, h.f(), kDev));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.q.w, h.f(), n, D, q.f(), H * hd, kDev));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.k.w, h.f(), n, D, k.f(), KV * hd, kDev));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.v.w, h.f(), n, D, v.f(), KV * hd, kDev));
+      kernels::DeviceRmsNormRows(x.f(), w.attn_norm.f(), n, D, c.rms_eps, h.f(), kDev, s));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.q.w, h.f(), n, D, q.f(), H * hd, kDev, s));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.k.w, h.f(), n, D, k.f(), KV * hd, kDev, s));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.v.w, h.f(), n, D, v.f(), KV * hd, kDev, s));
   POLYKV_RETURN_IF_ERROR(Bias(q.f(), w.bq, n, H * hd));
   POLYKV_RETURN_IF_ERROR(Bias(k.f(), w.bk, n, KV * hd));
   POLYKV_RETURN_IF_ERROR(Bias(v.f(), w.bv, n, KV * hd));
   POLYKV_RETURN_IF_ERROR(kernels::DeviceRopeRows(q.f(), n, H * hd, static_cast<int32_t>(H),
-                                                 static_cast<int32_t>(hd), cos.f(), sin.f(), kDev));
+                                                 static_cast<int32_t>(hd), cos.f(), sin.f(), kDev,
+                                                 s));
   POLYKV_RETURN_IF_ERROR(kernels::DeviceRopeRows(k.f(), n, KV * hd, static_cast<int32_t>(KV),
-                                                 static_cast<int32_t>(hd), cos.f(), sin.f(), kDev));
-  // [n][KV][hd] rows into the suffix [KV][cap][hd] at s0: one strided copy per row.
-  for (int64_t i = 0; i < n; ++i) {
-    for (auto [dst, src] : {std::pair{ck, k.f()}, std::pair{cv, v.f()}}) {
-      POLYKV_RETURN_IF_ERROR(
-          CudaStatus(cudaMemcpy2DAsync(dst + (s0 + i) * hd, cap * hd * 4, src + i * KV * hd, hd * 4,
-                                       hd * 4, KV, cudaMemcpyDeviceToDevice, nullptr),
-                     "cudaMemcpy2DAsync (K/V into the suffix)"));
-    }
+                                                 static_cast<int32_t>(hd), cos.f(), sin.f(), kDev,
+                                                 s));
+  // [n][KV][hd] rows into the suffix [KV][cap][hd] at s0 (or at pos[0]).
+  const int64_t* dpos = device_pos ? static_cast<const int64_t*>(pos.get()) : nullptr;
+  for (auto [dst, src] : {std::pair{ck, k.f()}, std::pair{cv, v.f()}}) {
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceAppendKvRows(src, n, KV * hd, static_cast<int32_t>(KV),
+                                                       static_cast<int32_t>(hd), dst, cap, s0, dpos,
+                                                       kDev, s));
   }
   kernels::AttentionArgs a;
   a.prefix = prefix != nullptr ? &prefix->view : nullptr;
@@ -308,7 +345,8 @@ Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* c
   a.k_suffix = ck;
   a.v_suffix = cv;
   a.suffix_capacity = cap;
-  a.suffix_length = s0 + n;
+  a.suffix_length = device_pos ? cap : s0 + n;  // device_pos: the bound; pos[1] is live
+  a.suffix_length_device = device_pos ? dpos + 1 : nullptr;
   a.n = n;
   a.heads = static_cast<int32_t>(H);
   a.kv_heads = static_cast<int32_t>(KV);
@@ -317,21 +355,52 @@ Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* c
   a.out = att.f();
   kernels::AttentionOptions opt;
   opt.device = kDev;
+  opt.stream = s;
   POLYKV_RETURN_IF_ERROR(kernels::AttentionForward(a, opt));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.o.w, att.f(), n, H * hd, t.f(), D, kDev));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.o.w, att.f(), n, H * hd, t.f(), D, kDev, s));
   POLYKV_RETURN_IF_ERROR(Bias(t.f(), w.bo, n, D));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceAdd(x.f(), t.f(), n * D, x.f(), kDev));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceAdd(x.f(), t.f(), n * D, x.f(), kDev, s));
   POLYKV_RETURN_IF_ERROR(
-      kernels::DeviceRmsNormRows(x.f(), w.ffn_norm.f(), n, D, c.rms_eps, h.f(), kDev));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.gate.w, h.f(), n, D, g.f(), F, kDev));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.up.w, h.f(), n, D, u.f(), F, kDev));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceSiluMul(g.f(), u.f(), n * F, g.f(), kDev));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.down.w, g.f(), n, F, t.f(), D, kDev));
-  return kernels::DeviceAdd(x.f(), t.f(), n * D, x.f(), kDev);
+      kernels::DeviceRmsNormRows(x.f(), w.ffn_norm.f(), n, D, c.rms_eps, h.f(), kDev, s));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.gate.w, h.f(), n, D, g.f(), F, kDev, s));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.up.w, h.f(), n, D, u.f(), F, kDev, s));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceSiluMul(g.f(), u.f(), n * F, g.f(), kDev, s));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.down.w, g.f(), n, F, t.f(), D, kDev, s));
+  return kernels::DeviceAdd(x.f(), t.f(), n * D, x.f(), kDev, s);
 }
 
-// Runs `tokens` at positions past.. (suffix index past - P ..); leaves the last row's
-// logits in `logits`.
+// Every layer, then the last row's final norm and the output product into `logits`.
+Status CudaLlama::Impl::Layers(int64_t n, const KvPrefix* prefix, std::vector<DeviceBlock>& suffix,
+                               int64_t cap, int64_t s0, bool device_pos) {
+  const ModelConfig& c = cfg();
+  for (int l = 0; l < c.layers; ++l)
+    POLYKV_RETURN_IF_ERROR(
+        Layer(l, n, prefix, suffix[2 * l].f(), suffix[2 * l + 1].f(), cap, s0, device_pos));
+  const float* last = x.f() + (n - 1) * c.hidden;
+  POLYKV_RETURN_IF_ERROR(
+      kernels::DeviceRmsNormRows(last, norm.f(), 1, c.hidden, c.rms_eps, h.f(), kDev, stream));
+  return kernels::DeviceMatMul(tied ? embed.w : lm_head.w, h.f(), 1, c.hidden, logits.f(), c.vocab,
+                               kDev, stream);
+}
+
+// The RoPE rows of positions past .. past + n - 1 (the CPU runtime's own tables).
+Status CudaLlama::Impl::UploadRope(int64_t past, int64_t n) {
+  const int64_t hd = cfg().head_dim;
+  std::vector<float> cs(static_cast<size_t>(n * hd)), sn(cs.size());
+  host->RopeTables(past, n, cs.data(), sn.data());
+  POLYKV_RETURN_IF_ERROR(Upload(cos.get(), cs.data(), cs.size() * 4, "cos"));
+  return Upload(sin.get(), sn.data(), sn.size() * 4, "sin");
+}
+
+// Waits for the step and re-checks the prefix's leases (its bytes were read by the step).
+Status CudaLlama::Impl::Finish(const KvPrefix* prefix) {
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "CUDA forward step"));
+  if (prefix != nullptr && prefix->check) POLYKV_RETURN_IF_ERROR(prefix->check());
+  return absl::OkStatus();
+}
+
+// Runs `tokens` at positions past.. (suffix index past - P ..) with launches from the host;
+// leaves the last row's logits in `logits`.
 Status CudaLlama::Impl::Step(absl::Span<const int32_t> tokens, const KvPrefix* prefix, int64_t past,
                              std::vector<DeviceBlock>& suffix, int64_t cap) {
   const ModelConfig& c = cfg();
@@ -341,27 +410,38 @@ Status CudaLlama::Impl::Step(absl::Span<const int32_t> tokens, const KvPrefix* p
     return absl::InternalError(absl::StrCat("CUDA step: suffix ", s0, " + ", n, " > ", cap));
   POLYKV_RETURN_IF_ERROR(host->CheckTokens(tokens));
   POLYKV_RETURN_IF_ERROR(EnsureWorkspace(n));
-  std::vector<float> cs(static_cast<size_t>(n * c.head_dim)), sn(cs.size());
-  host->RopeTables(past, n, cs.data(), sn.data());  // the CPU runtime's own tables
-  POLYKV_RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpy(cos.get(), cs.data(), cs.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy cos"));
-  POLYKV_RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpy(sin.get(), sn.data(), sn.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy sin"));
-  POLYKV_RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpy(ids.get(), tokens.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice),
-      "cudaMemcpy ids"));
+  POLYKV_RETURN_IF_ERROR(UploadRope(past, n));
+  POLYKV_RETURN_IF_ERROR(Upload(ids.get(), tokens.data(), static_cast<size_t>(n) * 4, "ids"));
   POLYKV_RETURN_IF_ERROR(kernels::DeviceEmbedRows(embed.w, static_cast<const int32_t*>(ids.get()),
-                                                  n, x.f(), c.hidden, kDev));
-  for (int l = 0; l < c.layers; ++l)
-    POLYKV_RETURN_IF_ERROR(Layer(l, n, prefix, suffix[2 * l].f(), suffix[2 * l + 1].f(), cap, s0));
-  const float* last = x.f() + (n - 1) * c.hidden;
-  POLYKV_RETURN_IF_ERROR(
-      kernels::DeviceRmsNormRows(last, norm.f(), 1, c.hidden, c.rms_eps, h.f(), kDev));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(tied ? embed.w : lm_head.w, h.f(), 1, c.hidden,
-                                               logits.f(), c.vocab, kDev));
-  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "CUDA forward step"));
-  if (prefix != nullptr && prefix->check) POLYKV_RETURN_IF_ERROR(prefix->check());
-  return absl::OkStatus();
+                                                  n, x.f(), c.hidden, kDev, stream));
+  POLYKV_RETURN_IF_ERROR(Layers(n, prefix, suffix, cap, s0, false));
+  return Finish(prefix);
+}
+
+// Captures the decode step (embedding of the id in out_id, every layer with the device
+// position, the output product) on `stream` into `g`.
+Status CudaLlama::Impl::CaptureDecode(const KvPrefix* prefix, std::vector<DeviceBlock>& suffix,
+                                      int64_t cap, DecodeGraph* g) {
+  POLYKV_RETURN_IF_ERROR(CudaStatus(
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture"));
+  Status st = kernels::DeviceEmbedRows(embed.w, static_cast<const int32_t*>(out_id.get()), 1, x.f(),
+                                       cfg().hidden, kDev, stream);
+  if (st.ok()) st = Layers(1, prefix, suffix, cap, 0, true);
+  const cudaError_t end = cudaStreamEndCapture(stream, &g->graph);
+  POLYKV_RETURN_IF_ERROR(st);
+  POLYKV_RETURN_IF_ERROR(CudaStatus(end, "cudaStreamEndCapture"));
+  return CudaStatus(cudaGraphInstantiate(&g->exec, g->graph, 0), "cudaGraphInstantiate");
+}
+
+// One decode step by graph replay: the step's position (suffix index s0, live length
+// s0 + 1) and RoPE row first, then the graph; logits in `logits` when it returns.
+Status CudaLlama::Impl::ReplayDecode(const KvPrefix* prefix, int64_t past, DecodeGraph& g) {
+  const int64_t P = prefix != nullptr ? prefix->tokens() : 0;
+  const int64_t p[2] = {past - P, past - P + 1};
+  POLYKV_RETURN_IF_ERROR(UploadRope(past, 1));
+  POLYKV_RETURN_IF_ERROR(Upload(pos.get(), p, sizeof(p), "step position"));
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(g.exec, stream), "cudaGraphLaunch"));
+  return Finish(prefix);
 }
 
 CudaLlama::CudaLlama(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -382,6 +462,10 @@ StatusOr<std::unique_ptr<CudaLlama>> CudaLlama::Load(const std::string& path, in
   POLYKV_ASSIGN_OR_RETURN(internal::LoadedModel m, internal::LoadModelFiles(path, o));
   auto impl = std::make_unique<Impl>();
   impl->device = device;
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking),
+                                    "cudaStreamCreate"));
+  const char* graphs = std::getenv("POLYKV_CUDA_GRAPHS");
+  impl->graphs = graphs == nullptr || std::string(graphs) != "0";
   impl->mapped = std::move(*m.mapped);
   impl->host = std::make_unique<HostSide>(std::move(m.config), std::move(m.tokenizer),
                                           std::move(m.fingerprint));
@@ -393,6 +477,7 @@ const ModelConfig& CudaLlama::config() const { return impl_->cfg(); }
 const std::string& CudaLlama::fingerprint() const { return impl_->host->fingerprint(); }
 int CudaLlama::device() const { return impl_->device; }
 uint64_t CudaLlama::device_bytes() const { return impl_->weight_bytes + impl_->workspace_bytes; }
+void CudaLlama::set_cuda_graphs(bool on) { impl_->graphs = on; }
 
 namespace {
 
@@ -440,23 +525,37 @@ StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix* prefix,
     past += static_cast<int64_t>(part.size());
   }
   int32_t* dev_id = static_cast<int32_t*>(m.out_id.get());
+  // Decode steps: one captured graph (its embedding reads dev_id) unless graphs are off or
+  // the answer is too short to pay for the capture.
+  DecodeGraph graph;
+  const bool use_graph = m.graphs && s.max_new_tokens >= 4;
   for (int32_t i = 0; i < s.max_new_tokens; ++i) {
     if (s.greedy) {
       POLYKV_RETURN_IF_ERROR(
-          kernels::DeviceArgmaxRows(m.logits.f(), 1, c.vocab, c.vocab, dev_id, kDev));
+          kernels::DeviceArgmaxRows(m.logits.f(), 1, c.vocab, c.vocab, dev_id, kDev, m.stream));
     } else {
-      POLYKV_RETURN_IF_ERROR(kernels::DeviceSampleTopP(m.logits.f(), c.vocab, s.temperature,
-                                                       s.top_p, Uniform01(rng), dev_id, kDev));
+      POLYKV_RETURN_IF_ERROR(kernels::DeviceSampleTopP(
+          m.logits.f(), c.vocab, s.temperature, s.top_p, Uniform01(rng), dev_id, kDev, m.stream));
     }
     int32_t tok = 0;
-    POLYKV_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpy(&tok, dev_id, 4, cudaMemcpyDeviceToHost), "cudaMemcpy sampled id"));
+    POLYKV_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(&tok, dev_id, 4, cudaMemcpyDeviceToHost, m.stream), "copy sampled id"));
+    POLYKV_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(m.stream), "sampling"));
     if (i == 0) r.first_token_ms = MsSince(t0);
     if (s.stop_at_eos && m.host->IsEos(tok)) break;
     r.tokens.push_back(tok);
     if (i + 1 == s.max_new_tokens) break;
-    const int32_t one[1] = {tok};
-    POLYKV_RETURN_IF_ERROR(m.Step(absl::MakeConstSpan(one, 1), prefix, past, suffix, cap));
+    if (use_graph) {
+      POLYKV_RETURN_IF_ERROR(m.host->CheckTokens(absl::MakeConstSpan(&tok, 1)));
+      if (past - (prefix != nullptr ? prefix->tokens() : 0) + 1 > cap)
+        return absl::InternalError("CUDA decode: the suffix is full");
+      if (graph.exec == nullptr)
+        POLYKV_RETURN_IF_ERROR(m.CaptureDecode(prefix, suffix, cap, &graph));
+      POLYKV_RETURN_IF_ERROR(m.ReplayDecode(prefix, past, graph));
+    } else {
+      const int32_t one[1] = {tok};
+      POLYKV_RETURN_IF_ERROR(m.Step(absl::MakeConstSpan(one, 1), prefix, past, suffix, cap));
+    }
     ++past;
   }
   r.total_ms = MsSince(t0);
@@ -474,9 +573,10 @@ StatusOr<std::vector<float>> CudaLlama::LastLogits(absl::Span<const int32_t> tok
         static_cast<uint64_t>(m.cfg().kv_heads) * cap * m.cfg().head_dim * 4, "KV suffix"));
   POLYKV_RETURN_IF_ERROR(m.Step(tokens, nullptr, 0, suffix, cap));
   std::vector<float> out(static_cast<size_t>(m.cfg().vocab));
-  POLYKV_RETURN_IF_ERROR(
-      CudaStatus(cudaMemcpy(out.data(), m.logits.get(), out.size() * 4, cudaMemcpyDeviceToHost),
-                 "cudaMemcpy logits"));
+  POLYKV_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(out.data(), m.logits.get(), out.size() * 4, cudaMemcpyDeviceToHost, m.stream),
+      "copy logits"));
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(m.stream), "copy logits"));
   return out;
 }
 

@@ -1,11 +1,14 @@
 // CPU vs CUDA split attention over [prefix | suffix] (label gpu): the same random layers,
 // every codec and key scale mode, packed keys, f16 norms and per-layer value bits, GQA,
 // head_dim 8..128, prompt rows 1 and 7, a suffix that crosses a chunk. The CUDA kernels accumulate
-// in a different order: max |d| <= 2e-5 (outputs are convex combinations of O(1) values). Skips
+// in a different order: max |d| <= 2e-5 (outputs are convex combinations of O(1) values). A
+// launch that reads the suffix length from device memory (grid sized by the capacity, as a
+// captured decode graph launches it) gives the same bits as the host-length launch. Skips
 // without a CUDA device or a CUDA build.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -150,6 +153,21 @@ void Check(const Case& c, bool k8, int bits, KeyScaleMode mode, Format f = {}) {
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaMemcpy(gpu.data(), dout, sizeof(float) * gpu.size(), cudaMemcpyDeviceToHost);
+  // The live suffix length read from device memory, the grid sized by the capacity (a
+  // captured decode graph's launch): the same bits as the host-length launch.
+  int64_t* dlen = ToDevice(std::vector<int64_t>{c.suffix});
+  AttentionArgs gd = g;
+  gd.suffix_length = cap;
+  gd.suffix_length_device = dlen;
+  std::vector<float> gpu_dev(gpu.size());
+  ASSERT_EQ(cudaMemset(dout, 0xff, sizeof(float) * gpu.size()), cudaSuccess);
+  const Status std_ = AttentionForward(gd, o);
+  ASSERT_TRUE(std_.ok()) << std_;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaMemcpy(gpu_dev.data(), dout, sizeof(float) * gpu.size(), cudaMemcpyDeviceToHost);
+  cudaFree(dlen);
+  EXPECT_EQ(std::memcmp(gpu_dev.data(), gpu.data(), sizeof(float) * gpu.size()), 0)
+      << "device-length launch differs from the host-length launch";
   for (void* p :
        {static_cast<void*>(dk), static_cast<void*>(dks), dvv, dn, static_cast<void*>(dksuf),
         static_cast<void*>(dvsuf), static_cast<void*>(dq), static_cast<void*>(dout)})

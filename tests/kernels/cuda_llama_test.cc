@@ -1,7 +1,8 @@
 // The CUDA model runtime (model::CudaLlama) against the CPU runtime on stories260K (f32
 // weights), label gpu: logits of a forward within 1e-3 absolute (cuBLAS f32 without TF32 and
 // the warp kernels sum in another order than the CPU), greedy answers equal token for token,
-// without a prefix and after a raw prefix in device memory attended in place. Skips without
+// without a prefix and after a raw prefix in device memory attended in place (decode steps by
+// CUDA graph replay and by direct launches: the same tokens). Skips without
 // a CUDA device; without CUDA in the build, Load must refuse (kUnimplemented), never run on
 // the CPU.
 #include "polykv/model/cuda_llama.h"
@@ -133,11 +134,18 @@ TEST(CudaLlamaTest, AttendsInPlaceToADevicePrefixAsTheCpuDoes) {
     ++checks;
     return absl::OkStatus();
   };
-  auto got = (*gpu)->Generate(&prefix, prompt, s);
-  for (void* b : blocks) cudaFree(b);
+  auto got = (*gpu)->Generate(&prefix, prompt, s);  // decode steps replay a CUDA graph
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->tokens, want->tokens);
   EXPECT_EQ(checks, 24);  // the prompt step + 23 decode steps (the last token is not fed)
+  // Every kernel launched from the host instead: the same tokens, the same checks.
+  (*gpu)->set_cuda_graphs(false);
+  checks = 0;
+  auto direct = (*gpu)->Generate(&prefix, prompt, s);
+  for (void* b : blocks) cudaFree(b);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(direct->tokens, got->tokens);
+  EXPECT_EQ(checks, 24);
 }
 #endif
 

@@ -262,6 +262,40 @@ TEST(DeviceOpsCuda, ElementwiseOpsMatchTheCpu) {
 #endif
 }
 
+// K/V rows appended to a [kv_heads][capacity][head_dim] cache at a host position and at a
+// position read from device memory: the same bytes as the CPU's copy.
+TEST(DeviceOpsCuda, AppendKvRowsAtHostAndDevicePositionsEqualsTheCpu) {
+  POLYKV_REQUIRE_CUDA_DEVICE();
+#if defined(POLYKV_HAVE_CUDA)
+  const int32_t kv = 3, hd = 64;
+  const int64_t cap = 40, n = 5, stride = (9 + 2 * kv) * hd;  // rows of a packed q|k|v
+  const auto src = RandomRows(n, stride, 11);
+  std::vector<float> cpu(static_cast<size_t>(kv * cap * hd), -1.0f);
+  ASSERT_TRUE(
+      DeviceAppendKvRows(src.data(), n, stride, kv, hd, cpu.data(), cap, 7, nullptr, Device::kCpu)
+          .ok());
+  const std::vector<float> init(cpu.size(), -1.0f);
+  Dev<float> ds(src), dh(init), dd(init);
+  Dev<int64_t> dpos(std::vector<int64_t>{7});
+  ASSERT_TRUE(
+      DeviceAppendKvRows(ds.get(), n, stride, kv, hd, dh.get(), cap, 7, nullptr, Device::kCuda)
+          .ok());
+  ASSERT_TRUE(
+      DeviceAppendKvRows(ds.get(), n, stride, kv, hd, dd.get(), cap, 0, dpos.get(), Device::kCuda)
+          .ok());
+  const auto gh = dh.ToHost(), gd = dd.ToHost();
+  EXPECT_EQ(std::memcmp(gh.data(), cpu.data(), cpu.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(gd.data(), cpu.data(), cpu.size() * 4), 0);
+  EXPECT_EQ(cpu[(1 * cap + 7) * hd + 3], src[1 * hd + 3]);  // head 1, first row
+  EXPECT_EQ(cpu[(1 * cap + 6) * hd + 3], -1.0f);            // untouched before pos
+  // A host position past the capacity is refused before any launch.
+  EXPECT_EQ(DeviceAppendKvRows(ds.get(), n, stride, kv, hd, dh.get(), cap, cap - 2, nullptr,
+                               Device::kCuda)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+#endif
+}
+
 TEST(DeviceOpsCuda, ArgmaxAndTopPSamplingPickTheCpuIds) {
   POLYKV_REQUIRE_CUDA_DEVICE();
 #if defined(POLYKV_HAVE_CUDA)

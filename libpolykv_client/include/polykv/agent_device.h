@@ -6,8 +6,8 @@
 //   cpu  + host: kHostInPlace (attend in place, mapped weights) or kHostDecoded (asked for
 //                with --attend decompressed, or weights not mapped);
 //   cpu  + cuda: kFailedPrecondition naming the pool, its backend and --allow-copy; with
-//                allow_copy: kCudaCopiedToHost (every layer decoded on the device and copied
-//                into a private host cache, which the agent logs with its cost);
+//                allow_copy: kCudaCopiedToHost (every layer's compressed bytes copied to the host
+//                and decoded into a private host cache, which the agent logs with its cost);
 //   cuda + cuda: kCudaInPlace (attend in place to the CUDA IPC mapping);
 //   cuda + host: kFailedPrecondition (a cuda agent attends to cuda pools only).
 // Nothing is ever copied between device and host without allow_copy.
@@ -38,10 +38,11 @@ std::string AgentDeviceName(const AgentDevice& device);
 
 /// How one Run reads the pools of its chain (see the table at the top of this file).
 enum class PoolRoute : uint8_t {
-  kHostInPlace = 0,       ///< host pool, attended in place by the CPU runtime
-  kHostDecoded = 1,       ///< host pool decoded into a private host cache
-  kCudaCopiedToHost = 2,  ///< cuda pool decoded on the device, copied to a private host cache
-  kCudaInPlace = 3,       ///< cuda pool attended in place by the CUDA runtime
+  kHostInPlace = 0,  ///< host pool, attended in place by the CPU runtime
+  kHostDecoded = 1,  ///< host pool decoded into a private host cache
+  kCudaCopiedToHost =
+      2,             ///< cuda pool copied (compressed) to the host, decoded into a private cache
+  kCudaInPlace = 3,  ///< cuda pool attended in place by the CUDA runtime
 };
 
 /// "host-in-place", "host-decoded", "cuda-copied-to-host", "cuda-in-place".
@@ -65,7 +66,8 @@ StatusOr<PoolRoute> RoutePool(const RouteInput& in);
 
 /// The one log line of an allowed copy: what it moves and what it costs, e.g.
 /// "agent: --allow-copy: pool 1a2b.. lies in CUDA memory (backend cuda); copying 12.0 MiB of
-/// compressed KV into a private host cache of 96.0 MiB (f32) for this agent alone".
+/// compressed KV to the host, decoded there into a private host cache of 96.0 MiB for this
+/// agent alone, instead of attending in place".
 /// `pool_bytes`: the pool's encoded bytes; `private_bytes`: the private cache it fills.
 std::string CopyCostLine(std::string_view pool_id, uint64_t pool_bytes, uint64_t private_bytes);
 

@@ -256,6 +256,16 @@ TEST(PoolLayoutTest, CodecSpecPoolsDecodeAsTheCodecAndSizeAsTheEvalSays) {
       EXPECT_EQ(ko, kd) << "layer " << l;
       EXPECT_EQ(vo, vd) << "layer " << l;
       EXPECT_EQ(0, std::memcmp(region.data() + layout.layer[l].k, kc.data(), kc.size()));
+      // A copy of only the layer's bytes (as a CUDA pool's layer reaches the host under
+      // --allow-copy) decodes to the same values.
+      const std::vector<uint8_t> copy(region.begin() + layout.layer[l].k,
+                                      region.begin() + layout.layer[l].end);
+      std::vector<float> kcopy(k.size()), vcopy(v.size());
+      ASSERT_TRUE(DecodeLayerCopy(copy.data(), r->params(), layout, l, kcopy.data(), vcopy.data(),
+                                  DType::kF32)
+                      .ok());
+      EXPECT_EQ(kcopy, kd) << "layer " << l;
+      EXPECT_EQ(vcopy, vd) << "layer " << l;
     }
   }
   // Pools rotate always; per-layer bits are checked.

@@ -293,5 +293,38 @@ TEST(DeviceOps, BadArgumentsFailTheSameWayOnEveryDevice) {
   EXPECT_TRUE(DeviceMatMul(wk, xk.data(), 1, 256, yk.data(), 2, Device::kCpu).ok());
 }
 
+// The K/V append of a decode step on the CPU: rows [n][kv_heads * head_dim] (stride of a
+// packed q|k|v row) land at [h][pos + r][:], from a host position or a position read through
+// a pointer (the CUDA graph's device position); nothing else is written; past the capacity
+// is an error.
+TEST(DeviceOps, AppendKvRowsCopiesEachHeadToItsPosition) {
+  const int32_t kv = 2, hd = 4;
+  const int64_t cap = 6, n = 2, stride = 3 * kv * hd;
+  std::vector<float> src(n * stride);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i);
+  std::vector<float> a(kv * cap * hd, -1.0f), b = a;
+  ASSERT_TRUE(
+      DeviceAppendKvRows(src.data(), n, stride, kv, hd, a.data(), cap, 3, nullptr, Device::kCpu)
+          .ok());
+  const int64_t pos = 3;
+  ASSERT_TRUE(
+      DeviceAppendKvRows(src.data(), n, stride, kv, hd, b.data(), cap, 0, &pos, Device::kCpu).ok());
+  EXPECT_EQ(a, b);
+  for (int32_t h = 0; h < kv; ++h)
+    for (int64_t t = 0; t < cap; ++t)
+      for (int32_t d = 0; d < hd; ++d) {
+        const float want = t >= 3 && t < 3 + n ? src[(t - 3) * stride + h * hd + d] : -1.0f;
+        EXPECT_EQ(a[(h * cap + t) * hd + d], want) << h << " " << t << " " << d;
+      }
+  EXPECT_EQ(
+      DeviceAppendKvRows(src.data(), n, stride, kv, hd, a.data(), cap, 5, nullptr, Device::kCpu)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DeviceAppendKvRows(src.data(), n, kv * hd - 1, kv, hd, a.data(), cap, 0, nullptr,
+                               Device::kCpu)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace polykv::kernels

@@ -245,6 +245,14 @@ class PoolReader {
   kernels::Device device_ = kernels::Device::kCpu;
 };
 
+/// Decodes layer `layer` on the CPU from a host copy of its bytes: `bytes` holds the pool
+/// region's [layout.layer[layer].k, layout.layer[layer].end) (e.g. a CUDA pool's layer copied
+/// to the host: every codec, packed keys and f16 norms included). Outputs as
+/// PoolReader::DecodeLayer, host memory. Errors: kOutOfRange (layer), the codec's errors.
+[[nodiscard]] Status DecodeLayerCopy(const uint8_t* bytes, const PoolParams& params,
+                                     const PoolLayout& layout, uint32_t layer, void* k_out,
+                                     void* v_out, kernels::DType out_dtype);
+
 /// A read-only view of a host pool's K/V for attention in place (kernels/attention.h): per
 /// layer, pointers into the region `reader` was opened on (valid while it stays mapped).
 /// Errors: kFailedPrecondition for a device (CUDA) reader.

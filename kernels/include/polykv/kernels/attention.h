@@ -107,6 +107,10 @@ struct AttentionArgs {
   int32_t heads = 0, kv_heads = 0, head_dim = 0;
   const float* q = nullptr;  ///< f32 [n][heads][head_dim] (after RoPE)
   float* out = nullptr;      ///< f32 [n][heads][head_dim]
+  /// Device::kCuda only: when set, the kernels read the live suffix length from this device
+  /// int64 when they run, and `suffix_length` is its upper bound (the launch shape), so one
+  /// captured CUDA graph serves every decode step. The caller keeps n <= *it <= bound.
+  const int64_t* suffix_length_device = nullptr;
 };
 
 /// Options of the attention kernels.

@@ -108,6 +108,18 @@ struct DeviceMatMulOptions {
                                     int32_t head_dim, const float* cos, const float* sin,
                                     Device device, Stream stream = nullptr);
 
+/// Appends n rows of new K (or V) to a cache: src f32 [n][src_stride] (row r holds kv_heads
+/// vectors of head_dim at its start) into cache f32 [kv_heads][capacity][head_dim] at
+/// positions pos .. pos + n - 1, where pos = *pos_device (device memory on kCuda, read when
+/// the kernel runs: a captured CUDA graph appends at each step's position) when pos_device
+/// is set, else `pos`. Bit-exact copy. Errors: kInvalidArgument for n < 0, src_stride <
+/// kv_heads * head_dim, a host `pos` with pos + n > capacity (a device position is the
+/// caller's to keep in range).
+[[nodiscard]] Status DeviceAppendKvRows(const float* src, int64_t n, int64_t src_stride,
+                                        int32_t kv_heads, int32_t head_dim, float* cache,
+                                        int64_t capacity, int64_t pos, const int64_t* pos_device,
+                                        Device device, Stream stream = nullptr);
+
 /// ids[r] = ArgmaxLogits(logits + r * stride, vocab) for r < rows (greedy decoding: lowest
 /// id on ties, NaN largest). ids lives on `device`.
 [[nodiscard]] Status DeviceArgmaxRows(const float* logits, int64_t rows, int64_t vocab,

@@ -13,6 +13,11 @@
 //     x += o Wo^T (+ bias); h = RMSNorm(x); x += (silu(h Wg^T) * h Wu^T) Wd^T
 //   logits = RMSNorm(x_last) Wout^T; the next id by DeviceArgmaxRows (greedy) or
 //   DeviceSampleTopP (u drawn on the host from the seed as the CPU runtime draws it).
+// Decode steps (one row) replay one CUDA graph captured at the first step of a Generate: the
+// embedding reads the sampled id where the sampler wrote it, the K/V append and the
+// attention read the step's position from device memory, and the host only uploads that
+// position and the RoPE row before each replay: the same kernels in the same order as
+// direct launches (identical results), without ~17 launches per layer from the host.
 // Weights: every matrix is copied to device memory once per process, in its stored format
 // (GGUF Q/K rows permuted once from llama.cpp's interleaved order to HF's, which the CPU
 // runtime does on each output instead); the norms and biases as f32. A matrix whose type has
@@ -70,6 +75,10 @@ class CudaLlama {
   [[nodiscard]] StatusOr<GenerateResult> Generate(const KvPrefix* prefix,
                                                   absl::Span<const int32_t> prompt,
                                                   const SamplingOptions& sampling);
+
+  /// Whether decode steps replay a captured CUDA graph (default: on, unless the environment
+  /// sets POLYKV_CUDA_GRAPHS=0). Off: every kernel is launched from the host (tests compare).
+  void set_cuda_graphs(bool on);
 
   /// Logits f32 [vocab] of the last of `tokens` run from position 0 without a prefix (tests:
   /// CUDA vs CPU). Errors as Generate.
