@@ -54,8 +54,8 @@ __device__ __forceinline__ void LoadBlock(const uint8_t* src, bool aligned2, uin
 template <uint32_t kType, int kRows>
 __global__ void __launch_bounds__(bm::kMatVecWarps* bm::kWarp)
     MatVecKernel(const uint8_t* __restrict__ w, int64_t rows, int64_t cols, int64_t row_bytes,
-                 const float* __restrict__ x, int n, int64_t xs, float* __restrict__ y,
-                 int64_t ys) {
+                 const float* __restrict__ x, int n, int64_t xs, float* __restrict__ y, int64_t ys,
+                 bool accumulate) {
   const int lane = threadIdx.x % bm::kWarp;
   const int64_t o = static_cast<int64_t>(blockIdx.x) * bm::kMatVecWarps + threadIdx.x / bm::kWarp;
   if (o >= rows) return;  // the whole warp leaves together
@@ -87,36 +87,37 @@ __global__ void __launch_bounds__(bm::kMatVecWarps* bm::kWarp)
     float v = acc[r];
 #pragma unroll
     for (int off = bm::kWarp / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0 && r < n) y[r * ys + o] = v;
+    if (lane == 0 && r < n) y[r * ys + o] = accumulate ? y[r * ys + o] + v : v;
   }
 }
 
 template <uint32_t kType, int kRows>
 cudaError_t LaunchMatVec(const void* w, int64_t rows, int64_t cols, int64_t row_bytes,
                          const float* x, int64_t n, int64_t xs, float* y, int64_t ys,
-                         cudaStream_t stream) {
+                         bool accumulate, cudaStream_t stream) {
   const bm::MatVecShape s = bm::MatVecLaunchShape(rows);
   if (s.blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
   MatVecKernel<kType, kRows><<<static_cast<unsigned>(s.blocks), s.threads, 0, stream>>>(
-      static_cast<const uint8_t*>(w), rows, cols, row_bytes, x, static_cast<int>(n), xs, y, ys);
+      static_cast<const uint8_t*>(w), rows, cols, row_bytes, x, static_cast<int>(n), xs, y, ys,
+      accumulate);
   return cudaGetLastError();
 }
 
 template <uint32_t kType>
 cudaError_t MatVecTyped(const void* w, int64_t rows, int64_t cols, int64_t row_bytes,
                         const float* x, int64_t n, int64_t xs, float* y, int64_t ys,
-                        cudaStream_t stream) {
+                        bool accumulate, cudaStream_t stream) {
   switch (bm::MatVecRowTile(n)) {
     case 1:
-      return LaunchMatVec<kType, 1>(w, rows, cols, row_bytes, x, n, xs, y, ys, stream);
+      return LaunchMatVec<kType, 1>(w, rows, cols, row_bytes, x, n, xs, y, ys, accumulate, stream);
     case 2:
-      return LaunchMatVec<kType, 2>(w, rows, cols, row_bytes, x, n, xs, y, ys, stream);
+      return LaunchMatVec<kType, 2>(w, rows, cols, row_bytes, x, n, xs, y, ys, accumulate, stream);
     case 4:
-      return LaunchMatVec<kType, 4>(w, rows, cols, row_bytes, x, n, xs, y, ys, stream);
+      return LaunchMatVec<kType, 4>(w, rows, cols, row_bytes, x, n, xs, y, ys, accumulate, stream);
     case 8:
-      return LaunchMatVec<kType, 8>(w, rows, cols, row_bytes, x, n, xs, y, ys, stream);
+      return LaunchMatVec<kType, 8>(w, rows, cols, row_bytes, x, n, xs, y, ys, accumulate, stream);
     case 16:
-      return LaunchMatVec<kType, 16>(w, rows, cols, row_bytes, x, n, xs, y, ys, stream);
+      return LaunchMatVec<kType, 16>(w, rows, cols, row_bytes, x, n, xs, y, ys, accumulate, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -163,11 +164,11 @@ unsigned GridFor(int64_t n, int threads) {
 
 cudaError_t InvokeMatVec(uint32_t type, const void* w, int64_t rows, int64_t cols,
                          int64_t row_bytes, const float* x, int64_t n, int64_t xs, float* y,
-                         int64_t ys, cudaStream_t stream) {
+                         int64_t ys, bool accumulate, cudaStream_t stream) {
   if (rows < 1 || n < 1 || n > bm::kMatVecMaxRows) return cudaErrorInvalidValue;
   POLYKV_DISPATCH_DEVICE_WEIGHT_TYPE(
       type, kType, return cudaErrorInvalidValue,
-      return MatVecTyped<kType>(w, rows, cols, row_bytes, x, n, xs, y, ys, stream));
+      return MatVecTyped<kType>(w, rows, cols, row_bytes, x, n, xs, y, ys, accumulate, stream));
   return cudaErrorInvalidValue;
 }
 

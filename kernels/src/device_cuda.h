@@ -11,11 +11,12 @@
 namespace polykv::kernels::cuda {
 
 /// y[r * ys + o] = sum_i W[o][i] x[r * xs + i] for r < n (1..16), o < rows: one warp per
-/// output row (block_math.h: lane order, xor-butterfly sum). `type` is a ggml type number
-/// with device kernels (block_math.h DeviceTypeSupported).
+/// output row (block_math.h: lane order, xor-butterfly sum); `accumulate`: y += that sum
+/// (one f32 add, as a separate add kernel would do). `type` is a ggml type number with
+/// device kernels (block_math.h DeviceTypeSupported).
 cudaError_t InvokeMatVec(uint32_t type, const void* w, int64_t rows, int64_t cols,
                          int64_t row_bytes, const float* x, int64_t n, int64_t xs, float* y,
-                         int64_t ys, cudaStream_t stream);
+                         int64_t ys, bool accumulate, cudaStream_t stream);
 
 /// out[(r - begin) * cols + i] = W[r][i] for r in [begin, end) (block_math.h dequantization).
 cudaError_t InvokeDequantizeRows(uint32_t type, const void* w, int64_t begin, int64_t end,

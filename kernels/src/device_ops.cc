@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "polykv/kernels/block_math.h"
@@ -280,20 +281,27 @@ Status DeviceMatMul(const WeightView& w, const float* x, int64_t n, int64_t x_st
   POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {x, y}));
   if (device == Device::kCuda) POLYKV_RETURN_IF_ERROR(CheckCudaType(w, kWhat));
   POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
-  if (device == Device::kCpu) return MatMul(w, x, n, x_stride, y, y_stride, options.cpu);
+  if (device == Device::kCpu) {
+    if (!options.accumulate) return MatMul(w, x, n, x_stride, y, y_stride, options.cpu);
+    std::vector<float> t(static_cast<size_t>(n * w.rows));
+    POLYKV_RETURN_IF_ERROR(MatMul(w, x, n, x_stride, t.data(), w.rows, options.cpu));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t o = 0; o < w.rows; ++o) y[r * y_stride + o] += t[r * w.rows + o];
+    return absl::OkStatus();
+  }
   POLYKV_DEVICE_CUDA({
     const bool float_type =
         w.type == WeightType::kF32 || w.type == WeightType::kF16 || w.type == WeightType::kBF16;
-    const bool blas =
-        float_type && (options.blas == 1 || (options.blas < 0 && n > kDeviceMatVecMaxRows));
+    const bool blas = !options.accumulate && float_type &&
+                      (options.blas == 1 || (options.blas < 0 && n > kDeviceMatVecMaxRows));
     if (blas) return BlasMatMul(w, x, n, x_stride, y, y_stride, CudaStream(stream));
     for (int64_t r = 0; r < n; r += kDeviceMatVecMaxRows) {
       const int64_t m = std::min<int64_t>(kDeviceMatVecMaxRows, n - r);
-      POLYKV_RETURN_IF_ERROR(
-          CudaStatus(cuda::InvokeMatVec(static_cast<uint32_t>(w.type), w.data, w.rows, w.cols,
-                                        w.row_bytes, x + r * x_stride, m, x_stride,
-                                        y + r * y_stride, y_stride, CudaStream(stream)),
-                     "matrix-vector kernel"));
+      POLYKV_RETURN_IF_ERROR(CudaStatus(
+          cuda::InvokeMatVec(static_cast<uint32_t>(w.type), w.data, w.rows, w.cols, w.row_bytes,
+                             x + r * x_stride, m, x_stride, y + r * y_stride, y_stride,
+                             options.accumulate, CudaStream(stream)),
+          "matrix-vector kernel"));
     }
     return absl::OkStatus();
   });

@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -128,7 +130,17 @@ struct DeviceMatrix {
 
 struct DeviceLayer {
   DeviceMatrix q, k, v, o, gate, up, down;
+  /// q|k|v and gate|up rows in one block each when their types and widths agree (one
+  /// product per decode step instead of three and two); q, k, v, gate, up then view into it.
+  DeviceMatrix qkv, gate_up;
   DeviceBlock attn_norm, ffn_norm, bq, bk, bv, bo;  ///< f32; biases empty when absent
+};
+
+/// A matrix ready for upload: its view (K-quants converted to F16, GGUF Q/K rows in HF
+/// order) over `own` or over the file mapping.
+struct HostMatrix {
+  kernels::WeightView w;
+  std::vector<uint8_t> own;
 };
 
 /// A captured decode step (one Generate's: its suffix and capacity are baked in).
@@ -158,7 +170,8 @@ struct CudaLlama::Impl {
   // Workspace, sized for `rows` rows.
   int64_t rows = 0;
   DeviceBlock x, h, t, q, att, k, v, g, u, cos, sin, logits, ids, out_id;
-  DeviceBlock pos;  ///< int64 [2] (graph decode): the step's suffix index, live suffix length
+  DeviceBlock qkv, gu;  ///< one row of q|k|v and of gate|up (fused decode products)
+  DeviceBlock pos;      ///< int64 [2] (graph decode): the step's suffix index, live suffix length
   uint64_t workspace_bytes = 0;
   cudaStream_t stream = nullptr;  ///< every kernel and copy of this model
   bool graphs = true;
@@ -192,25 +205,71 @@ struct CudaLlama::Impl {
     return absl::OkStatus();
   }
 
-  Status UploadMatrix(const internal::MappedMatrix& mm, DeviceMatrix* out, const char* what) {
-    internal::MappedMatrix m = mm;
-    std::vector<uint8_t> converted;
-    if (!kernels::DeviceWeightTypeSupported(m.w.type))
-      POLYKV_RETURN_IF_ERROR(ToF16(mm.w, what, &converted, &m.w));
-    out->w = m.w;
-    const uint8_t* src = static_cast<const uint8_t*>(m.w.data);
-    std::vector<uint8_t> permuted;
-    if (m.interleaved_heads > 0) {  // HF row order, once, instead of per output
+  Status Prepare(const internal::MappedMatrix& mm, const char* what, HostMatrix* out) {
+    out->w = mm.w;
+    if (!kernels::DeviceWeightTypeSupported(mm.w.type))
+      POLYKV_RETURN_IF_ERROR(ToF16(mm.w, what, &out->own, &out->w));
+    if (mm.interleaved_heads > 0) {  // HF row order, once, instead of per output
       const int64_t hd = cfg().head_dim;
-      permuted.resize(static_cast<size_t>(m.w.bytes()));
-      for (int64_t r = 0; r < m.w.rows; ++r)
-        std::copy_n(src + GgufInterleavedSourceRow(r, static_cast<int32_t>(hd)) * m.w.row_bytes,
-                    m.w.row_bytes, permuted.data() + r * m.w.row_bytes);
-      src = permuted.data();
+      const uint8_t* src = static_cast<const uint8_t*>(out->w.data);
+      std::vector<uint8_t> permuted(static_cast<size_t>(out->w.bytes()));
+      for (int64_t r = 0; r < out->w.rows; ++r)
+        std::copy_n(src + GgufInterleavedSourceRow(r, static_cast<int32_t>(hd)) * out->w.row_bytes,
+                    out->w.row_bytes, permuted.data() + r * out->w.row_bytes);
+      out->own = std::move(permuted);
+      out->w.data = out->own.data();
     }
-    POLYKV_RETURN_IF_ERROR(out->block.Upload(src, static_cast<uint64_t>(m.w.bytes()), what));
+    return absl::OkStatus();
+  }
+
+  Status UploadMatrix(const internal::MappedMatrix& mm, DeviceMatrix* out, const char* what) {
+    HostMatrix h;
+    POLYKV_RETURN_IF_ERROR(Prepare(mm, what, &h));
+    out->w = h.w;
+    POLYKV_RETURN_IF_ERROR(out->block.Upload(h.w.data, static_cast<uint64_t>(h.w.bytes()), what));
     out->w.data = out->block.get();
-    weight_bytes += static_cast<uint64_t>(m.w.bytes());
+    weight_bytes += static_cast<uint64_t>(h.w.bytes());
+    return absl::OkStatus();
+  }
+
+  // Uploads `parts` as one matrix (rows concatenated) into `fused` with each part's view
+  // into it, when every part has the same type and width; else each on its own.
+  Status UploadFused(
+      std::initializer_list<std::pair<const internal::MappedMatrix*, DeviceMatrix*>> parts,
+      DeviceMatrix* fused, const char* what) {
+    std::vector<HostMatrix> h(parts.size());
+    size_t i = 0;
+    bool same = true;
+    for (const auto& [mm, dm] : parts) {
+      POLYKV_RETURN_IF_ERROR(Prepare(*mm, what, &h[i]));
+      same = same && h[i].w.type == h[0].w.type && h[i].w.cols == h[0].w.cols &&
+             h[i].w.row_bytes == h[0].w.row_bytes;
+      ++i;
+    }
+    if (!same) {
+      for (const auto& [mm, dm] : parts) POLYKV_RETURN_IF_ERROR(UploadMatrix(*mm, dm, what));
+      return absl::OkStatus();
+    }
+    std::vector<uint8_t> all;
+    int64_t rows = 0;
+    for (const HostMatrix& m : h) {
+      const uint8_t* b = static_cast<const uint8_t*>(m.w.data);
+      all.insert(all.end(), b, b + m.w.bytes());
+      rows += m.w.rows;
+    }
+    POLYKV_RETURN_IF_ERROR(fused->block.Upload(all.data(), all.size(), what));
+    fused->w = h[0].w;
+    fused->w.rows = rows;
+    fused->w.data = fused->block.get();
+    i = 0;
+    int64_t off = 0;
+    for (const auto& [mm, dm] : parts) {
+      dm->w = h[i].w;
+      dm->w.data = static_cast<uint8_t*>(fused->block.get()) + off;
+      off += h[i].w.bytes();
+      ++i;
+    }
+    weight_bytes += all.size();
     return absl::OkStatus();
   }
 
@@ -237,12 +296,11 @@ struct CudaLlama::Impl {
     for (size_t l = 0; l < layers.size(); ++l) {
       const internal::MappedLayer& m = mapped.layers[l];
       DeviceLayer& d = layers[l];
-      POLYKV_RETURN_IF_ERROR(UploadMatrix(m.q, &d.q, "q"));
-      POLYKV_RETURN_IF_ERROR(UploadMatrix(m.k, &d.k, "k"));
-      POLYKV_RETURN_IF_ERROR(UploadMatrix(m.v, &d.v, "v"));
+      POLYKV_RETURN_IF_ERROR(
+          UploadFused({{&m.q, &d.q}, {&m.k, &d.k}, {&m.v, &d.v}}, &d.qkv, "q|k|v"));
       POLYKV_RETURN_IF_ERROR(UploadMatrix(m.o, &d.o, "o"));
-      POLYKV_RETURN_IF_ERROR(UploadMatrix(m.gate, &d.gate, "gate"));
-      POLYKV_RETURN_IF_ERROR(UploadMatrix(m.up, &d.up, "up"));
+      POLYKV_RETURN_IF_ERROR(
+          UploadFused({{&m.gate, &d.gate}, {&m.up, &d.up}}, &d.gate_up, "gate|up"));
       POLYKV_RETURN_IF_ERROR(UploadMatrix(m.down, &d.down, "down"));
       const int64_t qd = int64_t{c.heads} * c.head_dim, kd = int64_t{c.kv_heads} * c.head_dim;
       POLYKV_RETURN_IF_ERROR(UploadVector(m.attn_norm, c.hidden, false, &d.attn_norm, "norm"));
@@ -279,6 +337,9 @@ struct CudaLlama::Impl {
     POLYKV_RETURN_IF_ERROR(logits.Allocate(uint64_t(c.vocab) * 4, "logits"));
     POLYKV_RETURN_IF_ERROR(ids.Allocate(un * 4, "ids"));
     POLYKV_RETURN_IF_ERROR(out_id.Allocate(4, "sampled id"));
+    POLYKV_RETURN_IF_ERROR(qkv.Allocate((Q + 2 * K) * 4, "q|k|v row"));
+    POLYKV_RETURN_IF_ERROR(gu.Allocate(2 * F * 4, "gate|up row"));
+    workspace_bytes += (Q + 2 * K + 2 * F) * 4;
     if (pos.get() == nullptr) POLYKV_RETURN_IF_ERROR(pos.Allocate(16, "step position"));
     workspace_bytes += uint64_t(c.vocab) * 4 + un * 4 + 4 + 16;
     rows = n;
@@ -320,22 +381,40 @@ Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* c
   cudaStream_t s = stream;
   POLYKV_RETURN_IF_ERROR(
       kernels::DeviceRmsNormRows(x.f(), w.attn_norm.f(), n, D, c.rms_eps, h.f(), kDev, s));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.q.w, h.f(), n, D, q.f(), H * hd, kDev, s));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.k.w, h.f(), n, D, k.f(), KV * hd, kDev, s));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.v.w, h.f(), n, D, v.f(), KV * hd, kDev, s));
-  POLYKV_RETURN_IF_ERROR(Bias(q.f(), w.bq, n, H * hd));
-  POLYKV_RETURN_IF_ERROR(Bias(k.f(), w.bk, n, KV * hd));
-  POLYKV_RETURN_IF_ERROR(Bias(v.f(), w.bv, n, KV * hd));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceRopeRows(q.f(), n, H * hd, static_cast<int32_t>(H),
-                                                 static_cast<int32_t>(hd), cos.f(), sin.f(), kDev,
-                                                 s));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceRopeRows(k.f(), n, KV * hd, static_cast<int32_t>(KV),
-                                                 static_cast<int32_t>(hd), cos.f(), sin.f(), kDev,
-                                                 s));
+  // One decode row with fused matrices: q|k|v in one product into one row (q at 0, k at Q,
+  // v at Q + K), RoPE over its H + KV heads at once. The same per-element math as below.
+  const bool one_qkv = n == 1 && w.qkv.block.get() != nullptr;
+  const int64_t QKV = H * hd + 2 * KV * hd;
+  float* qp = one_qkv ? qkv.f() : q.f();
+  float* kp = one_qkv ? qkv.f() + H * hd : k.f();
+  float* vp = one_qkv ? qkv.f() + H * hd + KV * hd : v.f();
+  const int64_t kv_stride = one_qkv ? QKV : KV * hd;
+  if (one_qkv) {
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.qkv.w, h.f(), 1, D, qkv.f(), QKV, kDev, s));
+  } else {
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.q.w, h.f(), n, D, q.f(), H * hd, kDev, s));
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.k.w, h.f(), n, D, k.f(), KV * hd, kDev, s));
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.v.w, h.f(), n, D, v.f(), KV * hd, kDev, s));
+  }
+  POLYKV_RETURN_IF_ERROR(Bias(qp, w.bq, n, H * hd));
+  POLYKV_RETURN_IF_ERROR(Bias(kp, w.bk, n, KV * hd));
+  POLYKV_RETURN_IF_ERROR(Bias(vp, w.bv, n, KV * hd));
+  if (one_qkv) {
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceRopeRows(qp, 1, QKV, static_cast<int32_t>(H + KV),
+                                                   static_cast<int32_t>(hd), cos.f(), sin.f(), kDev,
+                                                   s));
+  } else {
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceRopeRows(q.f(), n, H * hd, static_cast<int32_t>(H),
+                                                   static_cast<int32_t>(hd), cos.f(), sin.f(), kDev,
+                                                   s));
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceRopeRows(k.f(), n, KV * hd, static_cast<int32_t>(KV),
+                                                   static_cast<int32_t>(hd), cos.f(), sin.f(), kDev,
+                                                   s));
+  }
   // [n][KV][hd] rows into the suffix [KV][cap][hd] at s0 (or at pos[0]).
   const int64_t* dpos = device_pos ? static_cast<const int64_t*>(pos.get()) : nullptr;
-  for (auto [dst, src] : {std::pair{ck, k.f()}, std::pair{cv, v.f()}}) {
-    POLYKV_RETURN_IF_ERROR(kernels::DeviceAppendKvRows(src, n, KV * hd, static_cast<int32_t>(KV),
+  for (auto [dst, src] : {std::pair{ck, kp}, std::pair{cv, vp}}) {
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceAppendKvRows(src, n, kv_stride, static_cast<int32_t>(KV),
                                                        static_cast<int32_t>(hd), dst, cap, s0, dpos,
                                                        kDev, s));
   }
@@ -351,21 +430,39 @@ Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* c
   a.heads = static_cast<int32_t>(H);
   a.kv_heads = static_cast<int32_t>(KV);
   a.head_dim = static_cast<int32_t>(hd);
-  a.q = q.f();
+  a.q = qp;  // one row: q|k|v's first H * hd values; else [n][H * hd]
   a.out = att.f();
   kernels::AttentionOptions opt;
   opt.device = kDev;
   opt.stream = s;
   POLYKV_RETURN_IF_ERROR(kernels::AttentionForward(a, opt));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.o.w, att.f(), n, H * hd, t.f(), D, kDev, s));
-  POLYKV_RETURN_IF_ERROR(Bias(t.f(), w.bo, n, D));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceAdd(x.f(), t.f(), n * D, x.f(), kDev, s));
+  // The residual adds fused into the o and down products (x += product: the same one f32
+  // add as DeviceAdd) where the warp kernels serve them.
+  kernels::DeviceMatMulOptions acc;
+  acc.accumulate = true;
+  if (w.bo.get() == nullptr && n <= kernels::kDeviceMatVecMaxRows) {
+    POLYKV_RETURN_IF_ERROR(
+        kernels::DeviceMatMul(w.o.w, att.f(), n, H * hd, x.f(), D, kDev, s, acc));
+  } else {
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.o.w, att.f(), n, H * hd, t.f(), D, kDev, s));
+    POLYKV_RETURN_IF_ERROR(Bias(t.f(), w.bo, n, D));
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceAdd(x.f(), t.f(), n * D, x.f(), kDev, s));
+  }
   POLYKV_RETURN_IF_ERROR(
       kernels::DeviceRmsNormRows(x.f(), w.ffn_norm.f(), n, D, c.rms_eps, h.f(), kDev, s));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.gate.w, h.f(), n, D, g.f(), F, kDev, s));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.up.w, h.f(), n, D, u.f(), F, kDev, s));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceSiluMul(g.f(), u.f(), n * F, g.f(), kDev, s));
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.down.w, g.f(), n, F, t.f(), D, kDev, s));
+  float* act = g.f();
+  if (n == 1 && w.gate_up.block.get() != nullptr) {
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.gate_up.w, h.f(), 1, D, gu.f(), 2 * F, kDev, s));
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceSiluMul(gu.f(), gu.f() + F, F, gu.f(), kDev, s));
+    act = gu.f();
+  } else {
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.gate.w, h.f(), n, D, g.f(), F, kDev, s));
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.up.w, h.f(), n, D, u.f(), F, kDev, s));
+    POLYKV_RETURN_IF_ERROR(kernels::DeviceSiluMul(g.f(), u.f(), n * F, g.f(), kDev, s));
+  }
+  if (n <= kernels::kDeviceMatVecMaxRows)
+    return kernels::DeviceMatMul(w.down.w, act, n, F, x.f(), D, kDev, s, acc);
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.down.w, act, n, F, t.f(), D, kDev, s));
   return kernels::DeviceAdd(x.f(), t.f(), n * D, x.f(), kDev, s);
 }
 

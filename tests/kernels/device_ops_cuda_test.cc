@@ -262,6 +262,33 @@ TEST(DeviceOpsCuda, ElementwiseOpsMatchTheCpu) {
 #endif
 }
 
+// The residual add fused into the product (accumulate): bit for bit the product followed by
+// DeviceAdd, for a quantized and a float type and more rows than one warp launch takes.
+TEST(DeviceOpsCuda, AccumulateEqualsProductThenAdd) {
+  POLYKV_REQUIRE_CUDA_DEVICE();
+#if defined(POLYKV_HAVE_CUDA)
+  for (WeightType t : {WeightType::kQ4_1, WeightType::kF16}) {
+    const int64_t rows = 96, cols = 576, n = 20;
+    const auto bytes = RandomWeightBytes(t, rows, cols, 21);
+    const auto x = RandomRows(n, cols, 22), y0 = RandomRows(n, rows, 23);
+    Dev<uint8_t> dw(bytes);
+    Dev<float> dx(x), dprod(y0.size()), dsum(y0), dacc(y0);
+    const WeightView w = ViewAt(t, dw.get(), rows, cols);
+    DeviceMatMulOptions warp;
+    warp.blas = 0;
+    ASSERT_TRUE(
+        DeviceMatMul(w, dx.get(), n, cols, dprod.get(), rows, Device::kCuda, nullptr, warp).ok());
+    ASSERT_TRUE(DeviceAdd(dsum.get(), dprod.get(), n * rows, dsum.get(), Device::kCuda).ok());
+    DeviceMatMulOptions acc;
+    acc.accumulate = true;
+    ASSERT_TRUE(
+        DeviceMatMul(w, dx.get(), n, cols, dacc.get(), rows, Device::kCuda, nullptr, acc).ok());
+    const auto want = dsum.ToHost(), got = dacc.ToHost();
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0) << static_cast<int>(t);
+  }
+#endif
+}
+
 // K/V rows appended to a [kv_heads][capacity][head_dim] cache at a host position and at a
 // position read from device memory: the same bytes as the CPU's copy.
 TEST(DeviceOpsCuda, AppendKvRowsAtHostAndDevicePositionsEqualsTheCpu) {

@@ -326,5 +326,25 @@ TEST(DeviceOps, AppendKvRowsCopiesEachHeadToItsPosition) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// y += W x (DeviceMatMulOptions::accumulate) on the CPU: the product, then one add per
+// output, as DeviceAdd after the product gives.
+TEST(DeviceOps, AccumulateAddsTheProductToY) {
+  const int64_t rows = 5, cols = 64, n = 3;
+  std::vector<float> wv(rows * cols), x(n * cols), y0(n * rows);
+  for (size_t i = 0; i < wv.size(); ++i) wv[i] = static_cast<float>((i * 7) % 13) - 6.0f;
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.25f * static_cast<float>((i * 5) % 9);
+  for (size_t i = 0; i < y0.size(); ++i) y0[i] = static_cast<float>(i) - 3.5f;
+  const WeightView w =
+      MakeWeightView(WeightType::kF32, wv.data(), wv.size() * 4, rows, cols).value();
+  std::vector<float> prod(n * rows), want(n * rows), got = y0;
+  ASSERT_TRUE(DeviceMatMul(w, x.data(), n, cols, prod.data(), rows, Device::kCpu).ok());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = y0[i] + prod[i];
+  DeviceMatMulOptions acc;
+  acc.accumulate = true;
+  ASSERT_TRUE(
+      DeviceMatMul(w, x.data(), n, cols, got.data(), rows, Device::kCpu, nullptr, acc).ok());
+  EXPECT_EQ(got, want);
+}
+
 }  // namespace
 }  // namespace polykv::kernels

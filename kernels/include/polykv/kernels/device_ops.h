@@ -61,6 +61,10 @@ struct DeviceMatMulOptions {
   /// CUDA, F32/F16/BF16 weights: -1 (auto) uses cuBLAS for n > kDeviceMatVecMaxRows and the
   /// warp kernels below; 0 never uses cuBLAS (launches of 16 rows); 1 uses cuBLAS for every n.
   int blas = -1;
+  /// y += x W^T instead of y = x W^T: each output gets one f32 add of its product, exactly
+  /// what a DeviceAdd after the product gives (a residual add fused into the product). On
+  /// CUDA the warp kernels serve every n (never cuBLAS).
+  bool accumulate = false;
   /// Device::kCpu: the CPU kernels' options.
   MatMulOptions cpu;
 };
