@@ -295,6 +295,31 @@ Status DeviceMatMul(const WeightView& w, const float* x, int64_t n, int64_t x_st
     const bool blas = !options.accumulate && float_type &&
                       (options.blas == 1 || (options.blas < 0 && n > kDeviceMatVecMaxRows));
     if (blas) return BlasMatMul(w, x, n, x_stride, y, y_stride, CudaStream(stream));
+    // Block-quantized weights and many rows (a prefill): the matrix dequantized to f32 once
+    // (block_math.h, bit-exact with the CPU's DequantizeRows), then cublasSgemm, instead of
+    // reading the blocks once per 16 rows.
+    const bool quant_blas = !float_type && !options.accumulate &&
+                            (options.blas == 1 || (options.blas < 0 && n >= kDeviceGemmMinRows));
+    if (quant_blas) {
+      cudaStream_t cs = CudaStream(stream);
+      float* wf = nullptr;
+      POLYKV_RETURN_IF_ERROR(
+          CudaStatus(cudaMallocAsync(reinterpret_cast<void**>(&wf),
+                                     sizeof(float) * static_cast<size_t>(w.rows * w.cols), cs),
+                     "cudaMallocAsync (dequantized weights)"));
+      Status st = CudaStatus(cuda::InvokeDequantizeRows(static_cast<uint32_t>(w.type), w.data, 0,
+                                                        w.rows, w.cols, w.row_bytes, wf, cs),
+                             "dequantize kernel");
+      if (st.ok()) {
+        WeightView f = w;
+        f.type = WeightType::kF32;
+        f.data = wf;
+        f.row_bytes = w.cols * 4;
+        st = BlasMatMul(f, x, n, x_stride, y, y_stride, cs);
+      }
+      const Status fs = CudaStatus(cudaFreeAsync(wf, cs), "cudaFreeAsync");
+      return st.ok() ? fs : st;
+    }
     for (int64_t r = 0; r < n; r += kDeviceMatVecMaxRows) {
       const int64_t m = std::min<int64_t>(kDeviceMatVecMaxRows, n - r);
       POLYKV_RETURN_IF_ERROR(CudaStatus(

@@ -189,6 +189,39 @@ TEST(DeviceOpsCuda, CublasMatMulIsWithinItsBound) {
 #endif
 }
 
+// Block-quantized weights and a prefill's rows (>= kDeviceGemmMinRows): dequantized to f32 +
+// cublasSgemm, within the f32 bound of the exact product of the dequantized weights.
+TEST(DeviceOpsCuda, QuantizedPrefillGemmIsWithinItsBound) {
+  POLYKV_REQUIRE_CUDA_DEVICE();
+#if defined(POLYKV_HAVE_CUDA)
+  for (WeightType t : kDeviceTypes) {
+    if (t == WeightType::kF32 || t == WeightType::kF16 || t == WeightType::kBF16) continue;
+    SCOPED_TRACE(WeightTypeName(t));
+    const int64_t rows = 200, cols = 576, n = kDeviceGemmMinRows + 9;
+    const auto bytes = RandomWeightBytes(t, rows, cols, 31);
+    const auto x = RandomRows(n, cols, 32);
+    Dev<uint8_t> dw(bytes);
+    Dev<float> dx(x), dy(static_cast<size_t>(n * rows));
+    const Status st = DeviceMatMul(ViewAt(t, dw.get(), rows, cols), dx.get(), n, cols, dy.get(),
+                                   rows, Device::kCuda);
+    ASSERT_TRUE(st.ok()) << st;
+    const auto y = dy.ToHost();
+    std::vector<float> deq(rows * cols);
+    ASSERT_TRUE(DequantizeRows(ViewAt(t, bytes.data(), rows, cols), 0, rows, deq.data()).ok());
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t o = 0; o < rows; ++o) {
+        double exact = 0, mag = 0;
+        for (int64_t i = 0; i < cols; ++i) {
+          exact += double{deq[o * cols + i]} * x[r * cols + i];
+          mag += std::fabs(double{deq[o * cols + i]} * x[r * cols + i]);
+        }
+        ASSERT_LE(std::fabs(y[r * rows + o] - exact), Gamma(cols + 6) * mag)
+            << "row " << r << " out " << o;
+      }
+  }
+#endif
+}
+
 TEST(DeviceOpsCuda, EmbedRowsEqualsDequantizedRows) {
   POLYKV_REQUIRE_CUDA_DEVICE();
 #if defined(POLYKV_HAVE_CUDA)

@@ -26,7 +26,8 @@
 //    accumulation, no TF32); F16 / BF16 weights: the activations rounded to the weight's
 //    16-bit type, cublasGemmEx with f32 accumulation (|err| <= 2^-8 (bf16) or 2^-11 (f16)
 //    relative per product term, plus the f32 sum's rounding); quantized weights: the warp
-//    kernels in launches of 16 rows;
+//    kernels in launches of 16 rows below kDeviceGemmMinRows rows, from there the weights
+//    dequantized to f32 and cublasSgemm (|err| <= gamma(cols) sum |w x|);
 //  - DeviceRmsNormRows: the f64 sum of squares in another order: equal to 1 f32 ulp;
 //  - DeviceSiluMul: expf differs by <= 2 ulp on the device: relative 1e-6;
 //  - DeviceSampleTopP: the f64 softmax sum in another order (~1e-16 relative): the same id
@@ -56,10 +57,16 @@ bool DeviceWeightTypeSupported(WeightType type);
 /// Most activation rows one CUDA warp-kernel launch multiplies (block_math.h).
 inline constexpr int64_t kDeviceMatVecMaxRows = 16;
 
+/// From this many rows on, DeviceMatMul on CUDA dequantizes block-quantized weights to f32
+/// once and multiplies with cuBLAS (a prefill) instead of warp-kernel launches of 16 rows (an
+/// agent's prompt of fewer rows keeps the warp kernels).
+inline constexpr int64_t kDeviceGemmMinRows = 64;
+
 /// Options of DeviceMatMul.
 struct DeviceMatMulOptions {
   /// CUDA, F32/F16/BF16 weights: -1 (auto) uses cuBLAS for n > kDeviceMatVecMaxRows and the
-  /// warp kernels below; 0 never uses cuBLAS (launches of 16 rows); 1 uses cuBLAS for every n.
+  /// warp kernels below; block-quantized weights: -1 dequantizes to f32 + cuBLAS for n >=
+  /// kDeviceGemmMinRows; 0 never uses cuBLAS (launches of 16 rows); 1 uses cuBLAS for every n.
   int blas = -1;
   /// y += x W^T instead of y = x W^T: each output gets one f32 add of its product, exactly
   /// what a DeviceAdd after the product gives (a residual add fused into the product). On
