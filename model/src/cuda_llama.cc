@@ -2,9 +2,11 @@
 // forward step on device_ops.h kernels, attention in place on a device prefix.
 #include "polykv/model/cuda_llama.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <initializer_list>
 #include <random>
 #include <utility>
@@ -56,6 +58,10 @@ StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix*, absl::Span<const i
   return absl::UnimplementedError("the CUDA model runtime is not in this build");
 }
 StatusOr<std::vector<float>> CudaLlama::LastLogits(absl::Span<const int32_t>) {
+  return absl::UnimplementedError("the CUDA model runtime is not in this build");
+}
+StatusOr<PrefillResult> CudaLlama::Prefill(absl::Span<const int32_t>, int64_t,
+                                           const std::function<void(int64_t, int64_t)>&) {
   return absl::UnimplementedError("the CUDA model runtime is not in this build");
 }
 
@@ -656,6 +662,46 @@ StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix* prefix,
     ++past;
   }
   r.total_ms = MsSince(t0);
+  return r;
+}
+
+StatusOr<PrefillResult> CudaLlama::Prefill(absl::Span<const int32_t> tokens, int64_t chunk,
+                                           const std::function<void(int64_t, int64_t)>& progress) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.cfg();
+  if (tokens.empty()) return absl::InvalidArgumentError("CUDA Prefill: empty document");
+  if (chunk < 1) return absl::InvalidArgumentError("CUDA Prefill: chunk < 1");
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(m.device), "cudaSetDevice"));
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const size_t step = static_cast<size_t>(std::min<int64_t>(chunk, 256));
+  // The suffix of capacity n is laid out [kv_heads][n][head_dim]: the result's layout.
+  std::vector<DeviceBlock> suffix(2 * static_cast<size_t>(c.layers));
+  const uint64_t bytes = static_cast<uint64_t>(c.kv_heads) * n * c.head_dim * 4;
+  for (DeviceBlock& b : suffix) POLYKV_RETURN_IF_ERROR(b.Allocate(bytes, "prefill K/V"));
+  for (size_t off = 0; off < tokens.size(); off += step) {
+    const absl::Span<const int32_t> part = tokens.subspan(off, step);
+    POLYKV_RETURN_IF_ERROR(m.Step(part, nullptr, static_cast<int64_t>(off), suffix, n));
+    if (progress) progress(static_cast<int64_t>(off + part.size()), n);
+  }
+  PrefillResult r;
+  r.tokens = n;
+  r.k.resize(static_cast<size_t>(c.layers));
+  r.v.resize(static_cast<size_t>(c.layers));
+  r.last_logits.resize(static_cast<size_t>(c.vocab));
+  for (int l = 0; l < c.layers; ++l) {
+    for (auto [dst, blk] :
+         {std::pair{&r.k[l], &suffix[2 * l]}, std::pair{&r.v[l], &suffix[2 * l + 1]}}) {
+      dst->resize(bytes / 4);
+      POLYKV_RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpyAsync(dst->data(), blk->get(), bytes, cudaMemcpyDeviceToHost, m.stream),
+          "copy prefill K/V"));
+    }
+  }
+  POLYKV_RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpyAsync(r.last_logits.data(), m.logits.get(), r.last_logits.size() * 4,
+                                 cudaMemcpyDeviceToHost, m.stream),
+                 "copy logits"));
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(m.stream), "CUDA prefill"));
   return r;
 }
 

@@ -67,6 +67,44 @@ TEST(CudaLlamaTest, LogitsMatchTheCpuRuntime) {
   }
 }
 
+// A document prefilled on the device: K/V per layer and the last logits as the CPU's
+// Prefill gives them (f32 weights: float rounding of the other summation orders, 1e-3).
+TEST(CudaLlamaTest, PrefillMatchesTheCpuPrefill) {
+  POLYKV_REQUIRE_CUDA_DEVICE();
+  auto cpu = LlamaModel::Load(ModelPath());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = CudaLlama::Load(ModelPath(), 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::vector<int32_t> doc(300);
+  for (size_t i = 0; i < doc.size(); ++i)
+    doc[i] = 1 + static_cast<int32_t>(i * 29) % ((*cpu)->config().vocab - 1);
+  auto want = (*cpu)->Prefill(doc);
+  ASSERT_TRUE(want.ok()) << want.status();
+  int64_t last_done = 0;
+  auto got = (*gpu)->Prefill(doc, 128, [&](int64_t done, int64_t total) {
+    EXPECT_EQ(total, 300);
+    last_done = done;
+  });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(last_done, 300);
+  EXPECT_EQ(got->tokens, 300);
+  ASSERT_EQ(got->k.size(), want->k.size());
+  float worst = 0;
+  for (size_t l = 0; l < want->k.size(); ++l) {
+    ASSERT_EQ(got->k[l].size(), want->k[l].size());
+    ASSERT_EQ(got->v[l].size(), want->v[l].size());
+    for (size_t i = 0; i < want->k[l].size(); ++i) {
+      worst = std::max(worst, std::fabs(got->k[l][i] - want->k[l][i]));
+      worst = std::max(worst, std::fabs(got->v[l][i] - want->v[l][i]));
+    }
+  }
+  EXPECT_LE(worst, 1e-3f);
+  ASSERT_EQ(got->last_logits.size(), want->last_logits.size());
+  for (size_t i = 0; i < got->last_logits.size(); ++i)
+    ASSERT_NEAR(got->last_logits[i], want->last_logits[i], 1e-3f) << i;
+  EXPECT_EQ((*gpu)->Prefill({}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CudaLlamaTest, GreedyAnswerEqualsTheCpuRuntime) {
   POLYKV_REQUIRE_CUDA_DEVICE();
   auto cpu = LlamaModel::Load(ModelPath());
