@@ -50,8 +50,8 @@ StatusOr<CreateResult> PoolManager::CreatePool(const ipc::Request& request,
   POLYKV_ASSIGN_OR_RETURN(std::optional<ipc::PoolInfo> existing,
                           JoinOrRegisterFlight(pool_id, &flight, cancel));
   if (existing) return CreateResult{*std::move(existing), false};
-  StatusOr<CreateResult> result = RestoreOrBuild(model_name, entry.get(), pool_id, params, ids,
-                                                 progress, cancel, chain.get());
+  StatusOr<CreateResult> result =
+      RestoreOrBuild(model_name, entry.get(), pool_id, params, ids, progress, cancel, chain.get());
   FinishFlight(pool_id, flight, result.ok() ? absl::OkStatus() : result.status());
   {
     std::lock_guard<std::mutex> lock(models_mu_);
@@ -160,13 +160,10 @@ StatusOr<ipc::PoolParams> PoolManager::CreateParams(const model::LlamaModel& m,
   return params;
 }
 
-StatusOr<CreateResult> PoolManager::RestoreOrBuild(const std::string& model_name,
-                                                   ModelEntry* entry, const std::string& pool_id,
-                                                   const ipc::PoolParams& params,
-                                                   const std::vector<int32_t>& ids,
-                                                   const ProgressFn& progress,
-                                                   const std::atomic<bool>* cancel,
-                                                   const ParentChain* chain) {
+StatusOr<CreateResult> PoolManager::RestoreOrBuild(
+    const std::string& model_name, ModelEntry* entry, const std::string& pool_id,
+    const ipc::PoolParams& params, const std::vector<int32_t>& ids, const ProgressFn& progress,
+    const std::atomic<bool>* cancel, const ParentChain* chain) {
   std::optional<ipc::PoolFileManifest> persisted;
   if (options_.store) persisted = options_.store->Find(pool_id);
   if (persisted && persisted->info.id == pool_id) {

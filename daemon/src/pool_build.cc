@@ -72,8 +72,8 @@ Status PoolManager::FillPool(ModelEntry* entry, const std::vector<int32_t>& ids,
 }
 
 Status PoolManager::AllocateRegion(PendingPool* p) {
-  POLYKV_ASSIGN_OR_RETURN(p->base,
-                          AllocatePoolMemory(p->id, p->needed, p->cuda, &p->pool, &p->host_staging));
+  POLYKV_ASSIGN_OR_RETURN(
+      p->base, AllocatePoolMemory(p->id, p->needed, p->cuda, &p->pool, &p->host_staging));
   return absl::OkStatus();
 }
 
@@ -183,9 +183,9 @@ Status PoolManager::SealPoolMemory(uint64_t needed, const std::vector<uint8_t>& 
   auto reader = ipc::PoolReader::Open(pool->region->data(), pool->region->size(),
                                       /*verify_payload=*/true);
   if (!reader.ok()) {
-    return Status(absl::StatusCode::kDataLoss,
-                  absl::StrCat("pool changed between ", filled_by,
-                               " and seal: ", reader.status().message()));
+    return Status(
+        absl::StatusCode::kDataLoss,
+        absl::StrCat("pool changed between ", filled_by, " and seal: ", reader.status().message()));
   }
   pool->memory.transport = "memfd";
   pool->memory.fd_socket = options_.fd_socket;

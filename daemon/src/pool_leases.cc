@@ -318,5 +318,4 @@ std::map<std::string, uint32_t> PoolManager::AgentsByPool() const {
   return out;
 }
 
-
 }  // namespace polykv::daemon

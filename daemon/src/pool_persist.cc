@@ -101,8 +101,8 @@ StatusOr<CreateResult> PoolManager::PublishFilled(const ipc::PoolInfo& source_in
   // gives the memory back.
   Pool pool;
   Reservation reservation(this, needed, &pool);
-  POLYKV_RETURN_IF_ERROR(reservation.Acquire(absl::StrCat(
-      from_state ? "persisted" : "replicated", " pool ", pool_id.substr(0, 16))));
+  POLYKV_RETURN_IF_ERROR(reservation.Acquire(
+      absl::StrCat(from_state ? "persisted" : "replicated", " pool ", pool_id.substr(0, 16))));
   if (Status s = FillPublished(source_info, needed, from_state, fill, &pool); !s.ok()) {
     spdlog::warn("{} of pool {} failed: {}", from_state ? "restore" : "replication",
                  pool_id.substr(0, 16), s.ToString());
@@ -153,9 +153,8 @@ Status PoolManager::FillPublished(const ipc::PoolInfo& source_info, uint64_t nee
                                   bool from_state, const FillFn& fill, Pool* pool) {
   const std::string& pool_id = source_info.id;
   std::vector<uint8_t> staging;
-  POLYKV_ASSIGN_OR_RETURN(void* base, AllocatePoolMemory(pool_id, needed,
-                                                         options_.backend == "cuda", pool,
-                                                         &staging));
+  POLYKV_ASSIGN_OR_RETURN(
+      void* base, AllocatePoolMemory(pool_id, needed, options_.backend == "cuda", pool, &staging));
   // The state folder verifies the file's checksums and the pool (PoolReader::Open with the
   // payload check; a corrupt file is quarantined); a replica is verified here.
   POLYKV_RETURN_IF_ERROR(fill(base, needed));
