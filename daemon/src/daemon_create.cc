@@ -27,7 +27,6 @@ std::string CreateWorkKey(const ipc::Request& r, const Requester& who) {
   return key;
 }
 
-
 void CreateWorker(std::shared_ptr<CreateShared> shared, std::shared_ptr<std::atomic<bool>> done) {
   for (;;) {
     CreateJob job;

@@ -95,7 +95,6 @@ StatusOr<ipc::Reply> Probe(const std::string& endpoint, int timeout_ms) {
   }
 }
 
-
 std::string RandomInstanceId() {
   uint8_t bytes[16];
   if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
