@@ -167,8 +167,8 @@ struct Daemon::Impl {
   // Daemon::Start's steps, in the order it runs them. A step that fails returns the error
   // Start returns; the Impl's destructor (Shutdown) then undoes what the earlier steps did.
   /// Resolves --backend (auto: cuda when usable), checks the limits, sets up the roles and
-  /// libtorch's threads. Returns the backend ("host" or "cuda").
-  [[nodiscard]] StatusOr<std::string> CheckOptions(const DaemonOptions& o);
+  /// libtorch's threads. Returns where pools live.
+  [[nodiscard]] StatusOr<ipc::PoolMemory> CheckOptions(const DaemonOptions& o);
   /// ipc:// only: the socket folder, a live daemon on the endpoint (kAlreadyExists), a stale
   /// socket or pid file, the shm segments of older versions.
   [[nodiscard]] Status ClaimEndpoint(const DaemonOptions& o);
@@ -176,7 +176,7 @@ struct Daemon::Impl {
   [[nodiscard]] Status ChooseFdPath(const DaemonOptions& o);
   /// The pool manager's options; opens the state folder (--state-dir) into `store`.
   [[nodiscard]] StatusOr<PoolManagerOptions> ConfigurePools(const DaemonOptions& o,
-                                                            const std::string& backend);
+                                                            ipc::PoolMemory backend);
   /// Starts the ZAP handler and binds the control ROUTER (kUnavailable when binding fails).
   [[nodiscard]] Status BindControlSocket();
   /// The pool manager and the state the create workers share with the control loop.

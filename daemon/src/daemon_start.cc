@@ -132,19 +132,22 @@ Status CheckSocketFolder(const std::string& dir) {
 
 }  // namespace
 
-StatusOr<std::string> Daemon::Impl::CheckOptions(const DaemonOptions& o) {
-  std::string backend = o.backend;
-  if (backend == "auto") {
-    backend = ipc::CudaAvailable() ? "cuda" : "host";
-    spdlog::info("backend auto -> {} ({})", backend,
-                 backend == "cuda"
+StatusOr<ipc::PoolMemory> Daemon::Impl::CheckOptions(const DaemonOptions& o) {
+  ipc::PoolMemory backend = ipc::PoolMemory::kHost;
+  if (o.backend == "auto") {
+    backend = ipc::CudaAvailable() ? ipc::PoolMemory::kCuda : ipc::PoolMemory::kHost;
+    spdlog::info("backend auto -> {} ({})", ipc::PoolMemoryName(backend),
+                 backend == ipc::PoolMemory::kCuda
                      ? "a CUDA device is usable: pools live in device memory; agents attend in "
                        "place with --device cuda, CPU agents need --allow-copy"
                      : "no usable CUDA device: pools live in host memory (memfd)");
-  } else if (backend == "cuda" && !ipc::CudaAvailable()) {
-    return absl::FailedPreconditionError("--backend cuda but no CUDA device is usable");
-  } else if (backend != "host" && backend != "cuda") {
-    return absl::InvalidArgumentError(absl::StrCat("unknown backend \"", backend, "\""));
+  } else if (std::optional<ipc::PoolMemory> named = ipc::ParsePoolMemory(o.backend)) {
+    backend = *named;
+    if (backend == ipc::PoolMemory::kCuda && !ipc::CudaAvailable()) {
+      return absl::FailedPreconditionError("--backend cuda but no CUDA device is usable");
+    }
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown backend \"", o.backend, "\""));
   }
   if (!(o.lease_seconds > 0)) return absl::InvalidArgumentError("lease seconds must be > 0");
   if (o.create_workers < 1) return absl::InvalidArgumentError("create workers must be >= 1");
@@ -232,7 +235,7 @@ Status Daemon::Impl::ChooseFdPath(const DaemonOptions& o) {
 }
 
 StatusOr<PoolManagerOptions> Daemon::Impl::ConfigurePools(const DaemonOptions& o,
-                                                          const std::string& backend) {
+                                                          ipc::PoolMemory backend) {
   PoolManagerOptions pm;
   pm.backend = backend;
   pm.memory_cap = o.memory_cap;
@@ -364,7 +367,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   impl->endpoint = o.endpoint.empty() ? ipc::DefaultEndpoint() : o.endpoint;
   impl->ipc_path = IpcPath(impl->endpoint);
   impl->instance = RandomInstanceId();
-  POLYKV_ASSIGN_OR_RETURN(const std::string backend, impl->CheckOptions(o));
+  POLYKV_ASSIGN_OR_RETURN(const ipc::PoolMemory backend, impl->CheckOptions(o));
   POLYKV_RETURN_IF_ERROR(impl->ClaimEndpoint(o));
   if (o.models_dirs.empty()) {
     spdlog::info("no --models-dir: only uid {} and root may name model files", getuid());
@@ -383,7 +386,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   spdlog::info(
       "polykvd {} serving {} (instance {}, backend {}, memory cap {}, lease {} s, "
       "{} create worker(s), queue {}, {}; {})",
-      POLYKV_VERSION, impl->endpoint, impl->instance.substr(0, 8), backend,
+      POLYKV_VERSION, impl->endpoint, impl->instance.substr(0, 8), ipc::PoolMemoryName(backend),
       impl->options.memory_cap ? std::to_string(impl->options.memory_cap) + " bytes"
                                : std::string("unlimited"),
       impl->options.lease_seconds, impl->options.create_workers, impl->options.max_queued_creates,

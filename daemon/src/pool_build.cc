@@ -43,7 +43,7 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
   if (Cancelled(cancel)) return absl::CancelledError("polykvd is shutting down");
 
   // Reserve memory against the cap; every way out before the publish gives it back.
-  PendingPool p(pool_id, params, layout, options_.backend == "cuda");
+  PendingPool p(pool_id, params, layout, options_.backend);
   Reservation reservation(this, p.needed, &p.pool);
   POLYKV_RETURN_IF_ERROR(reservation.Acquire());
 
@@ -170,12 +170,12 @@ Status PoolManager::SealPoolMemory(uint64_t needed, const std::vector<uint8_t>& 
     if (!staging.empty()) {
       POLYKV_RETURN_IF_ERROR(pool->arena->CopyFromHost(0, staging.data(), needed));
     }
-    pool->memory.backend = "cuda";
+    pool->memory.backend = ipc::PoolMemory::kCuda;
     pool->memory.size = needed;
     POLYKV_ASSIGN_OR_RETURN(pool->memory.cuda, pool->arena->Export(0, needed));
     return absl::OkStatus();
   }
-  pool->memory.backend = "host";
+  pool->memory.backend = ipc::PoolMemory::kHost;
   pool->memory.size = needed;
   // Seal, then check the payload once more: it is now immutable, and what agents will
   // map is exactly what the checksum in the header describes.
@@ -288,7 +288,8 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
       }
       if (!it->second.region) {
         return absl::FailedPreconditionError(
-            absl::StrCat("parent pool ", id.substr(0, 16), " is on the ", it->second.memory.backend,
+            absl::StrCat("parent pool ", id.substr(0, 16), " is on the ",
+                         ipc::PoolMemoryName(it->second.memory.backend),
                          " backend: pool trees are built from host pools"));
       }
       const int fd = fcntl(it->second.region->fd(), F_DUPFD_CLOEXEC, 0);

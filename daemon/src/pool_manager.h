@@ -68,8 +68,8 @@ class PeerSource {
 
 /// Configuration of a PoolManager.
 struct PoolManagerOptions {
-  /// "host" or "cuda" (the daemon resolves "auto" before constructing the manager).
-  std::string backend = "host";
+  /// Where pools live (the daemon resolves --backend auto before constructing the manager).
+  ipc::PoolMemory backend = ipc::PoolMemory::kHost;
   /// Bytes the backend may hold in pools; 0 = unlimited.
   uint64_t memory_cap = 0;
   /// Lease duration granted by ATTACH and RENEW (milliseconds).
@@ -300,7 +300,7 @@ class PoolManager {
   ModelCacheStats model_cache() const;
   /// Live leases over all pools.
   uint64_t lease_count() const;
-  const std::string& backend() const { return options_.backend; }
+  ipc::PoolMemory backend() const { return options_.backend; }
 
   /// Refuses new creates (kCancelled) and releases every published pool.
   void Shutdown();

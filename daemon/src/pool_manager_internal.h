@@ -108,9 +108,10 @@ class PoolManager::Reservation {
     std::lock_guard<std::mutex> lock(manager_->mu_);
     const PoolManagerOptions& options = manager_->options_;
     if (options.memory_cap > 0 && manager_->used_ + needed_ > options.memory_cap) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "memory cap exceeded on backend ", options.backend, ": used ", manager_->used_,
-          " of cap ", options.memory_cap, " bytes, ", who, " needs ", needed_, " bytes"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("memory cap exceeded on backend ", ipc::PoolMemoryName(options.backend),
+                       ": used ", manager_->used_, " of cap ", options.memory_cap, " bytes, ", who,
+                       " needs ", needed_, " bytes"));
     }
     manager_->used_ += needed_;
     held_ = true;
@@ -129,8 +130,12 @@ class PoolManager::Reservation {
 
 struct PoolManager::PendingPool {
   PendingPool(const std::string& id, const ipc::PoolParams& params, const ipc::PoolLayout& layout,
-              bool cuda)
-      : id(id), params(params), layout(layout), needed(layout.total_bytes), cuda(cuda) {}
+              ipc::PoolMemory memory)
+      : id(id),
+        params(params),
+        layout(layout),
+        needed(layout.total_bytes),
+        cuda(memory == ipc::PoolMemory::kCuda) {}
 
   const std::string& id;
   const ipc::PoolParams& params;
@@ -154,7 +159,7 @@ struct PoolManager::PendingPool {
     info.architecture = params.architecture;
     info.tokenizer_family = params.tokenizer_family;
     info.codec = ipc::PoolCodecLabel(params);
-    info.backend = pool.memory.backend;
+    info.backend = std::string(ipc::PoolMemoryName(pool.memory.backend));
     info.tokens = params.tokens;
     info.layers = params.layers;
     info.kv_heads = params.kv_heads;

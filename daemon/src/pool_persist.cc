@@ -122,7 +122,7 @@ StatusOr<CreateResult> PoolManager::PublishFilled(const ipc::PoolInfo& source_in
       SetFidelity(k, v, &pool.info);
     }
   }
-  pool.info.backend = pool.memory.backend;
+  pool.info.backend = std::string(ipc::PoolMemoryName(pool.memory.backend));
   pool.info.leases = 0;
   CreateResult result;
   {
@@ -154,7 +154,8 @@ Status PoolManager::FillPublished(const ipc::PoolInfo& source_info, uint64_t nee
   const std::string& pool_id = source_info.id;
   std::vector<uint8_t> staging;
   POLYKV_ASSIGN_OR_RETURN(
-      void* base, AllocatePoolMemory(pool_id, needed, options_.backend == "cuda", pool, &staging));
+      void* base, AllocatePoolMemory(pool_id, needed, options_.backend == ipc::PoolMemory::kCuda,
+                                     pool, &staging));
   // The state folder verifies the file's checksums and the pool (PoolReader::Open with the
   // payload check; a corrupt file is quarantined); a replica is verified here.
   POLYKV_RETURN_IF_ERROR(fill(base, needed));

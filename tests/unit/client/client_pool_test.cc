@@ -154,7 +154,7 @@ class FakePoolTest : public ::testing::Test {
         r.lease_id = "lease-1";
         r.lease_ms = lease_ms_;
         ipc::MemoryHandle m;
-        m.backend = "host";
+        m.backend = ipc::PoolMemory::kHost;
         if (fd_server_) {
           m.transport = "memfd";
           m.fd_socket = fd_server_->path();
