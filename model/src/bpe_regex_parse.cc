@@ -283,90 +283,23 @@ class Parser {
       }
       case 'p':
       case 'P': {
-        if (!More() || Peek() != '{') return Error("\\p without {name}");
-        ++i_;
-        bool neg = c == 'P';
-        if (More() && Peek() == '^') {
-          neg = !neg;
-          ++i_;
-        }
-        std::string name;
-        while (More() && Peek() != '}') name += static_cast<char>(p_[i_++] & 0x7F);
-        if (!More()) return Error("unterminated \\p{");
-        ++i_;
-        const uint32_t mask = CategoryMask(name);
-        if (mask == 0) return Error(absl::StrCat("unsupported property \\p{", name, "}"));
-        if (neg) {
-          cc->not_gc_masks.push_back(mask);
-        } else {
-          cc->gc_mask |= mask;
-        }
+        POLYKV_RETURN_IF_ERROR(ParseProperty(c == 'P', cc));
         return false;
       }
       case 'x': {
-        uint32_t v = 0;
-        int digits = 0;
-        auto hex = [](uint32_t h) -> int {
-          if (h >= '0' && h <= '9') return h - '0';
-          if (h >= 'a' && h <= 'f') return h - 'a' + 10;
-          if (h >= 'A' && h <= 'F') return h - 'A' + 10;
-          return -1;
-        };
-        if (More() && Peek() == '{') {
-          ++i_;
-          while (More() && Peek() != '}' && hex(Peek()) >= 0 && digits < 8) {
-            v = v * 16 + hex(p_[i_++]);
-            ++digits;
-          }
-          if (!More() || Peek() != '}' || digits == 0) return Error("bad \\x{..}");
-          ++i_;
-        } else {
-          while (More() && digits < 2 && hex(Peek()) >= 0) {
-            v = v * 16 + hex(p_[i_++]);
-            ++digits;
-          }
-          if (digits == 0) return Error("bad \\x");
-        }
-        *literal = v;
+        POLYKV_ASSIGN_OR_RETURN(*literal, ParseHexEscape());
         return true;
       }
       case 'u': {
-        uint32_t v = 0;
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t h = Peek();
-          int d = (h >= '0' && h <= '9')   ? int(h - '0')
-                  : (h >= 'a' && h <= 'f') ? int(h - 'a' + 10)
-                  : (h >= 'A' && h <= 'F') ? int(h - 'A' + 10)
-                                           : -1;
-          if (d < 0) return Error("bad \\u");
-          v = v * 16 + d;
-          ++i_;
-        }
-        *literal = v;
+        POLYKV_ASSIGN_OR_RETURN(*literal, ParseU4Escape());
         return true;
       }
       case 'b':
       case 'B':
       case 'A':
       case 'z':
-      case 'Z': {
-        if (assert_node == nullptr) {
-          if (c == 'b') {  // \b in a class is backspace
-            *literal = 0x08;
-            return true;
-          }
-          return Error(absl::StrCat("\\", std::string(1, static_cast<char>(c)), " in a class"));
-        }
-        auto n = std::make_unique<Node>();
-        n->kind = NodeKind::kAssert;
-        n->assert_kind = c == 'b'   ? AssertKind::kWordB
-                         : c == 'B' ? AssertKind::kNotWordB
-                         : c == 'A' ? AssertKind::kBeginText
-                         : c == 'z' ? AssertKind::kEndText
-                                    : AssertKind::kEndTextNl;
-        *assert_node = std::move(n);
-        return false;
-      }
+      case 'Z':
+        return ParseAnchorEscape(c, literal, assert_node);
       default:
         if ((c >= '1' && c <= '9') || c == 'k' || c == 'g') {
           return Error("backreferences and subexpression calls");
@@ -377,6 +310,96 @@ class Parser {
         *literal = c;  // escaped punctuation or any other character
         return true;
     }
+  }
+
+  // \p{..}, \P{..} (`upper`) or \p{^..} after the letter: a general category, or its
+  // complement, into `cc`.
+  Status ParseProperty(bool upper, CharClass* cc) {
+    if (!More() || Peek() != '{') return Error("\\p without {name}");
+    ++i_;
+    bool neg = upper;
+    if (More() && Peek() == '^') {
+      neg = !neg;
+      ++i_;
+    }
+    std::string name;
+    while (More() && Peek() != '}') name += static_cast<char>(p_[i_++] & 0x7F);
+    if (!More()) return Error("unterminated \\p{");
+    ++i_;
+    const uint32_t mask = CategoryMask(name);
+    if (mask == 0) return Error(absl::StrCat("unsupported property \\p{", name, "}"));
+    if (neg) {
+      cc->not_gc_masks.push_back(mask);
+    } else {
+      cc->gc_mask |= mask;
+    }
+    return absl::OkStatus();
+  }
+
+  // \xHH or \x{H..} after the 'x'.
+  StatusOr<uint32_t> ParseHexEscape() {
+    uint32_t v = 0;
+    int digits = 0;
+    auto hex = [](uint32_t h) -> int {
+      if (h >= '0' && h <= '9') return h - '0';
+      if (h >= 'a' && h <= 'f') return h - 'a' + 10;
+      if (h >= 'A' && h <= 'F') return h - 'A' + 10;
+      return -1;
+    };
+    if (More() && Peek() == '{') {
+      ++i_;
+      while (More() && Peek() != '}' && hex(Peek()) >= 0 && digits < 8) {
+        v = v * 16 + hex(p_[i_++]);
+        ++digits;
+      }
+      if (!More() || Peek() != '}' || digits == 0) return Error("bad \\x{..}");
+      ++i_;
+    } else {
+      while (More() && digits < 2 && hex(Peek()) >= 0) {
+        v = v * 16 + hex(p_[i_++]);
+        ++digits;
+      }
+      if (digits == 0) return Error("bad \\x");
+    }
+    return v;
+  }
+
+  // \uHHHH after the 'u'.
+  StatusOr<uint32_t> ParseU4Escape() {
+    uint32_t v = 0;
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t h = Peek();
+      int d = (h >= '0' && h <= '9')   ? int(h - '0')
+              : (h >= 'a' && h <= 'f') ? int(h - 'a' + 10)
+              : (h >= 'A' && h <= 'F') ? int(h - 'A' + 10)
+                                       : -1;
+      if (d < 0) return Error("bad \\u");
+      v = v * 16 + d;
+      ++i_;
+    }
+    return v;
+  }
+
+  // \b \B \A \z \Z: an assertion node, or (in a class, `assert_node` null) backspace for
+  // \b and an error for the others.
+  StatusOr<bool> ParseAnchorEscape(uint32_t c, uint32_t* literal,
+                                   std::unique_ptr<Node>* assert_node) {
+    if (assert_node == nullptr) {
+      if (c == 'b') {  // \b in a class is backspace
+        *literal = 0x08;
+        return true;
+      }
+      return Error(absl::StrCat("\\", std::string(1, static_cast<char>(c)), " in a class"));
+    }
+    auto n = std::make_unique<Node>();
+    n->kind = NodeKind::kAssert;
+    n->assert_kind = c == 'b'   ? AssertKind::kWordB
+                     : c == 'B' ? AssertKind::kNotWordB
+                     : c == 'A' ? AssertKind::kBeginText
+                     : c == 'z' ? AssertKind::kEndText
+                                : AssertKind::kEndTextNl;
+    *assert_node = std::move(n);
+    return false;
   }
 
   // Parses a class body after '['. Handles nesting and &&.
