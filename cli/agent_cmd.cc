@@ -83,21 +83,8 @@ std::string IdsString(const std::vector<int32_t>& ids) {
   return s;
 }
 
-Status RunAgent(const AgentArgs& a) {
-  client::AgentOptions opts;
-  opts.model_path = a.model;
-  opts.endpoint = a.endpoint;
-  opts.timeout_ms = a.timeout_ms;
-  opts.threads = a.threads;
-  POLYKV_ASSIGN_OR_RETURN(opts.attend, client::ParseAttend(a.attend));
-  POLYKV_ASSIGN_OR_RETURN(opts.device, client::ParseAgentDevice(a.device));
-  opts.allow_copy = a.allow_copy;
-  if (a.weights == "mapped") opts.load.weights = model::WeightStorage::kMapped;
-  auto t_load = std::chrono::steady_clock::now();
-  POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<client::PooledAgent> agent,
-                          client::PooledAgent::Create(opts));
-  const double load_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
+// --hold-file and the --debug-pause-* hooks (tests and memory measurements).
+void InstallHooks(const AgentArgs& a, client::PooledAgent* agent) {
   client::AgentHooks hold_hooks;
   if (!a.hold_file.empty()) {
     // For memory measurements: N agents alive at once, each attached after answering.
@@ -127,23 +114,28 @@ Status RunAgent(const AgentArgs& a) {
     };
     agent->set_hooks(std::move(hooks));
   }
+}
 
-  if (!a.score_ids.empty()) {
-    // polykv-cli eval's agents section: continuation t_C .. t_L; inputs t_C .. t_{L-1}
-    // predict t_{C+1} .. t_L.
-    POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> cont, ParseTokenIds(a.score_ids, "--score-ids"));
-    if (cont.size() < 2) return absl::InvalidArgumentError("--score-ids needs >= 2 ids");
-    std::vector<int32_t> in(cont.begin(), cont.end() - 1), tgt(cont.begin() + 1, cont.end());
-    POLYKV_ASSIGN_OR_RETURN(std::vector<double> nll, agent->Score(a.pool, in, tgt));
-    double sum = 0;
-    for (double x : nll) sum += x;
-    nlohmann::json j = {{"pool", a.pool},
-                        {"pid", static_cast<int64_t>(getpid())},
-                        {"scored", nll.size()},
-                        {"mean_nll", sum / static_cast<double>(nll.size())}};
-    std::cout << j.dump() << std::endl;
-    return absl::OkStatus();
-  }
+// --score-ids: the mean NLL of a continuation over the pool, as JSON (one line).
+Status ScoreIds(const AgentArgs& a, client::PooledAgent* agent) {
+  // polykv-cli eval's agents section: continuation t_C .. t_L; inputs t_C .. t_{L-1}
+  // predict t_{C+1} .. t_L.
+  POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> cont, ParseTokenIds(a.score_ids, "--score-ids"));
+  if (cont.size() < 2) return absl::InvalidArgumentError("--score-ids needs >= 2 ids");
+  std::vector<int32_t> in(cont.begin(), cont.end() - 1), tgt(cont.begin() + 1, cont.end());
+  POLYKV_ASSIGN_OR_RETURN(std::vector<double> nll, agent->Score(a.pool, in, tgt));
+  double sum = 0;
+  for (double x : nll) sum += x;
+  nlohmann::json j = {{"pool", a.pool},
+                      {"pid", static_cast<int64_t>(getpid())},
+                      {"scored", nll.size()},
+                      {"mean_nll", sum / static_cast<double>(nll.size())}};
+  std::cout << j.dump() << std::endl;
+  return absl::OkStatus();
+}
+
+// The prompt's token ids: --prompt-ids, or --prompt encoded (in the chat template with --chat).
+StatusOr<std::vector<int32_t>> PromptIds(const AgentArgs& a, client::PooledAgent* agent) {
   std::vector<int32_t> prompt_ids;
   if (!a.prompt_ids.empty()) {
     POLYKV_ASSIGN_OR_RETURN(prompt_ids, ParseTokenIds(a.prompt_ids, "--prompt-ids"));
@@ -157,6 +149,58 @@ Status RunAgent(const AgentArgs& a) {
     }
     POLYKV_ASSIGN_OR_RETURN(prompt_ids, agent->EncodePrompt(text));
   }
+  return prompt_ids;
+}
+
+// --stats: the answer's timings, sizes and memory, one figure a line.
+void PrintStats(const AgentArgs& a, const client::AgentResult& r, double load_ms) {
+  const auto& s = r.stats;
+  std::printf(
+      "pool %s codec %s, attended %s: %lld document tokens, %lld prompt tokens, "
+      "%lld new tokens\n",
+      a.pool.c_str(), r.codec.c_str(), client::AttendName(r.attend), (long long)s.document_tokens,
+      (long long)s.prompt_tokens, (long long)s.new_tokens);
+  std::printf("  model load          %10.1f ms\n", load_ms);
+  std::printf("  attach              %10.1f ms\n", s.attach_ms);
+  std::printf("  %-19s %10.1f ms\n",
+              r.attend == client::Attend::kInPlace ? "map pool view" : "decode pool", s.decode_ms);
+  std::printf("  prompt + 1st token  %10.1f ms\n", s.prompt_first_token_ms);
+  std::printf("  TTFT                %10.1f ms  (attach + %s + prompt + first token)\n", s.ttft_ms,
+              r.attend == client::Attend::kInPlace ? "view" : "decode");
+  std::printf("  generation          %10.1f ms  (%.1f tokens/s)\n", s.generation_ms,
+              s.tokens_per_s);
+  std::printf("  shared pool         %10.2f MiB (bf16 private equivalent %.2f MiB)\n",
+              s.pool_bytes / 1048576.0, s.pool_bf16_bytes / 1048576.0);
+  std::printf("  private KV cache    %10.2f MiB%s\n", s.private_kv_bytes / 1048576.0,
+              r.attend == client::Attend::kInPlace ? " (prompt + answer only)" : "");
+  if (s.prefix_bytes_per_token > 0)
+    std::printf("  prefix read/token   %10.2f MiB (in place, every layer)\n",
+                s.prefix_bytes_per_token / 1048576.0);
+  std::printf("  process memory      %10.1f MiB RSS, %.1f MiB PSS, %.1f MiB private\n",
+              s.memory.rss / 1048576.0, s.memory.pss / 1048576.0,
+              s.memory.private_bytes / 1048576.0);
+  std::printf("  peak RSS            %10.1f MiB\n", client::PeakRssBytes() / 1048576.0);
+}
+
+Status RunAgent(const AgentArgs& a) {
+  client::AgentOptions opts;
+  opts.model_path = a.model;
+  opts.endpoint = a.endpoint;
+  opts.timeout_ms = a.timeout_ms;
+  opts.threads = a.threads;
+  POLYKV_ASSIGN_OR_RETURN(opts.attend, client::ParseAttend(a.attend));
+  POLYKV_ASSIGN_OR_RETURN(opts.device, client::ParseAgentDevice(a.device));
+  opts.allow_copy = a.allow_copy;
+  if (a.weights == "mapped") opts.load.weights = model::WeightStorage::kMapped;
+  auto t_load = std::chrono::steady_clock::now();
+  POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<client::PooledAgent> agent,
+                          client::PooledAgent::Create(opts));
+  const double load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
+  InstallHooks(a, agent.get());
+
+  if (!a.score_ids.empty()) return ScoreIds(a, agent.get());
+  POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> prompt_ids, PromptIds(a, agent.get()));
   model::SamplingOptions sampling;
   sampling.max_new_tokens = a.max_new_tokens;
   sampling.greedy = a.temperature <= 0;
@@ -199,35 +243,7 @@ Status RunAgent(const AgentArgs& a) {
     return absl::OkStatus();
   }
   std::cout << (has_tok ? r.answer_text : IdsString(r.answer_ids)) << std::endl;
-  if (a.stats) {
-    const auto& s = r.stats;
-    std::printf(
-        "pool %s codec %s, attended %s: %lld document tokens, %lld prompt tokens, "
-        "%lld new tokens\n",
-        a.pool.c_str(), r.codec.c_str(), client::AttendName(r.attend), (long long)s.document_tokens,
-        (long long)s.prompt_tokens, (long long)s.new_tokens);
-    std::printf("  model load          %10.1f ms\n", load_ms);
-    std::printf("  attach              %10.1f ms\n", s.attach_ms);
-    std::printf("  %-19s %10.1f ms\n",
-                r.attend == client::Attend::kInPlace ? "map pool view" : "decode pool",
-                s.decode_ms);
-    std::printf("  prompt + 1st token  %10.1f ms\n", s.prompt_first_token_ms);
-    std::printf("  TTFT                %10.1f ms  (attach + %s + prompt + first token)\n",
-                s.ttft_ms, r.attend == client::Attend::kInPlace ? "view" : "decode");
-    std::printf("  generation          %10.1f ms  (%.1f tokens/s)\n", s.generation_ms,
-                s.tokens_per_s);
-    std::printf("  shared pool         %10.2f MiB (bf16 private equivalent %.2f MiB)\n",
-                s.pool_bytes / 1048576.0, s.pool_bf16_bytes / 1048576.0);
-    std::printf("  private KV cache    %10.2f MiB%s\n", s.private_kv_bytes / 1048576.0,
-                r.attend == client::Attend::kInPlace ? " (prompt + answer only)" : "");
-    if (s.prefix_bytes_per_token > 0)
-      std::printf("  prefix read/token   %10.2f MiB (in place, every layer)\n",
-                  s.prefix_bytes_per_token / 1048576.0);
-    std::printf("  process memory      %10.1f MiB RSS, %.1f MiB PSS, %.1f MiB private\n",
-                s.memory.rss / 1048576.0, s.memory.pss / 1048576.0,
-                s.memory.private_bytes / 1048576.0);
-    std::printf("  peak RSS            %10.1f MiB\n", client::PeakRssBytes() / 1048576.0);
-  }
+  if (a.stats) PrintStats(a, r, load_ms);
   if (base) {
     std::printf(
         "baseline (re-prefill the document): TTFT %.1f ms (prefill %.1f ms + prompt "

@@ -118,7 +118,8 @@ std::string Metrics::Render(const PoolManager& pools, const PoolStore* store) co
   std::string out;
   const std::vector<ipc::PoolInfo> list = pools.List();
   const std::map<std::string, uint32_t> agents = pools.AgentsByPool();
-  const std::string backend = absl::StrCat("backend=\"", pools.backend(), "\"");
+  const std::string backend =
+      absl::StrCat("backend=\"", ipc::PoolMemoryName(pools.backend()), "\"");
 
   Family(&out, "polykv_pools", "gauge", "Published pools.");
   Sample(&out, "polykv_pools", backend, static_cast<double>(list.size()));

@@ -68,8 +68,8 @@ class PeerSource {
 
 /// Configuration of a PoolManager.
 struct PoolManagerOptions {
-  /// "host" or "cuda" (the daemon resolves "auto" before constructing the manager).
-  std::string backend = "host";
+  /// Where pools live (the daemon resolves --backend auto before constructing the manager).
+  ipc::PoolMemory backend = ipc::PoolMemory::kHost;
   /// Bytes the backend may hold in pools; 0 = unlimited.
   uint64_t memory_cap = 0;
   /// Lease duration granted by ATTACH and RENEW (milliseconds).
@@ -300,7 +300,7 @@ class PoolManager {
   ModelCacheStats model_cache() const;
   /// Live leases over all pools.
   uint64_t lease_count() const;
-  const std::string& backend() const { return options_.backend; }
+  ipc::PoolMemory backend() const { return options_.backend; }
 
   /// Refuses new creates (kCancelled) and releases every published pool.
   void Shutdown();
@@ -370,13 +370,23 @@ class PoolManager {
   using FillFn = std::function<Status(void* dst, uint64_t size)>;
   [[nodiscard]] StatusOr<CreateResult> PublishFilled(const ipc::PoolInfo& info, uint64_t needed,
                                                      const std::string& origin, const FillFn& fill);
+  /// PublishFilled's region: allocated, filled, checked (a replica: CheckReplica, then
+  /// persisted) and sealed into `pool`.
+  [[nodiscard]] Status FillPublished(const ipc::PoolInfo& info, uint64_t needed, bool from_state,
+                                     const FillFn& fill, Pool* pool);
+  /// A replica's payload checksums, and its header against what the peer announced (id,
+  /// tokens, parent, model fingerprint). Errors: kDataLoss.
+  [[nodiscard]] static Status CheckReplica(const ipc::PoolInfo& info, const void* base,
+                                           uint64_t needed);
   /// OK when this daemon would serve a pool made with `info.model` of fingerprint
   /// `info.model_fingerprint`; else kFailedPrecondition starting with `what`.
   [[nodiscard]] Status CheckServableModel(const ipc::PoolInfo& info, const std::string& what);
   /// Waits for a create / restore / replication of `id` in flight. Returns the pool when it
   /// is (or became) published; else registers `*flight` for the caller and returns nullopt.
+  /// `cancel` (may be null) and Shutdown() end the wait with kCancelled.
   [[nodiscard]] StatusOr<std::optional<ipc::PoolInfo>> JoinOrRegisterFlight(
-      const std::string& id, std::shared_ptr<InFlight>* flight);
+      const std::string& id, std::shared_ptr<InFlight>* flight,
+      const std::atomic<bool>* cancel = nullptr);
   void FinishFlight(const std::string& id, const std::shared_ptr<InFlight>& flight,
                     const Status& status);
   [[nodiscard]] StatusOr<std::string> ResolvePoolIdLocked(const std::string& id_or_prefix) const;
@@ -395,6 +405,27 @@ class PoolManager {
   };
   [[nodiscard]] StatusOr<std::shared_ptr<ParentChain>> OpenParentChain(
       const std::string& parent_id);
+  // CreatePool's steps (pool_admission.cc).
+  /// The create's codec and key scale: parsed from the request, or the parent's (a child may
+  /// name it again, not another). Errors: kInvalidArgument.
+  [[nodiscard]] Status CreateCodec(const ipc::Request& request, const ParentChain* chain,
+                                   CodecChoice* codec, kernels::KeyScaleMode* key_scale) const;
+  /// The request's token ids, or its document tokenized; checked against the vocabulary and
+  /// the model's context (after the parent chain). Errors: kInvalidArgument.
+  [[nodiscard]] StatusOr<std::vector<int32_t>> CreateTokens(const ipc::Request& request,
+                                                            const model::LlamaModel& m,
+                                                            const ParentChain* chain,
+                                                            const ProgressFn& progress) const;
+  /// The pool's shape, codec parameters (the parent's for a child) and fingerprints.
+  [[nodiscard]] StatusOr<ipc::PoolParams> CreateParams(
+      const model::LlamaModel& m, const CodecChoice& codec, kernels::KeyScaleMode key_scale,
+      bool norm_correction, const ParentChain* chain, size_t tokens) const;
+  /// Restores the pool from the state folder when it is there (a failed restore other than
+  /// the memory cap or a cancel falls back to a prefill), else Builds it.
+  [[nodiscard]] StatusOr<CreateResult> RestoreOrBuild(
+      const std::string& model_name, ModelEntry* entry, const std::string& pool_id,
+      const ipc::PoolParams& params, const std::vector<int32_t>& token_ids,
+      const ProgressFn& progress, const std::atomic<bool>* cancel, const ParentChain* chain);
   [[nodiscard]] StatusOr<CreateResult> Build(const std::string& model_name, ModelEntry* entry,
                                              const std::string& pool_id,
                                              const ipc::PoolParams& params,
@@ -402,7 +433,7 @@ class PoolManager {
                                              const ProgressFn& progress,
                                              const std::atomic<bool>* cancel,
                                              const ParentChain* chain = nullptr);
-  // Build's steps (pool_manager.cc).
+  // Build's steps (pool_build.cc).
   /// A create's hold on its model's forward pass (ModelEntry::running), released at the end
   /// of its scope at the latest.
   class RunSlot;
@@ -415,9 +446,18 @@ class PoolManager {
   [[nodiscard]] Status FillPool(ModelEntry* entry, const std::vector<int32_t>& token_ids,
                                 const ProgressFn& progress, const std::atomic<bool>* cancel,
                                 const ParentChain* chain, RunSlot* run, PendingPool* p);
-  /// A sealed memfd (host) or a CUDA arena (plus a host staging copy when the model runs on
-  /// the host) of the pool's size, and where the encoder writes into it.
-  [[nodiscard]] Status AllocateRegion(const ModelEntry& entry, PendingPool* p);
+  /// AllocatePoolMemory of the pending pool's size: sets p->base, where the encoder writes.
+  [[nodiscard]] Status AllocateRegion(PendingPool* p);
+  /// A sealed memfd (host) or a CUDA arena plus a host staging copy (`*staging`) of `needed`
+  /// bytes into `pool`; returns where to write the pool (the memfd or the staging copy).
+  [[nodiscard]] StatusOr<void*> AllocatePoolMemory(const std::string& pool_id, uint64_t needed,
+                                                   bool cuda, Pool* pool,
+                                                   std::vector<uint8_t>* staging);
+  /// CUDA: copies `staging` (when not empty) into the arena and exports it. Host: seals the
+  /// memfd and verifies the payload once more (kDataLoss "pool changed between `filled_by`
+  /// and seal"). Fills pool->memory.
+  [[nodiscard]] Status SealPoolMemory(uint64_t needed, const std::vector<uint8_t>& staging,
+                                      const char* filled_by, Pool* pool);
   /// Prefills `token_ids` (after the parent chain, if any); checks the layer count.
   [[nodiscard]] StatusOr<model::PrefillResult> PrefillForPool(
       ModelEntry* entry, const std::vector<int32_t>& token_ids, const ProgressFn& progress,

@@ -179,10 +179,12 @@ StatusOr<PeerState> PeerFromJson(const json& j) {
 }
 
 json MemoryToJson(const MemoryHandle& m) {
-  json j{{"backend", m.backend}, {"shm_name", m.shm_name}, {"size", m.size}};
+  json j{{"backend", std::string(PoolMemoryName(m.backend))},
+         {"shm_name", m.shm_name},
+         {"size", m.size}};
   if (!m.transport.empty()) j["transport"] = m.transport;
   if (!m.fd_socket.empty()) j["fd_socket"] = m.fd_socket;
-  if (m.backend == "cuda") {
+  if (m.backend == PoolMemory::kCuda) {
     j["cuda"] = json{{"version", m.cuda.version},
                      {"handle", Hex(m.cuda.handle, sizeof(m.cuda.handle))},
                      {"offset", m.cuda.offset},
@@ -195,15 +197,18 @@ json MemoryToJson(const MemoryHandle& m) {
 StatusOr<MemoryHandle> MemoryFromJson(const json& j) {
   if (!j.is_object()) return absl::InvalidArgumentError("field 'memory' must be an object");
   MemoryHandle m;
-  POLYKV_RETURN_IF_ERROR(Get(j, "backend", &m.backend));
+  std::string backend;
+  POLYKV_RETURN_IF_ERROR(Get(j, "backend", &backend));
   POLYKV_RETURN_IF_ERROR(Get(j, "shm_name", &m.shm_name));
   POLYKV_RETURN_IF_ERROR(Get(j, "transport", &m.transport));
   POLYKV_RETURN_IF_ERROR(Get(j, "fd_socket", &m.fd_socket));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "size", &m.size));
-  if (m.backend != "host" && m.backend != "cuda") {
+  if (std::optional<PoolMemory> memory = ParsePoolMemory(backend)) {
+    m.backend = *memory;
+  } else {
     return absl::InvalidArgumentError(
         absl::StrCat("field 'memory.backend' must be \"host\" or \"cuda\", got \"",
-                     Abbreviate(m.backend, 64), "\""));
+                     Abbreviate(backend, 64), "\""));
   }
   if (!m.transport.empty() && m.transport != "memfd" && m.transport != "shm") {
     return absl::InvalidArgumentError(
@@ -222,7 +227,7 @@ StatusOr<MemoryHandle> MemoryFromJson(const json& j) {
         Unhex(handle, m.cuda.handle, sizeof(m.cuda.handle), "memory.cuda.handle"));
     POLYKV_RETURN_IF_ERROR(
         Unhex(uuid, m.cuda.device_uuid, sizeof(m.cuda.device_uuid), "memory.cuda.device_uuid"));
-  } else if (m.backend == "cuda") {
+  } else if (m.backend == PoolMemory::kCuda) {
     return absl::InvalidArgumentError("field 'memory.cuda' is required for backend \"cuda\"");
   }
   return m;

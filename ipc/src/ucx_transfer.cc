@@ -347,6 +347,70 @@ class UcxEngineImpl final : public UcxEngine {
     return out;
   }
 
+  // "Pull: <what> after <done> of <size> bytes: <UCX status>" (kUnavailable).
+  static Status PullUnavailable(const char* what, ucs_status_t st, uint64_t done, uint64_t size) {
+    return absl::UnavailableError(absl::StrCat("Pull: ", what, " after ", done, " of ", size,
+                                               " bytes: ", ucs_status_string(st)));
+  }
+
+  // Issues a get of up to `chunk` bytes into every free slot until `*issued` reaches `size`.
+  static Status IssueGets(ucp_ep_h ep, ucp_rkey_h rkey, uint8_t* out, uint64_t remote_address,
+                          uint64_t size, uint64_t chunk, uint64_t done, std::vector<Slot>* slots,
+                          uint64_t* issued) {
+    for (Slot& s : *slots) {
+      if (*issued >= size) break;
+      if (s.request != nullptr || s.length != 0) continue;
+      const uint64_t len = std::min<uint64_t>(chunk, size - *issued);
+      ucp_request_param_t rp{};
+      rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      rp.cb.send = GetCallback;
+      rp.user_data = &s;
+      s.done = false;
+      s.status = UCS_OK;
+      ucs_status_ptr_t req =
+          ucp_get_nbx(ep, out + *issued, len, remote_address + *issued, rkey, &rp);
+      if (UCS_PTR_IS_ERR(req)) {
+        return PullUnavailable("transfer failed (ucp_get_nbx)", UCS_PTR_STATUS(req), done, size);
+      }
+      s.length = len;
+      if (req == nullptr) {
+        s.done = true;  // completed in place
+      } else {
+        s.request = req;
+      }
+      *issued += len;
+    }
+    return absl::OkStatus();
+  }
+
+  // Frees every completed slot, adding its bytes to `*done` (progress reported, test delay
+  // applied); `*completed` when any finished well. Returns the first failed completion.
+  static Status ReapCompletions(uint64_t size, const UcxPullOptions& options,
+                                std::vector<Slot>* slots, uint64_t* done, bool* completed) {
+    Status result = absl::OkStatus();
+    for (Slot& s : *slots) {
+      if (s.length == 0 || !s.done) continue;
+      if (s.request != nullptr) {
+        ucp_request_free(s.request);
+        s.request = nullptr;
+      }
+      if (s.status != UCS_OK) {
+        if (result.ok())
+          result = PullUnavailable("transfer failed (get completion)", s.status, *done, size);
+        s.length = 0;
+        continue;
+      }
+      *done += s.length;
+      s.length = 0;
+      *completed = true;
+      if (options.progress) options.progress(*done, size);
+      if (options.test_chunk_delay_ms > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(options.test_chunk_delay_ms));
+      }
+    }
+    return result;
+  }
+
   Status PullImpl(const std::string& descriptor, void* dst, uint64_t size,
                   const UcxPullOptions& options) {
     POLYKV_ASSIGN_OR_RETURN(Descriptor d, DecodeDescriptor(descriptor));
@@ -375,8 +439,7 @@ class UcxEngineImpl final : public UcxEngine {
     Status result = absl::OkStatus();
 
     auto fail_unavailable = [&](const char* what, ucs_status_t st) {
-      return absl::UnavailableError(absl::StrCat("Pull: ", what, " after ", done, " of ", size,
-                                                 " bytes: ", ucs_status_string(st)));
+      return PullUnavailable(what, st, done, size);
     };
 
     do {
@@ -425,53 +488,12 @@ class UcxEngineImpl final : public UcxEngine {
           break;
         }
         // Issue gets into free slots.
-        for (Slot& s : slots) {
-          if (issued >= size || !result.ok()) break;
-          if (s.request != nullptr || s.length != 0) continue;
-          const uint64_t len = std::min<uint64_t>(options.chunk_bytes, size - issued);
-          ucp_request_param_t rp{};
-          rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-          rp.cb.send = GetCallback;
-          rp.user_data = &s;
-          s.done = false;
-          s.status = UCS_OK;
-          ucs_status_ptr_t req =
-              ucp_get_nbx(ep, out + issued, len, d.remote_address + issued, rkey, &rp);
-          if (UCS_PTR_IS_ERR(req)) {
-            result = fail_unavailable("transfer failed (ucp_get_nbx)", UCS_PTR_STATUS(req));
-            break;
-          }
-          s.length = len;
-          if (req == nullptr) {
-            s.done = true;  // completed in place
-          } else {
-            s.request = req;
-          }
-          issued += len;
-        }
+        result = IssueGets(ep, rkey, out, d.remote_address, size, options.chunk_bytes, done, &slots,
+                           &issued);
         if (!result.ok()) break;
         // Reap completions.
         bool completed = false;
-        for (Slot& s : slots) {
-          if (s.length == 0 || !s.done) continue;
-          if (s.request != nullptr) {
-            ucp_request_free(s.request);
-            s.request = nullptr;
-          }
-          if (s.status != UCS_OK) {
-            if (result.ok())
-              result = fail_unavailable("transfer failed (get completion)", s.status);
-            s.length = 0;
-            continue;
-          }
-          done += s.length;
-          s.length = 0;
-          completed = true;
-          if (options.progress) options.progress(done, size);
-          if (options.test_chunk_delay_ms > 0) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(options.test_chunk_delay_ms));
-          }
-        }
+        result = ReapCompletions(size, options, &slots, &done, &completed);
         if (!result.ok()) break;
         if (completed) {
           last_completion = Clock::now();

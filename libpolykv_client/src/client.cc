@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "client_channel.h"
 #include "client_device.h"
+#include "client_internal.h"
 #include "polykv/ipc/codec_spec.h"
 #include "polykv/ipc/cuda_ipc.h"
 #include "polykv/ipc/pool_layout.h"
@@ -33,22 +34,7 @@
 #include "polykv/pool_info_c.h"
 #include "polykv/status.h"
 
-namespace {
-
-using polykv::Status;
-using polykv::StatusOr;
-using polykv::client::Channel;
-using Clock = std::chrono::steady_clock;
-namespace ipc = polykv::ipc;
-namespace kernels = polykv::kernels;
-
-constexpr int kDefaultTimeoutMs = 5000;
-constexpr int kTries = 3;                        // Lazy Pirate tries per request
-constexpr int kDefaultCreateTimeoutMs = 600000;  // 10 min bound for CREATE_POOL
-// A create fails this long after the daemon's last word (it sends one every
-// ipc::kHeartbeatMs while the create is queued or running).
-constexpr int kCreateSilenceMs = 5 * ipc::kHeartbeatMs;
-constexpr int64_t kMinRenewIntervalMs = 20;
+namespace polykv::client {
 
 thread_local std::string g_last_error;
 
@@ -65,21 +51,28 @@ polykv_status Fail(polykv_status code, std::string message) {
   return code;
 }
 
-/// Runs `f` (returning Status) so that no exception crosses the C boundary.
-template <typename F>
-polykv_status Guarded(const char* what, F&& f) noexcept {
-  try {
-    return ToC(f());
-  } catch (const zmq::error_t& e) {
-    return Fail(POLYKV_UNAVAILABLE, absl::StrCat(what, ": ZeroMQ error: ", e.what()));
-  } catch (const std::bad_alloc&) {
-    return Fail(POLYKV_RESOURCE_EXHAUSTED, absl::StrCat(what, ": out of memory"));
-  } catch (const std::exception& e) {
-    return Fail(POLYKV_INTERNAL, absl::StrCat(what, ": ", e.what()));
-  } catch (...) {
-    return Fail(POLYKV_INTERNAL, absl::StrCat(what, ": unknown exception"));
-  }
-}
+}  // namespace polykv::client
+
+namespace {
+
+using polykv::Status;
+using polykv::StatusOr;
+using polykv::client::Channel;
+using polykv::client::Clock;
+using polykv::client::Fail;
+using polykv::client::g_last_error;
+using polykv::client::Guarded;
+using polykv::client::kDefaultTimeoutMs;
+using polykv::client::kTries;
+using polykv::client::ToC;
+namespace ipc = polykv::ipc;
+namespace kernels = polykv::kernels;
+
+constexpr int kDefaultCreateTimeoutMs = 600000;  // 10 min bound for CREATE_POOL
+// A create fails this long after the daemon's last word (it sends one every
+// ipc::kHeartbeatMs while the create is queued or running).
+constexpr int kCreateSilenceMs = 5 * ipc::kHeartbeatMs;
+constexpr int64_t kMinRenewIntervalMs = 20;
 
 void CopyString(char* dst, size_t cap, const std::string& src) {
   size_t n = std::min(cap - 1, src.size());
@@ -160,125 +153,80 @@ Status CheckPoolId(const char* pool_id) {
 
 }  // namespace
 
-/// A connection: one DEALER channel used under a mutex (zmq sockets are not thread-safe).
-struct polykv_client {
-  std::shared_ptr<zmq::context_t> context;
-  std::string endpoint;
-  int timeout_ms = kDefaultTimeoutMs;
-  std::mutex mu;
-  std::unique_ptr<Channel> channel;
-
-  StatusOr<ipc::Reply> Call(ipc::Request request, int tries = kTries) {
-    std::lock_guard<std::mutex> lock(mu);
-    return channel->CallOk(std::move(request), timeout_ms, tries);
+/// OK while the lease is valid; otherwise the reason (sets nothing).
+std::pair<polykv_status, std::string> polykv_pool::LeaseState() const {
+  std::lock_guard<std::mutex> lock(mu);
+  if (lease_code != POLYKV_OK) return {lease_code, lease_message};
+  if (Clock::now() >= lease_valid_until) {
+    return {POLYKV_FAILED_PRECONDITION,
+            absl::StrCat("lease on pool ", info.id,
+                         " expired: not renewed in time (is the daemon running?)",
+                         lease_message.empty() ? "" : " last renewal error: ", lease_message)};
   }
-};
+  return {POLYKV_OK, ""};
+}
 
-/// An attached pool: mapping + reader + lease (renewed by `renewer` on its own channel).
-struct polykv_pool {
-  std::shared_ptr<zmq::context_t> context;
-  std::string endpoint;
-  int timeout_ms = kDefaultTimeoutMs;
-  ipc::PoolInfo info;
-  std::string lease_id;
-  int64_t lease_ms = 0;
-
-  std::string instance;  // daemon instance that granted the lease ("" for older daemons)
-
-  std::optional<ipc::SealedRegion> sealed;  // host pool: sealed memfd, mapped read-only
-  std::optional<ipc::ShmRegion> shm;        // host pool from an older daemon (POSIX shm)
-  std::optional<ipc::CudaIpcMapping> cuda;
-  std::optional<ipc::PoolReader> reader;
-  // The read-only mapping of the whole region (host pools): [map_base, map_base + map_size).
-  const uint8_t* map_base = nullptr;
-  uint64_t map_size = 0;
-
-  // Lease state, written by the renewer, read by every call.
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  bool stop = false;
-  std::atomic<bool> cancel{false};
-  polykv_status lease_code = POLYKV_OK;
-  std::string lease_message;
-  Clock::time_point lease_valid_until;
-  std::thread renewer;
-  std::unique_ptr<Channel> channel;  // renewer's socket; detach uses it after the join
-
-  /// OK while the lease is valid; otherwise the reason (sets nothing).
-  std::pair<polykv_status, std::string> LeaseState() const {
-    std::lock_guard<std::mutex> lock(mu);
-    if (lease_code != POLYKV_OK) return {lease_code, lease_message};
-    if (Clock::now() >= lease_valid_until) {
-      return {POLYKV_FAILED_PRECONDITION,
-              absl::StrCat("lease on pool ", info.id,
-                           " expired: not renewed in time (is the daemon running?)",
-                           lease_message.empty() ? "" : " last renewal error: ", lease_message)};
-    }
-    return {POLYKV_OK, ""};
-  }
-
-  void RenewLoop() {
-    const int64_t interval_ms = std::max<int64_t>(kMinRenewIntervalMs, lease_ms / 3);
-    const int try_timeout = static_cast<int>(std::max<int64_t>(
-        10, std::min<int64_t>(timeout_ms, std::max<int64_t>(interval_ms / 2, 10))));
-    std::unique_lock<std::mutex> lock(mu);
-    while (true) {
-      cv.wait_for(lock, std::chrono::milliseconds(interval_ms), [this] { return stop; });
-      if (stop) return;
-      if (lease_code != POLYKV_OK) return;  // evicted / expired: nothing left to renew
-      lock.unlock();
-      ipc::Request req;
-      req.type = ipc::MessageType::kRenew;
-      req.lease_id = lease_id;
-      req.pool_id = info.id;
-      req.client_pid = static_cast<uint32_t>(getpid());
-      const auto sent = Clock::now();
-      StatusOr<ipc::Reply> reply = [&]() -> StatusOr<ipc::Reply> {
-        try {
-          return channel->Call(req, try_timeout, 2, {}, &cancel);
-        } catch (const std::exception& e) {
-          return absl::UnavailableError(absl::StrCat("ZeroMQ error: ", e.what()));
-        }
-      }();
-      lock.lock();
-      if (stop) return;
-      if (!reply.ok()) {  // daemon unreachable: keep the lease until it runs out locally
-        lease_message = std::string(reply.status().message());
-        if (Clock::now() >= lease_valid_until) {
-          lease_code = POLYKV_FAILED_PRECONDITION;
-          lease_message =
-              absl::StrCat("lease on pool ", info.id,
-                           " expired: the daemon did not answer renewals (", lease_message, ")");
-        }
-        continue;
+void polykv_pool::RenewLoop() {
+  const int64_t interval_ms = std::max<int64_t>(kMinRenewIntervalMs, lease_ms / 3);
+  const int try_timeout = static_cast<int>(
+      std::max<int64_t>(10, std::min<int64_t>(timeout_ms, std::max<int64_t>(interval_ms / 2, 10))));
+  std::unique_lock<std::mutex> lock(mu);
+  while (true) {
+    cv.wait_for(lock, std::chrono::milliseconds(interval_ms), [this] { return stop; });
+    if (stop) return;
+    if (lease_code != POLYKV_OK) return;  // evicted / expired: nothing left to renew
+    lock.unlock();
+    ipc::Request req;
+    req.type = ipc::MessageType::kRenew;
+    req.lease_id = lease_id;
+    req.pool_id = info.id;
+    req.client_pid = static_cast<uint32_t>(getpid());
+    const auto sent = Clock::now();
+    StatusOr<ipc::Reply> reply = [&]() -> StatusOr<ipc::Reply> {
+      try {
+        return channel->Call(req, try_timeout, 2, {}, &cancel);
+      } catch (const std::exception& e) {
+        return absl::UnavailableError(absl::StrCat("ZeroMQ error: ", e.what()));
       }
-      Status st = ipc::ReplyStatus(*reply);
-      if (!instance.empty() && !reply->instance.empty() && reply->instance != instance) {
-        // Another daemon answers on the endpoint: ours (and every lease it granted) is gone.
-        lease_code = POLYKV_NOT_FOUND;
-        lease_message =
-            absl::StrCat("pool ", info.id, " is gone: polykvd restarted (instance ",
-                         instance.substr(0, 8), " -> ", reply->instance.substr(0, 8), ")");
-        continue;
-      }
-      if (st.ok()) {
-        int64_t ms = reply->lease_ms > 0 ? reply->lease_ms : lease_ms;
-        lease_valid_until = sent + std::chrono::milliseconds(ms);
-        lease_message.clear();
-      } else if (st.code() == absl::StatusCode::kNotFound) {
-        lease_code = POLYKV_NOT_FOUND;
-        lease_message = absl::StrCat("pool ", info.id, " was evicted (daemon: ", st.message(), ")");
-      } else if (st.code() == absl::StatusCode::kFailedPrecondition) {
+    }();
+    lock.lock();
+    if (stop) return;
+    if (!reply.ok()) {  // daemon unreachable: keep the lease until it runs out locally
+      lease_message = std::string(reply.status().message());
+      if (Clock::now() >= lease_valid_until) {
         lease_code = POLYKV_FAILED_PRECONDITION;
         lease_message =
-            absl::StrCat("lease on pool ", info.id, " expired (daemon: ", st.message(), ")");
-      } else {
-        lease_message =
-            absl::StrCat("renewal of the lease on pool ", info.id, " failed: ", st.ToString());
+            absl::StrCat("lease on pool ", info.id,
+                         " expired: the daemon did not answer renewals (", lease_message, ")");
       }
+      continue;
+    }
+    Status st = ipc::ReplyStatus(*reply);
+    if (!instance.empty() && !reply->instance.empty() && reply->instance != instance) {
+      // Another daemon answers on the endpoint: ours (and every lease it granted) is gone.
+      lease_code = POLYKV_NOT_FOUND;
+      lease_message =
+          absl::StrCat("pool ", info.id, " is gone: polykvd restarted (instance ",
+                       instance.substr(0, 8), " -> ", reply->instance.substr(0, 8), ")");
+      continue;
+    }
+    if (st.ok()) {
+      int64_t ms = reply->lease_ms > 0 ? reply->lease_ms : lease_ms;
+      lease_valid_until = sent + std::chrono::milliseconds(ms);
+      lease_message.clear();
+    } else if (st.code() == absl::StatusCode::kNotFound) {
+      lease_code = POLYKV_NOT_FOUND;
+      lease_message = absl::StrCat("pool ", info.id, " was evicted (daemon: ", st.message(), ")");
+    } else if (st.code() == absl::StatusCode::kFailedPrecondition) {
+      lease_code = POLYKV_FAILED_PRECONDITION;
+      lease_message =
+          absl::StrCat("lease on pool ", info.id, " expired (daemon: ", st.message(), ")");
+    } else {
+      lease_message =
+          absl::StrCat("renewal of the lease on pool ", info.id, " failed: ", st.ToString());
     }
   }
-};
+}
 
 extern "C" {
 
@@ -699,7 +647,7 @@ Status MapPool(polykv_pool* pool, const ipc::MemoryHandle& mem) {
   uint64_t size = 0;
   polykv::kernels::Device device = polykv::kernels::Device::kCpu;
   bool verify_payload = false;
-  if (mem.backend == "host" && mem.transport == "memfd") {
+  if (mem.backend == ipc::PoolMemory::kHost && mem.transport == "memfd") {
     // The daemon hands the sealed memfd over its descriptor socket; MapSealed refuses a
     // descriptor that could still be written, so the pool cannot change under us.
     if (mem.fd_socket.empty()) return absl::InternalError("ATTACH reply has no descriptor socket");
@@ -710,7 +658,7 @@ Status MapPool(polykv_pool* pool, const ipc::MemoryHandle& mem) {
     pool->sealed.emplace(std::move(region));
     base = pool->sealed->data();
     size = mem.size > 0 ? mem.size : pool->sealed->size();
-  } else if (mem.backend == "host") {
+  } else if (mem.backend == ipc::PoolMemory::kHost) {
     // A named POSIX shm object (older daemons): anyone with the daemon's uid could rewrite
     // it, so the whole payload checksum is verified once here.
     if (mem.shm_name.empty()) return absl::InternalError("ATTACH reply has no shm name");
@@ -726,16 +674,12 @@ Status MapPool(polykv_pool* pool, const ipc::MemoryHandle& mem) {
       size = mem.size;
     }
     verify_payload = true;
-  } else if (mem.backend == "cuda") {
+  } else {  // kCuda (DecodeReply refuses any other backend)
     POLYKV_ASSIGN_OR_RETURN(ipc::CudaIpcMapping mapping, ipc::CudaIpcMapping::Open(mem.cuda));
     pool->cuda.emplace(std::move(mapping));
     base = pool->cuda->data();
     size = mem.size > 0 ? mem.size : pool->cuda->size();
     device = polykv::kernels::Device::kCuda;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("ATTACH reply has unknown backend \"",
-                                                   ipc::Abbreviate(mem.backend, 32),
-                                                   "\" (expected host or cuda)"));
   }
   POLYKV_ASSIGN_OR_RETURN(ipc::PoolReader reader,
                           ipc::PoolReader::Open(base, size, verify_payload, device));
@@ -861,196 +805,6 @@ polykv_status polykv_pool_mapping(const polykv_pool* pool, const void** base, ui
                              " lives in GPU memory: it has no host mapping (decode it instead)"));
   *base = pool->map_base;
   *size = pool->map_size;
-  return POLYKV_OK;
-}
-
-namespace {
-
-// The attached host pool's PrefixView, built from the header parsed at attach.
-StatusOr<kernels::PrefixView> HostViewOf(const polykv_pool* pool) {
-  if (!pool->reader || pool->map_base == nullptr)
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pool ", pool->info.id, " lives in GPU memory: it has no host view to attend to"));
-  return ipc::PrefixViewOf(*pool->reader);
-}
-
-// The attached cuda pool's PrefixView: device pointers into the CUDA IPC mapping.
-polykv::StatusOr<polykv::kernels::PrefixView> DeviceViewOf(const polykv_pool* pool) {
-  if (!pool->reader || !pool->cuda)
-    return absl::FailedPreconditionError(
-        absl::StrCat("pool ", pool->info.id,
-                     " lives in host memory: it has no device view (attend to it "
-                     "with polykv_pool_attention_view)"));
-  return ipc::DevicePrefixViewOf(*pool->reader);
-}
-
-polykv_status AttentionViewImpl(const char* fn, const polykv_pool* pool, polykv_attention_view* out,
-                                bool device) {
-  if (pool == nullptr || out == nullptr)
-    return Fail(POLYKV_INVALID_ARGUMENT, absl::StrCat(fn, ": NULL argument"));
-  if (out->struct_size != sizeof(polykv_attention_view))
-    return Fail(POLYKV_INVALID_ARGUMENT,
-                absl::StrCat(fn, ": struct_size ", out->struct_size,
-                             " is not sizeof(polykv_attention_view) = ",
-                             sizeof(polykv_attention_view), " (use polykv_attention_view_init)"));
-  return Guarded(fn, [&]() -> Status {
-    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, device ? DeviceViewOf(pool) : HostViewOf(pool));
-    const ipc::PoolParams& p = pool->reader->params();
-    *out = polykv_attention_view_init();
-    out->codec = static_cast<uint32_t>(v.codec);
-    out->layers = static_cast<uint32_t>(v.layers.size());
-    out->kv_heads = static_cast<uint32_t>(v.kv_heads);
-    out->head_dim = static_cast<uint32_t>(v.head_dim);
-    out->tokens = static_cast<uint64_t>(v.tokens);
-    out->parent_tokens = p.parent_tokens;
-    out->raw_dtype = static_cast<polykv_dtype>(v.raw_dtype);
-    out->key_bits = v.config.key_bits;
-    out->value_bits = v.config.value_bits;
-    out->key_scale = static_cast<int32_t>(v.config.key_scale);
-    out->norm_correction = v.config.norm_correction ? 1 : 0;
-    out->norm_dtype = static_cast<polykv_dtype>(v.config.norm_dtype);
-    out->rotation_seed = v.config.rotation_seed;
-    return Status();
-  });
-}
-
-polykv_status LayerViewImpl(const char* fn, const polykv_pool* pool, uint32_t layer,
-                            polykv_layer_view* out, bool device) {
-  if (pool == nullptr || out == nullptr)
-    return Fail(POLYKV_INVALID_ARGUMENT, absl::StrCat(fn, ": NULL argument"));
-  if (out->struct_size != sizeof(polykv_layer_view))
-    return Fail(POLYKV_INVALID_ARGUMENT,
-                absl::StrCat(fn, ": struct_size ", out->struct_size,
-                             " is not sizeof(polykv_layer_view) = ", sizeof(polykv_layer_view),
-                             " (use polykv_layer_view_init)"));
-  return Guarded(fn, [&]() -> Status {
-    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, device ? DeviceViewOf(pool) : HostViewOf(pool));
-    if (layer >= v.layers.size())
-      return absl::InvalidArgumentError(absl::StrCat(
-          fn, ": layer ", layer, " is not below the pool's ", v.layers.size(), " layers"));
-    const kernels::PrefixLayer& l = v.layers[layer];
-    *out = polykv_layer_view_init();
-    out->value_bits = v.ValueBitsOf(layer);
-    out->k = l.k;
-    out->k_scales = l.k_scales;
-    out->v = l.v;
-    out->v_norms = l.v_norms;
-    return Status();
-  });
-}
-
-}  // namespace
-
-polykv_status polykv_pool_attention_view(const polykv_pool* pool, polykv_attention_view* out) {
-  return AttentionViewImpl("polykv_pool_attention_view", pool, out, false);
-}
-
-polykv_status polykv_pool_layer_view(const polykv_pool* pool, uint32_t layer,
-                                     polykv_layer_view* out) {
-  return LayerViewImpl("polykv_pool_layer_view", pool, layer, out, false);
-}
-
-polykv_status polykv_pool_device_attention_view(const polykv_pool* pool,
-                                                polykv_attention_view* out) {
-  return AttentionViewImpl("polykv_pool_device_attention_view", pool, out, true);
-}
-
-polykv_status polykv_pool_device_layer_view(const polykv_pool* pool, uint32_t layer,
-                                            polykv_layer_view* out) {
-  return LayerViewImpl("polykv_pool_device_layer_view", pool, layer, out, true);
-}
-
-polykv_status polykv_pool_cuda_device(const polykv_pool* pool, int* cuda_device) {
-  if (pool == nullptr || cuda_device == nullptr)
-    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_cuda_device: NULL argument");
-  *cuda_device = pool->cuda ? pool->cuda->device() : -1;
-  return POLYKV_OK;
-}
-
-size_t polykv_pool_layer_elements(const polykv_pool* pool) {
-  if (pool == nullptr || !pool->reader) return 0;
-  const ipc::PoolParams& p = pool->reader->params();
-  return size_t{p.kv_heads} * p.tokens * p.head_dim;
-}
-
-polykv_status polykv_pool_token_ids(const polykv_pool* pool, int32_t* ids, size_t capacity) {
-  if (pool == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_token_ids: pool is NULL");
-  if (ids == nullptr && capacity > 0) {
-    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_token_ids: ids is NULL but capacity > 0");
-  }
-  return Guarded("polykv_pool_token_ids", [&]() -> Status {
-    std::vector<int32_t> all = pool->reader->TokenIds();
-    std::copy_n(all.begin(), std::min(capacity, all.size()), ids);
-    return Status();
-  });
-}
-
-polykv_status polykv_decode_layer(const polykv_pool* pool, uint32_t layer, void* k_out, void* v_out,
-                                  polykv_dtype dtype) {
-  if (pool == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_decode_layer: pool is NULL");
-  if (k_out == nullptr || v_out == nullptr) {
-    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_decode_layer: k_out or v_out is NULL");
-  }
-  if (dtype != POLYKV_DTYPE_F32 && dtype != POLYKV_DTYPE_F16 && dtype != POLYKV_DTYPE_BF16) {
-    return Fail(POLYKV_INVALID_ARGUMENT,
-                absl::StrCat("polykv_decode_layer: unknown dtype ", static_cast<int>(dtype)));
-  }
-  const uint32_t layers = pool->reader->params().layers;
-  if (layer >= layers) {
-    return Fail(POLYKV_OUT_OF_RANGE,
-                absl::StrCat("polykv_decode_layer: layer ", layer, " out of range: pool ",
-                             pool->info.id, " has ", layers, " layers"));
-  }
-  auto [code, message] = pool->LeaseState();
-  if (code != POLYKV_OK) return Fail(code, message);
-  return Guarded("polykv_decode_layer", [&]() -> Status {
-    const auto out_dtype = static_cast<polykv::kernels::DType>(dtype);
-    if (pool->cuda) {
-      POLYKV_RETURN_IF_ERROR(polykv::client::DecodeDeviceLayerToHost(
-          *pool->reader, pool->cuda->device(), layer, k_out, v_out, out_dtype));
-    } else {
-      POLYKV_RETURN_IF_ERROR(pool->reader->DecodeLayer(layer, k_out, v_out, out_dtype));
-    }
-    // The lease may have been lost while decoding: never hand out possibly stale data.
-    auto [after, why] = pool->LeaseState();
-    if (after != POLYKV_OK) return Status(static_cast<absl::StatusCode>(after), why);
-    return Status();
-  });
-}
-
-polykv_status polykv_pool_fidelity(const polykv_pool* pool, float* key_rel_mse,
-                                   float* value_rel_mse, size_t capacity, size_t* layers) {
-  if (pool == nullptr || layers == nullptr)
-    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_fidelity: pool or layers is NULL");
-  if (capacity > 0 && (key_rel_mse == nullptr || value_rel_mse == nullptr))
-    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_fidelity: output arrays are NULL");
-  return Guarded("polykv_pool_fidelity", [&]() -> Status {
-    const std::vector<ipc::LayerFidelity> f = pool->reader->RecordedFidelity();
-    *layers = f.size();
-    for (size_t l = 0; l < f.size() && l < capacity; ++l) {
-      key_rel_mse[l] = static_cast<float>(f[l].key_rel_mse);
-      value_rel_mse[l] = static_cast<float>(f[l].value_rel_mse);
-    }
-    return Status();
-  });
-}
-
-polykv_status polykv_pool_verify(const polykv_pool* pool) {
-  if (pool == nullptr) return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_verify: pool is NULL");
-  return Guarded("polykv_pool_verify", [&]() -> Status {
-    Status s = pool->reader->VerifyPayload();
-    if (!s.ok()) {
-      return Status(s.code(), absl::StrCat("pool ", pool->info.id, ": ", s.message()));
-    }
-    return s;
-  });
-}
-
-polykv_status polykv_pool_lease_status(const polykv_pool* pool) {
-  if (pool == nullptr)
-    return Fail(POLYKV_INVALID_ARGUMENT, "polykv_pool_lease_status: pool is NULL");
-  auto [code, message] = pool->LeaseState();
-  if (code != POLYKV_OK) return Fail(code, message);
   return POLYKV_OK;
 }
 

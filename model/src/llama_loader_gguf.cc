@@ -125,25 +125,47 @@ const std::set<std::string>& HandledArchKeys() {
   return k;
 }
 
-StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g, const GgufArch** arch_out,
-                                     bool* uses_rope_freqs) {
-  const std::string src = g.path();
-  ModelConfig c;
-  POLYKV_ASSIGN_OR_RETURN(c.architecture, g.GetString("general.architecture"));
-  const GgufArch* arch = nullptr;
-  for (const GgufArch& a : kGgufArchs)
-    if (c.architecture == a.name) arch = &a;
-  if (arch == nullptr)
-    return absl::UnimplementedError(absl::StrCat(src, ": unsupported general.architecture '",
-                                                 c.architecture, "' (supported: llama, qwen2)"));
-  *arch_out = arch;
-  const std::string p = absl::StrCat(c.architecture, ".");
-  const auto key = [&](const char* suffix) { return p + suffix; };
-  const auto unsupported = [&](const std::string& k, const std::string& why) {
-    return absl::UnimplementedError(absl::StrCat(src, ": unsupported metadata '", k, "'", why));
-  };
+// The {arch}.* metadata of one GGUF file, read with the file's name in every error.
+class GgufMeta {
+ public:
+  GgufMeta(const GgufFile& g, const std::string& architecture)
+      : g(g), src(g.path()), p(absl::StrCat(architecture, ".")) {}
 
-  // Every key is used, belongs to another reader, or is refused.
+  std::string key(const char* suffix) const { return p + suffix; }
+  Status unsupported(const std::string& k, const std::string& why) const {
+    return absl::UnimplementedError(absl::StrCat(src, ": unsupported metadata '", k, "'", why));
+  }
+  StatusOr<int32_t> need_int(const std::string& k) const {
+    auto v = g.GetInt(k);
+    if (!v.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat(src, ": metadata '", k, "': ", v.status().message()));
+    if (*v < INT32_MIN || *v > INT32_MAX)
+      return absl::InvalidArgumentError(absl::StrCat(src, ": metadata '", k, "' out of range"));
+    return static_cast<int32_t>(*v);
+  }
+  StatusOr<int32_t> opt_int(const std::string& k, int32_t def) const {
+    if (!g.Has(k)) return def;
+    return need_int(k);
+  }
+  StatusOr<double> opt_float(const std::string& k, double def) const {
+    if (!g.Has(k)) return def;
+    auto v = g.GetFloat(k);
+    if (!v.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat(src, ": metadata '", k, "': ", v.status().message()));
+    return *v;
+  }
+
+  const GgufFile& g;
+  const std::string src;
+  const std::string p;  ///< "<architecture>."
+};
+
+// Every key is used, belongs to another reader, or is refused.
+Status CheckGgufKeys(const GgufMeta& m, const std::string& architecture) {
+  const GgufFile& g = m.g;
+  const std::string& p = m.p;
   for (const std::string& k : g.Keys()) {
     if (absl::StartsWith(k, "general.") || absl::StartsWith(k, "tokenizer.") ||
         absl::StartsWith(k, "quantize."))
@@ -152,60 +174,47 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g, const GgufArch** arch_ou
     if (k == "split.count") {
       auto n = g.GetInt(k);
       if (n.ok() && *n <= 1) continue;
-      return unsupported(k,
-                         ": a model split over several GGUF files (merge them first, e.g. "
-                         "with llama-gguf-split --merge)");
+      return m.unsupported(k,
+                           ": a model split over several GGUF files (merge them first, e.g. "
+                           "with llama-gguf-split --merge)");
     }
     if (absl::StartsWith(k, p) && HandledArchKeys().count(k.substr(p.size())) > 0) continue;
     if (absl::StartsWith(k, p))
-      return unsupported(k, absl::StrCat(" (PolyKV does not implement what it changes in a ",
-                                         c.architecture, " model)"));
-    return unsupported(k, absl::StrCat(": outside the namespaces read for this model "
-                                       "(general., tokenizer., quantize., split., ",
-                                       p, ")"));
+      return m.unsupported(k, absl::StrCat(" (PolyKV does not implement what it changes in a ",
+                                           architecture, " model)"));
+    return m.unsupported(k, absl::StrCat(": outside the namespaces read for this model "
+                                         "(general., tokenizer., quantize., split., ",
+                                         p, ")"));
   }
+  return absl::OkStatus();
+}
 
-  const auto need_int = [&](const std::string& k) -> StatusOr<int32_t> {
-    auto v = g.GetInt(k);
-    if (!v.ok())
-      return absl::InvalidArgumentError(
-          absl::StrCat(src, ": metadata '", k, "': ", v.status().message()));
-    if (*v < INT32_MIN || *v > INT32_MAX)
-      return absl::InvalidArgumentError(absl::StrCat(src, ": metadata '", k, "' out of range"));
-    return static_cast<int32_t>(*v);
-  };
-  const auto opt_int = [&](const std::string& k, int32_t def) -> StatusOr<int32_t> {
-    if (!g.Has(k)) return def;
-    return need_int(k);
-  };
-  const auto opt_float = [&](const std::string& k, double def) -> StatusOr<double> {
-    if (!g.Has(k)) return def;
-    auto v = g.GetFloat(k);
-    if (!v.ok())
-      return absl::InvalidArgumentError(
-          absl::StrCat(src, ": metadata '", k, "': ", v.status().message()));
-    return *v;
-  };
-
+// Layers, widths, heads, head size, context, RoPE base and RMSNorm epsilon; refuses mixture
+// of experts, non-causal attention, different key and value head sizes and partial RoPE.
+Status ReadGgufShape(const GgufMeta& m, ModelConfig* out) {
+  const GgufFile& g = m.g;
+  const std::string& src = m.src;
+  const auto key = [&](const char* suffix) { return m.key(suffix); };
+  ModelConfig& c = *out;
   for (const char* s : {"expert_count", "expert_used_count"}) {
-    POLYKV_ASSIGN_OR_RETURN(int32_t experts, opt_int(key(s), 0));
+    POLYKV_ASSIGN_OR_RETURN(int32_t experts, m.opt_int(key(s), 0));
     if (experts > 0)
-      return unsupported(key(s), absl::StrCat(" = ", experts, " (mixture of experts)"));
+      return m.unsupported(key(s), absl::StrCat(" = ", experts, " (mixture of experts)"));
   }
   if (g.Has(key("attention.causal"))) {
     auto causal = g.GetBool(key("attention.causal"));
     if (!causal.ok())
       return absl::InvalidArgumentError(absl::StrCat(src, ": metadata '", key("attention.causal"),
                                                      "': ", causal.status().message()));
-    if (!*causal) return unsupported(key("attention.causal"), " = false (non-causal attention)");
+    if (!*causal) return m.unsupported(key("attention.causal"), " = false (non-causal attention)");
   }
-  POLYKV_ASSIGN_OR_RETURN(c.layers, need_int(key("block_count")));
-  POLYKV_ASSIGN_OR_RETURN(c.hidden, need_int(key("embedding_length")));
-  POLYKV_ASSIGN_OR_RETURN(c.heads, need_int(key("attention.head_count")));
-  POLYKV_ASSIGN_OR_RETURN(c.kv_heads, opt_int(key("attention.head_count_kv"), c.heads));
-  POLYKV_ASSIGN_OR_RETURN(c.ffn, need_int(key("feed_forward_length")));
-  POLYKV_ASSIGN_OR_RETURN(c.max_positions, opt_int(key("context_length"), 2048));
-  POLYKV_ASSIGN_OR_RETURN(double theta, opt_float(key("rope.freq_base"), 10000.0));
+  POLYKV_ASSIGN_OR_RETURN(c.layers, m.need_int(key("block_count")));
+  POLYKV_ASSIGN_OR_RETURN(c.hidden, m.need_int(key("embedding_length")));
+  POLYKV_ASSIGN_OR_RETURN(c.heads, m.need_int(key("attention.head_count")));
+  POLYKV_ASSIGN_OR_RETURN(c.kv_heads, m.opt_int(key("attention.head_count_kv"), c.heads));
+  POLYKV_ASSIGN_OR_RETURN(c.ffn, m.need_int(key("feed_forward_length")));
+  POLYKV_ASSIGN_OR_RETURN(c.max_positions, m.opt_int(key("context_length"), 2048));
+  POLYKV_ASSIGN_OR_RETURN(double theta, m.opt_float(key("rope.freq_base"), 10000.0));
   c.rope_theta = static_cast<float>(theta);
   {
     const std::string k = key("attention.layer_norm_rms_epsilon");
@@ -217,43 +226,51 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g, const GgufArch** arch_ou
   }
   // Head size: attention.key_length when given (it may differ from hidden / heads).
   if (g.Has(key("attention.key_length"))) {
-    POLYKV_ASSIGN_OR_RETURN(c.head_dim, need_int(key("attention.key_length")));
-    POLYKV_ASSIGN_OR_RETURN(int32_t vl, opt_int(key("attention.value_length"), c.head_dim));
+    POLYKV_ASSIGN_OR_RETURN(c.head_dim, m.need_int(key("attention.key_length")));
+    POLYKV_ASSIGN_OR_RETURN(int32_t vl, m.opt_int(key("attention.value_length"), c.head_dim));
     if (vl != c.head_dim)
-      return unsupported(key("attention.value_length"),
-                         absl::StrCat(" = ", vl, " != key_length ", c.head_dim,
-                                      " (different key and value head sizes)"));
+      return m.unsupported(key("attention.value_length"),
+                           absl::StrCat(" = ", vl, " != key_length ", c.head_dim,
+                                        " (different key and value head sizes)"));
   } else {
     if (c.heads <= 0 || c.hidden % c.heads != 0)
       return absl::InvalidArgumentError(absl::StrCat(src, ": ", key("embedding_length"), " ",
                                                      c.hidden, " is not a multiple of ",
                                                      key("attention.head_count"), " ", c.heads));
     c.head_dim = c.hidden / c.heads;
-    POLYKV_ASSIGN_OR_RETURN(int32_t vl, opt_int(key("attention.value_length"), c.head_dim));
+    POLYKV_ASSIGN_OR_RETURN(int32_t vl, m.opt_int(key("attention.value_length"), c.head_dim));
     if (vl != c.head_dim)
-      return unsupported(key("attention.value_length"),
-                         absl::StrCat(" = ", vl, " != head_dim ", c.head_dim,
-                                      " (different key and value head sizes)"));
+      return m.unsupported(key("attention.value_length"),
+                           absl::StrCat(" = ", vl, " != head_dim ", c.head_dim,
+                                        " (different key and value head sizes)"));
   }
   if (g.Has(key("rope.dimension_count"))) {
-    POLYKV_ASSIGN_OR_RETURN(int32_t rd, need_int(key("rope.dimension_count")));
+    POLYKV_ASSIGN_OR_RETURN(int32_t rd, m.need_int(key("rope.dimension_count")));
     if (rd != c.head_dim)
       return absl::UnimplementedError(absl::StrCat(src, ": ", key("rope.dimension_count"), " ", rd,
                                                    " != head_dim ", c.head_dim, " (partial RoPE)"));
   }
-  POLYKV_ASSIGN_OR_RETURN(c.sliding_window, opt_int(key("attention.sliding_window"), 0));
+  POLYKV_ASSIGN_OR_RETURN(c.sliding_window, m.opt_int(key("attention.sliding_window"), 0));
+  return absl::OkStatus();
+}
 
-  // RoPE scaling, as llama.cpp reads it: type (default linear), factor (or the old
-  // scale_linear; 0 = none), YaRN's original context, attention factor and betas.
+// RoPE scaling, as llama.cpp reads it: type (default linear), factor (or the old
+// scale_linear; 0 = none), YaRN's original context, attention factor and betas; then Llama
+// 3.1's per-frequency divisors in the tensor rope_freqs.weight (*uses_rope_freqs).
+Status ReadGgufRopeScaling(const GgufMeta& m, ModelConfig* out, bool* uses_rope_freqs) {
+  const GgufFile& g = m.g;
+  const std::string& src = m.src;
+  const auto key = [&](const char* suffix) { return m.key(suffix); };
+  ModelConfig& c = *out;
   std::string type = "linear";
   if (g.Has(key("rope.scaling.type"))) {
     POLYKV_ASSIGN_OR_RETURN(type, g.GetString(key("rope.scaling.type")));
   }
   double factor = 0;
   if (g.Has(key("rope.scaling.factor"))) {
-    POLYKV_ASSIGN_OR_RETURN(factor, opt_float(key("rope.scaling.factor"), 0.0));
+    POLYKV_ASSIGN_OR_RETURN(factor, m.opt_float(key("rope.scaling.factor"), 0.0));
   } else {
-    POLYKV_ASSIGN_OR_RETURN(factor, opt_float(key("rope.scale_linear"), 0.0));
+    POLYKV_ASSIGN_OR_RETURN(factor, m.opt_float(key("rope.scale_linear"), 0.0));
   }
   if (factor == 0) factor = 1;
   if (type == "none") {
@@ -265,22 +282,23 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g, const GgufArch** arch_ou
     RopeScaling& rs = c.rope_scaling;
     rs.type = RopeScalingType::kYarn;
     rs.factor = factor;
-    POLYKV_ASSIGN_OR_RETURN(rs.original_max_positions,
-                            opt_int(key("rope.scaling.original_context_length"), c.max_positions));
-    POLYKV_ASSIGN_OR_RETURN(rs.beta_fast, opt_float(key("rope.scaling.yarn_beta_fast"), 32.0));
-    POLYKV_ASSIGN_OR_RETURN(rs.beta_slow, opt_float(key("rope.scaling.yarn_beta_slow"), 1.0));
-    POLYKV_ASSIGN_OR_RETURN(double ext, opt_float(key("rope.scaling.yarn_ext_factor"), 1.0));
+    POLYKV_ASSIGN_OR_RETURN(
+        rs.original_max_positions,
+        m.opt_int(key("rope.scaling.original_context_length"), c.max_positions));
+    POLYKV_ASSIGN_OR_RETURN(rs.beta_fast, m.opt_float(key("rope.scaling.yarn_beta_fast"), 32.0));
+    POLYKV_ASSIGN_OR_RETURN(rs.beta_slow, m.opt_float(key("rope.scaling.yarn_beta_slow"), 1.0));
+    POLYKV_ASSIGN_OR_RETURN(double ext, m.opt_float(key("rope.scaling.yarn_ext_factor"), 1.0));
     if (ext != 1)
-      return unsupported(
+      return m.unsupported(
           key("rope.scaling.yarn_ext_factor"),
           absl::StrCat(" = ", ext, " (only the standard YaRN mix, 1, is implemented)"));
     POLYKV_ASSIGN_OR_RETURN(double log_mul,
-                            opt_float(key("rope.scaling.yarn_log_multiplier"), 0.0));
+                            m.opt_float(key("rope.scaling.yarn_log_multiplier"), 0.0));
     if (log_mul != 0)
-      return unsupported(key("rope.scaling.yarn_log_multiplier"),
-                         absl::StrCat(" = ", log_mul, " (DeepSeek-style attention factor)"));
+      return m.unsupported(key("rope.scaling.yarn_log_multiplier"),
+                           absl::StrCat(" = ", log_mul, " (DeepSeek-style attention factor)"));
     // ggml: cos/sin times attn_factor * (1 + 0.1 ln(factor)).
-    POLYKV_ASSIGN_OR_RETURN(double attn, opt_float(key("rope.scaling.attn_factor"), 1.0));
+    POLYKV_ASSIGN_OR_RETURN(double attn, m.opt_float(key("rope.scaling.attn_factor"), 1.0));
     rs.attention_factor = attn * (factor > 1 ? 1.0 + 0.1 * std::log(factor) : 1.0);
   } else {
     return absl::UnimplementedError(absl::StrCat(src, ": unsupported ", key("rope.scaling.type"),
@@ -292,8 +310,8 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g, const GgufArch** arch_ou
          {"rope.scaling.attn_factor", "rope.scaling.yarn_ext_factor", "rope.scaling.yarn_beta_fast",
           "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_log_multiplier"})
       if (g.Has(key(s)))
-        return unsupported(key(s), absl::StrCat(": a YaRN parameter with ",
-                                                key("rope.scaling.type"), " '", type, "'"));
+        return m.unsupported(key(s), absl::StrCat(": a YaRN parameter with ",
+                                                  key("rope.scaling.type"), " '", type, "'"));
   }
 
   // Llama 3.1 scaling as llama.cpp stores it: per-frequency divisors in rope_freqs.weight.
@@ -317,6 +335,26 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g, const GgufArch** arch_ou
     c.rope_scaling.freq_factors = std::move(f);
     *uses_rope_freqs = true;
   }
+  return absl::OkStatus();
+}
+
+StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g, const GgufArch** arch_out,
+                                     bool* uses_rope_freqs) {
+  const std::string src = g.path();
+  ModelConfig c;
+  POLYKV_ASSIGN_OR_RETURN(c.architecture, g.GetString("general.architecture"));
+  const GgufArch* arch = nullptr;
+  for (const GgufArch& a : kGgufArchs)
+    if (c.architecture == a.name) arch = &a;
+  if (arch == nullptr)
+    return absl::UnimplementedError(absl::StrCat(src, ": unsupported general.architecture '",
+                                                 c.architecture, "' (supported: llama, qwen2)"));
+  *arch_out = arch;
+  const GgufMeta m(g, c.architecture);
+  const auto key = [&](const char* suffix) { return m.key(suffix); };
+  POLYKV_RETURN_IF_ERROR(CheckGgufKeys(m, c.architecture));
+  POLYKV_RETURN_IF_ERROR(ReadGgufShape(m, &c));
+  POLYKV_RETURN_IF_ERROR(ReadGgufRopeScaling(m, &c, uses_rope_freqs));
 
   const GgufTensorInfo* embd = g.FindTensor("token_embd.weight");
   if (embd == nullptr || embd->dims.size() != 2)
@@ -324,7 +362,7 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g, const GgufArch** arch_ou
         absl::StrCat(src, ": missing 2-D tensor 'token_embd.weight'"));
   c.vocab = static_cast<int32_t>(embd->dims[1]);
   if (g.Has(key("vocab_size"))) {
-    POLYKV_ASSIGN_OR_RETURN(int32_t v, need_int(key("vocab_size")));
+    POLYKV_ASSIGN_OR_RETURN(int32_t v, m.need_int(key("vocab_size")));
     if (v != c.vocab)
       return absl::InvalidArgumentError(absl::StrCat(src, ": ", key("vocab_size"), " ", v,
                                                      " != token_embd.weight rows ", c.vocab));
@@ -333,8 +371,8 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g, const GgufArch** arch_ou
   // Biases: qwen2 always has q/k/v biases; llama may (llama.cpp loads them when present).
   c.qkv_bias = arch->qkv_bias_required || g.FindTensor("blk.0.attn_q.bias") != nullptr;
   c.o_bias = g.FindTensor("blk.0.attn_output.bias") != nullptr;
-  POLYKV_ASSIGN_OR_RETURN(c.bos_id, opt_int("tokenizer.ggml.bos_token_id", -1));
-  POLYKV_ASSIGN_OR_RETURN(c.eos_id, opt_int("tokenizer.ggml.eos_token_id", -1));
+  POLYKV_ASSIGN_OR_RETURN(c.bos_id, m.opt_int("tokenizer.ggml.bos_token_id", -1));
+  POLYKV_ASSIGN_OR_RETURN(c.eos_id, m.opt_int("tokenizer.ggml.eos_token_id", -1));
   POLYKV_RETURN_IF_ERROR(ValidateConfig(c, src));
   return c;
 }

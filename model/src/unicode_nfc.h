@@ -9,8 +9,9 @@
 
 namespace polykv::model::unicode {
 
-/// NFC of UTF-8 `text`, Unicode 15.1 (the tables of unicode_nfc.cc). Bytes that are not
-/// valid UTF-8 are kept as they are (each one ends any composition).
+/// NFC of UTF-8 `text`, Unicode 15.1 (the tables of unicode_nfc.cc and
+/// unicode_nfc_compose.cc). Bytes that are not valid UTF-8 are kept as they are (each one ends
+/// any composition).
 std::string NormalizeNfc(std::string_view text);
 
 /// Canonical combining class of `cp` (0 for starters).

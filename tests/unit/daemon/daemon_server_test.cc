@@ -239,7 +239,7 @@ TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
   EXPECT_EQ(a->lease_id.size(), 32u);
   EXPECT_EQ(a->lease_ms, 30000);
   ASSERT_TRUE(a->memory.has_value());
-  EXPECT_EQ(a->memory->backend, "host");
+  EXPECT_EQ(a->memory->backend, ipc::PoolMemory::kHost);
   EXPECT_EQ(a->memory->transport, "memfd");
   EXPECT_EQ(a->memory->fd_socket, dir_.socket() + ".fds");
   EXPECT_EQ(a->pool->leases, 1u);

@@ -62,7 +62,7 @@ class PoolManagerFaults : public ::testing::Test {
     testing::RemoveShmObjects(prefix_);
   }
   PoolManager& Make(PoolManagerOptions o = {}) {
-    o.backend = "host";
+    o.backend = ipc::PoolMemory::kHost;
     o.shm_prefix = prefix_;
     if (!o.loader) o.loader = loader_.Get();
     manager_ = std::make_unique<PoolManager>(std::move(o));

@@ -37,7 +37,7 @@ class PoolManagerTest : public ::testing::Test {
   }
   PoolManager& Make(uint64_t cap = 0, int64_t lease_ms = 30000, int create_delay_ms = 0) {
     PoolManagerOptions o;
-    o.backend = "host";
+    o.backend = ipc::PoolMemory::kHost;
     o.memory_cap = cap;
     o.lease_ms = lease_ms;
     o.test_create_delay_ms = create_delay_ms;
@@ -119,7 +119,7 @@ TEST_F(PoolManagerTest, CreateNoneAndK8v3PublishReadablePools) {
 
     auto g = m.Attach(info.id, 123);
     ASSERT_TRUE(g.ok()) << g.status();
-    EXPECT_EQ(g->memory.backend, "host");
+    EXPECT_EQ(g->memory.backend, ipc::PoolMemory::kHost);
     EXPECT_EQ(g->memory.transport, "memfd");
     EXPECT_TRUE(g->memory.shm_name.empty()) << "no named segment anyone could squat";
     auto shm = MapLease(m, g->lease_id);

@@ -62,7 +62,7 @@ class PoolStoreTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
     PoolManagerOptions o;
-    o.backend = "host";
+    o.backend = ipc::PoolMemory::kHost;
     o.shm_prefix = prefix_;
     o.memory_cap = cap;
     o.store = store_.get();

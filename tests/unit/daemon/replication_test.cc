@@ -99,7 +99,7 @@ class ReplicationTest : public ::testing::Test {
   }
   static std::unique_ptr<PoolManager> Make(const std::string& prefix) {
     PoolManagerOptions o;
-    o.backend = "host";
+    o.backend = ipc::PoolMemory::kHost;
     o.shm_prefix = prefix;
     return std::make_unique<PoolManager>(std::move(o));
   }

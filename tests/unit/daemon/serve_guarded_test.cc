@@ -56,7 +56,7 @@ TEST(ServeGuardedTest, AnyOtherExceptionToo) {
 
 TEST(ServeGuardedTest, RecordsEachRequestInTheMetrics) {
   PoolManagerOptions o;
-  o.backend = "host";
+  o.backend = ipc::PoolMemory::kHost;
   o.shm_prefix = "/polykv-sg" + std::to_string(getpid()) + "-";
   PoolManager pools(std::move(o));
   Metrics metrics;

@@ -155,7 +155,7 @@ TEST(CudaIpcTest, CrossProcessMapping) {
   Reply reply;
   reply.type = MessageType::kAttach;
   MemoryHandle mem;
-  mem.backend = "cuda";
+  mem.backend = PoolMemory::kCuda;
   mem.cuda = *h;
   mem.size = host.size();
   reply.memory = mem;

@@ -134,7 +134,7 @@ TEST(ProtocolTest, ReplyRoundTripWithPoolAndCudaHandle) {
   r.lease_expires_unix_ms = 1700000030000;
   r.lease_ms = 30000;
   MemoryHandle m;
-  m.backend = "cuda";
+  m.backend = PoolMemory::kCuda;
   m.size = 4096;
   for (int i = 0; i < 64; ++i) m.cuda.handle[i] = static_cast<uint8_t>(i * 3 + 1);
   for (int i = 0; i < 16; ++i) m.cuda.device_uuid[i] = static_cast<uint8_t>(255 - i);
@@ -159,7 +159,7 @@ TEST(ProtocolTest, ReplyRoundTripWithPoolAndCudaHandle) {
   EXPECT_EQ(d->lease_expires_unix_ms, r.lease_expires_unix_ms);
   EXPECT_EQ(d->lease_ms, 30000);
   ASSERT_TRUE(d->memory.has_value());
-  EXPECT_EQ(d->memory->backend, "cuda");
+  EXPECT_EQ(d->memory->backend, PoolMemory::kCuda);
   EXPECT_EQ(0, std::memcmp(d->memory->cuda.handle, m.cuda.handle, 64));
   EXPECT_EQ(0, std::memcmp(d->memory->cuda.device_uuid, m.cuda.device_uuid, 16));
   EXPECT_EQ(d->memory->cuda.offset, 512u);
@@ -467,7 +467,7 @@ TEST(ProtocolTest, InstanceHeartbeatAndDaemonFiguresRoundTrip) {
   ping.creates_running = 1;
   ping.create_queue_capacity = 8;
   MemoryHandle m;
-  m.backend = "host";
+  m.backend = PoolMemory::kHost;
   m.transport = "memfd";
   m.fd_socket = "/run/polykv/control.sock.fds";
   m.size = 123;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "polykv/ipc/cuda_ipc.h"
+#include "polykv/ipc/pool_memory.h"
 #include "polykv/status.h"
 
 namespace polykv::ipc {
@@ -105,7 +106,7 @@ const MessageSpec& SpecOf(MessageType type);
 
 /// Where a pool's bytes live and how another process maps them.
 struct MemoryHandle {
-  std::string backend;  ///< "host" or "cuda"
+  PoolMemory backend = PoolMemory::kHost;  ///< "host" or "cuda" on the wire
   /// host: "memfd" (a sealed memfd, fetched from `fd_socket` with the lease id) or "shm"
   /// (legacy: a POSIX shm object named `shm_name`). Empty reads as "shm".
   std::string transport;
