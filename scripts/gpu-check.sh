@@ -95,9 +95,9 @@ cleanup() {
   rm -rf "$WORK" "$WORK0"
 }
 trap cleanup EXIT
-start_daemon() {
+start_daemon() {  # extra polykvd flags as arguments
   "$DAEMON" --endpoint "$POLYKV_ENDPOINT" --backend cuda --log-level info \
-    --lease-seconds 5 >"$WORK/polykvd.log" 2>&1 </dev/null &
+    --lease-seconds 5 "$@" >"$WORK/polykvd.log" 2>&1 </dev/null &
   DPID=$!
   for _ in $(seq 100); do "$CLI" ping >/dev/null 2>&1 && return 0; sleep 0.1; done
   cat "$WORK/polykvd.log"
@@ -211,12 +211,15 @@ step "figures: memcpy, codec, decode (bench_gpu)"
 # ---- the demo document with SmolLM2 (POLYKV_GPU_SMOLLM2): CUDA agents vs CPU agents --------
 if [[ -n "${POLYKV_GPU_SMOLLM2:-}" && -f "${POLYKV_GPU_SMOLLM2}" ]]; then
   SMOL="$POLYKV_GPU_SMOLLM2"
-  step "demo document on a cuda pool, SmolLM2: CUDA agents vs CPU agents (greedy, 48 tokens)"
-  if start_daemon; then
+  step "demo document on a cuda pool (prefilled on the GPU), SmolLM2: CUDA agents vs CPU agents (greedy, 48 tokens)"
+  if start_daemon --prefill-device cuda; then
     DEMO_POOL="$("$CLI" pools create --model "$SMOL" --document "$ROOT/data/wikitext-2/robert_boulter.txt" \
       --chat-system "You answer questions about this article." --no-bos </dev/null 2>"$WORK/demo-create.err" | tail -n 1)"
     if [[ "$DEMO_POOL" =~ ^[0-9a-f]{64}$ ]]; then
       "$CLI" pools show "$DEMO_POOL" </dev/null | head -20
+      GPU_PREFILL_MS="$("$CLI" pools show "$DEMO_POOL" --json </dev/null |
+        python3 -c 'import json,sys; print(round(json.load(sys.stdin)["prefill_ms"], 1))')"
+      grep -h "prefill of" "$WORK/polykvd.log" | tail -2
       SAME=0; TOTAL=0
       while IFS= read -r q && ((TOTAL < ${POLYKV_GPU_QUESTIONS:-8})); do
         [[ -z "$q" || "$q" == \#* ]] && continue
@@ -253,6 +256,15 @@ EOF2
       cat "$WORK/demo-create.err"; fail "SmolLM2 demo pool on the cuda backend"
     fi
     kill -9 "$DPID" 2>/dev/null; wait "$DPID" 2>/dev/null; DPID=""
+    # The same document prefilled by the host (--prefill-device host), same run.
+    if start_daemon --prefill-device host; then
+      HOST_POOL="$("$CLI" pools create --model "$SMOL" --document "$ROOT/data/wikitext-2/robert_boulter.txt" \
+        --chat-system "You answer questions about this article." --no-bos </dev/null 2>/dev/null | tail -n 1)"
+      HOST_PREFILL_MS="$("$CLI" pools show "$HOST_POOL" --json </dev/null 2>/dev/null |
+        python3 -c 'import json,sys; print(round(json.load(sys.stdin)["prefill_ms"], 1))' 2>/dev/null)"
+      echo "FIGURE SmolLM2 demo document (1,451 tokens) prefill in polykvd: GPU ${GPU_PREFILL_MS:-?} ms vs host ($(nproc) cores) ${HOST_PREFILL_MS:-?} ms"
+      kill -9 "$DPID" 2>/dev/null; wait "$DPID" 2>/dev/null; DPID=""
+    fi
   else
     fail "polykvd --backend cuda (SmolLM2 demo)"
   fi

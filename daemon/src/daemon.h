@@ -22,8 +22,11 @@ namespace polykv::daemon {
 
 /// Everything polykvd is configured with.
 struct DaemonOptions {
-  std::string endpoint;                 ///< empty: ipc::DefaultEndpoint()
-  std::string backend = "auto";         ///< auto | host | cuda
+  std::string endpoint;          ///< empty: ipc::DefaultEndpoint()
+  std::string backend = "auto";  ///< auto | host | cuda
+  /// host (default): documents are prefilled on the host; cuda: with the cuda backend, on
+  /// the GPU (CUDA model runtime) when it is usable, else on the host (logged once).
+  std::string prefill_device = "host";
   uint64_t memory_cap = 0;              ///< bytes per backend; 0 = unlimited
   double lease_seconds = 30;            ///< lease duration
   std::vector<std::string> model_path;  ///< search path for relative model names

@@ -64,6 +64,11 @@ void AddDaemonFlags(CLI::App& app, DaemonOptions& o) {
                  "Pool memory: auto (cuda when a GPU is usable), host, cuda")
       ->check(CLI::IsMember({"auto", "host", "cuda"}))
       ->capture_default_str();
+  app.add_option("--prefill-device", o.prefill_device,
+                 "Where documents are prefilled: host, or cuda (the GPU with --backend cuda "
+                 "when the CUDA model runtime is usable, else the host, logged)")
+      ->check(CLI::IsMember({"host", "cuda"}))
+      ->capture_default_str();
   auto byte_size = [](const char* flag, uint64_t* out) {
     return [flag, out](const std::string& s) {
       auto v = ParseByteSize(s);

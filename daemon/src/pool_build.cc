@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "polykv/kernels/device_ops.h"
 #include "pool_manager_internal.h"
 
 namespace polykv::daemon {
@@ -98,6 +99,31 @@ StatusOr<void*> PoolManager::AllocatePoolMemory(const std::string& pool_id, uint
   return pool->region->writable_data();
 }
 
+// The GPU prefiller of a model entry (backend cuda, prefill_on_device), loaded at its first
+// use; null when the host prefills (said once per model in the log, with the reason).
+model::CudaLlama* PoolManager::DevicePrefiller(ModelEntry* entry) {
+  if (options_.backend != ipc::PoolMemory::kCuda || !options_.prefill_on_device) return nullptr;
+  if (entry->cuda) return entry->cuda.get();
+  if (entry->cuda_failed) return nullptr;
+  Status why = kernels::CheckDeviceAvailable(kernels::Device::kCuda);
+  if (why.ok() && !model::CudaRuntimeBuilt())
+    why = absl::UnimplementedError("the CUDA model runtime is not in this build");
+  if (why.ok()) {
+    auto loaded = model::CudaLlama::Load(entry->key.canonical, 0);
+    if (loaded.ok()) {
+      entry->cuda = std::move(*loaded);
+      spdlog::info("prefill of {} on CUDA device 0 ({:.1f} MiB of weights uploaded)",
+                   entry->key.canonical, entry->cuda->device_bytes() / 1048576.0);
+      return entry->cuda.get();
+    }
+    why = loaded.status();
+  }
+  entry->cuda_failed = true;
+  spdlog::warn("prefill of {} on the host: the GPU prefill is unavailable ({})",
+               entry->key.canonical, why.ToString());
+  return nullptr;
+}
+
 StatusOr<model::PrefillResult> PoolManager::PrefillForPool(
     ModelEntry* entry, const std::vector<int32_t>& ids, const ProgressFn& progress,
     const std::atomic<bool>* cancel, const ParentChain* chain, PendingPool* p) {
@@ -113,9 +139,14 @@ StatusOr<model::PrefillResult> PoolManager::PrefillForPool(
       if (Cancelled(cancel)) throw CreateCancelled();
       progress("prefill", done, total);
     };
-    r = chain != nullptr ? model::PrefillAfterPrefix(*entry->model, chain->views, chain->tokens,
-                                                     ids, options_.prefill_chunk, on_chunk)
-                         : entry->model->Prefill(ids, options_.prefill_chunk, on_chunk);
+    if (chain != nullptr) {
+      r = model::PrefillAfterPrefix(*entry->model, chain->views, chain->tokens, ids,
+                                    options_.prefill_chunk, on_chunk);
+    } else if (model::CudaLlama* gpu = DevicePrefiller(entry)) {
+      r = gpu->Prefill(ids, std::min<int64_t>(options_.prefill_chunk, 256), on_chunk);
+    } else {
+      r = entry->model->Prefill(ids, options_.prefill_chunk, on_chunk);
+    }
   } catch (const CreateCancelled&) {
     r = absl::CancelledError("polykvd is shutting down: the create was cancelled");
   } catch (const std::exception& e) {

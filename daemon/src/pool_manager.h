@@ -24,6 +24,7 @@
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
+#include "polykv/model/cuda_llama.h"
 #include "polykv/model/llama.h"
 #include "polykv/model/prefill.h"
 #include "polykv/status.h"
@@ -87,6 +88,11 @@ struct PoolManagerOptions {
   std::string fd_socket;
   /// Prefill chunk (tokens).
   int64_t prefill_chunk = 512;
+  /// backend kCuda: prefill documents (without a parent chain) on that GPU with the CUDA
+  /// model runtime (model::CudaLlama, loaded once per model) when it is built and a device
+  /// is usable; the K/V are encoded on the host as before. False (the default,
+  /// --prefill-device host), or no usable runtime (logged once): the host prefills.
+  bool prefill_on_device = false;
   /// Compute threads passed to the default loader (0 = all cores).
   int threads = 0;
   /// Empty: model::LlamaModel::Load with LoadOptions{threads}.
@@ -341,6 +347,10 @@ class PoolManager {
     std::mutex load_mu;  ///< held while loading
     bool loaded = false;
     std::unique_ptr<model::LlamaModel> model;
+    /// The same model on the GPU for prefills (PoolManagerOptions::prefill_on_device),
+    /// loaded at the first create that prefills; guarded by `running` like `model`.
+    std::unique_ptr<model::CudaLlama> cuda;
+    bool cuda_failed = false;   ///< its load failed once (logged): the host prefills
     uint64_t bytes = 0;         ///< ModelHeldBytes
     uint64_t mapped_bytes = 0;  ///< of which mapped from the model file
     // Forward passes are not reentrant: one create at a time holds the model (`running`).
@@ -459,6 +469,7 @@ class PoolManager {
   [[nodiscard]] Status SealPoolMemory(uint64_t needed, const std::vector<uint8_t>& staging,
                                       const char* filled_by, Pool* pool);
   /// Prefills `token_ids` (after the parent chain, if any); checks the layer count.
+  model::CudaLlama* DevicePrefiller(ModelEntry* entry);
   [[nodiscard]] StatusOr<model::PrefillResult> PrefillForPool(
       ModelEntry* entry, const std::vector<int32_t>& token_ids, const ProgressFn& progress,
       const std::atomic<bool>* cancel, const ParentChain* chain, PendingPool* p);

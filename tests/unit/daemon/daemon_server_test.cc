@@ -90,6 +90,20 @@ TEST(DaemonFlagsTest, FlagsAndConfigFile) {
     AddDaemonFlags(app, o);
     EXPECT_THROW(app.parse(std::vector<std::string>{"--backend=tpu"}), CLI::ValidationError);
   }
+  {  // Where documents are prefilled: the host (default) or cuda (the GPU, cuda backend).
+    DaemonOptions o;
+    CLI::App app;
+    AddDaemonFlags(app, o);
+    EXPECT_EQ(o.prefill_device, "host");
+    ASSERT_NO_THROW(app.parse(std::vector<std::string>{"--prefill-device=cuda"}));
+    EXPECT_EQ(o.prefill_device, "cuda");
+  }
+  {
+    DaemonOptions o;
+    CLI::App app;
+    AddDaemonFlags(app, o);
+    EXPECT_THROW(app.parse(std::vector<std::string>{"--prefill-device=tpu"}), CLI::ValidationError);
+  }
 }
 
 TEST(DaemonFlagsTest, RolesModelFoldersQueueAndTheShippedExampleConfig) {
