@@ -183,284 +183,363 @@ StatusOr<attn::ChunkFn> ChunkForOptions(const AttentionOptions& opt) {
   return ChunkFor(isa);
 }
 
-// The CPU path for sessions with n >= 1 (already checked) over the checked segments `segs`.
-// Per KV head: every prefix chunk is one task over the stacked queries of all sessions;
-// every suffix chunk of every session is one task over that session's queries. Then one
-// merge per (KV head, stacked query): prefix states in position order, the inverse
-// rotation, the session's suffix states in position order.
-Status CpuAttention(const std::vector<const PrefixView*>& segs, int32_t layer, int32_t heads,
-                    int32_t kv_heads, int32_t hd, absl::Span<const AttentionSession> sessions,
-                    const AttentionOptions& opt) {
-  POLYKV_ASSIGN_OR_RETURN(const attn::ChunkFn chunk, ChunkForOptions(opt));
-  const PrefixView* pv = segs.empty() ? nullptr : segs.front();
-  const int G = heads / kv_heads;
-  const int64_t C = kAttentionChunk;
-  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool k8 = pv != nullptr && pv->codec == PrefixCodec::kK8V;
+// The key scale that multiplies element d of KV head kvh's queries against a segment (int8
+// keys: the segment's per-tensor, per-head or per-channel scale; 1 otherwise).
+float KeyScaleOf(const PrefixView& view, const PrefixLayer& pl, bool k8, int kvh, int hd, int d) {
+  if (!k8) return 1.0f;
+  switch (view.config.key_scale) {
+    case KeyScaleMode::kPerTensor:
+      return pl.k_scales[0];
+    case KeyScaleMode::kPerHead:
+      return pl.k_scales[kvh];
+    case KeyScaleMode::kPerChannel:
+      return pl.k_scales[kvh * hd + d];
+  }
+  return 1.0f;
+}
+
+// One prefix segment of a CpuAttention call: its layer, length, first chunk task, codebook
+// and packed sizes.
+struct AttnSegment {
+  const PrefixView* view = nullptr;
+  const PrefixLayer* layer = nullptr;
+  int64_t tokens = 0;
+  int64_t first_task = 0;
+  math::ValueCodebook cb;
+  int value_bits = 0;
+  int64_t v_bytes = 0, k_bytes = 0;
+  bool packed_keys = false, f16_norms = false;
+};
+
+// One session of a CpuAttention call, in stacked order.
+struct AttnSession {
+  const AttentionSession* s = nullptr;
+  int nq = 0;              // n * G
+  int64_t qoff = 0;        // first stacked query
+  int64_t sc = 0;          // suffix chunks
+  int64_t first_task = 0;  // first suffix task (in [pc, tasks_per_head))
+  int64_t state_off = 0;   // first suffix state (per KV head, in queries)
+};
+
+// The CPU path for sessions with n >= 1 (already checked) over the checked segments, in
+// steps. Per KV head: every prefix chunk is one task over the stacked queries of all
+// sessions; every suffix chunk of every session is one task over that session's queries
+// (RunTask). Then one merge per (KV head, stacked query): prefix states in position order,
+// the inverse rotation, the session's suffix states in position order (Merge).
+class CpuAttentionRun {
+ public:
+  CpuAttentionRun(int32_t layer, int32_t heads, int32_t kv_heads, int32_t hd, attn::ChunkFn chunk)
+      : layer_(layer),
+        heads_(heads),
+        kv_heads_(kv_heads),
+        hd_(hd),
+        G_(heads / kv_heads),
+        softmax_scale_(1.0f / std::sqrt(static_cast<float>(hd))),
+        chunk_(chunk) {}
 
   // Per segment: its layer, length, first chunk task, codebook and packed sizes.
-  struct Segment {
-    const PrefixView* view = nullptr;
-    const PrefixLayer* layer = nullptr;
-    int64_t tokens = 0;
-    int64_t first_task = 0;
-    math::ValueCodebook cb;
-    int value_bits = 0;
-    int64_t v_bytes = 0, k_bytes = 0;
-    bool packed_keys = false, f16_norms = false;
-  };
-  std::vector<Segment> seg(segs.size());
-  int64_t P = 0, pc = 0;
+  Status PlanSegments(const std::vector<const PrefixView*>& segs);
+  // Sessions in stacked order, their queries, suffix tasks and suffix states.
+  void StackSessions(absl::Span<const AttentionSession> sessions);
+  // The scaled query copies, the partial states and the inverse rotation's constants.
+  void Prepare();
+  // Chunk task `flat` in [0, Tasks()): KV head flat / tasks_per_head, then its prefix chunks
+  // and every session's suffix chunks.
+  void RunTask(int64_t flat);
+  // Output vector `flat` in [0, Merges()): KV head flat / nq_total, stacked query.
+  void Merge(int64_t flat);
+
+  int64_t Tasks() const { return kv_heads_ * tasks_per_head_; }
+  int64_t Merges() const { return kv_heads_ * nq_total_; }
+  int64_t Work() const { return (P_ * nq_total_ + suffix_work_) * kv_heads_; }
+
+ private:
+  static constexpr int64_t C = kAttentionChunk;
+  static constexpr int64_t kStateScalars = 2;  // m, l before o[hd]
+
+  void ScaleQueries();
+  void PrefixChunk(int64_t kvh, int64_t task, attn::ChunkArgs& c) const;
+  void SuffixChunk(int64_t kvh, const AttnSession& x, int64_t task, attn::ChunkArgs& c) const;
+  // The segment of prefix chunk task `task` (< pc).
+  size_t SegmentOf(int64_t task) const {
+    size_t s = 0;
+    while (s + 1 < seg_.size() && seg_[s + 1].first_task <= task) ++s;
+    return s;
+  }
+  // Partial states m, l, o[hd]: prefix [kv_head][chunk][stacked j], then suffix
+  // [kv_head][session's state_off + chunk * nq + local j].
+  float* PrefixState(int64_t kvh, int64_t t, int64_t j) {
+    return states_.data() + ((kvh * pc_ + t) * nq_total_ + j) * (hd_ + kStateScalars);
+  }
+  float* SuffixState(int64_t kvh, const AttnSession& x, int64_t chunk, int64_t jl) {
+    return states_.data() +
+           (prefix_states_ + kvh * suffix_states_ + x.state_off + chunk * x.nq + jl) *
+               (hd_ + kStateScalars);
+  }
+
+  const int32_t layer_, heads_, kv_heads_, hd_;
+  const int G_;
+  const float softmax_scale_;
+  const attn::ChunkFn chunk_;
+  bool k8_ = false;
+  const PrefixView* pv_ = nullptr;
+  std::vector<AttnSegment> seg_;
+  int64_t P_ = 0, pc_ = 0;  // prefix tokens and chunks
+  std::vector<AttnSession> ss_;
+  int64_t nq_total_ = 0, tq_ = 0, tasks_per_head_ = 0, suffix_states_ = 0, suffix_work_ = 0;
+  std::vector<int32_t> task_sess_;  // suffix task - pc -> session
+  std::vector<int32_t> q_sess_;     // stacked query -> session
+  size_t q_floats_ = 0;
+  std::vector<float> qs_, qp_;  // suffix queries, one prefix copy per segment
+  std::vector<int64_t> lim_suffix_, lim_prefix_;
+  int64_t prefix_states_ = 0;
+  std::vector<float> states_;
+  std::vector<float> signs_;
+  int block_ = 1;
+  float unrot_scale_ = 1.0f;
+};
+
+Status CpuAttentionRun::PlanSegments(const std::vector<const PrefixView*>& segs) {
+  pv_ = segs.empty() ? nullptr : segs.front();
+  k8_ = pv_ != nullptr && pv_->codec == PrefixCodec::kK8V;
+  seg_.resize(segs.size());
   for (size_t s = 0; s < segs.size(); ++s) {
-    Segment& g = seg[s];
+    AttnSegment& g = seg_[s];
     g.view = segs[s];
-    g.layer = &segs[s]->layers[layer];
+    g.layer = &segs[s]->layers[layer_];
     g.tokens = segs[s]->tokens;
-    g.first_task = pc;
-    if (k8) {
-      g.value_bits = g.view->ValueBitsOf(layer);
+    g.first_task = pc_;
+    if (k8_) {
+      g.value_bits = g.view->ValueBitsOf(layer_);
       POLYKV_ASSIGN_OR_RETURN(g.cb, internal::GetValueCodebook(g.value_bits));
-      g.v_bytes = PackedVectorBytes(hd, g.value_bits);
-      g.k_bytes = PackedKeyVectorBytes(hd, g.view->config.key_bits);
+      g.v_bytes = PackedVectorBytes(hd_, g.value_bits);
+      g.k_bytes = PackedKeyVectorBytes(hd_, g.view->config.key_bits);
       g.packed_keys = g.view->config.key_bits != 8;
       g.f16_norms = g.view->config.norm_dtype == DType::kF16;
     }
-    P += g.tokens;
-    pc += (g.tokens + C - 1) / C;
+    P_ += g.tokens;
+    pc_ += (g.tokens + C - 1) / C;
   }
-  // The segment of prefix chunk task `task` (< pc).
-  auto segment_of = [&](int64_t task) {
-    size_t s = 0;
-    while (s + 1 < seg.size() && seg[s + 1].first_task <= task) ++s;
-    return s;
-  };
+  return absl::OkStatus();
+}
 
-  // Sessions in stacked order: those whose own call would score on transposed keys
-  // (nq >= kTransposedQueries) first, so that one prefix chunk call takes that path for
-  // exactly the leading `tq` stacked queries (ChunkArgs::transposed).
-  struct Sess {
-    const AttentionSession* s = nullptr;
-    int nq = 0;              // n * G
-    int64_t qoff = 0;        // first stacked query
-    int64_t sc = 0;          // suffix chunks
-    int64_t first_task = 0;  // first suffix task (in [pc, tasks_per_head))
-    int64_t state_off = 0;   // first suffix state (per KV head, in queries)
-  };
-  std::vector<Sess> ss;
+// Sessions whose own call would score on transposed keys (nq >= kTransposedQueries) come
+// first, so that one prefix chunk call takes that path for exactly the leading `tq` stacked
+// queries (ChunkArgs::transposed).
+void CpuAttentionRun::StackSessions(absl::Span<const AttentionSession> sessions) {
   for (int pass = 0; pass < 2; ++pass)
     for (const AttentionSession& s : sessions) {
-      const int nq = static_cast<int>(G * s.n);
-      if ((nq >= attn::kTransposedQueries) == (pass == 0)) ss.push_back(Sess{&s, nq});
+      const int nq = static_cast<int>(G_ * s.n);
+      if ((nq >= attn::kTransposedQueries) == (pass == 0)) ss_.push_back(AttnSession{&s, nq});
     }
-  int64_t nq_total = 0, tq = 0, task = pc, state_off = 0, suffix_work = 0;
-  for (Sess& x : ss) {
-    x.qoff = nq_total;
-    nq_total += x.nq;
-    if (x.nq >= attn::kTransposedQueries) tq += x.nq;
+  int64_t task = pc_;
+  for (AttnSession& x : ss_) {
+    x.qoff = nq_total_;
+    nq_total_ += x.nq;
+    if (x.nq >= attn::kTransposedQueries) tq_ += x.nq;
     x.sc = (x.s->suffix_length + C - 1) / C;
     x.first_task = task;
     task += x.sc;
-    x.state_off = state_off;
-    state_off += x.sc * x.nq;
-    suffix_work += x.s->suffix_length * x.nq;
+    x.state_off = suffix_states_;
+    suffix_states_ += x.sc * x.nq;
+    suffix_work_ += x.s->suffix_length * x.nq;
   }
-  const int64_t tasks_per_head = task;
-  const int64_t suffix_states = state_off;  // per KV head
-  const int nqt = static_cast<int>(nq_total);
-  // Suffix task -> session.
-  std::vector<int32_t> task_sess(static_cast<size_t>(tasks_per_head - pc));
-  for (size_t x = 0; x < ss.size(); ++x)
-    for (int64_t t = 0; t < ss[x].sc; ++t)
-      task_sess[static_cast<size_t>(ss[x].first_task - pc + t)] = static_cast<int32_t>(x);
-  // Stacked query -> session.
-  std::vector<int32_t> q_sess(static_cast<size_t>(nq_total));
-  for (size_t x = 0; x < ss.size(); ++x)
-    for (int j = 0; j < ss[x].nq; ++j)
-      q_sess[static_cast<size_t>(ss[x].qoff + j)] = static_cast<int32_t>(x);
+  tasks_per_head_ = task;
+  task_sess_.resize(static_cast<size_t>(tasks_per_head_ - pc_));
+  for (size_t x = 0; x < ss_.size(); ++x)
+    for (int64_t t = 0; t < ss_[x].sc; ++t)
+      task_sess_[static_cast<size_t>(ss_[x].first_task - pc_ + t)] = static_cast<int32_t>(x);
+  q_sess_.resize(static_cast<size_t>(nq_total_));
+  for (size_t x = 0; x < ss_.size(); ++x)
+    for (int j = 0; j < ss_[x].nq; ++j)
+      q_sess_[static_cast<size_t>(ss_[x].qoff + j)] = static_cast<int32_t>(x);
+}
 
-  // Queries per KV head, stacked j = qoff + row * G + group: suffix copy (softmax scale) and
-  // one prefix copy per segment (softmax scale x the segment's key scale for int8 keys).
-  const size_t q_floats = static_cast<size_t>(kv_heads) * nqt * hd;
-  std::vector<float> qs(q_floats);
-  std::vector<float> qp(q_floats * seg.size());
-  std::vector<int64_t> lim_suffix(nqt), lim_prefix(nqt, P);
-  for (const Sess& x : ss) {
+// Queries per KV head, stacked j = qoff + row * G + group: suffix copy (softmax scale) and
+// one prefix copy per segment (softmax scale x the segment's key scale for int8 keys).
+void CpuAttentionRun::ScaleQueries() {
+  const int nqt = static_cast<int>(nq_total_);
+  q_floats_ = static_cast<size_t>(kv_heads_) * nqt * hd_;
+  qs_.resize(q_floats_);
+  qp_.resize(q_floats_ * seg_.size());
+  lim_suffix_.resize(nqt);
+  lim_prefix_.assign(nqt, P_);
+  for (const AttnSession& x : ss_) {
     const AttentionSession& a = *x.s;
     for (int64_t i = 0; i < a.n; ++i)
-      for (int g = 0; g < G; ++g) lim_suffix[x.qoff + i * G + g] = a.suffix_length - a.n + i + 1;
-    for (int kvh = 0; kvh < kv_heads; ++kvh) {
+      for (int g = 0; g < G_; ++g) lim_suffix_[x.qoff + i * G_ + g] = a.suffix_length - a.n + i + 1;
+    for (int kvh = 0; kvh < kv_heads_; ++kvh) {
       for (int64_t i = 0; i < a.n; ++i) {
-        for (int g = 0; g < G; ++g) {
-          const float* src = a.q + (i * heads + kvh * G + g) * hd;
-          const int64_t j = x.qoff + i * G + g;
-          float* ds = qs.data() + (static_cast<int64_t>(kvh) * nqt + j) * hd;
-          for (int d = 0; d < hd; ++d) ds[d] = src[d] * softmax_scale;
-          for (size_t s = 0; s < seg.size(); ++s) {
-            const PrefixLayer* pl = seg[s].layer;
-            float* dp = qp.data() + s * q_floats + (static_cast<int64_t>(kvh) * nqt + j) * hd;
-            for (int d = 0; d < hd; ++d) {
-              float ks = 1.0f;
-              if (k8) {
-                switch (seg[s].view->config.key_scale) {
-                  case KeyScaleMode::kPerTensor:
-                    ks = pl->k_scales[0];
-                    break;
-                  case KeyScaleMode::kPerHead:
-                    ks = pl->k_scales[kvh];
-                    break;
-                  case KeyScaleMode::kPerChannel:
-                    ks = pl->k_scales[kvh * hd + d];
-                    break;
-                }
-              }
-              dp[d] = src[d] * softmax_scale * ks;
-            }
+        for (int g = 0; g < G_; ++g) {
+          const float* src = a.q + (i * heads_ + kvh * G_ + g) * hd_;
+          const int64_t j = x.qoff + i * G_ + g;
+          float* ds = qs_.data() + (static_cast<int64_t>(kvh) * nqt + j) * hd_;
+          for (int d = 0; d < hd_; ++d) ds[d] = src[d] * softmax_scale_;
+          for (size_t s = 0; s < seg_.size(); ++s) {
+            float* dp = qp_.data() + s * q_floats_ + (static_cast<int64_t>(kvh) * nqt + j) * hd_;
+            for (int d = 0; d < hd_; ++d)
+              dp[d] = src[d] * softmax_scale_ *
+                      KeyScaleOf(*seg_[s].view, *seg_[s].layer, k8_, kvh, hd_, d);
           }
         }
       }
     }
   }
+}
 
-  // Partial states m, l, o[hd]: prefix [kv_head][chunk][stacked j], then suffix
-  // [kv_head][session's state_off + chunk * nq + local j].
-  const int64_t state_floats = hd + 2;
-  const int64_t prefix_states = kv_heads * pc * nq_total;
-  std::vector<float> states(
-      static_cast<size_t>((prefix_states + kv_heads * suffix_states) * state_floats));
-  auto prefix_state = [&](int64_t kvh, int64_t t, int64_t j) {
-    return states.data() + ((kvh * pc + t) * nq_total + j) * state_floats;
-  };
-  auto suffix_state = [&](int64_t kvh, const Sess& x, int64_t chunk, int64_t jl) {
-    return states.data() +
-           (prefix_states + kvh * suffix_states + x.state_off + chunk * x.nq + jl) * state_floats;
-  };
-  const int64_t total_tasks = kv_heads * tasks_per_head;
-  auto run_task = [&](int64_t flat) {
-    const int64_t kvh = flat / tasks_per_head, task = flat % tasks_per_head;
-    attn::ChunkArgs c;
-    c.hd = hd;
-    const Sess* x = task < pc ? nullptr : &ss[static_cast<size_t>(task_sess[task - pc])];
-    c.nq = x == nullptr ? nqt : x->nq;
-    std::vector<float> m(c.nq), l(c.nq);
-    std::vector<float> o(static_cast<size_t>(c.nq) * hd);
-    c.m = m.data();
-    c.l = l.data();
-    c.o = o.data();
-    if (x == nullptr) {  // prefix chunk of segment s, for every session's queries
-      const size_t s = segment_of(task);
-      const Segment& g = seg[s];
-      const PrefixLayer* pl = g.layer;
-      const int64_t Ps = g.tokens;
-      c.q = qp.data() + s * q_floats + kvh * nq_total * hd;
-      c.limit = lim_prefix.data();
-      c.transposed = static_cast<int32_t>(tq);
-      c.t0 = (task - g.first_task) * C;
-      c.t1 = std::min(Ps, c.t0 + C);
-      if (k8) {
-        // The chunk's pointers start at its first token (t0 = 0 below): packed keys and f16
-        // norms of the chunk are widened into per-thread scratch first.
-        const int64_t t0 = c.t0, cnt = c.t1 - c.t0;
-        c.key_kind = attn::kKeyI8;
-        if (g.packed_keys) {
-          std::vector<int8_t>& kq = ThreadKeyScratch();
-          if (kq.size() < static_cast<size_t>(cnt * hd)) kq.resize(static_cast<size_t>(cnt * hd));
-          UnpackKeyVectors(static_cast<const uint8_t*>(pl->k) + (kvh * Ps + t0) * g.k_bytes, cnt,
-                           hd, g.view->config.key_bits, kq.data());
-          c.k = kq.data();
-        } else {
-          c.k = static_cast<const int8_t*>(pl->k) + (kvh * Ps + t0) * hd;
-        }
-        c.value_kind = attn::kValPacked;
-        c.v = static_cast<const uint8_t*>(pl->v) + (kvh * Ps + t0) * g.v_bytes;
-        c.v_bytes = g.v_bytes;
-        if (g.f16_norms) {
-          std::vector<float>& nf = ThreadNormScratch();
-          if (nf.size() < static_cast<size_t>(cnt)) nf.resize(static_cast<size_t>(cnt));
-          NormsFromF16(static_cast<const uint16_t*>(pl->v_norms) + kvh * Ps + t0, cnt, nf.data());
-          c.v_norms = nf.data();
-        } else {
-          c.v_norms = static_cast<const float*>(pl->v_norms) + kvh * Ps + t0;
-        }
-        c.bits = g.value_bits;
-        c.levels = g.cb.levels;
-        c.t0 = 0;
-        c.t1 = cnt;
-      } else {
-        const int kind = RawKind(g.view->raw_dtype);
-        const int64_t es = static_cast<int64_t>(DTypeSize(g.view->raw_dtype));
-        c.key_kind = kind;
-        c.value_kind = kind;  // same numbering for raw kinds
-        c.k = static_cast<const uint8_t*>(pl->k) + kvh * Ps * hd * es;
-        c.v = static_cast<const uint8_t*>(pl->v) + kvh * Ps * hd * es;
-      }
-    } else {  // suffix chunk of session x
-      const AttentionSession& a = *x->s;
-      const int64_t chunk_index = task - x->first_task;
-      c.q = qs.data() + (kvh * nq_total + x->qoff) * hd;
-      c.limit = lim_suffix.data() + x->qoff;
-      c.t0 = chunk_index * C;
-      c.t1 = std::min(a.suffix_length, c.t0 + C);
-      c.key_kind = attn::kKeyF32;
-      c.value_kind = attn::kValF32;
-      c.k = a.k_suffix + kvh * a.suffix_capacity * hd;
-      c.v = a.v_suffix + kvh * a.suffix_capacity * hd;
-    }
-    std::vector<float>& scratch = ThreadScratch();
-    const size_t need = static_cast<size_t>((c.t1 - c.t0) * (3 * hd + c.nq) + 16 * hd);
-    if (scratch.size() < need) scratch.resize(need);
-    c.scratch = scratch.data();
-    chunk(c);
-    for (int j = 0; j < c.nq; ++j) {
-      float* st = x == nullptr ? prefix_state(kvh, task, j)
-                               : suffix_state(kvh, *x, task - x->first_task, j);
-      st[0] = m[j];
-      st[1] = l[j];
-      std::copy(o.begin() + static_cast<int64_t>(j) * hd,
-                o.begin() + static_cast<int64_t>(j + 1) * hd, st + 2);
-    }
-  };
-
-  std::vector<float> signs;
-  int block = 1;
-  float unrot_scale = 1.0f;
-  if (k8) {
-    signs.resize(hd);
-    for (int i = 0; i < hd; ++i) signs[i] = math::RotationSign(pv->config.rotation_seed, i);
-    block = math::HadamardBlock(hd);
-    unrot_scale = 1.0f / std::sqrt(static_cast<float>(hd) * static_cast<float>(block));
+void CpuAttentionRun::Prepare() {
+  ScaleQueries();
+  prefix_states_ = kv_heads_ * pc_ * nq_total_;
+  states_.resize(
+      static_cast<size_t>((prefix_states_ + kv_heads_ * suffix_states_) * (hd_ + kStateScalars)));
+  if (k8_) {
+    signs_.resize(hd_);
+    for (int i = 0; i < hd_; ++i) signs_[i] = math::RotationSign(pv_->config.rotation_seed, i);
+    block_ = math::HadamardBlock(hd_);
+    unrot_scale_ = 1.0f / std::sqrt(static_cast<float>(hd_) * static_cast<float>(block_));
   }
-  auto merge = [&](int64_t flat) {
-    const int64_t kvh = flat / nq_total, j = flat % nq_total;
-    const Sess& x = ss[static_cast<size_t>(q_sess[j])];
-    const int64_t jl = j - x.qoff;
-    std::vector<float> acc(hd);
-    AttentionState s{-std::numeric_limits<float>::infinity(), 0.0f, acc.data()};
-    for (int64_t t = 0; t < pc; ++t) {
-      float* st = prefix_state(kvh, t, j);
-      MergeAttentionState(s, AttentionState{st[0], st[1], st + 2}, hd);
-    }
-    if (k8 && s.l > 0) {  // back from the rotated code domain, once per output vector
-      math::BlockFwht(acc.data(), hd, block);
-      for (int i = 0; i < hd; ++i) acc[i] = acc[i] * signs[i] * unrot_scale;
-    }
-    for (int64_t t = 0; t < x.sc; ++t) {
-      float* st = suffix_state(kvh, x, t, jl);
-      MergeAttentionState(s, AttentionState{st[0], st[1], st + 2}, hd);
-    }
-    const int64_t i = jl / G, g = jl % G;
-    float* dst = x.s->out + (i * heads + kvh * G + g) * hd;
-    for (int d = 0; d < hd; ++d) dst[d] = acc[d];
-  };
+}
 
+// Prefix chunk `task` of its segment, for every session's queries.
+void CpuAttentionRun::PrefixChunk(int64_t kvh, int64_t task, attn::ChunkArgs& c) const {
+  const size_t s = SegmentOf(task);
+  const AttnSegment& g = seg_[s];
+  const PrefixLayer* pl = g.layer;
+  const int64_t Ps = g.tokens;
+  const int hd = hd_;
+  c.q = qp_.data() + s * q_floats_ + kvh * nq_total_ * hd;
+  c.limit = lim_prefix_.data();
+  c.transposed = static_cast<int32_t>(tq_);
+  c.t0 = (task - g.first_task) * C;
+  c.t1 = std::min(Ps, c.t0 + C);
+  if (!k8_) {
+    const int kind = RawKind(g.view->raw_dtype);
+    const int64_t es = static_cast<int64_t>(DTypeSize(g.view->raw_dtype));
+    c.key_kind = kind;
+    c.value_kind = kind;  // same numbering for raw kinds
+    c.k = static_cast<const uint8_t*>(pl->k) + kvh * Ps * hd * es;
+    c.v = static_cast<const uint8_t*>(pl->v) + kvh * Ps * hd * es;
+    return;
+  }
+  // The chunk's pointers start at its first token (t0 = 0 below): packed keys and f16
+  // norms of the chunk are widened into per-thread scratch first.
+  const int64_t t0 = c.t0, cnt = c.t1 - c.t0;
+  c.key_kind = attn::kKeyI8;
+  if (g.packed_keys) {
+    std::vector<int8_t>& kq = ThreadKeyScratch();
+    if (kq.size() < static_cast<size_t>(cnt * hd)) kq.resize(static_cast<size_t>(cnt * hd));
+    UnpackKeyVectors(static_cast<const uint8_t*>(pl->k) + (kvh * Ps + t0) * g.k_bytes, cnt, hd,
+                     g.view->config.key_bits, kq.data());
+    c.k = kq.data();
+  } else {
+    c.k = static_cast<const int8_t*>(pl->k) + (kvh * Ps + t0) * hd;
+  }
+  c.value_kind = attn::kValPacked;
+  c.v = static_cast<const uint8_t*>(pl->v) + (kvh * Ps + t0) * g.v_bytes;
+  c.v_bytes = g.v_bytes;
+  if (g.f16_norms) {
+    std::vector<float>& nf = ThreadNormScratch();
+    if (nf.size() < static_cast<size_t>(cnt)) nf.resize(static_cast<size_t>(cnt));
+    NormsFromF16(static_cast<const uint16_t*>(pl->v_norms) + kvh * Ps + t0, cnt, nf.data());
+    c.v_norms = nf.data();
+  } else {
+    c.v_norms = static_cast<const float*>(pl->v_norms) + kvh * Ps + t0;
+  }
+  c.bits = g.value_bits;
+  c.levels = g.cb.levels;
+  c.t0 = 0;
+  c.t1 = cnt;
+}
+
+// Suffix chunk `task` of session x.
+void CpuAttentionRun::SuffixChunk(int64_t kvh, const AttnSession& x, int64_t task,
+                                  attn::ChunkArgs& c) const {
+  const AttentionSession& a = *x.s;
+  const int64_t chunk_index = task - x.first_task;
+  c.q = qs_.data() + (kvh * nq_total_ + x.qoff) * hd_;
+  c.limit = lim_suffix_.data() + x.qoff;
+  c.t0 = chunk_index * C;
+  c.t1 = std::min(a.suffix_length, c.t0 + C);
+  c.key_kind = attn::kKeyF32;
+  c.value_kind = attn::kValF32;
+  c.k = a.k_suffix + kvh * a.suffix_capacity * hd_;
+  c.v = a.v_suffix + kvh * a.suffix_capacity * hd_;
+}
+
+void CpuAttentionRun::RunTask(int64_t flat) {
+  const int64_t kvh = flat / tasks_per_head_, task = flat % tasks_per_head_;
+  const int hd = hd_;
+  attn::ChunkArgs c;
+  c.hd = hd;
+  const AttnSession* x = task < pc_ ? nullptr : &ss_[static_cast<size_t>(task_sess_[task - pc_])];
+  c.nq = x == nullptr ? static_cast<int>(nq_total_) : x->nq;
+  std::vector<float> m(c.nq), l(c.nq);
+  std::vector<float> o(static_cast<size_t>(c.nq) * hd);
+  c.m = m.data();
+  c.l = l.data();
+  c.o = o.data();
+  if (x == nullptr)
+    PrefixChunk(kvh, task, c);
+  else
+    SuffixChunk(kvh, *x, task, c);
+  std::vector<float>& scratch = ThreadScratch();
+  const size_t need = static_cast<size_t>((c.t1 - c.t0) * (3 * hd + c.nq) + 16 * hd);
+  if (scratch.size() < need) scratch.resize(need);
+  c.scratch = scratch.data();
+  chunk_(c);
+  for (int j = 0; j < c.nq; ++j) {
+    float* st =
+        x == nullptr ? PrefixState(kvh, task, j) : SuffixState(kvh, *x, task - x->first_task, j);
+    st[0] = m[j];
+    st[1] = l[j];
+    std::copy(o.begin() + static_cast<int64_t>(j) * hd,
+              o.begin() + static_cast<int64_t>(j + 1) * hd, st + 2);
+  }
+}
+
+// The log-sum-exp merge of one output vector.
+void CpuAttentionRun::Merge(int64_t flat) {
+  const int hd = hd_;
+  const int64_t kvh = flat / nq_total_, j = flat % nq_total_;
+  const AttnSession& x = ss_[static_cast<size_t>(q_sess_[j])];
+  const int64_t jl = j - x.qoff;
+  std::vector<float> acc(hd);
+  AttentionState s{-std::numeric_limits<float>::infinity(), 0.0f, acc.data()};
+  for (int64_t t = 0; t < pc_; ++t) {
+    float* st = PrefixState(kvh, t, j);
+    MergeAttentionState(s, AttentionState{st[0], st[1], st + 2}, hd);
+  }
+  if (k8_ && s.l > 0) {  // back from the rotated code domain, once per output vector
+    math::BlockFwht(acc.data(), hd, block_);
+    for (int i = 0; i < hd; ++i) acc[i] = acc[i] * signs_[i] * unrot_scale_;
+  }
+  for (int64_t t = 0; t < x.sc; ++t) {
+    float* st = SuffixState(kvh, x, t, jl);
+    MergeAttentionState(s, AttentionState{st[0], st[1], st + 2}, hd);
+  }
+  const int64_t i = jl / G_, g = jl % G_;
+  float* dst = x.s->out + (i * heads_ + kvh * G_ + g) * hd;
+  for (int d = 0; d < hd; ++d) dst[d] = acc[d];
+}
+
+// The CPU path for sessions with n >= 1 (already checked) over the checked segments `segs`:
+// plan, chunk tasks on the threads, then the merges on the threads.
+Status CpuAttention(const std::vector<const PrefixView*>& segs, int32_t layer, int32_t heads,
+                    int32_t kv_heads, int32_t hd, absl::Span<const AttentionSession> sessions,
+                    const AttentionOptions& opt) {
+  POLYKV_ASSIGN_OR_RETURN(const attn::ChunkFn chunk, ChunkForOptions(opt));
+  CpuAttentionRun run(layer, heads, kv_heads, hd, chunk);
+  POLYKV_RETURN_IF_ERROR(run.PlanSegments(segs));
+  run.StackSessions(sessions);
+  run.Prepare();
   const int threads = std::max(1, opt.threads > 0 ? opt.threads : ComputeThreads());
-  const int64_t work = (P * nq_total + suffix_work) * kv_heads;
-  if (threads <= 1 || total_tasks < 2 || work < 4096) {
-    for (int64_t t = 0; t < total_tasks; ++t) run_task(t);
-    for (int64_t f = 0; f < kv_heads * nq_total; ++f) merge(f);
+  if (threads <= 1 || run.Tasks() < 2 || run.Work() < 4096) {
+    for (int64_t t = 0; t < run.Tasks(); ++t) run.RunTask(t);
+    for (int64_t f = 0; f < run.Merges(); ++f) run.Merge(f);
     return absl::OkStatus();
   }
-  internal::RunTasks(total_tasks, threads, run_task);
-  internal::RunTasks(kv_heads * nq_total, threads, merge);
+  internal::RunTasks(run.Tasks(), threads, [&run](int64_t t) { run.RunTask(t); });
+  internal::RunTasks(run.Merges(), threads, [&run](int64_t f) { run.Merge(f); });
   return absl::OkStatus();
 }
 

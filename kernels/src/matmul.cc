@@ -172,41 +172,76 @@ Status MatMul(const WeightView& w, const float* x, int64_t n, int64_t x_stride, 
   return MatMulShared(absl::MakeConstSpan(&out, 1), x, n, w.cols, x_stride, options);
 }
 
-Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int64_t n, int64_t cols,
-                    int64_t x_stride, const MatMulOptions& options) {
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("MatMul: n = ", n, " < 0"));
-  if (n == 0 || outputs.empty()) return absl::OkStatus();
-  if (x == nullptr) return absl::InvalidArgumentError("MatMul: null activations");
-  if (x_stride < cols)
-    return absl::InvalidArgumentError(
-        absl::StrCat("MatMul: x_stride ", x_stride, " < cols ", cols));
-  POLYKV_ASSIGN_OR_RETURN(Isa isa, ResolveIsa(options));
-  const mm::DotTable& table = TableOf(isa);
-  if (options.amx == 1 && !AmxInt8Supported())
-    return absl::FailedPreconditionError(
-        "MatMul: AMX-INT8 tiles were requested, but this CPU, OS or build has none");
-  const bool amx_on = TilesWanted(options, isa, n);
+namespace {
 
-  struct Job {
-    const MatMulOutput* out;
-    mm::DotFn fn;
-    mm::RowsFn rows;  // all n activation rows per weight row (kQ8T), or nullptr
-    int act;
-    int64_t nb;         // blocks (or values) per row
-    int64_t row_begin;  // in the concatenation of all outputs' rows
-    int ti;             // mm::TypeIndex
-    bool amx;           // AMX tile panels (activations: kQ8 rows, read as the A tiles)
-  };
-  Job jobs[8];
-  std::vector<Job> more;
-  Job* job_list = jobs;
+// One output of a MatMulShared call: its kernel, activation format and first row in the
+// concatenation of all outputs' rows.
+struct MatMulJob {
+  const MatMulOutput* out;
+  mm::DotFn fn;
+  mm::RowsFn rows;  // all n activation rows per weight row (kQ8T), or nullptr
+  int act;
+  int64_t nb;         // blocks (or values) per row
+  int64_t row_begin;  // in the concatenation of all outputs' rows
+  int ti;             // mm::TypeIndex
+  bool amx;           // AMX tile panels (activations: kQ8 rows, read as the A tiles)
+};
+
+// A MatMulShared call in steps: one checked job per output (AddJobs), the activations'
+// buffers (PrepareActivations), quantized once per family (QuantizeRows), then the output
+// rows (RunRows), each step over a range so that the threads can share it.
+class MatMulRun {
+ public:
+  MatMulRun(const float* x, int64_t n, int64_t cols, int64_t x_stride, Isa isa,
+            const MatMulOptions& options)
+      : x_(x),
+        n_(n),
+        cols_(cols),
+        x_stride_(x_stride),
+        isa_(isa),
+        options_(options),
+        table_(TableOf(isa)) {}
+  MatMulRun(const MatMulRun&) = delete;
+  MatMulRun& operator=(const MatMulRun&) = delete;
+
+  // One job per output, checked against the activations; amx_on: TilesWanted.
+  Status AddJobs(absl::Span<const MatMulOutput> outputs, bool amx_on);
+  // The activation formats' row buffers (f32 rows are used as they are); whether any
+  // format needs quantized rows is Quantizes().
+  Status PrepareActivations();
+  bool Quantizes() const { return quantize_; }
+  int64_t TotalRows() const { return total_rows_; }
+  // Activation rows [begin, end) into every format a job reads.
+  void QuantizeRows(int64_t begin, int64_t end) const;
+  // Output rows [begin, end) of the concatenation of all outputs' rows.
+  void RunRows(int64_t begin, int64_t end) const;
+
+ private:
+  // Rows [rb, re) of one job's output.
+  void RunJobRows(const MatMulJob& job, int64_t rb, int64_t re) const;
+
+  const float* x_;
+  const int64_t n_, cols_, x_stride_;
+  const Isa isa_;
+  const MatMulOptions& options_;
+  const mm::DotTable& table_;
+  MatMulJob jobs_[8];
+  std::vector<MatMulJob> more_;
+  MatMulJob* job_list_ = jobs_;
+  size_t njobs_ = 0;
+  bool need_[mm::kActKinds] = {};
+  int64_t total_rows_ = 0;
+  const uint8_t* act_[mm::kActKinds] = {};
+  int64_t act_stride_[mm::kActKinds] = {};
+  bool quantize_ = false;
+};
+
+Status MatMulRun::AddJobs(absl::Span<const MatMulOutput> outputs, bool amx_on) {
   if (outputs.size() > 8) {
-    more.resize(outputs.size());
-    job_list = more.data();
+    more_.resize(outputs.size());
+    job_list_ = more_.data();
   }
-  size_t njobs = 0;
-  bool need[mm::kActKinds] = {};
-  int64_t total_rows = 0;
+  const int64_t cols = cols_;
   for (const MatMulOutput& o : outputs) {
     if (o.w == nullptr || o.y == nullptr || o.w->data == nullptr)
       return absl::InvalidArgumentError("MatMul: null weight or output");
@@ -224,116 +259,145 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
     if (o.y_stride < w.rows)
       return absl::InvalidArgumentError(
           absl::StrCat("MatMul: y_stride ", o.y_stride, " < rows ", w.rows));
-    mm::DotFn fn = table.dot[ti];
+    mm::DotFn fn = table_.dot[ti];
     if (fn == nullptr)
       return absl::UnimplementedError(
-          absl::StrCat("MatMul: no ", table.isa, " kernel for ", kTypes[ti].name));
+          absl::StrCat("MatMul: no ", table_.isa, " kernel for ", kTypes[ti].name));
     const bool amx = amx_on && mm::AmxTypeSupported(ti);
-    const mm::RowsFn rows_fn = !amx && RowsKernelsWanted(options, n) ? table.rows[ti] : nullptr;
+    const mm::RowsFn rows_fn = !amx && RowsKernelsWanted(options_, n_) ? table_.rows[ti] : nullptr;
     const int act = amx       ? static_cast<int>(ActKind::kQ8)
                     : rows_fn ? static_cast<int>(ActKind::kQ8T)
                               : static_cast<int>(kTypes[ti].act);
-    job_list[njobs++] = Job{&o, fn, rows_fn, act, cols / kTypes[ti].values, total_rows, ti, amx};
-    need[act] = true;
-    total_rows += w.rows;
+    job_list_[njobs_++] =
+        MatMulJob{&o, fn, rows_fn, act, cols / kTypes[ti].values, total_rows_, ti, amx};
+    need_[act] = true;
+    total_rows_ += w.rows;
   }
+  return absl::OkStatus();
+}
 
-  // Quantize the activations once per family (f32 rows are used as they are).
-  const uint8_t* act[mm::kActKinds] = {};
-  int64_t act_stride[mm::kActKinds] = {};
-  act[0] = reinterpret_cast<const uint8_t*>(x);
-  act_stride[0] = x_stride * 4;
-  const int threads = std::max(1, options.threads > 0 ? options.threads : ComputeThreads());
-  if ((need[1] || need[2] || need[4]) && cols % 32 != 0)
+Status MatMulRun::PrepareActivations() {
+  act_[0] = reinterpret_cast<const uint8_t*>(x_);
+  act_stride_[0] = x_stride_ * 4;
+  if ((need_[1] || need_[2] || need_[4]) && cols_ % 32 != 0)
     return absl::InvalidArgumentError("MatMul: cols % 32 != 0");
-  if (need[3] && cols % 256 != 0) return absl::InvalidArgumentError("MatMul: cols % 256 != 0");
-  bool quantize = false;
+  if (need_[3] && cols_ % 256 != 0) return absl::InvalidArgumentError("MatMul: cols % 256 != 0");
   for (int k = 1; k < mm::kActKinds; ++k) {
-    if (!need[k]) continue;
-    quantize = true;
+    if (!need_[k]) continue;
+    quantize_ = true;
     // Rows start on 64-byte boundaries (whole-register loads of the codes never split a
     // cache line; kQ8T rows' groups are 512 bytes, their residual codes at 32 nb).
-    const int64_t rb = (ActRowBytes(static_cast<ActKind>(k), cols) + 63) / 64 * 64;
+    const int64_t rb = (ActRowBytes(static_cast<ActKind>(k), cols_) + 63) / 64 * 64;
     std::vector<uint8_t>& buf = ActScratch(k);
-    if (buf.size() < static_cast<size_t>(rb * n + 64)) buf.resize(static_cast<size_t>(rb * n + 64));
+    if (buf.size() < static_cast<size_t>(rb * n_ + 64))
+      buf.resize(static_cast<size_t>(rb * n_ + 64));
     const uintptr_t addr = reinterpret_cast<uintptr_t>(buf.data());
-    act[k] = buf.data() + (64 - addr % 64) % 64;
-    act_stride[k] = rb;
+    act_[k] = buf.data() + (64 - addr % 64) % 64;
+    act_stride_[k] = rb;
   }
-  const bool parallel = threads > 1 && (total_rows * n >= 256);
+  return absl::OkStatus();
+}
 
-  // Output rows in fixed chunks of kChunk, split contiguously over the threads.
-  constexpr int64_t kChunk = 16;
-  const int64_t chunks = (total_rows + kChunk - 1) / kChunk;
-  auto run_rows = [&](int64_t begin, int64_t end) {
-    float tmp[mm::kMaxRowsPerCall];
-    for (size_t j = 0; j < njobs; ++j) {
-      const Job& job = job_list[j];
-      const WeightView& w = *job.out->w;
-      const int64_t rb = std::max(begin, job.row_begin) - job.row_begin;
-      const int64_t re = std::min(end, job.row_begin + w.rows) - job.row_begin;
-      const uint8_t* a = act[job.act];
-      const int64_t as = act_stride[job.act];
-      float* y = job.out->y;
-      const int64_t ys = job.out->y_stride;
-#ifdef POLYKV_HAVE_AMX_KERNELS
-      if (job.amx) {
-        uint8_t* scratch = PanelScratch(mm::AmxPanelScratchBytes(job.nb));
-        for (int64_t o = rb; o < re; o += 16) {
-          const int m = static_cast<int>(std::min<int64_t>(16, re - o));
-          mm::AmxPanel(job.ti, static_cast<const uint8_t*>(w.data) + o * w.row_bytes, w.row_bytes,
-                       m, job.nb, a, as, n, y + o, ys, scratch);
-        }
-        continue;
-      }
-#endif
-      if (job.rows != nullptr) {
-        uint8_t* scratch = PanelScratch(mm::RowsPanelScratchBytes(job.nb));
-        for (int64_t o = rb; o < re; o += 16) {
-          const int m = static_cast<int>(std::min<int64_t>(16, re - o));
-          job.rows(static_cast<const uint8_t*>(w.data) + o * w.row_bytes, w.row_bytes, m, job.nb, a,
-                   as, n, y + o, ys, scratch);
-        }
-        continue;
-      }
-      for (int64_t o = rb; o < re; ++o) {
-        const uint8_t* wrow = static_cast<const uint8_t*>(w.data) + o * w.row_bytes;
-        for (int64_t i = 0; i < n; i += mm::kMaxRowsPerCall) {
-          const int nx = static_cast<int>(std::min<int64_t>(mm::kMaxRowsPerCall, n - i));
-          job.fn(wrow, job.nb, a + i * as, as, nx, tmp);
-          for (int t = 0; t < nx; ++t) y[(i + t) * ys + o] = tmp[t];
-        }
-      }
-    }
-  };
+void MatMulRun::QuantizeRows(int64_t begin, int64_t end) const {
   // The activation bytes do not depend on the ISA (the AVX2 quantizer writes the scalar
   // one's bytes), so the fastest one the CPU has is used whatever table computes.
   auto quantize_q8 = &mm::QuantizeActQ8;
 #ifdef POLYKV_HAVE_AVX2_KERNELS
-  if (IsaSupported(Isa::kAvx2) && isa != Isa::kScalar) quantize_q8 = &mm::QuantizeActQ8Avx2;
+  if (IsaSupported(Isa::kAvx2) && isa_ != Isa::kScalar) quantize_q8 = &mm::QuantizeActQ8Avx2;
 #endif
-  auto quantize_rows = [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      for (int k : {1, 2, 4}) {
-        if (!need[k]) continue;
-        uint8_t* row = const_cast<uint8_t*>(act[k]) + i * act_stride[k];
-        quantize_q8(x + i * x_stride, cols, k == 2, row);
-        if (k == 4) mm::InterleaveActQ8T(row, cols / 32);
-      }
-      if (need[3])
-        mm::QuantizeActQ8K(
-            x + i * x_stride, cols,
-            reinterpret_cast<ActQ8K*>(const_cast<uint8_t*>(act[3]) + i * act_stride[3]));
+  const int64_t cols = cols_;
+  for (int64_t i = begin; i < end; ++i) {
+    for (int k : {1, 2, 4}) {
+      if (!need_[k]) continue;
+      uint8_t* row = const_cast<uint8_t*>(act_[k]) + i * act_stride_[k];
+      quantize_q8(x_ + i * x_stride_, cols, k == 2, row);
+      if (k == 4) mm::InterleaveActQ8T(row, cols / 32);
     }
-  };
-  if (!parallel) {
-    if (quantize) quantize_rows(0, n);
-    run_rows(0, total_rows);
+    if (need_[3])
+      mm::QuantizeActQ8K(
+          x_ + i * x_stride_, cols,
+          reinterpret_cast<ActQ8K*>(const_cast<uint8_t*>(act_[3]) + i * act_stride_[3]));
+  }
+}
+
+void MatMulRun::RunJobRows(const MatMulJob& job, int64_t rb, int64_t re) const {
+  const WeightView& w = *job.out->w;
+  const int64_t n = n_;
+  const uint8_t* a = act_[job.act];
+  const int64_t as = act_stride_[job.act];
+  float* y = job.out->y;
+  const int64_t ys = job.out->y_stride;
+#ifdef POLYKV_HAVE_AMX_KERNELS
+  if (job.amx) {
+    uint8_t* scratch = PanelScratch(mm::AmxPanelScratchBytes(job.nb));
+    for (int64_t o = rb; o < re; o += 16) {
+      const int m = static_cast<int>(std::min<int64_t>(16, re - o));
+      mm::AmxPanel(job.ti, static_cast<const uint8_t*>(w.data) + o * w.row_bytes, w.row_bytes, m,
+                   job.nb, a, as, n, y + o, ys, scratch);
+    }
+    return;
+  }
+#endif
+  if (job.rows != nullptr) {
+    uint8_t* scratch = PanelScratch(mm::RowsPanelScratchBytes(job.nb));
+    for (int64_t o = rb; o < re; o += 16) {
+      const int m = static_cast<int>(std::min<int64_t>(16, re - o));
+      job.rows(static_cast<const uint8_t*>(w.data) + o * w.row_bytes, w.row_bytes, m, job.nb, a, as,
+               n, y + o, ys, scratch);
+    }
+    return;
+  }
+  float tmp[mm::kMaxRowsPerCall];
+  for (int64_t o = rb; o < re; ++o) {
+    const uint8_t* wrow = static_cast<const uint8_t*>(w.data) + o * w.row_bytes;
+    for (int64_t i = 0; i < n; i += mm::kMaxRowsPerCall) {
+      const int nx = static_cast<int>(std::min<int64_t>(mm::kMaxRowsPerCall, n - i));
+      job.fn(wrow, job.nb, a + i * as, as, nx, tmp);
+      for (int t = 0; t < nx; ++t) y[(i + t) * ys + o] = tmp[t];
+    }
+  }
+}
+
+void MatMulRun::RunRows(int64_t begin, int64_t end) const {
+  for (size_t j = 0; j < njobs_; ++j) {
+    const MatMulJob& job = job_list_[j];
+    const int64_t rb = std::max(begin, job.row_begin) - job.row_begin;
+    const int64_t re = std::min(end, job.row_begin + job.out->w->rows) - job.row_begin;
+    RunJobRows(job, rb, re);
+  }
+}
+
+}  // namespace
+
+Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int64_t n, int64_t cols,
+                    int64_t x_stride, const MatMulOptions& options) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("MatMul: n = ", n, " < 0"));
+  if (n == 0 || outputs.empty()) return absl::OkStatus();
+  if (x == nullptr) return absl::InvalidArgumentError("MatMul: null activations");
+  if (x_stride < cols)
+    return absl::InvalidArgumentError(
+        absl::StrCat("MatMul: x_stride ", x_stride, " < cols ", cols));
+  POLYKV_ASSIGN_OR_RETURN(Isa isa, ResolveIsa(options));
+  if (options.amx == 1 && !AmxInt8Supported())
+    return absl::FailedPreconditionError(
+        "MatMul: AMX-INT8 tiles were requested, but this CPU, OS or build has none");
+  MatMulRun run(x, n, cols, x_stride, isa, options);
+  POLYKV_RETURN_IF_ERROR(run.AddJobs(outputs, TilesWanted(options, isa, n)));
+  POLYKV_RETURN_IF_ERROR(run.PrepareActivations());
+  const int64_t total_rows = run.TotalRows();
+  const int threads = std::max(1, options.threads > 0 ? options.threads : ComputeThreads());
+  if (threads <= 1 || total_rows * n < 256) {
+    if (run.Quantizes()) run.QuantizeRows(0, n);
+    run.RunRows(0, total_rows);
     return absl::OkStatus();
   }
-  if (quantize) internal::RunTasks(n, threads, [&](int64_t i) { quantize_rows(i, i + 1); });
+  // Output rows in fixed chunks of kChunk, split contiguously over the threads.
+  constexpr int64_t kChunk = 16;
+  const int64_t chunks = (total_rows + kChunk - 1) / kChunk;
+  if (run.Quantizes())
+    internal::RunTasks(n, threads, [&run](int64_t i) { run.QuantizeRows(i, i + 1); });
   internal::RunTasks(chunks, threads, [&](int64_t c) {
-    run_rows(c * kChunk, std::min(total_rows, (c + 1) * kChunk));
+    run.RunRows(c * kChunk, std::min(total_rows, (c + 1) * kChunk));
   });
   return absl::OkStatus();
 }
