@@ -1,4 +1,4 @@
-// AVX2 helpers shared by the SIMD sources of the attention and element-wise kernels:
+// AVX2 helpers shared by the SIMD sources of the attention, matrix and element-wise kernels:
 // horizontal sum and max, and exp on 8 floats (Cephes expf polynomial, relative error
 // < 2e-7 for x <= 0; x below -87.3 gives ~1e-38). Internal linkage only (included by
 // sources compiled with ISA flags).

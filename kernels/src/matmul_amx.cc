@@ -122,32 +122,31 @@ inline void UnpackBlock(const uint8_t* blk0, __m512i offs, __mmask16 live, uint8
   }
 }
 
-// Tile numbers are immediates: one branch per accumulator pair.
+// Accumulator tiles c0, c1 = A tiles 0, 1 times B tile 2. The tile numbers are pasted into
+// the instructions' text by the intrinsics, so this is a macro, not a template.
+#define POLYKV_AMX_TILE_PAIR(kSigned, c0, c1) \
+  do {                                        \
+    _tile_zero(c0);                           \
+    _tile_zero(c1);                           \
+    if constexpr (kSigned) {                  \
+      _tile_dpbssd(c0, 0, 2);                 \
+      _tile_dpbssd(c1, 1, 2);                 \
+    } else {                                  \
+      _tile_dpbsud(c0, 0, 2);                 \
+      _tile_dpbsud(c1, 1, 2);                 \
+    }                                         \
+  } while (0)
+
+// One branch per accumulator pair: tiles 5, 6 for odd steps, 3, 4 for even ones.
 template <Kind K>
 inline void TileProduct(bool odd) {
   constexpr bool kSigned = K == Kind::kQ8_0;
-  if (odd) {
-    _tile_zero(5);
-    _tile_zero(6);
-    if constexpr (kSigned) {
-      _tile_dpbssd(5, 0, 2);
-      _tile_dpbssd(6, 1, 2);
-    } else {
-      _tile_dpbsud(5, 0, 2);
-      _tile_dpbsud(6, 1, 2);
-    }
-  } else {
-    _tile_zero(3);
-    _tile_zero(4);
-    if constexpr (kSigned) {
-      _tile_dpbssd(3, 0, 2);
-      _tile_dpbssd(4, 1, 2);
-    } else {
-      _tile_dpbsud(3, 0, 2);
-      _tile_dpbsud(4, 1, 2);
-    }
-  }
+  if (odd)
+    POLYKV_AMX_TILE_PAIR(kSigned, 5, 6);
+  else
+    POLYKV_AMX_TILE_PAIR(kSigned, 3, 4);
 }
+#undef POLYKV_AMX_TILE_PAIR
 
 // The epilogue of one block for activation rows j < m (acc[j]: 16 outputs); x rows are
 // xrb bytes apart (their dx, ds at ActQ8Dx/Ds).

@@ -51,9 +51,7 @@ inline void Store32(uint8_t* base, bool permuted, int64_t nb, int64_t b, __m256i
 
 void QuantizeActQ8Avx2(const float* x, int64_t cols, bool permuted, uint8_t* row) {
   const int64_t nb = cols / 32;
-  uint8_t* res = row + 32 * nb;
-  float* dx = reinterpret_cast<float*>(row + 64 * nb);
-  float* ds = reinterpret_cast<float*>(row + 68 * nb);
+  uint8_t* res = ActQ8Residual(row, nb);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
   for (int64_t b = 0; b < nb; ++b) {
@@ -85,8 +83,7 @@ void QuantizeActQ8Avx2(const float* x, int64_t cols, bool permuted, uint8_t* row
         Sum8(_mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3])));
     Store32(row, permuted, nb, b, Pack32(q));
     Store32(res, permuted, nb, b, Pack32(r));
-    dx[b] = d * (1.0f / 256.0f);
-    ds[b] = dx[b] * static_cast<float>(256 * s1 + s2);
+    SetActQ8Scales(row, nb, b, d, 256 * s1 + s2);
   }
 }
 

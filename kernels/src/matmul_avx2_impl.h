@@ -14,16 +14,20 @@
 
 #include <cstdint>
 
+#include "avx2_math.h"  // internal linkage only, like everything in this header
 #include "matmul_internal.h"
 
 namespace polykv::kernels::mm {
 namespace {
 
-inline float Hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+using simd::Hsum8;
+
+// Zeroes every register of the per-activation-row accumulator arrays (kNx each; __m256 or
+// __m512).
+template <int kNx, class... T>
+inline void ZeroAccumulators(T (&... arrays)[kNx]) {
+#pragma GCC unroll 8
+  for (int j = 0; j < kNx; ++j) ((arrays[j] = T{}), ...);
 }
 
 inline float H16(const uint8_t* p) {
@@ -122,8 +126,7 @@ void DotQ4N(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float* 
   constexpr int kB = kMin ? 20 : 18, kQs = kMin ? 4 : 2;
   const int64_t full = nb / 4 * 4;
   __m256 acc0[kNx], acc1[kNx], corr[kNx];
-#pragma GCC unroll 8
-  for (int j = 0; j < kNx; ++j) acc0[j] = acc1[j] = corr[j] = _mm256_setzero_ps();
+  ZeroAccumulators(acc0, acc1, corr);
   const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   const __m256i idx01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
   const __m256i idx23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
@@ -192,8 +195,7 @@ template <bool kMin, int kNx>
 void DotQ5N(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float* out) {
   constexpr int kB = kMin ? 24 : 22, kQh = kMin ? 4 : 2;
   __m256 acc[kNx], corr[kNx];
-#pragma GCC unroll 8
-  for (int j = 0; j < kNx; ++j) acc[j] = corr[j] = _mm256_setzero_ps();
+  ZeroAccumulators(acc, corr);
   alignas(32) float s[kNx][16];
   for (int64_t b0 = 0; b0 < nb; b0 += 8) {
     const int cnt = static_cast<int>(nb - b0 < 8 ? nb - b0 : 8);
@@ -218,8 +220,7 @@ void DotQ5N(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float* 
 template <int kNx>
 void DotQ8_0N(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float* out) {
   __m256 acc[kNx], corr[kNx];
-#pragma GCC unroll 8
-  for (int j = 0; j < kNx; ++j) acc[j] = corr[j] = _mm256_setzero_ps();
+  ZeroAccumulators(acc, corr);
   alignas(32) float s[kNx][16];
   for (int64_t b0 = 0; b0 < nb; b0 += 8) {
     const int cnt = static_cast<int>(nb - b0 < 8 ? nb - b0 : 8);
@@ -389,33 +390,50 @@ inline float Load1(const uint8_t* w, int64_t i) {
   }
 }
 
-template <int kKind, int kNx>
-void DotFloatN(const uint8_t* w, int64_t n, const uint8_t* x, int64_t xrb, float* out) {
-  __m256 acc[kNx][2];
+// 8 f32 lanes for DotFloatRows (AVX-512's 16-lane F32x16 is in matmul_avx512.cc).
+struct F32x8 {
+  using T = __m256;
+  static constexpr int W = 8;
+  static T Zero() { return _mm256_setzero_ps(); }
+  static T Load(const float* p) { return _mm256_loadu_ps(p); }
+  template <int kKind>
+  static T LoadW(const uint8_t* w, int64_t i) {
+    return Load8<kKind>(w, i);
+  }
+  static T Fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static float Sum(T a, T b) { return Hsum8(_mm256_add_ps(a, b)); }
+};
+
+// f32 / f16 / bf16 weights (kKind) against kNx f32 activation rows in the lanes of V: two
+// accumulators per row over 2 W values at a time, then W, then the scalar tail.
+template <class V, int kKind, int kNx>
+void DotFloatRows(const uint8_t* w, int64_t n, const uint8_t* x, int64_t xrb, float* out) {
+  using T = typename V::T;
+  constexpr int W = V::W;
+  T acc[kNx][2];
   const float* xs[kNx];
 #pragma GCC unroll 8
   for (int j = 0; j < kNx; ++j) {
-    acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    acc[j][0] = acc[j][1] = V::Zero();
     xs[j] = reinterpret_cast<const float*>(x + j * xrb);
   }
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 w0 = Load8<kKind>(w, i), w1 = Load8<kKind>(w, i + 8);
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const T w0 = V::template LoadW<kKind>(w, i), w1 = V::template LoadW<kKind>(w, i + W);
 #pragma GCC unroll 8
     for (int j = 0; j < kNx; ++j) {
-      acc[j][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs[j] + i), acc[j][0]);
-      acc[j][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xs[j] + i + 8), acc[j][1]);
+      acc[j][0] = V::Fma(w0, V::Load(xs[j] + i), acc[j][0]);
+      acc[j][1] = V::Fma(w1, V::Load(xs[j] + i + W), acc[j][1]);
     }
   }
-  for (; i + 8 <= n; i += 8) {
-    const __m256 w0 = Load8<kKind>(w, i);
+  for (; i + W <= n; i += W) {
+    const T w0 = V::template LoadW<kKind>(w, i);
 #pragma GCC unroll 8
-    for (int j = 0; j < kNx; ++j)
-      acc[j][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs[j] + i), acc[j][0]);
+    for (int j = 0; j < kNx; ++j) acc[j][0] = V::Fma(w0, V::Load(xs[j] + i), acc[j][0]);
   }
 #pragma GCC unroll 8
   for (int j = 0; j < kNx; ++j) {
-    float s = Hsum8(_mm256_add_ps(acc[j][0], acc[j][1]));
+    float s = V::Sum(acc[j][0], acc[j][1]);
     for (int64_t t = i; t < n; ++t) s += Load1<kKind>(w, t) * xs[j][t];
     out[j] = s;
   }
@@ -477,9 +495,9 @@ void ByRows(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, int nx,
 
 // The AVX2 table (used as the base of the AVX-512 one).
 inline void FillAvx2(DotTable* t) {
-  t->dot[kTF32] = POLYKV_MM_ROWS(DotFloatN, 0);
-  t->dot[kTF16] = POLYKV_MM_ROWS(DotFloatN, 1);
-  t->dot[kTBF16] = POLYKV_MM_ROWS(DotFloatN, 2);
+  t->dot[kTF32] = POLYKV_MM_ROWS(DotFloatRows, F32x8, 0);
+  t->dot[kTF16] = POLYKV_MM_ROWS(DotFloatRows, F32x8, 1);
+  t->dot[kTBF16] = POLYKV_MM_ROWS(DotFloatRows, F32x8, 2);
   t->dot[kTQ4_0] = POLYKV_MM_ROWS(DotQ4N, false);
   t->dot[kTQ4_1] = POLYKV_MM_ROWS(DotQ4N, true);
   t->dot[kTQ5_0] = POLYKV_MM_ROWS(DotQ5N, false);

@@ -112,11 +112,7 @@ void DotQ4Vnni(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, floa
   const int64_t full = nb / 4 * 4;
   __m512 acc[kNx], corr[kNx];
   __m256 acc1[kNx];
-#pragma GCC unroll 8
-  for (int j = 0; j < kNx; ++j) {
-    acc[j] = corr[j] = _mm512_setzero_ps();
-    acc1[j] = _mm256_setzero_ps();
-  }
+  ZeroAccumulators(acc, corr, acc1);
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   alignas(64) float s[kNx][kSeg + 16];
@@ -316,11 +312,7 @@ template <int kNx>
 void DotQ8_0Vnni(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, float* out) {
   __m512 acc[kNx], corr[kNx];
   __m256 acc1[kNx];
-#pragma GCC unroll 8
-  for (int j = 0; j < kNx; ++j) {
-    acc[j] = corr[j] = _mm512_setzero_ps();
-    acc1[j] = _mm256_setzero_ps();
-  }
+  ZeroAccumulators(acc, corr, acc1);
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   alignas(64) float s[kNx][kSeg + 16];
@@ -374,37 +366,19 @@ inline __m512 Load16(const uint8_t* w, int64_t i) {
   }
 }
 
-template <int kKind, int kNx>
-void DotFloat512(const uint8_t* w, int64_t n, const uint8_t* x, int64_t xrb, float* out) {
-  __m512 acc[kNx][2];
-  const float* xs[kNx];
-#pragma GCC unroll 8
-  for (int j = 0; j < kNx; ++j) {
-    acc[j][0] = acc[j][1] = _mm512_setzero_ps();
-    xs[j] = reinterpret_cast<const float*>(x + j * xrb);
+// 16 f32 lanes for DotFloatRows (matmul_avx2_impl.h).
+struct F32x16 {
+  using T = __m512;
+  static constexpr int W = 16;
+  static T Zero() { return _mm512_setzero_ps(); }
+  static T Load(const float* p) { return _mm512_loadu_ps(p); }
+  template <int kKind>
+  static T LoadW(const uint8_t* w, int64_t i) {
+    return Load16<kKind>(w, i);
   }
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m512 w0 = Load16<kKind>(w, i), w1 = Load16<kKind>(w, i + 16);
-#pragma GCC unroll 8
-    for (int j = 0; j < kNx; ++j) {
-      acc[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xs[j] + i), acc[j][0]);
-      acc[j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xs[j] + i + 16), acc[j][1]);
-    }
-  }
-  for (; i + 16 <= n; i += 16) {
-    const __m512 w0 = Load16<kKind>(w, i);
-#pragma GCC unroll 8
-    for (int j = 0; j < kNx; ++j)
-      acc[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xs[j] + i), acc[j][0]);
-  }
-#pragma GCC unroll 8
-  for (int j = 0; j < kNx; ++j) {
-    float s = Hsum16(_mm512_add_ps(acc[j][0], acc[j][1]));
-    for (int64_t t = i; t < n; ++t) s += Load1<kKind>(w, t) * xs[j][t];
-    out[j] = s;
-  }
-}
+  static T Fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static float Sum(T a, T b) { return Hsum16(_mm512_add_ps(a, b)); }
+};
 
 }  // namespace
 
@@ -413,9 +387,9 @@ const DotTable& Avx512Table() {
     DotTable d;
     d.isa = "avx512";
     FillAvx2(&d);
-    d.dot[kTF32] = POLYKV_MM_ROWS(DotFloat512, 0);
-    d.dot[kTF16] = POLYKV_MM_ROWS(DotFloat512, 1);
-    d.dot[kTBF16] = POLYKV_MM_ROWS(DotFloat512, 2);
+    d.dot[kTF32] = POLYKV_MM_ROWS(DotFloatRows, F32x16, 0);
+    d.dot[kTF16] = POLYKV_MM_ROWS(DotFloatRows, F32x16, 1);
+    d.dot[kTBF16] = POLYKV_MM_ROWS(DotFloatRows, F32x16, 2);
     d.dot[kTQ4_0] = POLYKV_MM_ROWS8(DotQ4Vnni, false);
     d.dot[kTQ4_1] = POLYKV_MM_ROWS8(DotQ4Vnni, true);
     d.dot[kTQ8_0] = POLYKV_MM_ROWS8_0(DotQ8_0Vnni);

@@ -39,6 +39,15 @@ inline constexpr int64_t kActQ8BytesPerBlock = 72;
 static inline int64_t ActQ8RowBytes(int64_t nb) { return kActQ8BytesPerBlock * nb; }
 /// The residual codes q2 (same layout as the codes at the row's start).
 static inline const uint8_t* ActQ8Residual(const uint8_t* row, int64_t nb) { return row + 32 * nb; }
+static inline uint8_t* ActQ8Residual(uint8_t* row, int64_t nb) { return row + 32 * nb; }
+/// Every quantizer's last step for block b: dxs = d / 256 (d = absmax / 127) and
+/// ds = dxs * sum, sum = 256 sum q1 + sum q2.
+static inline void SetActQ8Scales(uint8_t* row, int64_t nb, int64_t b, float d, int32_t sum) {
+  float* dx = reinterpret_cast<float*>(row + 64 * nb);
+  float* ds = reinterpret_cast<float*>(row + 68 * nb);
+  dx[b] = d * (1.0f / 256.0f);
+  ds[b] = dx[b] * static_cast<float>(sum);
+}
 /// dxs = dx / 256 per block.
 static inline const float* ActQ8Dx(const uint8_t* row, int64_t nb) {
   return reinterpret_cast<const float*>(row + 64 * nb);

@@ -46,29 +46,31 @@ struct Q8Row {
   float Ds(int64_t b) const { return ActQ8Ds(row, nb)[b]; }
 };
 
-float DotQ4_0(const uint8_t* w, int64_t nb, const uint8_t* xr) {
-  const Q8Row x{xr, nb, true};
-  float acc = 0.0f;
-  for (int64_t b = 0; b < nb; ++b, w += 18) {
-    const uint8_t* qs = w + 2;
-    int32_t s = 0;
-    for (int j = 0; j < 16; ++j)
-      s += (qs[j] & 0x0f) * x.Code(b, j) + (qs[j] >> 4) * x.Code(b, j + 16);
-    // sum (q - 8) x = sum q x - 8 sum x; d dx sum x = d ds.
-    acc += LoadF16(w) * x.Dx(b) * static_cast<float>(s) - 8.0f * LoadF16(w) * x.Ds(b);
-  }
-  return acc;
+// A 32-value block's f32 epilogue for its exact integer dot product s: d dx s, then the
+// min's term + m ds (kMin: Q4_1, Q5_1; m at w + 2), or the zero point's - kZero d ds
+// (sum (q - z) x = sum q x - z sum x; d dx sum x = d ds).
+template <bool kMin, int kZero>
+[[gnu::always_inline]] inline float BlockEpilogue(const uint8_t* w, const Q8Row& x, int64_t b,
+                                                  int32_t s) {
+  if constexpr (kMin)
+    return LoadF16(w) * x.Dx(b) * static_cast<float>(s) + LoadF16(w + 2) * x.Ds(b);
+  else
+    return LoadF16(w) * x.Dx(b) * static_cast<float>(s) -
+           static_cast<float>(kZero) * LoadF16(w) * x.Ds(b);
 }
 
-float DotQ4_1(const uint8_t* w, int64_t nb, const uint8_t* xr) {
+// Q4_0 (kMin false) / Q4_1 (kMin true).
+template <bool kMin>
+float DotQ4(const uint8_t* w, int64_t nb, const uint8_t* xr) {
+  constexpr int kBytes = kMin ? 20 : 18, kQs = kMin ? 4 : 2;
   const Q8Row x{xr, nb, true};
   float acc = 0.0f;
-  for (int64_t b = 0; b < nb; ++b, w += 20) {
-    const uint8_t* qs = w + 4;
+  for (int64_t b = 0; b < nb; ++b, w += kBytes) {
+    const uint8_t* qs = w + kQs;
     int32_t s = 0;
     for (int j = 0; j < 16; ++j)
       s += (qs[j] & 0x0f) * x.Code(b, j) + (qs[j] >> 4) * x.Code(b, j + 16);
-    acc += LoadF16(w) * x.Dx(b) * static_cast<float>(s) + LoadF16(w + 2) * x.Ds(b);
+    acc += BlockEpilogue<kMin, 8>(w, x, b, s);
   }
   return acc;
 }
@@ -83,28 +85,18 @@ void Q5Codes(const uint8_t* qhp, const uint8_t* qs, uint8_t* q5) {
   }
 }
 
-float DotQ5_0(const uint8_t* w, int64_t nb, const uint8_t* xr) {
+// Q5_0 (kMin false) / Q5_1 (kMin true).
+template <bool kMin>
+float DotQ5(const uint8_t* w, int64_t nb, const uint8_t* xr) {
+  constexpr int kBytes = kMin ? 24 : 22, kQh = kMin ? 4 : 2;
   const Q8Row x{xr, nb, false};
   float acc = 0.0f;
   uint8_t q5[32];
-  for (int64_t b = 0; b < nb; ++b, w += 22) {
-    Q5Codes(w + 2, w + 6, q5);
+  for (int64_t b = 0; b < nb; ++b, w += kBytes) {
+    Q5Codes(w + kQh, w + kQh + 4, q5);
     int32_t s = 0;
     for (int j = 0; j < 32; ++j) s += q5[j] * x.Code(b, j);
-    acc += LoadF16(w) * x.Dx(b) * static_cast<float>(s) - 16.0f * LoadF16(w) * x.Ds(b);
-  }
-  return acc;
-}
-
-float DotQ5_1(const uint8_t* w, int64_t nb, const uint8_t* xr) {
-  const Q8Row x{xr, nb, false};
-  float acc = 0.0f;
-  uint8_t q5[32];
-  for (int64_t b = 0; b < nb; ++b, w += 24) {
-    Q5Codes(w + 4, w + 8, q5);
-    int32_t s = 0;
-    for (int j = 0; j < 32; ++j) s += q5[j] * x.Code(b, j);
-    acc += LoadF16(w) * x.Dx(b) * static_cast<float>(s) + LoadF16(w + 2) * x.Ds(b);
+    acc += BlockEpilogue<kMin, 16>(w, x, b, s);
   }
   return acc;
 }
@@ -209,10 +201,10 @@ DotTable MakeScalarTable() {
   t.dot[kTF32] = Rows<float, DotF32>;
   t.dot[kTF16] = Rows<float, DotF16>;
   t.dot[kTBF16] = Rows<float, DotBf16>;
-  t.dot[kTQ4_0] = RowsQ8<DotQ4_0>;
-  t.dot[kTQ4_1] = RowsQ8<DotQ4_1>;
-  t.dot[kTQ5_0] = RowsQ8<DotQ5_0>;
-  t.dot[kTQ5_1] = RowsQ8<DotQ5_1>;
+  t.dot[kTQ4_0] = RowsQ8<DotQ4<false>>;
+  t.dot[kTQ4_1] = RowsQ8<DotQ4<true>>;
+  t.dot[kTQ5_0] = RowsQ8<DotQ5<false>>;
+  t.dot[kTQ5_1] = RowsQ8<DotQ5<true>>;
   t.dot[kTQ8_0] = RowsQ8<DotQ8_0>;
   t.dot[kTQ4_K] = Rows<ActQ8K, DotQ4_K>;
   t.dot[kTQ5_K] = Rows<ActQ8K, DotQ5_K>;
@@ -260,27 +252,13 @@ void DeqQ8_0(const uint8_t* b, float* y) {
   for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
 }
 
-void DeqQ4_K(const uint8_t* b, float* y) {
-  const float d = LoadF16(b), dmin = LoadF16(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* q = b + 16;
-  for (int i = 0; i < 4; ++i) {
-    uint8_t sc, mn;
-    ScaleMinK4(2 * i, scales, &sc, &mn);
-    const float d1 = d * sc, m1 = dmin * mn;
-    ScaleMinK4(2 * i + 1, scales, &sc, &mn);
-    const float d2 = d * sc, m2 = dmin * mn;
-    for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0x0f) - m1;
-    for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
-    q += 32;
-  }
-}
-
-void DeqQ5_K(const uint8_t* b, float* y) {
+// Q4_K (kQ5 false) / Q5_K (kQ5 true, the fifth bits at b + 16).
+template <bool kQ5>
+void DeqQ45_K(const uint8_t* b, float* y) {
   const float d = LoadF16(b), dmin = LoadF16(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
-  const uint8_t* ql = b + 48;
+  const uint8_t* q = b + (kQ5 ? 48 : 16);
   for (int i = 0; i < 4; ++i) {
     uint8_t sc, mn;
     ScaleMinK4(2 * i, scales, &sc, &mn);
@@ -288,10 +266,12 @@ void DeqQ5_K(const uint8_t* b, float* y) {
     ScaleMinK4(2 * i + 1, scales, &sc, &mn);
     const float d2 = d * sc, m2 = dmin * mn;
     for (int l = 0; l < 32; ++l)
-      *y++ = d1 * static_cast<float>((ql[l] & 0x0f) | (((qh[l] >> (2 * i)) & 1) << 4)) - m1;
+      *y++ =
+          d1 * static_cast<float>((q[l] & 0x0f) | (kQ5 ? ((qh[l] >> (2 * i)) & 1) << 4 : 0)) - m1;
     for (int l = 0; l < 32; ++l)
-      *y++ = d2 * static_cast<float>((ql[l] >> 4) | (((qh[l] >> (2 * i + 1)) & 1) << 4)) - m2;
-    ql += 32;
+      *y++ =
+          d2 * static_cast<float>((q[l] >> 4) | (kQ5 ? ((qh[l] >> (2 * i + 1)) & 1) << 4 : 0)) - m2;
+    q += 32;
   }
 }
 
@@ -331,9 +311,9 @@ const DotTable& ScalarTable() {
 }
 
 BlockDequantFn BlockDequant(int type_index) {
-  static constexpr BlockDequantFn kFns[kTypeCount] = {DeqF32,  DeqF16,  DeqBf16, DeqQ4_0,
-                                                      DeqQ4_1, DeqQ5_0, DeqQ5_1, DeqQ8_0,
-                                                      DeqQ4_K, DeqQ5_K, DeqQ6_K};
+  static constexpr BlockDequantFn kFns[kTypeCount] = {
+      DeqF32,  DeqF16,  DeqBf16,         DeqQ4_0,        DeqQ4_1, DeqQ5_0,
+      DeqQ5_1, DeqQ8_0, DeqQ45_K<false>, DeqQ45_K<true>, DeqQ6_K};
   return (type_index >= 0 && type_index < kTypeCount) ? kFns[type_index] : nullptr;
 }
 
@@ -346,9 +326,7 @@ inline int32_t RoundEven(float v) { return static_cast<int32_t>(__builtin_rintf(
 
 void QuantizeActQ8(const float* x, int64_t cols, bool permuted, uint8_t* row) {
   const int64_t nb = cols / 32;
-  uint8_t* res = row + 32 * nb;
-  float* dx = reinterpret_cast<float*>(row + 64 * nb);
-  float* ds = reinterpret_cast<float*>(row + 68 * nb);
+  uint8_t* res = ActQ8Residual(row, nb);
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + 32 * b;
     float amax = 0.0f;
@@ -370,8 +348,7 @@ void QuantizeActQ8(const float* x, int64_t cols, bool permuted, uint8_t* row) {
       res[off] = static_cast<uint8_t>(static_cast<int8_t>(r));
       sum += 256 * q + r;
     }
-    dx[b] = d * (1.0f / 256.0f);
-    ds[b] = dx[b] * static_cast<float>(sum);
+    SetActQ8Scales(row, nb, b, d, sum);
   }
 }
 
