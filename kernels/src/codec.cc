@@ -52,6 +52,26 @@ Status CheckPtr(const void* p, const char* name) {
   return absl::OkStatus();
 }
 
+// The names of a codec call's dtype and its three pointers (input or output first, then the
+// codes and the side data: key scales or value norms), for CheckIo's messages.
+struct IoNames {
+  const char* dtype;
+  const char* ptrs[3];
+};
+constexpr IoNames kKeyEncode{"K dtype", {"K input", "K codes output", "K scales output"}};
+constexpr IoNames kKeyEncodeWithScales{"K dtype", {"K input", "K codes output", "K scales"}};
+constexpr IoNames kKeyDecode{"K output dtype", {"K codes", "K scales", "K output"}};
+constexpr IoNames kValueEncode{"V dtype", {"V input", "V codes output", "V norms output"}};
+constexpr IoNames kValueDecode{"V output dtype", {"V codes", "V norms", "V output"}};
+
+// The dtype, then p0, p1, p2 (in the order of `names`).
+Status CheckIo(const IoNames& names, DType dtype, const void* p0, const void* p1, const void* p2) {
+  POLYKV_RETURN_IF_ERROR(CheckDType(dtype, names.dtype));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(p0, names.ptrs[0]));
+  POLYKV_RETURN_IF_ERROR(CheckPtr(p1, names.ptrs[1]));
+  return CheckPtr(p2, names.ptrs[2]);
+}
+
 Status CheckDevice(Device device, const LayerShape& shape) {
   if (device == Device::kCpu) return absl::OkStatus();
   if (device != Device::kCuda) {
@@ -196,10 +216,7 @@ Status QuantizeKeys(const void* k, DType dtype, const LayerShape& shape, KeyScal
                     int8_t* q, float* scales, Device device, Stream stream) {
   POLYKV_RETURN_IF_ERROR(CheckShape(shape));
   POLYKV_RETURN_IF_ERROR(CheckMode(mode));
-  POLYKV_RETURN_IF_ERROR(CheckDType(dtype, "K dtype"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(k, "K input"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(q, "K codes output"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(scales, "K scales output"));
+  POLYKV_RETURN_IF_ERROR(CheckIo(kKeyEncode, dtype, k, q, scales));
   POLYKV_RETURN_IF_ERROR(CheckDevice(device, shape));
   if (device == Device::kCpu) {
     return internal::QuantizeKeysCpu(k, dtype, shape, mode, nullptr, q, scales);
@@ -212,10 +229,7 @@ Status QuantizeKeysWithScales(const void* k, DType dtype, const LayerShape& shap
                               Stream stream) {
   POLYKV_RETURN_IF_ERROR(CheckShape(shape));
   POLYKV_RETURN_IF_ERROR(CheckMode(mode));
-  POLYKV_RETURN_IF_ERROR(CheckDType(dtype, "K dtype"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(k, "K input"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(q, "K codes output"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(scales, "K scales"));
+  POLYKV_RETURN_IF_ERROR(CheckIo(kKeyEncodeWithScales, dtype, k, q, scales));
   POLYKV_RETURN_IF_ERROR(CheckDevice(device, shape));
   if (device == Device::kCpu) {
     const int64_t n = KeyScaleCount(shape, mode);
@@ -234,10 +248,7 @@ Status DequantizeKeys(const int8_t* q, const float* scales, const LayerShape& sh
                       KeyScaleMode mode, void* out, DType out_dtype, Device device, Stream stream) {
   POLYKV_RETURN_IF_ERROR(CheckShape(shape));
   POLYKV_RETURN_IF_ERROR(CheckMode(mode));
-  POLYKV_RETURN_IF_ERROR(CheckDType(out_dtype, "K output dtype"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(q, "K codes"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(scales, "K scales"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(out, "K output"));
+  POLYKV_RETURN_IF_ERROR(CheckIo(kKeyDecode, out_dtype, q, scales, out));
   POLYKV_RETURN_IF_ERROR(CheckDevice(device, shape));
   if (device == Device::kCpu) {
     internal::DequantizeKeysCpu(q, scales, shape, mode, out, out_dtype);
@@ -263,10 +274,7 @@ Status EncodeKeys(const void* k, DType dtype, const LayerShape& shape, const Cod
   if (device != Device::kCpu)
     return absl::UnimplementedError(
         absl::StrCat("packed keys (key_bits ", config.key_bits, ") are encoded on the CPU only"));
-  POLYKV_RETURN_IF_ERROR(CheckDType(dtype, "K dtype"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(k, "K input"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(codes, "K codes output"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(scales, "K scales output"));
+  POLYKV_RETURN_IF_ERROR(CheckIo(kKeyEncode, dtype, k, codes, scales));
   std::vector<int8_t> q(static_cast<size_t>(shape.elements()));
   POLYKV_RETURN_IF_ERROR(internal::QuantizeKeysCpu(k, dtype, shape, config.key_scale, nullptr,
                                                    q.data(), scales, config.key_bits));
@@ -289,10 +297,7 @@ Status DecodeKeys(const uint8_t* codes, const float* scales, const LayerShape& s
   if (device != Device::kCpu)
     return absl::UnimplementedError(
         absl::StrCat("packed keys (key_bits ", config.key_bits, ") are decoded on the CPU only"));
-  POLYKV_RETURN_IF_ERROR(CheckDType(out_dtype, "K output dtype"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(codes, "K codes"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(scales, "K scales"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(out, "K output"));
+  POLYKV_RETURN_IF_ERROR(CheckIo(kKeyDecode, out_dtype, codes, scales, out));
   std::vector<int8_t> q(static_cast<size_t>(shape.elements()));
   UnpackKeyVectors(codes, shape.vectors(), shape.head_dim, config.key_bits, q.data());
   internal::DequantizeKeysCpu(q.data(), scales, shape, config.key_scale, out, out_dtype);
@@ -340,10 +345,7 @@ int64_t PackedVectorBytes(int32_t head_dim, int32_t bits) {
 Status EncodeValues(const void* v, DType dtype, const LayerShape& shape, const CodecConfig& config,
                     uint8_t* packed, float* norms, Device device, Stream stream) {
   POLYKV_RETURN_IF_ERROR(ValidateConfig(shape, config));
-  POLYKV_RETURN_IF_ERROR(CheckDType(dtype, "V dtype"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(v, "V input"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(packed, "V codes output"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(norms, "V norms output"));
+  POLYKV_RETURN_IF_ERROR(CheckIo(kValueEncode, dtype, v, packed, norms));
   POLYKV_RETURN_IF_ERROR(CheckDevice(device, shape));
   POLYKV_ASSIGN_OR_RETURN(math::ValueCodebook cb, internal::GetValueCodebook(config.value_bits));
   if (device == Device::kCpu) {
@@ -356,10 +358,7 @@ Status DecodeValues(const uint8_t* packed, const float* norms, const LayerShape&
                     const CodecConfig& config, void* out, DType out_dtype, Device device,
                     Stream stream) {
   POLYKV_RETURN_IF_ERROR(ValidateConfig(shape, config));
-  POLYKV_RETURN_IF_ERROR(CheckDType(out_dtype, "V output dtype"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(packed, "V codes"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(norms, "V norms"));
-  POLYKV_RETURN_IF_ERROR(CheckPtr(out, "V output"));
+  POLYKV_RETURN_IF_ERROR(CheckIo(kValueDecode, out_dtype, packed, norms, out));
   POLYKV_RETURN_IF_ERROR(CheckDevice(device, shape));
   POLYKV_ASSIGN_OR_RETURN(math::ValueCodebook cb, internal::GetValueCodebook(config.value_bits));
   if (device == Device::kCpu) {

@@ -115,6 +115,28 @@ void ScaleRow(const float* scales, const LayerShape& shape, KeyScaleMode mode, i
   }
 }
 
+// Runs row_fn(v, row, srow) for the key vectors v of `shape` on the threads (tasks of 64),
+// srow holding the scales of v's head (ScaleRow) and row a scratch of head_dim floats; a
+// task stops at the first row_fn that returns false.
+template <class RowFn>
+void ForEachScaledRow(const float* scales, const LayerShape& shape, KeyScaleMode mode,
+                      RowFn row_fn) {
+  const int d = shape.head_dim;
+  const int64_t tokens = shape.tokens;
+  ParallelFor(shape.vectors(), 64, [&](int64_t b, int64_t e) {
+    std::vector<float> row(d), srow(d);
+    int64_t cur_head = -1;
+    for (int64_t v = b; v < e; ++v) {
+      const int64_t h = v / tokens;
+      if (h != cur_head) {
+        ScaleRow(scales, shape, mode, h, srow.data());
+        cur_head = h;
+      }
+      if (!row_fn(v, row.data(), srow.data())) return;
+    }
+  });
+}
+
 }  // namespace
 
 Status QuantizeKeysCpu(const void* k, DType dtype, const LayerShape& shape, KeyScaleMode mode,
@@ -169,31 +191,23 @@ Status QuantizeKeysCpu(const void* k, DType dtype, const LayerShape& shape, KeyS
 
   // Pass 2: quantize every row with its scales.
   const bool check = given_scales != nullptr;
-  ParallelFor(shape.vectors(), 64, [&](int64_t b, int64_t e) {
-    std::vector<float> row(d), srow(d);
-    int64_t cur_head = -1;
-    for (int64_t v = b; v < e; ++v) {
-      const int64_t h = v / tokens;
-      if (h != cur_head) {
-        ScaleRow(scales, shape, mode, h, srow.data());
-        cur_head = h;
-      }
-      const int64_t off = v * d;
-      LoadRow(k, dtype, off, d, row.data());
-      if (check) {
-        const int badi = FirstNonFinite(row.data(), d);
-        if (badi >= 0) {
-          AtomicMin(bad, off + badi);
-          return;
-        }
-      }
-      QuantizeRow(row.data(), srow.data(), d, q + off);
-      if (bits < 8) {
-        const int qm = math::KeyQMax(bits);
-        for (int i = 0; i < d; ++i)
-          q[off + i] = static_cast<int8_t>(std::clamp<int>(q[off + i], -qm, qm));
+  ForEachScaledRow(scales, shape, mode, [&](int64_t v, float* row, const float* srow) {
+    const int64_t off = v * d;
+    LoadRow(k, dtype, off, d, row);
+    if (check) {
+      const int badi = FirstNonFinite(row, d);
+      if (badi >= 0) {
+        AtomicMin(bad, off + badi);
+        return false;
       }
     }
+    QuantizeRow(row, srow, d, q + off);
+    if (bits < 8) {
+      const int qm = math::KeyQMax(bits);
+      for (int i = 0; i < d; ++i)
+        q[off + i] = static_cast<int8_t>(std::clamp<int>(q[off + i], -qm, qm));
+    }
+    return true;
   });
   if (bad.load() != kNoBadIndex) return NonFiniteError("K", k, dtype, shape, bad.load());
   return absl::OkStatus();
@@ -202,23 +216,14 @@ Status QuantizeKeysCpu(const void* k, DType dtype, const LayerShape& shape, KeyS
 void DequantizeKeysCpu(const int8_t* q, const float* scales, const LayerShape& shape,
                        KeyScaleMode mode, void* out, DType out_dtype) {
   const int d = shape.head_dim;
-  const int64_t tokens = shape.tokens;
-  ParallelFor(shape.vectors(), 64, [&](int64_t b, int64_t e) {
-    std::vector<float> row(d), srow(d);
-    int64_t cur_head = -1;
-    for (int64_t v = b; v < e; ++v) {
-      const int64_t h = v / tokens;
-      if (h != cur_head) {
-        ScaleRow(scales, shape, mode, h, srow.data());
-        cur_head = h;
-      }
-      if (out_dtype == DType::kF32) {
-        DequantizeRow(q + v * d, srow.data(), d, static_cast<float*>(out) + v * d);
-      } else {
-        DequantizeRow(q + v * d, srow.data(), d, row.data());
-        StoreRow(row.data(), d, out, out_dtype, v * d);
-      }
+  ForEachScaledRow(scales, shape, mode, [&](int64_t v, float* row, const float* srow) {
+    if (out_dtype == DType::kF32) {
+      DequantizeRow(q + v * d, srow, d, static_cast<float*>(out) + v * d);
+    } else {
+      DequantizeRow(q + v * d, srow, d, row);
+      StoreRow(row, d, out, out_dtype, v * d);
     }
+    return true;
   });
 }
 

@@ -32,28 +32,19 @@
 /// abort(); device: __trap()), never a silent default.
 #define POLYKV_DISPATCH_VALUE_BITS(bits, kBits, ...)  \
   switch (bits) {                                     \
-    case 1: {                                         \
-      constexpr int kBits = 1;                        \
-      __VA_ARGS__;                                    \
-      break;                                          \
-    }                                                 \
-    case 2: {                                         \
-      constexpr int kBits = 2;                        \
-      __VA_ARGS__;                                    \
-      break;                                          \
-    }                                                 \
-    case 3: {                                         \
-      constexpr int kBits = 3;                        \
-      __VA_ARGS__;                                    \
-      break;                                          \
-    }                                                 \
-    case 4: {                                         \
-      constexpr int kBits = 4;                        \
-      __VA_ARGS__;                                    \
-      break;                                          \
-    }                                                 \
+    POLYKV_VALUE_BITS_CASE(1, kBits, __VA_ARGS__)     \
+    POLYKV_VALUE_BITS_CASE(2, kBits, __VA_ARGS__)     \
+    POLYKV_VALUE_BITS_CASE(3, kBits, __VA_ARGS__)     \
+    POLYKV_VALUE_BITS_CASE(4, kBits, __VA_ARGS__)     \
     default:                                          \
       ::polykv::kernels::math::UnsupportedBits(bits); \
+  }
+/// One case of POLYKV_DISPATCH_VALUE_BITS: `b` bits as `constexpr int kBits`.
+#define POLYKV_VALUE_BITS_CASE(b, kBits, ...) \
+  case b: {                                   \
+    constexpr int kBits = b;                  \
+    __VA_ARGS__;                              \
+    break;                                    \
   }
 
 namespace polykv::kernels::math {
@@ -304,42 +295,22 @@ POLYKV_HD inline void FwhtFixed(float* POLYKV_HD_RESTRICT x) {
   FwhtStagesFrom<B, 1>(x);
 }
 
+/// BlockFwht for a runtime `block`, dispatched once per call: FwhtFixed<block> for the
+/// powers of two B..256, FwhtRuntime otherwise.
+template <int B>
+POLYKV_HD inline void BlockFwhtFrom(float* POLYKV_HD_RESTRICT x, int d, int block) {
+  if constexpr (B <= 256) {
+    if (block != B) return BlockFwhtFrom<2 * B>(x, d, block);
+    for (int off = 0; off < d; off += B) FwhtFixed<B>(x + off);
+  } else {
+    for (int off = 0; off < d; off += block) FwhtRuntime(x + off, block);
+  }
+}
+
 /// Block-diagonal unnormalized WHT of x[0..d) with blocks of `block` (HadamardBlock(d)).
 POLYKV_HD inline void BlockFwht(float* POLYKV_HD_RESTRICT x, int d, int block) {
-  for (int off = 0; off < d; off += block) {
-    float* xb = x + off;
-    switch (block) {
-      case 1:
-        break;
-      case 2:
-        FwhtFixed<2>(xb);
-        break;
-      case 4:
-        FwhtFixed<4>(xb);
-        break;
-      case 8:
-        FwhtFixed<8>(xb);
-        break;
-      case 16:
-        FwhtFixed<16>(xb);
-        break;
-      case 32:
-        FwhtFixed<32>(xb);
-        break;
-      case 64:
-        FwhtFixed<64>(xb);
-        break;
-      case 128:
-        FwhtFixed<128>(xb);
-        break;
-      case 256:
-        FwhtFixed<256>(xb);
-        break;
-      default:
-        FwhtRuntime(xb, block);
-        break;
-    }
-  }
+  if (block == 1) return;  // H_1 = [1]
+  BlockFwhtFrom<2>(x, d, block);
 }
 
 /// Codebook handed to the per-vector functions (and by value to CUDA kernels): the
