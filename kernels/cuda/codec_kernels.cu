@@ -96,14 +96,20 @@ __global__ void DequantizeKeysKernel(const int8_t* q, const float* scales, int64
   }
 }
 
+// The value kernels' prologue: the block's threads fill signs[0, d) (D, the random signs)
+// in shared memory; returns this thread's vector index (one thread per vector).
+__device__ inline int64_t BlockSignsAndVector(uint64_t seed, int32_t d, float* signs) {
+  for (int i = threadIdx.x; i < d; i += blockDim.x) signs[i] = m::RotationSign(seed, i);
+  __syncthreads();
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
 // One thread per vector; D (the random signs) is computed once per block in shared memory.
 __global__ void EncodeValuesKernel(const void* v, int dtype, int64_t vectors, int32_t d,
                                    m::ValueCodebook cb, uint64_t seed, bool norm_correction,
                                    uint8_t* packed, float* norms, unsigned long long* bad) {
   __shared__ float signs[m::kMaxCudaHeadDim];
-  for (int i = threadIdx.x; i < d; i += blockDim.x) signs[i] = m::RotationSign(seed, i);
-  __syncthreads();
-  const int64_t vi = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t vi = BlockSignsAndVector(seed, d, signs);
   if (vi >= vectors) return;
   float x[m::kMaxCudaHeadDim];
   uint8_t codes[m::kMaxCudaHeadDim];
@@ -125,9 +131,7 @@ __global__ void DecodeValuesKernel(const uint8_t* packed, const float* norms, in
                                    int32_t d, m::ValueCodebook cb, uint64_t seed, void* out,
                                    int out_dtype) {
   __shared__ float signs[m::kMaxCudaHeadDim];
-  for (int i = threadIdx.x; i < d; i += blockDim.x) signs[i] = m::RotationSign(seed, i);
-  __syncthreads();
-  const int64_t vi = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t vi = BlockSignsAndVector(seed, d, signs);
   if (vi >= vectors) return;
   float x[m::kMaxCudaHeadDim];
   m::DecodeValueVector(packed + vi * m::PackedBytes(d, cb.bits), norms[vi], d, signs, cb, x);

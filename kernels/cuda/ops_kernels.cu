@@ -167,6 +167,21 @@ __global__ void SoftmaxF64Kernel(const float* __restrict__ logits, int64_t vocab
 // Top-p, step 3 (one block): over the sorted probabilities, staged in shared memory a chunk
 // at a time, thread 0 runs the CPU's two sequential f64 walks (SampleTopP).
 constexpr int kWalkThreads = 256;
+
+// One walk over ps[0, n): staged in shared `chunk` kWalkThreads values at a time, thread 0
+// runs scan(base, m) over chunk[0, m) = ps[base, base + m); the walk stops once *done is set.
+template <class Scan>
+__device__ inline void WalkChunks(const double* __restrict__ ps, int64_t n, double* chunk,
+                                  const int* done, Scan scan) {
+  for (int64_t base = 0; base < n; base += kWalkThreads) {
+    if (base + threadIdx.x < n) chunk[threadIdx.x] = ps[base + threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x == 0) scan(base, n - base < kWalkThreads ? n - base : kWalkThreads);
+    __syncthreads();
+    if (*done) break;
+  }
+}
+
 __global__ void TopPWalkKernel(const double* __restrict__ ps, const int32_t* __restrict__ ids,
                                int64_t vocab, double top_p, double u, int32_t* out) {
   __shared__ double chunk[kWalkThreads];
@@ -180,27 +195,20 @@ __global__ void TopPWalkKernel(const double* __restrict__ ps, const int32_t* __r
   }
   __syncthreads();
   // Walk 1: the shortest head whose running sum reaches top_p.
-  for (int64_t base = 0; base < vocab; base += kWalkThreads) {
-    if (base + threadIdx.x < vocab) chunk[threadIdx.x] = ps[base + threadIdx.x];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int64_t m = vocab - base < kWalkThreads ? vocab - base : kWalkThreads;
-      double cum = cum_s;
-      int64_t keep = keep_s;
-      for (int64_t k = 0; k < m; ++k) {
-        cum += chunk[k];
-        ++keep;
-        if (cum >= top_p) {
-          done = 1;
-          break;
-        }
+  WalkChunks(ps, vocab, chunk, &done, [&](int64_t, int64_t m) {
+    double cum = cum_s;
+    int64_t keep = keep_s;
+    for (int64_t k = 0; k < m; ++k) {
+      cum += chunk[k];
+      ++keep;
+      if (cum >= top_p) {
+        done = 1;
+        break;
       }
-      cum_s = cum;
-      keep_s = keep;
     }
-    __syncthreads();
-    if (done) break;
-  }
+    cum_s = cum;
+    keep_s = keep;
+  });
   const int64_t keep = keep_s;
   // Walk 2: subtract the kept probabilities from u * cum.
   __shared__ double r_s;
@@ -211,25 +219,18 @@ __global__ void TopPWalkKernel(const double* __restrict__ ps, const int32_t* __r
     done = 0;
   }
   __syncthreads();
-  for (int64_t base = 0; base < keep; base += kWalkThreads) {
-    if (base + threadIdx.x < keep) chunk[threadIdx.x] = ps[base + threadIdx.x];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int64_t m = keep - base < kWalkThreads ? keep - base : kWalkThreads;
-      double r = r_s;
-      for (int64_t k = 0; k < m; ++k) {
-        r -= chunk[k];
-        if (r < 0) {
-          pick = base + k;
-          done = 1;
-          break;
-        }
+  WalkChunks(ps, keep, chunk, &done, [&](int64_t base, int64_t m) {
+    double r = r_s;
+    for (int64_t k = 0; k < m; ++k) {
+      r -= chunk[k];
+      if (r < 0) {
+        pick = base + k;
+        done = 1;
+        break;
       }
-      r_s = r;
     }
-    __syncthreads();
-    if (done) break;
-  }
+    r_s = r;
+  });
   if (threadIdx.x == 0) *out = ids[pick];
 }
 

@@ -397,13 +397,26 @@ Status DeviceRmsNormRows(const float* x, const float* w, int64_t rows, int64_t d
       cuda::InvokeRmsNormRows(x, w, rows, dim, eps, out, CudaStream(stream)), "RMSNorm kernel"));
 }
 
+namespace {
+
+// The checks of an element-wise op over `count` values: whether there is work (count > 0,
+// then the pointers and the device are checked too).
+StatusOr<bool> CheckElementwise(const char* what, int64_t count,
+                                std::initializer_list<const void*> ptrs, Device device) {
+  POLYKV_RETURN_IF_ERROR(CheckCount(what, "count", count, 0));
+  if (count == 0) return false;
+  POLYKV_RETURN_IF_ERROR(CheckPtrs(what, ptrs));
+  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  return true;
+}
+
+}  // namespace
+
 Status DeviceSiluMul(const float* gate, const float* up, int64_t count, float* out, Device device,
                      Stream stream) {
-  constexpr const char* kWhat = "DeviceSiluMul";
-  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "count", count, 0));
-  if (count == 0) return absl::OkStatus();
-  POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {gate, up, out}));
-  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  POLYKV_ASSIGN_OR_RETURN(const bool work,
+                          CheckElementwise("DeviceSiluMul", count, {gate, up, out}, device));
+  if (!work) return absl::OkStatus();
   if (device == Device::kCpu) {
     SiluMul(gate, up, count, out);
     return absl::OkStatus();
@@ -414,11 +427,9 @@ Status DeviceSiluMul(const float* gate, const float* up, int64_t count, float* o
 
 Status DeviceAdd(const float* a, const float* b, int64_t count, float* out, Device device,
                  Stream stream) {
-  constexpr const char* kWhat = "DeviceAdd";
-  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "count", count, 0));
-  if (count == 0) return absl::OkStatus();
-  POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {a, b, out}));
-  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  POLYKV_ASSIGN_OR_RETURN(const bool work,
+                          CheckElementwise("DeviceAdd", count, {a, b, out}, device));
+  if (!work) return absl::OkStatus();
   if (device == Device::kCpu) {
     for (int64_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
     return absl::OkStatus();

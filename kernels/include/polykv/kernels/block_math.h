@@ -340,48 +340,23 @@ POLYKV_HD inline float MatVecRowWarpOrder(const uint8_t* row, int64_t cols, cons
 /// `constexpr uint32_t kType` equal to `type`; another type runs `on_unsupported`.
 #define POLYKV_DISPATCH_DEVICE_WEIGHT_TYPE(type, kType, on_unsupported, ...) \
   switch (type) {                                                            \
-    case ::polykv::kernels::blocks::kF32: {                                  \
-      constexpr uint32_t kType = ::polykv::kernels::blocks::kF32;            \
-      __VA_ARGS__;                                                           \
-      break;                                                                 \
-    }                                                                        \
-    case ::polykv::kernels::blocks::kF16: {                                  \
-      constexpr uint32_t kType = ::polykv::kernels::blocks::kF16;            \
-      __VA_ARGS__;                                                           \
-      break;                                                                 \
-    }                                                                        \
-    case ::polykv::kernels::blocks::kBF16: {                                 \
-      constexpr uint32_t kType = ::polykv::kernels::blocks::kBF16;           \
-      __VA_ARGS__;                                                           \
-      break;                                                                 \
-    }                                                                        \
-    case ::polykv::kernels::blocks::kQ4_0: {                                 \
-      constexpr uint32_t kType = ::polykv::kernels::blocks::kQ4_0;           \
-      __VA_ARGS__;                                                           \
-      break;                                                                 \
-    }                                                                        \
-    case ::polykv::kernels::blocks::kQ4_1: {                                 \
-      constexpr uint32_t kType = ::polykv::kernels::blocks::kQ4_1;           \
-      __VA_ARGS__;                                                           \
-      break;                                                                 \
-    }                                                                        \
-    case ::polykv::kernels::blocks::kQ5_0: {                                 \
-      constexpr uint32_t kType = ::polykv::kernels::blocks::kQ5_0;           \
-      __VA_ARGS__;                                                           \
-      break;                                                                 \
-    }                                                                        \
-    case ::polykv::kernels::blocks::kQ5_1: {                                 \
-      constexpr uint32_t kType = ::polykv::kernels::blocks::kQ5_1;           \
-      __VA_ARGS__;                                                           \
-      break;                                                                 \
-    }                                                                        \
-    case ::polykv::kernels::blocks::kQ8_0: {                                 \
-      constexpr uint32_t kType = ::polykv::kernels::blocks::kQ8_0;           \
-      __VA_ARGS__;                                                           \
-      break;                                                                 \
-    }                                                                        \
+    POLYKV_DEVICE_WEIGHT_TYPE_CASE(kF32, kType, __VA_ARGS__)                 \
+    POLYKV_DEVICE_WEIGHT_TYPE_CASE(kF16, kType, __VA_ARGS__)                 \
+    POLYKV_DEVICE_WEIGHT_TYPE_CASE(kBF16, kType, __VA_ARGS__)                \
+    POLYKV_DEVICE_WEIGHT_TYPE_CASE(kQ4_0, kType, __VA_ARGS__)                \
+    POLYKV_DEVICE_WEIGHT_TYPE_CASE(kQ4_1, kType, __VA_ARGS__)                \
+    POLYKV_DEVICE_WEIGHT_TYPE_CASE(kQ5_0, kType, __VA_ARGS__)                \
+    POLYKV_DEVICE_WEIGHT_TYPE_CASE(kQ5_1, kType, __VA_ARGS__)                \
+    POLYKV_DEVICE_WEIGHT_TYPE_CASE(kQ8_0, kType, __VA_ARGS__)                \
     default:                                                                 \
       on_unsupported;                                                        \
+  }
+/// One case of POLYKV_DISPATCH_DEVICE_WEIGHT_TYPE: blocks::`name` as `constexpr kType`.
+#define POLYKV_DEVICE_WEIGHT_TYPE_CASE(name, kType, ...)        \
+  case ::polykv::kernels::blocks::name: {                       \
+    constexpr uint32_t kType = ::polykv::kernels::blocks::name; \
+    __VA_ARGS__;                                                \
+    break;                                                      \
   }
 
 // ---------------------------------------------------------------------------------------
