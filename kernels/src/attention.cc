@@ -172,6 +172,19 @@ Status CheckSession(const AttentionSession& s, const std::string& who) {
   return absl::OkStatus();
 }
 
+// The fields AttentionArgs and AttentionSession share (suffix, query rows, queries,
+// output), copied either way: one field list for both directions.
+template <class From, class To>
+void CopySessionFields(const From& from, To& to) {
+  to.k_suffix = from.k_suffix;
+  to.v_suffix = from.v_suffix;
+  to.suffix_capacity = from.suffix_capacity;
+  to.suffix_length = from.suffix_length;
+  to.n = from.n;
+  to.q = from.q;
+  to.out = from.out;
+}
+
 StatusOr<attn::ChunkFn> ChunkForOptions(const AttentionOptions& opt) {
   Isa isa = BestIsa();
   if (opt.isa >= 0) {
@@ -551,13 +564,7 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
     return absl::InvalidArgumentError(absl::StrCat("attention: n ", a.n, ", heads ", a.heads,
                                                    ", kv_heads ", a.kv_heads, ", head_dim ", hd));
   AttentionSession session;
-  session.k_suffix = a.k_suffix;
-  session.v_suffix = a.v_suffix;
-  session.suffix_capacity = a.suffix_capacity;
-  session.suffix_length = a.suffix_length;
-  session.n = a.n;
-  session.q = a.q;
-  session.out = a.out;
+  CopySessionFields(a, session);
   POLYKV_RETURN_IF_ERROR(CheckSession(session, "attention"));
   std::vector<const PrefixView*> segs;
   POLYKV_RETURN_IF_ERROR(PrefixSegments(a.prefix, a.prefix_tail, a.layer, a.kv_heads, hd, &segs));
@@ -643,16 +650,10 @@ Status AttentionForwardBatch(const BatchAttentionArgs& a, const AttentionOptions
       one.prefix = a.prefix;
       one.prefix_tail = a.prefix_tail;
       one.layer = a.layer;
-      one.k_suffix = s.k_suffix;
-      one.v_suffix = s.v_suffix;
-      one.suffix_capacity = s.suffix_capacity;
-      one.suffix_length = s.suffix_length;
-      one.n = s.n;
       one.heads = a.heads;
       one.kv_heads = a.kv_heads;
       one.head_dim = a.head_dim;
-      one.q = s.q;
-      one.out = s.out;
+      CopySessionFields(s, one);
       POLYKV_RETURN_IF_ERROR(AttentionForward(one, opt));
     }
     return absl::OkStatus();
