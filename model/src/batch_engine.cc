@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "polykv/enum_names.h"
 
 namespace polykv::model {
 namespace {
@@ -37,19 +38,12 @@ size_t IncompleteUtf8Tail(const std::string& text) {
 }  // namespace
 
 const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "none";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "unknown";
+  static constexpr EnumName<FinishReason> kNames[] = {
+      {FinishReason::kNone, "none"},   {FinishReason::kLength, "length"},
+      {FinishReason::kStop, "stop"},   {FinishReason::kCancelled, "cancelled"},
+      {FinishReason::kError, "error"},
+  };
+  return EnumToName(kNames, r);
 }
 
 struct BatchEngine::Session {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "polykv/enum_names.h"
 
 namespace polykv::model::bpe {
 
@@ -358,19 +359,13 @@ const std::vector<Family>& Families() {
 }
 
 const char* BehaviorName(SplitBehavior b) {
-  switch (b) {
-    case SplitBehavior::kIsolated:
-      return "isolated";
-    case SplitBehavior::kRemoved:
-      return "removed";
-    case SplitBehavior::kMergedWithPrevious:
-      return "merged_with_previous";
-    case SplitBehavior::kMergedWithNext:
-      return "merged_with_next";
-    case SplitBehavior::kContiguous:
-      return "contiguous";
-  }
-  return "?";
+  static constexpr EnumName<SplitBehavior> kNames[] = {
+      {SplitBehavior::kIsolated, "isolated"},
+      {SplitBehavior::kRemoved, "removed"},
+      {SplitBehavior::kMergedWithPrevious, "merged_with_previous"},
+      {SplitBehavior::kMergedWithNext, "merged_with_next"},
+      {SplitBehavior::kContiguous, "contiguous"}};
+  return EnumToName(kNames, b, "?");
 }
 
 std::string StepSignature(const PreStep& s) {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "llama_base.h"
 #include "llama_internal.h"
+#include "polykv/enum_names.h"
 
 namespace polykv::model {
 namespace internal {
@@ -472,31 +473,23 @@ double LogProb(absl::Span<const float> row, int32_t target) {
 }
 
 const char* WeightStorageName(WeightStorage w) {
-  switch (w) {
-    case WeightStorage::kAuto:
-      return "auto";
-    case WeightStorage::kMapped:
-      return "mapped";
-    case WeightStorage::kCopy:
-      return "copy";
-  }
-  return "unknown";
+  static constexpr EnumName<WeightStorage> kNames[] = {
+      {WeightStorage::kAuto, "auto"},
+      {WeightStorage::kMapped, "mapped"},
+      {WeightStorage::kCopy, "copy"},
+  };
+  return EnumToName(kNames, w);
 }
 
 const char* RopeScalingName(RopeScalingType t) {
-  switch (t) {
-    case RopeScalingType::kNone:
-      return "none";
-    case RopeScalingType::kLinear:
-      return "linear";
-    case RopeScalingType::kLlama3:
-      return "llama3";
-    case RopeScalingType::kYarn:
-      return "yarn";
-    case RopeScalingType::kFreqFactors:
-      return "freq_factors";
-  }
-  return "unknown";
+  static constexpr EnumName<RopeScalingType> kNames[] = {
+      {RopeScalingType::kNone, "none"},
+      {RopeScalingType::kLinear, "linear"},
+      {RopeScalingType::kLlama3, "llama3"},
+      {RopeScalingType::kYarn, "yarn"},
+      {RopeScalingType::kFreqFactors, "freq_factors"},
+  };
+  return EnumToName(kNames, t);
 }
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
