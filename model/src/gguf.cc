@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "polykv/kernels/ggml_types.h"
 
 namespace polykv::model {
 namespace {
@@ -145,79 +146,13 @@ struct TypeTraits {
   const char* name;
   int64_t block;   // elements per block; 0 = unknown size
   uint64_t bytes;  // bytes per block
-  bool dequant;    // DequantizeToF32 supports it
 };
 
-// ggml type table (ggml.c type_traits), indexed by type number.
+// Name and block size of ggml type `t` from the one ggml type table (kernels/ggml_types.h).
 TypeTraits Traits(uint32_t t) {
-  switch (t) {
-    case 0:
-      return {"F32", 1, 4, true};
-    case 1:
-      return {"F16", 1, 2, true};
-    case 2:
-      return {"Q4_0", 32, 18, true};
-    case 3:
-      return {"Q4_1", 32, 20, true};
-    case 6:
-      return {"Q5_0", 32, 22, true};
-    case 7:
-      return {"Q5_1", 32, 24, true};
-    case 8:
-      return {"Q8_0", 32, 34, true};
-    case 9:
-      return {"Q8_1", 32, 36, false};
-    case 10:
-      return {"Q2_K", 256, 84, false};
-    case 11:
-      return {"Q3_K", 256, 110, false};
-    case 12:
-      return {"Q4_K", 256, 144, true};
-    case 13:
-      return {"Q5_K", 256, 176, true};
-    case 14:
-      return {"Q6_K", 256, 210, true};
-    case 15:
-      return {"Q8_K", 256, 292, false};
-    case 16:
-      return {"IQ2_XXS", 0, 0, false};
-    case 17:
-      return {"IQ2_XS", 0, 0, false};
-    case 18:
-      return {"IQ3_XXS", 0, 0, false};
-    case 19:
-      return {"IQ1_S", 0, 0, false};
-    case 20:
-      return {"IQ4_NL", 0, 0, false};
-    case 21:
-      return {"IQ3_S", 0, 0, false};
-    case 22:
-      return {"IQ2_S", 0, 0, false};
-    case 23:
-      return {"IQ4_XS", 0, 0, false};
-    case 24:
-      return {"I8", 1, 1, false};
-    case 25:
-      return {"I16", 1, 2, false};
-    case 26:
-      return {"I32", 1, 4, false};
-    case 27:
-      return {"I64", 1, 8, false};
-    case 28:
-      return {"F64", 1, 8, false};
-    case 29:
-      return {"IQ1_M", 0, 0, false};
-    case 30:
-      return {"BF16", 1, 2, true};
-    case 34:
-      return {"TQ1_0", 0, 0, false};
-    case 35:
-      return {"TQ2_0", 0, 0, false};
-    case 39:
-      return {"MXFP4", 0, 0, false};
-    default:
-      return {nullptr, 0, 0, false};
-  }
+  const kernels::GgmlTypeInfo* g = kernels::FindGgmlType(t);
+  if (g == nullptr) return {nullptr, 0, 0};
+  return {g->name, g->block_values, static_cast<uint64_t>(g->block_bytes)};
 }
 
 }  // namespace
