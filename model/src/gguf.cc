@@ -39,34 +39,41 @@ constexpr uint32_t kMaxDims = 4;     // GGML_MAX_DIMS
 constexpr int kMaxArrayNesting = 8;  // nested arrays deeper than this are rejected
 constexpr uint64_t kDefaultAlignment = 32;
 
+// Element `k` of an array of T at `p`, as a double.
+template <typename T>
+double LoadAsDouble(const uint8_t* p, uint64_t k) {
+  T y;
+  std::memcpy(&y, p + sizeof(T) * k, sizeof(T));
+  return static_cast<double>(y);
+}
+
+// The value types' table, indexed by ValueType: name, scalar size (0 for string and array)
+// and the reader of one array element of a numeric type (nullptr for string and array).
+struct ValueTypeInfo {
+  const char* name;
+  uint64_t size;
+  double (*load)(const uint8_t* p, uint64_t k);
+};
+constexpr ValueTypeInfo kValueTypes[kNumValueTypes] = {{"u8", 1, LoadAsDouble<uint8_t>},
+                                                       {"i8", 1, LoadAsDouble<int8_t>},
+                                                       {"u16", 2, LoadAsDouble<uint16_t>},
+                                                       {"i16", 2, LoadAsDouble<int16_t>},
+                                                       {"u32", 4, LoadAsDouble<uint32_t>},
+                                                       {"i32", 4, LoadAsDouble<int32_t>},
+                                                       {"f32", 4, LoadAsDouble<float>},
+                                                       {"bool", 1, LoadAsDouble<uint8_t>},
+                                                       {"string", 0, nullptr},
+                                                       {"array", 0, nullptr},
+                                                       {"u64", 8, LoadAsDouble<uint64_t>},
+                                                       {"i64", 8, LoadAsDouble<int64_t>},
+                                                       {"f64", 8, LoadAsDouble<double>}};
+
 const char* ValueTypeName(uint32_t t) {
-  static const char* kNames[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
-                                 "bool", "string", "array", "u64", "i64", "f64"};
-  return t < kNumValueTypes ? kNames[t] : "unknown";
+  return t < kNumValueTypes ? kValueTypes[t].name : "unknown";
 }
 
 // Size of a scalar value type; 0 for string/array/unknown.
-uint64_t ScalarSize(uint32_t t) {
-  switch (t) {
-    case kU8:
-    case kI8:
-    case kBool:
-      return 1;
-    case kU16:
-    case kI16:
-      return 2;
-    case kU32:
-    case kI32:
-    case kF32:
-      return 4;
-    case kU64:
-    case kI64:
-    case kF64:
-      return 8;
-    default:
-      return 0;
-  }
-}
+uint64_t ScalarSize(uint32_t t) { return t < kNumValueTypes ? kValueTypes[t].size : 0; }
 
 // Bounds-checked little-endian reader over the mapping.
 class Reader {
@@ -624,80 +631,10 @@ namespace {
 template <typename Out>
 bool ReadNumericArray(const uint8_t* p, uint32_t et, uint64_t n, std::vector<Out>* out) {
   out->resize(n);
-  for (uint64_t k = 0; k < n; ++k) {
-    double x;
-    switch (et) {
-      case kU8: {
-        uint8_t y;
-        std::memcpy(&y, p + k, 1);
-        x = y;
-        break;
-      }
-      case kI8: {
-        int8_t y;
-        std::memcpy(&y, p + k, 1);
-        x = y;
-        break;
-      }
-      case kBool: {
-        uint8_t y;
-        std::memcpy(&y, p + k, 1);
-        x = y;
-        break;
-      }
-      case kU16: {
-        uint16_t y;
-        std::memcpy(&y, p + 2 * k, 2);
-        x = y;
-        break;
-      }
-      case kI16: {
-        int16_t y;
-        std::memcpy(&y, p + 2 * k, 2);
-        x = y;
-        break;
-      }
-      case kU32: {
-        uint32_t y;
-        std::memcpy(&y, p + 4 * k, 4);
-        x = y;
-        break;
-      }
-      case kI32: {
-        int32_t y;
-        std::memcpy(&y, p + 4 * k, 4);
-        x = y;
-        break;
-      }
-      case kF32: {
-        float y;
-        std::memcpy(&y, p + 4 * k, 4);
-        x = y;
-        break;
-      }
-      case kU64: {
-        uint64_t y;
-        std::memcpy(&y, p + 8 * k, 8);
-        x = static_cast<double>(y);
-        break;
-      }
-      case kI64: {
-        int64_t y;
-        std::memcpy(&y, p + 8 * k, 8);
-        x = static_cast<double>(y);
-        break;
-      }
-      case kF64: {
-        double y;
-        std::memcpy(&y, p + 8 * k, 8);
-        x = y;
-        break;
-      }
-      default:
-        return false;
-    }
-    (*out)[k] = static_cast<Out>(x);
-  }
+  if (n == 0) return true;
+  const auto load = et < kNumValueTypes ? kValueTypes[et].load : nullptr;
+  if (load == nullptr) return false;
+  for (uint64_t k = 0; k < n; ++k) (*out)[k] = static_cast<Out>(load(p, k));
   return true;
 }
 }  // namespace
