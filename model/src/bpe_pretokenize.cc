@@ -55,66 +55,99 @@ inline uint32_t AsciiLower(uint32_t c) {
   return (c >= 'A' && c <= 'Z') ? c + 32 : c;
 }
 
-// GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-void MatchGpt2(const std::vector<uint32_t>& cps, size_t ini, size_t end, std::vector<size_t>* out) {
-  auto cpt = [&](size_t p) { return (p >= ini && p < end) ? cps[p] : kOutOfRange; };
-  auto flags = [&](size_t p) { return (p >= ini && p < end) ? FlagsOf(cps[p]) : Flags{}; };
-  size_t prev = ini;
-  auto add = [&](size_t e) {
-    size_t len = e - prev;
-    if (len > 0) out->push_back(len);
-    prev = e;
+// One piece being split by a hand-written matcher: code points [ini, end) of cps, with the
+// lengths of the pieces cut so far appended to *out.
+class Scanner {
+ public:
+  Scanner(const std::vector<uint32_t>& cps, size_t ini, size_t end, std::vector<size_t>* out)
+      : cps_(cps), ini_(ini), end_(end), prev_(ini), out_(out) {}
+
+  /// Code point at p, kOutOfRange outside the piece.
+  uint32_t cpt(size_t p) const { return (p >= ini_ && p < end_) ? cps_[p] : kOutOfRange; }
+  /// Flags of the code point at p (not valid outside the piece).
+  Flags flags(size_t p) const { return (p >= ini_ && p < end_) ? FlagsOf(cps_[p]) : Flags{}; }
+
+  /// Cuts a piece ending at e (nothing when empty); returns its length.
+  size_t add(size_t e) {
+    size_t len = e - prev_;
+    if (len > 0) out_->push_back(len);
+    prev_ = e;
     return len;
-  };
-  for (size_t pos = ini; pos < end;) {
-    const uint32_t c = cpt(pos);
-    const Flags f = flags(pos);
-    if (c == '\'' && pos + 1 < end) {
-      const uint32_t n1 = cpt(pos + 1);
-      if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
-        pos += add(pos + 2);
-        continue;
-      }
-      if (pos + 2 < end) {
-        const uint32_t n2 = cpt(pos + 2);
-        if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
-          pos += add(pos + 3);
-          continue;
-        }
+  }
+
+  /// Length of the contraction at pos: 2 for 's 't 'm 'd, 3 for 're 've 'll, 0 for none.
+  /// `fold_case` matches them case-insensitively (Llama 3's (?i:...), see AsciiLower).
+  size_t Contraction(size_t pos, bool fold_case) const {
+    if (cpt(pos) != '\'' || pos + 1 >= end_) return 0;
+    const auto at = [&](size_t p) { return fold_case ? AsciiLower(cpt(p)) : cpt(p); };
+    const uint32_t n1 = at(pos + 1);
+    if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') return 2;
+    if (pos + 2 < end_) {
+      const uint32_t n2 = at(pos + 2);
+      if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
+        return 3;
       }
     }
-    Flags f2 = c == ' ' ? flags(pos + 1) : f;
+    return 0;
+  }
+
+  /// \s+(?!\S), else \s+, over the `nws` whitespace code points at *pos: cuts that piece,
+  /// moves *pos past it and returns true; false when nws is 0.
+  bool CutWhitespace(size_t* pos, size_t nws) {
+    if (nws > 1 && cpt(*pos + nws) != kOutOfRange) {  // \s+(?!\S)
+      *pos += nws - 1;
+      add(*pos);
+      return true;
+    }
+    if (nws > 0) {  // \s+
+      *pos += nws;
+      add(*pos);
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  const std::vector<uint32_t>& cps_;
+  const size_t ini_;
+  const size_t end_;
+  size_t prev_;
+  std::vector<size_t>* out_;
+};
+
+// GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+void MatchGpt2(const std::vector<uint32_t>& cps, size_t ini, size_t end, std::vector<size_t>* out) {
+  Scanner s(cps, ini, end, out);
+  for (size_t pos = ini; pos < end;) {
+    const uint32_t c = s.cpt(pos);
+    const Flags f = s.flags(pos);
+    if (const size_t n = s.Contraction(pos, /*fold_case=*/false)) {
+      pos += s.add(pos + n);
+      continue;
+    }
+    Flags f2 = c == ' ' ? s.flags(pos + 1) : f;
     if (f2.letter) {
       pos += (c == ' ');
-      while (f2.letter) f2 = flags(++pos);
-      add(pos);
+      while (f2.letter) f2 = s.flags(++pos);
+      s.add(pos);
       continue;
     }
     if (f2.number) {
       pos += (c == ' ');
-      while (f2.number) f2 = flags(++pos);
-      add(pos);
+      while (f2.number) f2 = s.flags(++pos);
+      s.add(pos);
       continue;
     }
     if (!(f2.whitespace || f2.letter || f2.number) && f2.valid) {
       pos += (c == ' ');
-      while (!(f2.whitespace || f2.letter || f2.number) && f2.valid) f2 = flags(++pos);
-      add(pos);
+      while (!(f2.whitespace || f2.letter || f2.number) && f2.valid) f2 = s.flags(++pos);
+      s.add(pos);
       continue;
     }
     size_t nws = 0;
-    while (flags(pos + nws).whitespace) ++nws;
-    if (nws > 1 && cpt(pos + nws) != kOutOfRange) {  // \s+(?!\S)
-      pos += nws - 1;
-      add(pos);
-      continue;
-    }
-    if (nws > 0) {  // \s+
-      pos += nws;
-      add(pos);
-      continue;
-    }
-    add(++pos);  // no match
+    while (s.flags(pos + nws).whitespace) ++nws;
+    if (s.CutWhitespace(&pos, nws)) continue;
+    s.add(++pos);  // no match
   }
 }
 
@@ -122,82 +155,55 @@ void MatchGpt2(const std::vector<uint32_t>& cps, size_t ini, size_t end, std::ve
 //          ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 void MatchLlama3(const std::vector<uint32_t>& cps, size_t ini, size_t end,
                  std::vector<size_t>* out) {
-  auto cpt = [&](size_t p) { return (p >= ini && p < end) ? cps[p] : kOutOfRange; };
-  auto flags = [&](size_t p) { return (p >= ini && p < end) ? FlagsOf(cps[p]) : Flags{}; };
-  size_t prev = ini;
-  auto add = [&](size_t e) {
-    size_t len = e - prev;
-    if (len > 0) out->push_back(len);
-    prev = e;
-    return len;
-  };
+  Scanner s(cps, ini, end, out);
   for (size_t pos = ini; pos < end;) {
-    const uint32_t c = cpt(pos);
-    const Flags f = flags(pos);
-    if (c == '\'' && pos + 1 < end) {
-      const uint32_t n1 = AsciiLower(cpt(pos + 1));
-      if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
-        pos += add(pos + 2);
-        continue;
-      }
-      if (pos + 2 < end) {
-        const uint32_t n2 = AsciiLower(cpt(pos + 2));
-        if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
-          pos += add(pos + 3);
-          continue;
-        }
-      }
+    const uint32_t c = s.cpt(pos);
+    const Flags f = s.flags(pos);
+    if (const size_t n = s.Contraction(pos, /*fold_case=*/true)) {
+      pos += s.add(pos + n);
+      continue;
     }
     if (!(c == '\r' || c == '\n' || f.number)) {
-      if (f.letter || flags(pos + 1).letter) {
+      if (f.letter || s.flags(pos + 1).letter) {
         ++pos;
-        while (flags(pos).letter) ++pos;
-        add(pos);
+        while (s.flags(pos).letter) ++pos;
+        s.add(pos);
         continue;
       }
     }
     if (f.number) {
       size_t first = pos;
-      while (flags(pos).number) {
+      while (s.flags(pos).number) {
         if (++pos - first >= 3) {
-          add(pos);
+          s.add(pos);
           first = pos;
         }
       }
-      add(pos);
+      s.add(pos);
       continue;
     }
-    Flags f2 = c == ' ' ? flags(pos + 1) : f;
+    Flags f2 = c == ' ' ? s.flags(pos + 1) : f;
     if (!(f2.whitespace || f2.letter || f2.number) && f.valid) {
       pos += (c == ' ');
-      while (!(f2.whitespace || f2.letter || f2.number) && f2.valid) f2 = flags(++pos);
-      uint32_t c2 = cpt(pos);
-      while (c2 == '\r' || c2 == '\n') c2 = cpt(++pos);
-      add(pos);
+      while (!(f2.whitespace || f2.letter || f2.number) && f2.valid) f2 = s.flags(++pos);
+      uint32_t c2 = s.cpt(pos);
+      while (c2 == '\r' || c2 == '\n') c2 = s.cpt(++pos);
+      s.add(pos);
       continue;
     }
     size_t nws = 0, last_rn = 0;
-    while (flags(pos + nws).whitespace) {
-      const uint32_t c2 = cpt(pos + nws);
+    while (s.flags(pos + nws).whitespace) {
+      const uint32_t c2 = s.cpt(pos + nws);
       if (c2 == '\r' || c2 == '\n') last_rn = pos + nws + 1;
       ++nws;
     }
     if (last_rn > 0) {  // \s*[\r\n]+
       pos = last_rn;
-      add(pos);
+      s.add(pos);
       continue;
     }
-    if (nws > 1 && cpt(pos + nws) != kOutOfRange) {
-      pos += nws - 1;
-      add(pos);
-      continue;
-    }
-    if (nws > 0) {
-      pos += nws;
-      add(pos);
-      continue;
-    }
-    add(++pos);
+    if (s.CutWhitespace(&pos, nws)) continue;
+    s.add(++pos);  // no match
   }
 }
 
