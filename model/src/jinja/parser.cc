@@ -311,29 +311,12 @@ class Parser {
   }
 
   StatusOr<ExprPtr> ParseOr() {
-    POLYKV_ASSIGN_OR_RETURN(ExprPtr e, ParseAnd());
-    while (IsName("or")) {
-      ExprPtr n = Node(Expr::Kind::kOr, Cur().line);
-      Advance();
-      POLYKV_ASSIGN_OR_RETURN(ExprPtr r, ParseAnd());
-      n->kids.push_back(std::move(e));
-      n->kids.push_back(std::move(r));
-      e = std::move(n);
-    }
-    return e;
+    return ParseChain(
+        Expr::Kind::kOr, [&] { return IsName("or"); }, &Parser::ParseAnd);
   }
-
   StatusOr<ExprPtr> ParseAnd() {
-    POLYKV_ASSIGN_OR_RETURN(ExprPtr e, ParseNot());
-    while (IsName("and")) {
-      ExprPtr n = Node(Expr::Kind::kAnd, Cur().line);
-      Advance();
-      POLYKV_ASSIGN_OR_RETURN(ExprPtr r, ParseNot());
-      n->kids.push_back(std::move(e));
-      n->kids.push_back(std::move(r));
-      e = std::move(n);
-    }
-    return e;
+    return ParseChain(
+        Expr::Kind::kAnd, [&] { return IsName("and"); }, &Parser::ParseNot);
   }
 
   StatusOr<ExprPtr> ParseNot() {
@@ -382,12 +365,15 @@ class Parser {
     return n;
   }
 
-  template <typename Next>
-  StatusOr<ExprPtr> ParseLeftAssoc(const std::set<std::string>& ops, Next next) {
+  // A left-associative chain `next (operator next)*`: `at_operator` says whether the token at
+  // the cursor is one of the chain's operators; each becomes a node of `kind` (a kBinary node
+  // is named by its operator).
+  template <typename AtOperator, typename Next>
+  StatusOr<ExprPtr> ParseChain(Expr::Kind kind, AtOperator at_operator, Next next) {
     POLYKV_ASSIGN_OR_RETURN(ExprPtr e, (this->*next)());
-    while (Cur().kind == TokKind::kOp && ops.count(Cur().text)) {
-      ExprPtr n = Node(Expr::Kind::kBinary, Cur().line);
-      n->name = Cur().text;
+    while (at_operator()) {
+      ExprPtr n = Node(kind, Cur().line);
+      if (kind == Expr::Kind::kBinary) n->name = Cur().text;
       Advance();
       POLYKV_ASSIGN_OR_RETURN(ExprPtr r, (this->*next)());
       n->kids.push_back(std::move(e));
@@ -395,6 +381,12 @@ class Parser {
       e = std::move(n);
     }
     return e;
+  }
+  template <typename Next>
+  StatusOr<ExprPtr> ParseLeftAssoc(const std::set<std::string>& ops, Next next) {
+    return ParseChain(
+        Expr::Kind::kBinary,
+        [&] { return Cur().kind == TokKind::kOp && ops.count(Cur().text) > 0; }, next);
   }
   StatusOr<ExprPtr> ParseMath1() { return ParseLeftAssoc({"+", "-"}, &Parser::ParseConcat); }
   StatusOr<ExprPtr> ParseConcat() { return ParseLeftAssoc({"~"}, &Parser::ParseMath2); }
