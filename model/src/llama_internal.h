@@ -122,4 +122,8 @@ std::unique_ptr<LlamaModel> MakeMappedLlama(LoadedModel m, const LoadOptions& op
 /// allocation failures, else kInternal).
 [[nodiscard]] Status StatusFromException(const std::exception& e, const std::string& context);
 
+/// Logits of `rows` rows of `vocab` values, zeroed. Errors: kResourceExhausted naming
+/// `context` when they cannot be allocated.
+[[nodiscard]] StatusOr<Logits> NewLogits(int64_t rows, int32_t vocab, const std::string& context);
+
 }  // namespace polykv::model::internal

@@ -267,4 +267,16 @@ Status StatusFromException(const std::exception& e, const std::string& context) 
   return absl::InternalError(absl::StrCat(context, ": ", first));
 }
 
+StatusOr<Logits> NewLogits(int64_t rows, int32_t vocab, const std::string& context) {
+  Logits logits;
+  logits.rows = rows;
+  logits.vocab = vocab;
+  try {
+    logits.values.resize(static_cast<size_t>(rows * vocab));
+  } catch (const std::exception& e) {
+    return StatusFromException(e, context);
+  }
+  return logits;
+}
+
 }  // namespace polykv::model::internal
