@@ -381,6 +381,23 @@ std::string StepSignature(const PreStep& s) {
   return absl::StrCat(kind, " ", BehaviorName(s.behavior), s.invert ? " invert " : " ", s.pattern);
 }
 
+// Appends the (span, is_match) parts in order to `splits` as kept spans, except that a part
+// for which merge(is_match, previous is_match) holds extends the last split instead.
+template <typename Merge>
+void MergeForward(const std::vector<std::pair<Piece, bool>>& parts, Merge merge,
+                  std::vector<std::pair<Piece, bool>>* splits) {
+  bool prev = false;
+  for (const auto& p : parts) {
+    if (merge(p.second, prev) && !splits->empty()) {
+      Piece& last = splits->back().first;
+      last.len = p.first.start + p.first.len - last.start;
+    } else {
+      splits->push_back({p.first, false});
+    }
+    prev = p.second;
+  }
+}
+
 // Applies HF's SplitDelimiterBehavior to the (span, is_match) list of one piece and appends
 // the kept, non-empty spans.
 void ApplyBehavior(const std::vector<std::pair<Piece, bool>>& parts, SplitBehavior behavior,
@@ -393,32 +410,14 @@ void ApplyBehavior(const std::vector<std::pair<Piece, bool>>& parts, SplitBehavi
     case SplitBehavior::kRemoved:
       splits = parts;
       break;
-    case SplitBehavior::kContiguous: {
-      bool prev = false;
-      for (const auto& p : parts) {
-        if (p.second == prev && !splits.empty()) {
-          Piece& last = splits.back().first;
-          last.len = p.first.start + p.first.len - last.start;
-        } else {
-          splits.push_back({p.first, false});
-        }
-        prev = p.second;
-      }
+    case SplitBehavior::kContiguous:  // runs of matches and runs of non-matches
+      MergeForward(
+          parts, [](bool match, bool prev) { return match == prev; }, &splits);
       break;
-    }
-    case SplitBehavior::kMergedWithPrevious: {
-      bool prev = false;
-      for (const auto& p : parts) {
-        if (p.second && !prev && !splits.empty()) {
-          Piece& last = splits.back().first;
-          last.len = p.first.start + p.first.len - last.start;
-        } else {
-          splits.push_back({p.first, false});
-        }
-        prev = p.second;
-      }
+    case SplitBehavior::kMergedWithPrevious:  // a match joins the non-match before it
+      MergeForward(
+          parts, [](bool match, bool prev) { return match && !prev; }, &splits);
       break;
-    }
     case SplitBehavior::kMergedWithNext: {
       bool prev = false;
       for (size_t k = parts.size(); k-- > 0;) {
