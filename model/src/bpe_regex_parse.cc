@@ -2,6 +2,7 @@
 // classes, concatenations, alternations, repeats, lookaheads and assertions (see bpe_regex.h
 // for the syntax).
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -224,31 +225,17 @@ class Parser {
   StatusOr<bool> ParseEscape(CharClass* cc, uint32_t* literal, std::unique_ptr<Node>* assert_node) {
     if (!More()) return Error("trailing backslash");
     const uint32_t c = p_[i_++];
+    // Escapes of one control character: \t \n \r \f \v \a (BEL) \e (ESC) \0 (NUL).
+    static constexpr std::pair<char, char> kControls[] = {{'t', '\t'}, {'n', '\n'}, {'r', '\r'},
+                                                          {'f', '\f'}, {'v', '\v'}, {'a', 0x07},
+                                                          {'e', 0x1B}, {'0', 0}};
+    for (const auto& [name, control] : kControls) {
+      if (c == static_cast<uint32_t>(name)) {
+        *literal = static_cast<uint32_t>(control);
+        return true;
+      }
+    }
     switch (c) {
-      case 't':
-        *literal = '\t';
-        return true;
-      case 'n':
-        *literal = '\n';
-        return true;
-      case 'r':
-        *literal = '\r';
-        return true;
-      case 'f':
-        *literal = '\f';
-        return true;
-      case 'v':
-        *literal = '\v';
-        return true;
-      case 'a':
-        *literal = 0x07;
-        return true;
-      case 'e':
-        *literal = 0x1B;
-        return true;
-      case '0':
-        *literal = 0;
-        return true;
       case 's':
         cc->ws = true;
         return false;
