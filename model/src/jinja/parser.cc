@@ -158,6 +158,18 @@ class Parser {
     return absl::InvalidArgumentError(absl::StrCat("line ", line, ": unknown tag '", tag, "'"));
   }
 
+  // The end of an if or for block whose branches ended at the tag `end`: an {% else %} body
+  // up to `closer` when `end` is "else", then the closing tag's end; pops the block's line.
+  StatusOr<StmtPtr> FinishBlock(StmtPtr s, std::string end, const char* closer) {
+    if (end == "else") {
+      POLYKV_RETURN_IF_ERROR(ExpectBlockEnd());
+      POLYKV_ASSIGN_OR_RETURN(s->else_body, ParseBody({closer}, &end));
+    }
+    open_lines_.pop_back();
+    POLYKV_RETURN_IF_ERROR(ExpectBlockEnd());
+    return s;
+  }
+
   StatusOr<StmtPtr> ParseIf(StmtPtr s) {
     s->kind = Stmt::Kind::kIf;
     open_lines_.push_back(s->line);
@@ -168,13 +180,7 @@ class Parser {
       POLYKV_ASSIGN_OR_RETURN(Body body, ParseBody({"elif", "else", "endif"}, &end));
       s->branches.emplace_back(std::move(cond), std::move(body));
     }
-    if (end == "else") {
-      POLYKV_RETURN_IF_ERROR(ExpectBlockEnd());
-      POLYKV_ASSIGN_OR_RETURN(s->else_body, ParseBody({"endif"}, &end));
-    }
-    open_lines_.pop_back();
-    POLYKV_RETURN_IF_ERROR(ExpectBlockEnd());
-    return s;
+    return FinishBlock(std::move(s), end, "endif");
   }
 
   StatusOr<Target> ParseTarget(bool allow_attr) {
@@ -213,13 +219,7 @@ class Parser {
     std::string end;
     POLYKV_ASSIGN_OR_RETURN(s->body, ParseBody({"else", "endfor"}, &end));
     --loop_depth_;
-    if (end == "else") {
-      POLYKV_RETURN_IF_ERROR(ExpectBlockEnd());
-      POLYKV_ASSIGN_OR_RETURN(s->else_body, ParseBody({"endfor"}, &end));
-    }
-    open_lines_.pop_back();
-    POLYKV_RETURN_IF_ERROR(ExpectBlockEnd());
-    return s;
+    return FinishBlock(std::move(s), end, "endfor");
   }
 
   StatusOr<StmtPtr> ParseSet(StmtPtr s) {
