@@ -39,42 +39,6 @@ constexpr uint32_t kMaxDims = 4;     // GGML_MAX_DIMS
 constexpr int kMaxArrayNesting = 8;  // nested arrays deeper than this are rejected
 constexpr uint64_t kDefaultAlignment = 32;
 
-// Element `k` of an array of T at `p`, as a double.
-template <typename T>
-double LoadAsDouble(const uint8_t* p, uint64_t k) {
-  T y;
-  std::memcpy(&y, p + sizeof(T) * k, sizeof(T));
-  return static_cast<double>(y);
-}
-
-// The value types' table, indexed by ValueType: name, scalar size (0 for string and array)
-// and the reader of one array element of a numeric type (nullptr for string and array).
-struct ValueTypeInfo {
-  const char* name;
-  uint64_t size;
-  double (*load)(const uint8_t* p, uint64_t k);
-};
-constexpr ValueTypeInfo kValueTypes[kNumValueTypes] = {{"u8", 1, LoadAsDouble<uint8_t>},
-                                                       {"i8", 1, LoadAsDouble<int8_t>},
-                                                       {"u16", 2, LoadAsDouble<uint16_t>},
-                                                       {"i16", 2, LoadAsDouble<int16_t>},
-                                                       {"u32", 4, LoadAsDouble<uint32_t>},
-                                                       {"i32", 4, LoadAsDouble<int32_t>},
-                                                       {"f32", 4, LoadAsDouble<float>},
-                                                       {"bool", 1, LoadAsDouble<uint8_t>},
-                                                       {"string", 0, nullptr},
-                                                       {"array", 0, nullptr},
-                                                       {"u64", 8, LoadAsDouble<uint64_t>},
-                                                       {"i64", 8, LoadAsDouble<int64_t>},
-                                                       {"f64", 8, LoadAsDouble<double>}};
-
-const char* ValueTypeName(uint32_t t) {
-  return t < kNumValueTypes ? kValueTypes[t].name : "unknown";
-}
-
-// Size of a scalar value type; 0 for string/array/unknown.
-uint64_t ScalarSize(uint32_t t) { return t < kNumValueTypes ? kValueTypes[t].size : 0; }
-
 // Bounds-checked little-endian reader over the mapping.
 class Reader {
  public:
@@ -144,6 +108,47 @@ Status ReadNumber(Reader& r, const std::string& what, MetaValue* v) {
   v->f = static_cast<double>(x);
   return absl::OkStatus();
 }
+
+// Element `k` of an array of T at `p`, as a double.
+template <typename T>
+double LoadAsDouble(const uint8_t* p, uint64_t k) {
+  T y;
+  std::memcpy(&y, p + sizeof(T) * k, sizeof(T));
+  return static_cast<double>(y);
+}
+
+// The value types' table, indexed by ValueType: name, scalar size (0 for string and array),
+// the reader of one array element of a numeric type (nullptr for string and array) and, for
+// the integer types only, the reader of a metadata value.
+struct ValueTypeInfo {
+  const char* name;
+  uint64_t size;
+  double (*load)(const uint8_t* p, uint64_t k);
+  Status (*read_int)(Reader& r, const std::string& what, MetaValue* v);
+};
+constexpr ValueTypeInfo kValueTypes[kNumValueTypes] = {
+    {"u8", 1, LoadAsDouble<uint8_t>, ReadNumber<uint8_t>},
+    {"i8", 1, LoadAsDouble<int8_t>, ReadNumber<int8_t>},
+    {"u16", 2, LoadAsDouble<uint16_t>, ReadNumber<uint16_t>},
+    {"i16", 2, LoadAsDouble<int16_t>, ReadNumber<int16_t>},
+    {"u32", 4, LoadAsDouble<uint32_t>, ReadNumber<uint32_t>},
+    {"i32", 4, LoadAsDouble<int32_t>, ReadNumber<int32_t>},
+    {"f32", 4, LoadAsDouble<float>, nullptr},
+    {"bool", 1, LoadAsDouble<uint8_t>, nullptr},
+    {"string", 0, nullptr, nullptr},
+    {"array", 0, nullptr, nullptr},
+    {"u64", 8, LoadAsDouble<uint64_t>, ReadNumber<uint64_t>},
+    {"i64", 8, LoadAsDouble<int64_t>, ReadNumber<int64_t>},
+    {"f64", 8, LoadAsDouble<double>, nullptr}};
+
+const char* ValueTypeName(uint32_t t) {
+  return t < kNumValueTypes ? kValueTypes[t].name : "unknown";
+}
+
+// Size of a scalar value type; 0 for string/array/unknown.
+uint64_t ScalarSize(uint32_t t) { return t < kNumValueTypes ? kValueTypes[t].size : 0; }
+
+bool IsInt(uint32_t t) { return t < kNumValueTypes && kValueTypes[t].read_int != nullptr; }
 
 bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) {
   return __builtin_mul_overflow(a, b, out);
@@ -339,31 +344,11 @@ StatusOr<MetaValue> GgufFile::Impl::ReadMetaValue(Reader& r, uint32_t type,
                                                   const std::string& what) {
   MetaValue v;
   v.type = type;
+  if (IsInt(type)) {
+    POLYKV_RETURN_IF_ERROR(kValueTypes[type].read_int(r, what, &v));
+    return v;
+  }
   switch (type) {
-    case kU8:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<uint8_t>(r, what, &v));
-      break;
-    case kI8:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<int8_t>(r, what, &v));
-      break;
-    case kU16:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<uint16_t>(r, what, &v));
-      break;
-    case kI16:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<int16_t>(r, what, &v));
-      break;
-    case kU32:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<uint32_t>(r, what, &v));
-      break;
-    case kI32:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<int32_t>(r, what, &v));
-      break;
-    case kU64:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<uint64_t>(r, what, &v));
-      break;
-    case kI64:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<int64_t>(r, what, &v));
-      break;
     case kF32: {
       POLYKV_ASSIGN_OR_RETURN(float x, r.Read<float>(what));
       v.f = x;
@@ -569,10 +554,6 @@ Status Mismatch(std::string_view key, const char* want, uint32_t got, uint32_t e
       absl::StrCat("GGUF metadata '", std::string(key), "' is ", ValueTypeName(got),
                    got == kArray ? absl::StrCat(" of ", ValueTypeName(elem)) : std::string(),
                    ", expected ", want));
-}
-bool IsInt(uint32_t t) {
-  return t == kU8 || t == kI8 || t == kU16 || t == kI16 || t == kU32 || t == kI32 || t == kU64 ||
-         t == kI64;
 }
 }  // namespace
 
