@@ -215,17 +215,7 @@ StatusOr<PrefillResult> LlamaBase::Prefill(absl::Span<const int32_t> tokens, int
 StatusOr<GenerateResult> LlamaBase::Generate(KvCache& cache, absl::Span<const int32_t> prompt,
                                              const SamplingOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (options.max_new_tokens < 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("Generate: max_new_tokens must be >= 0, got ", options.max_new_tokens));
-  if (!options.greedy) {
-    if (!(options.temperature > 0) || !std::isfinite(options.temperature))
-      return absl::InvalidArgumentError(
-          absl::StrCat("Generate: temperature must be > 0, got ", options.temperature));
-    if (!(options.top_p > 0 && options.top_p <= 1))
-      return absl::InvalidArgumentError(
-          absl::StrCat("Generate: top_p must be in (0, 1], got ", options.top_p));
-  }
+  POLYKV_RETURN_IF_ERROR(CheckSamplingOptions(options, "Generate: "));
   std::vector<int32_t> feed(prompt.begin(), prompt.end());
   const bool recompute = feed.empty();
   if (recompute) {
