@@ -55,6 +55,15 @@ inline uint32_t AsciiLower(uint32_t c) {
   return (c >= 'A' && c <= 'Z') ? c + 32 : c;
 }
 
+// The runs of GPT-2's \p{L}+, \p{N}+ and [^\s\p{L}\p{N}]+ (inside the piece); kNone for
+// whitespace and outside the piece.
+enum class RunKind { kNone, kLetter, kNumber, kOther };
+inline RunKind RunKindOf(const Flags& f) {
+  if (f.letter) return RunKind::kLetter;
+  if (f.number) return RunKind::kNumber;
+  return !f.whitespace && f.valid ? RunKind::kOther : RunKind::kNone;
+}
+
 // One piece being split by a hand-written matcher: code points [ini, end) of cps, with the
 // lengths of the pieces cut so far appended to *out.
 class Scanner {
@@ -125,22 +134,11 @@ void MatchGpt2(const std::vector<uint32_t>& cps, size_t ini, size_t end, std::ve
       pos += s.add(pos + n);
       continue;
     }
-    Flags f2 = c == ' ' ? s.flags(pos + 1) : f;
-    if (f2.letter) {
+    // ` ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+`: the run of one kind after an optional space.
+    const RunKind kind = RunKindOf(c == ' ' ? s.flags(pos + 1) : f);
+    if (kind != RunKind::kNone) {
       pos += (c == ' ');
-      while (f2.letter) f2 = s.flags(++pos);
-      s.add(pos);
-      continue;
-    }
-    if (f2.number) {
-      pos += (c == ' ');
-      while (f2.number) f2 = s.flags(++pos);
-      s.add(pos);
-      continue;
-    }
-    if (!(f2.whitespace || f2.letter || f2.number) && f2.valid) {
-      pos += (c == ' ');
-      while (!(f2.whitespace || f2.letter || f2.number) && f2.valid) f2 = s.flags(++pos);
+      while (RunKindOf(s.flags(pos)) == kind) ++pos;
       s.add(pos);
       continue;
     }
