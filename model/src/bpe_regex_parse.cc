@@ -235,24 +235,23 @@ class Parser {
         return true;
       }
     }
+    // Escapes that set one flag of the class: \s \S \w \W.
+    static constexpr std::pair<char, bool CharClass::*> kFlags[] = {{'s', &CharClass::ws},
+                                                                    {'S', &CharClass::not_ws},
+                                                                    {'w', &CharClass::word},
+                                                                    {'W', &CharClass::not_word}};
+    for (const auto& [name, flag] : kFlags) {
+      if (c == static_cast<uint32_t>(name)) {
+        cc->*flag = true;
+        return false;
+      }
+    }
     switch (c) {
-      case 's':
-        cc->ws = true;
-        return false;
-      case 'S':
-        cc->not_ws = true;
-        return false;
       case 'd':
         cc->gc_mask |= 1u << 9;
         return false;
       case 'D':
         cc->not_gc_masks.push_back(1u << 9);
-        return false;
-      case 'w':
-        cc->word = true;
-        return false;
-      case 'W':
-        cc->not_word = true;
         return false;
       case 'h':
         cc->ranges.insert(cc->ranges.end(), {{'0', '9'}, {'a', 'f'}, {'A', 'F'}});
