@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "polykv/enum_names.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -19,6 +20,9 @@
 
 namespace polykv::kernels {
 namespace {
+
+constexpr EnumName<Isa> kIsaNames[] = {
+    {Isa::kScalar, "scalar"}, {Isa::kAvx2, "avx2"}, {Isa::kAvx512, "avx512"}};
 
 struct Features {
   bool avx2 = false;
@@ -109,23 +113,12 @@ Isa ComputeBest() {
 
 }  // namespace
 
-const char* IsaName(Isa isa) {
-  switch (isa) {
-    case Isa::kScalar:
-      return "scalar";
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kAvx512:
-      return "avx512";
-  }
-  return "unknown";
-}
+const char* IsaName(Isa isa) { return EnumToName(kIsaNames, isa); }
 
 StatusOr<Isa> ParseIsa(const std::string& name) {
-  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
-    if (name == IsaName(i)) return i;
+  if (auto isa = EnumFromName(kIsaNames, name)) return *isa;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown ISA '", name, "' (expected scalar, avx2 or avx512)"));
+      absl::StrCat("unknown ISA '", name, "' (expected ", EnumNameList(kIsaNames), ")"));
 }
 
 bool IsaSupported(Isa isa) {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "matmul_internal.h"
+#include "polykv/kernels/ggml_types.h"
 #include "thread_pool.h"
 
 namespace polykv::kernels {
@@ -26,19 +27,20 @@ struct TypeInfo {
   ActKind act;
 };
 
+// A WeightType's row: name and block size from the ggml type table, and its activation kind.
+constexpr TypeInfo Info(WeightType type, ActKind act) {
+  const GgmlTypeInfo* g = FindGgmlType(static_cast<uint32_t>(type));
+  return {type, g->name, g->block_values, g->block_bytes, act};
+}
+
 // Indexed by mm::TypeIndex.
 constexpr TypeInfo kTypes[mm::kTypeCount] = {
-    {WeightType::kF32, "F32", 1, 4, ActKind::kF32},
-    {WeightType::kF16, "F16", 1, 2, ActKind::kF32},
-    {WeightType::kBF16, "BF16", 1, 2, ActKind::kF32},
-    {WeightType::kQ4_0, "Q4_0", 32, 18, ActKind::kQ8P},
-    {WeightType::kQ4_1, "Q4_1", 32, 20, ActKind::kQ8P},
-    {WeightType::kQ5_0, "Q5_0", 32, 22, ActKind::kQ8},
-    {WeightType::kQ5_1, "Q5_1", 32, 24, ActKind::kQ8},
-    {WeightType::kQ8_0, "Q8_0", 32, 34, ActKind::kQ8},
-    {WeightType::kQ4_K, "Q4_K", 256, 144, ActKind::kQ8K},
-    {WeightType::kQ5_K, "Q5_K", 256, 176, ActKind::kQ8K},
-    {WeightType::kQ6_K, "Q6_K", 256, 210, ActKind::kQ8K},
+    Info(WeightType::kF32, ActKind::kF32),  Info(WeightType::kF16, ActKind::kF32),
+    Info(WeightType::kBF16, ActKind::kF32), Info(WeightType::kQ4_0, ActKind::kQ8P),
+    Info(WeightType::kQ4_1, ActKind::kQ8P), Info(WeightType::kQ5_0, ActKind::kQ8),
+    Info(WeightType::kQ5_1, ActKind::kQ8),  Info(WeightType::kQ8_0, ActKind::kQ8),
+    Info(WeightType::kQ4_K, ActKind::kQ8K), Info(WeightType::kQ5_K, ActKind::kQ8K),
+    Info(WeightType::kQ6_K, ActKind::kQ8K),
 };
 
 int TypeIndexOf(WeightType t) {

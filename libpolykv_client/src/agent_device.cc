@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "polykv/enum_names.h"
 
 namespace polykv::client {
 
@@ -32,17 +33,12 @@ std::string AgentDeviceName(const AgentDevice& device) {
 }
 
 const char* PoolRouteName(PoolRoute route) {
-  switch (route) {
-    case PoolRoute::kHostInPlace:
-      return "host-in-place";
-    case PoolRoute::kHostDecoded:
-      return "host-decoded";
-    case PoolRoute::kCudaCopiedToHost:
-      return "cuda-copied-to-host";
-    case PoolRoute::kCudaInPlace:
-      return "cuda-in-place";
-  }
-  return "?";
+  static constexpr EnumName<PoolRoute> kNames[] = {
+      {PoolRoute::kHostInPlace, "host-in-place"},
+      {PoolRoute::kHostDecoded, "host-decoded"},
+      {PoolRoute::kCudaCopiedToHost, "cuda-copied-to-host"},
+      {PoolRoute::kCudaInPlace, "cuda-in-place"}};
+  return EnumToName(kNames, route, "?");
 }
 
 StatusOr<PoolRoute> RoutePool(const RouteInput& in) {

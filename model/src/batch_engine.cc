@@ -9,6 +9,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "llama_internal.h"
+#include "polykv/enum_names.h"
 
 namespace polykv::model {
 namespace {
@@ -37,19 +39,12 @@ size_t IncompleteUtf8Tail(const std::string& text) {
 }  // namespace
 
 const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "none";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "unknown";
+  static constexpr EnumName<FinishReason> kNames[] = {
+      {FinishReason::kNone, "none"},   {FinishReason::kLength, "length"},
+      {FinishReason::kStop, "stop"},   {FinishReason::kCancelled, "cancelled"},
+      {FinishReason::kError, "error"},
+  };
+  return EnumToName(kNames, r);
 }
 
 struct BatchEngine::Session {
@@ -95,16 +90,7 @@ StatusOr<uint64_t> BatchEngine::Submit(SessionRequest request, SessionCallback c
     if (id < 0 || id >= cfg.vocab)
       return absl::InvalidArgumentError(
           absl::StrCat("prompt token id ", id, " is outside the vocabulary [0, ", cfg.vocab, ")"));
-  if (o.max_new_tokens < 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_new_tokens must be >= 0, got ", o.max_new_tokens));
-  if (!o.greedy) {
-    if (!(o.temperature > 0) || !std::isfinite(o.temperature))
-      return absl::InvalidArgumentError(
-          absl::StrCat("temperature must be > 0, got ", o.temperature));
-    if (!(o.top_p > 0 && o.top_p <= 1))
-      return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", o.top_p));
-  }
+  POLYKV_RETURN_IF_ERROR(internal::CheckSamplingOptions(o, ""));
   size_t max_stop = 0;
   for (const std::string& s : request.stop) {
     if (s.empty()) return absl::InvalidArgumentError("empty stop string");

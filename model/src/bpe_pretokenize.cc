@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "polykv/enum_names.h"
 
 namespace polykv::model::bpe {
 
@@ -54,66 +55,97 @@ inline uint32_t AsciiLower(uint32_t c) {
   return (c >= 'A' && c <= 'Z') ? c + 32 : c;
 }
 
+// The runs of GPT-2's \p{L}+, \p{N}+ and [^\s\p{L}\p{N}]+ (inside the piece); kNone for
+// whitespace and outside the piece.
+enum class RunKind { kNone, kLetter, kNumber, kOther };
+inline RunKind RunKindOf(const Flags& f) {
+  if (f.letter) return RunKind::kLetter;
+  if (f.number) return RunKind::kNumber;
+  return !f.whitespace && f.valid ? RunKind::kOther : RunKind::kNone;
+}
+
+// One piece being split by a hand-written matcher: code points [ini, end) of cps, with the
+// lengths of the pieces cut so far appended to *out.
+class Scanner {
+ public:
+  Scanner(const std::vector<uint32_t>& cps, size_t ini, size_t end, std::vector<size_t>* out)
+      : cps_(cps), ini_(ini), end_(end), prev_(ini), out_(out) {}
+
+  /// Code point at p, kOutOfRange outside the piece.
+  uint32_t cpt(size_t p) const { return (p >= ini_ && p < end_) ? cps_[p] : kOutOfRange; }
+  /// Flags of the code point at p (not valid outside the piece).
+  Flags flags(size_t p) const { return (p >= ini_ && p < end_) ? FlagsOf(cps_[p]) : Flags{}; }
+
+  /// Cuts a piece ending at e (nothing when empty); returns its length.
+  size_t add(size_t e) {
+    size_t len = e - prev_;
+    if (len > 0) out_->push_back(len);
+    prev_ = e;
+    return len;
+  }
+
+  /// Length of the contraction at pos: 2 for 's 't 'm 'd, 3 for 're 've 'll, 0 for none.
+  /// `fold_case` matches them case-insensitively (Llama 3's (?i:...), see AsciiLower).
+  size_t Contraction(size_t pos, bool fold_case) const {
+    if (cpt(pos) != '\'' || pos + 1 >= end_) return 0;
+    const auto at = [&](size_t p) { return fold_case ? AsciiLower(cpt(p)) : cpt(p); };
+    const uint32_t n1 = at(pos + 1);
+    if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') return 2;
+    if (pos + 2 < end_) {
+      const uint32_t n2 = at(pos + 2);
+      if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
+        return 3;
+      }
+    }
+    return 0;
+  }
+
+  /// \s+(?!\S), else \s+, over the `nws` whitespace code points at *pos: cuts that piece,
+  /// moves *pos past it and returns true; false when nws is 0.
+  bool CutWhitespace(size_t* pos, size_t nws) {
+    if (nws > 1 && cpt(*pos + nws) != kOutOfRange) {  // \s+(?!\S)
+      *pos += nws - 1;
+      add(*pos);
+      return true;
+    }
+    if (nws > 0) {  // \s+
+      *pos += nws;
+      add(*pos);
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  const std::vector<uint32_t>& cps_;
+  const size_t ini_;
+  const size_t end_;
+  size_t prev_;
+  std::vector<size_t>* out_;
+};
+
 // GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 void MatchGpt2(const std::vector<uint32_t>& cps, size_t ini, size_t end, std::vector<size_t>* out) {
-  auto cpt = [&](size_t p) { return (p >= ini && p < end) ? cps[p] : kOutOfRange; };
-  auto flags = [&](size_t p) { return (p >= ini && p < end) ? FlagsOf(cps[p]) : Flags{}; };
-  size_t prev = ini;
-  auto add = [&](size_t e) {
-    size_t len = e - prev;
-    if (len > 0) out->push_back(len);
-    prev = e;
-    return len;
-  };
+  Scanner s(cps, ini, end, out);
   for (size_t pos = ini; pos < end;) {
-    const uint32_t c = cpt(pos);
-    const Flags f = flags(pos);
-    if (c == '\'' && pos + 1 < end) {
-      const uint32_t n1 = cpt(pos + 1);
-      if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
-        pos += add(pos + 2);
-        continue;
-      }
-      if (pos + 2 < end) {
-        const uint32_t n2 = cpt(pos + 2);
-        if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
-          pos += add(pos + 3);
-          continue;
-        }
-      }
-    }
-    Flags f2 = c == ' ' ? flags(pos + 1) : f;
-    if (f2.letter) {
-      pos += (c == ' ');
-      while (f2.letter) f2 = flags(++pos);
-      add(pos);
+    const uint32_t c = s.cpt(pos);
+    const Flags f = s.flags(pos);
+    if (const size_t n = s.Contraction(pos, /*fold_case=*/false)) {
+      pos += s.add(pos + n);
       continue;
     }
-    if (f2.number) {
+    // ` ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+`: the run of one kind after an optional space.
+    const RunKind kind = RunKindOf(c == ' ' ? s.flags(pos + 1) : f);
+    if (kind != RunKind::kNone) {
       pos += (c == ' ');
-      while (f2.number) f2 = flags(++pos);
-      add(pos);
-      continue;
-    }
-    if (!(f2.whitespace || f2.letter || f2.number) && f2.valid) {
-      pos += (c == ' ');
-      while (!(f2.whitespace || f2.letter || f2.number) && f2.valid) f2 = flags(++pos);
-      add(pos);
+      while (RunKindOf(s.flags(pos)) == kind) ++pos;
+      s.add(pos);
       continue;
     }
     size_t nws = 0;
-    while (flags(pos + nws).whitespace) ++nws;
-    if (nws > 1 && cpt(pos + nws) != kOutOfRange) {  // \s+(?!\S)
-      pos += nws - 1;
-      add(pos);
-      continue;
-    }
-    if (nws > 0) {  // \s+
-      pos += nws;
-      add(pos);
-      continue;
-    }
-    add(++pos);  // no match
+    while (s.flags(pos + nws).whitespace) ++nws;
+    if (s.CutWhitespace(&pos, nws)) continue;
+    s.add(++pos);  // no match
   }
 }
 
@@ -121,82 +153,55 @@ void MatchGpt2(const std::vector<uint32_t>& cps, size_t ini, size_t end, std::ve
 //          ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 void MatchLlama3(const std::vector<uint32_t>& cps, size_t ini, size_t end,
                  std::vector<size_t>* out) {
-  auto cpt = [&](size_t p) { return (p >= ini && p < end) ? cps[p] : kOutOfRange; };
-  auto flags = [&](size_t p) { return (p >= ini && p < end) ? FlagsOf(cps[p]) : Flags{}; };
-  size_t prev = ini;
-  auto add = [&](size_t e) {
-    size_t len = e - prev;
-    if (len > 0) out->push_back(len);
-    prev = e;
-    return len;
-  };
+  Scanner s(cps, ini, end, out);
   for (size_t pos = ini; pos < end;) {
-    const uint32_t c = cpt(pos);
-    const Flags f = flags(pos);
-    if (c == '\'' && pos + 1 < end) {
-      const uint32_t n1 = AsciiLower(cpt(pos + 1));
-      if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
-        pos += add(pos + 2);
-        continue;
-      }
-      if (pos + 2 < end) {
-        const uint32_t n2 = AsciiLower(cpt(pos + 2));
-        if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
-          pos += add(pos + 3);
-          continue;
-        }
-      }
+    const uint32_t c = s.cpt(pos);
+    const Flags f = s.flags(pos);
+    if (const size_t n = s.Contraction(pos, /*fold_case=*/true)) {
+      pos += s.add(pos + n);
+      continue;
     }
     if (!(c == '\r' || c == '\n' || f.number)) {
-      if (f.letter || flags(pos + 1).letter) {
+      if (f.letter || s.flags(pos + 1).letter) {
         ++pos;
-        while (flags(pos).letter) ++pos;
-        add(pos);
+        while (s.flags(pos).letter) ++pos;
+        s.add(pos);
         continue;
       }
     }
     if (f.number) {
       size_t first = pos;
-      while (flags(pos).number) {
+      while (s.flags(pos).number) {
         if (++pos - first >= 3) {
-          add(pos);
+          s.add(pos);
           first = pos;
         }
       }
-      add(pos);
+      s.add(pos);
       continue;
     }
-    Flags f2 = c == ' ' ? flags(pos + 1) : f;
+    Flags f2 = c == ' ' ? s.flags(pos + 1) : f;
     if (!(f2.whitespace || f2.letter || f2.number) && f.valid) {
       pos += (c == ' ');
-      while (!(f2.whitespace || f2.letter || f2.number) && f2.valid) f2 = flags(++pos);
-      uint32_t c2 = cpt(pos);
-      while (c2 == '\r' || c2 == '\n') c2 = cpt(++pos);
-      add(pos);
+      while (!(f2.whitespace || f2.letter || f2.number) && f2.valid) f2 = s.flags(++pos);
+      uint32_t c2 = s.cpt(pos);
+      while (c2 == '\r' || c2 == '\n') c2 = s.cpt(++pos);
+      s.add(pos);
       continue;
     }
     size_t nws = 0, last_rn = 0;
-    while (flags(pos + nws).whitespace) {
-      const uint32_t c2 = cpt(pos + nws);
+    while (s.flags(pos + nws).whitespace) {
+      const uint32_t c2 = s.cpt(pos + nws);
       if (c2 == '\r' || c2 == '\n') last_rn = pos + nws + 1;
       ++nws;
     }
     if (last_rn > 0) {  // \s*[\r\n]+
       pos = last_rn;
-      add(pos);
+      s.add(pos);
       continue;
     }
-    if (nws > 1 && cpt(pos + nws) != kOutOfRange) {
-      pos += nws - 1;
-      add(pos);
-      continue;
-    }
-    if (nws > 0) {
-      pos += nws;
-      add(pos);
-      continue;
-    }
-    add(++pos);
+    if (s.CutWhitespace(&pos, nws)) continue;
+    s.add(++pos);  // no match
   }
 }
 
@@ -358,19 +363,13 @@ const std::vector<Family>& Families() {
 }
 
 const char* BehaviorName(SplitBehavior b) {
-  switch (b) {
-    case SplitBehavior::kIsolated:
-      return "isolated";
-    case SplitBehavior::kRemoved:
-      return "removed";
-    case SplitBehavior::kMergedWithPrevious:
-      return "merged_with_previous";
-    case SplitBehavior::kMergedWithNext:
-      return "merged_with_next";
-    case SplitBehavior::kContiguous:
-      return "contiguous";
-  }
-  return "?";
+  static constexpr EnumName<SplitBehavior> kNames[] = {
+      {SplitBehavior::kIsolated, "isolated"},
+      {SplitBehavior::kRemoved, "removed"},
+      {SplitBehavior::kMergedWithPrevious, "merged_with_previous"},
+      {SplitBehavior::kMergedWithNext, "merged_with_next"},
+      {SplitBehavior::kContiguous, "contiguous"}};
+  return EnumToName(kNames, b, "?");
 }
 
 std::string StepSignature(const PreStep& s) {
@@ -378,6 +377,23 @@ std::string StepSignature(const PreStep& s) {
                      : s.kind == PreStep::Kind::kLlama3 ? "llama3"
                                                         : "regex";
   return absl::StrCat(kind, " ", BehaviorName(s.behavior), s.invert ? " invert " : " ", s.pattern);
+}
+
+// Appends the (span, is_match) parts in order to `splits` as kept spans, except that a part
+// for which merge(is_match, previous is_match) holds extends the last split instead.
+template <typename Merge>
+void MergeForward(const std::vector<std::pair<Piece, bool>>& parts, Merge merge,
+                  std::vector<std::pair<Piece, bool>>* splits) {
+  bool prev = false;
+  for (const auto& p : parts) {
+    if (merge(p.second, prev) && !splits->empty()) {
+      Piece& last = splits->back().first;
+      last.len = p.first.start + p.first.len - last.start;
+    } else {
+      splits->push_back({p.first, false});
+    }
+    prev = p.second;
+  }
 }
 
 // Applies HF's SplitDelimiterBehavior to the (span, is_match) list of one piece and appends
@@ -392,32 +408,14 @@ void ApplyBehavior(const std::vector<std::pair<Piece, bool>>& parts, SplitBehavi
     case SplitBehavior::kRemoved:
       splits = parts;
       break;
-    case SplitBehavior::kContiguous: {
-      bool prev = false;
-      for (const auto& p : parts) {
-        if (p.second == prev && !splits.empty()) {
-          Piece& last = splits.back().first;
-          last.len = p.first.start + p.first.len - last.start;
-        } else {
-          splits.push_back({p.first, false});
-        }
-        prev = p.second;
-      }
+    case SplitBehavior::kContiguous:  // runs of matches and runs of non-matches
+      MergeForward(
+          parts, [](bool match, bool prev) { return match == prev; }, &splits);
       break;
-    }
-    case SplitBehavior::kMergedWithPrevious: {
-      bool prev = false;
-      for (const auto& p : parts) {
-        if (p.second && !prev && !splits.empty()) {
-          Piece& last = splits.back().first;
-          last.len = p.first.start + p.first.len - last.start;
-        } else {
-          splits.push_back({p.first, false});
-        }
-        prev = p.second;
-      }
+    case SplitBehavior::kMergedWithPrevious:  // a match joins the non-match before it
+      MergeForward(
+          parts, [](bool match, bool prev) { return match && !prev; }, &splits);
       break;
-    }
     case SplitBehavior::kMergedWithNext: {
       bool prev = false;
       for (size_t k = parts.size(); k-- > 0;) {

@@ -2,6 +2,7 @@
 // classes, concatenations, alternations, repeats, lookaheads and assertions (see bpe_regex.h
 // for the syntax).
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -10,68 +11,65 @@
 namespace polykv::model::bpe::regex_internal {
 namespace {
 
+// \p{..} names of the general categories, indexed by unicode::GeneralCategory (whose bit in a
+// category mask is 1 << index): the two-letter name and the long one ("" where Oniguruma
+// has none that pre-tokenizers use).
+struct CategoryName {
+  const char* name;
+  const char* long_name;
+};
+constexpr CategoryName kCategoryNames[] = {{"Cn", ""},
+                                           {"Lu", "Uppercase_Letter"},
+                                           {"Ll", "Lowercase_Letter"},
+                                           {"Lt", "Titlecase_Letter"},
+                                           {"Lm", "Modifier_Letter"},
+                                           {"Lo", "Other_Letter"},
+                                           {"Mn", ""},
+                                           {"Mc", ""},
+                                           {"Me", ""},
+                                           {"Nd", "Decimal_Number"},
+                                           {"Nl", ""},
+                                           {"No", ""},
+                                           {"Pc", ""},
+                                           {"Pd", ""},
+                                           {"Ps", ""},
+                                           {"Pe", ""},
+                                           {"Pi", ""},
+                                           {"Pf", ""},
+                                           {"Po", ""},
+                                           {"Sm", ""},
+                                           {"Sc", ""},
+                                           {"Sk", ""},
+                                           {"So", ""},
+                                           {"Zs", ""},
+                                           {"Zl", ""},
+                                           {"Zp", ""},
+                                           {"Cc", ""},
+                                           {"Cf", ""},
+                                           {"Cs", ""},
+                                           {"Co", ""}};
+static_assert(sizeof(kCategoryNames) / sizeof(kCategoryNames[0]) == unicode::kNumGeneralCategories);
+
+// \p{..} names of the groups of categories: the short name, the long one and the mask.
+struct GroupName {
+  const char* name;
+  const char* long_name;
+  uint32_t mask;
+};
+constexpr GroupName kGroupNames[] = {
+    {"L", "Letter", kMaskL},      {"LC", "L&", (1u << 1) | (1u << 2) | (1u << 3)},
+    {"M", "Mark", kMaskM},        {"N", "Number", kMaskN},
+    {"P", "Punctuation", kMaskP}, {"S", "Symbol", kMaskS},
+    {"Z", "Separator", kMaskZ},   {"C", "Other", kMaskC}};
+
 // General-category mask of a \p{..} name, 0 when unknown.
 uint32_t CategoryMask(std::string_view name) {
-  struct Entry {
-    const char* name;
-    uint32_t mask;
-  };
-  static const Entry kEntries[] = {
-      {"L", kMaskL},
-      {"Letter", kMaskL},
-      {"Lu", 1u << 1},
-      {"Uppercase_Letter", 1u << 1},
-      {"Ll", 1u << 2},
-      {"Lowercase_Letter", 1u << 2},
-      {"Lt", 1u << 3},
-      {"Titlecase_Letter", 1u << 3},
-      {"Lm", 1u << 4},
-      {"Modifier_Letter", 1u << 4},
-      {"Lo", 1u << 5},
-      {"Other_Letter", 1u << 5},
-      {"LC", (1u << 1) | (1u << 2) | (1u << 3)},
-      {"L&", (1u << 1) | (1u << 2) | (1u << 3)},
-      {"M", kMaskM},
-      {"Mark", kMaskM},
-      {"Mn", 1u << 6},
-      {"Mc", 1u << 7},
-      {"Me", 1u << 8},
-      {"N", kMaskN},
-      {"Number", kMaskN},
-      {"Nd", 1u << 9},
-      {"Decimal_Number", 1u << 9},
-      {"Nl", 1u << 10},
-      {"No", 1u << 11},
-      {"P", kMaskP},
-      {"Punctuation", kMaskP},
-      {"Pc", 1u << 12},
-      {"Pd", 1u << 13},
-      {"Ps", 1u << 14},
-      {"Pe", 1u << 15},
-      {"Pi", 1u << 16},
-      {"Pf", 1u << 17},
-      {"Po", 1u << 18},
-      {"S", kMaskS},
-      {"Symbol", kMaskS},
-      {"Sm", 1u << 19},
-      {"Sc", 1u << 20},
-      {"Sk", 1u << 21},
-      {"So", 1u << 22},
-      {"Z", kMaskZ},
-      {"Separator", kMaskZ},
-      {"Zs", 1u << 23},
-      {"Zl", 1u << 24},
-      {"Zp", 1u << 25},
-      {"C", kMaskC},
-      {"Other", kMaskC},
-      {"Cc", 1u << 26},
-      {"Cf", 1u << 27},
-      {"Cs", 1u << 28},
-      {"Co", 1u << 29},
-      {"Cn", 1u},
-  };
-  for (const Entry& e : kEntries) {
-    if (name == e.name) return e.mask;
+  for (const GroupName& g : kGroupNames) {
+    if (name == g.name || name == g.long_name) return g.mask;
+  }
+  for (int i = 0; i < unicode::kNumGeneralCategories; ++i) {
+    const CategoryName& c = kCategoryNames[i];
+    if (name == c.name || (c.long_name[0] != '\0' && name == c.long_name)) return 1u << i;
   }
   return 0;
 }
@@ -227,48 +225,33 @@ class Parser {
   StatusOr<bool> ParseEscape(CharClass* cc, uint32_t* literal, std::unique_ptr<Node>* assert_node) {
     if (!More()) return Error("trailing backslash");
     const uint32_t c = p_[i_++];
+    // Escapes of one control character: \t \n \r \f \v \a (BEL) \e (ESC) \0 (NUL).
+    static constexpr std::pair<char, char> kControls[] = {{'t', '\t'}, {'n', '\n'}, {'r', '\r'},
+                                                          {'f', '\f'}, {'v', '\v'}, {'a', 0x07},
+                                                          {'e', 0x1B}, {'0', 0}};
+    for (const auto& [name, control] : kControls) {
+      if (c == static_cast<uint32_t>(name)) {
+        *literal = static_cast<uint32_t>(control);
+        return true;
+      }
+    }
+    // Escapes that set one flag of the class: \s \S \w \W.
+    static constexpr std::pair<char, bool CharClass::*> kFlags[] = {{'s', &CharClass::ws},
+                                                                    {'S', &CharClass::not_ws},
+                                                                    {'w', &CharClass::word},
+                                                                    {'W', &CharClass::not_word}};
+    for (const auto& [name, flag] : kFlags) {
+      if (c == static_cast<uint32_t>(name)) {
+        cc->*flag = true;
+        return false;
+      }
+    }
     switch (c) {
-      case 't':
-        *literal = '\t';
-        return true;
-      case 'n':
-        *literal = '\n';
-        return true;
-      case 'r':
-        *literal = '\r';
-        return true;
-      case 'f':
-        *literal = '\f';
-        return true;
-      case 'v':
-        *literal = '\v';
-        return true;
-      case 'a':
-        *literal = 0x07;
-        return true;
-      case 'e':
-        *literal = 0x1B;
-        return true;
-      case '0':
-        *literal = 0;
-        return true;
-      case 's':
-        cc->ws = true;
-        return false;
-      case 'S':
-        cc->not_ws = true;
-        return false;
       case 'd':
         cc->gc_mask |= 1u << 9;
         return false;
       case 'D':
         cc->not_gc_masks.push_back(1u << 9);
-        return false;
-      case 'w':
-        cc->word = true;
-        return false;
-      case 'W':
-        cc->not_word = true;
         return false;
       case 'h':
         cc->ranges.insert(cc->ranges.end(), {{'0', '9'}, {'a', 'f'}, {'A', 'F'}});

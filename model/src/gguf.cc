@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "polykv/kernels/ggml_types.h"
 
 namespace polykv::model {
 namespace {
@@ -37,35 +38,6 @@ constexpr uint32_t kNumValueTypes = 13;
 constexpr uint32_t kMaxDims = 4;     // GGML_MAX_DIMS
 constexpr int kMaxArrayNesting = 8;  // nested arrays deeper than this are rejected
 constexpr uint64_t kDefaultAlignment = 32;
-
-const char* ValueTypeName(uint32_t t) {
-  static const char* kNames[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
-                                 "bool", "string", "array", "u64", "i64", "f64"};
-  return t < kNumValueTypes ? kNames[t] : "unknown";
-}
-
-// Size of a scalar value type; 0 for string/array/unknown.
-uint64_t ScalarSize(uint32_t t) {
-  switch (t) {
-    case kU8:
-    case kI8:
-    case kBool:
-      return 1;
-    case kU16:
-    case kI16:
-      return 2;
-    case kU32:
-    case kI32:
-    case kF32:
-      return 4;
-    case kU64:
-    case kI64:
-    case kF64:
-      return 8;
-    default:
-      return 0;
-  }
-}
 
 // Bounds-checked little-endian reader over the mapping.
 class Reader {
@@ -137,6 +109,47 @@ Status ReadNumber(Reader& r, const std::string& what, MetaValue* v) {
   return absl::OkStatus();
 }
 
+// Element `k` of an array of T at `p`, as a double.
+template <typename T>
+double LoadAsDouble(const uint8_t* p, uint64_t k) {
+  T y;
+  std::memcpy(&y, p + sizeof(T) * k, sizeof(T));
+  return static_cast<double>(y);
+}
+
+// The value types' table, indexed by ValueType: name, scalar size (0 for string and array),
+// the reader of one array element of a numeric type (nullptr for string and array) and, for
+// the integer types only, the reader of a metadata value.
+struct ValueTypeInfo {
+  const char* name;
+  uint64_t size;
+  double (*load)(const uint8_t* p, uint64_t k);
+  Status (*read_int)(Reader& r, const std::string& what, MetaValue* v);
+};
+constexpr ValueTypeInfo kValueTypes[kNumValueTypes] = {
+    {"u8", 1, LoadAsDouble<uint8_t>, ReadNumber<uint8_t>},
+    {"i8", 1, LoadAsDouble<int8_t>, ReadNumber<int8_t>},
+    {"u16", 2, LoadAsDouble<uint16_t>, ReadNumber<uint16_t>},
+    {"i16", 2, LoadAsDouble<int16_t>, ReadNumber<int16_t>},
+    {"u32", 4, LoadAsDouble<uint32_t>, ReadNumber<uint32_t>},
+    {"i32", 4, LoadAsDouble<int32_t>, ReadNumber<int32_t>},
+    {"f32", 4, LoadAsDouble<float>, nullptr},
+    {"bool", 1, LoadAsDouble<uint8_t>, nullptr},
+    {"string", 0, nullptr, nullptr},
+    {"array", 0, nullptr, nullptr},
+    {"u64", 8, LoadAsDouble<uint64_t>, ReadNumber<uint64_t>},
+    {"i64", 8, LoadAsDouble<int64_t>, ReadNumber<int64_t>},
+    {"f64", 8, LoadAsDouble<double>, nullptr}};
+
+const char* ValueTypeName(uint32_t t) {
+  return t < kNumValueTypes ? kValueTypes[t].name : "unknown";
+}
+
+// Size of a scalar value type; 0 for string/array/unknown.
+uint64_t ScalarSize(uint32_t t) { return t < kNumValueTypes ? kValueTypes[t].size : 0; }
+
+bool IsInt(uint32_t t) { return t < kNumValueTypes && kValueTypes[t].read_int != nullptr; }
+
 bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) {
   return __builtin_mul_overflow(a, b, out);
 }
@@ -145,79 +158,13 @@ struct TypeTraits {
   const char* name;
   int64_t block;   // elements per block; 0 = unknown size
   uint64_t bytes;  // bytes per block
-  bool dequant;    // DequantizeToF32 supports it
 };
 
-// ggml type table (ggml.c type_traits), indexed by type number.
+// Name and block size of ggml type `t` from the one ggml type table (kernels/ggml_types.h).
 TypeTraits Traits(uint32_t t) {
-  switch (t) {
-    case 0:
-      return {"F32", 1, 4, true};
-    case 1:
-      return {"F16", 1, 2, true};
-    case 2:
-      return {"Q4_0", 32, 18, true};
-    case 3:
-      return {"Q4_1", 32, 20, true};
-    case 6:
-      return {"Q5_0", 32, 22, true};
-    case 7:
-      return {"Q5_1", 32, 24, true};
-    case 8:
-      return {"Q8_0", 32, 34, true};
-    case 9:
-      return {"Q8_1", 32, 36, false};
-    case 10:
-      return {"Q2_K", 256, 84, false};
-    case 11:
-      return {"Q3_K", 256, 110, false};
-    case 12:
-      return {"Q4_K", 256, 144, true};
-    case 13:
-      return {"Q5_K", 256, 176, true};
-    case 14:
-      return {"Q6_K", 256, 210, true};
-    case 15:
-      return {"Q8_K", 256, 292, false};
-    case 16:
-      return {"IQ2_XXS", 0, 0, false};
-    case 17:
-      return {"IQ2_XS", 0, 0, false};
-    case 18:
-      return {"IQ3_XXS", 0, 0, false};
-    case 19:
-      return {"IQ1_S", 0, 0, false};
-    case 20:
-      return {"IQ4_NL", 0, 0, false};
-    case 21:
-      return {"IQ3_S", 0, 0, false};
-    case 22:
-      return {"IQ2_S", 0, 0, false};
-    case 23:
-      return {"IQ4_XS", 0, 0, false};
-    case 24:
-      return {"I8", 1, 1, false};
-    case 25:
-      return {"I16", 1, 2, false};
-    case 26:
-      return {"I32", 1, 4, false};
-    case 27:
-      return {"I64", 1, 8, false};
-    case 28:
-      return {"F64", 1, 8, false};
-    case 29:
-      return {"IQ1_M", 0, 0, false};
-    case 30:
-      return {"BF16", 1, 2, true};
-    case 34:
-      return {"TQ1_0", 0, 0, false};
-    case 35:
-      return {"TQ2_0", 0, 0, false};
-    case 39:
-      return {"MXFP4", 0, 0, false};
-    default:
-      return {nullptr, 0, 0, false};
-  }
+  const kernels::GgmlTypeInfo* g = kernels::FindGgmlType(t);
+  if (g == nullptr) return {nullptr, 0, 0};
+  return {g->name, g->block_values, static_cast<uint64_t>(g->block_bytes)};
 }
 
 }  // namespace
@@ -397,31 +344,11 @@ StatusOr<MetaValue> GgufFile::Impl::ReadMetaValue(Reader& r, uint32_t type,
                                                   const std::string& what) {
   MetaValue v;
   v.type = type;
+  if (IsInt(type)) {
+    POLYKV_RETURN_IF_ERROR(kValueTypes[type].read_int(r, what, &v));
+    return v;
+  }
   switch (type) {
-    case kU8:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<uint8_t>(r, what, &v));
-      break;
-    case kI8:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<int8_t>(r, what, &v));
-      break;
-    case kU16:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<uint16_t>(r, what, &v));
-      break;
-    case kI16:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<int16_t>(r, what, &v));
-      break;
-    case kU32:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<uint32_t>(r, what, &v));
-      break;
-    case kI32:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<int32_t>(r, what, &v));
-      break;
-    case kU64:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<uint64_t>(r, what, &v));
-      break;
-    case kI64:
-      POLYKV_RETURN_IF_ERROR(ReadNumber<int64_t>(r, what, &v));
-      break;
     case kF32: {
       POLYKV_ASSIGN_OR_RETURN(float x, r.Read<float>(what));
       v.f = x;
@@ -628,10 +555,6 @@ Status Mismatch(std::string_view key, const char* want, uint32_t got, uint32_t e
                    got == kArray ? absl::StrCat(" of ", ValueTypeName(elem)) : std::string(),
                    ", expected ", want));
 }
-bool IsInt(uint32_t t) {
-  return t == kU8 || t == kI8 || t == kU16 || t == kI16 || t == kU32 || t == kI32 || t == kU64 ||
-         t == kI64;
-}
 }  // namespace
 
 StatusOr<std::string> GgufFile::GetString(std::string_view key) const {
@@ -689,80 +612,10 @@ namespace {
 template <typename Out>
 bool ReadNumericArray(const uint8_t* p, uint32_t et, uint64_t n, std::vector<Out>* out) {
   out->resize(n);
-  for (uint64_t k = 0; k < n; ++k) {
-    double x;
-    switch (et) {
-      case kU8: {
-        uint8_t y;
-        std::memcpy(&y, p + k, 1);
-        x = y;
-        break;
-      }
-      case kI8: {
-        int8_t y;
-        std::memcpy(&y, p + k, 1);
-        x = y;
-        break;
-      }
-      case kBool: {
-        uint8_t y;
-        std::memcpy(&y, p + k, 1);
-        x = y;
-        break;
-      }
-      case kU16: {
-        uint16_t y;
-        std::memcpy(&y, p + 2 * k, 2);
-        x = y;
-        break;
-      }
-      case kI16: {
-        int16_t y;
-        std::memcpy(&y, p + 2 * k, 2);
-        x = y;
-        break;
-      }
-      case kU32: {
-        uint32_t y;
-        std::memcpy(&y, p + 4 * k, 4);
-        x = y;
-        break;
-      }
-      case kI32: {
-        int32_t y;
-        std::memcpy(&y, p + 4 * k, 4);
-        x = y;
-        break;
-      }
-      case kF32: {
-        float y;
-        std::memcpy(&y, p + 4 * k, 4);
-        x = y;
-        break;
-      }
-      case kU64: {
-        uint64_t y;
-        std::memcpy(&y, p + 8 * k, 8);
-        x = static_cast<double>(y);
-        break;
-      }
-      case kI64: {
-        int64_t y;
-        std::memcpy(&y, p + 8 * k, 8);
-        x = static_cast<double>(y);
-        break;
-      }
-      case kF64: {
-        double y;
-        std::memcpy(&y, p + 8 * k, 8);
-        x = y;
-        break;
-      }
-      default:
-        return false;
-    }
-    (*out)[k] = static_cast<Out>(x);
-  }
+  if (n == 0) return true;
+  const auto load = et < kNumValueTypes ? kValueTypes[et].load : nullptr;
+  if (load == nullptr) return false;
+  for (uint64_t k = 0; k < n; ++k) (*out)[k] = static_cast<Out>(load(p, k));
   return true;
 }
 }  // namespace

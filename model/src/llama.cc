@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "llama_base.h"
 #include "llama_internal.h"
+#include "polykv/enum_names.h"
 
 namespace polykv::model {
 namespace internal {
@@ -214,17 +215,7 @@ StatusOr<PrefillResult> LlamaBase::Prefill(absl::Span<const int32_t> tokens, int
 StatusOr<GenerateResult> LlamaBase::Generate(KvCache& cache, absl::Span<const int32_t> prompt,
                                              const SamplingOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (options.max_new_tokens < 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("Generate: max_new_tokens must be >= 0, got ", options.max_new_tokens));
-  if (!options.greedy) {
-    if (!(options.temperature > 0) || !std::isfinite(options.temperature))
-      return absl::InvalidArgumentError(
-          absl::StrCat("Generate: temperature must be > 0, got ", options.temperature));
-    if (!(options.top_p > 0 && options.top_p <= 1))
-      return absl::InvalidArgumentError(
-          absl::StrCat("Generate: top_p must be in (0, 1], got ", options.top_p));
-  }
+  POLYKV_RETURN_IF_ERROR(CheckSamplingOptions(options, "Generate: "));
   std::vector<int32_t> feed(prompt.begin(), prompt.end());
   const bool recompute = feed.empty();
   if (recompute) {
@@ -472,31 +463,23 @@ double LogProb(absl::Span<const float> row, int32_t target) {
 }
 
 const char* WeightStorageName(WeightStorage w) {
-  switch (w) {
-    case WeightStorage::kAuto:
-      return "auto";
-    case WeightStorage::kMapped:
-      return "mapped";
-    case WeightStorage::kCopy:
-      return "copy";
-  }
-  return "unknown";
+  static constexpr EnumName<WeightStorage> kNames[] = {
+      {WeightStorage::kAuto, "auto"},
+      {WeightStorage::kMapped, "mapped"},
+      {WeightStorage::kCopy, "copy"},
+  };
+  return EnumToName(kNames, w);
 }
 
 const char* RopeScalingName(RopeScalingType t) {
-  switch (t) {
-    case RopeScalingType::kNone:
-      return "none";
-    case RopeScalingType::kLinear:
-      return "linear";
-    case RopeScalingType::kLlama3:
-      return "llama3";
-    case RopeScalingType::kYarn:
-      return "yarn";
-    case RopeScalingType::kFreqFactors:
-      return "freq_factors";
-  }
-  return "unknown";
+  static constexpr EnumName<RopeScalingType> kNames[] = {
+      {RopeScalingType::kNone, "none"},
+      {RopeScalingType::kLinear, "linear"},
+      {RopeScalingType::kLlama3, "llama3"},
+      {RopeScalingType::kYarn, "yarn"},
+      {RopeScalingType::kFreqFactors, "freq_factors"},
+  };
+  return EnumToName(kNames, t);
 }
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,

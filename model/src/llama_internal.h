@@ -122,4 +122,13 @@ std::unique_ptr<LlamaModel> MakeMappedLlama(LoadedModel m, const LoadOptions& op
 /// allocation failures, else kInternal).
 [[nodiscard]] Status StatusFromException(const std::exception& e, const std::string& context);
 
+/// Checks SamplingOptions: max_new_tokens >= 0 and, unless greedy, a finite temperature > 0
+/// and top_p in (0, 1]. Errors: kInvalidArgument naming the field, after `context` (e.g.
+/// "Generate: "; may be empty).
+[[nodiscard]] Status CheckSamplingOptions(const SamplingOptions& o, const char* context);
+
+/// Logits of `rows` rows of `vocab` values, zeroed. Errors: kResourceExhausted naming
+/// `context` when they cannot be allocated.
+[[nodiscard]] StatusOr<Logits> NewLogits(int64_t rows, int32_t vocab, const std::string& context);
+
 }  // namespace polykv::model::internal

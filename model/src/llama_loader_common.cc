@@ -267,4 +267,31 @@ Status StatusFromException(const std::exception& e, const std::string& context) 
   return absl::InternalError(absl::StrCat(context, ": ", first));
 }
 
+Status CheckSamplingOptions(const SamplingOptions& o, const char* context) {
+  if (o.max_new_tokens < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat(context, "max_new_tokens must be >= 0, got ", o.max_new_tokens));
+  if (!o.greedy) {
+    if (!(o.temperature > 0) || !std::isfinite(o.temperature))
+      return absl::InvalidArgumentError(
+          absl::StrCat(context, "temperature must be > 0, got ", o.temperature));
+    if (!(o.top_p > 0 && o.top_p <= 1))
+      return absl::InvalidArgumentError(
+          absl::StrCat(context, "top_p must be in (0, 1], got ", o.top_p));
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<Logits> NewLogits(int64_t rows, int32_t vocab, const std::string& context) {
+  Logits logits;
+  logits.rows = rows;
+  logits.vocab = vocab;
+  try {
+    logits.values.resize(static_cast<size_t>(rows * vocab));
+  } catch (const std::exception& e) {
+    return StatusFromException(e, context);
+  }
+  return logits;
+}
+
 }  // namespace polykv::model::internal

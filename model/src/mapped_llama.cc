@@ -352,14 +352,7 @@ class MappedLlama final : public LlamaBase {
     }
     // The step read the shared prefix: its results count only while the prefix is valid.
     if (prefix && prefix->check) POLYKV_RETURN_IF_ERROR(prefix->check());
-    Logits logits;
-    logits.rows = S;
-    logits.vocab = config_.vocab;
-    try {
-      logits.values.resize(static_cast<size_t>(S * config_.vocab));
-    } catch (const std::exception& e) {
-      return StatusFromException(e, "ForwardBatch (logits)");
-    }
+    POLYKV_ASSIGN_OR_RETURN(Logits logits, NewLogits(S, config_.vocab, "ForwardBatch (logits)"));
     kernels::RmsNormRows(x, w_.norm, S, D, config_.rms_eps, h);
     POLYKV_RETURN_IF_ERROR(Linear(w_.lm_head, h, S, logits.values.data(), config_.vocab));
     for (int64_t i = 0; i < S; ++i) {  // commit: every session holds its new token
@@ -437,14 +430,7 @@ class MappedLlama final : public LlamaBase {
     cache.tokens.insert(cache.tokens.end(), tokens.begin(), tokens.end());
 
     const int64_t m = n - logits_from;
-    Logits logits;
-    logits.rows = m;
-    logits.vocab = config_.vocab;
-    try {
-      logits.values.resize(static_cast<size_t>(m * config_.vocab));
-    } catch (const std::exception& e) {
-      return StatusFromException(e, "Forward (logits)");
-    }
+    POLYKV_ASSIGN_OR_RETURN(Logits logits, NewLogits(m, config_.vocab, "Forward (logits)"));
     if (m > 0) {
       kernels::RmsNormRows(x + logits_from * D, w_.norm, m, D, config_.rms_eps, h);
       POLYKV_RETURN_IF_ERROR(Linear(w_.lm_head, h, m, logits.values.data(), config_.vocab));

@@ -136,14 +136,8 @@ class BpeTokenizer final : public VocabTokenizer {
       *b = {it->second, left, right, sym[left].n + sym[right].n};
       return true;
     });
-    for (int i = 0; i >= 0; i = sym[i].next) {
-      const MergeSymbol& s = sym[i];
-      auto it = vocab_.token_to_id.find(word.substr(s.start, s.n));
-      if (it != vocab_.token_to_id.end()) {
-        out->push_back(it->second);
-        continue;
-      }
-      // Fall back to the single byte-characters of the symbol.
+    // Symbols that are not tokens fall back to their single byte-characters.
+    return EmitMergedSymbols(vocab_, word, sym, out, [&](const MergeSymbol& s) {
       for (size_t off = s.start; off < s.start + s.n;) {
         size_t len =
             std::min(unicode::Utf8Len(static_cast<unsigned char>(word[off])), s.start + s.n - off);
@@ -159,8 +153,8 @@ class BpeTokenizer final : public VocabTokenizer {
         }
         off += len;
       }
-    }
-    return absl::OkStatus();
+      return absl::OkStatus();
+    });
   }
 
   bpe::PreTokenizer pre_;

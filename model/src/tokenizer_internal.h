@@ -166,4 +166,23 @@ void MergeSymbols(std::vector<MergeSymbol>& sym, MakeBigram make) {
   }
 }
 
+/// After MergeSymbols over the non-empty `sym` of `text`: appends the id of each merged
+/// symbol that is a token of `vocab`; for every other one, `fallback(symbol)` appends what
+/// stands for it, or returns an error, which ends the walk.
+template <typename Fallback>
+[[nodiscard]] Status EmitMergedSymbols(const Vocab& vocab, const std::string& text,
+                                       const std::vector<MergeSymbol>& sym,
+                                       std::vector<int32_t>* out, Fallback fallback) {
+  for (int i = 0; i >= 0; i = sym[i].next) {
+    const MergeSymbol& s = sym[i];
+    auto it = vocab.token_to_id.find(text.substr(s.start, s.n));
+    if (it != vocab.token_to_id.end()) {
+      out->push_back(it->second);
+      continue;
+    }
+    POLYKV_RETURN_IF_ERROR(fallback(s));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace polykv::model::tok

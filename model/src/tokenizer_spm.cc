@@ -59,13 +59,7 @@ class SpmTokenizer final : public VocabTokenizer {
       *b = {Score(it->second), left, right, sym[left].n + sym[right].n};
       return true;
     });
-    for (int i = 0; i >= 0; i = sym[i].next) {
-      const MergeSymbol& s = sym[i];
-      auto it = vocab_.token_to_id.find(text.substr(s.start, s.n));
-      if (it != vocab_.token_to_id.end()) {
-        out->push_back(it->second);
-        continue;
-      }
+    return EmitMergedSymbols(vocab_, text, sym, out, [&](const MergeSymbol& s) {
       for (size_t k = s.start; k < s.start + s.n; ++k) {  // byte fallback
         int id = byte_token_[static_cast<unsigned char>(text[k])];
         if (id < 0) id = vocab_.unk;
@@ -76,8 +70,8 @@ class SpmTokenizer final : public VocabTokenizer {
         }
         out->push_back(id);
       }
-    }
-    return absl::OkStatus();
+      return absl::OkStatus();
+    });
   }
 
   void DecodeToken(int32_t id, bool first, std::string* out) const override {

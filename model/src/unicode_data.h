@@ -62,43 +62,26 @@ enum class Category : uint8_t {
   kSeparator = 6,    ///< Z*  (regex \p{Z})
 };
 
+/// Major category of each general category, indexed by GeneralCategory.
+inline constexpr Category kMajorCategory[kNumGeneralCategories] = {
+    Category::kOther,                                                        // Cn
+    Category::kLetter,      Category::kLetter,      Category::kLetter,       // Lu Ll Lt
+    Category::kLetter,      Category::kLetter,                               // Lm Lo
+    Category::kMark,        Category::kMark,        Category::kMark,         // Mn Mc Me
+    Category::kNumber,      Category::kNumber,      Category::kNumber,       // Nd Nl No
+    Category::kPunctuation, Category::kPunctuation, Category::kPunctuation,  // Pc Pd Ps
+    Category::kPunctuation, Category::kPunctuation, Category::kPunctuation,  // Pe Pi Pf
+    Category::kPunctuation,                                                  // Po
+    Category::kSymbol,      Category::kSymbol,      Category::kSymbol,       // Sm Sc Sk
+    Category::kSymbol,                                                       // So
+    Category::kSeparator,   Category::kSeparator,   Category::kSeparator,    // Zs Zl Zp
+    Category::kOther,       Category::kOther,       Category::kOther,        // Cc Cf Cs
+    Category::kOther,                                                        // Co
+};
+
 /// Major category of a general category.
 constexpr Category MajorCategory(GeneralCategory gc) {
-  switch (gc) {
-    case GeneralCategory::kLu:
-    case GeneralCategory::kLl:
-    case GeneralCategory::kLt:
-    case GeneralCategory::kLm:
-    case GeneralCategory::kLo:
-      return Category::kLetter;
-    case GeneralCategory::kMn:
-    case GeneralCategory::kMc:
-    case GeneralCategory::kMe:
-      return Category::kMark;
-    case GeneralCategory::kNd:
-    case GeneralCategory::kNl:
-    case GeneralCategory::kNo:
-      return Category::kNumber;
-    case GeneralCategory::kPc:
-    case GeneralCategory::kPd:
-    case GeneralCategory::kPs:
-    case GeneralCategory::kPe:
-    case GeneralCategory::kPi:
-    case GeneralCategory::kPf:
-    case GeneralCategory::kPo:
-      return Category::kPunctuation;
-    case GeneralCategory::kSm:
-    case GeneralCategory::kSc:
-    case GeneralCategory::kSk:
-    case GeneralCategory::kSo:
-      return Category::kSymbol;
-    case GeneralCategory::kZs:
-    case GeneralCategory::kZl:
-    case GeneralCategory::kZp:
-      return Category::kSeparator;
-    default:
-      return Category::kOther;
-  }
+  return kMajorCategory[static_cast<int>(gc)];
 }
 
 /// Major category of `cp` (MajorCategory(GetGeneralCategory(cp))).

@@ -1,20 +1,15 @@
-// NFC normalization over the generated tables of unicode_nfc.cc.
+// NFC normalization over the generated tables of unicode_nfc.cc and unicode_nfc_compose.cc.
 #include <algorithm>
 #include <vector>
 
 #include "unicode_data.h"
 #include "unicode_nfc.h"
+#include "unicode_tables.h"
 
 namespace polykv::model::unicode {
 namespace {
 
-using nfc_data::kCcc;
-using nfc_data::kCccCount;
-using nfc_data::kCompose;
-using nfc_data::kComposeCount;
-using nfc_data::kDecomp;
-using nfc_data::kDecompCount;
-using nfc_data::kDecompCps;
+using tables::kCodePointBits;
 
 // Hangul syllable arithmetic (Unicode 3.12).
 constexpr uint32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
@@ -30,14 +25,15 @@ void Decompose(uint32_t cp, std::vector<uint32_t>* out) {
     if (s % kTCount != 0) out->push_back(kTBase + s % kTCount);
     return;
   }
-  const nfc_data::Decomp* end = kDecomp + kDecompCount;
-  const nfc_data::Decomp* it = std::lower_bound(
-      kDecomp, end, cp, [](const nfc_data::Decomp& d, uint32_t c) { return d.cp < c; });
-  if (it == end || it->cp != cp) {
+  uint64_t parts = 0;
+  if (!tables::FindPacked(tables::kDecomp, tables::kDecompCount, cp, 2 * kCodePointBits, &parts)) {
     out->push_back(cp);
     return;
   }
-  for (uint32_t k = 0; k < it->len; ++k) Decompose(kDecompCps[it->offset + k], out);
+  const uint32_t mask = (1u << kCodePointBits) - 1;
+  Decompose(static_cast<uint32_t>(parts >> kCodePointBits), out);
+  const uint32_t second = static_cast<uint32_t>(parts) & mask;
+  if (second != 0) Decompose(second, out);
 }
 
 // Primary composite of (a, b), or 0.
@@ -49,24 +45,18 @@ uint32_t Compose(uint32_t a, uint32_t b) {
       b < kTBase + kTCount) {
     return a + (b - kTBase);
   }
-  const nfc_data::Compose* end = kCompose + kComposeCount;
-  const nfc_data::Compose* it =
-      std::lower_bound(kCompose, end, std::make_pair(a, b),
-                       [](const nfc_data::Compose& c, const std::pair<uint32_t, uint32_t>& k) {
-                         return c.first < k.first || (c.first == k.first && c.second < k.second);
-                       });
-  return (it != end && it->first == a && it->second == b) ? it->composite : 0;
+  uint64_t composite = 0;
+  const uint64_t key = (uint64_t{a} << kCodePointBits) | b;
+  return tables::FindPacked(tables::kCompose, tables::kComposeCount, key, kCodePointBits,
+                            &composite)
+             ? static_cast<uint32_t>(composite)
+             : 0;
 }
 
 }  // namespace
 
 uint8_t CombiningClass(uint32_t cp) {
-  const nfc_data::CccRange* end = kCcc + kCccCount;
-  const nfc_data::CccRange* it = std::upper_bound(
-      kCcc, end, cp, [](uint32_t c, const nfc_data::CccRange& r) { return c < r.first; });
-  if (it == kCcc) return 0;
-  --it;
-  return cp <= it->last ? it->ccc : 0;
+  return cp > 0x10FFFF ? 0 : tables::RangeValue(tables::kCcc, tables::kCccCount, cp);
 }
 
 std::string NormalizeNfc(std::string_view text) {

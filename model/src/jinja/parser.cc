@@ -158,6 +158,18 @@ class Parser {
     return absl::InvalidArgumentError(absl::StrCat("line ", line, ": unknown tag '", tag, "'"));
   }
 
+  // The end of an if or for block whose branches ended at the tag `end`: an {% else %} body
+  // up to `closer` when `end` is "else", then the closing tag's end; pops the block's line.
+  StatusOr<StmtPtr> FinishBlock(StmtPtr s, std::string end, const char* closer) {
+    if (end == "else") {
+      POLYKV_RETURN_IF_ERROR(ExpectBlockEnd());
+      POLYKV_ASSIGN_OR_RETURN(s->else_body, ParseBody({closer}, &end));
+    }
+    open_lines_.pop_back();
+    POLYKV_RETURN_IF_ERROR(ExpectBlockEnd());
+    return s;
+  }
+
   StatusOr<StmtPtr> ParseIf(StmtPtr s) {
     s->kind = Stmt::Kind::kIf;
     open_lines_.push_back(s->line);
@@ -168,13 +180,7 @@ class Parser {
       POLYKV_ASSIGN_OR_RETURN(Body body, ParseBody({"elif", "else", "endif"}, &end));
       s->branches.emplace_back(std::move(cond), std::move(body));
     }
-    if (end == "else") {
-      POLYKV_RETURN_IF_ERROR(ExpectBlockEnd());
-      POLYKV_ASSIGN_OR_RETURN(s->else_body, ParseBody({"endif"}, &end));
-    }
-    open_lines_.pop_back();
-    POLYKV_RETURN_IF_ERROR(ExpectBlockEnd());
-    return s;
+    return FinishBlock(std::move(s), end, "endif");
   }
 
   StatusOr<Target> ParseTarget(bool allow_attr) {
@@ -213,13 +219,7 @@ class Parser {
     std::string end;
     POLYKV_ASSIGN_OR_RETURN(s->body, ParseBody({"else", "endfor"}, &end));
     --loop_depth_;
-    if (end == "else") {
-      POLYKV_RETURN_IF_ERROR(ExpectBlockEnd());
-      POLYKV_ASSIGN_OR_RETURN(s->else_body, ParseBody({"endfor"}, &end));
-    }
-    open_lines_.pop_back();
-    POLYKV_RETURN_IF_ERROR(ExpectBlockEnd());
-    return s;
+    return FinishBlock(std::move(s), end, "endfor");
   }
 
   StatusOr<StmtPtr> ParseSet(StmtPtr s) {
@@ -311,29 +311,12 @@ class Parser {
   }
 
   StatusOr<ExprPtr> ParseOr() {
-    POLYKV_ASSIGN_OR_RETURN(ExprPtr e, ParseAnd());
-    while (IsName("or")) {
-      ExprPtr n = Node(Expr::Kind::kOr, Cur().line);
-      Advance();
-      POLYKV_ASSIGN_OR_RETURN(ExprPtr r, ParseAnd());
-      n->kids.push_back(std::move(e));
-      n->kids.push_back(std::move(r));
-      e = std::move(n);
-    }
-    return e;
+    return ParseChain(
+        Expr::Kind::kOr, [&] { return IsName("or"); }, &Parser::ParseAnd);
   }
-
   StatusOr<ExprPtr> ParseAnd() {
-    POLYKV_ASSIGN_OR_RETURN(ExprPtr e, ParseNot());
-    while (IsName("and")) {
-      ExprPtr n = Node(Expr::Kind::kAnd, Cur().line);
-      Advance();
-      POLYKV_ASSIGN_OR_RETURN(ExprPtr r, ParseNot());
-      n->kids.push_back(std::move(e));
-      n->kids.push_back(std::move(r));
-      e = std::move(n);
-    }
-    return e;
+    return ParseChain(
+        Expr::Kind::kAnd, [&] { return IsName("and"); }, &Parser::ParseNot);
   }
 
   StatusOr<ExprPtr> ParseNot() {
@@ -382,12 +365,15 @@ class Parser {
     return n;
   }
 
-  template <typename Next>
-  StatusOr<ExprPtr> ParseLeftAssoc(const std::set<std::string>& ops, Next next) {
+  // A left-associative chain `next (operator next)*`: `at_operator` says whether the token at
+  // the cursor is one of the chain's operators; each becomes a node of `kind` (a kBinary node
+  // is named by its operator).
+  template <typename AtOperator, typename Next>
+  StatusOr<ExprPtr> ParseChain(Expr::Kind kind, AtOperator at_operator, Next next) {
     POLYKV_ASSIGN_OR_RETURN(ExprPtr e, (this->*next)());
-    while (Cur().kind == TokKind::kOp && ops.count(Cur().text)) {
-      ExprPtr n = Node(Expr::Kind::kBinary, Cur().line);
-      n->name = Cur().text;
+    while (at_operator()) {
+      ExprPtr n = Node(kind, Cur().line);
+      if (kind == Expr::Kind::kBinary) n->name = Cur().text;
       Advance();
       POLYKV_ASSIGN_OR_RETURN(ExprPtr r, (this->*next)());
       n->kids.push_back(std::move(e));
@@ -395,6 +381,12 @@ class Parser {
       e = std::move(n);
     }
     return e;
+  }
+  template <typename Next>
+  StatusOr<ExprPtr> ParseLeftAssoc(const std::set<std::string>& ops, Next next) {
+    return ParseChain(
+        Expr::Kind::kBinary,
+        [&] { return Cur().kind == TokKind::kOp && ops.count(Cur().text) > 0; }, next);
   }
   StatusOr<ExprPtr> ParseMath1() { return ParseLeftAssoc({"+", "-"}, &Parser::ParseConcat); }
   StatusOr<ExprPtr> ParseConcat() { return ParseLeftAssoc({"~"}, &Parser::ParseMath2); }

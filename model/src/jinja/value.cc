@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "polykv/enum_names.h"
 
 namespace polykv::model::jinja {
 
@@ -118,27 +119,16 @@ bool Value::Truthy() const {
 }
 
 std::string Value::TypeName() const {
-  switch (kind_) {
-    case Kind::kUndefined:
-      return "Undefined";
-    case Kind::kNone:
-      return "NoneType";
-    case Kind::kBool:
-      return "bool";
-    case Kind::kInt:
-      return "int";
-    case Kind::kFloat:
-      return "float";
-    case Kind::kString:
-      return "str";
-    case Kind::kList:
-      return tuple_ ? "tuple" : "list";
-    case Kind::kDict:
-      return namespace_ ? "Namespace" : "dict";
-    case Kind::kFunction:
-      return "function";
-  }
-  return "?";
+  // Python's type names; a tuple is a kList and a namespace a kDict.
+  static constexpr EnumName<Kind> kNames[] = {
+      {Kind::kUndefined, "Undefined"}, {Kind::kNone, "NoneType"},
+      {Kind::kBool, "bool"},           {Kind::kInt, "int"},
+      {Kind::kFloat, "float"},         {Kind::kString, "str"},
+      {Kind::kList, "list"},           {Kind::kDict, "dict"},
+      {Kind::kFunction, "function"}};
+  if (kind_ == Kind::kList && tuple_) return "tuple";
+  if (kind_ == Kind::kDict && namespace_) return "Namespace";
+  return EnumToName(kNames, kind_, "?");
 }
 
 std::string FloatRepr(double f) {

@@ -7,35 +7,27 @@
 #include <optional>
 #include <string_view>
 
+#include "polykv/enum_names.h"
+
 namespace polykv::ipc {
 
 /// Host memory (a sealed memfd, or a legacy POSIX shm object) or CUDA device memory (CUDA
 /// IPC).
 enum class PoolMemory : uint8_t { kHost, kCuda };
 
-namespace pool_memory_internal {
-struct Named {
-  PoolMemory memory;
-  const char* name;
-};
-inline constexpr Named kNames[] = {{PoolMemory::kHost, "host"}, {PoolMemory::kCuda, "cuda"}};
-}  // namespace pool_memory_internal
+/// The one name table of the pool memory kinds.
+inline constexpr EnumName<PoolMemory> kPoolMemoryNames[] = {{PoolMemory::kHost, "host"},
+                                                            {PoolMemory::kCuda, "cuda"}};
 
 /// "host" | "cuda" (static storage).
 inline const char* PoolMemoryName(PoolMemory memory) {
-  for (const auto& n : pool_memory_internal::kNames) {
-    if (n.memory == memory) return n.name;
-  }
-  return "?";
+  return EnumToName(kPoolMemoryNames, memory, "?");
 }
 
 /// The kind named `name` ("host" | "cuda"); nullopt for any other name (callers say which
 /// field held it).
 inline std::optional<PoolMemory> ParsePoolMemory(std::string_view name) {
-  for (const auto& n : pool_memory_internal::kNames) {
-    if (n.name == name) return n.memory;
-  }
-  return std::nullopt;
+  return EnumFromName(kPoolMemoryNames, name);
 }
 
 }  // namespace polykv::ipc

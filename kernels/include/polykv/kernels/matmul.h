@@ -58,7 +58,8 @@
 
 namespace polykv::kernels {
 
-/// Storage type of a weight matrix; values are ggml's type numbers (ggml.h).
+/// Storage type of a weight matrix: the ggml types with matrix kernels, valued by their ggml
+/// type numbers (names and block sizes: kGgmlTypes in ggml_types.h).
 enum class WeightType : uint32_t {
   kF32 = 0,
   kF16 = 1,

@@ -14,25 +14,6 @@
 
 namespace polykv::model {
 
-/// ggml tensor types (numbering of ggml.h).
-enum class GgmlType : uint32_t {
-  kF32 = 0,
-  kF16 = 1,
-  kQ4_0 = 2,
-  kQ4_1 = 3,
-  kQ5_0 = 6,
-  kQ5_1 = 7,
-  kQ8_0 = 8,
-  kQ8_1 = 9,
-  kQ2_K = 10,
-  kQ3_K = 11,
-  kQ4_K = 12,
-  kQ5_K = 13,
-  kQ6_K = 14,
-  kQ8_K = 15,
-  kBF16 = 30,
-};
-
 /// Name of a ggml type ("Q4_1"), or "type N" for unknown values.
 std::string GgmlTypeName(uint32_t type);
 
@@ -40,7 +21,7 @@ std::string GgmlTypeName(uint32_t type);
 struct GgufTensorInfo {
   std::string name;
   std::vector<int64_t> dims;  ///< ggml order: dims[0] is the fastest-varying (row length)
-  uint32_t type = 0;          ///< a GgmlType value (may be unsupported)
+  uint32_t type = 0;          ///< a ggml type number (kernels/ggml_types.h; may be unsupported)
   uint64_t offset = 0;        ///< absolute byte offset in the file
   uint64_t nbytes = 0;        ///< bytes of data (checked to lie inside the file)
   int64_t elements() const;
