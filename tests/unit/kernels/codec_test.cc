@@ -22,6 +22,7 @@ namespace {
 using testing::CodesOf;
 using testing::FromHalf;
 using testing::Gaussian;
+using testing::kKeyScaleModes;
 using testing::RelMse;
 using testing::ToHalf;
 
@@ -82,34 +83,22 @@ void CheckKeys(const std::vector<float>& x, const LayerShape& s, KeyScaleMode mo
       }
 }
 
-TEST(CodecKeys, ErrorBoundAllModes) {
-  const LayerShape s{3, 37, 64};
-  const auto x = KeyInput(s, 1);
-  for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
-    CheckKeys(x, s, mode);
-  }
+// CheckKeys of KeyInput(s, seed) in every key-scale mode.
+void CheckKeysEveryMode(const LayerShape& s, uint64_t seed) {
+  const auto x = KeyInput(s, seed);
+  for (auto mode : kKeyScaleModes) CheckKeys(x, s, mode);
 }
 
-TEST(CodecKeys, SingleToken) {
-  const LayerShape s{2, 1, 8};
-  const auto x = KeyInput(s, 2);
-  for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
-    CheckKeys(x, s, mode);
-  }
-}
+TEST(CodecKeys, ErrorBoundAllModes) { CheckKeysEveryMode(LayerShape{3, 37, 64}, 1); }
 
-TEST(CodecKeys, Tokens4097) {
-  const LayerShape s{2, 4097, 64};
-  const auto x = KeyInput(s, 3);
-  for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
-    CheckKeys(x, s, mode);
-  }
-}
+TEST(CodecKeys, SingleToken) { CheckKeysEveryMode(LayerShape{2, 1, 8}, 2); }
+
+TEST(CodecKeys, Tokens4097) { CheckKeysEveryMode(LayerShape{2, 4097, 64}, 3); }
 
 TEST(CodecKeys, ZeroTensorGivesScaleOneAndExactZeros) {
   const LayerShape s{2, 5, 8};
   std::vector<float> x(s.elements(), 0.0f);
-  for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
+  for (auto mode : kKeyScaleModes) {
     std::vector<int8_t> q(s.elements(), 99);
     std::vector<float> scales(KeyScaleCount(s, mode), -1.0f);
     ASSERT_TRUE(QuantizeKeys(x.data(), DType::kF32, s, mode, q.data(), scales.data()).ok());
@@ -164,8 +153,7 @@ TEST(CodecKeys, HalfPrecisionInputsAndOutputs) {
   for (DType t : {DType::kBF16, DType::kF16}) {
     const auto xh = ToHalf(x32, t);
     const auto x = FromHalf(xh, t);  // the values the codec actually sees
-    for (auto mode :
-         {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
+    for (auto mode : kKeyScaleModes) {
       std::vector<int8_t> q(s.elements()), q32(s.elements());
       std::vector<float> scales(KeyScaleCount(s, mode)), scales32(scales.size());
       ASSERT_TRUE(QuantizeKeys(xh.data(), t, s, mode, q.data(), scales.data()).ok());
@@ -191,7 +179,7 @@ TEST(CodecKeys, TokenByTokenWithGivenScalesEqualsBatch) {
   // scales fixed: quantize the batch, then each (head, token) row alone with those scales.
   const LayerShape s{3, 50, 16};
   const auto x = KeyInput(s, 7);
-  for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
+  for (auto mode : kKeyScaleModes) {
     std::vector<int8_t> q(s.elements());
     std::vector<float> scales(KeyScaleCount(s, mode));
     ASSERT_TRUE(QuantizeKeys(x.data(), DType::kF32, s, mode, q.data(), scales.data()).ok());
