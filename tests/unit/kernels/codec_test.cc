@@ -313,37 +313,39 @@ TEST(CodecValues, MatchesExplicitMatrixReference) {
   }
 }
 
+// The Euclidean norm of x[0, d), summed in double.
+double Norm(const float* x, int d) {
+  double n = 0;
+  for (int i = 0; i < d; ++i) n += double{x[i]} * x[i];
+  return std::sqrt(n);
+}
+
+// The largest | |v| - 1 | over the d-vectors v of `x`.
+double WorstUnitNormError(const std::vector<float>& x, int64_t vectors, int d) {
+  double worst = 0;
+  for (int64_t v = 0; v < vectors; ++v)
+    worst = std::max(worst, std::fabs(Norm(&x[v * d], d) - 1.0));
+  return worst;
+}
+
 TEST(CodecValues, NormCorrectionKeepsUnitNorm) {
   for (int d : {8, 48, 64, 128}) {
     for (int bits : {2, 3, 4}) {
       const LayerShape s{1, 500, d};
       auto x = Gaussian(s.elements(), 900 + d + bits);
       for (int64_t v = 0; v < s.vectors(); ++v) {
-        double n = 0;
-        for (int i = 0; i < d; ++i) n += double{x[v * d + i]} * x[v * d + i];
-        for (int i = 0; i < d; ++i) x[v * d + i] = static_cast<float>(x[v * d + i] / std::sqrt(n));
+        const double n = Norm(&x[v * d], d);
+        for (int i = 0; i < d; ++i) x[v * d + i] = static_cast<float>(x[v * d + i] / n);
       }
       CodecConfig cfg;
       cfg.value_bits = bits;
       cfg.norm_correction = true;
-      const VResult r = RoundTripV(x, s, cfg);
-      double worst = 0;
-      for (int64_t v = 0; v < s.vectors(); ++v) {
-        double n = 0;
-        for (int i = 0; i < d; ++i) n += double{r.decoded[v * d + i]} * r.decoded[v * d + i];
-        worst = std::max(worst, std::fabs(std::sqrt(n) - 1.0));
-      }
+      const double worst = WorstUnitNormError(RoundTripV(x, s, cfg).decoded, s.vectors(), d);
       EXPECT_LE(worst, 0.02) << "d " << d << " bits " << bits;
       EXPECT_LE(worst, 1e-5) << "d " << d << " bits " << bits;  // exact up to f32 rounding
       // Without correction the decoded norm deviates more (the correction is doing the work).
       cfg.norm_correction = false;
-      const VResult r2 = RoundTripV(x, s, cfg);
-      double worst2 = 0;
-      for (int64_t v = 0; v < s.vectors(); ++v) {
-        double n = 0;
-        for (int i = 0; i < d; ++i) n += double{r2.decoded[v * d + i]} * r2.decoded[v * d + i];
-        worst2 = std::max(worst2, std::fabs(std::sqrt(n) - 1.0));
-      }
+      const double worst2 = WorstUnitNormError(RoundTripV(x, s, cfg).decoded, s.vectors(), d);
       EXPECT_GT(worst2, worst) << "d " << d << " bits " << bits;
     }
   }
