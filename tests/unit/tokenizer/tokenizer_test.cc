@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "absl/strings/str_join.h"
 #include "gguf_writer.h"
 #include "polykv/model/gguf.h"
 #include "support/files.h"
@@ -18,12 +19,6 @@ namespace {
 using support::ReadFile;
 using testing::DataPath;
 using testing::Escape;
-
-std::string Join(const std::vector<int32_t>& ids) {
-  std::string r;
-  for (size_t i = 0; i < ids.size(); ++i) r += (i ? " " : "") + std::to_string(ids[i]);
-  return r;
-}
 
 // llama.cpp test-tokenizer-0 format: strings separated by "\n__ggml_vocab_test__\n" (the
 // file ends with one), expected ids one line per string.
@@ -75,7 +70,7 @@ void CheckVocab(const std::string& vocab, size_t expected_cases) {
   for (const VocabCase& c : cases) {
     auto ids = tok->Encode(c.text, /*add_bos=*/false);
     ASSERT_TRUE(ids.ok()) << ids.status();
-    std::string got = Join(*ids);
+    std::string got = absl::StrJoin(*ids, " ");
     if (got != c.expected) {
       ++failures;
       ADD_FAILURE() << vocab << " mismatch for '" << Escape(c.text)
