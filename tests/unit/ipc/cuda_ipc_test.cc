@@ -68,8 +68,7 @@ std::vector<uint8_t> HostPool(const PoolParams& p, const std::vector<int32_t>& i
 TEST(CudaIpcTest, DeviceWriterMatchesHostAndReaderDecodes) {
   if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device";
   PoolParams p = Params();
-  std::vector<int32_t> ids(p.tokens);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  const std::vector<int32_t> ids = testing::Iota(p.tokens);
   auto host = HostPool(p, ids);
   auto arena = CudaArena::Allocate(host.size());
   ASSERT_TRUE(arena.ok()) << arena.status();
@@ -134,8 +133,7 @@ TEST(CudaIpcChild, DISABLED_MapsPool) {
 TEST(CudaIpcTest, CrossProcessMapping) {
   if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device";
   PoolParams p = Params();
-  std::vector<int32_t> ids(p.tokens);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  const std::vector<int32_t> ids = testing::Iota(p.tokens);
   auto host = HostPool(p, ids);
   auto arena = CudaArena::Allocate(host.size() + 4096);
   ASSERT_TRUE(arena.ok()) << arena.status();

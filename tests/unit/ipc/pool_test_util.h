@@ -1,5 +1,5 @@
 // Helpers shared by the pool tests (pool_layout_test.cc, pool_file_test.cc, cuda_ipc_test.cc):
-// the parameters of a small test pool and random K/V layers.
+// the parameters of a small test pool, token ids and random K/V layers.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,13 @@ inline PoolParams TestPoolParams(uint32_t layers, uint32_t kv_heads, uint32_t he
   p.codec_config.value_bits = 3;
   p.tokenizer_fingerprint = "none";
   return p;
+}
+
+/// The token ids 0, 1, ..., n - 1.
+inline std::vector<int32_t> Iota(uint64_t n) {
+  std::vector<int32_t> ids(n);
+  for (uint64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(i);
+  return ids;
 }
 
 /// One layer's K or V of `p` ([kv_heads][tokens][head_dim]): i.i.d. N(0, sigma^2) values
