@@ -462,13 +462,20 @@ void KScales(uint8_t* s, const int sc[8], const int mn[8]) {
   }
 }
 
+// A Q4_K / Q5_K super-block of `bytes` zero bytes with its header set: f16 `d` and `dmin`,
+// then the 6-bit scales `sc` and mins `mn` (KScales).
+std::string KBlock(size_t bytes, uint16_t d, uint16_t dmin, const int sc[8], const int mn[8]) {
+  std::string b(bytes, '\0');
+  PutU16(&b, 0, d);
+  PutU16(&b, 2, dmin);
+  KScales(reinterpret_cast<uint8_t*>(&b[4]), sc, mn);
+  return b;
+}
+
 TEST(GgufDequantizeTest, Q4_K) {
   const int sc[8] = {1, 2, 63, 4, 17, 33, 6, 50};
   const int mn[8] = {5, 0, 7, 8, 40, 1, 63, 2};
-  std::string b(144, '\0');
-  PutU16(&b, 0, 0x3C00);  // d = 1
-  PutU16(&b, 2, 0x3800);  // dmin = 0.5
-  KScales(reinterpret_cast<uint8_t*>(&b[4]), sc, mn);
+  std::string b = KBlock(144, 0x3C00, 0x3800, sc, mn);  // d = 1, dmin = 0.5
   for (int i = 0; i < 128; ++i) b[16 + i] = static_cast<char>((i * 7) & 0xff);
   float y[256];
   ASSERT_TRUE(DequantizeToF32(12, reinterpret_cast<const uint8_t*>(b.data()), 144, 256, y).ok());
@@ -483,10 +490,7 @@ TEST(GgufDequantizeTest, Q4_K) {
 TEST(GgufDequantizeTest, Q5_K) {
   const int sc[8] = {3, 9, 27, 60, 16, 32, 48, 1};
   const int mn[8] = {0, 1, 2, 3, 20, 40, 60, 17};
-  std::string b(176, '\0');
-  PutU16(&b, 0, 0x3800);  // d = 0.5
-  PutU16(&b, 2, 0x3400);  // dmin = 0.25
-  KScales(reinterpret_cast<uint8_t*>(&b[4]), sc, mn);
+  std::string b = KBlock(176, 0x3800, 0x3400, sc, mn);  // d = 0.5, dmin = 0.25
   for (int l = 0; l < 32; ++l) b[16 + l] = static_cast<char>((l * 37 + 11) & 0xff);  // qh
   for (int i = 0; i < 128; ++i) b[48 + i] = static_cast<char>((i * 13 + 5) & 0xff);  // qs
   float y[256];
