@@ -67,9 +67,7 @@ TEST(AttachStorm, ManyProcessesAttachOnePoolAtOnce) {
   EXPECT_EQ(exited, n);
   EXPECT_EQ(ok, n);
   // Everything was given back, and the daemon still serves.
-  ipc::Request list;
-  list.type = ipc::MessageType::kList;
-  auto l = c.Call(list);
+  auto l = c.List();
   ASSERT_TRUE(l.ok() && l->ok);
   ASSERT_EQ(l->pools.size(), 1u);
   EXPECT_EQ(l->pools[0].leases, 0u);

@@ -31,16 +31,11 @@ std::string Ids(std::mt19937_64& rng, int n) {
 // Every listed pool attaches and verifies (fully visible); returns how many there are.
 int CheckPoolsWhole(const std::string& endpoint) {
   RawClient c(endpoint);
-  ipc::Request list;
-  list.type = ipc::MessageType::kList;
-  auto l = c.Call(list);
+  auto l = c.List();
   EXPECT_TRUE(l.ok() && l->ok);
   if (!l.ok() || !l->ok) return -1;
   for (const auto& p : l->pools) {
-    ipc::Request attach;
-    attach.type = ipc::MessageType::kAttach;
-    attach.pool_id = p.id;
-    auto a = c.Call(attach);
+    auto a = c.Attach(p.id);
     EXPECT_TRUE(a.ok() && a->ok) << p.id;
     if (!a.ok() || !a->ok) continue;
     auto region = daemon::testing::MapPool(a->memory->fd_socket, a->lease_id);
@@ -49,10 +44,7 @@ int CheckPoolsWhole(const std::string& endpoint) {
       auto reader = ipc::PoolReader::Open(region->data(), region->size(), true);
       EXPECT_TRUE(reader.ok()) << p.id << ": " << reader.status();
     }
-    ipc::Request detach;
-    detach.type = ipc::MessageType::kDetach;
-    detach.lease_id = a->lease_id;
-    (void)c.Call(detach);
+    (void)c.Detach(a->lease_id);
   }
   return static_cast<int>(l->pools.size());
 }

@@ -55,14 +55,7 @@ class DaemonProc {
     a.insert(a.end(), extra_.begin(), extra_.end());
     pid_ = Spawn(a, log_);
     if (pid_ <= 0) return false;
-    return WaitFor(
-        [&] {
-          if (!Exists(dir_.socket())) return false;
-          RawClient c(dir_.endpoint());
-          auto p = c.Ping(300);
-          return p.ok() && p->ok && p->daemon_pid == static_cast<uint32_t>(pid_);
-        },
-        20000);
+    return WaitFor([&] { return daemon::testing::AnswersPingAs(dir_, pid_); }, 20000);
   }
   /// Sends `sig` and reaps; returns the exit status (WaitExit), -1 if it did not end.
   int Kill(int sig, int timeout_ms = 20000) {

@@ -75,6 +75,21 @@ json PostJson(int port, const std::string& path, const json& body, int* status) 
   return json::parse(r->body, nullptr, false);
 }
 
+// POSTs every body in `bodies` to `path` at once (a thread each); each answer must be 200.
+std::vector<std::future<json>> PostConcurrently(int port, const std::string& path,
+                                                const std::vector<json>& bodies) {
+  std::vector<std::future<json>> answers;
+  for (const json& body : bodies) {
+    answers.push_back(std::async(std::launch::async, [port, path, body] {
+      int status = 0;
+      json j = PostJson(port, path, body, &status);
+      EXPECT_EQ(status, 200) << j.dump();
+      return j;
+    }));
+  }
+  return answers;
+}
+
 // POSTs `body` with `receive` getting the response body as it arrives (false: hang up).
 void PostReceiving(int port, const std::string& path, const json& body,
                    std::function<bool(const char*, size_t)> receive) {
@@ -140,35 +155,50 @@ class AgentsServe : public ::testing::Test {
                    daemon_->dir());
     return AgentAnswerIds(r);
   }
+  // The stories260K document (Stories()) created as a pool, its id in *pool; the model must
+  // have loaded and the create succeeded.
+  void CreateStoriesPool(std::string* pool) {
+    ASSERT_NE(Stories().model, nullptr);
+    std::string err;
+    *pool = daemon_->CreatePool(StoriesPath(), Stories().document, "", &err);
+    ASSERT_FALSE(pool->empty()) << err;
+  }
   std::unique_ptr<Daemon> daemon_;
 };
 
+// Polls the host's /metrics every 100 ms (10 s at most) until `cancelled` sessions were
+// cancelled and none is running, and expects exactly that.
+void ExpectCancelledAndIdle(int port, double cancelled) {
+  double seen = 0, running = 1;
+  int status = 0;
+  for (int i = 0; i < 100 && (seen < cancelled || running != 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string m = Get(port, "/metrics", &status);
+    seen = Metric(m, "polykv_host_sessions_cancelled_total");
+    running = Metric(m, "polykv_host_sessions_running");
+  }
+  EXPECT_EQ(seen, cancelled);
+  EXPECT_EQ(running, 0);
+}
+
 TEST_F(AgentsServe, StoriesGreedyAnswersEqualSingleAgents) {
   StoriesInputs& in = Stories();
-  ASSERT_NE(in.model, nullptr);
-  std::string err;
-  const std::string pool = daemon_->CreatePool(StoriesPath(), in.document, "", &err);
-  ASSERT_FALSE(pool.empty()) << err;
+  std::string pool;
+  ASSERT_NO_FATAL_FAILURE(CreateStoriesPool(&pool));
   Host host(*daemon_, pool, StoriesPath());
   ASSERT_GT(host.port(), 0);
   constexpr int kTokens = 24;
   // Six requests at once: the host decodes them in shared steps.
-  std::vector<std::future<json>> answers;
+  std::vector<json> bodies;
   for (const std::vector<int32_t>& p : in.prompts) {
-    answers.push_back(std::async(std::launch::async, [&host, p, kTokens] {
-      int status = 0;
-      json j = PostJson(host.port(), "/v1/completions",
-                        {{"model", "doc"},
-                         {"prompt", p},
-                         {"max_tokens", kTokens},
-                         {"temperature", 0},
-                         {"ignore_eos", true},
-                         {"return_token_ids", true}},
-                        &status);
-      EXPECT_EQ(status, 200) << j.dump();
-      return j;
-    }));
+    bodies.push_back({{"model", "doc"},
+                      {"prompt", p},
+                      {"max_tokens", kTokens},
+                      {"temperature", 0},
+                      {"ignore_eos", true},
+                      {"return_token_ids", true}});
   }
+  std::vector<std::future<json>> answers = PostConcurrently(host.port(), "/v1/completions", bodies);
   for (size_t i = 0; i < answers.size(); ++i) {
     const json j = answers[i].get();
     ASSERT_TRUE(j.contains("choices")) << j.dump();
@@ -193,10 +223,8 @@ TEST_F(AgentsServe, StoriesGreedyAnswersEqualSingleAgents) {
 
 TEST_F(AgentsServe, StoriesStreamingErrorsAndDisconnect) {
   StoriesInputs& in = Stories();
-  ASSERT_NE(in.model, nullptr);
-  std::string err;
-  const std::string pool = daemon_->CreatePool(StoriesPath(), in.document, "", &err);
-  ASSERT_FALSE(pool.empty()) << err;
+  std::string pool;
+  ASSERT_NO_FATAL_FAILURE(CreateStoriesPool(&pool));
   Host host(*daemon_, pool, StoriesPath(), /*min_step_ms=*/30);  // sessions outlive a hang-up
   ASSERT_GT(host.port(), 0);
   // Streaming: chunks whose token ids add up to the whole answer, a finish chunk, usage, [DONE].
@@ -259,15 +287,7 @@ TEST_F(AgentsServe, StoriesStreamingErrorsAndDisconnect) {
     PostReceiving(host.port(), "/v1/completions", long_body,
                   [&](const char*, size_t) { return ++chunks < 2; });
   }
-  double cancelled = 0, running = 1;
-  for (int i = 0; i < 100 && (cancelled < 1 || running != 0); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const std::string m = Get(host.port(), "/metrics", &status);
-    cancelled = Metric(m, "polykv_host_sessions_cancelled_total");
-    running = Metric(m, "polykv_host_sessions_running");
-  }
-  EXPECT_EQ(cancelled, 1);
-  EXPECT_EQ(running, 0);
+  ExpectCancelledAndIdle(host.port(), 1);
   // A whole (non-streamed) response whose client gives up after 0.5 s: noticed by the
   // keep-alive space the server writes once a second, cancelled long before 190 tokens.
   {
@@ -280,14 +300,7 @@ TEST_F(AgentsServe, StoriesStreamingErrorsAndDisconnect) {
     whole["prompt"] = in.prompts[2];
     EXPECT_FALSE(c.Post("/v1/completions", whole.dump(), "application/json"));
   }
-  for (int i = 0; i < 100 && (cancelled < 2 || running != 0); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const std::string m = Get(host.port(), "/metrics", &status);
-    cancelled = Metric(m, "polykv_host_sessions_cancelled_total");
-    running = Metric(m, "polykv_host_sessions_running");
-  }
-  EXPECT_EQ(cancelled, 2);
-  EXPECT_EQ(running, 0);
+  ExpectCancelledAndIdle(host.port(), 2);
   EXPECT_EQ(host.Stop(), 0) << host.log();
 }
 
@@ -304,20 +317,15 @@ TEST_F(AgentsServe, SmolLM2ChatAnswersEqualSingleAgents) {
       "Who is Robert Boulter?", "Which theatre staged Herons in 2001?",
       "Who wrote the play Herons?", "Who directed Mercury Fur?"};
   constexpr int kTokens = 32;
-  std::vector<std::future<json>> answers;
+  std::vector<json> bodies;
   for (const std::string& q : questions) {
-    answers.push_back(std::async(std::launch::async, [&host, q, kTokens] {
-      int status = 0;
-      json j = PostJson(host.port(), "/v1/chat/completions",
-                        {{"model", "doc"},
-                         {"messages", {{{"role", "user"}, {"content", q}}}},
-                         {"max_tokens", kTokens},
-                         {"temperature", 0}},
-                        &status);
-      EXPECT_EQ(status, 200) << j.dump();
-      return j;
-    }));
+    bodies.push_back({{"model", "doc"},
+                      {"messages", {{{"role", "user"}, {"content", q}}}},
+                      {"max_tokens", kTokens},
+                      {"temperature", 0}});
   }
+  std::vector<std::future<json>> answers =
+      PostConcurrently(host.port(), "/v1/chat/completions", bodies);
   for (size_t i = 0; i < questions.size(); ++i) {
     const json j = answers[i].get();
     ASSERT_TRUE(j.contains("choices")) << j.dump();

@@ -52,27 +52,10 @@ std::vector<int32_t> PoolIds(const Daemon& d, const std::string& pool) {
   return ids;
 }
 
+// The single-process reference (PrefixReference), the document prefilled 512 tokens at a time.
 std::vector<int32_t> Reference(const std::vector<int32_t>& doc, const std::vector<int32_t>& prompt,
                                int new_tokens, bool stop_at_eos) {
-  model::LlamaModel& m = *Model();
-  model::KvCache cache = m.NewCache(doc.size());
-  for (size_t off = 0; off < doc.size(); off += 512) {
-    size_t len = std::min<size_t>(512, doc.size() - off);
-    auto r = m.Forward(absl::MakeConstSpan(doc).subspan(off, len), cache, false);
-    EXPECT_TRUE(r.ok()) << r.status();
-  }
-  // The document as the cache's read-only prefix, as an agent holds the pool (the same split
-  // attention: codec none is bit-exact).
-  auto frozen = m.FreezeAsPrefix(std::move(cache), prompt.size() + new_tokens + 1);
-  EXPECT_TRUE(frozen.ok()) << frozen.status();
-  if (!frozen.ok()) return {};
-  cache = std::move(*frozen);
-  model::SamplingOptions s;
-  s.max_new_tokens = new_tokens;
-  s.stop_at_eos = stop_at_eos;
-  auto r = m.Generate(cache, prompt, s);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? r->tokens : std::vector<int32_t>{};
+  return PrefixReference(*Model(), doc, prompt, new_tokens, stop_at_eos, 512);
 }
 
 std::vector<int32_t> Ids(const json& j, const char* key = "answer_ids") {

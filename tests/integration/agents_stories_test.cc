@@ -32,25 +32,11 @@ Stories& GetStories() {
   return *s;
 }
 
-// The single-process reference: prefill the document, hold it as the read-only prefix of the
-// cache (as an agent holds the pool: the same split attention, so codec none is bit-exact),
-// then greedy from the prompt.
+// The single-process reference (PrefixReference): the document prefilled in one forward,
+// greedy from the prompt without stopping at EOS.
 std::vector<int32_t> Reference(const std::vector<int32_t>& doc, const std::vector<int32_t>& prompt,
                                int new_tokens = kNewTokens) {
-  auto& m = *GetStories().model;
-  model::KvCache cache = m.NewCache(doc.size());
-  auto logits = m.Forward(doc, cache, false);
-  EXPECT_TRUE(logits.ok()) << logits.status();
-  auto frozen = m.FreezeAsPrefix(std::move(cache), prompt.size() + new_tokens + 1);
-  EXPECT_TRUE(frozen.ok()) << frozen.status();
-  if (!frozen.ok()) return {};
-  cache = std::move(*frozen);
-  model::SamplingOptions s;
-  s.max_new_tokens = new_tokens;
-  s.stop_at_eos = false;
-  auto r = m.Generate(cache, prompt, s);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? r->tokens : std::vector<int32_t>{};
+  return PrefixReference(*GetStories().model, doc, prompt, new_tokens, false, doc.size());
 }
 
 std::vector<std::string> AgentArgv(const Daemon& d, const std::string& pool,

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,13 +17,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
-#include <zmq.hpp>
-#include <zmq_addon.hpp>
 
+#include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "polykv/client.h"
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/protocol.h"
@@ -31,6 +31,7 @@
 #include "support/files.h"
 #include "support/leaks.h"
 #include "support/process.h"
+#include "unit/daemon/test_util.h"
 
 namespace polykv::testing {
 
@@ -91,45 +92,16 @@ inline std::string PoolMemoryLeft(const std::string& prefix, int timeout_ms = 10
   return support::DescribeMemfdUses(support::MemfdUsesSettled(prefix, timeout_ms));
 }
 
-/// One raw request/reply on a fresh DEALER socket (no retry); nullopt on timeout.
-inline std::optional<ipc::Reply> RawCall(const std::string& endpoint, ipc::Request req,
-                                         int timeout_ms = 5000) {
-  zmq::context_t ctx;
-  zmq::socket_t s(ctx, zmq::socket_type::dealer);
-  s.set(zmq::sockopt::linger, 0);
-  s.connect(endpoint);
-  req.id = 4242;
-  s.send(zmq::message_t(), zmq::send_flags::sndmore);
-  s.send(zmq::buffer(ipc::EncodeRequest(req)), zmq::send_flags::none);
-  zmq::pollitem_t item{static_cast<void*>(s), 0, ZMQ_POLLIN, 0};
-  zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms));
-  if (!(item.revents & ZMQ_POLLIN)) return std::nullopt;
-  std::vector<zmq::message_t> parts;
-  (void)zmq::recv_multipart(s, std::back_inserter(parts));
-  if (parts.empty()) return std::nullopt;
-  auto r = ipc::DecodeReply(parts.back().to_string_view());
-  if (!r.ok()) return std::nullopt;
-  return *r;
-}
-
 /// Checksum64 over a whole host pool (header included), read through the same sealed
 /// memfd agents map (ATTACH, descriptor socket, DETACH); 0 when it cannot be read.
 inline uint64_t PoolDigest(const std::string& endpoint, const std::string& pool_id) {
-  ipc::Request attach;
-  attach.type = ipc::MessageType::kAttach;
-  attach.pool_id = pool_id;
-  auto a = RawCall(endpoint, attach);
-  if (!a || !a->ok || !a->memory) return 0;
+  daemon::testing::RawClient c(endpoint);
+  auto a = c.Attach(pool_id, 5000);
+  if (!a.ok() || !a->ok || !a->memory) return 0;
   uint64_t digest = 0;
-  auto fd = ipc::RequestPoolFd(a->memory->fd_socket, a->lease_id, 5000);
-  if (fd.ok()) {
-    auto region = ipc::SealedRegion::MapSealed(*std::move(fd), 0);
-    if (region.ok()) digest = ipc::Checksum64(region->data(), region->size());
-  }
-  ipc::Request detach;
-  detach.type = ipc::MessageType::kDetach;
-  detach.lease_id = a->lease_id;
-  (void)RawCall(endpoint, detach);
+  auto region = daemon::testing::MapPool(a->memory->fd_socket, a->lease_id);
+  if (region.ok()) digest = ipc::Checksum64(region->data(), region->size());
+  (void)c.Detach(a->lease_id, 5000);
   return digest;
 }
 
@@ -265,6 +237,31 @@ inline std::vector<int32_t> SampleTokens(model::LlamaModel& m, uint64_t seed, in
   return r.ok() ? r->tokens : std::vector<int32_t>{};
 }
 
+/// The single-process reference of an agent's answer: `doc` prefilled (`chunk` tokens per
+/// forward), held as the read-only prefix of the cache (as an agent holds the pool: the same
+/// split attention, so codec none is bit-exact), then up to `new_tokens` greedy tokens after
+/// `prompt`; {} (and a test failure) on an error.
+inline std::vector<int32_t> PrefixReference(model::LlamaModel& m, const std::vector<int32_t>& doc,
+                                            const std::vector<int32_t>& prompt, int new_tokens,
+                                            bool stop_at_eos, size_t chunk) {
+  model::KvCache cache = m.NewCache(doc.size());
+  for (size_t off = 0; off < doc.size(); off += chunk) {
+    const size_t len = std::min(chunk, doc.size() - off);
+    auto r = m.Forward(absl::MakeConstSpan(doc).subspan(off, len), cache, false);
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+  auto frozen = m.FreezeAsPrefix(std::move(cache), prompt.size() + new_tokens + 1);
+  EXPECT_TRUE(frozen.ok()) << frozen.status();
+  if (!frozen.ok()) return {};
+  cache = std::move(*frozen);
+  model::SamplingOptions s;
+  s.max_new_tokens = new_tokens;
+  s.stop_at_eos = stop_at_eos;
+  auto r = m.Generate(cache, prompt, s);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->tokens : std::vector<int32_t>{};
+}
+
 /// stories260K loaded once (1 thread), a document of BOS + `doc_tokens` sampled tokens
 /// (seed `doc_seed`) and `prompts` 8-token prompts (seeds prompt_seed, prompt_seed + 1, ...).
 struct StoriesInputs {
@@ -303,14 +300,7 @@ inline std::vector<int32_t> AgentAnswerIds(const ProcessResult& r) {
 }
 
 /// Comma-separated ids for --prompt-ids.
-inline std::string JoinIds(const std::vector<int32_t>& ids) {
-  std::string s;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(ids[i]);
-  }
-  return s;
-}
+inline std::string JoinIds(const std::vector<int32_t>& ids) { return absl::StrJoin(ids, ","); }
 
 /// Positions where a and b agree, over the first `n` positions (missing counts as differ).
 inline int AgreeCount(const std::vector<int32_t>& a, const std::vector<int32_t>& b, int n) {

@@ -9,11 +9,11 @@
 
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "polykv/kernels/attention.h"
 #include "polykv/kernels/codec.h"
+#include "test_util.h"  // tests/unit/kernels
 
 #if defined(POLYKV_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -21,6 +21,11 @@
 
 namespace polykv::kernels {
 namespace {
+
+using testing::Gaussian;
+using testing::kKeyScaleModes;
+using testing::MaxAbsError;
+using testing::SuffixArgs;
 
 #if defined(POLYKV_HAVE_CUDA)
 bool HaveDevice() {
@@ -36,14 +41,6 @@ T* ToDevice(const std::vector<T>& v) {
     return nullptr;
   cudaMemcpy(d, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice);
   return d;
-}
-
-std::vector<float> Gauss(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g;
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
 }
 
 struct Case {
@@ -67,7 +64,7 @@ void Check(const Case& c, bool k8, int bits, KeyScaleMode mode, Format f = {}) {
                << " key_bits " << f.key_bits << (f.f16_norms ? " f16 norms" : "")
                << (f.layer_bits ? " per-layer bits" : ""));
   const LayerShape shape{c.kv_heads, c.prefix, c.hd};
-  std::vector<float> kraw = Gauss(shape.elements(), 1), vraw = Gauss(shape.elements(), 2);
+  std::vector<float> kraw = Gaussian(shape.elements(), 1), vraw = Gaussian(shape.elements(), 2);
   PrefixView pv;
   pv.kv_heads = c.kv_heads;
   pv.head_dim = c.hd;
@@ -100,22 +97,14 @@ void Check(const Case& c, bool k8, int bits, KeyScaleMode mode, Format f = {}) {
     pv.layers[0] = {kraw.data(), nullptr, vraw.data(), nullptr};
   }
   const int64_t cap = c.suffix + 3;
-  const auto ksuf = Gauss(c.kv_heads * cap * c.hd, 3), vsuf = Gauss(c.kv_heads * cap * c.hd, 4);
-  const auto q = Gauss(c.n * c.heads * c.hd, 5);
-  AttentionArgs a;
+  const auto ksuf = Gaussian(c.kv_heads * cap * c.hd, 3),
+             vsuf = Gaussian(c.kv_heads * cap * c.hd, 4);
+  const auto q = Gaussian(c.n * c.heads * c.hd, 5);
+  std::vector<float> cpu(c.n * c.heads * c.hd), gpu(cpu.size());
+  AttentionArgs a = SuffixArgs({cap, c.suffix, c.n, c.heads, c.kv_heads, c.hd}, ksuf.data(),
+                               vsuf.data(), q.data(), cpu.data());
   a.prefix = &pv;
   a.layer = layer;
-  a.k_suffix = ksuf.data();
-  a.v_suffix = vsuf.data();
-  a.suffix_capacity = cap;
-  a.suffix_length = c.suffix;
-  a.n = c.n;
-  a.heads = c.heads;
-  a.kv_heads = c.kv_heads;
-  a.head_dim = c.hd;
-  a.q = q.data();
-  std::vector<float> cpu(c.n * c.heads * c.hd), gpu(cpu.size());
-  a.out = cpu.data();
   ASSERT_TRUE(AttentionForward(a).ok());
 
   // The same on the device.
@@ -172,10 +161,7 @@ void Check(const Case& c, bool k8, int bits, KeyScaleMode mode, Format f = {}) {
        {static_cast<void*>(dk), static_cast<void*>(dks), dvv, dn, static_cast<void*>(dksuf),
         static_cast<void*>(dvsuf), static_cast<void*>(dq), static_cast<void*>(dout)})
     if (p != nullptr) cudaFree(p);
-  double max_err = 0;
-  for (size_t i = 0; i < cpu.size(); ++i)
-    max_err = std::max(max_err, std::fabs(double{cpu[i]} - gpu[i]));
-  EXPECT_LE(max_err, 2e-5);
+  EXPECT_LE(MaxAbsError(cpu, gpu), 2e-5);
 }
 #endif
 
@@ -192,9 +178,7 @@ TEST(AttentionCuda, MatchesCpuForEveryCodec) {
   for (const Case& c : cases) {
     Check(c, false, 0, KeyScaleMode::kPerTensor);
     for (int bits : {2, 3, 4})
-      for (KeyScaleMode m :
-           {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel})
-        Check(c, true, bits, m);
+      for (KeyScaleMode m : kKeyScaleModes) Check(c, true, bits, m);
   }
 #endif
 }

@@ -33,6 +33,22 @@ std::string ModelPath() { return std::string(POLYKV_TEST_DATA_DIR) + "/models/st
     if (!st_.ok()) GTEST_SKIP() << "no CUDA device: " << st_.message();       \
   } while (0)
 
+// stories260K on the CPU runtime and on CUDA device 0.
+struct Runtimes {
+  std::unique_ptr<LlamaModel> cpu;
+  std::unique_ptr<CudaLlama> gpu;
+};
+
+// Loads both runtimes into *r (a test that calls it requires a CUDA device first).
+void LoadBoth(Runtimes* r) {
+  auto cpu = LlamaModel::Load(ModelPath());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = CudaLlama::Load(ModelPath(), 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  r->cpu = *std::move(cpu);
+  r->gpu = *std::move(gpu);
+}
+
 TEST(CudaLlamaTest, RefusesWithoutADeviceInsteadOfRunningOnTheCpu) {
   if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
   auto m = CudaLlama::Load(ModelPath(), 0);
@@ -46,18 +62,16 @@ TEST(CudaLlamaTest, RefusesWithoutADeviceInsteadOfRunningOnTheCpu) {
 
 TEST(CudaLlamaTest, LogitsMatchTheCpuRuntime) {
   POLYKV_REQUIRE_CUDA_DEVICE();
-  auto cpu = LlamaModel::Load(ModelPath());
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  auto gpu = CudaLlama::Load(ModelPath(), 0);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  EXPECT_EQ((*gpu)->fingerprint(), (*cpu)->fingerprint());
+  Runtimes m;
+  ASSERT_NO_FATAL_FAILURE(LoadBoth(&m));
+  EXPECT_EQ(m.gpu->fingerprint(), m.cpu->fingerprint());
   for (int n : {1, 7, 40}) {  // warp kernels (<= 16 rows) and cuBLAS (> 16)
     std::vector<int32_t> ids(n);
-    for (int i = 0; i < n; ++i) ids[i] = 1 + (i * 37) % ((*cpu)->config().vocab - 1);
+    for (int i = 0; i < n; ++i) ids[i] = 1 + (i * 37) % (m.cpu->config().vocab - 1);
     KvCache cache;
-    auto want = (*cpu)->Forward(ids, cache);
+    auto want = m.cpu->Forward(ids, cache);
     ASSERT_TRUE(want.ok()) << want.status();
-    auto got = (*gpu)->LastLogits(ids);
+    auto got = m.gpu->LastLogits(ids);
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_EQ(got->size(), want->values.size());
     float worst = 0;
@@ -71,17 +85,15 @@ TEST(CudaLlamaTest, LogitsMatchTheCpuRuntime) {
 // Prefill gives them (f32 weights: float rounding of the other summation orders, 1e-3).
 TEST(CudaLlamaTest, PrefillMatchesTheCpuPrefill) {
   POLYKV_REQUIRE_CUDA_DEVICE();
-  auto cpu = LlamaModel::Load(ModelPath());
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  auto gpu = CudaLlama::Load(ModelPath(), 0);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  Runtimes m;
+  ASSERT_NO_FATAL_FAILURE(LoadBoth(&m));
   std::vector<int32_t> doc(300);
   for (size_t i = 0; i < doc.size(); ++i)
-    doc[i] = 1 + static_cast<int32_t>(i * 29) % ((*cpu)->config().vocab - 1);
-  auto want = (*cpu)->Prefill(doc);
+    doc[i] = 1 + static_cast<int32_t>(i * 29) % (m.cpu->config().vocab - 1);
+  auto want = m.cpu->Prefill(doc);
   ASSERT_TRUE(want.ok()) << want.status();
   int64_t last_done = 0;
-  auto got = (*gpu)->Prefill(doc, 128, [&](int64_t done, int64_t total) {
+  auto got = m.gpu->Prefill(doc, 128, [&](int64_t done, int64_t total) {
     EXPECT_EQ(total, 300);
     last_done = done;
   });
@@ -102,23 +114,21 @@ TEST(CudaLlamaTest, PrefillMatchesTheCpuPrefill) {
   ASSERT_EQ(got->last_logits.size(), want->last_logits.size());
   for (size_t i = 0; i < got->last_logits.size(); ++i)
     ASSERT_NEAR(got->last_logits[i], want->last_logits[i], 1e-3f) << i;
-  EXPECT_EQ((*gpu)->Prefill({}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.gpu->Prefill({}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaLlamaTest, GreedyAnswerEqualsTheCpuRuntime) {
   POLYKV_REQUIRE_CUDA_DEVICE();
-  auto cpu = LlamaModel::Load(ModelPath());
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  auto gpu = CudaLlama::Load(ModelPath(), 0);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  Runtimes m;
+  ASSERT_NO_FATAL_FAILURE(LoadBoth(&m));
   SamplingOptions s;
   s.max_new_tokens = 40;
   s.stop_at_eos = false;
   const std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 285};
   KvCache cache;
-  auto want = (*cpu)->Generate(cache, prompt, s);
+  auto want = m.cpu->Generate(cache, prompt, s);
   ASSERT_TRUE(want.ok()) << want.status();
-  auto got = (*gpu)->Generate(nullptr, prompt, s);
+  auto got = m.gpu->Generate(nullptr, prompt, s);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->tokens, want->tokens);
   EXPECT_EQ(got->tokens.size(), 40u);
@@ -127,11 +137,9 @@ TEST(CudaLlamaTest, GreedyAnswerEqualsTheCpuRuntime) {
 #if defined(POLYKV_HAVE_CUDA)
 TEST(CudaLlamaTest, AttendsInPlaceToADevicePrefixAsTheCpuDoes) {
   POLYKV_REQUIRE_CUDA_DEVICE();
-  auto cpu = LlamaModel::Load(ModelPath());
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  auto gpu = CudaLlama::Load(ModelPath(), 0);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  const ModelConfig& c = (*cpu)->config();
+  Runtimes m;
+  ASSERT_NO_FATAL_FAILURE(LoadBoth(&m));
+  const ModelConfig& c = m.cpu->config();
   std::vector<int32_t> doc(300);
   for (size_t i = 0; i < doc.size(); ++i) doc[i] = 1 + static_cast<int32_t>(i * 53) % (c.vocab - 1);
   const std::vector<int32_t> prompt = {403, 407, 261};
@@ -139,13 +147,13 @@ TEST(CudaLlamaTest, AttendsInPlaceToADevicePrefixAsTheCpuDoes) {
   s.max_new_tokens = 24;
   s.stop_at_eos = false;
   // CPU: the document as a raw read-only prefix (the split attention of a codec-none pool).
-  auto pre = (*cpu)->Prefill(doc);
+  auto pre = m.cpu->Prefill(doc);
   ASSERT_TRUE(pre.ok()) << pre.status();
   KvCache cache;
-  ASSERT_TRUE((*cpu)->Forward(doc, cache).ok());
-  auto frozen = (*cpu)->FreezeAsPrefix(std::move(cache), 64);
+  ASSERT_TRUE(m.cpu->Forward(doc, cache).ok());
+  auto frozen = m.cpu->FreezeAsPrefix(std::move(cache), 64);
   ASSERT_TRUE(frozen.ok()) << frozen.status();
-  auto want = (*cpu)->Generate(*frozen, prompt, s);
+  auto want = m.cpu->Generate(*frozen, prompt, s);
   ASSERT_TRUE(want.ok()) << want.status();
   // CUDA: the same K/V copied to device memory, attended in place there.
   const size_t bytes = size_t{static_cast<size_t>(c.kv_heads)} * doc.size() * c.head_dim * 4;
@@ -172,14 +180,14 @@ TEST(CudaLlamaTest, AttendsInPlaceToADevicePrefixAsTheCpuDoes) {
     ++checks;
     return absl::OkStatus();
   };
-  auto got = (*gpu)->Generate(&prefix, prompt, s);  // decode steps replay a CUDA graph
+  auto got = m.gpu->Generate(&prefix, prompt, s);  // decode steps replay a CUDA graph
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->tokens, want->tokens);
   EXPECT_EQ(checks, 24);  // the prompt step + 23 decode steps (the last token is not fed)
   // Every kernel launched from the host instead: the same tokens, the same checks.
-  (*gpu)->set_cuda_graphs(false);
+  m.gpu->set_cuda_graphs(false);
   checks = 0;
-  auto direct = (*gpu)->Generate(&prefix, prompt, s);
+  auto direct = m.gpu->Generate(&prefix, prompt, s);
   for (void* b : blocks) cudaFree(b);
   ASSERT_TRUE(direct.ok()) << direct.status();
   EXPECT_EQ(direct->tokens, got->tokens);

@@ -103,25 +103,22 @@ TEST(CliFiles, DashReadsStandardInputOnlyWhenAsked) {
   EXPECT_EQ(ReadFile("-", "document file").status().message(), "cannot read document file -");
 }
 
+// FailWith(s), from exit code 0, prints `line` on stderr and sets exit code 1.
+void ExpectFailWith(const absl::Status& s, const std::string& line) {
+  ExitCode() = 0;
+  ::testing::internal::CaptureStderr();
+  FailWith(s);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), line);
+  EXPECT_EQ(ExitCode(), 1);
+}
+
 TEST(CliErrors, FailWithPrintsOneLineAndSetsTheExitCode) {
-  ExitCode() = 0;
-  ::testing::internal::CaptureStderr();
-  FailWith(absl::NotFoundError("cannot read document file /x"));
-  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
-            "error: NOT_FOUND: cannot read document file /x\n");
-  EXPECT_EQ(ExitCode(), 1);
-  ExitCode() = 0;
-  ::testing::internal::CaptureStderr();
-  FailWith(absl::InvalidArgumentError("give --prompt TEXT or --prompt-ids IDS"));
-  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
-            "error: INVALID_ARGUMENT: give --prompt TEXT or --prompt-ids IDS\n");
-  EXPECT_EQ(ExitCode(), 1);
+  ExpectFailWith(absl::NotFoundError("cannot read document file /x"),
+                 "error: NOT_FOUND: cannot read document file /x\n");
+  ExpectFailWith(absl::InvalidArgumentError("give --prompt TEXT or --prompt-ids IDS"),
+                 "error: INVALID_ARGUMENT: give --prompt TEXT or --prompt-ids IDS\n");
   // An OK status is a caller's bug: still a failure, never a silent exit code 0.
-  ExitCode() = 0;
-  ::testing::internal::CaptureStderr();
-  FailWith(absl::OkStatus());
-  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "error: UNKNOWN: failed without a status\n");
-  EXPECT_EQ(ExitCode(), 1);
+  ExpectFailWith(absl::OkStatus(), "error: UNKNOWN: failed without a status\n");
   ExitCode() = 0;
 }
 

@@ -153,6 +153,16 @@ StatusOr<std::unique_ptr<PooledAgent>> MakeAgent(const std::string& endpoint, bo
   return PooledAgent::Create(o);
 }
 
+// In *s, the status of a 2-token Run of prompt {1, 2, 3} on kPool by an agent of `endpoint`
+// (MakeAgent), which must be created.
+void RunOnPool(const std::string& endpoint, bool allow_copy, Status* s) {
+  auto agent = MakeAgent(endpoint, allow_copy);
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  model::SamplingOptions sampling;
+  sampling.max_new_tokens = 2;
+  *s = (*agent)->Run(kPool, std::vector<int32_t>{1, 2, 3}, sampling).status();
+}
+
 TEST(AgentDeviceTest, CpuAgentRefusesCudaPoolBeforeAttaching) {
   FakeDaemon daemon = CudaPoolDaemon();
   auto agent = MakeAgent(daemon.endpoint(), /*allow_copy=*/false);
@@ -177,15 +187,12 @@ TEST(AgentDeviceTest, CpuAgentRefusesCudaPoolBeforeAttaching) {
 
 TEST(AgentDeviceTest, AllowCopyLetsACpuAgentAttachACudaPool) {
   FakeDaemon daemon = CudaPoolDaemon();
-  auto agent = MakeAgent(daemon.endpoint(), /*allow_copy=*/true);
-  ASSERT_TRUE(agent.ok()) << agent.status();
-  model::SamplingOptions sampling;
-  sampling.max_new_tokens = 2;
-  auto r = (*agent)->Run(kPool, std::vector<int32_t>{1, 2, 3}, sampling);
-  ASSERT_FALSE(r.ok());
+  Status s;
+  ASSERT_NO_FATAL_FAILURE(RunOnPool(daemon.endpoint(), /*allow_copy=*/true, &s));
+  ASSERT_FALSE(s.ok());
   // Past the routing: the agent attached, and the (fake) daemon's answer is what surfaces.
-  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status();
-  EXPECT_NE(r.status().message().find("fake: attach refused"), std::string::npos) << r.status();
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("fake: attach refused"), std::string::npos) << s;
   EXPECT_GE(daemon.Count(ipc::MessageType::kAttach), 1);
 }
 
@@ -193,13 +200,10 @@ TEST(AgentDeviceTest, APoolWithoutABackendYetIsDecidedAfterAttaching) {
   // A persisted pool the daemon has not restored yet reports backend "" in STATS: the agent
   // attaches (and decides from the mapping) instead of refusing it as unknown.
   FakeDaemon daemon = CudaPoolDaemon("");
-  auto agent = MakeAgent(daemon.endpoint(), /*allow_copy=*/false);
-  ASSERT_TRUE(agent.ok()) << agent.status();
-  model::SamplingOptions sampling;
-  sampling.max_new_tokens = 2;
-  auto r = (*agent)->Run(kPool, std::vector<int32_t>{1, 2, 3}, sampling);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status();
+  Status s;
+  ASSERT_NO_FATAL_FAILURE(RunOnPool(daemon.endpoint(), /*allow_copy=*/false, &s));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
   EXPECT_EQ(daemon.Count(ipc::MessageType::kAttach), 1);
 }
 

@@ -119,8 +119,7 @@ TEST(ClientLazyPirateTest, StaleSocketOfDeadDaemonFailsUnavailableWithoutWaiting
 }
 
 TEST(ClientLazyPirateTest, SocketWithoutPermissionIsPermissionDeniedNotUnavailable) {
-  FakeDaemon daemon(
-      [](const ipc::Request& req) { return std::vector<ipc::Reply>{FakeDaemon::OkReply(req)}; });
+  FakeDaemon daemon(FakeDaemon::AlwaysOk());
   const std::string path = daemon.endpoint().substr(6);
   // Connecting needs write permission on the socket file; root ignores modes, so the check
   // runs in a child process that drops to uid 65534 when we are root.
@@ -296,8 +295,7 @@ TEST(ClientCreateTest, StreamsProgressAndReturnsInfo) {
 }
 
 TEST(ClientCreateTest, RejectsBadOptionsBeforeSending) {
-  FakeDaemon daemon(
-      [&](const ipc::Request& req) { return std::vector<ipc::Reply>{FakeDaemon::OkReply(req)}; });
+  FakeDaemon daemon(FakeDaemon::AlwaysOk());
   auto client = Client::Connect(daemon.endpoint(), 500);
   ASSERT_TRUE(client.ok());
   CreateOptions opts;
@@ -607,8 +605,7 @@ TEST(ClientCreateTest, DocumentWithNulBytesArrivesWhole) {
 }
 
 TEST(ClientCreateTest, InvalidUtf8DocumentIsRefusedWithItsByteOffset) {
-  FakeDaemon daemon(
-      [&](const ipc::Request& req) { return std::vector<ipc::Reply>{FakeDaemon::OkReply(req)}; });
+  FakeDaemon daemon(FakeDaemon::AlwaysOk());
   auto client = Client::Connect(daemon.endpoint(), 500);
   ASSERT_TRUE(client.ok());
   CreateOptions opts;

@@ -69,6 +69,10 @@ class FakeDaemon {
     r.ok = true;
     return r;
   }
+  /// A handler that answers every request with OkReply.
+  static Handler AlwaysOk() {
+    return [](const ipc::Request& req) { return std::vector<ipc::Reply>{OkReply(req)}; };
+  }
 
  private:
   void Loop() {

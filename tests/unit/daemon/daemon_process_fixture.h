@@ -12,18 +12,18 @@
 #include <string>
 #include <vector>
 
+#include "daemon_fixture.h"
 #include "process_util.h"
 #include "test_util.h"
 
 namespace polykv::daemon::testing {
 
-class DaemonProcessFixture : public ::testing::Test {
+class DaemonProcessFixture : public ShmPrefixTest {
  protected:
   /// `tag` keeps the shared-memory prefixes of different test binaries apart.
-  explicit DaemonProcessFixture(const std::string& tag) : tag_(tag) {}
+  explicit DaemonProcessFixture(const std::string& tag) : ShmPrefixTest(tag) {}
   void SetUp() override {
-    prefix_ = "/polykv-" + tag_ + std::to_string(getpid()) + "-";
-    RemoveShmObjects(prefix_);
+    ShmPrefixTest::SetUp();
     log_ = dir_.path() + "/polykvd.log";
     ASSERT_TRUE(Exists(DaemonBinary())) << DaemonBinary();
   }
@@ -34,7 +34,7 @@ class DaemonProcessFixture : public ::testing::Test {
         waitpid(p, nullptr, 0);
       }
     }
-    RemoveShmObjects(prefix_);
+    ShmPrefixTest::TearDown();
     if (HasFailure()) std::cerr << "--- polykvd log ---\n" << ReadFile(log_);
   }
   /// polykvd's arguments: this test's endpoint and prefix, host backend, 1 thread, debug log.
@@ -45,9 +45,8 @@ class DaemonProcessFixture : public ::testing::Test {
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
-  std::string tag_;
   TempDir dir_;
-  std::string prefix_, log_;
+  std::string log_;
   std::vector<pid_t> pids_;
 };
 

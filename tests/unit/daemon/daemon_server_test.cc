@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "daemon.h"
+#include "daemon_fixture.h"
 #include "polykv/model/llama.h"
 #include "pool_manager.h"
 #include "test_util.h"
@@ -142,39 +143,16 @@ TEST(DaemonFlagsTest, RolesModelFoldersQueueAndTheShippedExampleConfig) {
 }
 
 // A daemon serving on a temp-dir endpoint from a background thread.
-class DaemonServerTest : public ::testing::Test {
+class DaemonServerTest : public testing::InProcessDaemonTest {
  protected:
-  void SetUp() override {
-    prefix_ = "/polykv-ds" + std::to_string(getpid()) + "-";
-    testing::RemoveShmObjects(prefix_);
-  }
-  void TearDown() override {
-    StopDaemon();
-    testing::RemoveShmObjects(prefix_);
-  }
+  DaemonServerTest() : InProcessDaemonTest("ds") {}
   void StartDaemon(uint64_t cap = 0, double lease_s = 30, std::vector<uint32_t> allow = {}) {
     DaemonOptions o;
-    o.endpoint = dir_.endpoint();
-    o.backend = "host";
     o.memory_cap = cap;
     o.lease_seconds = lease_s;
-    o.shm_prefix = prefix_;
     o.allow_uids = std::move(allow);
-    o.sweep_seconds = 0.05;
-    auto d = Daemon::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = *std::move(d);
-    thread_ = std::thread([this] { (void)daemon_->Run(); });
+    Serve(std::move(o));
   }
-  void StopDaemon() {
-    if (daemon_) daemon_->Stop();
-    if (thread_.joinable()) thread_.join();
-    daemon_.reset();
-  }
-  TempDir dir_;
-  std::string prefix_;
-  std::unique_ptr<Daemon> daemon_;
-  std::thread thread_;
 };
 
 TEST_F(DaemonServerTest, PingListStats) {
@@ -189,9 +167,7 @@ TEST_F(DaemonServerTest, PingListStats) {
   EXPECT_EQ(pong->daemon_pid, static_cast<uint32_t>(getpid()));
   EXPECT_FALSE(pong->daemon_version.empty());
   EXPECT_EQ(pong->memory_cap, 1u << 30);
-  ipc::Request list;
-  list.type = ipc::MessageType::kList;
-  auto l = c.Call(list);
+  auto l = c.List();
   ASSERT_TRUE(l.ok());
   EXPECT_TRUE(l->ok);
   EXPECT_TRUE(l->pools.empty());
@@ -245,10 +221,7 @@ TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
   EXPECT_FALSE(again->created);
   EXPECT_EQ(again->pool->id, s->pools[1].id);
 
-  ipc::Request attach;
-  attach.type = ipc::MessageType::kAttach;
-  attach.pool_id = s->pools[1].id;
-  auto a = c.Call(attach);
+  auto a = c.Attach(s->pools[1].id);
   ASSERT_TRUE(a.ok() && a->ok) << a->error;
   EXPECT_EQ(a->lease_id.size(), 32u);
   EXPECT_EQ(a->lease_ms, 30000);
@@ -270,16 +243,13 @@ TEST_F(DaemonServerTest, CreateWithProgressThenListStatsAttach) {
 
   ipc::Request evict;
   evict.type = ipc::MessageType::kEvict;
-  evict.pool_id = attach.pool_id;
+  evict.pool_id = s->pools[1].id;
   auto ev = c.Call(evict);
   ASSERT_TRUE(ev.ok());
   EXPECT_FALSE(ev->ok);
   EXPECT_EQ(ev->code, "FAILED_PRECONDITION");
 
-  ipc::Request detach;
-  detach.type = ipc::MessageType::kDetach;
-  detach.lease_id = a->lease_id;
-  auto dt = c.Call(detach);
+  auto dt = c.Detach(a->lease_id);
   ASSERT_TRUE(dt.ok() && dt->ok);
   auto ev2 = c.Call(evict);
   ASSERT_TRUE(ev2.ok() && ev2->ok) << ev2->error;
@@ -315,10 +285,7 @@ TEST_F(DaemonServerTest, ForcedEvictInvalidatesLeasesAndPingAnswersDuringCreate)
   RawClient c(dir_.endpoint());
   auto created = c.Call(CreateRequest("k8v3"), 60000);
   ASSERT_TRUE(created.ok() && created->ok);
-  ipc::Request attach;
-  attach.type = ipc::MessageType::kAttach;
-  attach.pool_id = created->pool->id;
-  auto a = c.Call(attach);
+  auto a = c.Attach(created->pool->id);
   ASSERT_TRUE(a.ok() && a->ok);
   ipc::Request evict;
   evict.type = ipc::MessageType::kEvict;
@@ -335,7 +302,7 @@ TEST_F(DaemonServerTest, ForcedEvictInvalidatesLeasesAndPingAnswersDuringCreate)
   EXPECT_EQ(rn->code, "NOT_FOUND");
   EXPECT_NE(rn->error.find("pool evicted"), std::string::npos) << rn->error;
   EXPECT_TRUE(MemfdObjects(prefix_).empty());
-  auto again = c.Call(attach);
+  auto again = c.Attach(created->pool->id);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->code, "NOT_FOUND");
 }
@@ -345,10 +312,7 @@ TEST_F(DaemonServerTest, LeaseExpiresWithoutRenew) {
   RawClient c(dir_.endpoint());
   auto created = c.Call(CreateRequest("k8v3"), 60000);
   ASSERT_TRUE(created.ok() && created->ok);
-  ipc::Request attach;
-  attach.type = ipc::MessageType::kAttach;
-  attach.pool_id = created->pool->id;
-  auto a = c.Call(attach);
+  auto a = c.Attach(created->pool->id);
   ASSERT_TRUE(a.ok() && a->ok);
   EXPECT_EQ(a->lease_ms, 1000);
   ipc::Request evict;
@@ -356,9 +320,7 @@ TEST_F(DaemonServerTest, LeaseExpiresWithoutRenew) {
   evict.pool_id = created->pool->id;
   EXPECT_EQ(c.Call(evict)->code, "FAILED_PRECONDITION");
   std::this_thread::sleep_for(std::chrono::milliseconds(1400));
-  ipc::Request list;
-  list.type = ipc::MessageType::kList;
-  auto l = c.Call(list);
+  auto l = c.List();
   ASSERT_TRUE(l.ok() && l->ok);
   ASSERT_EQ(l->pools.size(), 1u);
   EXPECT_EQ(l->pools[0].leases, 0u);
@@ -378,9 +340,7 @@ TEST_F(DaemonServerTest, MemoryCapExceededIsAnErrorAndLeavesNothing) {
   EXPECT_FALSE(r->ok);
   EXPECT_EQ(r->code, "RESOURCE_EXHAUSTED");
   EXPECT_NE(r->error.find("cap 8192"), std::string::npos) << r->error;
-  ipc::Request list;
-  list.type = ipc::MessageType::kList;
-  EXPECT_TRUE(c.Call(list)->pools.empty());
+  EXPECT_TRUE(c.List()->pools.empty());
   EXPECT_TRUE(MemfdObjects(prefix_).empty());
 }
 

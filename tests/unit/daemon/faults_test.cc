@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "daemon.h"
+#include "daemon_fixture.h"
 #include "fake_model.h"
 #include "pool_manager.h"
 #include "process_util.h"
@@ -51,27 +52,20 @@ ipc::Request TextRequest(const std::string& model, const std::string& document) 
   return r;
 }
 
-class PoolManagerFaults : public ::testing::Test {
+class PoolManagerFaults : public testing::PoolManagerTestBase {
  protected:
+  PoolManagerFaults() : PoolManagerTestBase("pf") {}
   void SetUp() override {
-    prefix_ = "/polykv-pf" + std::to_string(getpid()) + "-";
+    PoolManagerTestBase::SetUp();
     model_ = WriteFile(dir_.path() + "/m.gguf", "not really a model: the loader is a fake");
   }
-  void TearDown() override {
-    manager_.reset();
-    testing::RemoveShmObjects(prefix_);
-  }
   PoolManager& Make(PoolManagerOptions o = {}) {
-    o.backend = ipc::PoolMemory::kHost;
-    o.shm_prefix = prefix_;
     if (!o.loader) o.loader = loader_.Get();
-    manager_ = std::make_unique<PoolManager>(std::move(o));
-    return *manager_;
+    return MakeManager(std::move(o));
   }
   TempDir dir_;
-  std::string prefix_, model_;
+  std::string model_;
   FakeLoader loader_;
-  std::unique_ptr<PoolManager> manager_;
 };
 
 // D2: a FIFO as model blocked open(2) for ever; now it is refused without blocking.
@@ -313,42 +307,24 @@ TEST_F(PoolManagerFaults, HugePoolIdIsNotEchoedBack) {
 // ---------------------------------------------------------------------------------------
 // The control server in this process, with a fake model.
 
-class DaemonFaults : public ::testing::Test {
+class DaemonFaults : public testing::InProcessDaemonTest {
  protected:
+  DaemonFaults() : InProcessDaemonTest("df") {}
   void SetUp() override {
-    prefix_ = "/polykv-df" + std::to_string(getpid()) + "-";
+    InProcessDaemonTest::SetUp();
     model_ = WriteFile(dir_.path() + "/m.gguf", "fake");
   }
-  void TearDown() override {
-    StopDaemon();
-    testing::RemoveShmObjects(prefix_);
-  }
   void StartDaemon(DaemonOptions o = {}) {
-    o.endpoint = dir_.endpoint();
-    o.backend = "host";
-    o.shm_prefix = prefix_;
-    o.sweep_seconds = 0.05;
     if (!o.loader) o.loader = loader_.Get();
-    auto d = Daemon::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = *std::move(d);
-    thread_ = std::thread([this] { (void)daemon_->Run(); });
-  }
-  void StopDaemon() {
-    if (daemon_) daemon_->Stop();
-    if (thread_.joinable()) thread_.join();
-    daemon_.reset();
+    Serve(std::move(o));
   }
   ipc::Request Create(const std::string& doc) {
     ipc::Request r = TextRequest(model_, doc);
     r.progress = true;
     return r;
   }
-  TempDir dir_;
-  std::string prefix_, model_;
+  std::string model_;
   FakeLoader loader_;
-  std::unique_ptr<Daemon> daemon_;
-  std::thread thread_;
 };
 
 int Threads() {
@@ -579,9 +555,7 @@ TEST_F(DaemonFaults, ReadersCannotCreateOrEvict) {
   auto ping = c.Ping();
   ASSERT_TRUE(ping.ok());
   EXPECT_TRUE(ping->ok) << ping->error;
-  ipc::Request list;
-  list.type = ipc::MessageType::kList;
-  EXPECT_TRUE(c.Call(list)->ok);
+  EXPECT_TRUE(c.List()->ok);
   auto created = c.Call(Create("doc"));
   ASSERT_TRUE(created.ok());
   EXPECT_EQ(created->code, "PERMISSION_DENIED");
@@ -621,18 +595,12 @@ TEST_F(DaemonFaults, DescriptorSocketNeedsALiveLeaseAndHandsOutSealedMemory) {
   ASSERT_TRUE(created.ok() && created->ok);
   auto bad = ipc::RequestPoolFd(daemon_->fd_socket(), std::string(32, '0'), 2000);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound) << bad.status();
-  ipc::Request attach;
-  attach.type = ipc::MessageType::kAttach;
-  attach.pool_id = created->pool->id;
-  auto a = c.Call(attach);
+  auto a = c.Attach(created->pool->id);
   ASSERT_TRUE(a.ok() && a->ok);
   auto region = testing::MapPool(a->memory->fd_socket, a->lease_id);
   ASSERT_TRUE(region.ok()) << region.status();
   EXPECT_EQ(region->size(), created->pool->total_bytes);
-  ipc::Request detach;
-  detach.type = ipc::MessageType::kDetach;
-  detach.lease_id = a->lease_id;
-  ASSERT_TRUE(c.Call(detach)->ok);
+  ASSERT_TRUE(c.Detach(a->lease_id)->ok);
   auto after = ipc::RequestPoolFd(daemon_->fd_socket(), a->lease_id, 2000);
   EXPECT_EQ(after.status().code(), absl::StatusCode::kNotFound) << "lease gone, no descriptor";
 }

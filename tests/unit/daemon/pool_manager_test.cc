@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "daemon_fixture.h"
 #include "polykv/ipc/codec_spec.h"
 #include "polykv/ipc/sealed_region.h"
 #include "test_util.h"
@@ -25,28 +26,16 @@ StatusOr<ipc::SealedRegion> MapLease(PoolManager& m, const std::string& lease_id
   return ipc::SealedRegion::MapSealed(std::move(fd), 0);
 }
 
-class PoolManagerTest : public ::testing::Test {
+class PoolManagerTest : public testing::PoolManagerTestBase {
  protected:
-  void SetUp() override {
-    prefix_ = "/polykv-pm" + std::to_string(getpid()) + "-";
-    testing::RemoveShmObjects(prefix_);
-  }
-  void TearDown() override {
-    manager_.reset();
-    testing::RemoveShmObjects(prefix_);
-  }
+  PoolManagerTest() : PoolManagerTestBase("pm") {}
   PoolManager& Make(uint64_t cap = 0, int64_t lease_ms = 30000, int create_delay_ms = 0) {
     PoolManagerOptions o;
-    o.backend = ipc::PoolMemory::kHost;
     o.memory_cap = cap;
     o.lease_ms = lease_ms;
     o.test_create_delay_ms = create_delay_ms;
-    o.shm_prefix = prefix_;
-    manager_ = std::make_unique<PoolManager>(std::move(o));
-    return *manager_;
+    return MakeManager(std::move(o));
   }
-  std::string prefix_;
-  std::unique_ptr<PoolManager> manager_;
 };
 
 TEST_F(PoolManagerTest, CodecNames) {

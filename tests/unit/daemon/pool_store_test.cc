@@ -14,6 +14,7 @@
 #include <future>
 #include <thread>
 
+#include "daemon_fixture.h"
 #include "metrics.h"
 #include "polykv/ipc/sealed_region.h"
 #include "pool_manager.h"
@@ -42,17 +43,17 @@ const ipc::PoolInfo* FindIn(const std::vector<ipc::PoolInfo>& list, const std::s
   return nullptr;
 }
 
-class PoolStoreTest : public ::testing::Test {
+class PoolStoreTest : public testing::PoolManagerTestBase {
  protected:
+  PoolStoreTest() : PoolManagerTestBase("ps") {}
   void SetUp() override {
-    prefix_ = "/polykv-ps" + std::to_string(getpid()) + "-";
-    testing::RemoveShmObjects(prefix_);
+    PoolManagerTestBase::SetUp();
     state_ = dir_.path() + "/state";
   }
   void TearDown() override {
     manager_.reset();
     store_.reset();
-    testing::RemoveShmObjects(prefix_);
+    PoolManagerTestBase::TearDown();
   }
   // A fresh store + manager on the same state folder: what a daemon restart sees.
   PoolManager& Restart(uint64_t budget = 0, uint64_t cap = 0) {
@@ -62,12 +63,9 @@ class PoolStoreTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
     PoolManagerOptions o;
-    o.backend = ipc::PoolMemory::kHost;
-    o.shm_prefix = prefix_;
     o.memory_cap = cap;
     o.store = store_.get();
-    manager_ = std::make_unique<PoolManager>(std::move(o));
-    return *manager_;
+    return MakeManager(std::move(o));
   }
   // The bytes agents map for pool `id` (attaches, maps the sealed memfd as an agent does,
   // detaches).
@@ -88,9 +86,8 @@ class PoolStoreTest : public ::testing::Test {
     return bytes;
   }
   testing::TempDir dir_;
-  std::string prefix_, state_;
+  std::string state_;
   std::unique_ptr<PoolStore> store_;
-  std::unique_ptr<PoolManager> manager_;
 };
 
 TEST_F(PoolStoreTest, PoolSurvivesRestartByteForByteAndRestoresOnAttach) {

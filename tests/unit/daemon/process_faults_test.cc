@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_join.h"
 #include "daemon_process_fixture.h"
 #include "polykv/ipc/pool_layout.h"
 #include "process_util.h"
@@ -34,12 +35,6 @@ using testing::TempDir;
 using testing::WaitExit;
 using testing::WaitFor;
 
-std::string JoinIds(const std::vector<int32_t>& ids) {
-  std::string s;
-  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
-  return s;
-}
-
 class ProcessFaults : public testing::DaemonProcessFixture {
  protected:
   ProcessFaults() : DaemonProcessFixture("pf") {}
@@ -49,22 +44,16 @@ class ProcessFaults : public testing::DaemonProcessFixture {
     pid_t pid = Spawn(argv, log_);
     EXPECT_GT(pid, 0);
     pids_.push_back(pid);
-    const bool up = WaitFor(
-        [&] {
-          if (!Exists(dir_.socket())) return false;
-          RawClient c(dir_.endpoint());
-          auto p = c.Ping(300);
-          return p.ok() && p->ok && p->daemon_pid == static_cast<uint32_t>(pid);
-        },
-        20000);
+    const bool up = WaitFor([&] { return testing::AnswersPingAs(dir_, pid); }, 20000);
     EXPECT_TRUE(up) << "polykvd did not answer PING";
     return pid;
   }
   // `polykv-cli pools create` of stories260K ids, stderr to a file; returns its pid.
   pid_t StartCliCreate(const std::string& err_path) {
-    pid_t pid = Spawn({CliBinary(), "pools", "create", "--endpoint", dir_.endpoint(), "--model",
-                       testing::Stories260K(), "--token-ids", JoinIds(testing::StoryIds(3))},
-                      err_path);
+    pid_t pid =
+        Spawn({CliBinary(), "pools", "create", "--endpoint", dir_.endpoint(), "--model",
+               testing::Stories260K(), "--token-ids", absl::StrJoin(testing::StoryIds(3), ",")},
+              err_path);
     pids_.push_back(pid);
     return pid;
   }
@@ -73,20 +62,27 @@ class ProcessFaults : public testing::DaemonProcessFixture {
     return WaitFor([&] { return ReadFile(err_path).find("prefill 0/40") != std::string::npos; },
                    20000);
   }
+  // Where StartHangingCreate's CLI writes its stderr.
+  std::string CliErr() const { return dir_.path() + "/cli.err"; }
+  // A daemon whose creates hang (--test-create-delay-ms) in *daemon, and a `pools create` on
+  // it in *cli, once its prefill has begun; the CLI's stderr is at CliErr().
+  void StartHangingCreate(pid_t* daemon, pid_t* cli) {
+    *daemon = StartDaemon({"--test-create-delay-ms", "600000"});
+    *cli = StartCliCreate(CliErr());
+    ASSERT_TRUE(CreateIsRunning(CliErr())) << ReadFile(CliErr());
+  }
 };
 
 // D1: before, `pools create` waited its whole timeout (600 s) after the daemon died.
 TEST_F(ProcessFaults, CreateFailsWithinSecondsWhenTheDaemonIsKilled) {
-  pid_t daemon = StartDaemon({"--test-create-delay-ms", "600000"});
-  const std::string err = dir_.path() + "/cli.err";
-  pid_t cli = StartCliCreate(err);
-  ASSERT_TRUE(CreateIsRunning(err)) << ReadFile(err);
+  pid_t daemon = -1, cli = -1;
+  ASSERT_NO_FATAL_FAILURE(StartHangingCreate(&daemon, &cli));
   kill(daemon, SIGKILL);
   waitpid(daemon, nullptr, 0);
   const int rc = WaitExit(cli, 30000);  // -1: still waiting after 30 s (the old behaviour)
   ASSERT_NE(rc, -1) << "polykv-cli still waiting 30 s after the daemon died";
   EXPECT_EQ(rc, 1);
-  const std::string text = ReadFile(err);
+  const std::string text = ReadFile(CliErr());
   EXPECT_NE(text.find("error: UNAVAILABLE: polykvd went away during CREATE_POOL: nothing is "
                       "listening on " +
                       dir_.socket()),
@@ -96,17 +92,15 @@ TEST_F(ProcessFaults, CreateFailsWithinSecondsWhenTheDaemonIsKilled) {
 }
 
 TEST_F(ProcessFaults, CreateFailsWithinSecondsWhenTheDaemonRestarts) {
-  pid_t daemon = StartDaemon({"--test-create-delay-ms", "600000"});
-  const std::string err = dir_.path() + "/cli.err";
-  pid_t cli = StartCliCreate(err);
-  ASSERT_TRUE(CreateIsRunning(err)) << ReadFile(err);
+  pid_t daemon = -1, cli = -1;
+  ASSERT_NO_FATAL_FAILURE(StartHangingCreate(&daemon, &cli));
   kill(daemon, SIGKILL);
   waitpid(daemon, nullptr, 0);
   StartDaemon();  // a new instance on the same endpoint, which never heard of the create
   const int rc = WaitExit(cli, 30000);
   ASSERT_NE(rc, -1) << "polykv-cli still waiting 30 s after the daemon was restarted";
   EXPECT_EQ(rc, 1);
-  const std::string text = ReadFile(err);
+  const std::string text = ReadFile(CliErr());
   // Which one depends on whether the client's probe (every second) hit the gap between
   // the two daemons; both name what happened.
   const bool restarted =
@@ -118,16 +112,14 @@ TEST_F(ProcessFaults, CreateFailsWithinSecondsWhenTheDaemonRestarts) {
 }
 
 TEST_F(ProcessFaults, SigtermAnswersACreateInFlightWithCancelled) {
-  pid_t daemon = StartDaemon({"--test-create-delay-ms", "600000"});
-  const std::string err = dir_.path() + "/cli.err";
-  pid_t cli = StartCliCreate(err);
-  ASSERT_TRUE(CreateIsRunning(err)) << ReadFile(err);
+  pid_t daemon = -1, cli = -1;
+  ASSERT_NO_FATAL_FAILURE(StartHangingCreate(&daemon, &cli));
   kill(daemon, SIGTERM);
   EXPECT_EQ(WaitExit(daemon, 20000), 0);
   const int rc = WaitExit(cli, 30000);
   ASSERT_NE(rc, -1);
   EXPECT_EQ(rc, 1);
-  const std::string text = ReadFile(err);
+  const std::string text = ReadFile(CliErr());
   EXPECT_NE(text.find("error: CANCELLED: polykvd is shutting down: the create was cancelled"),
             std::string::npos)
       << text;
@@ -222,10 +214,7 @@ TEST_F(ProcessFaults, PoolOfARunningDaemonCannotBeRewritten) {
   if (getuid() == 0) {
     EXPECT_EQ(memfds, 1) << "root sees the one pool memfd";
   }
-  ipc::Request attach;
-  attach.type = ipc::MessageType::kAttach;
-  attach.pool_id = r->pool->id;
-  auto a = c.Call(attach);
+  auto a = c.Attach(r->pool->id);
   ASSERT_TRUE(a.ok() && a->ok);
   auto region = testing::MapPool(a->memory->fd_socket, a->lease_id);
   ASSERT_TRUE(region.ok()) << region.status();
@@ -257,10 +246,7 @@ TEST(UidChild, DISABLED_CreateWithModelIsRefused) {
 
 TEST(UidChild, DISABLED_AttachMapsAndVerifies) {
   RawClient c(Env("POLYKV_TEST_CHILD_ENDPOINT"));
-  ipc::Request attach;
-  attach.type = ipc::MessageType::kAttach;
-  attach.pool_id = Env("POLYKV_TEST_CHILD_POOL");
-  auto a = c.Call(attach);
+  auto a = c.Attach(Env("POLYKV_TEST_CHILD_POOL"));
   ASSERT_TRUE(a.ok() && a->ok) << (a.ok() ? a->error : a.status().ToString());
   auto region = testing::MapPool(a->memory->fd_socket, a->lease_id);
   ASSERT_TRUE(region.ok()) << region.status();

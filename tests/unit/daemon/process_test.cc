@@ -64,9 +64,7 @@ TEST_F(ProcessTest, ServesAndExitsCleanlyOnSigterm) {
   auto r = c.Call(CreateRequest("k8v3"), 60000);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_TRUE(r->ok) << r->error;
-  ipc::Request list;
-  list.type = ipc::MessageType::kList;
-  auto l = c.Call(list);
+  auto l = c.List();
   ASSERT_TRUE(l.ok() && l->ok);
   ASSERT_EQ(l->pools.size(), 1u);
   {
@@ -123,9 +121,7 @@ TEST_F(ProcessTest, RestartAfterSigkillCleansStaleSocketAndSegments) {
   pid_t again = StartDaemon();
   ASSERT_GT(again, 0);
   RawClient c(dir_.endpoint());
-  ipc::Request list;
-  list.type = ipc::MessageType::kList;
-  auto l = c.Call(list);
+  auto l = c.List();
   ASSERT_TRUE(l.ok() && l->ok);
   EXPECT_TRUE(l->pools.empty());
   auto r = c.Call(CreateRequest("none"), 60000);

@@ -151,12 +151,41 @@ class RawClient {
     r.type = ipc::MessageType::kPing;
     return Call(r, timeout_ms);
   }
+  /// LIST: every pool.
+  [[nodiscard]] StatusOr<ipc::Reply> List() {
+    ipc::Request r;
+    r.type = ipc::MessageType::kList;
+    return Call(r);
+  }
+  /// ATTACH to `pool_id`: a lease and the pool's memory.
+  [[nodiscard]] StatusOr<ipc::Reply> Attach(const std::string& pool_id, int timeout_ms = 20000) {
+    ipc::Request r;
+    r.type = ipc::MessageType::kAttach;
+    r.pool_id = pool_id;
+    return Call(r, timeout_ms);
+  }
+  /// DETACH: ends lease `lease_id`.
+  [[nodiscard]] StatusOr<ipc::Reply> Detach(const std::string& lease_id, int timeout_ms = 20000) {
+    ipc::Request r;
+    r.type = ipc::MessageType::kDetach;
+    r.lease_id = lease_id;
+    return Call(r, timeout_ms);
+  }
 
  private:
   zmq::context_t ctx_;
   zmq::socket_t socket_;
   uint64_t next_id_ = 0;
 };
+
+/// True when a polykvd answers PING at `dir`'s endpoint within 300 ms as process `pid` (not
+/// another daemon still bound there).
+inline bool AnswersPingAs(const TempDir& dir, pid_t pid) {
+  if (!support::Exists(dir.socket())) return false;
+  RawClient c(dir.endpoint());
+  auto p = c.Ping(300);
+  return p.ok() && p->ok && p->daemon_pid == static_cast<uint32_t>(pid);
+}
 
 inline ipc::Request CreateRequest(const std::string& codec, int salt = 0) {
   ipc::Request r;

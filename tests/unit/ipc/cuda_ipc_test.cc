@@ -16,6 +16,7 @@
 
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/protocol.h"
+#include "pool_test_util.h"
 
 #ifdef POLYKV_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -40,24 +41,13 @@ TEST(CudaIpcTest, UnavailableWithoutDevice) {
 #ifdef POLYKV_HAVE_CUDA
 
 PoolParams Params() {
-  PoolParams p;
-  p.layers = 2;
-  p.kv_heads = 3;
-  p.head_dim = 64;
-  p.tokens = 50;
-  p.codec = PoolCodec::kK8V;
-  p.codec_config.value_bits = 3;
+  PoolParams p = testing::TestPoolParams(2, 3, 64, 50);
   p.model_fingerprint = "gpu-test";
-  p.tokenizer_fingerprint = "none";
   return p;
 }
 
 std::vector<float> Kv(const PoolParams& p, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.f, 1.f);
-  std::vector<float> v(size_t{p.kv_heads} * p.tokens * p.head_dim);
-  for (auto& x : v) x = n(rng);
-  return v;
+  return testing::RandomKv(p, seed, 1.f);
 }
 
 // Builds the same pool on the host and on the device; returns the host bytes.
@@ -78,8 +68,7 @@ std::vector<uint8_t> HostPool(const PoolParams& p, const std::vector<int32_t>& i
 TEST(CudaIpcTest, DeviceWriterMatchesHostAndReaderDecodes) {
   if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device";
   PoolParams p = Params();
-  std::vector<int32_t> ids(p.tokens);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  const std::vector<int32_t> ids = testing::Iota(p.tokens);
   auto host = HostPool(p, ids);
   auto arena = CudaArena::Allocate(host.size());
   ASSERT_TRUE(arena.ok()) << arena.status();
@@ -144,8 +133,7 @@ TEST(CudaIpcChild, DISABLED_MapsPool) {
 TEST(CudaIpcTest, CrossProcessMapping) {
   if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device";
   PoolParams p = Params();
-  std::vector<int32_t> ids(p.tokens);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  const std::vector<int32_t> ids = testing::Iota(p.tokens);
   auto host = HostPool(p, ids);
   auto arena = CudaArena::Allocate(host.size() + 4096);
   ASSERT_TRUE(arena.ok()) << arena.status();

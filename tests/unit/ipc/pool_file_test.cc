@@ -4,50 +4,35 @@
 #include "polykv/ipc/pool_file.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <vector>
 
 #include "absl/strings/escaping.h"
 #include "polykv/ipc/pool_layout.h"
+#include "pool_test_util.h"
+#include "support/files.h"
 
 namespace polykv::ipc {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using support::ReadFile;
+
 void WriteAll(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << bytes;
+  ASSERT_TRUE(support::WriteFile(path, bytes).ok()) << path;
 }
 
 class PoolFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/polykv-pf-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    PoolParams p;
-    p.layers = 2;
-    p.kv_heads = 2;
-    p.head_dim = 8;
-    p.tokens = 19;
-    p.codec = PoolCodec::kK8V;
-    p.codec_config.value_bits = 3;
+    ASSERT_TRUE(tmp_.ok());
+    dir_ = tmp_.path();
+    PoolParams p = testing::TestPoolParams(2, 2, 8, 19);
     p.model_fingerprint = std::string(64, 'b');
-    p.tokenizer_fingerprint = "none";
     auto layout = ComputePoolLayout(p);
     ASSERT_TRUE(layout.ok());
     region_.assign(layout->total_bytes, 0);
@@ -84,10 +69,7 @@ class PoolFileTest : public ::testing::Test {
     info_.prefill_ms = 12.5;
     path_ = dir_ + "/" + id_ + ".pkv";
   }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
+  support::TempDir tmp_{"polykv-pf-"};
   std::string dir_, path_, id_;
   std::vector<uint8_t> region_;
   PoolInfo info_;
@@ -118,14 +100,14 @@ TEST_F(PoolFileTest, RoundTripKeepsEveryByte) {
   ASSERT_TRUE(ReadPoolFileInto(path_, *m, back.data(), back.size()).ok());
   EXPECT_EQ(back, region_);
   // Rewriting the same pool replaces the file atomically with the same bytes.
-  const std::string first = ReadAll(path_);
+  const std::string first = ReadFile(path_);
   ASSERT_TRUE(WritePoolFile(path_, info_, region_.data(), region_.size()).ok());
-  EXPECT_EQ(ReadAll(path_), first);
+  EXPECT_EQ(ReadFile(path_), first);
 }
 
 TEST_F(PoolFileTest, TruncatedAndCorruptFilesAreDataLoss) {
   ASSERT_TRUE(WritePoolFile(path_, info_, region_.data(), region_.size()).ok());
-  const std::string good = ReadAll(path_);
+  const std::string good = ReadFile(path_);
   auto m = ReadPoolFileManifest(path_);
   ASSERT_TRUE(m.ok());
   std::vector<uint8_t> buf(region_.size());

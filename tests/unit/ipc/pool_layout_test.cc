@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "polykv/ipc/codec_spec.h"
+#include "pool_test_util.h"
 
 namespace polykv::ipc {
 namespace {
@@ -17,27 +18,16 @@ namespace {
 using kernels::DType;
 
 PoolParams SmallParams(PoolCodec codec) {
-  PoolParams p;
-  p.layers = 3;
-  p.kv_heads = 4;
-  p.head_dim = 8;
-  p.tokens = 37;
-  p.codec = codec;
-  p.codec_config.value_bits = 3;
+  PoolParams p = testing::TestPoolParams(3, 4, 8, 37, codec);
   p.raw_dtype = DType::kF32;
   p.model_fingerprint = std::string(64, 'a');
-  p.tokenizer_fingerprint = "none";
   p.architecture = "qwen2";
   p.tokenizer_family = "bpe/qwen2";
   return p;
 }
 
 std::vector<float> RandomKv(const PoolParams& p, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.f, 1.5f);
-  std::vector<float> v(size_t{p.kv_heads} * p.tokens * p.head_dim);
-  for (auto& x : v) x = n(rng);
-  return v;
+  return testing::RandomKv(p, seed, 1.5f);
 }
 
 std::vector<int32_t> Ids(uint64_t n) {

@@ -41,27 +41,24 @@ std::vector<uint8_t> RandomBytes(uint64_t n, uint64_t seed) {
   return v;
 }
 
-bool WriteAll(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
+// Calls `io` (read or write) until all `n` bytes at `c` have moved; false on an error or at
+// end of file.
+template <typename Io, typename Byte>
+bool MoveAll(Io io, int fd, Byte* c, size_t n) {
   while (n > 0) {
-    ssize_t w = write(fd, c, n);
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
+    const ssize_t k = io(fd, c, n);
+    if (k <= 0) return false;
+    c += k;
+    n -= static_cast<size_t>(k);
   }
   return true;
 }
 
-bool ReadAll(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    ssize_t r = read(fd, c, n);
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
+bool WriteAll(int fd, const void* p, size_t n) {
+  return MoveAll(write, fd, static_cast<const char*>(p), n);
 }
+
+bool ReadAll(int fd, void* p, size_t n) { return MoveAll(read, fd, static_cast<char*>(p), n); }
 
 constexpr uint64_t kHolderBytes = 32ull << 20;
 

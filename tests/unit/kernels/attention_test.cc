@@ -14,16 +14,26 @@
 #include "polykv/kernels/codec.h"
 #include "polykv/kernels/codec_math.h"
 #include "polykv/kernels/cpu.h"
+#include "test_util.h"
 
 namespace polykv::kernels {
 namespace {
 
-std::vector<float> Gauss(size_t n, uint64_t seed, float sigma = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
+using testing::AttentionDims;
+using testing::Gaussian;
+using testing::kKeyScaleModes;
+using testing::MaxAbsError;
+using testing::SuffixArgs;
+
+// AttentionForward(a) on `isa` with `threads` into `out`, first filled with 1e30 so that a
+// value it does not write shows.
+void ForwardOn(AttentionArgs a, Isa isa, int threads, std::vector<float>* out) {
+  std::fill(out->begin(), out->end(), 1e30f);
+  a.out = out->data();
+  AttentionOptions o;
+  o.isa = static_cast<int>(isa);
+  o.threads = threads;
+  ASSERT_TRUE(AttentionForward(a, o).ok());
 }
 
 // A one-layer prefix in pool layout, plus its decoded f32 K/V ([kv_heads][tokens][hd]).
@@ -47,8 +57,8 @@ TestPrefix MakePrefix(int kv_heads, int64_t tokens, int hd, const std::string& c
                       int layer_bits = 0, uint64_t rotation_seed = 0) {
   TestPrefix p;
   const LayerShape shape{kv_heads, tokens, hd};
-  p.kraw = Gauss(shape.elements(), seed, 1.5f);
-  p.vraw = Gauss(shape.elements(), seed + 1);
+  p.kraw = Gaussian(shape.elements(), seed, 1.5f);
+  p.vraw = Gaussian(shape.elements(), seed + 1);
   // Per-channel structure in the keys (outlier channels), as real keys have.
   for (int64_t i = 0; i < shape.elements(); ++i)
     if (i % hd == 3) p.kraw[i] *= 6.0f;
@@ -173,36 +183,21 @@ void CheckCase(const Shape& sh, const std::string& codec, int bits, KeyScaleMode
   TestPrefix p = MakePrefix(sh.kv_heads, sh.prefix, sh.hd, codec, bits, mode, 11 + sh.hd, key_bits,
                             f16_norms, layer_bits);
   const int64_t cap = sh.suffix + 5;
-  const auto ks = Gauss(static_cast<size_t>(sh.kv_heads * cap * sh.hd), 21, 1.5f);
-  const auto vs = Gauss(static_cast<size_t>(sh.kv_heads * cap * sh.hd), 22);
-  const auto q = Gauss(static_cast<size_t>(sh.n * sh.heads * sh.hd), 23);
-  AttentionArgs a;
+  const auto ks = Gaussian(static_cast<size_t>(sh.kv_heads * cap * sh.hd), 21, 1.5f);
+  const auto vs = Gaussian(static_cast<size_t>(sh.kv_heads * cap * sh.hd), 22);
+  const auto q = Gaussian(static_cast<size_t>(sh.n * sh.heads * sh.hd), 23);
+  AttentionArgs a = SuffixArgs({cap, sh.suffix, sh.n, sh.heads, sh.kv_heads, sh.hd}, ks.data(),
+                               vs.data(), q.data());
   a.prefix = &p.view;
-  a.k_suffix = ks.data();
-  a.v_suffix = vs.data();
-  a.suffix_capacity = cap;
-  a.suffix_length = sh.suffix;
-  a.n = sh.n;
-  a.heads = sh.heads;
-  a.kv_heads = sh.kv_heads;
-  a.head_dim = sh.hd;
-  a.q = q.data();
   const auto ref = Reference(&p, ks, vs, cap, sh.suffix, sh.n, sh.heads, sh.kv_heads, sh.hd, q);
   std::vector<float> scalar_out;
   for (Isa isa : SupportedIsas()) {
     for (int threads : {1, 2}) {
       SCOPED_TRACE(::testing::Message() << IsaName(isa) << " threads " << threads);
-      std::vector<float> out(ref.size(), 1e30f);
-      a.out = out.data();
-      AttentionOptions o;
-      o.isa = static_cast<int>(isa);
-      o.threads = threads;
-      ASSERT_TRUE(AttentionForward(a, o).ok());
-      double max_err = 0;
-      for (size_t i = 0; i < ref.size(); ++i)
-        max_err = std::max(max_err, std::fabs(out[i] - ref[i]));
+      std::vector<float> out(ref.size());
+      ASSERT_NO_FATAL_FAILURE(ForwardOn(a, isa, threads, &out));
       // Outputs are convex combinations of O(1) values: an absolute bound.
-      EXPECT_LE(max_err, 2e-5) << "vs plain attention over the decoded prefix";
+      EXPECT_LE(MaxAbsError(out, ref), 2e-5) << "vs plain attention over the decoded prefix";
       if (isa == Isa::kScalar && threads == 1) {
         scalar_out = out;
       } else {
@@ -213,8 +208,6 @@ void CheckCase(const Shape& sh, const std::string& codec, int bits, KeyScaleMode
 }
 
 TEST(Attention, InPlaceEqualsDecodedPrefixForEveryCodecAndIsa) {
-  const KeyScaleMode modes[] = {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead,
-                                KeyScaleMode::kPerChannel};
   const Shape shapes[] = {
       {9, 3, 64, 600, 20, 1},  // SmolLM2 decode; prefix crosses chunks (256)
       {9, 3, 64, 300, 70, 7},  // prompt of 7 rows
@@ -227,7 +220,7 @@ TEST(Attention, InPlaceEqualsDecodedPrefixForEveryCodecAndIsa) {
     for (const char* c : {"none-f32", "none-f16", "none-bf16"})
       CheckCase(sh, c, 0, KeyScaleMode::kPerTensor);
     for (int bits : {2, 3, 4})
-      for (KeyScaleMode m : modes) CheckCase(sh, "k8v", bits, m);
+      for (KeyScaleMode m : kKeyScaleModes) CheckCase(sh, "k8v", bits, m);
   }
 }
 
@@ -262,7 +255,7 @@ TEST(Codec, PackedKeysRoundTripAndLayout) {
   // Every width 4..7 and a head_dim that is not a multiple of 8.
   for (int bits = 4; bits <= 7; ++bits) {
     const LayerShape shape{2, 17, 13};
-    auto k = Gauss(static_cast<size_t>(shape.elements()), 5 + bits, 2.0f);
+    auto k = Gaussian(static_cast<size_t>(shape.elements()), 5 + bits, 2.0f);
     CodecConfig c;
     c.key_bits = bits;
     c.key_scale = KeyScaleMode::kPerChannel;
@@ -320,20 +313,11 @@ TEST(Attention, RawPrefixEqualsSameValuesHeldAsPrefixBitForBit) {
   p2.view.layers[0].k = p2.kraw.data();
   p2.view.layers[0].v = p2.vraw.data();
   const int64_t cap = 40;
-  const auto ks = Gauss(3 * cap * 64, 1), vs = Gauss(3 * cap * 64, 2), q = Gauss(2 * 9 * 64, 3);
+  const auto ks = Gaussian(3 * cap * 64, 1), vs = Gaussian(3 * cap * 64, 2),
+             q = Gaussian(2 * 9 * 64, 3);
   std::vector<float> o1(2 * 9 * 64), o2(o1.size());
-  AttentionArgs a;
-  a.k_suffix = ks.data();
-  a.v_suffix = vs.data();
-  a.suffix_capacity = cap;
-  a.suffix_length = 33;
-  a.n = 2;
-  a.heads = 9;
-  a.kv_heads = 3;
-  a.head_dim = 64;
-  a.q = q.data();
+  AttentionArgs a = SuffixArgs({cap, 33, 2, 9, 3, 64}, ks.data(), vs.data(), q.data(), o1.data());
   a.prefix = &p.view;
-  a.out = o1.data();
   AttentionOptions one;
   one.threads = 1;
   ASSERT_TRUE(AttentionForward(a, one).ok());
@@ -385,34 +369,18 @@ TEST(Attention, PrefixSegmentsEqualTheConcatenatedPrefix) {
     TestPrefix b = MakePrefix(kvh, cs.pb, hd, cs.codec, cs.bits, cs.mb, 77, 8, false, 0, 4242);
     TestPrefix cat = Concatenated(a, b);
     const int64_t cap = 20, slen = 11, n = 3;
-    const auto ks = Gauss(kvh * cap * hd, 41, 1.5f), vs = Gauss(kvh * cap * hd, 42);
-    const auto q = Gauss(n * heads * hd, 43);
+    const auto ks = Gaussian(kvh * cap * hd, 41, 1.5f), vs = Gaussian(kvh * cap * hd, 42);
+    const auto q = Gaussian(n * heads * hd, 43);
     const auto ref = Reference(&cat, ks, vs, cap, slen, n, heads, kvh, hd, q);
     std::vector<PrefixView> tail = {b.view};
-    AttentionArgs args;
+    AttentionArgs args = SuffixArgs({cap, slen, n, heads, kvh, hd}, ks.data(), vs.data(), q.data());
     args.prefix = &a.view;
     args.prefix_tail = tail;
-    args.k_suffix = ks.data();
-    args.v_suffix = vs.data();
-    args.suffix_capacity = cap;
-    args.suffix_length = slen;
-    args.n = n;
-    args.heads = heads;
-    args.kv_heads = kvh;
-    args.head_dim = hd;
-    args.q = q.data();
     for (Isa isa : SupportedIsas()) {
       for (int threads : {1, 2}) {
-        std::vector<float> out(ref.size(), 1e30f);
-        args.out = out.data();
-        AttentionOptions o;
-        o.isa = static_cast<int>(isa);
-        o.threads = threads;
-        ASSERT_TRUE(AttentionForward(args, o).ok());
-        double max_err = 0;
-        for (size_t i = 0; i < ref.size(); ++i)
-          max_err = std::max(max_err, std::fabs(out[i] - ref[i]));
-        EXPECT_LE(max_err, 2e-5) << IsaName(isa) << " threads " << threads;
+        std::vector<float> out(ref.size());
+        ASSERT_NO_FATAL_FAILURE(ForwardOn(args, isa, threads, &out));
+        EXPECT_LE(MaxAbsError(out, ref), 2e-5) << IsaName(isa) << " threads " << threads;
       }
     }
   }
@@ -441,33 +409,19 @@ TEST(Attention, PrefixSplitAtAChunkBoundaryIsBitIdentical) {
   tail.layers[0] = PrefixLayer{kb.data(), nullptr, vb.data(), nullptr};
   const int64_t cap = 16;
   for (int64_t rows : {int64_t{2}, int64_t{7}}) {
-    const auto ks = Gauss(kvh * cap * hd, 1), vs = Gauss(kvh * cap * hd, 2),
-               q = Gauss(rows * heads * hd, 3);
+    const auto ks = Gaussian(kvh * cap * hd, 1), vs = Gaussian(kvh * cap * hd, 2),
+               q = Gaussian(rows * heads * hd, 3);
     std::vector<float> o1(rows * heads * hd), o2(o1.size());
-    AttentionArgs a;
-    a.k_suffix = ks.data();
-    a.v_suffix = vs.data();
-    a.suffix_capacity = cap;
-    a.suffix_length = 9;
-    a.n = rows;
-    a.heads = heads;
-    a.kv_heads = kvh;
-    a.head_dim = hd;
-    a.q = q.data();
+    AttentionArgs a = SuffixArgs({cap, 9, rows, heads, kvh, hd}, ks.data(), vs.data(), q.data());
     for (Isa isa : SupportedIsas())
       for (int threads : {1, 2}) {
-        AttentionOptions o;
-        o.isa = static_cast<int>(isa);
-        o.threads = threads;
         a.prefix = &whole.view;
         a.prefix_tail = {};
-        a.out = o1.data();
-        ASSERT_TRUE(AttentionForward(a, o).ok());
+        ASSERT_NO_FATAL_FAILURE(ForwardOn(a, isa, threads, &o1));
         std::vector<PrefixView> tails = {tail};
         a.prefix = &head;
         a.prefix_tail = tails;
-        a.out = o2.data();
-        ASSERT_TRUE(AttentionForward(a, o).ok());
+        ASSERT_NO_FATAL_FAILURE(ForwardOn(a, isa, threads, &o2));
         EXPECT_EQ(o1, o2) << IsaName(isa) << " threads " << threads << " rows " << rows;
       }
   }
@@ -478,16 +432,8 @@ TEST(Attention, PrefixSegmentsMustShareCodecAndRotation) {
   TestPrefix b = MakePrefix(2, 10, 16, "k8v", 3, KeyScaleMode::kPerTensor, 2, 8, false, 0, 100);
   TestPrefix r = MakePrefix(2, 10, 16, "none-f32", 0, KeyScaleMode::kPerTensor, 3);
   std::vector<float> buf(4096);
-  AttentionArgs args;
-  args.k_suffix = args.v_suffix = buf.data();
-  args.q = buf.data();
-  args.out = buf.data() + 2048;
-  args.suffix_capacity = 4;
-  args.suffix_length = 1;
-  args.n = 1;
-  args.heads = 2;
-  args.kv_heads = 2;
-  args.head_dim = 16;
+  AttentionArgs args =
+      SuffixArgs({4, 1, 1, 2, 2, 16}, buf.data(), buf.data(), buf.data(), buf.data() + 2048);
   args.prefix = &a.view;
   for (const PrefixView* bad : {&b.view, &r.view}) {
     std::vector<PrefixView> tail = {*bad};
@@ -533,16 +479,7 @@ TEST(Attention, MergeHandlesEmptyPartsAndInfinities) {
 
 TEST(Attention, RejectsInconsistentShapes) {
   std::vector<float> buf(1024);
-  AttentionArgs a;
-  a.k_suffix = a.v_suffix = buf.data();
-  a.q = buf.data();
-  a.out = buf.data();
-  a.suffix_capacity = 4;
-  a.suffix_length = 5;
-  a.n = 1;
-  a.heads = 2;
-  a.kv_heads = 1;
-  a.head_dim = 8;
+  AttentionArgs a = SuffixArgs({4, 5, 1, 2, 1, 8}, buf.data(), buf.data(), buf.data(), buf.data());
   EXPECT_EQ(AttentionForward(a).code(), absl::StatusCode::kInvalidArgument);  // length > capacity
   a.suffix_length = 2;
   a.heads = 3;
@@ -577,9 +514,9 @@ std::vector<TestSession> MakeSessions(const std::vector<std::pair<int64_t, int64
     s.n = rows;
     s.slen = rows + history;
     s.cap = s.slen + 3;
-    s.ks = Gauss(static_cast<size_t>(kvh * s.cap * hd), seed++, 1.5f);
-    s.vs = Gauss(static_cast<size_t>(kvh * s.cap * hd), seed++);
-    s.q = Gauss(static_cast<size_t>(std::max<int64_t>(rows, 1) * heads * hd), seed++);
+    s.ks = Gaussian(static_cast<size_t>(kvh * s.cap * hd), seed++, 1.5f);
+    s.vs = Gaussian(static_cast<size_t>(kvh * s.cap * hd), seed++);
+    s.q = Gaussian(static_cast<size_t>(std::max<int64_t>(rows, 1) * heads * hd), seed++);
     v.push_back(std::move(s));
   }
   return v;
@@ -608,21 +545,12 @@ void CheckBatch(const std::vector<PrefixView>& segments, int heads, int kvh, int
         bs[i] = AttentionSession{s.ks.data(), s.vs.data(), s.cap,       s.slen,
                                  s.n,         s.q.data(),  s.out.data()};
         if (s.n == 0) continue;
-        AttentionArgs a;
+        AttentionArgs a =
+            SuffixArgs({s.cap, s.slen, s.n, heads, kvh, hd}, s.ks.data(), s.vs.data(), s.q.data());
         a.prefix = prefix;
         a.prefix_tail = tail;
-        a.k_suffix = s.ks.data();
-        a.v_suffix = s.vs.data();
-        a.suffix_capacity = s.cap;
-        a.suffix_length = s.slen;
-        a.n = s.n;
-        a.heads = heads;
-        a.kv_heads = kvh;
-        a.head_dim = hd;
-        a.q = s.q.data();
-        separate[i].assign(out_size, 1e30f);
-        a.out = separate[i].data();
-        ASSERT_TRUE(AttentionForward(a, o).ok());
+        separate[i].resize(out_size);
+        ASSERT_NO_FATAL_FAILURE(ForwardOn(a, isa, threads, &separate[i]));
       }
       BatchAttentionArgs b;
       b.prefix = prefix;
@@ -746,10 +674,7 @@ TEST(AttentionBatch, MatchesPlainAttentionPerSession) {
     const TestSession& s = sess[i];
     if (s.n == 0) continue;
     const auto ref = Reference(&p, s.ks, s.vs, s.cap, s.slen, s.n, heads, kvh, hd, s.q);
-    double max_err = 0;
-    for (size_t k = 0; k < ref.size(); ++k)
-      max_err = std::max(max_err, std::fabs(s.out[k] - ref[k]));
-    EXPECT_LE(max_err, 2e-5) << "session " << i;
+    EXPECT_LE(MaxAbsError(s.out, ref), 2e-5) << "session " << i;
   }
 }
 

@@ -22,6 +22,7 @@ namespace {
 using testing::CodesOf;
 using testing::FromHalf;
 using testing::Gaussian;
+using testing::kKeyScaleModes;
 using testing::RelMse;
 using testing::ToHalf;
 
@@ -82,34 +83,22 @@ void CheckKeys(const std::vector<float>& x, const LayerShape& s, KeyScaleMode mo
       }
 }
 
-TEST(CodecKeys, ErrorBoundAllModes) {
-  const LayerShape s{3, 37, 64};
-  const auto x = KeyInput(s, 1);
-  for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
-    CheckKeys(x, s, mode);
-  }
+// CheckKeys of KeyInput(s, seed) in every key-scale mode.
+void CheckKeysEveryMode(const LayerShape& s, uint64_t seed) {
+  const auto x = KeyInput(s, seed);
+  for (auto mode : kKeyScaleModes) CheckKeys(x, s, mode);
 }
 
-TEST(CodecKeys, SingleToken) {
-  const LayerShape s{2, 1, 8};
-  const auto x = KeyInput(s, 2);
-  for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
-    CheckKeys(x, s, mode);
-  }
-}
+TEST(CodecKeys, ErrorBoundAllModes) { CheckKeysEveryMode(LayerShape{3, 37, 64}, 1); }
 
-TEST(CodecKeys, Tokens4097) {
-  const LayerShape s{2, 4097, 64};
-  const auto x = KeyInput(s, 3);
-  for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
-    CheckKeys(x, s, mode);
-  }
-}
+TEST(CodecKeys, SingleToken) { CheckKeysEveryMode(LayerShape{2, 1, 8}, 2); }
+
+TEST(CodecKeys, Tokens4097) { CheckKeysEveryMode(LayerShape{2, 4097, 64}, 3); }
 
 TEST(CodecKeys, ZeroTensorGivesScaleOneAndExactZeros) {
   const LayerShape s{2, 5, 8};
   std::vector<float> x(s.elements(), 0.0f);
-  for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
+  for (auto mode : kKeyScaleModes) {
     std::vector<int8_t> q(s.elements(), 99);
     std::vector<float> scales(KeyScaleCount(s, mode), -1.0f);
     ASSERT_TRUE(QuantizeKeys(x.data(), DType::kF32, s, mode, q.data(), scales.data()).ok());
@@ -164,8 +153,7 @@ TEST(CodecKeys, HalfPrecisionInputsAndOutputs) {
   for (DType t : {DType::kBF16, DType::kF16}) {
     const auto xh = ToHalf(x32, t);
     const auto x = FromHalf(xh, t);  // the values the codec actually sees
-    for (auto mode :
-         {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
+    for (auto mode : kKeyScaleModes) {
       std::vector<int8_t> q(s.elements()), q32(s.elements());
       std::vector<float> scales(KeyScaleCount(s, mode)), scales32(scales.size());
       ASSERT_TRUE(QuantizeKeys(xh.data(), t, s, mode, q.data(), scales.data()).ok());
@@ -191,7 +179,7 @@ TEST(CodecKeys, TokenByTokenWithGivenScalesEqualsBatch) {
   // scales fixed: quantize the batch, then each (head, token) row alone with those scales.
   const LayerShape s{3, 50, 16};
   const auto x = KeyInput(s, 7);
-  for (auto mode : {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
+  for (auto mode : kKeyScaleModes) {
     std::vector<int8_t> q(s.elements());
     std::vector<float> scales(KeyScaleCount(s, mode));
     ASSERT_TRUE(QuantizeKeys(x.data(), DType::kF32, s, mode, q.data(), scales.data()).ok());
@@ -325,37 +313,39 @@ TEST(CodecValues, MatchesExplicitMatrixReference) {
   }
 }
 
+// The Euclidean norm of x[0, d), summed in double.
+double Norm(const float* x, int d) {
+  double n = 0;
+  for (int i = 0; i < d; ++i) n += double{x[i]} * x[i];
+  return std::sqrt(n);
+}
+
+// The largest | |v| - 1 | over the d-vectors v of `x`.
+double WorstUnitNormError(const std::vector<float>& x, int64_t vectors, int d) {
+  double worst = 0;
+  for (int64_t v = 0; v < vectors; ++v)
+    worst = std::max(worst, std::fabs(Norm(&x[v * d], d) - 1.0));
+  return worst;
+}
+
 TEST(CodecValues, NormCorrectionKeepsUnitNorm) {
   for (int d : {8, 48, 64, 128}) {
     for (int bits : {2, 3, 4}) {
       const LayerShape s{1, 500, d};
       auto x = Gaussian(s.elements(), 900 + d + bits);
       for (int64_t v = 0; v < s.vectors(); ++v) {
-        double n = 0;
-        for (int i = 0; i < d; ++i) n += double{x[v * d + i]} * x[v * d + i];
-        for (int i = 0; i < d; ++i) x[v * d + i] = static_cast<float>(x[v * d + i] / std::sqrt(n));
+        const double n = Norm(&x[v * d], d);
+        for (int i = 0; i < d; ++i) x[v * d + i] = static_cast<float>(x[v * d + i] / n);
       }
       CodecConfig cfg;
       cfg.value_bits = bits;
       cfg.norm_correction = true;
-      const VResult r = RoundTripV(x, s, cfg);
-      double worst = 0;
-      for (int64_t v = 0; v < s.vectors(); ++v) {
-        double n = 0;
-        for (int i = 0; i < d; ++i) n += double{r.decoded[v * d + i]} * r.decoded[v * d + i];
-        worst = std::max(worst, std::fabs(std::sqrt(n) - 1.0));
-      }
+      const double worst = WorstUnitNormError(RoundTripV(x, s, cfg).decoded, s.vectors(), d);
       EXPECT_LE(worst, 0.02) << "d " << d << " bits " << bits;
       EXPECT_LE(worst, 1e-5) << "d " << d << " bits " << bits;  // exact up to f32 rounding
       // Without correction the decoded norm deviates more (the correction is doing the work).
       cfg.norm_correction = false;
-      const VResult r2 = RoundTripV(x, s, cfg);
-      double worst2 = 0;
-      for (int64_t v = 0; v < s.vectors(); ++v) {
-        double n = 0;
-        for (int i = 0; i < d; ++i) n += double{r2.decoded[v * d + i]} * r2.decoded[v * d + i];
-        worst2 = std::max(worst2, std::fabs(std::sqrt(n) - 1.0));
-      }
+      const double worst2 = WorstUnitNormError(RoundTripV(x, s, cfg).decoded, s.vectors(), d);
       EXPECT_GT(worst2, worst) << "d " << d << " bits " << bits;
     }
   }

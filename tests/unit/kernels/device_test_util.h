@@ -1,5 +1,6 @@
-// Inputs shared by the device-kernel tests (CPU: device_ops_test.cc; CUDA:
-// tests/kernels/device_ops_cuda_test.cc): random but valid weight blocks and activations.
+// Inputs shared by the matrix and device-kernel tests (CPU: matmul_test.cc,
+// device_ops_test.cc; CUDA: tests/kernels/device_ops_cuda_test.cc): random but valid weight
+// blocks and activations.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +24,8 @@ inline void PutF16(uint8_t* p, float v) {
 }
 
 /// Random blocks of `type` for [rows][cols]: random code bytes, finite f16 scales and mins,
-/// F32/F16/BF16 values in [-1, 1].
+/// F32/F16/BF16 values in [-1, 1]. K-quant super-blocks get small super-scales, so their
+/// 6-bit sub-scales keep the values in range.
 inline std::vector<uint8_t> RandomWeightBytes(WeightType type, int64_t rows, int64_t cols,
                                               uint64_t seed) {
   const BlockFormat f = WeightBlockFormat(type).value();
@@ -54,8 +56,18 @@ inline std::vector<uint8_t> RandomWeightBytes(WeightType type, int64_t rows, int
         PutF16(p, scale(rng));
         PutF16(p + 2, -8 * scale(rng));
         break;
-      default:  // Q4_0, Q5_0, Q8_0
+      case WeightType::kQ4_0:
+      case WeightType::kQ5_0:
+      case WeightType::kQ8_0:
         PutF16(p, scale(rng));
+        break;
+      case WeightType::kQ4_K:
+      case WeightType::kQ5_K:
+        PutF16(p, scale(rng) * 0.1f);
+        PutF16(p + 2, scale(rng) * 0.1f);
+        break;
+      case WeightType::kQ6_K:
+        PutF16(p + 208, scale(rng) * 0.05f);
         break;
     }
   }

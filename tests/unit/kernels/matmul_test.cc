@@ -7,82 +7,27 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "device_test_util.h"
 #include "matmul_internal.h"  // kernels/src: the activation quantizers
-#include "polykv/kernels/codec_math.h"
 #include "polykv/kernels/cpu.h"
 
 namespace polykv::kernels {
 namespace {
+
+using testing::RandomRows;
+using testing::RandomWeightBytes;
 
 constexpr WeightType kAllTypes[] = {WeightType::kF32,  WeightType::kF16,  WeightType::kBF16,
                                     WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0,
                                     WeightType::kQ5_1, WeightType::kQ8_0, WeightType::kQ4_K,
                                     WeightType::kQ5_K, WeightType::kQ6_K};
 
-void PutHalf(uint8_t* p, float v) {
-  const uint16_t h = math::FloatToF16(v);
-  std::memcpy(p, &h, 2);
-}
-
-// Random but valid blocks of `type` for [rows][cols]: random code bytes, finite f16 scales.
-std::vector<uint8_t> RandomWeights(WeightType type, int64_t rows, int64_t cols, uint64_t seed) {
-  const BlockFormat f = WeightBlockFormat(type).value();
-  const int64_t nb = rows * cols / f.values;
-  std::vector<uint8_t> w(static_cast<size_t>(nb * f.bytes));
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> scale(0.002f, 0.05f), sym(-1.0f, 1.0f);
-  for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
-  for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* p = w.data() + b * f.bytes;
-    switch (type) {
-      case WeightType::kF32: {
-        const float v = sym(rng);
-        std::memcpy(p, &v, 4);
-        break;
-      }
-      case WeightType::kF16:
-        PutHalf(p, sym(rng));
-        break;
-      case WeightType::kBF16: {
-        const uint16_t h = math::FloatToBf16(sym(rng));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case WeightType::kQ4_0:
-      case WeightType::kQ5_0:
-      case WeightType::kQ8_0:
-        PutHalf(p, scale(rng));
-        break;
-      case WeightType::kQ4_1:
-      case WeightType::kQ5_1:
-        PutHalf(p, scale(rng));
-        PutHalf(p + 2, -8 * scale(rng));
-        break;
-      case WeightType::kQ4_K:
-      case WeightType::kQ5_K:
-        PutHalf(p, scale(rng) * 0.1f);
-        PutHalf(p + 2, scale(rng) * 0.1f);
-        break;
-      case WeightType::kQ6_K:
-        PutHalf(p + 208, scale(rng) * 0.05f);
-        break;
-    }
-  }
-  return w;
-}
-
+// N(0, 1) activations (RandomRows) with a few outliers, as real activations have.
 std::vector<float> RandomActivations(int64_t n, int64_t cols, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n * cols));
-  for (auto& v : x) v = g(rng);
-  // A few outliers, as real activations have.
+  std::vector<float> x = RandomRows(n, cols, seed);
   for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i * cols + (i * 7) % cols)] = 12.0f;
   return x;
 }
@@ -112,7 +57,7 @@ TEST_P(MatMulTest, EveryIsaMatchesScalarAndDequantizedProduct) {
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << WeightTypeName(type) << " rows=" << c.rows
                                       << " cols=" << c.cols << " n=" << c.n);
-    const std::vector<uint8_t> wb = RandomWeights(type, c.rows, c.cols, 17 + c.rows);
+    const std::vector<uint8_t> wb = RandomWeightBytes(type, c.rows, c.cols, 17 + c.rows);
     auto view = MakeWeightView(type, wb.data(), wb.size(), c.rows, c.cols);
     ASSERT_TRUE(view.ok()) << view.status();
     const std::vector<float> x = RandomActivations(c.n, c.cols, 99 + c.n);
@@ -207,7 +152,7 @@ TEST(MatMul, ResultsDoNotDependOnThreadsOrBatching) {
     for (WeightType type : {WeightType::kQ4_1, WeightType::kQ8_0, WeightType::kQ6_K}) {
       SCOPED_TRACE(::testing::Message() << WeightTypeName(type) << " family=" << family);
       const int64_t rows = 96, cols = 512, n = 64;
-      const auto wb = RandomWeights(type, rows, cols, 5);
+      const auto wb = RandomWeightBytes(type, rows, cols, 5);
       const auto view = MakeWeightView(type, wb.data(), wb.size(), rows, cols).value();
       const auto x = RandomActivations(n, cols, 6);
       std::vector<float> batch(n * rows), single(small * rows);
@@ -235,7 +180,7 @@ TEST(MatMulAmx, TilesEqualScalarReferenceBitForBit) {
   if (!AmxInt8Supported()) {
     MatMulOptions opt;
     opt.amx = 1;
-    const auto wb = RandomWeights(WeightType::kQ4_1, 16, 64, 1);
+    const auto wb = RandomWeightBytes(WeightType::kQ4_1, 16, 64, 1);
     const auto view = MakeWeightView(WeightType::kQ4_1, wb.data(), wb.size(), 16, 64).value();
     const auto x = RandomActivations(1, 64, 2);
     std::vector<float> y(16);
@@ -248,7 +193,7 @@ TEST(MatMulAmx, TilesEqualScalarReferenceBitForBit) {
                           WeightType::kQ5_1, WeightType::kQ8_0}) {
     for (int64_t cols : {int64_t{576}, int64_t{1536}}) {
       const int64_t rows = 40;
-      const auto wb = RandomWeights(type, rows, cols, 11 + cols);
+      const auto wb = RandomWeightBytes(type, rows, cols, 11 + cols);
       const auto view = MakeWeightView(type, wb.data(), wb.size(), rows, cols).value();
       for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{16}, int64_t{17}, int64_t{40}}) {
         const auto x = RandomActivations(n, cols, 7 + n);
@@ -289,9 +234,9 @@ TEST(MatMul, SharedActivationsEqualSeparateProducts) {
   // n = 5 >= kAmxMinRows: on CPUs with AMX, Q4_1 and Q8_0 run on the tiles and Q4_K on the
   // vector kernels within the same shared call.
   const int64_t cols = 256, n = 5;
-  const auto wa = RandomWeights(WeightType::kQ4_1, 40, cols, 1);
-  const auto wb = RandomWeights(WeightType::kQ8_0, 24, cols, 2);
-  const auto wc = RandomWeights(WeightType::kQ4_K, 8, cols, 3);
+  const auto wa = RandomWeightBytes(WeightType::kQ4_1, 40, cols, 1);
+  const auto wb = RandomWeightBytes(WeightType::kQ8_0, 24, cols, 2);
+  const auto wc = RandomWeightBytes(WeightType::kQ4_K, 8, cols, 3);
   const auto va = MakeWeightView(WeightType::kQ4_1, wa.data(), wa.size(), 40, cols).value();
   const auto vb = MakeWeightView(WeightType::kQ8_0, wb.data(), wb.size(), 24, cols).value();
   const auto vc = MakeWeightView(WeightType::kQ4_K, wc.data(), wc.size(), 8, cols).value();
@@ -355,7 +300,7 @@ TEST(MatMul, DequantizeValuesMatchesRows) {
   for (WeightType type : kAllTypes) {
     const BlockFormat f = WeightBlockFormat(type).value();
     const int64_t cols = f.values == 1 ? 24 : f.values * 2;
-    const auto wb = RandomWeights(type, 3, cols, 8);
+    const auto wb = RandomWeightBytes(type, 3, cols, 8);
     const auto view = MakeWeightView(type, wb.data(), wb.size(), 3, cols).value();
     std::vector<float> a(3 * cols), b(3 * cols);
     ASSERT_TRUE(DequantizeRows(view, 0, 3, a.data()).ok());

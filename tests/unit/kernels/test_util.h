@@ -1,15 +1,22 @@
-// Helpers shared by the codec tests: deterministic inputs and small reductions.
+// Helpers shared by the codec and attention tests (CPU, and tests/kernels for CUDA):
+// deterministic inputs, small reductions and the arguments of an attention call.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
 
+#include "polykv/kernels/attention.h"
 #include "polykv/kernels/codec.h"
 #include "polykv/kernels/codec_math.h"
 
 namespace polykv::kernels::testing {
+
+/// The key-scale modes, for tests that run every one.
+inline constexpr KeyScaleMode kKeyScaleModes[] = {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead,
+                                                  KeyScaleMode::kPerChannel};
 
 /// n i.i.d. N(0, sigma^2) floats from a fixed seed.
 inline std::vector<float> Gaussian(size_t n, uint64_t seed, float sigma = 1.0f) {
@@ -18,6 +25,40 @@ inline std::vector<float> Gaussian(size_t n, uint64_t seed, float sigma = 1.0f) 
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
   return v;
+}
+
+/// max |approx - exact| (in double).
+template <typename T>
+double MaxAbsError(const std::vector<float>& approx, const std::vector<T>& exact) {
+  double max_err = 0;
+  for (size_t i = 0; i < exact.size(); ++i)
+    max_err = std::max(max_err, std::fabs(double{approx[i]} - double{exact[i]}));
+  return max_err;
+}
+
+/// The sizes of an attention call: the suffix cache's capacity and valid length (rows per KV
+/// head), the query rows, the query and KV heads and the head size.
+struct AttentionDims {
+  int64_t capacity, length, n;
+  int heads, kv_heads, head_dim;
+};
+
+/// AttentionArgs of `d` over the f32 suffix K/V `k`, `v` ([kv_heads][capacity][head_dim]) and
+/// the queries `q` ([n][heads][head_dim]) into `out`; the prefix is the caller's to set.
+inline AttentionArgs SuffixArgs(const AttentionDims& d, const float* k, const float* v,
+                                const float* q, float* out = nullptr) {
+  AttentionArgs a;
+  a.k_suffix = k;
+  a.v_suffix = v;
+  a.suffix_capacity = d.capacity;
+  a.suffix_length = d.length;
+  a.n = d.n;
+  a.heads = d.heads;
+  a.kv_heads = d.kv_heads;
+  a.head_dim = d.head_dim;
+  a.q = q;
+  a.out = out;
+  return a;
 }
 
 /// Relative MSE sum|a-b|^2 / sum|b|^2 (in double).

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "model_test_util.h"
 #include "polykv/model/llama.h"
 #include "torch_test_util.h"
 
@@ -141,13 +142,8 @@ TEST_F(ArchModelsTest, ConfigIsReadFromTheFile) {
     EXPECT_EQ(cfg.sliding_window, c.expect["sliding_window"].get<int32_t>());
     EXPECT_FLOAT_EQ(cfg.rope_theta, c.expect["rope_theta"].get<float>());
     EXPECT_EQ(cfg.max_positions, c.expect["max_positions"].get<int32_t>());
-    EXPECT_EQ(cfg.layers, 2);
-    EXPECT_EQ(cfg.heads, 4);
-    EXPECT_EQ(cfg.kv_heads, 2);
-    EXPECT_EQ(cfg.head_dim, 16);
-    EXPECT_EQ(cfg.vocab, 64);
-    EXPECT_EQ(cfg.bos_id, 1);
-    EXPECT_EQ(cfg.eos_id, 2);
+    // layers, hidden, heads, kv_heads, head_dim, ffn, vocab, bos, eos (-1: not checked)
+    testing::ExpectDims(cfg, {2, -1, 4, 2, 16, -1, 64, 1, 2});
     EXPECT_EQ(m->tokenizer(), nullptr);
   }
   // The parameters themselves.

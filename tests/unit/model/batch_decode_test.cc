@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "memory_pool.h"
 #include "model_test_util.h"
 #include "polykv/ipc/codec_spec.h"
 #include "polykv/ipc/pool_layout.h"
@@ -21,6 +22,7 @@
 namespace polykv::model {
 namespace {
 
+using testing::LoadModel;
 using testing::SmolLM2Path;
 using testing::Tokens;
 
@@ -30,37 +32,9 @@ const char* kStories = POLYKV_TEST_DATA_DIR "/models/stories260K";
 // returned prefix's owner.
 std::shared_ptr<KvPrefix> PoolPrefix(LlamaModel& m, const std::vector<int32_t>& doc,
                                      const char* spec) {
-  auto prefill = m.Prefill(doc, 512);
-  EXPECT_TRUE(prefill.ok()) << prefill.status();
   ipc::PoolParams p;
-  p.layers = static_cast<uint32_t>(m.config().layers);
-  p.kv_heads = static_cast<uint32_t>(m.config().kv_heads);
-  p.head_dim = static_cast<uint32_t>(m.config().head_dim);
-  p.tokens = doc.size();
   p.codec = ipc::PoolCodec::kK8V;
-  auto parsed = ipc::ParseCodecSpec(spec);
-  EXPECT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_TRUE(ipc::ApplyCodecSpec(*parsed, p.layers, &p).ok());
-  p.raw_dtype = kernels::DType::kF32;
-  p.model_fingerprint = m.fingerprint();
-  auto layout = ipc::ComputePoolLayout(p);
-  EXPECT_TRUE(layout.ok()) << layout.status();
-  auto bytes = std::make_shared<std::vector<uint8_t>>(layout->total_bytes + 64, 0);
-  uint8_t* base = bytes->data() + (64 - reinterpret_cast<uintptr_t>(bytes->data()) % 64) % 64;
-  auto w = ipc::PoolWriter::Create(base, layout->total_bytes, p, std::vector<uint8_t>(32, 7), doc);
-  EXPECT_TRUE(w.ok()) << w.status();
-  for (uint32_t l = 0; l < p.layers; ++l)
-    EXPECT_TRUE(
-        w->WriteLayer(l, prefill->k[l].data(), prefill->v[l].data(), kernels::DType::kF32).ok());
-  EXPECT_TRUE(w->Finalize().ok());
-  auto r = ipc::PoolReader::Open(base, layout->total_bytes, /*verify_payload=*/true);
-  EXPECT_TRUE(r.ok()) << r.status();
-  auto view = ipc::PrefixViewOf(*r);
-  EXPECT_TRUE(view.ok()) << view.status();
-  auto prefix = std::make_shared<KvPrefix>();
-  prefix->view = *view;
-  prefix->owner = bytes;
-  return prefix;
+  return testing::PoolPrefix(m, doc, p, spec);
 }
 
 // The document as the process's own raw prefix (codec none).
@@ -119,23 +93,25 @@ float CompareBatchWithSeparate(LlamaModel& m, std::shared_ptr<const KvPrefix> pr
   return worst;
 }
 
+// CompareBatchWithSeparate within `tolerance` for `steps` steps, after a 300-token document
+// held as m's own prefix and as a k7c-v3-e4x2-nc-n16 pool; `name` labels the model.
+void ExpectBatchEqualsSeparate(LlamaModel& m, const std::string& name, int steps, float tolerance) {
+  const std::vector<int32_t> doc = Tokens(300, m.config().vocab, 1);
+  EXPECT_LE(CompareBatchWithSeparate(m, OwnPrefix(m, doc), doc, name + " none", steps), tolerance);
+  EXPECT_LE(CompareBatchWithSeparate(m, PoolPrefix(m, doc, "k7c-v3-e4x2-nc-n16"), doc,
+                                     name + " k7c-v3-e4x2-nc-n16", steps),
+            tolerance);
+}
+
 TEST(BatchDecode, StoriesEqualsSeparateForwards) {
-  LoadOptions o;
-  o.threads = 2;
-  auto m = LlamaModel::Load(kStories, o);
+  auto m = LoadModel(kStories, 2);
   ASSERT_TRUE(m.ok()) << m.status();
-  const std::vector<int32_t> doc = Tokens(300, (*m)->config().vocab, 1);
   // Stated tolerance: 1e-4 absolute (logits of stories260K are <= ~20).
-  EXPECT_LE(CompareBatchWithSeparate(**m, OwnPrefix(**m, doc), doc, "stories260K none", 24), 1e-4f);
-  EXPECT_LE(CompareBatchWithSeparate(**m, PoolPrefix(**m, doc, "k7c-v3-e4x2-nc-n16"), doc,
-                                     "stories260K k7c-v3-e4x2-nc-n16", 24),
-            1e-4f);
+  ExpectBatchEqualsSeparate(**m, "stories260K", 24, 1e-4f);
 }
 
 TEST(BatchDecode, StoriesWithoutPrefix) {
-  LoadOptions o;
-  o.threads = 1;
-  auto m = LlamaModel::Load(kStories, o);
+  auto m = LoadModel(kStories, 1);
   ASSERT_TRUE(m.ok()) << m.status();
   std::vector<KvCache> c(3);
   std::vector<KvCache> ref(3);
@@ -159,9 +135,7 @@ TEST(BatchDecode, StoriesWithoutPrefix) {
 }
 
 TEST(BatchDecode, Errors) {
-  LoadOptions o;
-  o.threads = 1;
-  auto m = LlamaModel::Load(kStories, o);
+  auto m = LoadModel(kStories, 1);
   ASSERT_TRUE(m.ok()) << m.status();
   LlamaModel& model = **m;
   const std::vector<int32_t> doc = Tokens(40, model.config().vocab, 2);
@@ -202,17 +176,11 @@ TEST(BatchDecode, Errors) {
 
 TEST(BatchDecode, SmolLM2EqualsSeparateForwards) {
   if (SmolLM2Path().empty()) GTEST_SKIP() << "POLYKV_SMOLLM2_GGUF is not set";
-  LoadOptions o;
-  o.threads = 2;  // default quantized_rows: the agents' configuration
-  auto m = LlamaModel::Load(SmolLM2Path(), o);
+  auto m = LoadModel(SmolLM2Path(), 2);  // default quantized_rows: the agents' configuration
   ASSERT_TRUE(m.ok()) << m.status();
-  const std::vector<int32_t> doc = Tokens(300, (*m)->config().vocab, 1);
   // Stated tolerance: 1e-2 absolute on logits of magnitude ~40 (measured 3.6e-3): the
   // many-row Q4_1 kernels and the one-row ones differ by float reassociation (matmul.h).
-  EXPECT_LE(CompareBatchWithSeparate(**m, OwnPrefix(**m, doc), doc, "SmolLM2 none", 12), 1e-2f);
-  EXPECT_LE(CompareBatchWithSeparate(**m, PoolPrefix(**m, doc, "k7c-v3-e4x2-nc-n16"), doc,
-                                     "SmolLM2 k7c-v3-e4x2-nc-n16", 12),
-            1e-2f);
+  ExpectBatchEqualsSeparate(**m, "SmolLM2", 12, 1e-2f);
 }
 
 }  // namespace

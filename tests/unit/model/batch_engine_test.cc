@@ -22,6 +22,7 @@
 namespace polykv::model {
 namespace {
 
+using testing::LoadModel;
 using testing::SmolLM2Path;
 using testing::Tokens;
 
@@ -35,9 +36,7 @@ struct Fixture {
 
 Fixture Load(const std::string& path, int64_t doc_tokens) {
   Fixture f;
-  LoadOptions o;
-  o.threads = 2;
-  auto m = LlamaModel::Load(path, o);
+  auto m = LoadModel(path, 2);
   EXPECT_TRUE(m.ok()) << m.status();
   f.model = std::move(*m);
   f.doc = Tokens(doc_tokens, f.model->config().vocab, 1);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model_test_util.h"
 #include "polykv/model/llama.h"
 #include "support/files.h"
 
@@ -16,6 +17,7 @@ namespace polykv::model {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::LoadModel;
 
 std::vector<std::string> Entries(const std::string& dir) {
   std::vector<std::string> out;
@@ -25,9 +27,7 @@ std::vector<std::string> Entries(const std::string& dir) {
 }
 
 std::string FingerprintOf(const std::string& path) {
-  LoadOptions o;
-  o.threads = 1;
-  auto m = LlamaModel::Load(path, o);
+  auto m = LoadModel(path, 1);
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? (*m)->fingerprint() : std::string();
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gguf_writer.h"
+#include "model_test_util.h"
 #include "polykv/model/gguf.h"
 #include "polykv/model/llama.h"
 #include "torch_test_util.h"
@@ -139,15 +140,10 @@ TEST_F(GgufLoaderTest, TiedF32MatchesSafetensors) {
   auto m = LoadGguf({}, "stories_tied.gguf");
   ASSERT_TRUE(m.ok()) << m.status();
   const ModelConfig& c = (*m)->config();
-  EXPECT_EQ(c.layers, 5);
-  EXPECT_EQ(c.heads, 8);
-  EXPECT_EQ(c.kv_heads, 4);
-  EXPECT_EQ(c.head_dim, 8);
-  EXPECT_EQ(c.vocab, 512);
+  // layers, hidden, heads, kv_heads, head_dim, ffn, vocab, bos, eos (-1: not checked)
+  testing::ExpectDims(c, {5, -1, 8, 4, 8, -1, 512, 1, 2});
   EXPECT_EQ(c.max_positions, 512);
   EXPECT_TRUE(c.tied_embeddings);
-  EXPECT_EQ(c.bos_id, 1);
-  EXPECT_EQ(c.eos_id, 2);
   EXPECT_EQ((*m)->tokenizer(), nullptr);  // no tokenizer.ggml.model in this file
   EXPECT_LT((Logits(**m) - *ref_).abs().max().item<float>(), 1e-5f);
   // Reference greedy ids through the GGUF path.

@@ -13,14 +13,14 @@
 namespace polykv::model {
 namespace {
 
+using testing::LoadModel;
+
 const char* kStories = POLYKV_TEST_DATA_DIR "/models/stories260K";
 
 class StoriesTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    LoadOptions o;
-    o.threads = 1;
-    auto m = LlamaModel::Load(kStories, o);
+    auto m = LoadModel(kStories, 1);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(m).value().release();
   }
@@ -44,16 +44,9 @@ LlamaModel* StoriesTest::model_ = nullptr;
 TEST_F(StoriesTest, ConfigMatchesCheckpoint) {
   const ModelConfig& c = model_->config();
   EXPECT_EQ(c.architecture, "llama");
-  EXPECT_EQ(c.layers, 5);
-  EXPECT_EQ(c.hidden, 64);
-  EXPECT_EQ(c.heads, 8);
-  EXPECT_EQ(c.kv_heads, 4);
-  EXPECT_EQ(c.head_dim, 8);
-  EXPECT_EQ(c.ffn, 172);
-  EXPECT_EQ(c.vocab, 512);
+  // layers, hidden, heads, kv_heads, head_dim, ffn, vocab, bos, eos
+  testing::ExpectDims(c, {5, 64, 8, 4, 8, 172, 512, 1, 2});
   EXPECT_TRUE(c.tied_embeddings);
-  EXPECT_EQ(c.bos_id, 1);
-  EXPECT_EQ(c.eos_id, 2);
   EXPECT_EQ(model_->tokenizer(), nullptr);
   EXPECT_EQ(model_->fingerprint().size(), 64u);
 }
@@ -177,12 +170,18 @@ TEST_F(StoriesTest, EmptyPromptRecomputesLastToken) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(StoriesTest, SamplingIsSeededAndGreedyAtLowTemperature) {
+// Sampling (not greedy) at temperature 1 with nucleus `top_p`, up to `max_new_tokens`.
+SamplingOptions Sampled(float top_p, int max_new_tokens) {
   SamplingOptions s;
   s.greedy = false;
   s.temperature = 1.0f;
-  s.top_p = 0.9f;
-  s.max_new_tokens = 32;
+  s.top_p = top_p;
+  s.max_new_tokens = max_new_tokens;
+  return s;
+}
+
+TEST_F(StoriesTest, SamplingIsSeededAndGreedyAtLowTemperature) {
+  SamplingOptions s = Sampled(0.9f, 32);
   s.stop_at_eos = false;
   const auto run = [&](uint64_t seed) {
     s.seed = seed;
@@ -206,11 +205,7 @@ TEST_F(StoriesTest, SamplingIsSeededAndGreedyAtLowTemperature) {
 
 TEST_F(StoriesTest, StopsAtEos) {
   // Sampled stories end with EOS (id 2) within a few hundred tokens for most seeds.
-  SamplingOptions s;
-  s.greedy = false;
-  s.temperature = 1.0f;
-  s.top_p = 1.0f;
-  s.max_new_tokens = 300;
+  SamplingOptions s = Sampled(1.0f, 300);
   int stopped = 0;
   for (uint64_t seed = 0; seed < 10 && stopped == 0; ++seed) {
     s.seed = seed;

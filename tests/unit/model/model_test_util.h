@@ -1,5 +1,8 @@
-// Helpers of the model tests: comparisons of plain f32 buffers and K/V rows of a KvCache.
+// Helpers of the model tests: loading, expected config sizes, comparisons of plain f32 buffers
+// and K/V rows of a KvCache.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -7,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +23,35 @@ namespace polykv::model::testing {
 inline std::string SmolLM2Path() {
   const char* p = std::getenv("POLYKV_SMOLLM2_GGUF");
   return p != nullptr && std::filesystem::exists(p) ? p : "";
+}
+
+/// The model at `path` loaded with `threads` compute threads (the other options default).
+inline StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const std::string& path, int threads) {
+  LoadOptions o;
+  o.threads = threads;
+  return LlamaModel::Load(path, o);
+}
+
+/// The sizes and special ids a test expects of a ModelConfig; a field left at -1 is not
+/// checked.
+struct ExpectedDims {
+  int32_t layers = -1, hidden = -1, heads = -1, kv_heads = -1, head_dim = -1, ffn = -1, vocab = -1,
+          bos_id = -1, eos_id = -1;
+};
+
+/// EXPECT_EQ of each checked field of `want` against `c` (a failure names the field).
+inline void ExpectDims(const ModelConfig& c, const ExpectedDims& want) {
+  const struct {
+    const char* name;
+    int32_t got, want;
+  } fields[] = {{"layers", c.layers, want.layers},       {"hidden", c.hidden, want.hidden},
+                {"heads", c.heads, want.heads},          {"kv_heads", c.kv_heads, want.kv_heads},
+                {"head_dim", c.head_dim, want.head_dim}, {"ffn", c.ffn, want.ffn},
+                {"vocab", c.vocab, want.vocab},          {"bos_id", c.bos_id, want.bos_id},
+                {"eos_id", c.eos_id, want.eos_id}};
+  for (const auto& f : fields) {
+    if (f.want != -1) EXPECT_EQ(f.got, f.want) << f.name;
+  }
 }
 
 /// n deterministic token ids in [0, vocab): (i * 7919 + seed * 104729 + 13) % vocab.

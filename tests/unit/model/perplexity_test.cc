@@ -8,10 +8,13 @@
 #include <cmath>
 #include <vector>
 
+#include "model_test_util.h"
 #include "polykv/model/llama.h"
 
 namespace polykv::model {
 namespace {
+
+using testing::LoadModel;
 
 const char* kStories = POLYKV_TEST_DATA_DIR "/models/stories260K";
 
@@ -46,9 +49,7 @@ double Nll(const float* row, int64_t vocab, int32_t target) {
 }
 
 void CheckAgainstHand(bool replace_bos, int64_t rows) {
-  LoadOptions lo;
-  lo.threads = 1;
-  auto m = LlamaModel::Load(kStories, lo);
+  auto m = LoadModel(kStories, 1);
   ASSERT_TRUE(m.ok()) << m.status();
   const int32_t vocab = (*m)->config().vocab;
   std::vector<int32_t> text(40);
@@ -94,9 +95,7 @@ TEST(ChunkedPerplexity, StoriesBosReplacedInEveryChunk) { CheckAgainstHand(true,
 TEST(ChunkedPerplexity, StoriesSmallForwardPiecesSameResult) { CheckAgainstHand(false, 5); }
 
 TEST(ChunkedPerplexity, BosReplacementChangesOnlyWhatItShould) {
-  LoadOptions lo;
-  lo.threads = 1;
-  auto m = LlamaModel::Load(kStories, lo);
+  auto m = LoadModel(kStories, 1);
   ASSERT_TRUE(m.ok()) << m.status();
   std::vector<int32_t> text(32);
   for (int i = 0; i < 32; ++i) text[i] = 5 + i;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "memory_pool.h"
 #include "model_test_util.h"
 #include "polykv/ipc/codec_spec.h"
 #include "polykv/ipc/pool_layout.h"
@@ -23,8 +24,11 @@
 namespace polykv::model {
 namespace {
 
+using testing::LoadModel;
+using testing::MemoryPool;
 using testing::SmolLM2Path;
 using testing::Tokens;
+using testing::WriteMemoryPool;
 
 const char* kStories = POLYKV_TEST_DATA_DIR "/models/stories260K";
 
@@ -36,46 +40,13 @@ struct Codec {
   const char* spec = nullptr;  ///< a codec spec (ipc/codec_spec.h) instead of the fields
 };
 
-// A pool of `prefill` written in memory, as the daemon writes it.
-struct MemoryPool {
-  std::vector<uint8_t> bytes;
-  std::unique_ptr<ipc::PoolReader> reader;
-};
-
-MemoryPool MakePool(const LlamaModel& m, const PrefillResult& prefill,
-                    const std::vector<int32_t>& doc, const Codec& c) {
-  MemoryPool mp;
+// The pool parameters of codec `c` (its spec, when it has one, is applied over them).
+ipc::PoolParams CodecParams(const Codec& c) {
   ipc::PoolParams p;
-  p.layers = static_cast<uint32_t>(m.config().layers);
-  p.kv_heads = static_cast<uint32_t>(m.config().kv_heads);
-  p.head_dim = static_cast<uint32_t>(m.config().head_dim);
-  p.tokens = doc.size();
   p.codec = c.codec;
   p.codec_config.value_bits = c.bits > 0 ? c.bits : 3;
   p.codec_config.key_scale = c.scale;
-  if (c.spec != nullptr) {
-    auto spec = ipc::ParseCodecSpec(c.spec);
-    EXPECT_TRUE(spec.ok()) << spec.status();
-    EXPECT_TRUE(ipc::ApplyCodecSpec(*spec, p.layers, &p).ok());
-  }
-  p.raw_dtype = kernels::DType::kF32;
-  p.model_fingerprint = m.fingerprint();
-  auto layout = ipc::ComputePoolLayout(p);
-  EXPECT_TRUE(layout.ok()) << layout.status();
-  mp.bytes.assign(layout->total_bytes + 64, 0);
-  // 64-byte aligned base inside the buffer (the daemon's regions are page aligned).
-  uint8_t* base = mp.bytes.data() + (64 - reinterpret_cast<uintptr_t>(mp.bytes.data()) % 64) % 64;
-  const std::vector<uint8_t> id(32, 7);
-  auto w = ipc::PoolWriter::Create(base, layout->total_bytes, p, id, doc);
-  EXPECT_TRUE(w.ok()) << w.status();
-  for (uint32_t l = 0; l < p.layers; ++l)
-    EXPECT_TRUE(
-        w->WriteLayer(l, prefill.k[l].data(), prefill.v[l].data(), kernels::DType::kF32).ok());
-  EXPECT_TRUE(w->Finalize().ok());
-  auto r = ipc::PoolReader::Open(base, layout->total_bytes, /*verify_payload=*/true);
-  EXPECT_TRUE(r.ok()) << r.status();
-  mp.reader = std::make_unique<ipc::PoolReader>(std::move(*r));
-  return mp;
+  return p;
 }
 
 void CompareInPlaceWithDecompressed(LlamaModel& m, const char* model_name, bool all_codecs) {
@@ -104,7 +75,7 @@ void CompareInPlaceWithDecompressed(LlamaModel& m, const char* model_name, bool 
     if (!all_codecs && name != "none" && name != "k8v2/head" && name != "k8v3/tensor" &&
         name != "k8v4/channel" && name != "k7c-v3-e4x2-nc-n16")
       continue;
-    MemoryPool pool = MakePool(m, *prefill, doc, c);
+    MemoryPool pool = WriteMemoryPool(m, *prefill, doc, CodecParams(c), c.spec);
     auto view = ipc::PrefixViewOf(*pool.reader);
     ASSERT_TRUE(view.ok()) << view.status();
     for (int64_t rows : {1, 7, 64, 300}) {
@@ -149,9 +120,7 @@ void CompareInPlaceWithDecompressed(LlamaModel& m, const char* model_name, bool 
 }
 
 TEST(PrefixAttention, StoriesInPlaceEqualsDecompressed) {
-  LoadOptions o;
-  o.threads = 1;
-  auto m = LlamaModel::Load(kStories, o);
+  auto m = LoadModel(kStories, 1);
   ASSERT_TRUE(m.ok()) << m.status();
   CompareInPlaceWithDecompressed(**m, "stories260K", true);
 }
@@ -169,9 +138,7 @@ TEST(PrefixAttention, SmolLM2InPlaceEqualsDecompressed) {
 TEST(PrefixAttention, RawPrefixOfOwnPrefillEqualsCodecNonePoolBitForBit) {
   // A process that prefilled the document itself (FreezeAsPrefix) and an agent of a
   // codec-none pool of the same K/V compute the same logits, bit for bit.
-  LoadOptions o;
-  o.threads = 1;
-  auto m = LlamaModel::Load(kStories, o);
+  auto m = LoadModel(kStories, 1);
   ASSERT_TRUE(m.ok());
   const std::vector<int32_t> doc = Tokens(300, (*m)->config().vocab, 5);
   const std::vector<int32_t> prompt = Tokens(9, (*m)->config().vocab, 6);
@@ -181,12 +148,9 @@ TEST(PrefixAttention, RawPrefixOfOwnPrefillEqualsCodecNonePoolBitForBit) {
   ASSERT_TRUE(frozen.ok()) << frozen.status();
   auto a = (*m)->Forward(prompt, *frozen, true);
   ASSERT_TRUE(a.ok());
-  auto prefill = (*m)->Prefill(doc, 512);
-  ASSERT_TRUE(prefill.ok());
-  MemoryPool pool = MakePool(**m, *prefill, doc,
-                             {"none", ipc::PoolCodec::kNone, 0, kernels::KeyScaleMode::kPerTensor});
-  auto prefix = std::make_shared<KvPrefix>();
-  prefix->view = *ipc::PrefixViewOf(*pool.reader);
+  auto prefix = testing::PoolPrefix(
+      **m, doc, CodecParams({"none", ipc::PoolCodec::kNone, 0, kernels::KeyScaleMode::kPerTensor}));
+  ASSERT_NE(prefix, nullptr);
   auto cache = (*m)->NewCacheWithPrefix(prefix, doc, 20);
   ASSERT_TRUE(cache.ok());
   auto b = (*m)->Forward(prompt, *cache, true);
@@ -195,17 +159,12 @@ TEST(PrefixAttention, RawPrefixOfOwnPrefillEqualsCodecNonePoolBitForBit) {
 }
 
 TEST(PrefixAttention, LostLeaseFailsTheStepAndKeepsTheCache) {
-  LoadOptions o;
-  o.threads = 1;
-  auto m = LlamaModel::Load(kStories, o);
+  auto m = LoadModel(kStories, 1);
   ASSERT_TRUE(m.ok());
   const std::vector<int32_t> doc = Tokens(40, (*m)->config().vocab, 5);
-  auto prefill = (*m)->Prefill(doc, 512);
-  ASSERT_TRUE(prefill.ok());
-  MemoryPool pool = MakePool(**m, *prefill, doc,
-                             {"k8v3", ipc::PoolCodec::kK8V, 3, kernels::KeyScaleMode::kPerTensor});
-  auto prefix = std::make_shared<KvPrefix>();
-  prefix->view = *ipc::PrefixViewOf(*pool.reader);
+  auto prefix = testing::PoolPrefix(
+      **m, doc, CodecParams({"k8v3", ipc::PoolCodec::kK8V, 3, kernels::KeyScaleMode::kPerTensor}));
+  ASSERT_NE(prefix, nullptr);
   int calls = 0;
   prefix->check = [&calls]() -> Status {
     return ++calls >= 3 ? absl::NotFoundError("pool x was evicted") : absl::OkStatus();

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <string>
 
+#include "model_test_util.h"
 #include "polykv/model/llama.h"
 
 namespace polykv::model {
@@ -38,13 +39,8 @@ LlamaModel* SmolLm2Test::model_ = nullptr;
 
 TEST_F(SmolLm2Test, ConfigFromGguf) {
   const ModelConfig& c = model_->config();
-  EXPECT_EQ(c.layers, 30);
-  EXPECT_EQ(c.hidden, 576);
-  EXPECT_EQ(c.heads, 9);
-  EXPECT_EQ(c.kv_heads, 3);
-  EXPECT_EQ(c.head_dim, 64);
-  EXPECT_EQ(c.ffn, 1536);
-  EXPECT_EQ(c.vocab, 49152);
+  // layers, hidden, heads, kv_heads, head_dim, ffn, vocab
+  testing::ExpectDims(c, {30, 576, 9, 3, 64, 1536, 49152});
   EXPECT_FLOAT_EQ(c.rope_theta, 100000.f);
   EXPECT_TRUE(c.tied_embeddings);
   ASSERT_NE(model_->tokenizer(), nullptr);

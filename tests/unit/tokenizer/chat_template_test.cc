@@ -205,57 +205,61 @@ TEST(ChatTemplateErrors, RaiseExceptionNamesTheMessage) {
             "chat template line 2: template raised an exception: Roles must alternate");
 }
 
-TEST(ChatTemplateErrors, UnsupportedConstructsAreUnimplementedWithTheirLine) {
-  struct Case {
-    const char* src;
-    const char* what;
-  };
-  for (const Case& c :
-       {Case{"a\n{% include 'x.j2' %}", "line 2: unsupported tag 'include'"},
-        Case{"{{ x }}\n\n{{ x | wordcount }}", "line 3: unsupported filter 'wordcount'"},
-        Case{"{% if x is escaped %}{% endif %}", "line 1: unsupported test 'escaped'"},
-        Case{"{% if 1 < x < 3 %}{% endif %}", "line 1: unsupported chained comparison"},
-        Case{"{% raw %}x{% endraw %}", "line 1: unsupported tag 'raw'"},
-        Case{"{% for x in y recursive %}{% endfor %}", "line 1: unsupported recursive for loop"}}) {
+// A template source and a piece of the error message it must give.
+struct ErrorCase {
+  const char* src;
+  const char* what;
+};
+
+// Each source's parse fails with `code` and a message holding its `what`.
+void ExpectParseErrors(std::initializer_list<ErrorCase> cases, absl::StatusCode code) {
+  for (const ErrorCase& c : cases) {
     auto t = ChatTemplate::Parse(c.src);
-    EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented) << c.src;
+    EXPECT_EQ(t.status().code(), code) << c.src;
     EXPECT_NE(t.status().message().find(c.what), std::string::npos) << t.status();
   }
-  // Found at run time: a Python str method outside the subset.
-  auto t = ChatTemplate::Parse("\n{{ 'a'.zfill(3) }}");
+}
+
+// `src` parses, and rendering `messages` fails with `code` and a message holding `what`.
+void ExpectRenderError(const std::string& src, const std::vector<ChatMessage>& messages,
+                       absl::StatusCode code, const std::string& what) {
+  auto t = ChatTemplate::Parse(src);
   ASSERT_TRUE(t.ok());
-  auto r = t->Render({}, {});
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(r.status().message().find("line 2: unsupported str method 'zfill'"), std::string::npos)
-      << r.status();
+  auto r = t->Render(messages, {});
+  EXPECT_EQ(r.status().code(), code);
+  EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status();
+}
+
+TEST(ChatTemplateErrors, UnsupportedConstructsAreUnimplementedWithTheirLine) {
+  ExpectParseErrors(
+      {ErrorCase{"a\n{% include 'x.j2' %}", "line 2: unsupported tag 'include'"},
+       ErrorCase{"{{ x }}\n\n{{ x | wordcount }}", "line 3: unsupported filter 'wordcount'"},
+       ErrorCase{"{% if x is escaped %}{% endif %}", "line 1: unsupported test 'escaped'"},
+       ErrorCase{"{% if 1 < x < 3 %}{% endif %}", "line 1: unsupported chained comparison"},
+       ErrorCase{"{% raw %}x{% endraw %}", "line 1: unsupported tag 'raw'"},
+       ErrorCase{"{% for x in y recursive %}{% endfor %}",
+                 "line 1: unsupported recursive for loop"}},
+      absl::StatusCode::kUnimplemented);
+  // Found at run time: a Python str method outside the subset.
+  ExpectRenderError("\n{{ 'a'.zfill(3) }}", {}, absl::StatusCode::kUnimplemented,
+                    "line 2: unsupported str method 'zfill'");
 }
 
 TEST(ChatTemplateErrors, MalformedTemplatesNameTheLine) {
-  struct Case {
-    const char* src;
-    const char* what;
-  };
-  for (const Case& c : {Case{"{% if x %}\nno end",
-                             "line 2: unexpected end of template, expected elif or else or "
-                             "endif for the block opened at line 1"},
-                        Case{"ok\n{{ x + }}", "line 2: unexpected '}}'"},
-                        Case{"\n\n{{ 'unterminated }}", "line 3: unterminated string literal"},
-                        Case{"{% endfor %}", "line 1: unknown tag 'endfor'"},
-                        Case{"a\n{# open comment", "line 2: unterminated comment"},
-                        Case{"{% for %}{% endfor %}", "line 1: expected a name"},
-                        Case{"{% break %}", "line 1: 'break' outside of a for loop"}}) {
-    auto t = ChatTemplate::Parse(c.src);
-    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << c.src;
-    EXPECT_NE(t.status().message().find(c.what), std::string::npos) << t.status();
-  }
+  ExpectParseErrors({ErrorCase{"{% if x %}\nno end",
+                               "line 2: unexpected end of template, expected elif or else or "
+                               "endif for the block opened at line 1"},
+                     ErrorCase{"ok\n{{ x + }}", "line 2: unexpected '}}'"},
+                     ErrorCase{"\n\n{{ 'unterminated }}", "line 3: unterminated string literal"},
+                     ErrorCase{"{% endfor %}", "line 1: unknown tag 'endfor'"},
+                     ErrorCase{"a\n{# open comment", "line 2: unterminated comment"},
+                     ErrorCase{"{% for %}{% endfor %}", "line 1: expected a name"},
+                     ErrorCase{"{% break %}", "line 1: 'break' outside of a for loop"}},
+                    absl::StatusCode::kInvalidArgument);
   // Runtime errors also name the line.
-  auto t = ChatTemplate::Parse("x\n{{ messages[0].content + 1 }}");
-  ASSERT_TRUE(t.ok());
-  auto r = t->Render({{"user", "hi"}}, {});
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("line 2: unsupported operand type(s) for +: 'str' and 'int'"),
-            std::string::npos)
-      << r.status();
+  ASSERT_NO_FATAL_FAILURE(ExpectRenderError(
+      "x\n{{ messages[0].content + 1 }}", {{"user", "hi"}}, absl::StatusCode::kInvalidArgument,
+      "line 2: unsupported operand type(s) for +: 'str' and 'int'"));
   auto u = ChatTemplate::Parse("{{ nothing.attr }}");
   ASSERT_TRUE(u.ok());
   EXPECT_NE(u->Render({}, {}).status().message().find("'nothing' is undefined"), std::string::npos);

@@ -156,6 +156,40 @@ void ExpectError(const StatusOr<std::unique_ptr<GgufFile>>& f, absl::StatusCode 
       << "'" << part << "' not in: " << f.status();
 }
 
+// ValidWriter() after Build(): the offsets of its file's fields.
+const GgufWriter& Built() {
+  static const GgufWriter* w = [] {
+    auto* v = new GgufWriter(ValidWriter());
+    v->Build();
+    return v;
+  }();
+  return *w;
+}
+
+// A field of ValidWriter()'s file to overwrite: its offset, width (4 or 8 bytes) and value.
+struct Patch {
+  size_t at;
+  int bytes;
+  uint64_t value;
+};
+Patch U32At(size_t at, uint32_t value) { return {at, 4, value}; }
+Patch U64At(size_t at, uint64_t value) { return {at, 8, value}; }
+
+// ValidWriter()'s file with `patches` applied fails to open with `code` and a message holding
+// `part` (ExpectError).
+void ExpectPatchedError(std::initializer_list<Patch> patches, absl::StatusCode code,
+                        const std::string& part) {
+  std::string b = ValidWriter().Build();
+  for (const Patch& p : patches) {
+    if (p.bytes == 4) {
+      PutU32(&b, p.at, static_cast<uint32_t>(p.value));
+    } else {
+      PutU64(&b, p.at, p.value);
+    }
+  }
+  ExpectError(OpenBytes(b), code, part);
+}
+
 TEST(GgufFileTest, BadMagic) {
   std::string b = ValidWriter().Build();
   b[0] = 'X';
@@ -164,52 +198,42 @@ TEST(GgufFileTest, BadMagic) {
 
 TEST(GgufFileTest, UnsupportedVersion) {
   for (uint32_t v : {1u, 4u, 0x03000000u}) {
-    std::string b = ValidWriter().Build();
-    PutU32(&b, 4, v);
-    ExpectError(OpenBytes(b), absl::StatusCode::kInvalidArgument, "version");
+    ExpectPatchedError({U32At(4, v)}, absl::StatusCode::kInvalidArgument, "version");
   }
   GgufWriter w = ValidWriter();
   EXPECT_TRUE(OpenBytes(w.Build(2)).ok());
 }
 
 TEST(GgufFileTest, HugeCounts) {
-  std::string b = ValidWriter().Build();
-  PutU64(&b, 16, ~0ull);  // metadata_kv_count
-  ExpectError(OpenBytes(b), absl::StatusCode::kDataLoss, "metadata_kv_count");
-  b = ValidWriter().Build();
-  PutU64(&b, 8, 1ull << 60);  // tensor_count
-  ExpectError(OpenBytes(b), absl::StatusCode::kDataLoss, "tensor_count");
+  ExpectPatchedError({U64At(16, ~0ull)}, absl::StatusCode::kDataLoss, "metadata_kv_count");
+  ExpectPatchedError({U64At(8, 1ull << 60)}, absl::StatusCode::kDataLoss, "tensor_count");
 }
 
 TEST(GgufFileTest, HugeStringLength) {
-  GgufWriter w = ValidWriter();
-  std::string b = w.Build();
-  PutU64(&b, w.kv_offsets[0], ~0ull - 3);  // key length of the first kv
-  ExpectError(OpenBytes(b), absl::StatusCode::kDataLoss, "metadata key #0");
+  const GgufWriter& w = Built();
+  // Key length of the first kv.
+  ExpectPatchedError({U64At(w.kv_offsets[0], ~0ull - 3)}, absl::StatusCode::kDataLoss,
+                     "metadata key #0");
   // The string value of general.architecture: after key (8+20 bytes) and type (4).
-  b = w.Build();
-  PutU64(&b, w.kv_offsets[0] + 8 + 20 + 4, 1ull << 62);
-  ExpectError(OpenBytes(b), absl::StatusCode::kDataLoss, "general.architecture");
+  ExpectPatchedError({U64At(w.kv_offsets[0] + 8 + 20 + 4, 1ull << 62)}, absl::StatusCode::kDataLoss,
+                     "general.architecture");
 }
 
 TEST(GgufFileTest, HugeArrayCount) {
-  GgufWriter w = ValidWriter();
-  std::string b = w.Build();
+  const GgufWriter& w = Built();
   // tokenizer.ggml.tokens is kv #5: key(8+21) type(4) elem type(4) count(8).
   size_t count_at = w.kv_offsets[5] + 8 + 21 + 4 + 4;
-  PutU64(&b, count_at, 1ull << 61);
-  ExpectError(OpenBytes(b), absl::StatusCode::kDataLoss, "tokenizer.ggml.tokens");
+  ExpectPatchedError({U64At(count_at, 1ull << 61)}, absl::StatusCode::kDataLoss,
+                     "tokenizer.ggml.tokens");
   // scores (f32 array) kv #6: count * 4 overflows.
-  b = w.Build();
-  PutU64(&b, w.kv_offsets[6] + 8 + 21 + 4 + 4, ~0ull / 2);
-  ExpectError(OpenBytes(b), absl::StatusCode::kDataLoss, "tokenizer.ggml.scores");
+  ExpectPatchedError({U64At(w.kv_offsets[6] + 8 + 21 + 4 + 4, ~0ull / 2)},
+                     absl::StatusCode::kDataLoss, "tokenizer.ggml.scores");
 }
 
 TEST(GgufFileTest, UnknownValueType) {
-  GgufWriter w = ValidWriter();
-  std::string b = w.Build();
-  PutU32(&b, w.kv_offsets[1] + 8 + 17, 77);  // type of llama.block_count
-  ExpectError(OpenBytes(b), absl::StatusCode::kInvalidArgument, "llama.block_count");
+  // The type of llama.block_count.
+  ExpectPatchedError({U32At(Built().kv_offsets[1] + 8 + 17, 77)},
+                     absl::StatusCode::kInvalidArgument, "llama.block_count");
 }
 
 TEST(GgufFileTest, DeeplyNestedArrayRejected) {
@@ -222,53 +246,37 @@ TEST(GgufFileTest, DeeplyNestedArrayRejected) {
 }
 
 TEST(GgufFileTest, TensorOffsetOutsideFile) {
-  GgufWriter w = ValidWriter();
-  std::string b = w.Build();
-  PutU64(&b, w.tensor_offset_offsets[1], 1ull << 20);
-  ExpectError(OpenBytes(b), absl::StatusCode::kDataLoss, "b.weight");
-  b = w.Build();
-  PutU64(&b, w.tensor_offset_offsets[1], ~0ull - 31);  // aligned, overflows offset+size
-  ExpectError(OpenBytes(b), absl::StatusCode::kDataLoss, "b.weight");
-  b = w.Build();
-  PutU64(&b, w.tensor_offset_offsets[1], 33);  // not aligned
-  ExpectError(OpenBytes(b), absl::StatusCode::kInvalidArgument, "alignment");
+  const size_t at = Built().tensor_offset_offsets[1];
+  ExpectPatchedError({U64At(at, 1ull << 20)}, absl::StatusCode::kDataLoss, "b.weight");
+  // Aligned, overflows offset+size.
+  ExpectPatchedError({U64At(at, ~0ull - 31)}, absl::StatusCode::kDataLoss, "b.weight");
+  ExpectPatchedError({U64At(at, 33)}, absl::StatusCode::kInvalidArgument, "alignment");
 }
 
 TEST(GgufFileTest, TooManyDims) {
-  GgufWriter w = ValidWriter();
-  std::string b = w.Build();
-  PutU32(&b, w.tensor_ndims_offsets[0], 5);
-  ExpectError(OpenBytes(b), absl::StatusCode::kInvalidArgument, "n_dims 5");
+  ExpectPatchedError({U32At(Built().tensor_ndims_offsets[0], 5)},
+                     absl::StatusCode::kInvalidArgument, "n_dims 5");
 }
 
 TEST(GgufFileTest, DimsOverflow) {
-  GgufWriter w = ValidWriter();
-  std::string b = w.Build();
-  PutU64(&b, w.tensor_ndims_offsets[0] + 4, 1ull << 40);
-  PutU64(&b, w.tensor_ndims_offsets[0] + 12, 1ull << 40);
-  ExpectError(OpenBytes(b), absl::StatusCode::kInvalidArgument, "overflow");
-  b = w.Build();
-  PutU64(&b, w.tensor_ndims_offsets[0] + 4, ~0ull);  // negative as int64
-  ExpectError(OpenBytes(b), absl::StatusCode::kInvalidArgument, "a.weight");
+  const size_t at = Built().tensor_ndims_offsets[0];
+  ExpectPatchedError({U64At(at + 4, 1ull << 40), U64At(at + 12, 1ull << 40)},
+                     absl::StatusCode::kInvalidArgument, "overflow");
+  // Negative as int64.
+  ExpectPatchedError({U64At(at + 4, ~0ull)}, absl::StatusCode::kInvalidArgument, "a.weight");
   // Large but non-overflowing dims: the data would lie outside the file.
-  b = w.Build();
-  PutU64(&b, w.tensor_ndims_offsets[0] + 4, 1ull << 30);
-  ExpectError(OpenBytes(b), absl::StatusCode::kDataLoss, "a.weight");
+  ExpectPatchedError({U64At(at + 4, 1ull << 30)}, absl::StatusCode::kDataLoss, "a.weight");
 }
 
 TEST(GgufFileTest, UnknownAndUnsupportedGgmlType) {
-  GgufWriter w = ValidWriter();
-  std::string b = w.Build();
-  PutU32(&b, w.tensor_type_offsets[0], 200);
-  ExpectError(OpenBytes(b), absl::StatusCode::kInvalidArgument, "unknown ggml type 200");
-  b = w.Build();
-  PutU32(&b, w.tensor_type_offsets[1], 16);
-  ExpectError(OpenBytes(b), absl::StatusCode::kUnimplemented,
-              "tensor b.weight has ggml type IQ2_XXS (16), which PolyKV does not support");
+  const GgufWriter& w = Built();
+  ExpectPatchedError({U32At(w.tensor_type_offsets[0], 200)}, absl::StatusCode::kInvalidArgument,
+                     "unknown ggml type 200");
+  ExpectPatchedError({U32At(w.tensor_type_offsets[1], 16)}, absl::StatusCode::kUnimplemented,
+                     "tensor b.weight has ggml type IQ2_XXS (16), which PolyKV does not support");
   // Row length not a multiple of the block size: a.weight as Q8_0 (row of 4).
-  b = w.Build();
-  PutU32(&b, w.tensor_type_offsets[0], 8);
-  ExpectError(OpenBytes(b), absl::StatusCode::kInvalidArgument, "block size");
+  ExpectPatchedError({U32At(w.tensor_type_offsets[0], 8)}, absl::StatusCode::kInvalidArgument,
+                     "block size");
 }
 
 TEST(GgufFileTest, BadAlignment) {
@@ -454,13 +462,20 @@ void KScales(uint8_t* s, const int sc[8], const int mn[8]) {
   }
 }
 
+// A Q4_K / Q5_K super-block of `bytes` zero bytes with its header set: f16 `d` and `dmin`,
+// then the 6-bit scales `sc` and mins `mn` (KScales).
+std::string KBlock(size_t bytes, uint16_t d, uint16_t dmin, const int sc[8], const int mn[8]) {
+  std::string b(bytes, '\0');
+  PutU16(&b, 0, d);
+  PutU16(&b, 2, dmin);
+  KScales(reinterpret_cast<uint8_t*>(&b[4]), sc, mn);
+  return b;
+}
+
 TEST(GgufDequantizeTest, Q4_K) {
   const int sc[8] = {1, 2, 63, 4, 17, 33, 6, 50};
   const int mn[8] = {5, 0, 7, 8, 40, 1, 63, 2};
-  std::string b(144, '\0');
-  PutU16(&b, 0, 0x3C00);  // d = 1
-  PutU16(&b, 2, 0x3800);  // dmin = 0.5
-  KScales(reinterpret_cast<uint8_t*>(&b[4]), sc, mn);
+  std::string b = KBlock(144, 0x3C00, 0x3800, sc, mn);  // d = 1, dmin = 0.5
   for (int i = 0; i < 128; ++i) b[16 + i] = static_cast<char>((i * 7) & 0xff);
   float y[256];
   ASSERT_TRUE(DequantizeToF32(12, reinterpret_cast<const uint8_t*>(b.data()), 144, 256, y).ok());
@@ -475,10 +490,7 @@ TEST(GgufDequantizeTest, Q4_K) {
 TEST(GgufDequantizeTest, Q5_K) {
   const int sc[8] = {3, 9, 27, 60, 16, 32, 48, 1};
   const int mn[8] = {0, 1, 2, 3, 20, 40, 60, 17};
-  std::string b(176, '\0');
-  PutU16(&b, 0, 0x3800);  // d = 0.5
-  PutU16(&b, 2, 0x3400);  // dmin = 0.25
-  KScales(reinterpret_cast<uint8_t*>(&b[4]), sc, mn);
+  std::string b = KBlock(176, 0x3800, 0x3400, sc, mn);  // d = 0.5, dmin = 0.25
   for (int l = 0; l < 32; ++l) b[16 + l] = static_cast<char>((l * 37 + 11) & 0xff);  // qh
   for (int i = 0; i < 128; ++i) b[48 + i] = static_cast<char>((i * 13 + 5) & 0xff);  // qs
   float y[256];

@@ -5,14 +5,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "bpe_pretokenize.h"
 #include "bpe_regex.h"
 #include "gguf_writer.h"
 #include "polykv/model/tokenizer.h"
+#include "support/files.h"
+#include "tokenizer_test_util.h"
 #include "unicode_data.h"
 #include "unicode_nfc.h"
 
@@ -20,31 +20,10 @@ namespace polykv::model {
 namespace {
 
 using nlohmann::json;
+using support::ReadFile;
+using testing::Escape;
 using testing::GgufWriter;
 using testing::WriteTempFile;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string Escape(const std::string& s) {
-  std::string r;
-  for (unsigned char c : s) {
-    if (c == '\n') {
-      r += "\\n";
-    } else if (c == '\t') {
-      r += "\\t";
-    } else if (c == '\r') {
-      r += "\\r";
-    } else {
-      r += static_cast<char>(c);
-    }
-  }
-  return r;
-}
 
 // Pieces of `text` as strings.
 std::vector<std::string> Pieces(const bpe::PreTokenizer& pre, const std::string& text) {
@@ -194,7 +173,7 @@ const Reference& Ref() {
   static const Reference* r = [] {
     auto* ref = new Reference;
     json j = json::parse(
-        ReadAll(std::string(POLYKV_TEST_DATA_DIR) + "/tokenizer/pretokenizer_cases.json"));
+        ReadFile(std::string(POLYKV_TEST_DATA_DIR) + "/tokenizer/pretokenizer_cases.json"));
     ref->tokens = j["tokens"].get<std::vector<std::string>>();
     ref->merges = j["merges"].get<std::vector<std::string>>();
     ref->strings = j["strings"].get<std::vector<std::string>>();
@@ -464,7 +443,7 @@ TEST(PreTokenizerSplitTest, TokenizerJsonDescriptions) {
 // --- NFC (tokenizer.json normalizer) ---------------------------------------------------------
 
 TEST(UnicodeNfcTest, MatchesUnicodedata) {
-  json j = json::parse(ReadAll(std::string(POLYKV_TEST_DATA_DIR) + "/tokenizer/nfc_cases.json"));
+  json j = json::parse(ReadFile(std::string(POLYKV_TEST_DATA_DIR) + "/tokenizer/nfc_cases.json"));
   EXPECT_EQ(j["unicode"].get<std::string>(), unicode::kUnicodeVersion);
   size_t n = 0, bad = 0;
   for (const json& c : j["cases"]) {

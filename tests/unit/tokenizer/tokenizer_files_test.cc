@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -12,28 +11,20 @@
 #include "polykv/model/gguf.h"
 #include "polykv/model/tokenizer.h"
 #include "spm_train_helper.h"
+#include "support/files.h"
+#include "tokenizer_test_util.h"
 
 namespace polykv::model {
 namespace {
 
 using nlohmann::json;
+using support::ReadFile;
+using testing::DataPath;
 using testing::GgufWriter;
 using testing::WriteTempFile;
 
-std::string DataPath(const std::string& rel) {
-  return std::string(POLYKV_TEST_DATA_DIR) + "/" + rel;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 void WriteFile(const std::string& path, const std::string& s) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << s;
+  ASSERT_TRUE(support::WriteFile(path, s).ok()) << path;
 }
 
 std::string MakeTempDir(const std::string& name) {
@@ -85,8 +76,8 @@ TEST(TokenizerJsonTest, ByteLevelMatchesGgufOnAllVectors) {
   EXPECT_EQ((*from_json)->eos_id(), 50256);
   EXPECT_EQ((*from_json)->bos_id(), 50256);
   // Every test string, and the expected ids of the .out file.
-  std::string inp = ReadAll(DataPath("tokenizer/ggml-vocab-gpt-2.gguf.inp"));
-  std::stringstream out(ReadAll(DataPath("tokenizer/ggml-vocab-gpt-2.gguf.out")));
+  std::string inp = ReadFile(DataPath("tokenizer/ggml-vocab-gpt-2.gguf.inp"));
+  std::stringstream out(ReadFile(DataPath("tokenizer/ggml-vocab-gpt-2.gguf.out")));
   const std::string sep = "\n__ggml_vocab_test__\n";
   size_t pos = 0, n = 0;
   std::string line;
@@ -164,7 +155,7 @@ TEST(TokenizerLoadTest, MissingPaths) {
 }
 
 TEST(TokenizerSentencePieceTest, TrainedModelRoundTrips) {
-  std::string wiki = ReadAll(std::string(POLYKV_SOURCE_DIR) + "/data/wikitext-2/wiki.test.raw");
+  std::string wiki = ReadFile(std::string(POLYKV_SOURCE_DIR) + "/data/wikitext-2/wiki.test.raw");
   ASSERT_GT(wiki.size(), 100000u);
   std::string dir = MakeTempDir("spm");
   WriteFile(dir + "/corpus.txt", wiki.substr(0, 100000));

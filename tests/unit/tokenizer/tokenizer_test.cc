@@ -5,46 +5,20 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_join.h"
 #include "gguf_writer.h"
 #include "polykv/model/gguf.h"
+#include "support/files.h"
+#include "tokenizer_test_util.h"
 
 namespace polykv::model {
 namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string DataPath(const std::string& rel) {
-  return std::string(POLYKV_TEST_DATA_DIR) + "/" + rel;
-}
-
-std::string Escape(const std::string& s) {
-  std::string r;
-  for (unsigned char c : s) {
-    if (c == '\n')
-      r += "\\n";
-    else if (c == '\t')
-      r += "\\t";
-    else if (c == '\r')
-      r += "\\r";
-    else
-      r += static_cast<char>(c);
-  }
-  return r;
-}
-
-std::string Join(const std::vector<int32_t>& ids) {
-  std::string r;
-  for (size_t i = 0; i < ids.size(); ++i) r += (i ? " " : "") + std::to_string(ids[i]);
-  return r;
-}
+using support::ReadFile;
+using testing::DataPath;
+using testing::Escape;
 
 // llama.cpp test-tokenizer-0 format: strings separated by "\n__ggml_vocab_test__\n" (the
 // file ends with one), expected ids one line per string.
@@ -53,8 +27,8 @@ struct VocabCase {
   std::string expected;
 };
 std::vector<VocabCase> ReadCases(const std::string& vocab) {
-  std::string inp = ReadAll(DataPath("tokenizer/" + vocab + ".inp"));
-  std::string out = ReadAll(DataPath("tokenizer/" + vocab + ".out"));
+  std::string inp = ReadFile(DataPath("tokenizer/" + vocab + ".inp"));
+  std::string out = ReadFile(DataPath("tokenizer/" + vocab + ".out"));
   const std::string sep = "\n__ggml_vocab_test__\n";
   std::vector<std::string> texts;
   size_t pos = 0;
@@ -96,7 +70,7 @@ void CheckVocab(const std::string& vocab, size_t expected_cases) {
   for (const VocabCase& c : cases) {
     auto ids = tok->Encode(c.text, /*add_bos=*/false);
     ASSERT_TRUE(ids.ok()) << ids.status();
-    std::string got = Join(*ids);
+    std::string got = absl::StrJoin(*ids, " ");
     if (got != c.expected) {
       ++failures;
       ADD_FAILURE() << vocab << " mismatch for '" << Escape(c.text)
@@ -116,7 +90,7 @@ const char* SmolPath() {
 
 // Round-trip texts: a wikitext prefix, non-ASCII scripts, emoji, whitespace, empty.
 std::vector<std::string> RoundTripTexts() {
-  std::string wiki = ReadAll(std::string(POLYKV_SOURCE_DIR) + "/data/wikitext-2/wiki.test.raw");
+  std::string wiki = ReadFile(std::string(POLYKV_SOURCE_DIR) + "/data/wikitext-2/wiki.test.raw");
   EXPECT_GT(wiki.size(), 20000u);
   // Cut at a UTF-8 character boundary.
   size_t n = std::min<size_t>(20000, wiki.size());
