@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace polykv::ipc {
 
@@ -36,6 +38,13 @@ inline std::optional<PoolMemory> ParsePoolMemory(std::string_view name) {
     if (n.name == name) return n.memory;
   }
   return std::nullopt;
+}
+
+/// Every kind's name, in the table's order (for flag checks such as CLI::IsMember).
+inline std::vector<std::string> PoolMemoryNames() {
+  std::vector<std::string> names;
+  for (const auto& n : pool_memory_internal::kNames) names.emplace_back(n.name);
+  return names;
 }
 
 }  // namespace polykv::ipc
