@@ -147,14 +147,9 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "bench_batch_decode: give --model or set POLYKV_SMOLLM2_GGUF\n");
     return 2;
   }
-  model::LoadOptions lo;
-  lo.threads = threads;
-  auto m = model::LlamaModel::Load(model_path, lo);
-  if (!m.ok()) {
-    std::fprintf(stderr, "load: %s\n", m.status().ToString().c_str());
-    return 1;
-  }
-  const model::Tokenizer* tok = (*m)->tokenizer();
+  std::unique_ptr<model::LlamaModel> m = polykv::bench::LoadModel(model_path, threads, "load");
+  if (m == nullptr) return 1;
+  const model::Tokenizer* tok = m->tokenizer();
   auto doc = tok->Encode(
       client::ChatDocument(ReadText(SourceDir() + "/data/wikitext-2/robert_boulter.txt")), false);
   std::vector<std::vector<int32_t>> prompts;
@@ -167,7 +162,7 @@ int Main(int argc, char** argv) {
                  SourceDir().c_str());
     return 2;
   }
-  auto pool = MakePool(**m, *doc, codec);
+  auto pool = MakePool(*m, *doc, codec);
   if (!pool.ok()) {
     std::fprintf(stderr, "pool: %s\n", pool.status().ToString().c_str());
     return 1;
@@ -177,14 +172,14 @@ int Main(int argc, char** argv) {
       "%d steps, %d threads\n",
       model_path.c_str(), doc->size(), codec.c_str(), pool->bytes_per_step / 1048576.0, steps,
       model::SetComputeThreads(threads));
-  std::printf("weights read per step: %.2f MiB\n\n", (*m)->WeightBytesPerToken() / 1048576.0);
+  std::printf("weights read per step: %.2f MiB\n\n", m->WeightBytesPerToken() / 1048576.0);
   std::printf("%-9s %12s %10s %10s %16s %17s %8s\n", "sessions", "decode tok/s", "vs S=1",
               "ms/step", "MiB/step batched", "MiB/step separate", "saved");
   double base = 0;
   for (absl::string_view sv : absl::StrSplit(sessions, ',')) {
     const int s = std::atoi(std::string(sv).c_str());
     if (s < 1) continue;
-    auto r = Measure(**m, *pool, *doc, prompts, s, steps);
+    auto r = Measure(*m, *pool, *doc, prompts, s, steps);
     if (!r.ok()) {
       std::fprintf(stderr, "S=%d: %s\n", s, r.status().ToString().c_str());
       return 1;

@@ -4,9 +4,6 @@
 // held (lease bookkeeping must not scan them); the agent side of an attach (descriptor over
 // SCM_RIGHTS + read-only map) and a payload checksum pass. SmolLM2-135M Q4_1 on robert_boulter.txt
 // when POLYKV_SMOLLM2_GGUF is set, else stories260K with fixed token ids.
-#include <spdlog/spdlog.h>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -14,15 +11,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
-#include <zmq.hpp>
-#include <zmq_addon.hpp>
 
 #include "bench_documents.h"
-#include "daemon.h"
+#include "in_process_daemon.h"
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
@@ -31,45 +26,10 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using polykv::bench::Client;
 using polykv::ipc::MessageType;
 using polykv::ipc::Reply;
 using polykv::ipc::Request;
-
-class Client {
- public:
-  explicit Client(const std::string& endpoint) : s_(ctx_, zmq::socket_type::dealer) {
-    s_.set(zmq::sockopt::linger, 0);
-    s_.connect(endpoint);
-  }
-  Reply Call(Request req) {
-    req.id = ++id_;
-    std::string frame = polykv::ipc::EncodeRequest(req);
-    s_.send(zmq::message_t(), zmq::send_flags::sndmore);
-    s_.send(zmq::buffer(frame), zmq::send_flags::none);
-    for (;;) {
-      std::vector<zmq::message_t> parts;
-      (void)zmq::recv_multipart(s_, std::back_inserter(parts));
-      auto r = polykv::ipc::DecodeReply(parts.back().to_string_view());
-      if (!r.ok()) {
-        std::fprintf(stderr, "bad reply: %s\n", r.status().ToString().c_str());
-        std::exit(1);
-      }
-      if (r->type == MessageType::kProgress || r->id != req.id) continue;
-      if (!r->ok) {
-        std::fprintf(stderr, "%s failed: %s %s\n",
-                     std::string(polykv::ipc::MessageTypeName(req.type)).c_str(), r->code.c_str(),
-                     r->error.c_str());
-        std::exit(1);
-      }
-      return *r;
-    }
-  }
-
- private:
-  zmq::context_t ctx_;
-  zmq::socket_t s_;
-  uint64_t id_ = 0;
-};
 
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
@@ -82,38 +42,21 @@ double Percentile(std::vector<double> v, double p) {
 int main(int argc, char** argv) {
   CLI::App app{"bench_daemon: polykvd create split and ATTACH latency"};
   int attaches = 1000;
-  std::string codec = "k8v3";
-  int threads = 0;
+  polykv::bench::DaemonBenchFlags flags;
   int held = 15000;
   app.add_option("--attaches", attaches, "ATTACH+DETACH round trips")->capture_default_str();
   app.add_option("--held-leases", held, "leases held during the second ATTACH run")
       ->capture_default_str();
-  app.add_option("--codec", codec, "k8v2|k8v3|k8v4|none")->capture_default_str();
-  app.add_option("--threads", threads, "libtorch threads (0 = all cores)");
+  flags.AddTo(app);
   CLI11_PARSE(app, argc, argv);
-  spdlog::set_level(spdlog::level::warn);
-
-  std::string model_label;
-  const Request create = polykv::bench::DocumentCreateRequest(codec, &model_label);
-
-  polykv::support::TempDir tmp("polykv-bench-");  // removed on every way out
-  if (!tmp.ok()) {
-    std::fprintf(stderr, "error: cannot create a temporary folder under /tmp\n");
-    return 1;
-  }
-  const std::string dir = tmp.path();
-  polykv::daemon::DaemonOptions o;
-  o.endpoint = "ipc://" + dir + "/control.sock";
-  o.backend = "host";
-  o.threads = threads;
-  o.shm_prefix = "/polykv-bench" + std::to_string(getpid()) + "-";
-  auto d = polykv::daemon::Daemon::Start(o);
-  if (!d.ok()) {
-    std::fprintf(stderr, "daemon: %s\n", d.status().ToString().c_str());
-    return 1;
-  }
-  std::unique_ptr<polykv::daemon::Daemon> daemon = *std::move(d);
-  std::thread server([&] { (void)daemon->Run(); });
+  std::optional<polykv::bench::DaemonBenchSetup> setup =
+      polykv::bench::SetUpDaemonBench(flags, "polykv-bench-");
+  if (!setup) return 1;
+  const std::string& model_label = setup->model_label;
+  const Request& create = setup->create;
+  const polykv::daemon::DaemonOptions o =
+      polykv::bench::HostDaemonOptions(setup->dir->path(), flags.threads, "polykv-bench");
+  std::unique_ptr<polykv::bench::RunningDaemon> running = polykv::bench::StartDaemon(o);
 
   Client c(o.endpoint);
   auto t0 = Clock::now();
@@ -180,9 +123,7 @@ int main(int argc, char** argv) {
     detach.lease_id = r.lease_id;
     c.Call(detach);
   }
-  daemon->Stop();
-  server.join();
-  daemon.reset();
+  running.reset();
 
   std::printf("bench_daemon: %s, codec %s, %llu tokens, pool %llu bytes (%.2fx vs bf16)\n",
               model_label.c_str(), info.codec.c_str(), static_cast<unsigned long long>(info.tokens),

@@ -1,14 +1,18 @@
-// The daemon benchmarks' document: a CREATE_POOL request for the demo article with
-// SmolLM2-135M when $POLYKV_SMOLLM2_GGUF names it, else 256 token ids for stories260K.
+// The benchmarks' model and document: a model loaded for a benchmark, and the daemon
+// benchmarks' CREATE_POOL request for the demo article with SmolLM2-135M when
+// $POLYKV_SMOLLM2_GGUF names it, else 256 token ids for stories260K.
 #pragma once
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 
 #include "polykv/ipc/protocol.h"
+#include "polykv/model/llama.h"
 
 namespace polykv::bench {
 
@@ -17,6 +21,20 @@ inline std::string SourceDir() {
   const char* env = std::getenv("POLYKV_SOURCE_DIR");
   return env != nullptr ? std::string(env)
                         : std::filesystem::path(__FILE__).parent_path().parent_path().string();
+}
+
+/// `path` loaded with `threads` compute threads (0 = all cores); nullptr after printing
+/// "<what>: <status>" on stderr.
+inline std::unique_ptr<model::LlamaModel> LoadModel(const std::string& path, int threads,
+                                                    const char* what) {
+  model::LoadOptions lo;
+  lo.threads = threads;
+  auto m = model::LlamaModel::Load(path, lo);
+  if (!m.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, m.status().ToString().c_str());
+    return nullptr;
+  }
+  return *std::move(m);
 }
 
 /// A CREATE_POOL request with `codec` for the benchmark document; `label` says which.

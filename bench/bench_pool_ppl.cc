@@ -12,16 +12,20 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench_documents.h"
+#include "polykv/ipc/codec_spec.h"
 #include "polykv/kernels/codec.h"
 #include "polykv/model/llama.h"
 #include "polykv/model/perplexity.h"
 
 using polykv::Status;
 using polykv::StatusOr;
+namespace ipc = polykv::ipc;
 namespace kernels = polykv::kernels;
 namespace model = polykv::model;
 
@@ -125,14 +129,10 @@ int main(int argc, char** argv) {
                  "error: give --model or set POLYKV_SMOLLM2_GGUF (scripts/fetch-model.sh)\n");
     return 1;
   }
-  model::LoadOptions lo;
-  lo.threads = threads;
-  auto loaded = model::LlamaModel::Load(model_path, lo);
-  if (!loaded.ok()) {
-    std::fprintf(stderr, "error: %s\n", loaded.status().ToString().c_str());
-    return 1;
-  }
-  model::LlamaModel& m = **loaded;
+  std::unique_ptr<model::LlamaModel> loaded =
+      polykv::bench::LoadModel(model_path, threads, "error");
+  if (loaded == nullptr) return 1;
+  model::LlamaModel& m = *loaded;
   if (m.tokenizer() == nullptr) {
     std::fprintf(stderr, "error: model has no tokenizer\n");
     return 1;
@@ -154,9 +154,9 @@ int main(int argc, char** argv) {
                  ids.ok() ? "text too short" : ids.status().ToString().c_str());
     return 1;
   }
-  kernels::KeyScaleMode ks = key_scale == "head"      ? kernels::KeyScaleMode::kPerHead
-                             : key_scale == "channel" ? kernels::KeyScaleMode::kPerChannel
-                                                      : kernels::KeyScaleMode::kPerTensor;
+  // Any other word: per tensor, as before.
+  const kernels::KeyScaleMode ks =
+      ipc::ParseKeyScaleName(key_scale).value_or(kernels::KeyScaleMode::kPerTensor);
   std::printf(
       "bench_pool_ppl: %s, %s, %d window(s) x %lld scored tokens per context, keys int8 "
       "(%s scale), values TurboQuant-MSE%s\n",

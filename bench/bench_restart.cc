@@ -4,24 +4,19 @@
 // measured in the same run, each from Daemon::Start to an answered ATTACH. Also the cost of
 // persisting on the first create (create with vs without --state-dir). SmolLM2-135M Q4_1 on
 // robert_boulter.txt when POLYKV_SMOLLM2_GGUF is set, else stories260K with fixed token ids.
-#include <spdlog/spdlog.h>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
-#include <zmq.hpp>
-#include <zmq_addon.hpp>
 
 #include "bench_documents.h"
-#include "daemon.h"
+#include "in_process_daemon.h"
 #include "polykv/ipc/protocol.h"
 #include "support/files.h"
 
@@ -36,78 +31,26 @@ double MsSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-Reply Call(const std::string& endpoint, Request req) {
-  zmq::context_t ctx;
-  zmq::socket_t s(ctx, zmq::socket_type::dealer);
-  s.set(zmq::sockopt::linger, 0);
-  s.connect(endpoint);
-  req.id = 1;
-  std::string frame = polykv::ipc::EncodeRequest(req);
-  s.send(zmq::message_t(), zmq::send_flags::sndmore);
-  s.send(zmq::buffer(frame), zmq::send_flags::none);
-  for (;;) {
-    std::vector<zmq::message_t> parts;
-    (void)zmq::recv_multipart(s, std::back_inserter(parts));
-    auto r = polykv::ipc::DecodeReply(parts.back().to_string_view());
-    if (!r.ok() || (r->type != MessageType::kProgress && !r->ok)) {
-      std::fprintf(stderr, "%s failed: %s\n",
-                   std::string(polykv::ipc::MessageTypeName(req.type)).c_str(),
-                   r.ok() ? (r->code + " " + r->error).c_str() : r.status().ToString().c_str());
-      std::exit(1);
-    }
-    if (r->type == MessageType::kProgress) continue;
-    return *r;
-  }
-}
-
-// A daemon in this process, served on a thread until destroyed.
-struct Running {
-  std::unique_ptr<polykv::daemon::Daemon> daemon;
-  std::thread server;
-  ~Running() {
-    daemon->Stop();
-    server.join();
-  }
-};
-
-std::unique_ptr<Running> Start(const polykv::daemon::DaemonOptions& o) {
-  auto d = polykv::daemon::Daemon::Start(o);
-  if (!d.ok()) {
-    std::fprintf(stderr, "daemon: %s\n", d.status().ToString().c_str());
-    std::exit(1);
-  }
-  auto r = std::make_unique<Running>();
-  r->daemon = *std::move(d);
-  polykv::daemon::Daemon* p = r->daemon.get();
-  r->server = std::thread([p] { (void)p->Run(); });
-  return r;
+// One request on a fresh connection.
+Reply Call(const std::string& endpoint, const Request& req) {
+  return polykv::bench::Client(endpoint).Call(req);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_restart: restart-to-attachable with --state-dir vs re-prefill"};
-  std::string codec = "k8v3";
-  int threads = 0;
-  app.add_option("--codec", codec, "k8v2|k8v3|k8v4|none")->capture_default_str();
-  app.add_option("--threads", threads, "libtorch threads (0 = all cores)");
+  polykv::bench::DaemonBenchFlags flags;
+  flags.AddTo(app);
   CLI11_PARSE(app, argc, argv);
-  spdlog::set_level(spdlog::level::warn);
-
-  std::string model_label;
-  const Request create = polykv::bench::DocumentCreateRequest(codec, &model_label);
-
-  polykv::support::TempDir tmp("polykv-bench-restart-");  // removed on every way out
-  if (!tmp.ok()) {
-    std::fprintf(stderr, "error: cannot create a temporary folder under /tmp\n");
-    return 1;
-  }
-  const std::string dir = tmp.path();
-  polykv::daemon::DaemonOptions base;
-  base.endpoint = "ipc://" + dir + "/control.sock";
-  base.backend = "host";
-  base.threads = threads;
-  base.shm_prefix = "/polykv-bres" + std::to_string(getpid()) + "-";
+  std::optional<polykv::bench::DaemonBenchSetup> setup =
+      polykv::bench::SetUpDaemonBench(flags, "polykv-bench-restart-");
+  if (!setup) return 1;
+  const std::string& model_label = setup->model_label;
+  const Request& create = setup->create;
+  const std::string dir = setup->dir->path();
+  const polykv::daemon::DaemonOptions base =
+      polykv::bench::HostDaemonOptions(dir, flags.threads, "polykv-bres");
   polykv::daemon::DaemonOptions with_state = base;
   with_state.state_dir = dir + "/state";
 
@@ -116,7 +59,7 @@ int main(int argc, char** argv) {
   // Start -> create -> attach, from the Start call.
   auto start_create_attach = [&](const polykv::daemon::DaemonOptions& o, Reply* created) {
     auto t0 = Clock::now();
-    auto d = Start(o);
+    auto d = polykv::bench::StartDaemon(o);
     Reply c = Call(o.endpoint, create);
     attach.pool_id = c.pool->id;
     (void)Call(o.endpoint, attach);
@@ -136,7 +79,7 @@ int main(int argc, char** argv) {
   double lazy_ms;
   {
     auto t0 = Clock::now();
-    auto d = Start(with_state);
+    auto d = polykv::bench::StartDaemon(with_state);
     attach.pool_id = info.pool->id;
     (void)Call(with_state.endpoint, attach);
     lazy_ms = MsSince(t0);
@@ -149,7 +92,7 @@ int main(int argc, char** argv) {
     polykv::daemon::DaemonOptions o = with_state;
     o.preload = true;
     auto t0 = Clock::now();
-    auto d = Start(o);
+    auto d = polykv::bench::StartDaemon(o);
     attach.pool_id = info.pool->id;
     (void)Call(o.endpoint, attach);
     preload_ms = MsSince(t0);

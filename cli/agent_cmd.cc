@@ -282,11 +282,8 @@ void RegisterAgentCommands(CLI::App& app) {
   cmd->add_flag("--ignore-eos", args->ignore_eos, "do not stop at end-of-generation tokens");
   cmd->add_flag("--stats", args->stats, "print timings and memory");
   cmd->add_flag("--json", args->json, "machine-readable output");
-  cmd->add_option("--endpoint", args->endpoint, "polykvd endpoint (default: $POLYKV_ENDPOINT)");
-  cmd->add_option("--timeout-ms", args->timeout_ms, "per-request timeout")
-      ->check(CLI::Range(1, 3600000));
-  cmd->add_option("--threads", args->threads, "compute threads (0 = all cores)")
-      ->check(CLI::Range(0, 1024));
+  AddDaemonOptions(cmd, &args->endpoint, &args->timeout_ms);
+  AddThreadsOption(cmd, &args->threads, "compute threads (0 = all cores)");
   cmd->add_flag("--baseline-prefill", args->baseline,
                 "also prefill document + prompt locally and compare TTFT and outputs");
   cmd->add_option("--attend", args->attend,

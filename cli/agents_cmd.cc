@@ -429,12 +429,10 @@ void RegisterAgentsCommands(CLI::App& app) {
       ->check(CLI::Range(0, 4096));
   run->add_option("--max-new-tokens", args->max_new_tokens, "tokens per answer")
       ->check(CLI::Range(0, 1 << 20));
-  run->add_option("--threads", args->threads, "compute threads per agent (default cores/-j)")
-      ->check(CLI::Range(0, 1024));
+  AddThreadsOption(run, &args->threads, "compute threads per agent (0 = cores/-j)");
   run->add_flag("!--no-baseline", args->baseline,
                 "skip the re-prefill baseline agent run after the N agents");
   run->add_flag("--json", args->json_out, "machine-readable output");
-  run->add_option("--endpoint", args->endpoint, "polykvd endpoint");
   run->add_option("--attend", args->attend,
                   "in-place (default) or decompressed: how each agent reads the pool")
       ->check(CLI::IsMember({"in-place", "decompressed"}));
@@ -442,8 +440,7 @@ void RegisterAgentsCommands(CLI::App& app) {
                   "cpu (default), cuda or cuda:N: where each agent computes (polykv-cli agent)");
   run->add_flag("--allow-copy", args->allow_copy,
                 "let CPU agents copy a pool that lies in CUDA memory (logged with its cost)");
-  run->add_option("--timeout-ms", args->timeout_ms, "per-request timeout")
-      ->check(CLI::Range(1, 3600000));
+  AddDaemonOptions(run, &args->endpoint, &args->timeout_ms);
   run->callback([args] {
     if (Status s = RunAgents(*args); !s.ok()) FailWith(s);
   });

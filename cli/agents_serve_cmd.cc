@@ -110,11 +110,8 @@ void RegisterAgentsServeCommand(CLI::App& agents) {
   c->add_option("--model", args->model, "the pool's model")->required();
   c->add_option("--listen", args->listen, "HOST:PORT to listen on (port 0: any free port)");
   c->add_option("--alias", args->alias, "model name listed by /v1/models (default: the pool id)");
-  c->add_option("--endpoint", args->endpoint, "polykvd endpoint");
-  c->add_option("--timeout-ms", args->timeout_ms, "per daemon request")
-      ->check(CLI::Range(1, 3600000));
-  c->add_option("--threads", args->threads, "compute threads (default: all cores)")
-      ->check(CLI::Range(0, 1024));
+  AddDaemonOptions(c, &args->endpoint, &args->timeout_ms);
+  AddThreadsOption(c, &args->threads, "compute threads (0 = all cores)");
   c->add_option("--max-sessions", args->max_sessions, "sessions decoded per step (more wait)")
       ->check(CLI::Range(1, 4096));
   c->add_option("--default-max-tokens", args->default_max_tokens,

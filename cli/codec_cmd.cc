@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "commands.h"
+#include "polykv/ipc/codec_spec.h"
 #include "polykv/kernels/codec.h"
 #include "polykv/kernels/codec_math.h"
 #include "util/files.h"
@@ -185,16 +187,12 @@ Status RunRoundtrip(const RoundtripOptions& o) {
   cfg.value_bits = o.v_bits;
   cfg.rotation_seed = o.seed;
   cfg.norm_correction = o.norm_correction;
-  if (o.key_scale == "tensor") {
-    cfg.key_scale = k::KeyScaleMode::kPerTensor;
-  } else if (o.key_scale == "head") {
-    cfg.key_scale = k::KeyScaleMode::kPerHead;
-  } else if (o.key_scale == "channel") {
-    cfg.key_scale = k::KeyScaleMode::kPerChannel;
-  } else {
+  std::optional<k::KeyScaleMode> key_scale = ipc::ParseKeyScaleName(o.key_scale);
+  if (!key_scale) {
     return absl::InvalidArgumentError("--key-scale must be tensor, head or channel, got '" +
                                       o.key_scale + "'");
   }
+  cfg.key_scale = *key_scale;
   POLYKV_RETURN_IF_ERROR(k::ValidateConfig(shape, cfg));
 
   POLYKV_ASSIGN_OR_RETURN(const std::string data, ReadFile(o.file));

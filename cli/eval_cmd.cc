@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "eval/eval.h"
 #include "eval/eval_agents.h"
 #include "eval/eval_extra.h"
+#include "polykv/ipc/codec_spec.h"
 #include "polykv/model/llama.h"
 #include "util/files.h"
 #include "util/processes.h"
@@ -88,6 +90,70 @@ std::string ShellQuote(const std::string& s) {
   return q + "'";
 }
 
+// `text` as an int in [lo, hi] into *out.
+bool IntIn(const std::string& text, int lo, int hi, int* out) {
+  return absl::SimpleAtoi(text, out) && *out >= lo && *out <= hi;
+}
+
+// `text` as one of two words into *out (true for `yes`).
+bool OneOf(const std::string& text, const char* yes, const char* no, bool* out) {
+  if (text != yes && text != no) return false;
+  *out = text == yes;
+  return true;
+}
+
+// One ablated factor of `eval --ablate-*`: the flag, the EvalArgs member holding its comma
+// list, its help, the label prefix of its specs, and how one value sets a spec (false: a bad
+// value). The error quotes the value and then the hint in parentheses when `quote`, else it
+// gives the hint alone.
+struct AblationFactor {
+  const char* flag;
+  std::string EvalArgs::*values;
+  const char* help;
+  const char* label;
+  bool quote;
+  const char* hint;
+  bool (*set)(const std::string& value, eval::CodecSpec* spec);
+};
+
+// The one table of ablated factors, in the order their specs are listed.
+const AblationFactor kAblationFactors[] = {
+    {"--ablate-key-bits", &EvalArgs::ab_key_bits, "Ablation: key bits, e.g. 8,7,6,5,4", "key-bits",
+     true, "4..8",
+     [](const std::string& v, eval::CodecSpec* s) { return IntIn(v, 4, 8, &s->key_bits); }},
+    {"--ablate-key-scale", &EvalArgs::ab_key_scale, "Ablation: tensor,head,channel", "key-scale",
+     true, "",
+     [](const std::string& v, eval::CodecSpec* s) {
+       std::optional<kernels::KeyScaleMode> mode = ipc::ParseKeyScaleName(v);
+       if (mode) s->key_scale = *mode;
+       return mode.has_value();
+     }},
+    {"--ablate-value-bits", &EvalArgs::ab_value_bits, "Ablation: 2,3,4", "value-bits", true, "2..4",
+     [](const std::string& v, eval::CodecSpec* s) { return IntIn(v, 2, 4, &s->value_bits); }},
+    {"--ablate-edge-bits", &EvalArgs::ab_edge_bits,
+     "Ablation: first/last layers' value bits, e.g. 4,4x2 (0 = as the others)", "edge-bits", true,
+     "bits[xN]",
+     [](const std::string& v, eval::CodecSpec* s) {
+       std::vector<std::string> p = absl::StrSplit(v, 'x');
+       return IntIn(p[0], 0, 4, &s->edge_value_bits) &&
+              (p.size() != 2 || absl::SimpleAtoi(p[1], &s->edge_layers));
+     }},
+    {"--ablate-rotation", &EvalArgs::ab_rotation, "Ablation: on,off", "rotation", false, "on,off",
+     [](const std::string& v, eval::CodecSpec* s) { return OneOf(v, "on", "off", &s->rotation); }},
+    {"--ablate-norm-correction", &EvalArgs::ab_norm_correction, "Ablation: on,off",
+     "norm-correction", false, "on,off",
+     [](const std::string& v, eval::CodecSpec* s) {
+       return OneOf(v, "on", "off", &s->norm_correction);
+     }},
+    {"--ablate-norm-dtype", &EvalArgs::ab_norm_dtype, "Ablation: f32,f16", "norm-dtype", false,
+     "f16,f32",
+     [](const std::string& v, eval::CodecSpec* s) {
+       return OneOf(v, "f16", "f32", &s->f16_norms);
+     }},
+    {"--ablate-seeds", &EvalArgs::ab_seeds, "Ablation: rotation seeds (hex)", "seed", false, "hex",
+     [](const std::string& v, eval::CodecSpec* s) { return absl::SimpleHexAtoi(v, &s->seed); }},
+};
+
 // Ablation specs: `base` with one factor changed per value of each given list.
 StatusOr<std::vector<eval::CodecSpec>> Ablations(const EvalArgs& a, const eval::CodecSpec& base) {
   std::vector<eval::CodecSpec> out;
@@ -97,64 +163,17 @@ StatusOr<std::vector<eval::CodecSpec>> Ablations(const EvalArgs& a, const eval::
     if (seen.insert(s.Canonical()).second) out.push_back(std::move(s));
   };
   add(base, "base");
-  auto list = [](const std::string& s) {
-    return std::vector<std::string>(absl::StrSplit(s, ',', absl::SkipEmpty()));
-  };
-  for (const std::string& v : list(a.ab_key_bits)) {
-    eval::CodecSpec s = base;
-    if (!absl::SimpleAtoi(v, &s.key_bits) || s.key_bits < 4 || s.key_bits > 8)
-      return absl::InvalidArgumentError(absl::StrCat("--ablate-key-bits: '", v, "' (4..8)"));
-    add(s, absl::StrCat("key-bits=", v));
-  }
-  for (const std::string& v : list(a.ab_key_scale)) {
-    eval::CodecSpec s = base;
-    if (v == "tensor")
-      s.key_scale = kernels::KeyScaleMode::kPerTensor;
-    else if (v == "head")
-      s.key_scale = kernels::KeyScaleMode::kPerHead;
-    else if (v == "channel")
-      s.key_scale = kernels::KeyScaleMode::kPerChannel;
-    else
-      return absl::InvalidArgumentError(absl::StrCat("--ablate-key-scale: '", v, "'"));
-    add(s, absl::StrCat("key-scale=", v));
-  }
-  for (const std::string& v : list(a.ab_value_bits)) {
-    eval::CodecSpec s = base;
-    if (!absl::SimpleAtoi(v, &s.value_bits) || s.value_bits < 2 || s.value_bits > 4)
-      return absl::InvalidArgumentError(absl::StrCat("--ablate-value-bits: '", v, "' (2..4)"));
-    add(s, absl::StrCat("value-bits=", v));
-  }
-  for (const std::string& v : list(a.ab_edge_bits)) {
-    eval::CodecSpec s = base;
-    std::vector<std::string> p = absl::StrSplit(v, 'x');
-    if (!absl::SimpleAtoi(p[0], &s.edge_value_bits) || s.edge_value_bits < 0 ||
-        s.edge_value_bits > 4 || (p.size() == 2 && !absl::SimpleAtoi(p[1], &s.edge_layers)))
-      return absl::InvalidArgumentError(absl::StrCat("--ablate-edge-bits: '", v, "' (bits[xN])"));
-    add(s, absl::StrCat("edge-bits=", v));
-  }
-  for (const std::string& v : list(a.ab_rotation)) {
-    eval::CodecSpec s = base;
-    if (v != "on" && v != "off") return absl::InvalidArgumentError("--ablate-rotation: on,off");
-    s.rotation = v == "on";
-    add(s, absl::StrCat("rotation=", v));
-  }
-  for (const std::string& v : list(a.ab_norm_correction)) {
-    eval::CodecSpec s = base;
-    if (v != "on" && v != "off")
-      return absl::InvalidArgumentError("--ablate-norm-correction: on,off");
-    s.norm_correction = v == "on";
-    add(s, absl::StrCat("norm-correction=", v));
-  }
-  for (const std::string& v : list(a.ab_norm_dtype)) {
-    eval::CodecSpec s = base;
-    if (v != "f16" && v != "f32") return absl::InvalidArgumentError("--ablate-norm-dtype: f16,f32");
-    s.f16_norms = v == "f16";
-    add(s, absl::StrCat("norm-dtype=", v));
-  }
-  for (const std::string& v : list(a.ab_seeds)) {
-    eval::CodecSpec s = base;
-    if (!absl::SimpleHexAtoi(v, &s.seed)) return absl::InvalidArgumentError("--ablate-seeds: hex");
-    add(s, absl::StrCat("seed=", v));
+  for (const AblationFactor& f : kAblationFactors) {
+    for (absl::string_view item : absl::StrSplit(a.*f.values, ',', absl::SkipEmpty())) {
+      const std::string v(item);
+      eval::CodecSpec s = base;
+      if (!f.set(v, &s)) {
+        if (!f.quote) return absl::InvalidArgumentError(absl::StrCat(f.flag, ": ", f.hint));
+        return absl::InvalidArgumentError(
+            absl::StrCat(f.flag, ": '", v, "'", *f.hint ? " (" : "", f.hint, *f.hint ? ")" : ""));
+      }
+      add(s, absl::StrCat(f.label, "=", v));
+    }
   }
   if (!a.ab_extra.empty()) {
     POLYKV_ASSIGN_OR_RETURN(std::vector<eval::CodecSpec> extra, eval::ParseCodecList(a.ab_extra));
@@ -353,15 +372,7 @@ void RegisterEvalCommands(CLI::App& app) {
                   "Ablations: the codec whose factors are varied (default: default)");
   cmd->add_option("--ablation-context", a->ablation_context, "Ablations: context length L");
   cmd->add_option("--ablation-windows", a->ablation_windows, "Ablations: windows (0 = --windows)");
-  cmd->add_option("--ablate-key-bits", a->ab_key_bits, "Ablation: key bits, e.g. 8,7,6,5,4");
-  cmd->add_option("--ablate-key-scale", a->ab_key_scale, "Ablation: tensor,head,channel");
-  cmd->add_option("--ablate-value-bits", a->ab_value_bits, "Ablation: 2,3,4");
-  cmd->add_option("--ablate-edge-bits", a->ab_edge_bits,
-                  "Ablation: first/last layers' value bits, e.g. 4,4x2 (0 = as the others)");
-  cmd->add_option("--ablate-rotation", a->ab_rotation, "Ablation: on,off");
-  cmd->add_option("--ablate-norm-correction", a->ab_norm_correction, "Ablation: on,off");
-  cmd->add_option("--ablate-norm-dtype", a->ab_norm_dtype, "Ablation: f32,f16");
-  cmd->add_option("--ablate-seeds", a->ab_seeds, "Ablation: rotation seeds (hex)");
+  for (const AblationFactor& f : kAblationFactors) cmd->add_option(f.flag, (*a).*f.values, f.help);
   cmd->add_option("--ablate-codecs", a->ab_extra, "Ablation: extra full codec specs");
   cmd->add_option("--document", a->document, "Greedy/semantic: the shared document");
   cmd->add_option("--questions", a->questions, "Greedy/semantic: one question per line");

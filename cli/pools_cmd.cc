@@ -24,6 +24,7 @@
 #include "commands.h"
 #include "polykv/agent.h"
 #include "polykv/client.hpp"
+#include "polykv/ipc/codec_spec.h"
 #include "polykv/ipc/pool_file.h"
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/model/llama.h"
@@ -37,6 +38,13 @@ namespace {
 
 namespace pc = polykv::client;
 using nlohmann::json;
+
+// The --key-scale words, from the one key scale name table.
+std::vector<std::string> KeyScaleWords() {
+  std::vector<std::string> words;
+  for (const ipc::KeyScaleName& n : ipc::kKeyScaleNames) words.push_back(n.name);
+  return words;
+}
 
 /// Options shared by `ping` and every `pools` command.
 struct CommonArgs {
@@ -65,11 +73,16 @@ Status FromClient(const pc::Status& status) {
   return Status(static_cast<absl::StatusCode>(status.code()), status.message());
 }
 
+/// True after reporting `result`'s error (FailWith); false when it holds a value.
+template <typename T>
+bool Failed(const pc::Result<T>& result) {
+  if (result.ok()) return false;
+  FailWith(FromClient(result.status()));
+  return true;
+}
+
 void AddCommonOptions(CLI::App* app, CommonArgs* args) {
-  app->add_option("--endpoint", args->endpoint,
-                  "polykvd control endpoint (default: $POLYKV_ENDPOINT or the standard socket)");
-  app->add_option("--timeout-ms", args->timeout_ms, "per-request timeout in ms (retried)")
-      ->check(CLI::Range(1, 3600000));
+  AddDaemonOptions(app, &args->endpoint, &args->timeout_ms);
   app->add_flag("--json", args->json, "machine-readable JSON on stdout");
 }
 
@@ -140,14 +153,9 @@ json InfoJson(const pc::PoolInfo& p) {
 json PeersJson(const std::vector<polykv_peer_info>& peers) {
   json arr = json::array();
   for (const polykv_peer_info& p : peers) {
-    arr.push_back(json{{"endpoint", p.endpoint},
-                       {"state", p.state},
-                       {"detail", p.detail},
-                       {"instance", p.instance},
-                       {"version", p.version},
-                       {"pools", p.pools},
-                       {"rtt_ms", p.rtt_ms},
-                       {"last_seen_unix_ms", p.last_seen_unix_ms}});
+    json j = json::object();
+    ipc::ForEachPeerStateField(p, [&](const char* key, const auto& value) { j[key] = value; });
+    arr.push_back(std::move(j));
   }
   return arr;
 }
@@ -222,11 +230,11 @@ std::string CacheLine(const pc::DaemonInfo& d) {
 
 void RunPing(const CommonArgs& args) {
   auto client = Connect(args);
-  if (!client.ok()) return FailWith(FromClient(client.status()));
+  if (Failed(client)) return;
   auto info = client->Ping();
-  if (!info.ok()) return FailWith(FromClient(info.status()));
+  if (Failed(info)) return;
   auto peers = client->Peers();
-  if (!peers.ok()) return FailWith(FromClient(peers.status()));
+  if (Failed(peers)) return;
   const std::string endpoint = args.endpoint.empty() ? "(default)" : args.endpoint;
   if (args.json) {
     json j = DaemonJson(*info, endpoint);
@@ -255,11 +263,11 @@ std::string StateOf(const pc::PoolInfo& p) { return p.state.empty() ? "memory" :
 
 void RunList(const CommonArgs& args) {
   auto client = Connect(args);
-  if (!client.ok()) return FailWith(FromClient(client.status()));
+  if (Failed(client)) return;
   auto pools = client->ListPools();
-  if (!pools.ok()) return FailWith(FromClient(pools.status()));
+  if (Failed(pools)) return;
   auto daemon = client->Ping();
-  if (!daemon.ok()) return FailWith(FromClient(daemon.status()));
+  if (Failed(daemon)) return;
   if (args.json) {
     json arr = json::array();
     for (const auto& p : *pools) arr.push_back(InfoJson(p));
@@ -400,14 +408,14 @@ void PrintInfoHuman(const pc::PoolInfo& p, const std::vector<std::string>& chain
 
 void RunShow(const CommonArgs& args, const std::string& id) {
   auto client = Connect(args);
-  if (!client.ok()) return FailWith(FromClient(client.status()));
+  if (Failed(client)) return;
   auto info = client->GetPoolInfo(id);  // the daemon resolves a unique prefix
-  if (!info.ok()) return FailWith(FromClient(info.status()));
+  if (Failed(info)) return;
   // The parent chain, root first, from the daemon's list (pools in memory and on disk).
   std::vector<std::string> chain;
   if (!info->parent.empty()) {
     auto pools = client->ListPools();
-    if (!pools.ok()) return FailWith(FromClient(pools.status()));
+    if (Failed(pools)) return;
     std::map<std::string, std::string> parent_of;
     for (const auto& p : *pools) parent_of[p.id] = p.parent;
     std::set<std::string> seen;
@@ -423,6 +431,31 @@ void RunShow(const CommonArgs& args, const std::string& id) {
     std::cout << j.dump(2) << "\n";
   } else {
     PrintInfoHuman(*info, chain);
+  }
+}
+
+// Connects, runs `obtain` (a CreatePool or FetchPool) with a progress line on stderr, and
+// prints the pool: its id (and `existed_note` on stderr when the daemon already had it), or
+// with --json its info and `flag` = whether this call made it.
+template <typename Obtain>
+void RunObtain(const CommonArgs& args, const Obtain& obtain, const char* flag,
+               const char* existed_note) {
+  auto client = Connect(args);
+  if (Failed(client)) return;
+  ProgressPrinter printer;
+  pc::Result<pc::CreatedPool> got =
+      obtain(*client, [&](const std::string& stage, int64_t done, int64_t total) {
+        printer.Update(stage, done, total);
+      });
+  printer.Finish();
+  if (Failed(got)) return;
+  if (args.json) {
+    json j = InfoJson(got->info);
+    j[flag] = got->created;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    if (!got->created) std::cerr << existed_note << "\n";
+    std::cout << got->info.id << "\n";
   }
 }
 
@@ -456,47 +489,26 @@ void RunCreate(const CommonArgs& args, const CreateArgs& c) {
   opts.norm_correction = c.norm_correction;
   opts.add_bos = !c.no_bos;
   opts.timeout_ms = c.create_timeout_s * 1000;
-  auto client = Connect(args);
-  if (!client.ok()) return FailWith(FromClient(client.status()));
-  ProgressPrinter printer;
-  auto created =
-      client->CreatePool(opts, [&](const std::string& stage, int64_t done, int64_t total) {
-        printer.Update(stage, done, total);
-      });
-  printer.Finish();
-  if (!created.ok()) return FailWith(FromClient(created.status()));
-  if (args.json) {
-    json j = InfoJson(created->info);
-    j["created"] = created->created;
-    std::cout << j.dump(2) << "\n";
-  } else {
-    if (!created->created) std::cerr << "pool already existed\n";
-    std::cout << created->info.id << "\n";
-  }
+  RunObtain(
+      args,
+      [&](pc::Client& client, const pc::ProgressFn& progress) {
+        return client.CreatePool(opts, progress);
+      },
+      "created", "pool already existed");
 }
 
 void RunFetch(const CommonArgs& args, const std::string& id) {
-  auto client = Connect(args);
-  if (!client.ok()) return FailWith(FromClient(client.status()));
-  ProgressPrinter printer;
-  auto fetched = client->FetchPool(id, [&](const std::string& stage, int64_t done, int64_t total) {
-    printer.Update(stage, done, total);
-  });
-  printer.Finish();
-  if (!fetched.ok()) return FailWith(FromClient(fetched.status()));
-  if (args.json) {
-    json j = InfoJson(fetched->info);
-    j["fetched"] = fetched->created;
-    std::cout << j.dump(2) << "\n";
-  } else {
-    if (!fetched->created) std::cerr << "the daemon already held the pool\n";
-    std::cout << fetched->info.id << "\n";
-  }
+  RunObtain(
+      args,
+      [&](pc::Client& client, const pc::ProgressFn& progress) {
+        return client.FetchPool(id, progress);
+      },
+      "fetched", "the daemon already held the pool");
 }
 
 void RunEvict(const CommonArgs& args, const std::string& id, bool force) {
   auto client = Connect(args);
-  if (!client.ok()) return FailWith(FromClient(client.status()));
+  if (Failed(client)) return;
   // EVICT carries the id as given: the daemon resolves a unique prefix (a pool kept only on
   // disk included). The full id is looked up only to be printed.
   std::string full = id;
@@ -518,9 +530,9 @@ void RunEvict(const CommonArgs& args, const std::string& id, bool force) {
 template <typename F>
 void WithMappedPool(const CommonArgs& args, const std::string& id, F&& use) {
   auto client = Connect(args);
-  if (!client.ok()) return FailWith(FromClient(client.status()));
+  if (Failed(client)) return;
   auto pool = client->Attach(id);
-  if (!pool.ok()) return FailWith(FromClient(pool.status()));
+  if (Failed(pool)) return;
   const void* base = nullptr;
   uint64_t size = 0;
   pc::Status st = pc::Status::FromC(polykv_pool_mapping(pool->get(), &base, &size));
@@ -769,7 +781,7 @@ void RegisterPoolsCommands(CLI::App& app) {
                      "or a spec k<4..8><t|h|c>-v<2..4>[-e<b>[x<n>]]"
                      "[-nc][-n16][-s<hex>]; a child pool: its parent's");
   create->add_option("--key-scale", create_args.key_scale, "int8 key scale granularity")
-      ->check(CLI::IsMember({"tensor", "head", "channel"}));
+      ->check(CLI::IsMember(KeyScaleWords()));
   create->add_flag("--norm-correction", create_args.norm_correction,
                    "TurboQuant norm correction for values");
   create->add_flag("--no-bos", create_args.no_bos, "do not prepend BOS when tokenizing");

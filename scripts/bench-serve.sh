@@ -71,15 +71,27 @@ create_pool() {
   "$CLI" pools create --model "$MODEL" --document "$WORK/doc.txt" --no-bos --codec "$CODEC" \
     </dev/null | tail -n 1
 }
+# The start of run $1: memory baseline (BASE) and sampler (SAMPLER), then a daemon and the
+# pool (POOL); T_START before the daemon, T_POOL once the pool is created.
+begin_run() {
+  sync; sleep 1
+  BASE=$(mem_available)
+  sample_memory "$WORK/mem-$1" & SAMPLER=$!
+  T_START=$(now)
+  start_daemon "$1"
+  POOL=$(create_pool)
+  T_POOL=$(now)
+}
+# Stops run $1's memory sampler and sets the variable named $2 to the peak MemAvailable drop
+# (MiB) against BASE.
+end_sampling() {
+  kill "$SAMPLER"; wait "$SAMPLER" 2>/dev/null || true
+  printf -v "$2" '%s' "$(peak_drop_mib "$BASE" "$WORK/mem-$1")"
+}
 
 # ---- 1. the host ------------------------------------------------------------------------
-sync; sleep 1
-BASE=$(mem_available)
-sample_memory "$WORK/mem-host" & SAMPLER=$!
-T0=$(now)
-start_daemon host
-POOL=$(create_pool)
-TP1=$(now)
+begin_run host
+T0=$T_START TP1=$T_POOL
 "$CLI" agents serve --pool "$POOL" --model "$MODEL" --listen 127.0.0.1:0 --alias doc \
   --max-sessions "$N" </dev/null >"$WORK/host.log" 2>&1 &
 HPID=$!
@@ -112,8 +124,7 @@ T1=$(now)
 HOST_HWM=$(hwm_mib "$HPID")
 DAEMON_HWM=$(hwm_mib "$DPID")
 curl -s "http://127.0.0.1:$PORT/metrics" >"$WORK/metrics"
-kill "$SAMPLER"; wait "$SAMPLER" 2>/dev/null || true
-HOST_DROP=$(peak_drop_mib "$BASE" "$WORK/mem-host")
+end_sampling host HOST_DROP
 HOST_TOKENS=$(cat "$WORK"/answer-*.json | python3 -c '
 import json, sys
 dec = json.JSONDecoder(); s = sys.stdin.read(); i = 0; n = 0
@@ -133,19 +144,13 @@ WB=$(metric polykv_host_weight_bytes_per_step)
 PB=$(metric polykv_host_prefix_bytes_per_step)
 
 # ---- 2. N separate agent processes ---------------------------------------------------------
-sync; sleep 1
-BASE=$(mem_available)
-sample_memory "$WORK/mem-proc" & SAMPLER=$!
-T2=$(now)
-start_daemon proc
-POOL=$(create_pool)
-TP2=$(now)
+begin_run proc
+T2=$T_START TP2=$T_POOL
 "$CLI" agents run --pool "$POOL" --model "$MODEL" --questions "$WORK/questions.txt" -n "$N" \
   -j "$JOBS" --max-new-tokens "$MAX_NEW" --no-baseline --json </dev/null >"$WORK/agents.json"
 T3=$(now)
 DAEMON2_HWM=$(hwm_mib "$DPID")
-kill "$SAMPLER"; wait "$SAMPLER" 2>/dev/null || true
-PROC_DROP=$(peak_drop_mib "$BASE" "$WORK/mem-proc")
+end_sampling proc PROC_DROP
 read -r PROC_TOKENS AGENT_RSS <<<"$(python3 -c '
 import json, sys
 j = json.load(open(sys.argv[1]))

@@ -266,12 +266,10 @@ std::string PplMarkdown(const std::vector<PplRow>& rows) {
       "codec "
       "| change | 95% interval |\n|---|---|---|---|---|---|---|---|---|---|\n";
   for (const PplRow& r : rows) {
-    absl::StrAppendFormat(&s,
-                          "| %d | %d + %d | %d | %s (%s) | %.3f | %.3fx | %.4f | %.4f | %+.2f%% | "
-                          "[%+.2f%%, %+.2f%%] |\n",
+    absl::StrAppendFormat(&s, "| %d | %d + %d | %d | %s (%s) | %.3f | %.3fx | %.4f | %.4f | %s |\n",
                           r.context, r.compressed, r.scored, r.windows, r.codec, r.spec,
                           r.size.bits_per_value, r.size.ratio, r.ppl_full, r.ppl_codec,
-                          r.change.mean, r.change.lo, r.change.hi);
+                          PercentChangeCells(r.change));
   }
   return s;
 }

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "eval/eval.h"
 #include "polykv/client.hpp"
+#include "polykv/ipc/pool_memory.h"
 #include "util/processes.h"
 
 extern char** environ;
@@ -51,9 +52,17 @@ class OwnDaemon {
   ~OwnDaemon() { Stop(); }
   Status Start(const std::string& binary, const std::string& dir, std::string* endpoint) {
     *endpoint = absl::StrCat("ipc://", dir, "/control.sock");
-    const std::vector<std::string> argv = {binary, "--endpoint",      *endpoint, "--backend",
-                                           "host", "--threads",       "1",       "--log-level",
-                                           "warn", "--lease-seconds", "120"};
+    const std::vector<std::string> argv = {binary,
+                                           "--endpoint",
+                                           *endpoint,
+                                           "--backend",
+                                           ipc::PoolMemoryName(ipc::PoolMemory::kHost),
+                                           "--threads",
+                                           "1",
+                                           "--log-level",
+                                           "warn",
+                                           "--lease-seconds",
+                                           "120"};
     std::vector<char*> cargv;
     for (const auto& s : argv) cargv.push_back(const_cast<char*>(s.c_str()));
     cargv.push_back(nullptr);
@@ -224,11 +233,10 @@ std::string AgentMarkdown(const std::vector<AgentRow>& rows) {
       "interval | spread between agents (NLL) |\n"
       "|---|---|---|---|---|---|---|---|\n";
   for (const AgentRow& r : rows)
-    absl::StrAppendFormat(&s,
-                          "| %s | %d | %d | %.4f | %.4f | %+.2f%% | [%+.2f%%, %+.2f%%] | %.2g |\n",
+    absl::StrAppendFormat(&s, "| %s | %d | %d | %.4f | %.4f | %s | %.2g |\n",
                           r.codec == r.spec ? r.codec : absl::StrCat(r.codec, " (", r.spec, ")"),
                           r.agents, r.windows, std::exp(r.nll_full), std::exp(r.nll_codec),
-                          r.change.mean, r.change.lo, r.change.hi, r.agent_spread);
+                          PercentChangeCells(r.change), r.agent_spread);
   return s;
 }
 

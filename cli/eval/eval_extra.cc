@@ -34,9 +34,9 @@ std::string ParetoMarkdown(const std::vector<PplRow>& in) {
           o.size.bits_per_value < r.size.bits_per_value || o.change.mean < r.change.mean;
       if (le && lt) dominated = true;
     }
-    absl::StrAppendFormat(&s, "| %s | %s | %.3f | %.3fx | %+.2f%% | [%+.2f%%, %+.2f%%] | %s |\n",
-                          r.codec, r.spec, r.size.bits_per_value, r.size.ratio, r.change.mean,
-                          r.change.lo, r.change.hi, dominated ? "" : "yes");
+    absl::StrAppendFormat(&s, "| %s | %s | %.3f | %.3fx | %s | %s |\n", r.codec, r.spec,
+                          r.size.bits_per_value, r.size.ratio, PercentChangeCells(r.change),
+                          dominated ? "" : "yes");
   }
   return s;
 }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/str_format.h"
+
 namespace polykv::eval {
 namespace {
 
@@ -94,6 +96,10 @@ PairedInterval PairedMeanInterval(const std::vector<double>& treated,
   r.lo = r.mean - half;
   r.hi = r.mean + half;
   return r;
+}
+
+std::string PercentChangeCells(const PercentChange& c) {
+  return absl::StrFormat("%+.2f%% | [%+.2f%%, %+.2f%%]", c.mean, c.lo, c.hi);
 }
 
 PercentChange AsPplChangePercent(const PairedInterval& d) {

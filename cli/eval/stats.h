@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace polykv::eval {
@@ -38,6 +39,9 @@ struct PercentChange {
   double mean = 0, lo = 0, hi = 0;
 };
 PercentChange AsPplChangePercent(const PairedInterval& nll_diff);
+
+/// The two markdown table cells of a change, e.g. "+0.46% | [+0.31%, +0.61%]".
+std::string PercentChangeCells(const PercentChange& change);
 
 /// llama-perplexity's estimate over scored tokens with negative log-likelihoods nll_i:
 /// PPL = exp(mean), and its standard error exp(mean) * sqrt((mean(nll^2) - mean^2) / (n - 1))

@@ -239,6 +239,20 @@ std::string FinishReasonWord(model::FinishReason r) {
   return r == model::FinishReason::kLength ? "length" : "stop";
 }
 
+namespace {
+
+// What a response and a chunk share: id, object, created, model and their one choice.
+json CompletionJson(const std::string& id, const char* object, int64_t created,
+                    const std::string& model, json choice) {
+  return json{{"id", id},
+              {"object", object},
+              {"created", created},
+              {"model", model},
+              {"choices", json::array({std::move(choice)})}};
+}
+
+}  // namespace
+
 json ResponseJson(ApiKind kind, const std::string& id, int64_t created, const std::string& model,
                   const std::string& text, model::FinishReason finish, const json& usage) {
   json choice = {{"index", 0}, {"finish_reason", FinishReasonWord(finish)}, {"logprobs", nullptr}};
@@ -247,12 +261,10 @@ json ResponseJson(ApiKind kind, const std::string& id, int64_t created, const st
   } else {
     choice["text"] = text;
   }
-  return json{{"id", id},
-              {"object", kind == ApiKind::kChat ? "chat.completion" : "text_completion"},
-              {"created", created},
-              {"model", model},
-              {"choices", json::array({choice})},
-              {"usage", usage}};
+  json j = CompletionJson(id, kind == ApiKind::kChat ? "chat.completion" : "text_completion",
+                          created, model, std::move(choice));
+  j["usage"] = usage;
+  return j;
 }
 
 json ChunkJson(ApiKind kind, const std::string& id, int64_t created, const std::string& model,
@@ -266,11 +278,8 @@ json ChunkJson(ApiKind kind, const std::string& id, int64_t created, const std::
   } else {
     choice["text"] = text;
   }
-  return json{{"id", id},
-              {"object", kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion"},
-              {"created", created},
-              {"model", model},
-              {"choices", json::array({choice})}};
+  return CompletionJson(id, kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion",
+                        created, model, std::move(choice));
 }
 
 }  // namespace polykv::cli::serve

@@ -1,11 +1,25 @@
 // polykvd's command-line flags (see daemon.h) and byte sizes ("8G", "512 MiB").
 #include <cmath>
 #include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon.h"
+#include "polykv/ipc/pool_memory.h"
 
 namespace polykv::daemon {
+namespace {
+
+// --backend's words: auto, then the pool memory kinds.
+std::vector<std::string> BackendWords() {
+  std::vector<std::string> words = {"auto"};
+  for (std::string& name : ipc::PoolMemoryNames()) words.push_back(std::move(name));
+  return words;
+}
+
+}  // namespace
 
 StatusOr<uint64_t> ParseByteSize(const std::string& text_in) {
   std::string text;
@@ -62,12 +76,12 @@ void AddDaemonFlags(CLI::App& app, DaemonOptions& o) {
                  "$XDG_RUNTIME_DIR/polykv/control.sock or /tmp/polykv-<uid>/control.sock)");
   app.add_option("--backend", o.backend,
                  "Pool memory: auto (cuda when a GPU is usable), host, cuda")
-      ->check(CLI::IsMember({"auto", "host", "cuda"}))
+      ->check(CLI::IsMember(BackendWords()))
       ->capture_default_str();
   app.add_option("--prefill-device", o.prefill_device,
                  "Where documents are prefilled: host, or cuda (the GPU with --backend cuda "
                  "when the CUDA model runtime is usable, else the host, logged)")
-      ->check(CLI::IsMember({"host", "cuda"}))
+      ->check(CLI::IsMember(ipc::PoolMemoryNames()))
       ->capture_default_str();
   auto byte_size = [](const char* flag, uint64_t* out) {
     return [flag, out](const std::string& s) {

@@ -246,7 +246,7 @@ StatusOr<PoolManagerOptions> Daemon::Impl::ConfigurePools(const DaemonOptions& o
   pm.fd_socket = fd_path;
   pm.loader = o.loader;
   pm.threads = o.threads;
-  pm.prefill_on_device = o.prefill_device == "cuda";
+  pm.prefill_on_device = ipc::ParsePoolMemory(o.prefill_device) == ipc::PoolMemory::kCuda;
   pm.model_cache_models = o.model_cache_models;
   pm.model_cache_bytes = o.model_cache_bytes;
   pm.test_create_delay_ms = o.test_create_delay_ms;

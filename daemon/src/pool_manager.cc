@@ -12,6 +12,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "locked.h"
 #include "pool_manager_internal.h"
 
 namespace polykv::daemon {
@@ -120,9 +121,8 @@ StatusOr<CodecChoice> ParseCodecName(const std::string& name_in) {
 }
 
 StatusOr<kernels::KeyScaleMode> ParseKeyScale(const std::string& name) {
-  if (name == "tensor" || name.empty()) return kernels::KeyScaleMode::kPerTensor;
-  if (name == "head") return kernels::KeyScaleMode::kPerHead;
-  if (name == "channel") return kernels::KeyScaleMode::kPerChannel;
+  if (name.empty()) return kernels::KeyScaleMode::kPerTensor;
+  if (std::optional<kernels::KeyScaleMode> mode = ipc::ParseKeyScaleName(name)) return *mode;
   return absl::InvalidArgumentError(absl::StrCat("unknown key_scale \"", ipc::Abbreviate(name, 32),
                                                  "\" (expected tensor, head or channel)"));
 }
@@ -211,24 +211,15 @@ bool PoolManager::Cancelled(const std::atomic<bool>* cancel) const {
   return shutdown_.load() || (cancel != nullptr && cancel->load());
 }
 
-uint64_t PoolManager::memory_used() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return used_;
-}
+uint64_t PoolManager::memory_used() const { return ReadLocked(mu_, used_); }
 
 uint64_t PoolManager::lease_count() const {
   std::lock_guard<std::mutex> lock(mu_);
   return leases_.size();
 }
 
-uint64_t PoolManager::replicated_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return replicated_;
-}
+uint64_t PoolManager::replicated_count() const { return ReadLocked(mu_, replicated_); }
 
-uint64_t PoolManager::restored_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return restored_;
-}
+uint64_t PoolManager::restored_count() const { return ReadLocked(mu_, restored_); }
 
 }  // namespace polykv::daemon

@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "locked.h"
 
 namespace polykv::daemon {
 namespace {
@@ -367,21 +368,12 @@ std::vector<ipc::PoolFileManifest> PoolStore::List() const {
   return out;
 }
 
-uint64_t PoolStore::bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return bytes_;
-}
+uint64_t PoolStore::bytes() const { return ReadLocked(mu_, bytes_); }
 size_t PoolStore::count() const {
   std::lock_guard<std::mutex> lock(mu_);
   return entries_.size();
 }
-uint64_t PoolStore::quarantined() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return quarantined_;
-}
-uint64_t PoolStore::evicted_for_budget() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return evicted_;
-}
+uint64_t PoolStore::quarantined() const { return ReadLocked(mu_, quarantined_); }
+uint64_t PoolStore::evicted_for_budget() const { return ReadLocked(mu_, evicted_); }
 
 }  // namespace polykv::daemon

@@ -23,9 +23,10 @@ int CodecSpec::ValueBitsOf(int layer, int layers) const {
 
 std::string CodecSpec::Canonical() const {
   if (none) return "none";
-  const char scale = key_scale == kernels::KeyScaleMode::kPerTensor ? 't'
-                     : key_scale == kernels::KeyScaleMode::kPerHead ? 'h'
-                                                                    : 'c';
+  char scale = '?';
+  for (const KeyScaleName& n : kKeyScaleNames) {
+    if (n.mode == key_scale) scale = n.letter;
+  }
   std::string s = absl::StrCat("k", key_bits, std::string(1, scale), "-v", value_bits);
   if (edge_value_bits > 0) {
     absl::StrAppend(&s, "-e", edge_value_bits);
@@ -84,15 +85,12 @@ StatusOr<CodecSpec> ParseCodecSpec(const std::string& text) {
       if (!absl::SimpleAtoi(tok.substr(1, tok.size() - 2), &v) || v < 4 || v > 8)
         return bad("needs key bits 4..8");
       s.key_bits = v;
-      const char m = tok.back();
-      if (m == 't')
-        s.key_scale = kernels::KeyScaleMode::kPerTensor;
-      else if (m == 'h')
-        s.key_scale = kernels::KeyScaleMode::kPerHead;
-      else if (m == 'c')
-        s.key_scale = kernels::KeyScaleMode::kPerChannel;
-      else
-        return bad("needs a key scale t, h or c");
+      const KeyScaleName* scale = nullptr;
+      for (const KeyScaleName& n : kKeyScaleNames) {
+        if (n.letter == tok.back()) scale = &n;
+      }
+      if (scale == nullptr) return bad("needs a key scale t, h or c");
+      s.key_scale = scale->mode;
       have_k = true;
     } else if (tok.size() == 2 && tok[0] == 'v') {
       if (!absl::SimpleAtoi(tok.substr(1), &v) || v < 2 || v > 4)

@@ -138,44 +138,52 @@ Status GetField(const json& j, const char* field, T* out) {
   }
 }
 
-json PoolInfoToJson(const PoolInfo& p) {
+// The visitors of the field lists (protocol.h), as objects that can be passed on.
+constexpr auto kPoolInfoFields = [](auto& object, auto&& f) { ForEachPoolInfoField(object, f); };
+constexpr auto kPeerFields = [](auto& object, auto&& f) { ForEachPeerStateField(object, f); };
+constexpr auto kDaemonFigures = [](auto& object, auto&& f) { ForEachDaemonFigure(object, f); };
+
+// Writes every field `fields` lists of `object` into *j under its key.
+template <typename T, typename Fields>
+void WriteFields(const T& object, const Fields& fields, json* j) {
+  fields(object, [&](const char* key, const auto& value) { (*j)[key] = value; });
+}
+
+// Reads every field `fields` lists of *object from `j` (GetField: absent fields keep their
+// value, a wrong type is kInvalidArgument naming the first such field).
+template <typename T, typename Fields>
+Status ReadFields(const json& j, const Fields& fields, T* object) {
+  Status status;
+  fields(*object, [&](const char* key, auto& value) {
+    if (status.ok()) status = GetField(j, key, &value);
+  });
+  return status;
+}
+
+// A struct of a field list as its own JSON object.
+template <typename T, typename Fields>
+json ObjectToJson(const T& object, const Fields& fields) {
   json j = json::object();
-  ForEachPoolInfoField(p, [&](const char* key, const auto& value) { j[key] = value; });
+  WriteFields(object, fields, &j);
   return j;
 }
 
-StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
+// The struct a JSON object holds; kInvalidArgument when `j` is not an object (`where` names
+// it) or a field has the wrong type.
+template <typename T, typename Fields>
+StatusOr<T> ObjectFromJson(const json& j, const Fields& fields, const std::string& where) {
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat("field '", where, "' must be an object"));
   }
-  PoolInfo p;
-  Status status;
-  ForEachPoolInfoField(p, [&](const char* key, auto& value) {
-    if (status.ok()) status = GetField(j, key, &value);
-  });
-  if (!status.ok()) return status;
-  return p;
+  T object;
+  POLYKV_RETURN_IF_ERROR(ReadFields(j, fields, &object));
+  return object;
 }
 
-json PeerToJson(const PeerState& p) {
-  return json{{"endpoint", p.endpoint}, {"state", p.state},
-              {"detail", p.detail},     {"instance", p.instance},
-              {"version", p.version},   {"pools", p.pools},
-              {"rtt_ms", p.rtt_ms},     {"last_seen_unix_ms", p.last_seen_unix_ms}};
-}
+json PoolInfoToJson(const PoolInfo& p) { return ObjectToJson(p, kPoolInfoFields); }
 
-StatusOr<PeerState> PeerFromJson(const json& j) {
-  if (!j.is_object()) return absl::InvalidArgumentError("field 'peers[]' must be an object");
-  PeerState p;
-  POLYKV_RETURN_IF_ERROR(Get(j, "endpoint", &p.endpoint));
-  POLYKV_RETURN_IF_ERROR(Get(j, "state", &p.state));
-  POLYKV_RETURN_IF_ERROR(Get(j, "detail", &p.detail));
-  POLYKV_RETURN_IF_ERROR(Get(j, "instance", &p.instance));
-  POLYKV_RETURN_IF_ERROR(Get(j, "version", &p.version));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "pools", &p.pools));
-  POLYKV_RETURN_IF_ERROR(Get(j, "rtt_ms", &p.rtt_ms));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "last_seen_unix_ms", &p.last_seen_unix_ms));
-  return p;
+StatusOr<PoolInfo> PoolInfoFromJson(const json& j, const std::string& where) {
+  return ObjectFromJson<PoolInfo>(j, kPoolInfoFields, where);
 }
 
 json MemoryToJson(const MemoryHandle& m) {
@@ -466,19 +474,11 @@ std::string EncodeReply(const Reply& r) {
   if (r.daemon_pid != 0) j["daemon_pid"] = r.daemon_pid;
   if (r.type == MessageType::kStats || r.type == MessageType::kPing ||
       r.type == MessageType::kList) {
-    j["memory_used"] = r.memory_used;
-    j["memory_cap"] = r.memory_cap;
-    j["model_cache_bytes"] = r.model_cache_bytes;
-    j["model_cache_mapped_bytes"] = r.model_cache_mapped_bytes;
-    j["model_cache_models"] = r.model_cache_models;
-    j["model_cache_capacity"] = r.model_cache_capacity;
-    j["creates_queued"] = r.creates_queued;
-    j["creates_running"] = r.creates_running;
-    j["create_queue_capacity"] = r.create_queue_capacity;
+    WriteFields(r, kDaemonFigures, &j);
   }
   if (r.type == MessageType::kPing && !r.peers.empty()) {
     json arr = json::array();
-    for (const auto& p : r.peers) arr.push_back(PeerToJson(p));
+    for (const auto& p : r.peers) arr.push_back(ObjectToJson(p, kPeerFields));
     j["peers"] = std::move(arr);
   }
   if (r.type == MessageType::kPeerFetch) {
@@ -535,19 +535,11 @@ StatusOr<Reply> DecodeReply(std::string_view frame) {
   }
   POLYKV_RETURN_IF_ERROR(Get(j, "daemon_version", &r.daemon_version));
   POLYKV_RETURN_IF_ERROR(GetInt(j, "daemon_pid", &r.daemon_pid));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "memory_used", &r.memory_used));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "memory_cap", &r.memory_cap));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "model_cache_bytes", &r.model_cache_bytes));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "model_cache_mapped_bytes", &r.model_cache_mapped_bytes));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "model_cache_models", &r.model_cache_models));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "model_cache_capacity", &r.model_cache_capacity));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "creates_queued", &r.creates_queued));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "creates_running", &r.creates_running));
-  POLYKV_RETURN_IF_ERROR(GetInt(j, "create_queue_capacity", &r.create_queue_capacity));
+  POLYKV_RETURN_IF_ERROR(ReadFields(j, kDaemonFigures, &r));
   if (auto it = j.find("peers"); it != j.end() && !it->is_null() && r.type == MessageType::kPing) {
     if (!it->is_array()) return WrongType("peers", "an array", *it);
     for (const auto& p : *it) {
-      POLYKV_ASSIGN_OR_RETURN(PeerState peer, PeerFromJson(p));
+      POLYKV_ASSIGN_OR_RETURN(PeerState peer, ObjectFromJson<PeerState>(p, kPeerFields, "peers[]"));
       r.peers.push_back(std::move(peer));
     }
   }

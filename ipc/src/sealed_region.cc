@@ -77,6 +77,16 @@ Status ConnectError(int e, const std::string& path) {
   }
 }
 
+// Calls `io` (a sendmsg or recvmsg) again while it fails with EINTR; its last result.
+template <typename Io>
+ssize_t RetryOnEintr(const Io& io) {
+  ssize_t n;
+  do {
+    n = io();
+  } while (n < 0 && errno == EINTR);
+  return n;
+}
+
 }  // namespace
 
 void UniqueFd::Reset(int fd) {
@@ -217,10 +227,8 @@ Status SendWithFd(int socket, std::string_view message, int fd) {
     c->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
   }
-  ssize_t n;
-  do {
-    n = sendmsg(socket, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
+  const ssize_t n =
+      RetryOnEintr([&] { return sendmsg(socket, &msg, MSG_DONTWAIT | MSG_NOSIGNAL); });
   if (n < 0) {
     const int e = errno;
     if (e == EAGAIN || e == EPIPE || e == ECONNRESET || e == ENOTCONN) {
@@ -257,10 +265,8 @@ StatusOr<std::pair<std::string, UniqueFd>> RecvWithFd(int socket, size_t max_byt
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
-  ssize_t n;
-  do {
-    n = recvmsg(socket, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
+  const ssize_t n =
+      RetryOnEintr([&] { return recvmsg(socket, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC); });
   if (n < 0) {
     const int e = errno;
     if (e == EAGAIN) return absl::DeadlineExceededError("descriptor socket: nothing to read");

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "polykv/client.h"
+#include "polykv/ipc/pool_memory.h"
 #include "polykv/kernels/attention.h"
 #include "polykv/kernels/device_ops.h"
 #include "polykv/model/cuda_llama.h"
@@ -425,7 +426,8 @@ StatusOr<PoolRoute> PooledAgent::Route(const AttachedChain& chain) {
         FromCStatus(polykv_pool_cuda_device(chain.guards[i]->pool, &cuda_device), "pool device"));
     const std::string id = chain.infos[i].id;
     RouteInput in = RouteInputFor(id);
-    in.backend = cuda_device >= 0 ? "cuda" : "host";
+    in.backend =
+        ipc::PoolMemoryName(cuda_device >= 0 ? ipc::PoolMemory::kCuda : ipc::PoolMemory::kHost);
     POLYKV_ASSIGN_OR_RETURN(PoolRoute r, RoutePool(in));
     if (route && *route != r)
       return absl::FailedPreconditionError(

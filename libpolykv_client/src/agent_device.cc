@@ -2,9 +2,11 @@
 #include "polykv/agent_device.h"
 
 #include <cstdio>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "polykv/enum_names.h"
+#include "polykv/ipc/pool_memory.h"
 
 namespace polykv::client {
 
@@ -44,12 +46,13 @@ const char* PoolRouteName(PoolRoute route) {
 StatusOr<PoolRoute> RoutePool(const RouteInput& in) {
   const std::string pool(in.pool_id);
   const std::string dev = AgentDeviceName(in.device);
-  if (in.backend != "host" && in.backend != "cuda") {
+  const std::optional<ipc::PoolMemory> memory = ipc::ParsePoolMemory(in.backend);
+  if (!memory) {
     return absl::InvalidArgumentError(absl::StrCat("pool ", pool, " has unknown backend \"",
                                                    std::string(in.backend),
                                                    "\" (expected host or cuda)"));
   }
-  const bool cuda_pool = in.backend == "cuda";
+  const bool cuda_pool = *memory == ipc::PoolMemory::kCuda;
   if (in.device.kind == kernels::Device::kCpu) {
     if (!cuda_pool) {
       return in.in_place && in.mapped_weights ? PoolRoute::kHostInPlace : PoolRoute::kHostDecoded;

@@ -74,10 +74,10 @@ constexpr int kDefaultCreateTimeoutMs = 600000;  // 10 min bound for CREATE_POOL
 constexpr int kCreateSilenceMs = 5 * ipc::kHeartbeatMs;
 constexpr int64_t kMinRenewIntervalMs = 20;
 
-void CopyString(char* dst, size_t cap, const std::string& src) {
-  size_t n = std::min(cap - 1, src.size());
-  std::memcpy(dst, src.data(), n);
-  dst[n] = '\0';
+// A string into a fixed C array: cut to fit, always NUL-terminated.
+template <size_t N>
+void CopyString(char (&dst)[N], const std::string& src) {
+  polykv::client::pool_info_c_internal::ToC(dst, src);
 }
 
 // ---- out-structs that grow (a leading uint32_t struct_size, members only appended) ----
@@ -149,6 +149,17 @@ Status CheckPoolId(const char* pool_id) {
   if (n > 64)
     return absl::InvalidArgumentError(absl::StrCat("pool id is ", n, " characters, over 64"));
   return Status();
+}
+
+// client->Call(req) for a request naming req.pool_id: the daemon's kNotFound as "unknown pool
+// <id> (daemon: ...)", anything else as it is.
+StatusOr<ipc::Reply> CallForPool(polykv_client* client, const ipc::Request& req) {
+  StatusOr<ipc::Reply> reply = client->Call(req);
+  if (!reply.ok() && reply.status().code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(
+        absl::StrCat("unknown pool ", req.pool_id, " (daemon: ", reply.status().message(), ")"));
+  }
+  return reply;
 }
 
 }  // namespace
@@ -314,7 +325,7 @@ polykv_status polykv_ping(polykv_client* client, polykv_daemon_info* out) {
     POLYKV_ASSIGN_OR_RETURN(ipc::Reply reply, client->Call(req));
     if (out != nullptr) {
       std::memset(out, 0, sizeof(*out));
-      CopyString(out->version, sizeof(out->version), reply.daemon_version);
+      CopyString(out->version, reply.daemon_version);
       out->pid = reply.daemon_pid;
       out->memory_used = reply.memory_used;
       out->memory_cap = reply.memory_cap;
@@ -357,14 +368,8 @@ polykv_status polykv_pool_info_by_id(polykv_client* client, const char* pool_id,
     ipc::Request req;
     req.type = ipc::MessageType::kStats;
     req.pool_id = pool_id;
-    StatusOr<ipc::Reply> reply = client->Call(req);
-    if (!reply.ok()) {
-      if (reply.status().code() == absl::StatusCode::kNotFound) {
-        return absl::NotFoundError(
-            absl::StrCat("unknown pool ", pool_id, " (daemon: ", reply.status().message(), ")"));
-      }
-      return reply.status();
-    }
+    StatusOr<ipc::Reply> reply = CallForPool(client, req);
+    if (!reply.ok()) return reply.status();
     if (reply->pool && reply->pool->id == pool_id) {
       ToCInfo(*reply->pool, out);
       return Status();
@@ -432,7 +437,7 @@ polykv_status CreatePool(polykv_client* client, const polykv_create_options* opt
         return Status(spec.status().code(), absl::StrCat("create: ", spec.status().message()));
     }
     req.key_scale = opts->key_scale ? opts->key_scale : "tensor";
-    if (req.key_scale != "tensor" && req.key_scale != "head" && req.key_scale != "channel") {
+    if (!ipc::ParseKeyScaleName(req.key_scale)) {
       return absl::InvalidArgumentError(absl::StrCat("create: unknown key scale \"",
                                                      ipc::Abbreviate(req.key_scale, 32),
                                                      "\" (expected tensor, head or channel)"));
@@ -523,18 +528,13 @@ polykv_status polykv_daemon_get_status(polykv_client* client, polykv_daemon_stat
     polykv_daemon_status full;
     std::memset(&full, 0, sizeof(full));
     full.struct_size = size;
-    CopyString(full.version, sizeof(full.version), reply.daemon_version);
-    CopyString(full.instance, sizeof(full.instance), reply.instance);
+    CopyString(full.version, reply.daemon_version);
+    CopyString(full.instance, reply.instance);
     full.pid = reply.daemon_pid;
-    full.memory_used = reply.memory_used;
-    full.memory_cap = reply.memory_cap;
-    full.model_cache_bytes = reply.model_cache_bytes;
-    full.model_cache_models = reply.model_cache_models;
-    full.model_cache_capacity = reply.model_cache_capacity;
-    full.creates_queued = reply.creates_queued;
-    full.creates_running = reply.creates_running;
-    full.create_queue_capacity = reply.create_queue_capacity;
-    full.model_cache_mapped_bytes = reply.model_cache_mapped_bytes;
+#define POLYKV_DAEMON_FIGURE_TO_C(name) \
+  polykv::client::pool_info_c_internal::ToC(full.name, reply.name);
+    POLYKV_DAEMON_FIGURE_FIELDS(POLYKV_DAEMON_FIGURE_TO_C)
+#undef POLYKV_DAEMON_FIGURE_TO_C
     std::memcpy(out, &full, size);
     return Status();
   });
@@ -559,14 +559,9 @@ polykv_status polykv_daemon_peers(polykv_client* client, polykv_peer_info* peers
     for (size_t i = 0; i < reply.peers.size() && i < capacity; ++i) {
       const ipc::PeerState& p = reply.peers[i];
       polykv_peer_info o = polykv_peer_info_init();
-      CopyString(o.endpoint, sizeof(o.endpoint), p.endpoint);
-      CopyString(o.state, sizeof(o.state), p.state);
-      CopyString(o.detail, sizeof(o.detail), p.detail);
-      CopyString(o.instance, sizeof(o.instance), p.instance);
-      CopyString(o.version, sizeof(o.version), p.version);
-      o.pools = p.pools;
-      o.rtt_ms = p.rtt_ms;
-      o.last_seen_unix_ms = p.last_seen_unix_ms;
+#define POLYKV_PEER_TO_C(name) polykv::client::pool_info_c_internal::ToC(o.name, p.name);
+      POLYKV_PEER_STATE_FIELDS(POLYKV_PEER_TO_C)
+#undef POLYKV_PEER_TO_C
       WriteSized(o, stride, reinterpret_cast<char*>(peers) + i * stride);
     }
     return Status();
@@ -611,12 +606,7 @@ polykv_status polykv_evict(polykv_client* client, const char* pool_id, int force
     req.type = ipc::MessageType::kEvict;
     req.pool_id = pool_id;
     req.force = force != 0;
-    StatusOr<ipc::Reply> reply = client->Call(req);
-    if (!reply.ok() && reply.status().code() == absl::StatusCode::kNotFound) {
-      return absl::NotFoundError(
-          absl::StrCat("unknown pool ", pool_id, " (daemon: ", reply.status().message(), ")"));
-    }
-    return reply.status();
+    return CallForPool(client, req).status();
   });
 }
 
@@ -714,14 +704,8 @@ polykv_status polykv_attach(polykv_client* client, const char* pool_id, polykv_p
     // answer (a clear status) instead of resending after the try's timeout.
     req.progress = true;
     const auto sent = Clock::now();
-    StatusOr<ipc::Reply> reply = client->Call(req);
-    if (!reply.ok()) {
-      if (reply.status().code() == absl::StatusCode::kNotFound) {
-        return absl::NotFoundError(
-            absl::StrCat("unknown pool ", pool_id, " (daemon: ", reply.status().message(), ")"));
-      }
-      return reply.status();
-    }
+    StatusOr<ipc::Reply> reply = CallForPool(client, req);
+    if (!reply.ok()) return reply.status();
     if (!reply->pool || !reply->memory) {
       return absl::InternalError("ATTACH reply lacks the pool description or memory handle");
     }

@@ -85,20 +85,38 @@ void Channel::Reset() {
   socket_ = std::move(socket);
 }
 
+StatusOr<std::string> Channel::Encode(ipc::Request& request) {
+  request.id = NextRequestId();
+  POLYKV_RETURN_IF_ERROR(ipc::ValidateRequest(request));
+  std::string frame = ipc::EncodeRequest(request);
+  if (frame.size() > ipc::kMaxMessageBytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(std::string(ipc::MessageTypeName(request.type)), " request is ", frame.size(),
+                     " bytes, over the protocol limit of ", ipc::kMaxMessageBytes, " bytes"));
+  }
+  return frame;
+}
+
+StatusOr<std::optional<ipc::Reply>> Channel::Receive(const std::string& what) {
+  StatusOr<std::string> payload = ipc::RecvDealerReply(*socket_, /*dontwait=*/true);
+  if (!payload.ok()) return Failed(payload.status(), what);
+  if (payload->empty()) return std::nullopt;
+  StatusOr<ipc::Reply> reply = ipc::DecodeReply(*payload);
+  if (!reply.ok()) {
+    return Status(reply.status().code(), absl::StrCat("malformed reply from polykvd at ", endpoint_,
+                                                      ": ", reply.status().message()));
+  }
+  if (!reply->instance.empty()) last_instance_ = reply->instance;
+  return std::optional<ipc::Reply>(*std::move(reply));
+}
+
 StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int tries,
                                    const std::function<void(const ipc::Reply&)>& on_progress,
                                    const std::atomic<bool>* cancel) {
   if (try_timeout_ms <= 0) try_timeout_ms = 1;
   if (tries <= 0) tries = 1;
-  request.id = NextRequestId();
-  POLYKV_RETURN_IF_ERROR(ipc::ValidateRequest(request));
-  const std::string frame = ipc::EncodeRequest(request);
+  POLYKV_ASSIGN_OR_RETURN(const std::string frame, Encode(request));
   const std::string what = std::string(ipc::MessageTypeName(request.type));
-  if (frame.size() > ipc::kMaxMessageBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, " request is ", frame.size(),
-                                                     " bytes, over the protocol limit of ",
-                                                     ipc::kMaxMessageBytes, " bytes"));
-  }
   for (int attempt = 0; attempt < tries; ++attempt) {
     // Fail at once, with the reason, when the socket is missing, dead or forbidden.
     POLYKV_RETURN_IF_ERROR(Probe());
@@ -122,17 +140,8 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
       zmq::pollitem_t item{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, std::chrono::milliseconds(std::min<int64_t>(left.count(), kPollSliceMs)));
       if (!(item.revents & ZMQ_POLLIN)) continue;
-      // Read one whole multipart message; the JSON is its last frame.
-      StatusOr<std::string> payload = ipc::RecvDealerReply(*socket_, /*dontwait=*/true);
-      if (!payload.ok()) return Failed(payload.status(), what);
-      if (payload->empty()) continue;
-      StatusOr<ipc::Reply> reply = ipc::DecodeReply(*payload);
-      if (!reply.ok()) {
-        return Status(reply.status().code(),
-                      absl::StrCat("malformed reply from polykvd at ", endpoint_, ": ",
-                                   reply.status().message()));
-      }
-      if (!reply->instance.empty()) last_instance_ = reply->instance;
+      POLYKV_ASSIGN_OR_RETURN(std::optional<ipc::Reply> reply, Receive(what));
+      if (!reply) continue;
       if (reply->id != request.id) continue;  // stale: a reply to an earlier request
       if (reply->type == ipc::MessageType::kProgress) {
         // The daemon is working on this request (an ATTACH that replicates the pool from a
@@ -143,7 +152,7 @@ StatusOr<ipc::Reply> Channel::Call(ipc::Request request, int try_timeout_ms, int
         if (on_progress) on_progress(*reply);
         continue;
       }
-      return reply;
+      return *std::move(reply);
     }
   }
   // Leave no half-finished exchange on the socket: the next Call starts clean.
@@ -167,15 +176,8 @@ StatusOr<ipc::Reply> Channel::CallStreaming(
     const std::function<void(const ipc::Reply&)>& on_progress) {
   if (timeout_ms <= 0) timeout_ms = 1;
   if (silence_ms <= 0) silence_ms = 1;
-  request.id = NextRequestId();
-  POLYKV_RETURN_IF_ERROR(ipc::ValidateRequest(request));
-  const std::string frame = ipc::EncodeRequest(request);
+  POLYKV_ASSIGN_OR_RETURN(const std::string frame, Encode(request));
   const std::string what = std::string(ipc::MessageTypeName(request.type));
-  if (frame.size() > ipc::kMaxMessageBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, " request is ", frame.size(),
-                                                     " bytes, over the protocol limit of ",
-                                                     ipc::kMaxMessageBytes, " bytes"));
-  }
   POLYKV_RETURN_IF_ERROR(Probe());
   if (!socket_) Reset();
   StatusOr<bool> sent = ipc::SendDealerRequest(*socket_, frame, /*dontwait=*/true);
@@ -242,16 +244,13 @@ StatusOr<ipc::Reply> Channel::CallStreaming(
     zmq::pollitem_t item{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
     zmq::poll(&item, 1, std::chrono::milliseconds(kPollSliceMs));
     if (!(item.revents & ZMQ_POLLIN)) continue;
-    StatusOr<std::string> payload = ipc::RecvDealerReply(*socket_, /*dontwait=*/true);
-    if (!payload.ok()) return Failed(payload.status(), what);
-    if (payload->empty()) continue;
-    StatusOr<ipc::Reply> reply = ipc::DecodeReply(*payload);
-    if (!reply.ok()) {
-      Drop();
-      return Status(reply.status().code(), absl::StrCat("malformed reply from polykvd at ",
-                                                        endpoint_, ": ", reply.status().message()));
+    StatusOr<std::optional<ipc::Reply>> received = Receive(what);
+    if (!received.ok()) {
+      Drop();  // a malformed reply too
+      return received.status();
     }
-    if (!reply->instance.empty()) last_instance_ = reply->instance;
+    std::optional<ipc::Reply>& reply = *received;
+    if (!reply) continue;
     if (ping_id != 0 && reply->id == ping_id) {
       const std::string& expected = instance.empty() ? known_instance : instance;
       if (!reply->instance.empty() && !expected.empty() && reply->instance != expected) {
@@ -269,7 +268,7 @@ StatusOr<ipc::Reply> Channel::CallStreaming(
       if (on_progress && !reply->heartbeat) on_progress(*reply);
       continue;
     }
-    return reply;
+    return *std::move(reply);
   }
 }
 

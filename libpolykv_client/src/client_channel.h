@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <zmq.hpp>
 
@@ -73,6 +74,13 @@ class Channel {
   /// A ZeroMQ failure `s` while sending or receiving `what`, as kUnavailable naming the daemon
   /// (after Drop: the next call starts on a fresh socket).
   [[nodiscard]] Status Failed(const Status& s, const std::string& what);
+  /// Gives `request` the next request id, validates and encodes it: the frame. Errors: the
+  /// validation's, kResourceExhausted over ipc::kMaxMessageBytes.
+  [[nodiscard]] static StatusOr<std::string> Encode(ipc::Request& request);
+  /// Reads one whole message from the socket (the JSON is its last frame) and decodes it,
+  /// remembering the instance it names; nullopt for an empty message. Errors: Failed's, or
+  /// the decoder's naming the daemon (the socket kept).
+  [[nodiscard]] StatusOr<std::optional<ipc::Reply>> Receive(const std::string& what);
   std::shared_ptr<zmq::context_t> context_;
   std::string endpoint_;
   std::unique_ptr<zmq::socket_t> socket_;

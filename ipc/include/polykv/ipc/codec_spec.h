@@ -16,7 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "polykv/kernels/codec.h"
@@ -31,6 +33,29 @@ struct PoolParams;  // pool_layout.h
 /// [+0.31%, +0.61%] at 5.25 bits per value, 3.05x): 7-bit keys with one scale per channel,
 /// 3-bit values with the first and last three layers at 4 bits, norm correction, f16 norms.
 inline constexpr char kDefaultCodecSpec[] = "k7c-v3-e4x3-nc-n16";
+
+/// One key scale granularity's names: the flag word ("tensor" | "head" | "channel": `pools
+/// create --key-scale`, CREATE_POOL's key_scale, `codec roundtrip --key-scale`, `eval
+/// --ablate-key-scale`) and the spec letter of k<bits><t|h|c>.
+struct KeyScaleName {
+  kernels::KeyScaleMode mode;
+  const char* name;
+  char letter;
+};
+/// The one table of key scale names.
+inline constexpr KeyScaleName kKeyScaleNames[] = {
+    {kernels::KeyScaleMode::kPerTensor, "tensor", 't'},
+    {kernels::KeyScaleMode::kPerHead, "head", 'h'},
+    {kernels::KeyScaleMode::kPerChannel, "channel", 'c'},
+};
+
+/// The mode whose flag word is `name`; nullopt for any other (callers say which flag held it).
+inline std::optional<kernels::KeyScaleMode> ParseKeyScaleName(std::string_view name) {
+  for (const KeyScaleName& n : kKeyScaleNames) {
+    if (n.name == name) return n.mode;
+  }
+  return std::nullopt;
+}
 
 struct CodecSpec {
   std::string name;  ///< as given (preset or spec)

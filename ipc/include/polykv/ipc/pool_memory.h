@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "polykv/enum_names.h"
 
@@ -28,6 +30,13 @@ inline const char* PoolMemoryName(PoolMemory memory) {
 /// field held it).
 inline std::optional<PoolMemory> ParsePoolMemory(std::string_view name) {
   return EnumFromName(kPoolMemoryNames, name);
+}
+
+/// Every kind's name, in the table's order (for flag checks such as CLI::IsMember).
+inline std::vector<std::string> PoolMemoryNames() {
+  std::vector<std::string> names;
+  for (const auto& n : kPoolMemoryNames) names.emplace_back(n.name);
+  return names;
 }
 
 }  // namespace polykv::ipc

@@ -210,6 +210,23 @@ struct PeerState {
   int64_t last_seen_unix_ms = 0;  ///< last answer (0: never)
 };
 
+/// The one list of PeerState's fields, in wire order: X(name) per field, where `name` is the
+/// member, its JSON key, and the member of the C API's polykv_peer_info too.
+// clang-format off
+#define POLYKV_PEER_STATE_FIELDS(X) \
+  X(endpoint) X(state) X(detail) X(instance) X(version) X(pools) X(rtt_ms) X(last_seen_unix_ms)
+// clang-format on
+
+/// One row of a name-only field list: f(json_key, object.name) (the visitor bodies below).
+#define POLYKV_VISIT_NAMED_FIELD(name) f(#name, object.name);
+
+/// Calls f(json_key, member) for every field of `object` (a PeerState or a polykv_peer_info,
+/// const or not), in the order of POLYKV_PEER_STATE_FIELDS.
+template <typename Peer, typename F>
+void ForEachPeerStateField(Peer& object, F&& f) {
+  POLYKV_PEER_STATE_FIELDS(POLYKV_VISIT_NAMED_FIELD);
+}
+
 /// A request from a client. Fields not used by `type` are ignored.
 struct Request {
   MessageType type = MessageType::kPing;
@@ -285,6 +302,23 @@ struct Reply {
   std::string descriptor;   ///< UcxExposure::descriptor() (bytes; base64 in JSON)
   uint64_t pool_bytes = 0;  ///< bytes of the pool region to pull
 };
+
+/// The one list of the daemon figures of STATS, PING and LIST replies, in wire order: X(name)
+/// per field, where `name` is the Reply member, its JSON key, and the member of the C API's
+/// polykv_daemon_status too.
+// clang-format off
+#define POLYKV_DAEMON_FIGURE_FIELDS(X)                                                    \
+  X(memory_used) X(memory_cap) X(model_cache_bytes) X(model_cache_mapped_bytes)           \
+  X(model_cache_models) X(model_cache_capacity) X(creates_queued) X(creates_running)      \
+  X(create_queue_capacity)
+// clang-format on
+
+/// Calls f(json_key, member) for every daemon figure of `object` (a Reply, const or not), in the
+/// order of POLYKV_DAEMON_FIGURE_FIELDS.
+template <typename R, typename F>
+void ForEachDaemonFigure(R& object, F&& f) {
+  POLYKV_DAEMON_FIGURE_FIELDS(POLYKV_VISIT_NAMED_FIELD);
+}
 
 /// Serializes to one JSON frame. Invalid UTF-8 in a string field is replaced by U+FFFD, so
 /// callers that must not alter text check ValidateRequest first (the client library does).
