@@ -61,19 +61,11 @@ struct AgentCore {
 };
 
 py::dict StatsDict(const pc::AgentStats& s) {
-  py::dict d;
-  d["attach_ms"] = s.attach_ms;
-  d["decode_ms"] = s.decode_ms;
-  d["prompt_first_token_ms"] = s.prompt_first_token_ms;
-  d["ttft_ms"] = s.ttft_ms;
-  d["generation_ms"] = s.generation_ms;
-  d["tokens_per_s"] = s.tokens_per_s;
-  d["document_tokens"] = s.document_tokens;
-  d["prompt_tokens"] = s.prompt_tokens;
-  d["new_tokens"] = s.new_tokens;
-  d["pool_bytes"] = s.pool_bytes;
-  d["private_kv_bytes"] = s.private_kv_bytes;
-  return d;
+#define F(m) POLYKV_PY_FIELD(pc::AgentStats, m)
+  return FieldDict(s, F(attach_ms), F(decode_ms), F(prompt_first_token_ms), F(ttft_ms),
+                   F(generation_ms), F(tokens_per_s), F(document_tokens), F(prompt_tokens),
+                   F(new_tokens), F(pool_bytes), F(private_kv_bytes));
+#undef F
 }
 
 /// The result dict of a generation: token_ids, text (bytes), finish_reason, codec, stats.
@@ -200,13 +192,7 @@ class PyAgent {
     StatusOr<pc::Attend> a = pc::ParseAttend(attend);
     Check(a.status());
     o.attend = *a;
-    std::optional<StatusOr<std::unique_ptr<pc::PooledAgent>>> r;
-    {
-      py::gil_scoped_release nogil;
-      r.emplace(pc::PooledAgent::Create(o));
-    }
-    Check(r->status());
-    core_->agent = std::move(*r).value();
+    core_->agent = WithoutGil([&] { return pc::PooledAgent::Create(o); });
     core_->pool = pool;
   }
 
@@ -263,27 +249,19 @@ class PyAgent {
 
   std::vector<double> Score(const std::vector<int32_t>& input, const std::vector<int32_t>& targets,
                             int64_t rows) {
-    std::optional<StatusOr<std::vector<double>>> r;
-    {
-      py::gil_scoped_release nogil;
+    std::vector<double> out = WithoutGil([&] {
       std::lock_guard<std::mutex> run(core_->mu);
-      r.emplace(core_->agent->Score(core_->pool, input, targets, rows));
-    }
-    Check(r->status());
-    std::vector<double> out = std::move(*r).value();
+      return core_->agent->Score(core_->pool, input, targets, rows);
+    });
     for (double& x : out) x = -x;  // -log p -> log p
     return out;
   }
 
   std::vector<int32_t> PoolTokenIds() {
-    std::optional<StatusOr<std::vector<int32_t>>> r;
-    {
-      py::gil_scoped_release nogil;
+    return WithoutGil([&] {
       std::lock_guard<std::mutex> run(core_->mu);
-      r.emplace(core_->agent->PoolTokenIds(core_->pool));
-    }
-    Check(r->status());
-    return std::move(*r).value();
+      return core_->agent->PoolTokenIds(core_->pool);
+    });
   }
 
  private:
@@ -296,13 +274,9 @@ void RegisterAgent(py::module_& m) {
   m.def(
       "chat_document",
       [](const std::string& model, const std::string& document, const std::string& instruction) {
-        std::optional<StatusOr<std::unique_ptr<model::Tokenizer>>> tok;
-        {
-          py::gil_scoped_release nogil;
-          tok.emplace(model::LoadTokenizer(model));
-        }
-        Check(tok->status());
-        StatusOr<std::string> r = pc::ChatDocumentFor(tok->value().get(), document, instruction);
+        const std::unique_ptr<model::Tokenizer> tok =
+            WithoutGil([&] { return model::LoadTokenizer(model); });
+        StatusOr<std::string> r = pc::ChatDocumentFor(tok.get(), document, instruction);
         Check(r.status());
         return std::move(r).value();
       },

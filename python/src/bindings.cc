@@ -19,36 +19,14 @@ namespace {
 namespace pc = polykv::client;
 
 py::dict InfoDict(const pc::PoolInfo& p) {
-  py::dict d;
-  d["id"] = p.id;
-  d["codec"] = p.codec;
-  d["backend"] = p.backend;
-  d["model"] = p.model;
-  d["model_fingerprint"] = p.model_fingerprint;
-  d["architecture"] = p.architecture;
-  d["tokenizer_family"] = p.tokenizer_family;
-  d["layers"] = p.layers;
-  d["kv_heads"] = p.kv_heads;
-  d["head_dim"] = p.head_dim;
-  d["tokens"] = p.tokens;
-  d["total_bytes"] = p.total_bytes;
-  d["bf16_bytes"] = p.bf16_bytes;
-  d["effective_ratio"] = p.effective_ratio;
-  d["leases"] = p.leases;
-  d["key_codes_bytes"] = p.key_codes_bytes;
-  d["key_scales_bytes"] = p.key_scales_bytes;
-  d["value_codes_bytes"] = p.value_codes_bytes;
-  d["value_norms_bytes"] = p.value_norms_bytes;
-  d["overhead_bytes"] = p.overhead_bytes;
-  d["created_unix_ms"] = p.created_unix_ms;
-  d["prefill_ms"] = p.prefill_ms;
-  d["encode_ms"] = p.encode_ms;
-  d["publish_ms"] = p.publish_ms;
-  d["parent"] = p.parent;
-  d["parent_tokens"] = p.parent_tokens;
-  d["origin"] = p.origin;
-  d["state"] = p.state;
-  return d;
+#define F(m) POLYKV_PY_FIELD(pc::PoolInfo, m)
+  return FieldDict(p, F(id), F(codec), F(backend), F(model), F(model_fingerprint), F(architecture),
+                   F(tokenizer_family), F(layers), F(kv_heads), F(head_dim), F(tokens),
+                   F(total_bytes), F(bf16_bytes), F(effective_ratio), F(leases), F(key_codes_bytes),
+                   F(key_scales_bytes), F(value_codes_bytes), F(value_norms_bytes),
+                   F(overhead_bytes), F(created_unix_ms), F(prefill_ms), F(encode_ms),
+                   F(publish_ms), F(parent), F(parent_tokens), F(origin), F(state));
+#undef F
 }
 
 /// An attached pool: lease + read-only mapping, until detach().
@@ -67,12 +45,7 @@ class PyPool {
   }
   void Verify() {
     pc::Pool& p = get();
-    pc::Status s;
-    {
-      py::gil_scoped_release nogil;
-      s = p.Verify();
-    }
-    Check(s);
+    WithoutGil([&] { return p.Verify(); });
   }
   void Detach() {
     if (!pool_) return;
@@ -96,25 +69,13 @@ class PyPool {
 /// A connection to polykvd.
 class PyClient {
  public:
-  PyClient(const std::string& endpoint, int timeout_ms) : endpoint_(endpoint) {
-    std::optional<pc::Result<pc::Client>> r;
-    {
-      py::gil_scoped_release nogil;
-      r.emplace(pc::Client::Connect(endpoint, timeout_ms));
-    }
-    Check(r->status());
-    client_.emplace(std::move(*r).value());
-  }
+  PyClient(const std::string& endpoint, int timeout_ms)
+      : endpoint_(endpoint),
+        client_(WithoutGil([&] { return pc::Client::Connect(endpoint, timeout_ms); })) {}
   const std::string& endpoint() const { return endpoint_; }
 
   py::dict Ping() {
-    std::optional<pc::Result<pc::DaemonInfo>> r;
-    {
-      py::gil_scoped_release nogil;
-      r.emplace(client_->Ping());
-    }
-    Check(r->status());
-    const pc::DaemonInfo& d = r->value();
+    const pc::DaemonInfo d = WithoutGil([&] { return client_.Ping(); });
     py::dict out;
     out["version"] = d.version;
     out["pid"] = d.pid;
@@ -124,24 +85,13 @@ class PyClient {
     return out;
   }
   py::list ListPools() {
-    std::optional<pc::Result<std::vector<pc::PoolInfo>>> r;
-    {
-      py::gil_scoped_release nogil;
-      r.emplace(client_->ListPools());
-    }
-    Check(r->status());
     py::list out;
-    for (const pc::PoolInfo& p : r->value()) out.append(InfoDict(p));
+    for (const pc::PoolInfo& p : WithoutGil([&] { return client_.ListPools(); }))
+      out.append(InfoDict(p));
     return out;
   }
   py::dict PoolInfo(const std::string& id) {
-    std::optional<pc::Result<pc::PoolInfo>> r;
-    {
-      py::gil_scoped_release nogil;
-      r.emplace(client_->GetPoolInfo(id));
-    }
-    Check(r->status());
-    return InfoDict(r->value());
+    return InfoDict(WithoutGil([&] { return client_.GetPoolInfo(id); }));
   }
   py::tuple CreatePool(const pc::CreateOptions& o, const py::object& progress) {
     pc::ProgressFn fn;
@@ -155,35 +105,19 @@ class PyClient {
         }
       };
     }
-    std::optional<pc::Result<pc::CreatedPool>> r;
-    {
-      py::gil_scoped_release nogil;
-      r.emplace(client_->CreatePool(o, fn));
-    }
-    Check(r->status());
-    return py::make_tuple(InfoDict(r->value().info), r->value().created);
+    const pc::CreatedPool r = WithoutGil([&] { return client_.CreatePool(o, fn); });
+    return py::make_tuple(InfoDict(r.info), r.created);
   }
   void Evict(const std::string& id, bool force) {
-    pc::Status s;
-    {
-      py::gil_scoped_release nogil;
-      s = client_->Evict(id, force);
-    }
-    Check(s);
+    WithoutGil([&] { return client_.Evict(id, force); });
   }
   PyPool Attach(const std::string& id) {
-    std::optional<pc::Result<pc::Pool>> r;
-    {
-      py::gil_scoped_release nogil;
-      r.emplace(client_->Attach(id));
-    }
-    Check(r->status());
-    return PyPool(std::move(*r).value());
+    return PyPool(WithoutGil([&] { return client_.Attach(id); }));
   }
 
  private:
   std::string endpoint_;
-  std::optional<pc::Client> client_;
+  pc::Client client_;
 };
 
 }  // namespace

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-CODE_NAMES = {
-    1: "CANCELLED",
-    2: "UNKNOWN",
-    3: "INVALID_ARGUMENT",
-    4: "DEADLINE_EXCEEDED",
-    5: "NOT_FOUND",
-    6: "ALREADY_EXISTS",
-    7: "PERMISSION_DENIED",
-    8: "RESOURCE_EXHAUSTED",
-    9: "FAILED_PRECONDITION",
-    10: "ABORTED",
-    11: "OUT_OF_RANGE",
-    12: "UNIMPLEMENTED",
-    13: "INTERNAL",
-    14: "UNAVAILABLE",
-    15: "DATA_LOSS",
-}
+# The one table of status codes: (polykv_status value, its name, the Error subclass raised for
+# it, the builtin exception that subclass also derives from).
+_CODES = (
+    (1, "CANCELLED", "CancelledError", None),
+    (2, "UNKNOWN", "UnknownError", None),
+    (3, "INVALID_ARGUMENT", "InvalidArgumentError", ValueError),
+    (4, "DEADLINE_EXCEEDED", "DeadlineExceededError", TimeoutError),
+    (5, "NOT_FOUND", "NotFoundError", None),
+    (6, "ALREADY_EXISTS", "AlreadyExistsError", None),
+    (7, "PERMISSION_DENIED", "PermissionDeniedError", PermissionError),
+    (8, "RESOURCE_EXHAUSTED", "ResourceExhaustedError", None),
+    (9, "FAILED_PRECONDITION", "FailedPreconditionError", None),
+    (10, "ABORTED", "AbortedError", None),
+    (11, "OUT_OF_RANGE", "OutOfRangeError", None),
+    (12, "UNIMPLEMENTED", "UnimplementedError", None),
+    (13, "INTERNAL", "InternalError", None),
+    (14, "UNAVAILABLE", "UnavailableError", ConnectionError),
+    (15, "DATA_LOSS", "DataLossError", None),
+)
+
+CODE_NAMES = {code: name for code, name, _, _ in _CODES}
 
 
 class Error(Exception):
@@ -41,75 +45,13 @@ class Error(Exception):
         return f"{self.code_name}: {self.message}"
 
 
-class CancelledError(Error):
-    code = 1
-
-
-class UnknownError(Error):
-    code = 2
-
-
-class InvalidArgumentError(Error, ValueError):
-    code = 3
-
-
-class DeadlineExceededError(Error, TimeoutError):
-    code = 4
-
-
-class NotFoundError(Error):
-    code = 5
-
-
-class AlreadyExistsError(Error):
-    code = 6
-
-
-class PermissionDeniedError(Error, PermissionError):
-    code = 7
-
-
-class ResourceExhaustedError(Error):
-    code = 8
-
-
-class FailedPreconditionError(Error):
-    code = 9
-
-
-class AbortedError(Error):
-    code = 10
-
-
-class OutOfRangeError(Error):
-    code = 11
-
-
-class UnimplementedError(Error):
-    code = 12
-
-
-class InternalError(Error):
-    code = 13
-
-
-class UnavailableError(Error, ConnectionError):
-    code = 14
-
-
-class DataLossError(Error):
-    code = 15
-
-
-_BY_CODE = {
-    cls.code: cls
-    for cls in (
-        CancelledError, UnknownError, InvalidArgumentError, DeadlineExceededError,
-        NotFoundError, AlreadyExistsError, PermissionDeniedError, ResourceExhaustedError,
-        FailedPreconditionError, AbortedError, OutOfRangeError, UnimplementedError,
-        InternalError, UnavailableError, DataLossError,
-    )
-}
+_BY_CODE: dict[int, type[Error]] = {}
+for _code, _status, _name, _builtin in _CODES:
+    _cls = type(_name, (Error,) if _builtin is None else (Error, _builtin),
+                {"code": _code, "__module__": __name__,
+                 "__doc__": f"polykv.Error with code {_code} ({_status})."})
+    globals()[_name] = _BY_CODE[_code] = _cls
+del _code, _status, _name, _builtin, _cls
 
 
 def error_for(code: int, message: str) -> Error:
