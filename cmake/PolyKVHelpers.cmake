@@ -26,3 +26,21 @@ function(polykv_add_gtest name)
   endif()
   gtest_discover_tests(${name} TEST_PREFIX "${ARG_TEST_PREFIX}" DISCOVERY_TIMEOUT 120 PROPERTIES ${props})
 endfunction()
+
+# polykv_add_library(name STATIC|SHARED GLOBS pattern... [EXCLUDE file...])
+# A module's library: the sources matching GLOBS (relative to the calling folder) less EXCLUDE,
+# its public headers in include/ (as <polykv/...>, installed to CMAKE_INSTALL_INCLUDEDIR) and
+# its private ones in src/.
+function(polykv_add_library name type)
+  cmake_parse_arguments(ARG "" "" "GLOBS;EXCLUDE" ${ARGN})
+  list(TRANSFORM ARG_GLOBS PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")
+  file(GLOB srcs CONFIGURE_DEPENDS ${ARG_GLOBS})
+  foreach(f IN LISTS ARG_EXCLUDE)
+    list(REMOVE_ITEM srcs "${CMAKE_CURRENT_SOURCE_DIR}/${f}")
+  endforeach()
+  add_library(${name} ${type} ${srcs})
+  target_include_directories(${name} PUBLIC
+    $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+    PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
+endfunction()

@@ -12,4 +12,11 @@ T ReadLocked(std::mutex& mu, const T& value) {
   return value;
 }
 
+/// What `read()` returns (e.g. a container's size), called while `mu` is held.
+template <typename F>
+auto ReadLockedBy(std::mutex& mu, F&& read) {
+  std::lock_guard<std::mutex> lock(mu);
+  return read();
+}
+
 }  // namespace polykv::daemon

@@ -214,8 +214,7 @@ bool PoolManager::Cancelled(const std::atomic<bool>* cancel) const {
 uint64_t PoolManager::memory_used() const { return ReadLocked(mu_, used_); }
 
 uint64_t PoolManager::lease_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return leases_.size();
+  return ReadLockedBy(mu_, [&] { return leases_.size(); });
 }
 
 uint64_t PoolManager::replicated_count() const { return ReadLocked(mu_, replicated_); }

@@ -370,8 +370,7 @@ std::vector<ipc::PoolFileManifest> PoolStore::List() const {
 
 uint64_t PoolStore::bytes() const { return ReadLocked(mu_, bytes_); }
 size_t PoolStore::count() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return entries_.size();
+  return ReadLockedBy(mu_, [&] { return entries_.size(); });
 }
 uint64_t PoolStore::quarantined() const { return ReadLocked(mu_, quarantined_); }
 uint64_t PoolStore::evicted_for_budget() const { return ReadLocked(mu_, evicted_); }
