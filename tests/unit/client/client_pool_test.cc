@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client_test_util.h"
 #include "fake_daemon.h"
 #include "polykv/client.h"
 #include "polykv/client.hpp"
@@ -24,11 +23,12 @@
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
 #include "polykv/ipc/shm_region.h"
+#include "support/pool_info.h"
 
 namespace polykv::client {
 namespace {
 
-using test::MakeInfo;
+using support::TestPoolInfo;
 using testing::FakeDaemon;
 using Clock = std::chrono::steady_clock;
 
@@ -135,7 +135,7 @@ class FakePoolTest : public ::testing::Test {
       }
       fd_server_.emplace(memfd_->fd());
     }
-    info_ = MakeInfo(id_);
+    info_ = TestPoolInfo(id_);
     info_.codec = codec == ipc::PoolCodec::kNone ? "none" : "k8v3";
     info_.total_bytes = layout->total_bytes;
     daemon_.emplace([this](const ipc::Request& req) { return Handle(req); });
