@@ -31,6 +31,11 @@ StatusOr<int32_t> SampleTopP(const float* logits, int64_t vocab, float temperatu
         absl::StrCat("SampleTopP: top_p must be in (0, 1], got ", top_p));
   if (!(u >= 0.0 && u < 1.0))
     return absl::InvalidArgumentError(absl::StrCat("SampleTopP: u must be in [0, 1), got ", u));
+  return SampleTopPUnchecked(logits, vocab, temperature, top_p, u);
+}
+
+int32_t SampleTopPUnchecked(const float* logits, int64_t vocab, float temperature, float top_p,
+                            double u) {
   const double t = temperature;
   double mx = -INFINITY;
   for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, static_cast<double>(logits[i]) / t);

@@ -5,14 +5,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <limits>
-#include <numeric>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "llama_base.h"
 #include "llama_internal.h"
 #include "polykv/enum_names.h"
+#include "polykv/kernels/sampling.h"
 
 namespace polykv::model {
 namespace internal {
@@ -426,32 +425,8 @@ StatusOr<int32_t> SampleToken(absl::Span<const float> logits, const SamplingOpti
                               std::mt19937_64& rng) {
   if (o.greedy) return Argmax(logits);
   if (logits.empty()) return absl::InvalidArgumentError("sampling: empty logits");
-  const size_t v = logits.size();
-  // softmax(logits / T) in f64.
-  std::vector<double> p(v);
-  double mx = -std::numeric_limits<double>::infinity();
-  for (size_t i = 0; i < v; ++i) mx = std::max(mx, static_cast<double>(logits[i]) / o.temperature);
-  double sum = 0;
-  for (size_t i = 0; i < v; ++i) {
-    p[i] = std::exp(static_cast<double>(logits[i]) / o.temperature - mx);
-    sum += p[i];
-  }
-  for (double& x : p) x /= sum;
-  std::vector<int32_t> idx(v);
-  std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
-  double cum = 0;
-  size_t keep = 0;
-  while (keep < v) {
-    cum += p[idx[keep++]];
-    if (cum >= o.top_p) break;
-  }
-  double u = internal::Uniform01(rng) * cum;
-  for (size_t i = 0; i < keep; ++i) {
-    u -= p[idx[i]];
-    if (u < 0) return idx[i];
-  }
-  return idx[keep - 1];
+  return kernels::SampleTopPUnchecked(logits.data(), static_cast<int64_t>(logits.size()),
+                                      o.temperature, o.top_p, internal::Uniform01(rng));
 }
 
 double LogProb(absl::Span<const float> row, int32_t target) {

@@ -24,9 +24,8 @@ namespace {
 using nlohmann::json;
 
 StoriesInputs& Stories() {
-  static StoriesInputs* st = MakeStoriesInputs(/*doc_seed=*/71, /*doc_tokens=*/300,
-                                               /*prompt_seed=*/900, /*prompts=*/6);
-  return *st;
+  return SharedStoriesInputs(/*doc_seed=*/71, /*doc_tokens=*/300, /*prompt_seed=*/900,
+                             /*prompts=*/6);
 }
 
 // The host process: started on a free port, stopped with SIGTERM (exit code checked).
@@ -135,17 +134,9 @@ double Metric(const std::string& text, const std::string& name) {
   return std::regex_search(text, m, re) ? std::stod(m[1]) : -1;
 }
 
-class AgentsServe : public ::testing::Test {
+class AgentsServe : public DaemonTest {
  protected:
-  void SetUp() override {
-    if (!fs::exists(DaemonPath()) || !fs::exists(CliPath()))
-      GTEST_SKIP() << "polykvd or polykv-cli not built";
-    daemon_ = std::make_unique<Daemon>(/*lease_seconds=*/10);
-    ASSERT_TRUE(daemon_->ready()) << "polykvd did not start:\n" << daemon_->log();
-  }
-  void TearDown() override {
-    if (daemon_) EXPECT_EQ(daemon_->Stop(), 0) << daemon_->log();
-  }
+  AgentsServe() : DaemonTest(/*lease_seconds=*/10) {}
   std::vector<int32_t> SingleAgent(const std::string& pool, const std::string& model,
                                    const std::vector<int32_t>& prompt, int tokens) {
     ProcessResult r =
@@ -163,7 +154,6 @@ class AgentsServe : public ::testing::Test {
     *pool = daemon_->CreatePool(StoriesPath(), Stories().document, "", &err);
     ASSERT_FALSE(pool->empty()) << err;
   }
-  std::unique_ptr<Daemon> daemon_;
 };
 
 // Polls the host's /metrics every 100 ms (10 s at most) until `cancelled` sessions were

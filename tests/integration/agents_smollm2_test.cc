@@ -63,22 +63,13 @@ std::vector<int32_t> Ids(const json& j, const char* key = "answer_ids") {
   return j[key].get<std::vector<int32_t>>();
 }
 
-class AgentsSmolLM2 : public ::testing::Test {
+class AgentsSmolLM2 : public DaemonTest {
  protected:
-  void SetUp() override {
+  AgentsSmolLM2() : DaemonTest(/*lease_seconds=*/10) {}
+  void BeforeDaemon() override {
     if (SmolLM2Path().empty()) {
       GTEST_SKIP() << "POLYKV_SMOLLM2_GGUF is not set (run scripts/fetch-model.sh and export "
                       "POLYKV_SMOLLM2_GGUF=<path>.gguf)";
-    }
-    if (!fs::exists(DaemonPath()) || !fs::exists(CliPath())) {
-      GTEST_SKIP() << "polykvd or polykv-cli not built";
-    }
-    daemon_ = std::make_unique<Daemon>(/*lease_seconds=*/10);
-    ASSERT_TRUE(daemon_->ready()) << "polykvd did not start:\n" << daemon_->log();
-  }
-  void TearDown() override {
-    if (daemon_) {
-      EXPECT_EQ(daemon_->Stop(), 0) << daemon_->log();
     }
   }
   std::string Create(const std::string& codec) {
@@ -107,12 +98,8 @@ class AgentsSmolLM2 : public ::testing::Test {
                                      "--threads",
                                      "1"};
     if (ignore_eos) argv.push_back("--ignore-eos");
-    ProcessResult r = RunProcess(argv, daemon_->dir(), 300000);
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    if (r.exit_code != 0) return json::object();
-    return json::parse(r.out);
+    return SucceededJson(RunProcess(argv, daemon_->dir(), 300000));
   }
-  std::unique_ptr<Daemon> daemon_;
 };
 
 TEST_F(AgentsSmolLM2, NoneCodecAgentEqualsSingleProcessRun) {

@@ -26,11 +26,7 @@ constexpr int kNewTokens = 64;
 
 // Everything derived from the model, computed once per test process: a 160-token document
 // and 16 prompts of 8 tokens.
-using Stories = StoriesInputs;
-Stories& GetStories() {
-  static Stories* s = MakeStoriesInputs(7, 159, 100, 16);
-  return *s;
-}
+StoriesInputs& GetStories() { return SharedStoriesInputs(7, 159, 100, 16); }
 
 // The single-process reference (PrefixReference): the document prefilled in one forward,
 // greedy from the prompt without stopping at EOS.
@@ -51,15 +47,7 @@ std::vector<std::string> AgentArgv(const Daemon& d, const std::string& pool,
 // Runs one agent process; returns its parsed JSON (fails the test on error).
 json RunAgentProcess(const Daemon& d, const std::string& pool, const std::vector<int32_t>& prompt,
                      int new_tokens = kNewTokens) {
-  ProcessResult r = RunProcess(AgentArgv(d, pool, prompt, new_tokens), d.dir(), 120000);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  if (r.exit_code != 0) return json::object();
-  try {
-    return json::parse(r.out);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "agent output is not JSON: " << e.what() << "\n" << r.out;
-    return json::object();
-  }
+  return SucceededJson(RunProcess(AgentArgv(d, pool, prompt, new_tokens), d.dir(), 120000));
 }
 
 std::vector<int32_t> Ids(const json& j, const char* key = "answer_ids") {
@@ -67,29 +55,16 @@ std::vector<int32_t> Ids(const json& j, const char* key = "answer_ids") {
   return j[key].get<std::vector<int32_t>>();
 }
 
-class AgentsStories : public ::testing::Test {
+class AgentsStories : public DaemonTest {
  public:  // (helpers below call Create)
-  void SetUp() override {
-    if (!fs::exists(DaemonPath()) || !fs::exists(CliPath())) {
-      GTEST_SKIP() << "polykvd or polykv-cli not built";
-    }
-    ASSERT_NE(GetStories().model, nullptr);
-    daemon_ = std::make_unique<Daemon>(/*lease_seconds=*/2);
-    ASSERT_TRUE(daemon_->ready()) << "polykvd did not start:\n" << daemon_->log();
-  }
-  void TearDown() override {
-    if (daemon_) {
-      EXPECT_EQ(daemon_->Stop(), 0) << "polykvd did not exit cleanly on SIGTERM:\n"
-                                    << daemon_->log();
-    }
-  }
+  AgentsStories() : DaemonTest(/*lease_seconds=*/2) {}
+  void BeforeDaemon() override { ASSERT_NE(GetStories().model, nullptr); }
   std::string Create(const std::string& codec) {
     std::string err;
     std::string id = daemon_->CreatePool(StoriesPath(), GetStories().document, codec, &err);
     EXPECT_FALSE(id.empty()) << "create " << codec << ": " << err << "\n" << daemon_->log();
     return id;
   }
-  std::unique_ptr<Daemon> daemon_;
 };
 
 TEST_F(AgentsStories, NoneCodecAgentEqualsSingleProcessRun) {

@@ -16,9 +16,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_join.h"
@@ -220,6 +223,37 @@ class Daemon {
   std::vector<std::string> pools_;
 };
 
+/// A fixture with one polykvd (host backend, `lease_seconds`) per test in daemon_: skipped
+/// when polykvd or polykv-cli is not built; BeforeDaemon (the test's own requirements) runs
+/// before the start; the daemon must exit 0 on SIGTERM at TearDown.
+class DaemonTest : public ::testing::Test {
+ public:
+  explicit DaemonTest(int lease_seconds) : lease_seconds_(lease_seconds) {}
+  void SetUp() override {
+    if (!fs::exists(DaemonPath()) || !fs::exists(CliPath())) {
+      GTEST_SKIP() << "polykvd or polykv-cli not built";
+    }
+    BeforeDaemon();
+    if (HasFatalFailure() || IsSkipped()) return;
+    daemon_ = std::make_unique<Daemon>(lease_seconds_);
+    ASSERT_TRUE(daemon_->ready()) << "polykvd did not start:\n" << daemon_->log();
+  }
+  void TearDown() override {
+    if (daemon_) {
+      EXPECT_EQ(daemon_->Stop(), 0) << "polykvd did not exit cleanly on SIGTERM:\n"
+                                    << daemon_->log();
+    }
+  }
+  /// The test's requirements, checked before the daemon starts (a fatal failure or a skip
+  /// stops SetUp there).
+  virtual void BeforeDaemon() {}
+
+  std::unique_ptr<Daemon> daemon_;  ///< public: the tests' free helpers use it
+
+ private:
+  int lease_seconds_;
+};
+
 /// `n` tokens sampled from `m` after BOS (id 1; temperature 1, top-p 1, seeded): stories260K
 /// text as the model writes it, for documents and prompts that look like real input.
 inline std::vector<int32_t> SampleTokens(model::LlamaModel& m, uint64_t seed, int n) {
@@ -269,21 +303,42 @@ struct StoriesInputs {
   std::vector<int32_t> document;
   std::vector<std::vector<int32_t>> prompts;
 };
-inline StoriesInputs* MakeStoriesInputs(uint64_t doc_seed, int doc_tokens, uint64_t prompt_seed,
-                                        int prompts) {
-  auto* st = new StoriesInputs;
+
+/// The StoriesInputs of these arguments, made on the first call and kept for the rest of the
+/// test process (a model that did not load is kept too: null, one test failure).
+inline StoriesInputs& SharedStoriesInputs(uint64_t doc_seed, int doc_tokens, uint64_t prompt_seed,
+                                          int prompts) {
+  static std::mutex mu;
+  static auto* made = new std::map<std::tuple<uint64_t, int, uint64_t, int>, StoriesInputs>;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(doc_seed, doc_tokens, prompt_seed, prompts);
+  if (auto it = made->find(key); it != made->end()) return it->second;
+  StoriesInputs& st = (*made)[key];
   model::LoadOptions lo;
   lo.threads = 1;
   auto m = model::LlamaModel::Load(StoriesPath(), lo);
   EXPECT_TRUE(m.ok()) << m.status();
   if (!m.ok()) return st;
-  st->model = std::move(*m);
-  st->document = {1};
-  auto body = SampleTokens(*st->model, doc_seed, doc_tokens);
-  st->document.insert(st->document.end(), body.begin(), body.end());
+  st.model = std::move(*m);
+  st.document = {1};
+  auto body = SampleTokens(*st.model, doc_seed, doc_tokens);
+  st.document.insert(st.document.end(), body.begin(), body.end());
   for (int i = 0; i < prompts; ++i)
-    st->prompts.push_back(SampleTokens(*st->model, prompt_seed + i, 8));
+    st.prompts.push_back(SampleTokens(*st.model, prompt_seed + i, 8));
   return st;
+}
+
+/// The JSON on the stdout of a run that must have succeeded: a test failure (with its stderr
+/// and stdout) and an empty object when it did not exit 0 or printed something else.
+inline nlohmann::json SucceededJson(const ProcessResult& r) {
+  EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
+  if (r.exit_code != 0) return nlohmann::json::object();
+  try {
+    return nlohmann::json::parse(r.out);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "output is not JSON: " << e.what() << "\n" << r.out;
+    return nlohmann::json::object();
+  }
 }
 
 /// The "answer_ids" of a `polykv-cli agent --json` run that must have succeeded (a test

@@ -26,26 +26,14 @@ using nlohmann::json;
 constexpr int kNewTokens = 48;
 
 // The model, a 200-token document and 3 prompts of 8 tokens, once per test process.
-using Stories = StoriesInputs;
-Stories& GetStories() {
-  static Stories* s = MakeStoriesInputs(11, 199, 200, 3);
-  return *s;
-}
+StoriesInputs& GetStories() { return SharedStoriesInputs(11, 199, 200, 3); }
 
 std::vector<int32_t> Slice(const std::vector<int32_t>& v, size_t from, size_t to) {
   return std::vector<int32_t>(v.begin() + from, v.begin() + to);
 }
 
 json RunJson(const std::vector<std::string>& argv, const std::string& dir) {
-  ProcessResult r = RunProcess(argv, dir, 120000);
-  EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
-  if (r.exit_code != 0) return json::object();
-  try {
-    return json::parse(r.out);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not JSON: " << e.what() << "\n" << r.out;
-    return json::object();
-  }
+  return SucceededJson(RunProcess(argv, dir, 120000));
 }
 
 json RunAgent(const Daemon& d, const std::string& pool, const std::vector<int32_t>& prompt) {
@@ -79,21 +67,10 @@ void DecodeAll(const Daemon& d, const std::string& pool, std::vector<float>* k,
   polykv_disconnect(c);
 }
 
-class PoolTreeStories : public ::testing::Test {
+class PoolTreeStories : public DaemonTest {
  protected:
-  void SetUp() override {
-    if (!fs::exists(DaemonPath()) || !fs::exists(CliPath())) {
-      GTEST_SKIP() << "polykvd or polykv-cli not built";
-    }
-    ASSERT_NE(GetStories().model, nullptr);
-    daemon_ = std::make_unique<Daemon>(/*lease_seconds=*/5);
-    ASSERT_TRUE(daemon_->ready()) << "polykvd did not start:\n" << daemon_->log();
-  }
-  void TearDown() override {
-    if (daemon_) {
-      EXPECT_EQ(daemon_->Stop(), 0) << daemon_->log();
-    }
-  }
+  PoolTreeStories() : DaemonTest(/*lease_seconds=*/5) {}
+  void BeforeDaemon() override { ASSERT_NE(GetStories().model, nullptr); }
   std::string Create(const std::vector<int32_t>& ids, const std::string& codec,
                      const std::string& parent = "", std::string* error = nullptr) {
     std::string err;
@@ -105,7 +82,6 @@ class PoolTreeStories : public ::testing::Test {
     }
     return id;
   }
-  std::unique_ptr<Daemon> daemon_;
 };
 
 TEST_F(PoolTreeStories, NoneChainEqualsOnePoolOfTheConcatenation) {

@@ -74,11 +74,50 @@ class Dev {
   size_t n_ = 0, pad_ = 0;
 };
 
+// Whether `got` (a device result brought to the host) equals `want` bit for bit.
+::testing::AssertionResult SameBits(const std::vector<float>& want, const std::vector<float>& got) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << got.size() << " values, want " << want.size();
+  if (std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) != 0)
+    return ::testing::AssertionFailure() << "the bits differ";
+  return ::testing::AssertionSuccess();
+}
+
 WeightView ViewAt(WeightType t, const void* data, int64_t rows, int64_t cols) {
   const BlockFormat f = WeightBlockFormat(t).value();
   return MakeWeightView(t, data, static_cast<uint64_t>(rows * cols / f.values * f.bytes), rows,
                         cols)
       .value();
+}
+
+// DeviceMatMul on the GPU of random `t` weights [rows][cols] (RandomWeightBytes seed `seed`)
+// by `n` random rows (RandomRows seed `seed` + 1): every output within (Gamma(cols + 6) + r)
+// sum_i |w_i x_i| of the f64 product of the dequantized weights (a fatal failure names the
+// first that is not). `*worst` is the largest |err| / sum_i |w_i x_i|.
+void ExpectMatMulWithinBound(WeightType t, int64_t rows, int64_t cols, int64_t n, uint64_t seed,
+                             double r, double* worst) {
+  const auto bytes = RandomWeightBytes(t, rows, cols, seed);
+  const auto x = RandomRows(n, cols, seed + 1);
+  Dev<uint8_t> dw(bytes);
+  Dev<float> dx(x), dy(static_cast<size_t>(n * rows));
+  const Status st = DeviceMatMul(ViewAt(t, dw.get(), rows, cols), dx.get(), n, cols, dy.get(), rows,
+                                 Device::kCuda);
+  ASSERT_TRUE(st.ok()) << st;
+  const auto y = dy.ToHost();
+  std::vector<float> deq(rows * cols);
+  ASSERT_TRUE(DequantizeRows(ViewAt(t, bytes.data(), rows, cols), 0, rows, deq.data()).ok());
+  *worst = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t o = 0; o < rows; ++o) {
+      double exact = 0, mag = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        exact += double{deq[o * cols + c]} * x[i * cols + c];
+        mag += std::fabs(double{deq[o * cols + c]} * x[i * cols + c]);
+      }
+      const double err = std::fabs(y[i * rows + o] - exact);
+      *worst = std::max(*worst, err / mag);
+      ASSERT_LE(err, (Gamma(cols + 6) + r) * mag) << "row " << i << " out " << o;
+    }
 }
 
 float Emulated(WeightType t, const uint8_t* row, int64_t cols, const float* x) {
@@ -105,8 +144,7 @@ TEST(DeviceOpsCuda, DequantizeRowsEqualsCpuByteForByte) {
       ASSERT_TRUE(st.ok()) << st;
       std::vector<float> ref((rows - 3) * cols);
       ASSERT_TRUE(DequantizeRows(hw, 3, rows, ref.data()).ok());
-      const auto got = out.ToHost();
-      EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.size() * 4), 0);
+      EXPECT_TRUE(SameBits(ref, out.ToHost()));
     }
   }
 #endif
@@ -158,30 +196,9 @@ TEST(DeviceOpsCuda, CublasMatMulIsWithinItsBound) {
   for (WeightType t : {WeightType::kF32, WeightType::kF16, WeightType::kBF16}) {
     for (int64_t n : {17, 64}) {
       SCOPED_TRACE(::testing::Message() << WeightTypeName(t) << " n " << n);
-      const int64_t rows = 300, cols = 576;
-      const auto bytes = RandomWeightBytes(t, rows, cols, 5);
-      const auto x = RandomRows(n, cols, 6);
-      Dev<uint8_t> dw(bytes);
-      Dev<float> dx(x), dy(static_cast<size_t>(n * rows));
-      const Status st = DeviceMatMul(ViewAt(t, dw.get(), rows, cols), dx.get(), n, cols, dy.get(),
-                                     rows, Device::kCuda);
-      ASSERT_TRUE(st.ok()) << st;
-      const auto y = dy.ToHost();
-      std::vector<float> deq(rows * cols);
-      ASSERT_TRUE(DequantizeRows(ViewAt(t, bytes.data(), rows, cols), 0, rows, deq.data()).ok());
       const double r16 = t == WeightType::kF32 ? 0.0 : t == WeightType::kF16 ? 0x1.0p-11 : 0x1.0p-8;
       double worst = 0;
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t o = 0; o < rows; ++o) {
-          double exact = 0, mag = 0;
-          for (int64_t i = 0; i < cols; ++i) {
-            exact += double{deq[o * cols + i]} * x[r * cols + i];
-            mag += std::fabs(double{deq[o * cols + i]} * x[r * cols + i]);
-          }
-          const double err = std::fabs(y[r * rows + o] - exact);
-          worst = std::max(worst, err / mag);
-          ASSERT_LE(err, (Gamma(cols + 6) + r16) * mag) << "row " << r << " out " << o;
-        }
+      ASSERT_NO_FATAL_FAILURE(ExpectMatMulWithinBound(t, 300, 576, n, 5, r16, &worst));
       std::printf("cuBLAS %s n %lld: worst |err| / sum|wx| = %.3g\n", WeightTypeName(t),
                   static_cast<long long>(n), worst);
     }
@@ -197,27 +214,9 @@ TEST(DeviceOpsCuda, QuantizedPrefillGemmIsWithinItsBound) {
   for (WeightType t : kDeviceTypes) {
     if (t == WeightType::kF32 || t == WeightType::kF16 || t == WeightType::kBF16) continue;
     SCOPED_TRACE(WeightTypeName(t));
-    const int64_t rows = 200, cols = 576, n = kDeviceGemmMinRows + 9;
-    const auto bytes = RandomWeightBytes(t, rows, cols, 31);
-    const auto x = RandomRows(n, cols, 32);
-    Dev<uint8_t> dw(bytes);
-    Dev<float> dx(x), dy(static_cast<size_t>(n * rows));
-    const Status st = DeviceMatMul(ViewAt(t, dw.get(), rows, cols), dx.get(), n, cols, dy.get(),
-                                   rows, Device::kCuda);
-    ASSERT_TRUE(st.ok()) << st;
-    const auto y = dy.ToHost();
-    std::vector<float> deq(rows * cols);
-    ASSERT_TRUE(DequantizeRows(ViewAt(t, bytes.data(), rows, cols), 0, rows, deq.data()).ok());
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t o = 0; o < rows; ++o) {
-        double exact = 0, mag = 0;
-        for (int64_t i = 0; i < cols; ++i) {
-          exact += double{deq[o * cols + i]} * x[r * cols + i];
-          mag += std::fabs(double{deq[o * cols + i]} * x[r * cols + i]);
-        }
-        ASSERT_LE(std::fabs(y[r * rows + o] - exact), Gamma(cols + 6) * mag)
-            << "row " << r << " out " << o;
-      }
+    double worst = 0;
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectMatMulWithinBound(t, 200, 576, kDeviceGemmMinRows + 9, 31, 0.0, &worst));
   }
 #endif
 }
@@ -290,8 +289,7 @@ TEST(DeviceOpsCuda, ElementwiseOpsMatchTheCpu) {
       DeviceRopeRows(dq.get(), n, stride, heads, hd, dc.get(), dsn.get(), Device::kCuda).ok());
   ASSERT_TRUE(
       DeviceRopeRows(q.data(), n, stride, heads, hd, cs.data(), sn.data(), Device::kCpu).ok());
-  const auto gq = dq.ToHost();
-  EXPECT_EQ(std::memcmp(gq.data(), q.data(), q.size() * 4), 0);
+  EXPECT_TRUE(SameBits(q, dq.ToHost()));
 #endif
 }
 
@@ -316,8 +314,7 @@ TEST(DeviceOpsCuda, AccumulateEqualsProductThenAdd) {
     acc.accumulate = true;
     ASSERT_TRUE(
         DeviceMatMul(w, dx.get(), n, cols, dacc.get(), rows, Device::kCuda, nullptr, acc).ok());
-    const auto want = dsum.ToHost(), got = dacc.ToHost();
-    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0) << static_cast<int>(t);
+    EXPECT_TRUE(SameBits(dsum.ToHost(), dacc.ToHost())) << static_cast<int>(t);
   }
 #endif
 }
@@ -343,9 +340,8 @@ TEST(DeviceOpsCuda, AppendKvRowsAtHostAndDevicePositionsEqualsTheCpu) {
   ASSERT_TRUE(
       DeviceAppendKvRows(ds.get(), n, stride, kv, hd, dd.get(), cap, 0, dpos.get(), Device::kCuda)
           .ok());
-  const auto gh = dh.ToHost(), gd = dd.ToHost();
-  EXPECT_EQ(std::memcmp(gh.data(), cpu.data(), cpu.size() * 4), 0);
-  EXPECT_EQ(std::memcmp(gd.data(), cpu.data(), cpu.size() * 4), 0);
+  EXPECT_TRUE(SameBits(cpu, dh.ToHost()));
+  EXPECT_TRUE(SameBits(cpu, dd.ToHost()));
   EXPECT_EQ(cpu[(1 * cap + 7) * hd + 3], src[1 * hd + 3]);  // head 1, first row
   EXPECT_EQ(cpu[(1 * cap + 6) * hd + 3], -1.0f);            // untouched before pos
   // A host position past the capacity is refused before any launch.

@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client_test_util.h"
 #include "fake_daemon.h"
 #include "polykv/client.h"
 #include "polykv/client.hpp"
@@ -32,11 +31,12 @@
 #include "polykv/ipc/sealed_region.h"
 #include "polykv/ipc/shm_region.h"
 #include "polykv/pool_info_c.h"
+#include "support/pool_info.h"
 
 namespace polykv::client {
 namespace {
 
-using test::MakeInfo;
+using support::TestPoolInfo;
 using testing::FakeDaemon;
 using Clock = std::chrono::steady_clock;
 
@@ -257,7 +257,7 @@ TEST(ClientCreateTest, StreamsProgressAndReturnsInfo) {
       out.push_back(p);
     }
     ipc::Reply r = FakeDaemon::OkReply(req);
-    r.pool = MakeInfo(id);
+    r.pool = TestPoolInfo(id);
     r.created = true;
     out.push_back(r);
     return out;
@@ -559,7 +559,7 @@ TEST(ClientCreateTest, HeartbeatsKeepALongCreateAliveAndAreNotShownAsProgress) {
     std::vector<ipc::Reply> out = {Stamped(Progress(req, "queued"), a)};
     for (int i = 0; i < 3; ++i) out.push_back(Stamped(Progress(req, "prefill", true), a));
     ipc::Reply r = FakeDaemon::OkReply(req);
-    r.pool = MakeInfo(id);
+    r.pool = TestPoolInfo(id);
     out.push_back(Stamped(r, a));
     return out;
   });
@@ -577,7 +577,7 @@ TEST(ClientCreateTest, HeartbeatsKeepALongCreateAliveAndAreNotShownAsProgress) {
 TEST(ClientCreateTest, DocumentWithNulBytesArrivesWhole) {
   FakeDaemon daemon([&](const ipc::Request& req) -> std::vector<ipc::Reply> {
     ipc::Reply r = FakeDaemon::OkReply(req);
-    if (req.type == ipc::MessageType::kCreatePool) r.pool = MakeInfo(std::string(64, 'd'));
+    if (req.type == ipc::MessageType::kCreatePool) r.pool = TestPoolInfo(std::string(64, 'd'));
     return {r};
   });
   auto client = Client::Connect(daemon.endpoint(), 500);

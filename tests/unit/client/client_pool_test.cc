@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client_test_util.h"
 #include "fake_daemon.h"
 #include "polykv/client.h"
 #include "polykv/client.hpp"
@@ -24,11 +23,12 @@
 #include "polykv/ipc/protocol.h"
 #include "polykv/ipc/sealed_region.h"
 #include "polykv/ipc/shm_region.h"
+#include "support/pool_info.h"
 
 namespace polykv::client {
 namespace {
 
-using test::MakeInfo;
+using support::TestPoolInfo;
 using testing::FakeDaemon;
 using Clock = std::chrono::steady_clock;
 
@@ -135,7 +135,7 @@ class FakePoolTest : public ::testing::Test {
       }
       fd_server_.emplace(memfd_->fd());
     }
-    info_ = MakeInfo(id_);
+    info_ = TestPoolInfo(id_);
     info_.codec = codec == ipc::PoolCodec::kNone ? "none" : "k8v3";
     info_.total_bytes = layout->total_bytes;
     daemon_.emplace([this](const ipc::Request& req) { return Handle(req); });
@@ -185,7 +185,17 @@ class FakePoolTest : public ::testing::Test {
     evicted_ = true;
   }
 
+  /// Connects client_ to the fake daemon (`timeout_ms` per request) and attaches pool id_:
+  /// the attach's result, or the connect's error.
+  Result<Pool> ConnectAndAttach(int timeout_ms = 500) {
+    auto client = Client::Connect(daemon_->endpoint(), timeout_ms);
+    if (!client.ok()) return client.status();
+    client_.emplace(std::move(*client));
+    return client_->Attach(id_);
+  }
+
   void TearDown() override {
+    client_.reset();
     daemon_.reset();
     fd_server_.reset();
     memfd_.reset();
@@ -204,13 +214,12 @@ class FakePoolTest : public ::testing::Test {
   std::optional<ipc::SealedRegion> memfd_;
   std::optional<FakeFdServer> fd_server_;
   std::optional<FakeDaemon> daemon_;
+  std::optional<Client> client_;  ///< ConnectAndAttach's
 };
 
 TEST_F(FakePoolTest, SealedMemfdPoolAttachesAndDecodesBitExact) {
   MakePool(ipc::PoolCodec::kNone, /*memfd=*/true, /*seal=*/true);
-  auto client = Client::Connect(daemon_->endpoint(), 500);
-  ASSERT_TRUE(client.ok());
-  auto pool = client->Attach(id_);
+  auto pool = ConnectAndAttach();
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   EXPECT_EQ(fd_server_->request(), "PKVFD1 lease-1");
   std::vector<float> k(pool->LayerElements()), v(k.size());
@@ -242,9 +251,7 @@ TEST_F(FakePoolTest, SealedMemfdPoolAttachesAndDecodesBitExact) {
 
 TEST_F(FakePoolTest, UnsealedMemfdIsRefusedNotMapped) {
   MakePool(ipc::PoolCodec::kNone, /*memfd=*/true, /*seal=*/false);
-  auto client = Client::Connect(daemon_->endpoint(), 500);
-  ASSERT_TRUE(client.ok());
-  auto pool = client->Attach(id_);
+  auto pool = ConnectAndAttach();
   ASSERT_FALSE(pool.ok());
   EXPECT_EQ(pool.status().code(), StatusCode::kPermissionDenied) << pool.status().ToString();
   EXPECT_EQ(pool.status().message(),
@@ -258,9 +265,7 @@ TEST_F(FakePoolTest, LegacyShmPoolIsVerifiedOnAttach) {
   // Someone with the daemon's uid rewrites a payload byte of the named segment.
   auto* bytes = static_cast<uint8_t*>(region_->data());
   bytes[region_->size() - 1] ^= 0x5a;
-  auto client = Client::Connect(daemon_->endpoint(), 500);
-  ASSERT_TRUE(client.ok());
-  auto pool = client->Attach(id_);
+  auto pool = ConnectAndAttach();
   ASSERT_FALSE(pool.ok());
   EXPECT_EQ(pool.status().code(), StatusCode::kDataLoss) << pool.status().ToString();
   EXPECT_NE(pool.status().message().find("payload checksum mismatch"), std::string::npos);
@@ -291,9 +296,7 @@ TEST_F(FakePoolTest, RenewalAnsweredByAnotherInstanceLosesTheLease) {
 
 TEST_F(FakePoolTest, AttachMapsReadOnlyAndDecodesBitExact) {
   MakePool(ipc::PoolCodec::kNone);
-  auto client = Client::Connect(daemon_->endpoint(), 500);
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
-  auto pool = client->Attach(id_);
+  auto pool = ConnectAndAttach();
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   EXPECT_EQ(pool->info().id, id_);
   EXPECT_EQ(pool->info().codec, "none");
@@ -332,9 +335,7 @@ TEST_F(FakePoolTest, AttachMapsReadOnlyAndDecodesBitExact) {
 
 TEST_F(FakePoolTest, CompressedDecodeMatchesPoolReader) {
   MakePool(ipc::PoolCodec::kK8V);
-  auto client = Client::Connect(daemon_->endpoint(), 500);
-  ASSERT_TRUE(client.ok());
-  auto pool = client->Attach(id_);
+  auto pool = ConnectAndAttach();
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   auto reader = ipc::PoolReader::Open(region_->data(), region_->size(), true);
   ASSERT_TRUE(reader.ok()) << reader.status();
@@ -353,9 +354,7 @@ TEST_F(FakePoolTest, CompressedDecodeMatchesPoolReader) {
 
 TEST_F(FakePoolTest, RenewalKeepsLeasePastLeaseTimeThenEvictionRefusesDecode) {
   MakePool(ipc::PoolCodec::kNone);
-  auto client = Client::Connect(daemon_->endpoint(), 500);
-  ASSERT_TRUE(client.ok());
-  auto pool = client->Attach(id_);
+  auto pool = ConnectAndAttach();
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   std::vector<float> k(pool->LayerElements()), v(k.size());
   // Three lease times (300 ms each) later the lease is still valid thanks to RENEW.
@@ -382,9 +381,7 @@ TEST_F(FakePoolTest, RenewalKeepsLeasePastLeaseTimeThenEvictionRefusesDecode) {
 
 TEST_F(FakePoolTest, LeaseExpiresLocallyWhenDaemonStopsAnswering) {
   MakePool(ipc::PoolCodec::kNone);
-  auto client = Client::Connect(daemon_->endpoint(), 100);
-  ASSERT_TRUE(client.ok());
-  auto pool = client->Attach(id_);
+  auto pool = ConnectAndAttach(100);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   daemon_.reset();  // daemon gone: renewals time out
   const auto deadline = Clock::now() + std::chrono::seconds(10);
@@ -402,9 +399,7 @@ TEST_F(FakePoolTest, LeaseExpiresLocallyWhenDaemonStopsAnswering) {
 TEST_F(FakePoolTest, AttachFailsCleanlyWhenShmIsMissing) {
   MakePool(ipc::PoolCodec::kNone);
   region_.reset();  // unlinks the object: the announced shm name no longer exists
-  auto client = Client::Connect(daemon_->endpoint(), 500);
-  ASSERT_TRUE(client.ok());
-  auto pool = client->Attach(id_);
+  auto pool = ConnectAndAttach();
   ASSERT_FALSE(pool.ok());
   EXPECT_EQ(pool.status().code(), StatusCode::kNotFound) << pool.status().ToString();
   EXPECT_EQ(daemon_->Count(ipc::MessageType::kDetach), 1);  // the lease was given back

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -41,6 +42,22 @@ class Gate {
   std::atomic<int> entered_{0};
 };
 
+/// A Llama-architecture config of the given sizes (head_dim = hidden / heads); every other
+/// field keeps ModelConfig's default.
+inline model::ModelConfig LlamaConfig(int32_t layers, int32_t hidden, int32_t heads,
+                                      int32_t kv_heads, int32_t ffn, int32_t vocab) {
+  model::ModelConfig c;
+  c.architecture = "llama";
+  c.layers = layers;
+  c.hidden = hidden;
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.head_dim = hidden / heads;
+  c.ffn = ffn;
+  c.vocab = vocab;
+  return c;
+}
+
 class FakeModel : public model::LlamaModel {
  public:
   /// `before_prefill` runs at the start of every Prefill (e.g. Gate::Wait).
@@ -53,14 +70,8 @@ class FakeModel : public model::LlamaModel {
     auto tok = model::LoadTokenizer(std::string(POLYKV_TEST_DATA_DIR) +
                                     "/tokenizer/ggml-vocab-gpt-2.gguf");
     if (tok.ok()) tokenizer_ = *std::move(tok);
-    config_.architecture = "llama";
-    config_.layers = 2;
-    config_.hidden = 16;
-    config_.heads = 2;
-    config_.kv_heads = 2;
-    config_.head_dim = 8;
-    config_.ffn = 32;
-    config_.vocab = tokenizer_ ? tokenizer_->vocab_size() : 512;
+    config_ = LlamaConfig(/*layers=*/2, /*hidden=*/16, /*heads=*/2, /*kv_heads=*/2, /*ffn=*/32,
+                          /*vocab=*/tokenizer_ ? tokenizer_->vocab_size() : 512);
     config_.max_positions = 4096;
   }
   ~FakeModel() override {

@@ -32,6 +32,7 @@ namespace fs = std::filesystem;
 using testing::CreateRequest;
 using testing::FakeLoader;
 using testing::Gate;
+using testing::LlamaConfig;
 using testing::MemfdObjects;
 using testing::RawClient;
 using testing::ShmObjects;
@@ -125,14 +126,8 @@ TEST_F(PoolManagerFaults, ModelCacheIsKeyedByFileIdentityBoundedAndCounted) {
 }
 
 TEST(ModelWeightBytesTest, CountsEveryTensorOnce) {
-  model::ModelConfig c;
-  c.layers = 2;
-  c.hidden = 4;
-  c.heads = 2;
-  c.kv_heads = 1;
-  c.head_dim = 2;
-  c.ffn = 8;
-  c.vocab = 10;
+  model::ModelConfig c =
+      LlamaConfig(/*layers=*/2, /*hidden=*/4, /*heads=*/2, /*kv_heads=*/1, /*ffn=*/8, /*vocab=*/10);
   c.tied_embeddings = true;
   // embed 40 + norm 4 + 2 x (norms 8 + qkv (2+2)*2*4=32 + o 4*4=16 + 3*8*4=96) = 348
   EXPECT_EQ(ModelWeightBytes(c, kernels::DType::kF32), 348u * 4);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "support/pool_info.h"
 
 namespace polykv::ipc {
 namespace {
@@ -102,33 +103,13 @@ TEST(ProtocolTest, ReplyRoundTripWithPoolAndCudaHandle) {
   Reply r;
   r.type = MessageType::kAttach;
   r.id = 9;
-  PoolInfo info;
-  info.id = std::string(64, 'f');
-  info.model = "m";
-  info.model_fingerprint = "fp";
+  PoolInfo info = support::TestPoolInfo(std::string(64, 'f'));
   info.architecture = "qwen2";
   info.tokenizer_family = "bpe/qwen2";
-  info.codec = "k8v3";
   info.backend = "cuda";
-  info.tokens = 1000;
-  info.layers = 30;
-  info.kv_heads = 3;
-  info.head_dim = 64;
   info.total_bytes = 123456789012ull;
-  info.key_codes = 1;
-  info.key_scales = 2;
-  info.value_codes = 3;
-  info.value_norms = 4;
-  info.overhead = 5;
-  info.bf16_bytes = 6;
-  info.effective_ratio = 3.25;
-  info.leases = 2;
   info.parent = std::string(64, 'c');
   info.parent_tokens = 777;
-  info.created_unix_ms = 1700000000000;
-  info.prefill_ms = 1.5;
-  info.encode_ms = 2.5;
-  info.publish_ms = 0.25;
   r.pool = info;
   r.lease_id = "0123456789abcdef0123456789abcdef";
   r.lease_expires_unix_ms = 1700000030000;
@@ -147,12 +128,12 @@ TEST(ProtocolTest, ReplyRoundTripWithPoolAndCudaHandle) {
   ASSERT_TRUE(d->pool.has_value());
   EXPECT_EQ(d->pool->id, info.id);
   EXPECT_EQ(d->pool->total_bytes, info.total_bytes);
-  EXPECT_EQ(d->pool->layers, 30u);
+  EXPECT_EQ(d->pool->layers, info.layers);
   EXPECT_EQ(d->pool->architecture, "qwen2");
   EXPECT_EQ(d->pool->tokenizer_family, "bpe/qwen2");
-  EXPECT_DOUBLE_EQ(d->pool->effective_ratio, 3.25);
+  EXPECT_DOUBLE_EQ(d->pool->effective_ratio, info.effective_ratio);
   EXPECT_EQ(d->pool->created_unix_ms, info.created_unix_ms);
-  EXPECT_DOUBLE_EQ(d->pool->publish_ms, 0.25);
+  EXPECT_DOUBLE_EQ(d->pool->publish_ms, info.publish_ms);
   EXPECT_EQ(d->pool->parent, info.parent);
   EXPECT_EQ(d->pool->parent_tokens, 777u);
   EXPECT_EQ(d->lease_id, r.lease_id);

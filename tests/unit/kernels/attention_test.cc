@@ -20,6 +20,7 @@ namespace polykv::kernels {
 namespace {
 
 using testing::AttentionDims;
+using testing::BatchArgs;
 using testing::Gaussian;
 using testing::kKeyScaleModes;
 using testing::MaxAbsError;
@@ -552,13 +553,9 @@ void CheckBatch(const std::vector<PrefixView>& segments, int heads, int kvh, int
         separate[i].resize(out_size);
         ASSERT_NO_FATAL_FAILURE(ForwardOn(a, isa, threads, &separate[i]));
       }
-      BatchAttentionArgs b;
+      BatchAttentionArgs b = BatchArgs(heads, kvh, hd, bs);
       b.prefix = prefix;
       b.prefix_tail = tail;
-      b.heads = heads;
-      b.kv_heads = kvh;
-      b.head_dim = hd;
-      b.sessions = bs;
       const Status st = AttentionForwardBatch(b, o);
       ASSERT_TRUE(st.ok()) << st;
       for (size_t i = 0; i < sess.size(); ++i) {
@@ -663,12 +660,8 @@ TEST(AttentionBatch, MatchesPlainAttentionPerSession) {
     bs.push_back(
         AttentionSession{s.ks.data(), s.vs.data(), s.cap, s.slen, s.n, s.q.data(), s.out.data()});
   }
-  BatchAttentionArgs b;
+  BatchAttentionArgs b = BatchArgs(heads, kvh, hd, bs);
   b.prefix = &p.view;
-  b.heads = heads;
-  b.kv_heads = kvh;
-  b.head_dim = hd;
-  b.sessions = bs;
   ASSERT_TRUE(AttentionForwardBatch(b).ok());
   for (size_t i = 0; i < sess.size(); ++i) {
     const TestSession& s = sess[i];
@@ -682,11 +675,7 @@ TEST(AttentionBatch, RejectsBadSessionsNamingThem) {
   std::vector<float> buf(4096);
   AttentionSession good{buf.data(), buf.data(), 4, 2, 1, buf.data(), buf.data() + 2048};
   std::vector<AttentionSession> s = {good, good, good};
-  BatchAttentionArgs b;
-  b.heads = 2;
-  b.kv_heads = 1;
-  b.head_dim = 8;
-  b.sessions = s;
+  BatchAttentionArgs b = BatchArgs(/*heads=*/2, /*kv_heads=*/1, /*head_dim=*/8, s);
   EXPECT_TRUE(AttentionForwardBatch(b).ok());
   s[2].suffix_length = 5;  // > capacity
   Status st = AttentionForwardBatch(b);

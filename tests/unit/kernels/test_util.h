@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "polykv/kernels/attention.h"
 #include "polykv/kernels/codec.h"
 #include "polykv/kernels/codec_math.h"
@@ -59,6 +60,18 @@ inline AttentionArgs SuffixArgs(const AttentionDims& d, const float* k, const fl
   a.q = q;
   a.out = out;
   return a;
+}
+
+/// BatchAttentionArgs of `sessions` with `heads`, `kv_heads` and `head_dim`; the prefix (and
+/// its tail) is the caller's to set.
+inline BatchAttentionArgs BatchArgs(int heads, int kv_heads, int head_dim,
+                                    absl::Span<const AttentionSession> sessions) {
+  BatchAttentionArgs b;
+  b.heads = heads;
+  b.kv_heads = kv_heads;
+  b.head_dim = head_dim;
+  b.sessions = sessions;
+  return b;
 }
 
 /// Relative MSE sum|a-b|^2 / sum|b|^2 (in double).

@@ -472,19 +472,30 @@ std::string KBlock(size_t bytes, uint16_t d, uint16_t dmin, const int sc[8], con
   return b;
 }
 
+// Dequantizes the K-quant super-block `b` (ggml type `type`, 256 values) and expects value i
+// to be d * sc[s] * q - dmin * mn[s], s = i / 32 its sub-block and q its 4-bit quant from the
+// 128 bytes at `qs` (sub-blocks 2k and 2k + 1 share 32 bytes: low, then high nibbles), plus
+// 16 times bit s of byte i % 32 at `qh` when `qh` >= 0 (Q5_K's fifth bit).
+void ExpectKQuant(uint32_t type, const std::string& b, float d, float dmin, const int sc[8],
+                  const int mn[8], int qs, int qh) {
+  float y[256];
+  ASSERT_TRUE(
+      DequantizeToF32(type, reinterpret_cast<const uint8_t*>(b.data()), b.size(), 256, y).ok());
+  for (int i = 0; i < 256; ++i) {
+    int s = i / 32, l = i % 32;
+    uint8_t byte = static_cast<uint8_t>(b[qs + (s / 2) * 32 + l]);
+    int q = (s % 2 == 0) ? (byte & 15) : (byte >> 4);
+    if (qh >= 0) q += ((static_cast<uint8_t>(b[qh + l]) >> s) & 1) * 16;
+    EXPECT_EQ(y[i], d * sc[s] * q - dmin * mn[s]) << i;
+  }
+}
+
 TEST(GgufDequantizeTest, Q4_K) {
   const int sc[8] = {1, 2, 63, 4, 17, 33, 6, 50};
   const int mn[8] = {5, 0, 7, 8, 40, 1, 63, 2};
   std::string b = KBlock(144, 0x3C00, 0x3800, sc, mn);  // d = 1, dmin = 0.5
   for (int i = 0; i < 128; ++i) b[16 + i] = static_cast<char>((i * 7) & 0xff);
-  float y[256];
-  ASSERT_TRUE(DequantizeToF32(12, reinterpret_cast<const uint8_t*>(b.data()), 144, 256, y).ok());
-  for (int i = 0; i < 256; ++i) {
-    int s = i / 32, l = i % 32;
-    uint8_t byte = static_cast<uint8_t>(b[16 + (s / 2) * 32 + l]);
-    int q = (s % 2 == 0) ? (byte & 15) : (byte >> 4);
-    EXPECT_EQ(y[i], 1.0f * sc[s] * q - 0.5f * mn[s]) << i;
-  }
+  ExpectKQuant(12, b, 1.0f, 0.5f, sc, mn, /*qs=*/16, /*qh=*/-1);
 }
 
 TEST(GgufDequantizeTest, Q5_K) {
@@ -493,15 +504,7 @@ TEST(GgufDequantizeTest, Q5_K) {
   std::string b = KBlock(176, 0x3800, 0x3400, sc, mn);  // d = 0.5, dmin = 0.25
   for (int l = 0; l < 32; ++l) b[16 + l] = static_cast<char>((l * 37 + 11) & 0xff);  // qh
   for (int i = 0; i < 128; ++i) b[48 + i] = static_cast<char>((i * 13 + 5) & 0xff);  // qs
-  float y[256];
-  ASSERT_TRUE(DequantizeToF32(13, reinterpret_cast<const uint8_t*>(b.data()), 176, 256, y).ok());
-  for (int i = 0; i < 256; ++i) {
-    int s = i / 32, l = i % 32;
-    uint8_t byte = static_cast<uint8_t>(b[48 + (s / 2) * 32 + l]);
-    int q = (s % 2 == 0) ? (byte & 15) : (byte >> 4);
-    q += ((static_cast<uint8_t>(b[16 + l]) >> s) & 1) * 16;
-    EXPECT_EQ(y[i], 0.5f * sc[s] * q - 0.25f * mn[s]) << i;
-  }
+  ExpectKQuant(13, b, 0.5f, 0.25f, sc, mn, /*qs=*/48, /*qh=*/16);
 }
 
 TEST(GgufDequantizeTest, Q6_K) {

@@ -26,4 +26,9 @@ int32_t ArgmaxLogits(const float* logits, int64_t vocab);
 [[nodiscard]] StatusOr<int32_t> SampleTopP(const float* logits, int64_t vocab, float temperature,
                                            float top_p, double u);
 
+/// SampleTopP's rule without its argument checks, for a caller that holds its own
+/// (model::SampleToken): the same arithmetic for every input. vocab >= 1, logits non-null.
+int32_t SampleTopPUnchecked(const float* logits, int64_t vocab, float temperature, float top_p,
+                            double u);
+
 }  // namespace polykv::kernels

@@ -1,16 +1,16 @@
-// Shared by the client library's tests against a scripted fake daemon: a PoolInfo as the
-// fake daemon announces it.
+// A typical PoolInfo for tests: the one the client library's scripted fake daemon announces,
+// and the base of the control protocol's round trips.
 #pragma once
 
 #include <string>
 
 #include "polykv/ipc/protocol.h"
 
-namespace polykv::client::test {
+namespace polykv::support {
 
 /// A host pool of stories260K's shape (2 layers, 2 KV heads, head_dim 8, 5 tokens), codec
 /// none, every size and timing field set.
-inline ipc::PoolInfo MakeInfo(const std::string& id) {
+inline ipc::PoolInfo TestPoolInfo(const std::string& id) {
   ipc::PoolInfo p;
   p.id = id;
   p.model = "tests/data/models/stories260K";
@@ -31,4 +31,4 @@ inline ipc::PoolInfo MakeInfo(const std::string& id) {
   return p;
 }
 
-}  // namespace polykv::client::test
+}  // namespace polykv::support
