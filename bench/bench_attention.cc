@@ -23,6 +23,7 @@
 #include "polykv/kernels/codec.h"
 #include "polykv/kernels/codec_math.h"
 #include "polykv/kernels/cpu.h"
+#include "support/random.h"
 
 namespace {
 
@@ -36,13 +37,7 @@ double Now() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-std::vector<float> Gauss(size_t n, uint64_t seed, float sigma) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
-}
+using polykv::support::Gaussian;
 
 // Median seconds of `reps` calls of f (after one warm-up call).
 template <typename F>
@@ -69,8 +64,8 @@ int SingleTable(int reps) {
               "us/layer", "x30 ms", "GB/s read", "vs scalar");
   for (int64_t tokens : {1451, 4096}) {
     const LayerShape shape{kKv, tokens, kHd};
-    auto kraw = Gauss(shape.elements(), 1, 1.5f);
-    auto vraw = Gauss(shape.elements(), 2, 1.0f);
+    auto kraw = Gaussian(shape.elements(), 1, 1.5f);
+    auto vraw = Gaussian(shape.elements(), 2, 1.0f);
     CodecConfig cfg;
     cfg.value_bits = 3;
     cfg.key_scale = KeyScaleMode::kPerChannel;
@@ -104,9 +99,9 @@ int SingleTable(int reps) {
 
     for (int64_t n : {1, 8, 32}) {
       const int64_t cap = n + 8;
-      auto ksuf = Gauss(static_cast<size_t>(kKv * cap * kHd), 3, 1.5f);
-      auto vsuf = Gauss(static_cast<size_t>(kKv * cap * kHd), 4, 1.0f);
-      auto q = Gauss(static_cast<size_t>(n * kHeads * kHd), 5, 1.0f);
+      auto ksuf = Gaussian(static_cast<size_t>(kKv * cap * kHd), 3, 1.5f);
+      auto vsuf = Gaussian(static_cast<size_t>(kKv * cap * kHd), 4, 1.0f);
+      auto q = Gaussian(static_cast<size_t>(n * kHeads * kHd), 5, 1.0f);
       std::vector<float> out(q.size());
       for (const PrefixView* pv : {&k8, &raw}) {
         const double bytes = static_cast<double>(pv->LayerBytes());
@@ -190,8 +185,8 @@ bool MakePool(BenchPool& p, const std::string& name, int layers, int64_t tokens,
     p.norms16.resize(layers);
   }
   for (int l = 0; l < layers; ++l) {
-    const auto kraw = Gauss(shape.elements(), 100 + 2 * l, 1.5f);
-    const auto vraw = Gauss(shape.elements(), 101 + 2 * l, 1.0f);
+    const auto kraw = Gaussian(shape.elements(), 100 + 2 * l, 1.5f);
+    const auto vraw = Gaussian(shape.elements(), 101 + 2 * l, 1.0f);
     if (raw) {
       p.raw_k[l].resize(kraw.size());
       p.raw_v[l].resize(vraw.size());
@@ -254,9 +249,9 @@ int BatchTable(int reps, int sessions, int64_t tokens, int layers) {
     x.cap = x.len + 8;
     for (int l = 0; l < layers; ++l) {
       const uint64_t seed = 7000 + 10 * (static_cast<uint64_t>(s) * layers + l);
-      x.k.push_back(Gauss(static_cast<size_t>(kKv * x.cap * kHd), seed, 1.5f));
-      x.v.push_back(Gauss(static_cast<size_t>(kKv * x.cap * kHd), seed + 1, 1.0f));
-      x.q.push_back(Gauss(static_cast<size_t>(kHeads * kHd), seed + 2, 1.0f));
+      x.k.push_back(Gaussian(static_cast<size_t>(kKv * x.cap * kHd), seed, 1.5f));
+      x.v.push_back(Gaussian(static_cast<size_t>(kKv * x.cap * kHd), seed + 1, 1.0f));
+      x.q.push_back(Gaussian(static_cast<size_t>(kHeads * kHd), seed + 2, 1.0f));
       x.out.emplace_back(static_cast<size_t>(kHeads * kHd));
     }
   }

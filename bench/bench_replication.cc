@@ -24,6 +24,7 @@
 
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/ucx_transfer.h"
+#include "support/random.h"
 
 namespace {
 
@@ -73,23 +74,11 @@ uint64_t PoolBytes() {
   return layout->total_bytes;
 }
 
-void FillRandom(uint8_t* p, uint64_t n, uint64_t seed) {
-  uint64_t x = seed;
-  for (uint64_t i = 0; i < n; i += 8) {
-    x += 0x9E3779B97F4A7C15ull;  // splitmix64
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    std::memcpy(p + i, &z, std::min<uint64_t>(8, n - i));
-  }
-}
-
 // Reply to a client: u32 descriptor length | descriptor | u64 size | u64 checksum.
 int Serve(int port) {
   const uint64_t bytes = PoolBytes();
   std::vector<uint8_t> region(bytes);
-  FillRandom(region.data(), bytes, 0x5eed);
+  polykv::support::FillSplitMix64(region.data(), bytes, 0x5eed);
   const uint64_t checksum = polykv::ipc::Checksum64(region.data(), bytes);
   auto engine = UcxEngine::Create();
   if (!engine.ok()) Die("UcxEngine::Create: " + engine.status().ToString());

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "support/random.h"
+
 extern char** environ;
 
 namespace polykv::ipc {
@@ -27,19 +29,7 @@ namespace {
 
 constexpr char kHolderEnv[] = "POLYKV_UCX_TEST_HOLDER_FD";
 
-std::vector<uint8_t> RandomBytes(uint64_t n, uint64_t seed) {
-  std::vector<uint8_t> v(n);
-  uint64_t x = seed;
-  for (uint64_t i = 0; i < n; i += 8) {
-    x += 0x9E3779B97F4A7C15ull;  // splitmix64
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    std::memcpy(v.data() + i, &z, std::min<uint64_t>(8, n - i));
-  }
-  return v;
-}
+using support::SplitMix64Bytes;
 
 // Calls `io` (read or write) until all `n` bytes at `c` have moved; false on an error or at
 // end of file.
@@ -71,7 +61,7 @@ int HolderMainIfRequested() {
   const int fd = std::atoi(fd_env);
   auto engine = UcxEngine::Create();
   if (!engine.ok()) _exit(2);
-  static std::vector<uint8_t> region = RandomBytes(kHolderBytes, 7);
+  static std::vector<uint8_t> region = SplitMix64Bytes(kHolderBytes, 7);
   auto exposure = (*engine)->Expose(region.data(), region.size());
   if (!exposure.ok()) _exit(3);
   const std::string& d = (*exposure)->descriptor();
@@ -114,7 +104,7 @@ void CheckLoopbackPull(uint64_t bytes, uint64_t chunk, int outstanding) {
   ASSERT_NE(holder, nullptr);
   ASSERT_NE(requester, nullptr);
   EXPECT_FALSE(holder->transports().empty());
-  const std::vector<uint8_t> src = RandomBytes(bytes, bytes);
+  const std::vector<uint8_t> src = SplitMix64Bytes(bytes, bytes);
   auto exposure = holder->Expose(src.data(), src.size());
   ASSERT_TRUE(exposure.ok()) << exposure.status();
   EXPECT_EQ((*exposure)->size(), bytes);
@@ -166,7 +156,7 @@ TEST(UcxTransferTest, ConcurrentPullsFromThreeThreads) {
   ASSERT_NE(holder, nullptr);
   ASSERT_NE(requester, nullptr);
   const uint64_t bytes = (8ull << 20) + 999;
-  const std::vector<uint8_t> src = RandomBytes(bytes, 3);
+  const std::vector<uint8_t> src = SplitMix64Bytes(bytes, 3);
   auto exposure = holder->Expose(src.data(), src.size());
   ASSERT_TRUE(exposure.ok()) << exposure.status();
   const std::string desc = (*exposure)->descriptor();
@@ -193,7 +183,7 @@ TEST(UcxTransferTest, MalformedDescriptorsAreInvalidArgument) {
   auto requester = MakeEngine();
   ASSERT_NE(holder, nullptr);
   ASSERT_NE(requester, nullptr);
-  std::vector<uint8_t> src = RandomBytes(65536, 1);
+  std::vector<uint8_t> src = SplitMix64Bytes(65536, 1);
   std::vector<uint8_t> dst(src.size());
   auto exposure = holder->Expose(src.data(), src.size());
   ASSERT_TRUE(exposure.ok()) << exposure.status();
@@ -260,7 +250,7 @@ TEST(UcxTransferTest, CancelAfterFirstChunk) {
   ASSERT_NE(holder, nullptr);
   ASSERT_NE(requester, nullptr);
   const uint64_t bytes = 4ull << 20;
-  std::vector<uint8_t> src = RandomBytes(bytes, 5);
+  std::vector<uint8_t> src = SplitMix64Bytes(bytes, 5);
   std::vector<uint8_t> dst(bytes);
   auto exposure = holder->Expose(src.data(), src.size());
   ASSERT_TRUE(exposure.ok()) << exposure.status();
@@ -327,7 +317,7 @@ void HolderSignalledMidTransfer(int signal) {
   auto requester = MakeEngine();
   ASSERT_NE(requester, nullptr);
   std::vector<uint8_t> dst(kHolderBytes);
-  const std::vector<uint8_t> expect = RandomBytes(kHolderBytes, 7);
+  const std::vector<uint8_t> expect = SplitMix64Bytes(kHolderBytes, 7);
   std::atomic<uint64_t> done{0};
   UcxPullOptions o;
   o.chunk_bytes = 256 << 10;  // 128 chunks x 50 ms: several seconds

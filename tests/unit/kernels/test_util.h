@@ -12,6 +12,7 @@
 #include "polykv/kernels/attention.h"
 #include "polykv/kernels/codec.h"
 #include "polykv/kernels/codec_math.h"
+#include "support/random.h"
 
 namespace polykv::kernels::testing {
 
@@ -19,14 +20,7 @@ namespace polykv::kernels::testing {
 inline constexpr KeyScaleMode kKeyScaleModes[] = {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead,
                                                   KeyScaleMode::kPerChannel};
 
-/// n i.i.d. N(0, sigma^2) floats from a fixed seed.
-inline std::vector<float> Gaussian(size_t n, uint64_t seed, float sigma = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using support::Gaussian;  // n i.i.d. N(0, sigma^2) floats from a fixed seed
 
 /// max |approx - exact| (in double).
 template <typename T>
