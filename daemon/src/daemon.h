@@ -47,7 +47,7 @@ struct DaemonOptions {
   double shutdown_grace_seconds = 5;    ///< how long shutdown waits for busy workers
   std::string fd_socket;                ///< pool-descriptor socket (default: <socket>.fds)
   int test_create_delay_ms = 0;         ///< fault injection (tests): slow creates
-  int threads = 0;                      ///< compute threads (kernels, OpenBLAS); 0 = all cores
+  int threads = 0;                      ///< compute threads (kernels' pool); 0 = all cores
   std::string log_level = "info";       ///< trace|debug|info|warn|error|critical|off
   std::string shm_prefix = "/polykv-";  ///< shm object name prefix of pools
   uint32_t socket_mode = 0660;          ///< mode of the ipc socket file

@@ -129,7 +129,7 @@ void AddDaemonFlags(CLI::App& app, DaemonOptions& o) {
       ->capture_default_str();
   app.add_option("--fd-socket", o.fd_socket,
                  "Pool-descriptor socket path (default: the control socket path + .fds)");
-  app.add_option("--threads", o.threads, "compute threads: kernels and OpenBLAS (0 = all cores)")
+  app.add_option("--threads", o.threads, "compute threads of the kernels' pool (0 = all cores)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   app.add_option("--log-level", o.log_level, "trace|debug|info|warn|error|critical|off")

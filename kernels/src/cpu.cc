@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "polykv/enum_names.h"
+#include "thread_pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -170,6 +171,10 @@ int ComputeThreads() {
   if (n >= 1) return n;
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+void ParallelTasks(int64_t tasks, const std::function<void(int64_t)>& fn) {
+  internal::RunTasks(tasks, ComputeThreads(), fn);
 }
 
 }  // namespace polykv::kernels

@@ -122,10 +122,12 @@ class Pool {
       if (id >= allowed_.load(std::memory_order_relaxed)) continue;  // fewer threads asked
       uint32_t mine = 0;
       int64_t t;
+      in_job_ = true;  // a pool call made inside fn runs inline (run_mu_ is held)
       while ((t = Claim(gen)) >= 0) {
         (*fn_)(t);
         ++mine;
       }
+      in_job_ = false;
       if (mine > 0) done_.fetch_add(mine, std::memory_order_acq_rel);
     }
   }

@@ -15,19 +15,29 @@
 // so do longer ones over weight types the AMX-INT8 tiles take (on CPUs that have them);
 // the rest dequantize row tiles of W into a scratch buffer and call CBLAS sgemm (OpenBLAS).
 // Attention without a prefix and n > kMappedGemmRows (a long prefill) runs as sgemm per KV
-// head; every other case on kernels::AttentionForward.
+// head and block of query rows; every other case on kernels::AttentionForward.
+//
+// Threads of the sgemm paths: the tiles (and the attention's KV head x row blocks) are
+// independent tasks on the kernels' thread pool (kernels::ParallelTasks), each with its
+// own scratch and its own single-threaded sgemm. OpenBLAS's threads stay off
+// (UseOneBlasThread): an OpenMP OpenBLAS spinning at its barrier while our pool works, and
+// the reverse, took ~60% of a 2-core prefill.
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "llama_base.h"
 #include "llama_internal.h"
 #include "polykv/kernels/attention.h"
+#include "polykv/kernels/cpu.h"
 #include "polykv/kernels/matmul.h"
 #include "polykv/kernels/ops.h"
 #include "polykv/model/prefill.h"
@@ -35,8 +45,111 @@
 namespace polykv::model::internal {
 namespace {
 
-// Rows of W dequantized per GEMM tile: about 1 MiB of f32.
-int64_t TileRows(int64_t cols) { return std::max<int64_t>(16, (int64_t{1} << 18) / cols); }
+// Rows of W dequantized per GEMM tile: tiles of about 1 MiB of f32 or less, of equal size (a
+// multiple of 16 rows), at least two when W has 256 rows or more, so that two threads share
+// each matrix (several matrices of the same activations form one job: LinearGemmMany).
+// Independent of the thread count: a product's result never depends on the threads that
+// computed it (each tile is one single-threaded sgemm).
+int64_t TileRows(int64_t rows, int64_t cols) {
+  const int64_t by_size = std::max<int64_t>(16, (int64_t{1} << 18) / cols);
+  int64_t count = (rows + by_size - 1) / by_size;
+  if (rows >= 256) count = std::max<int64_t>(count, 2);
+  const int64_t per_tile = (rows + count - 1) / count;
+  return std::min(rows, (per_tile + 15) / 16 * 16);
+}
+
+// Query rows per attention task of BlasAttention (with its KV head): a [G*rows][keys] score
+// block of a few MiB, and several tasks per thread.
+constexpr int64_t kAttentionRowBlock = 128;
+
+// Makes the calling thread's CBLAS calls single-threaded; cheap after its first call on a
+// thread. Our sgemms run one per task on the kernels' pool, so OpenBLAS's own threads would
+// only compete with it. openblas_set_num_threads(1) sets OpenBLAS's count once for the
+// process, but its OpenMP build (Debian's libopenblas0-openmp 0.3.21, measured) resets that
+// count to the calling thread's omp_get_max_threads() at each call from a thread whose OpenMP
+// default differs, so every thread that calls sgemm also sets its own OpenMP default team
+// size to 1 (nothing of ours uses OpenMP; libtorch, in tests, sets its own). Both functions
+// are found with dlsym: another CBLAS (or a pthreads OpenBLAS, without the second) links and
+// runs unchanged. The OPENBLAS_NUM_THREADS / OMP_NUM_THREADS variables would not do: libgomp
+// and OpenBLAS read them in their constructors, before main(), and a user's setting of them
+// is overridden here for these products only in effect (single-threaded either way).
+void UseOneBlasThread() {
+  thread_local bool done = false;
+  if (done) return;
+  done = true;
+  using SetFn = void (*)(int);
+  static const SetFn openblas_set =
+      reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  static const SetFn omp_set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (openblas_set != nullptr) openblas_set(1);
+  });
+  if (omp_set != nullptr) omp_set(1);
+}
+
+// Scratch buffers of the tasks of one ParallelTasks job: at most ComputeThreads() tasks run
+// at once, and each leases one buffer (f32) for its duration. Kept between jobs; Clear()
+// frees them.
+class ScratchPool {
+ public:
+  // A buffer of at least `floats` floats, leased until the Lease is destroyed. Errors:
+  // kResourceExhausted when it cannot be allocated.
+  class Lease {
+   public:
+    Lease(ScratchPool& pool, int64_t floats) : pool_(pool) {
+      {
+        std::lock_guard<std::mutex> l(pool_.mu_);
+        for (slot_ = 0; slot_ < pool_.bufs_.size() && pool_.busy_[slot_]; ++slot_) {
+        }
+        if (slot_ == pool_.bufs_.size()) {
+          pool_.bufs_.push_back(std::make_unique<std::vector<float>>());
+          pool_.busy_.push_back(false);
+        }
+        pool_.busy_[slot_] = true;
+        buf_ = pool_.bufs_[slot_].get();
+      }
+      try {
+        if (static_cast<int64_t>(buf_->size()) < floats) buf_->resize(static_cast<size_t>(floats));
+      } catch (const std::exception& e) {
+        status_ = StatusFromException(e, "scratch");
+      }
+    }
+    ~Lease() {
+      std::lock_guard<std::mutex> l(pool_.mu_);
+      pool_.busy_[slot_] = false;
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+
+    const Status& status() const { return status_; }
+    float* data() { return buf_->data(); }
+
+   private:
+    ScratchPool& pool_;
+    size_t slot_ = 0;
+    std::vector<float>* buf_ = nullptr;
+    Status status_;
+  };
+
+  // Frees every buffer; none may be leased.
+  void Clear() {
+    std::lock_guard<std::mutex> l(mu_);
+    bufs_.clear();
+    busy_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<std::vector<float>>> bufs_;
+  std::vector<bool> busy_;
+};
+
+// The first error of a job's tasks (one slot per task), or OK.
+Status FirstError(const std::vector<Status>& errors) {
+  for (const Status& s : errors) POLYKV_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
 
 class MappedLlama final : public LlamaBase {
  public:
@@ -123,6 +236,13 @@ class MappedLlama final : public LlamaBase {
   }
 
  private:
+  // One product of LinearGemmMany: y (row stride y_stride) = x m^T.
+  struct GemmOutput {
+    const MappedMatrix* m = nullptr;
+    float* y = nullptr;
+    int64_t y_stride = 0;
+  };
+
   // y[n][rows] (row stride y_stride) = x[n][cols] W^T.
   Status Linear(const MappedMatrix& m, const float* x, int64_t n, float* y, int64_t y_stride) {
     if (OnKernels(m, n)) return kernels::MatMul(m.w, x, n, m.w.cols, y, y_stride);
@@ -138,18 +258,40 @@ class MappedLlama final : public LlamaBase {
 
   // Dequantized row tiles of W times x with CBLAS sgemm: y[:, r0:r0+tr] = x W_tile^T.
   Status LinearGemm(const MappedMatrix& m, const float* x, int64_t n, float* y, int64_t y_stride) {
-    const int64_t rows = m.w.rows, cols = m.w.cols;
-    const int64_t tile = std::min(rows, TileRows(cols));
-    if (static_cast<int64_t>(tile_.size()) < tile * cols)
-      tile_.resize(static_cast<size_t>(tile * cols));
-    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
-      const int64_t tr = std::min(tile, rows - r0);
-      POLYKV_RETURN_IF_ERROR(kernels::DequantizeRowsParallel(m.w, r0, r0 + tr, tile_.data()));
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
-                  static_cast<int>(tr), static_cast<int>(cols), 1.f, x, static_cast<int>(cols),
-                  tile_.data(), static_cast<int>(cols), 0.f, y + r0, static_cast<int>(y_stride));
+    const GemmOutput o{&m, y, y_stride};
+    return LinearGemmMany(absl::MakeConstSpan(&o, 1), x, n);
+  }
+
+  // LinearGemm of several matrices over the same x [n][cols] in one job: every row tile of
+  // every matrix is a task on the kernels' pool, which dequantizes the tile into its own
+  // scratch and runs its own single-threaded sgemm (tiles write disjoint columns of y).
+  Status LinearGemmMany(absl::Span<const GemmOutput> outs, const float* x, int64_t n) {
+    struct Tile {
+      const GemmOutput* out;
+      int64_t r0, tr;
+    };
+    std::vector<Tile> tiles;
+    for (const GemmOutput& o : outs) {
+      const int64_t rows = o.m->w.rows, tile = TileRows(rows, o.m->w.cols);
+      for (int64_t r0 = 0; r0 < rows; r0 += tile)
+        tiles.push_back(Tile{&o, r0, std::min(tile, rows - r0)});
     }
-    return absl::OkStatus();
+    std::vector<Status> errors(tiles.size());
+    kernels::ParallelTasks(static_cast<int64_t>(tiles.size()), [&](int64_t t) {
+      const Tile& tl = tiles[static_cast<size_t>(t)];
+      const auto& w = tl.out->m->w;
+      const int64_t cols = w.cols;
+      ScratchPool::Lease s(scratch_, tl.tr * cols);
+      Status& err = errors[static_cast<size_t>(t)];
+      if (err = s.status(); !err.ok()) return;
+      if (err = kernels::DequantizeRows(w, tl.r0, tl.r0 + tl.tr, s.data()); !err.ok()) return;
+      UseOneBlasThread();
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+                  static_cast<int>(tl.tr), static_cast<int>(cols), 1.f, x, static_cast<int>(cols),
+                  s.data(), static_cast<int>(cols), 0.f, tl.out->y + tl.r0,
+                  static_cast<int>(tl.out->y_stride));
+    });
+    return FirstError(errors);
   }
 
   // Several products of the same activations (q/k/v, gate/up).
@@ -158,6 +300,15 @@ class MappedLlama final : public LlamaBase {
     bool all_kernels = true;
     for (const auto& [m, y] : outs) all_kernels = all_kernels && OnKernels(*m, n);
     if (!all_kernels) {
+      GemmOutput g[4];
+      size_t k = 0;
+      bool all_gemm = true;
+      for (const auto& [m, y] : outs) {
+        all_gemm = all_gemm && !OnKernels(*m, n) && m->w.cols == cols;
+        g[k++] = GemmOutput{m, y, m->w.rows};
+      }
+      // One job over every tile of every matrix (q/k/v, gate/up).
+      if (all_gemm) return LinearGemmMany(absl::MakeConstSpan(g, k), x, n);
       for (const auto& [m, y] : outs) POLYKV_RETURN_IF_ERROR(Linear(*m, x, n, y, m->w.rows));
       return absl::OkStatus();
     }
@@ -191,37 +342,45 @@ class MappedLlama final : public LlamaBase {
   }
 
   // Long prefill without a prefix: softmax(Q K^T / sqrt(d) + causal mask) V with CBLAS
-  // sgemm, one KV head at a time over its G query heads (GQA): Qg [G*n][hd] gathered from
-  // q [n][H][hd], scores [G*n][total] (f32, masked where key position > query position),
-  // a row softmax, then [G*n][hd] = P V scattered back into out [n][H][hd].
+  // sgemm (GQA). One task per KV head and block of up to kAttentionRowBlock query rows
+  // [i0, i1), on the kernels' pool, with its own scratch: Qg [G*b][hd] gathered from
+  // q [n][H][hd] (b = i1 - i0 rows of each of the head's G query heads), scores
+  // [G*b][keys] (f32; keys = s0 + i1, the positions any of these rows sees; masked where
+  // key position > query position), a row softmax, then [G*b][hd] = P V scattered back into
+  // out [n][H][hd]. Tasks write disjoint parts of out.
   Status BlasAttention(const KvCache& cache, int l, int64_t s0, int64_t n, const float* q,
                        float* out) {
     const int64_t H = config_.heads, KV = config_.kv_heads, G = H / KV, hd = config_.head_dim;
-    const int64_t total = s0 + n, cap = cache.capacity;
+    const int64_t cap = cache.capacity;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-    try {
-      if (static_cast<int64_t>(scores_.size()) < G * n * total)
-        scores_.resize(static_cast<size_t>(G * n * total));
-      if (static_cast<int64_t>(qg_.size()) < 2 * G * n * hd)
-        qg_.resize(static_cast<size_t>(2 * G * n * hd));
-    } catch (const std::exception& e) {
-      return StatusFromException(e, "attention");
-    }
-    float* qg = qg_.data();
-    float* og = qg_.data() + G * n * hd;
-    float* sc = scores_.data();
-    for (int64_t kvh = 0; kvh < KV; ++kvh) {
+    const int64_t blocks = (n + kAttentionRowBlock - 1) / kAttentionRowBlock;
+    std::vector<Status> errors(static_cast<size_t>(blocks * KV));
+    // Task t: the last row blocks (the most keys) first.
+    kernels::ParallelTasks(blocks * KV, [&](int64_t t) {
+      const int64_t kvh = t % KV, blk = blocks - 1 - t / KV;
+      const int64_t i0 = blk * kAttentionRowBlock, i1 = std::min(n, i0 + kAttentionRowBlock);
+      const int64_t b = i1 - i0, keys = s0 + i1;
+      ScratchPool::Lease s(scratch_, G * b * (2 * hd + keys));
+      if (!s.status().ok()) {
+        errors[static_cast<size_t>(t)] = s.status();
+        return;
+      }
+      float* qg = s.data();
+      float* og = qg + G * b * hd;
+      float* sc = og + G * b * hd;
       for (int64_t g = 0; g < G; ++g)
-        for (int64_t i = 0; i < n; ++i)
-          std::memcpy(qg + (g * n + i) * hd, q + (i * H + kvh * G + g) * hd, sizeof(float) * hd);
+        for (int64_t i = 0; i < b; ++i)
+          std::memcpy(qg + (g * b + i) * hd, q + ((i0 + i) * H + kvh * G + g) * hd,
+                      sizeof(float) * hd);
       const float* K = cache.k[static_cast<size_t>(l)].data() + kvh * cap * hd;
       const float* V = cache.v[static_cast<size_t>(l)].data() + kvh * cap * hd;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(G * n),
-                  static_cast<int>(total), static_cast<int>(hd), scale, qg, static_cast<int>(hd), K,
-                  static_cast<int>(hd), 0.f, sc, static_cast<int>(total));
-      for (int64_t r = 0; r < G * n; ++r) {
-        float* row = sc + r * total;
-        const int64_t visible = s0 + (r % n) + 1;  // keys 0 .. s0 + i
+      UseOneBlasThread();
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(G * b),
+                  static_cast<int>(keys), static_cast<int>(hd), scale, qg, static_cast<int>(hd), K,
+                  static_cast<int>(hd), 0.f, sc, static_cast<int>(keys));
+      for (int64_t r = 0; r < G * b; ++r) {
+        float* row = sc + r * keys;
+        const int64_t visible = s0 + i0 + (r % b) + 1;  // keys 0 .. s0 + i
         float mx = row[0];
         for (int64_t j = 1; j < visible; ++j) mx = std::max(mx, row[j]);
         float sum = 0;
@@ -231,16 +390,17 @@ class MappedLlama final : public LlamaBase {
         }
         const float inv = 1.f / sum;
         for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
-        std::fill(row + visible, row + total, 0.f);
+        std::fill(row + visible, row + keys, 0.f);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(G * n),
-                  static_cast<int>(hd), static_cast<int>(total), 1.f, sc, static_cast<int>(total),
-                  V, static_cast<int>(hd), 0.f, og, static_cast<int>(hd));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(G * b),
+                  static_cast<int>(hd), static_cast<int>(keys), 1.f, sc, static_cast<int>(keys), V,
+                  static_cast<int>(hd), 0.f, og, static_cast<int>(hd));
       for (int64_t g = 0; g < G; ++g)
-        for (int64_t i = 0; i < n; ++i)
-          std::memcpy(out + (i * H + kvh * G + g) * hd, og + (g * n + i) * hd, sizeof(float) * hd);
-    }
-    return absl::OkStatus();
+        for (int64_t i = 0; i < b; ++i)
+          std::memcpy(out + ((i0 + i) * H + kvh * G + g) * hd, og + (g * b + i) * hd,
+                      sizeof(float) * hd);
+    });
+    return FirstError(errors);
   }
 
   // h = RMSNorm(x); q, k, v = h W^T (+ biases), GGUF Q/K rows de-interleaved: n rows.
@@ -440,15 +600,16 @@ class MappedLlama final : public LlamaBase {
   }
 
   void ReleaseWorkspace() {
-    for (std::vector<float>* b :
-         {&x_, &h_, &t_, &q_, &att_, &k_, &v_, &g_, &u_, &cos_, &sin_, &tile_, &scores_, &qg_})
+    for (std::vector<float>* b : {&x_, &h_, &t_, &q_, &att_, &k_, &v_, &g_, &u_, &cos_, &sin_})
       std::vector<float>().swap(*b);
+    scratch_.Clear();
   }
 
   MappedWeights w_;
   int64_t quantized_rows_;
   int64_t bytes_per_token_ = 0;
-  std::vector<float> x_, h_, t_, q_, att_, k_, v_, g_, u_, cos_, sin_, tile_, scores_, qg_;
+  std::vector<float> x_, h_, t_, q_, att_, k_, v_, g_, u_, cos_, sin_;
+  ScratchPool scratch_;  // the sgemm paths' per-task buffers
 };
 
 }  // namespace

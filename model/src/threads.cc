@@ -10,9 +10,9 @@ namespace polykv::model {
 int SetComputeThreads(int n) {
   if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   kernels::SetComputeThreads(n);
-  // OpenBLAS keeps its own thread count (as it did under libtorch): the sgemm of a long
-  // prefill then splits its work the same way whatever n a process asks for, so processes
-  // with different thread counts score bit-identically (EvalAgents.NAgentsAtOnce...).
+  // A long prefill's sgemms run single-threaded, one per row tile (or attention block) on
+  // the kernels' pool (mapped_llama.cc); the tiles do not depend on n, so processes with
+  // different thread counts score bit-identically (EvalAgents.NAgentsAtOnce...).
   return n;
 }
 

@@ -51,7 +51,7 @@ struct AgentOptions {
   std::string model_path;   ///< HF folder or .gguf: must be the pool's model
   std::string endpoint;     ///< daemon endpoint; empty = $POLYKV_ENDPOINT / default
   int timeout_ms = 5000;    ///< per daemon request (Lazy Pirate inside the client)
-  int threads = 0;          ///< compute threads (kernels, OpenBLAS); 0 = all cores
+  int threads = 0;          ///< compute threads (kernels' pool); 0 = all cores
   model::LoadOptions load;  ///< weights / quantized_rows (threads is taken from `threads`)
   /// In place needs a host pool and the mapped runtime; otherwise a host pool is decompressed
   /// (AgentResult::attend says which ran). A cuda pool is never copied to the host silently:

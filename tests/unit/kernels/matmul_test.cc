@@ -135,6 +135,37 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest, ::testing::ValuesIn(kAllTypes),
                            return std::string(WeightTypeName(i.param));
                          });
 
+TEST(ParallelTasks, RunsEveryTaskOnceAndNestedCallsInline) {
+  // Every task runs exactly once with 1 and 2 threads; a task that starts a parallel kernel
+  // (here DequantizeRowsParallel, and ParallelTasks itself) runs it inline on its thread
+  // instead of waiting for the job the caller holds.
+  const int64_t rows = 64, cols = 256;
+  const auto wb = RandomWeights(WeightType::kQ4_1, rows, cols, 11);
+  const auto view = MakeWeightView(WeightType::kQ4_1, wb.data(), wb.size(), rows, cols).value();
+  std::vector<float> want(rows * cols);
+  ASSERT_TRUE(DequantizeRows(view, 0, rows, want.data()).ok());
+  const int before = ComputeThreads();
+  for (int threads : {1, 2}) {
+    SetComputeThreads(threads);
+    const int64_t tasks = 37;
+    std::vector<int> runs(tasks, 0), inner(tasks, 0);
+    std::vector<std::vector<float>> out(tasks, std::vector<float>(rows * cols));
+    std::vector<char> ok(tasks, 0);  // not vector<bool>: tasks write it concurrently
+    ParallelTasks(tasks, [&](int64_t t) {
+      ++runs[t];
+      ok[t] = DequantizeRowsParallel(view, 0, rows, out[t].data()).ok();
+      ParallelTasks(3, [&](int64_t) { ++inner[t]; });
+    });
+    for (int64_t t = 0; t < tasks; ++t) {
+      EXPECT_EQ(runs[t], 1) << "task " << t << ", " << threads << " threads";
+      EXPECT_EQ(inner[t], 3) << "task " << t;
+      EXPECT_TRUE(ok[t]);
+      EXPECT_EQ(out[t], want) << "task " << t;
+    }
+  }
+  SetComputeThreads(before);
+}
+
 TEST(MatMul, ResultsDoNotDependOnThreadsOrBatching) {
   // Within one kernel family (vector kernels: amx = 0; AMX tiles: amx = 1, where the CPU has
   // them), the same activation row gives bit-identical outputs alone, in a batch of 64, and

@@ -6,6 +6,8 @@
 // plain scalar reference (tests/unit/kernels/matmul_test.cc, attention_test.cc).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,5 +52,13 @@ void SetComputeThreads(int n);
 
 /// Threads of the matrix and attention kernels (>= 1).
 int ComputeThreads();
+
+/// Runs fn(t) for every t in [0, tasks) on up to ComputeThreads() threads of the kernels'
+/// pool, the calling thread included; blocks until all are done. Tasks are claimed one at a
+/// time from a shared counter, so a descheduled thread delays only the task it holds, and at
+/// most ComputeThreads() tasks run at once. fn must not throw. A ParallelTasks call or a
+/// parallel kernel started inside fn runs inline on that thread; calls from several
+/// threads at once are serialized.
+void ParallelTasks(int64_t tasks, const std::function<void(int64_t)>& fn);
 
 }  // namespace polykv::kernels

@@ -11,7 +11,8 @@
 // dequantize one weight tile at a time into a small scratch buffer and multiply with CBLAS
 // sgemm (OpenBLAS). Attention runs on kernels/attention.h, which also attends in place to a
 // read-only shared prefix (a compressed pool) with an exact log-sum-exp merge; a long
-// prefill without a prefix runs its attention as sgemm too.
+// prefill without a prefix runs its attention as sgemm too. Those sgemms run one per task
+// on the kernels' thread pool, each single-threaded (OpenBLAS's own threads stay off).
 // A libtorch f32 reference runtime (private dequantized copies, every op on libtorch) lives
 // in the optional target polykv_model_torch (polykv/model/torch_reference.h): tests and
 // benchmarks compare against it; no product binary links it.
@@ -141,7 +142,8 @@ inline constexpr int64_t kMappedGemmRows = 48;
 
 /// How to load a model.
 struct LoadOptions {
-  /// Compute threads (matrix and attention kernels, OpenBLAS); 0 = all cores.
+  /// Compute threads (the kernels' pool: matrix and attention kernels, and the long
+  /// prefill's single-threaded sgemm tasks); 0 = all cores.
   int threads = 0;
   /// kAuto / kMapped; kCopy is kInvalidArgument here (see LoadTorchReference).
   WeightStorage weights = WeightStorage::kAuto;
@@ -358,8 +360,8 @@ class LlamaModel {
                                                               int64_t context, int64_t stride) = 0;
 };
 
-/// Sets the compute threads of the kernels and of OpenBLAS: n > 0, or all cores when
-/// n == 0. Returns the count set.
+/// Sets the compute threads of the kernels' pool (which also runs the long prefill's
+/// single-threaded sgemm tasks): n > 0, or all cores when n == 0. Returns the count set.
 int SetComputeThreads(int n);
 
 /// Greedy choice: the index of the largest logit (the lowest index on ties).
