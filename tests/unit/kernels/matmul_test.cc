@@ -140,7 +140,7 @@ TEST(ParallelTasks, RunsEveryTaskOnceAndNestedCallsInline) {
   // (here DequantizeRowsParallel, and ParallelTasks itself) runs it inline on its thread
   // instead of waiting for the job the caller holds.
   const int64_t rows = 64, cols = 256;
-  const auto wb = RandomWeights(WeightType::kQ4_1, rows, cols, 11);
+  const auto wb = RandomWeightBytes(WeightType::kQ4_1, rows, cols, 11);
   const auto view = MakeWeightView(WeightType::kQ4_1, wb.data(), wb.size(), rows, cols).value();
   std::vector<float> want(rows * cols);
   ASSERT_TRUE(DequantizeRows(view, 0, rows, want.data()).ok());
