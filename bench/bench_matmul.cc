@@ -1,7 +1,7 @@
 // bench_matmul: the matrix kernels per weight type and ISA on synthetic blocks: matrix-vector
 // (decode) bandwidth in GB/s of weight bytes next to single-thread memcpy of the same bytes
 // (measured in the same run), and small-batch throughput (GMAC/s) for 4, 16 and 32 rows.
-// Usage: bench_matmul [--mib N] [--threads T] [--types Q4_1,Q8_0,...]
+// Usage: bench_matmul [--mib N] [--threads T] [--types Q4_1,Q8_0,...] [--cols C]
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -62,9 +62,12 @@ int main(int argc, char** argv) {
   app.add_option("--mib", mib, "Weight bytes per matrix (MiB)");
   app.add_option("--threads", threads, "Threads");
   app.add_option("--types", types, "Comma-separated weight types");
+  // 1536: a multiple of 256 (K-quants) and SmolLM2's FFN width; 576 is its hidden width.
+  int64_t cols = 1536;
+  app.add_option("--cols", cols, "Columns of every matrix (a multiple of each type's block)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
-  const int64_t cols = 1536;  // a multiple of 256 (K-quants) and of SmolLM2's FFN width
   std::printf("kernels: %s; threads %d; cols %lld\n", k::IsaName(k::BestIsa()), threads,
               static_cast<long long>(cols));
   // memcpy of the same bytes, single thread, best of 5.
