@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 #include <vector>
 
@@ -195,10 +196,11 @@ struct MatMulJob {
   mm::DotFn fn;
   mm::RowsFn rows;  // all n activation rows per weight row (kQ8T), or nullptr
   int act;
-  int64_t nb;         // blocks (or values) per row
-  int64_t row_begin;  // in the concatenation of all outputs' rows
-  int ti;             // mm::TypeIndex
-  bool amx;           // AMX tile panels (activations: kQ8 rows, read as the A tiles)
+  int64_t nb;                     // blocks (or values) per row
+  int64_t row_begin;              // in the concatenation of all outputs' rows
+  int ti;                         // mm::TypeIndex
+  bool amx;                       // AMX tile panels (activations: kQ8 rows, read as the A tiles)
+  mm::PackedFn packed = nullptr;  // 1 row over WeightView::packed (kQ8 rows), or nullptr
 };
 
 // A MatMulShared call in steps: one checked job per output (AddJobs), the activations'
@@ -279,11 +281,14 @@ Status MatMulRun::AddJobs(absl::Span<const MatMulOutput> outputs, bool amx_on) {
           absl::StrCat("MatMul: no ", table_.isa, " kernel for ", kTypes[ti].name));
     const bool amx = amx_on && mm::AmxTypeSupported(ti);
     const mm::RowsFn rows_fn = !amx && RowsKernelsWanted(options_, n_) ? table_.rows[ti] : nullptr;
-    const int act = amx       ? static_cast<int>(ActKind::kQ8)
-                    : rows_fn ? static_cast<int>(ActKind::kQ8T)
-                              : static_cast<int>(kTypes[ti].act);
+    const mm::PackedFn packed = !amx && n_ == 1 && w.packed != nullptr && options_.packed != 0
+                                    ? table_.packed[ti]
+                                    : nullptr;
+    const int act = amx || packed ? static_cast<int>(ActKind::kQ8)
+                    : rows_fn     ? static_cast<int>(ActKind::kQ8T)
+                                  : static_cast<int>(kTypes[ti].act);
     job_list_[njobs_++] =
-        MatMulJob{&o, fn, rows_fn, act, cols / kTypes[ti].values, total_rows_, ti, amx};
+        MatMulJob{&o, fn, rows_fn, act, cols / kTypes[ti].values, total_rows_, ti, amx, packed};
     need_[act] = true;
     total_rows_ += w.rows;
   }
@@ -352,6 +357,21 @@ void MatMulRun::RunJobRows(const MatMulJob& job, int64_t rb, int64_t re) const {
     return;
   }
 #endif
+  if (job.packed != nullptr) {  // n == 1: panels of 16 rows, rows outside [rb, re) dropped
+    const auto* panels = static_cast<const uint8_t*>(w.packed);
+    const int64_t panel_bytes = 16 * w.row_bytes, ahead = PrefetchAheadBytes();
+    for (int64_t o = rb; o < re;) {
+      const int64_t p0 = o / 16 * 16, end = std::min(re, p0 + 16);
+      const uint8_t* panel = panels + p0 / 16 * panel_bytes;
+      for (int64_t off = 0; off < panel_bytes && ahead > 0; off += 64)
+        __builtin_prefetch(panel + ahead + off, 0, 3);
+      float tmp[16];
+      job.packed(panel, job.nb, a, static_cast<int>(std::min<int64_t>(16, w.rows - p0)), tmp);
+      std::copy(tmp + (o - p0), tmp + (end - p0), y + o);
+      o = end;
+    }
+    return;
+  }
   if (job.rows != nullptr) {
     uint8_t* scratch = PanelScratch(mm::RowsPanelScratchBytes(job.nb));
     for (int64_t o = rb; o < re; o += 16) {
@@ -426,6 +446,45 @@ bool MatMulUsesTiles(WeightType type, int64_t n, const MatMulOptions& options) {
   if (ti < 0 || !mm::AmxTypeSupported(ti)) return false;
   auto isa = ResolveIsa(options);
   return isa.ok() && TilesWanted(options, *isa, n);
+}
+
+bool PackedLayoutSupported(WeightType type) {
+  return type == WeightType::kQ4_0 || type == WeightType::kQ4_1 || type == WeightType::kQ8_0;
+}
+
+int64_t PackedWeightBytes(const WeightView& w) {
+  if (!PackedLayoutSupported(w.type)) return 0;
+  return (w.rows + 15) / 16 * 16 * w.row_bytes;
+}
+
+Status PackWeights(const WeightView& w, absl::Span<uint8_t> out) {
+  if (!PackedLayoutSupported(w.type))
+    return absl::UnimplementedError(
+        absl::StrCat("PackWeights: no packed layout for ", WeightTypeName(w.type)));
+  const int64_t need = PackedWeightBytes(w);
+  if (static_cast<int64_t>(out.size()) < need)
+    return absl::InvalidArgumentError(
+        absl::StrCat("PackWeights: ", out.size(), " bytes for a ", need, "-byte layout"));
+  const int ti = TypeIndexOf(w.type);
+  const int64_t kb = kTypes[ti].bytes, nb = w.cols / kTypes[ti].values;
+  const int64_t scales = w.type == WeightType::kQ4_1 ? 2 : 1;  // f16 d (and m) first
+  const int64_t code_bytes = kb - 2 * scales;
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  std::vector<uint8_t> zero(static_cast<size_t>(kb), 0);
+  for (int64_t p = 0; p < (w.rows + 15) / 16; ++p) {
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* dst = out.data() + (p * nb + b) * 16 * kb;
+      for (int64_t r = 0; r < 16; ++r) {
+        const int64_t row = 16 * p + r;
+        const uint8_t* blk = row < w.rows ? src + row * w.row_bytes + b * kb : zero.data();
+        for (int64_t t = 0; t < code_bytes / 4; ++t)
+          std::memcpy(dst + 64 * t + 4 * r, blk + 2 * scales + 4 * t, 4);
+        for (int64_t s = 0; s < scales; ++s)
+          std::memcpy(dst + 16 * code_bytes + 32 * s + 2 * r, blk + 2 * s, 2);
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 Status DequantizeRowsParallel(const WeightView& w, int64_t begin, int64_t end, float* out) {

@@ -354,6 +354,59 @@ void DotQ8_0Vnni(const uint8_t* w, int64_t nb, const uint8_t* x, int64_t xrb, fl
   for (int j = 0; j < kNx; ++j) out[j] = Hsum16(acc[j]) + Hsum8(acc1[j]) - 128.0f * Hsum16(corr[j]);
 }
 
+// y[r] (r < rows) of one packed panel (PackWeights) times one kQ8 row: per block, the 16
+// rows' exact int32 sums I = 256 dot(w, q1) + dot(w, q2) in the 16 lanes (vpdpbusd of each
+// code register with a broadcast of 4 activation codes), then acc += I d dxs and corr +=
+// f ds with the rows' f16 d and f (m for Q4_1, d otherwise) widened 16 at a time.
+// Q4: register t's low nibbles are values 4t..4t+3 of each row's block, its high nibbles
+// values 16 + 4t..; Q8_0: register t holds values 4t..4t+3, biased to unsigned (+128,
+// corrected by -128 d ds).
+template <int kRegs, bool kNibbles, int kScales>
+void PackedVnni(const uint8_t* panel, int64_t nb, const uint8_t* x, int rows, float* y) {
+  constexpr int64_t kBlock = 64 * kRegs + 32 * kScales;
+  const int32_t* codes = reinterpret_cast<const int32_t*>(x);
+  const int32_t* residual = reinterpret_cast<const int32_t*>(ActQ8Residual(x, nb));
+  const float* dxs = ActQ8Dx(x, nb);
+  const float* ds = ActQ8Ds(x, nb);
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* pb = panel + b * kBlock;
+    const int32_t* c1 = codes + 8 * b;
+    const int32_t* c2 = residual + 8 * b;
+    __m512i i1 = _mm512_setzero_si512(), i2 = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int t = 0; t < kRegs; ++t) {
+      const __m512i w = _mm512_loadu_si512(pb + 64 * t);
+      if constexpr (kNibbles) {
+        const __m512i lo = _mm512_and_si512(w, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        i1 = _mm512_dpbusd_epi32(i1, lo, _mm512_set1_epi32(c1[t]));
+        i1 = _mm512_dpbusd_epi32(i1, hi, _mm512_set1_epi32(c1[4 + t]));
+        i2 = _mm512_dpbusd_epi32(i2, lo, _mm512_set1_epi32(c2[t]));
+        i2 = _mm512_dpbusd_epi32(i2, hi, _mm512_set1_epi32(c2[4 + t]));
+      } else {
+        const __m512i u = _mm512_xor_si512(w, bias);
+        i1 = _mm512_dpbusd_epi32(i1, u, _mm512_set1_epi32(c1[t]));
+        i2 = _mm512_dpbusd_epi32(i2, u, _mm512_set1_epi32(c2[t]));
+      }
+    }
+    const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(i1, 8), i2);
+    const __m512 d =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 64 * kRegs)));
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), d), _mm512_set1_ps(dxs[b]), acc);
+    const __m512 f = kScales == 2 ? _mm512_cvtph_ps(_mm256_loadu_si256(
+                                        reinterpret_cast<const __m256i*>(pb + 64 * kRegs + 32)))
+                                  : d;
+    corr = _mm512_fmadd_ps(f, _mm512_set1_ps(ds[b]), corr);
+  }
+  // Q4_1: + m ds; Q4_0: the -8 offset, - 8 d ds; Q8_0: the +128 bias, - 128 d ds.
+  const float k = kScales == 2 ? 1.0f : (kNibbles ? -8.0f : -128.0f);
+  const __mmask16 live = static_cast<__mmask16>(rows >= 16 ? 0xFFFF : (1u << rows) - 1);
+  _mm512_mask_storeu_ps(y, live, _mm512_fmadd_ps(corr, _mm512_set1_ps(k), acc));
+}
+
 template <int kKind>
 inline __m512 Load16(const uint8_t* w, int64_t i) {
   if constexpr (kKind == 0) {
@@ -395,6 +448,9 @@ const DotTable& Avx512Table() {
     d.dot[kTQ8_0] = POLYKV_MM_ROWS8_0(DotQ8_0Vnni);
     d.rows[kTQ4_0] = &Q4RowsT<false>;
     d.rows[kTQ4_1] = &Q4RowsT<true>;
+    d.packed[kTQ4_0] = &PackedVnni<4, true, 1>;
+    d.packed[kTQ4_1] = &PackedVnni<4, true, 2>;
+    d.packed[kTQ8_0] = &PackedVnni<8, false, 1>;
     return d;
   }();
   return t;

@@ -122,6 +122,10 @@ inline int64_t RowsPanelScratchBytes(int64_t nb) {
   return 16 * (nb / 16 * 640 + (nb % 16 + 1) / 2 * 192);
 }
 
+/// One panel of a packed matrix (PackWeights: `nb` blocks of 16 rows) times one kQ8
+/// activation row in natural code order: y[r] for r < rows (1..16).
+using PackedFn = void (*)(const uint8_t* panel, int64_t nb, const uint8_t* x, int rows, float* y);
+
 /// Fewest activation rows for which a RowsFn is used instead of the DotFn.
 inline constexpr int64_t kRowsFnMinRows = 4;
 
@@ -132,6 +136,7 @@ struct DotTable {
   const char* isa = "";
   DotFn dot[kTypeCount] = {};
   RowsFn rows[kTypeCount] = {};
+  PackedFn packed[kTypeCount] = {};  ///< 1-row products over packed weights (optional)
 };
 
 const DotTable& ScalarTable();

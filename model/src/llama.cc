@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "llama_base.h"
 #include "llama_internal.h"
+#include "packed_weights.h"
 #include "polykv/enum_names.h"
 #include "polykv/kernels/sampling.h"
 
@@ -468,6 +469,13 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
   options.weights = WeightStorage::kMapped;
   SetComputeThreads(options.threads);
   POLYKV_ASSIGN_OR_RETURN(internal::LoadedModel loaded, internal::LoadModelFiles(path, options));
+  if (options.packed_weights) {
+    // Not fatal: without the shared file the blocks are read as they lie.
+    StatusOr<std::string> layout = internal::AttachPackedWeights(*loaded.mapped, loaded.fingerprint,
+                                                                 internal::PackedWeightsDir());
+    loaded.mapped->layout =
+        layout.ok() ? *layout : absl::StrCat("blocks: ", layout.status().message());
+  }
   return internal::MakeMappedLlama(std::move(loaded), options);
 }
 

@@ -44,6 +44,7 @@ struct MappedWeights {
   MappedMatrix lm_head;                            ///< [vocab][hidden] (the embedding when tied)
   std::vector<std::vector<float>> converted;       ///< f32 copies of non-f32 norm/bias vectors
   std::vector<std::shared_ptr<const void>> files;  ///< the mappings (kept alive)
+  std::string layout = "blocks";                   ///< LlamaModel::weights_layout()
 };
 
 /// A tensor as it lies in a mapped file: ggml type number, bytes, PyTorch-order shape.

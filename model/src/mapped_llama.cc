@@ -170,6 +170,7 @@ class MappedLlama final : public LlamaBase {
 
   WeightStorage weight_storage() const override { return WeightStorage::kMapped; }
   int64_t WeightBytesPerToken() const override { return bytes_per_token_; }
+  std::string weights_layout() const override { return w_.layout; }
 
   StatusOr<KvCache> NewCacheWithPrefix(std::shared_ptr<const KvPrefix> prefix,
                                        std::vector<int32_t> tokens,

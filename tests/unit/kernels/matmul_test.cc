@@ -53,6 +53,8 @@ TEST_P(MatMulTest, EveryIsaMatchesScalarAndDequantizedProduct) {
       {16, blocks ? 7 * f.values : 291, 5},     // 4 + 1
       {53, blocks ? 48 * f.values : 1536, 64},  // 64 rows: 16 calls of 4
       {21, blocks ? 33 * f.values : 1056, 4},   // ragged panel of 5 rows after 16
+      {37, blocks ? 18 * f.values : 576, 1},    // decode: 2 packed panels + 5 rows
+      {53, blocks ? 48 * f.values : 1536, 1},   // decode, long rows
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << WeightTypeName(type) << " rows=" << c.rows
@@ -63,6 +65,15 @@ TEST_P(MatMulTest, EveryIsaMatchesScalarAndDequantizedProduct) {
     const std::vector<float> x = RandomActivations(c.n, c.cols, 99 + c.n);
     std::vector<float> wf(static_cast<size_t>(c.rows * c.cols));
     ASSERT_TRUE(DequantizeRows(*view, 0, c.rows, wf.data()).ok());
+    // The same matrix in the packed layout (where the type has one), 64-byte aligned.
+    std::vector<uint8_t> packed_buf(static_cast<size_t>(PackedWeightBytes(*view)) + 64);
+    WeightView packed_view = *view;
+    if (PackedLayoutSupported(type)) {
+      uint8_t* p =
+          packed_buf.data() + (64 - reinterpret_cast<uintptr_t>(packed_buf.data()) % 64) % 64;
+      ASSERT_TRUE(PackWeights(*view, absl::MakeSpan(p, PackedWeightBytes(*view))).ok());
+      packed_view.packed = p;
+    }
 
     MatMulOptions scalar_opt;
     scalar_opt.isa = static_cast<int>(Isa::kScalar);
@@ -100,34 +111,107 @@ TEST_P(MatMulTest, EveryIsaMatchesScalarAndDequantizedProduct) {
     }
     // (1) every SIMD variant vs the scalar reference (float reassociation only), 1 and 2
     // threads (the partition must not change any value), with and without the many-row
-    // kernels (rows_kernels; they exist for Q4_0/Q4_1 on avx512 and run from 4 rows).
+    // kernels (rows_kernels; they exist for Q4_0/Q4_1 on avx512 and run from 4 rows), and
+    // from the packed layout (Q4_0/Q4_1/Q8_0 1-row products on avx512; other ISAs and row
+    // counts read the blocks).
     for (Isa isa : SupportedIsas()) {
       for (int threads : {1, 2}) {
         for (int rows_kernels : {0, 1}) {
-          SCOPED_TRACE(::testing::Message() << IsaName(isa) << " threads=" << threads
-                                            << " rows_kernels=" << rows_kernels);
-          MatMulOptions opt;
-          opt.isa = static_cast<int>(isa);
-          opt.threads = threads;
-          opt.rows_kernels = rows_kernels;
-          opt.amx = 0;
-          std::vector<float> y(static_cast<size_t>(c.n * (c.rows + 3)), -7.0f);
-          ASSERT_TRUE(MatMul(*view, x.data(), c.n, c.cols, y.data(), c.rows + 3, opt).ok());
-          for (int64_t r = 0; r < c.n; ++r) {
-            for (int64_t o = 0; o < c.rows; ++o) {
-              double mag = 0;
-              for (int64_t i = 0; i < c.cols; ++i)
-                mag += std::fabs(double{wf[o * c.cols + i]} * x[r * c.cols + i]);
-              ASSERT_NEAR(y[r * (c.rows + 3) + o], ref[r * c.rows + o], 2e-6 * mag + 1e-6)
-                  << "row " << r << " out " << o;
+          for (bool packed : {false, true}) {
+            if (packed && packed_view.packed == nullptr) continue;
+            SCOPED_TRACE(::testing::Message()
+                         << IsaName(isa) << " threads=" << threads
+                         << " rows_kernels=" << rows_kernels << " packed=" << packed);
+            MatMulOptions opt;
+            opt.isa = static_cast<int>(isa);
+            opt.threads = threads;
+            opt.rows_kernels = rows_kernels;
+            opt.amx = 0;
+            std::vector<float> y(static_cast<size_t>(c.n * (c.rows + 3)), -7.0f);
+            ASSERT_TRUE(MatMul(packed ? packed_view : *view, x.data(), c.n, c.cols, y.data(),
+                               c.rows + 3, opt)
+                            .ok());
+            for (int64_t r = 0; r < c.n; ++r) {
+              for (int64_t o = 0; o < c.rows; ++o) {
+                double mag = 0;
+                for (int64_t i = 0; i < c.cols; ++i)
+                  mag += std::fabs(double{wf[o * c.cols + i]} * x[r * c.cols + i]);
+                ASSERT_NEAR(y[r * (c.rows + 3) + o], ref[r * c.rows + o], 2e-6 * mag + 1e-6)
+                    << "row " << r << " out " << o;
+              }
+              for (int64_t o = c.rows; o < c.rows + 3; ++o)
+                ASSERT_EQ(y[r * (c.rows + 3) + o], -7.0f) << "wrote past the row";
             }
-            for (int64_t o = c.rows; o < c.rows + 3; ++o)
-              ASSERT_EQ(y[r * (c.rows + 3) + o], -7.0f) << "wrote past the row";
           }
         }
       }
     }
   }
+}
+
+// The packed layout: each panel block holds its 16 rows' code dwords interleaved and their
+// scales after them; rows past the matrix are zero.
+TEST(MatMul, PackWeightsLaysOutPanelsOfSixteenRows) {
+  const int64_t rows = 19, cols = 64;  // 2 panels (the second with 3 rows), 2 blocks
+  for (WeightType type : {WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ8_0}) {
+    SCOPED_TRACE(WeightTypeName(type));
+    const auto wb = RandomWeightBytes(type, rows, cols, 3);
+    const auto v = MakeWeightView(type, wb.data(), wb.size(), rows, cols).value();
+    const int64_t kb = v.row_bytes / 2, scales = type == WeightType::kQ4_1 ? 2 : 1;
+    const int64_t code_bytes = kb - 2 * scales;
+    ASSERT_EQ(PackedWeightBytes(v), 32 * v.row_bytes);
+    std::vector<uint8_t> out(static_cast<size_t>(PackedWeightBytes(v)), 0xAB);
+    ASSERT_TRUE(PackWeights(v, absl::MakeSpan(out)).ok());
+    for (int64_t row = 0; row < 32; ++row) {
+      for (int64_t b = 0; b < 2; ++b) {
+        const uint8_t* blk = out.data() + ((row / 16) * 2 + b) * 16 * kb;
+        const int64_t r = row % 16;
+        for (int64_t i = 0; i < code_bytes; ++i) {
+          const uint8_t want = row < rows ? wb[row * v.row_bytes + b * kb + 2 * scales + i] : 0;
+          ASSERT_EQ(blk[64 * (i / 4) + 4 * r + i % 4], want) << "row " << row << " code " << i;
+        }
+        for (int64_t s = 0; s < 2 * scales; ++s) {
+          const uint8_t want = row < rows ? wb[row * v.row_bytes + b * kb + s] : 0;
+          ASSERT_EQ(blk[16 * code_bytes + 32 * (s / 2) + 2 * r + s % 2], want) << "row " << row;
+        }
+      }
+    }
+    std::vector<uint8_t> small(static_cast<size_t>(PackedWeightBytes(v) - 1));
+    const Status st = PackWeights(v, absl::MakeSpan(small));
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  }
+  const auto wk = RandomWeightBytes(WeightType::kQ4_K, 2, 256, 1);
+  const auto vk = MakeWeightView(WeightType::kQ4_K, wk.data(), wk.size(), 2, 256).value();
+  EXPECT_FALSE(PackedLayoutSupported(WeightType::kQ4_K));
+  EXPECT_EQ(PackedWeightBytes(vk), 0);
+  std::vector<uint8_t> any(1024);
+  EXPECT_EQ(PackWeights(vk, absl::MakeSpan(any)).code(), absl::StatusCode::kUnimplemented);
+}
+
+// Packed 1-row products inside one shared call whose outputs start off the 16-row panels
+// (40 + 24 rows, chunks of 16 split over 2 threads): the same values as one MatMul each.
+TEST(MatMul, PackedSharedProductsEqualSeparateProducts) {
+  const int64_t cols = 576;
+  const auto wa = RandomWeightBytes(WeightType::kQ4_1, 40, cols, 1);
+  const auto wb = RandomWeightBytes(WeightType::kQ8_0, 24, cols, 2);
+  auto va = MakeWeightView(WeightType::kQ4_1, wa.data(), wa.size(), 40, cols).value();
+  auto vb = MakeWeightView(WeightType::kQ8_0, wb.data(), wb.size(), 24, cols).value();
+  std::vector<uint8_t> pa(static_cast<size_t>(PackedWeightBytes(va)));
+  std::vector<uint8_t> pb(static_cast<size_t>(PackedWeightBytes(vb)));
+  ASSERT_TRUE(PackWeights(va, absl::MakeSpan(pa)).ok());
+  ASSERT_TRUE(PackWeights(vb, absl::MakeSpan(pb)).ok());
+  va.packed = pa.data();
+  vb.packed = pb.data();
+  const auto x = RandomActivations(1, cols, 4);
+  std::vector<float> ya(40), yb(24), sa(40), sb(24);
+  const MatMulOutput outs[] = {{&va, ya.data(), 40}, {&vb, yb.data(), 24}};
+  MatMulOptions two;
+  two.threads = 2;
+  ASSERT_TRUE(MatMulShared(outs, x.data(), 1, cols, cols, two).ok());
+  ASSERT_TRUE(MatMul(va, x.data(), 1, cols, sa.data(), 40).ok());
+  ASSERT_TRUE(MatMul(vb, x.data(), 1, cols, sb.data(), 24).ok());
+  EXPECT_EQ(ya, sa);
+  EXPECT_EQ(yb, sb);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest, ::testing::ValuesIn(kAllTypes),

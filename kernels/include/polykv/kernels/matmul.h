@@ -96,6 +96,10 @@ struct WeightView {
   int64_t rows = 0;            ///< output features
   int64_t cols = 0;            ///< input features (a multiple of the block's values)
   int64_t row_bytes = 0;       ///< cols / values * bytes
+  /// Optional: the same matrix in the decode panel layout (PackWeights, PackedWeightBytes
+  /// bytes, 64-byte aligned), read instead of `data` by 1-row products on the avx512
+  /// variant; nullptr = none.
+  const void* packed = nullptr;
   int64_t bytes() const { return rows * row_bytes; }
 };
 
@@ -130,6 +134,10 @@ struct MatMulOptions {
   /// tests; $POLYKV_ROWS_KERNELS=0 does the same for -1). Their results differ from the
   /// scalar reference by float reassociation only.
   int rows_kernels = -1;
+  /// 1-row products over WeightView::packed (where set, on the avx512 variant): -1 (auto) /
+  /// 1 use them, 0 reads `data` with the per-row kernels (for comparisons). Their results
+  /// differ from the scalar reference by float reassociation only.
+  int packed = -1;
 };
 
 /// y[r * y_stride + o] = sum_i x[r * x_stride + i] * W[o][i] for r < n, o < W.rows.
@@ -158,6 +166,25 @@ struct MatMulOutput {
 [[nodiscard]] Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int64_t n,
                                   int64_t cols, int64_t x_stride,
                                   const MatMulOptions& options = {});
+
+/// The decode panel layout of Q4_0, Q4_1 and Q8_0 matrices ("packed" weights, after the
+/// repacked layouts of llama.cpp's AMX and ARM back-ends): rows in panels of 16 (the last
+/// padded with zero rows), a panel's 32-value blocks in order, and per panel and block the
+/// 16 rows' code bytes dword-interleaved (64-byte register t holds, in dword r, row r's
+/// code bytes 4t..4t+3: 4 registers for Q4, 8 for Q8_0), then the 16 rows' f16 d, then
+/// (Q4_1) their f16 m. One vpdpbusd then multiplies 4 values of 16 rows by one broadcast of
+/// 4 activation codes, and a 1-row product needs no horizontal sums and no per-row scale
+/// gathers. The same bytes as the blocks, reordered: 16 * row_bytes per panel.
+bool PackedLayoutSupported(WeightType type);
+
+/// Bytes of the packed layout of `w`: ceil(rows / 16) * 16 * row_bytes (0 for a type
+/// without one).
+int64_t PackedWeightBytes(const WeightView& w);
+
+/// Writes the packed layout of `w` (PackedWeightBytes bytes) to `out`. Errors:
+/// kUnimplemented for a type without a packed layout (PackedLayoutSupported),
+/// kInvalidArgument when `out` is too small.
+[[nodiscard]] Status PackWeights(const WeightView& w, absl::Span<uint8_t> out);
 
 /// Dequantizes rows [begin, end) of `w` to f32 out[(r - begin) * cols + i]. Exact (the
 /// format's own arithmetic, in f32). Errors: kInvalidArgument for a bad range.

@@ -153,6 +153,14 @@ struct LoadOptions {
   /// at every size); the rest, and all of them when 0, use f32 products on dequantized
   /// weight tiles (exact f32 activations, slower for few rows).
   int64_t quantized_rows = kMappedGemmRows;
+  /// Mapped runtime on CPUs with the avx512 kernels: Q4_0/Q4_1/Q8_0 matrices are also read
+  /// in the kernels' decode panel layout (kernels::PackWeights; 1-row products ~1.2-1.8x
+  /// faster), from one file per model and user in the packed-weights folder
+  /// ($POLYKV_PACKED_CACHE, else $XDG_CACHE_HOME or ~/.cache + /polykv/packed; "0" = off)
+  /// that every process maps read-only and shares. Written once (atomically) by the first
+  /// process that needs it. false: the blocks only. Where the file cannot be used the model
+  /// runs from the blocks and LlamaModel::weights_layout() says why.
+  bool packed_weights = true;
 };
 
 /// A read-only shared prefix of a KV cache: positions [0, view.tokens) of the document,
@@ -293,6 +301,10 @@ class LlamaModel {
 
   /// Bytes of weights read per decoded token (every matrix once, in its stored format).
   virtual int64_t WeightBytesPerToken() const = 0;
+
+  /// Where 1-row products read the weights: "packed: <file>" (LoadOptions::packed_weights)
+  /// or "blocks[: why not packed]".
+  virtual std::string weights_layout() const { return "blocks"; }
 
   /// Runs `tokens` at positions cache.length .. cache.length+n-1, appending their K/V
   /// (grows capacity if needed: reallocation to max(needed, 2 x capacity), so pointers into
