@@ -430,8 +430,13 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
     run.RunRows(0, total_rows);
     return absl::OkStatus();
   }
-  // Output rows in fixed chunks of kChunk, split contiguously over the threads.
-  constexpr int64_t kChunk = 16;
+  // Output rows in chunks of kChunk (a multiple of 16, the panels' height), claimed by the
+  // threads in turn. Few activation rows (decode): about 4 chunks per thread, as each chunk
+  // of 16 rows is only ~1 us of work there and claiming one costs a shared cache line;
+  // more rows: chunks of 16. No value depends on the chunks (every output row is computed
+  // whole by one thread).
+  const int64_t kChunk =
+      n <= 4 ? std::max<int64_t>(16, total_rows / (4 * threads) / 16 * 16) : int64_t{16};
   const int64_t chunks = (total_rows + kChunk - 1) / kChunk;
   if (run.Quantizes())
     internal::RunTasks(n, threads, [&run](int64_t i) { run.QuantizeRows(i, i + 1); });

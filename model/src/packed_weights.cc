@@ -50,7 +50,8 @@ std::vector<kernels::WeightView*> Packable(MappedWeights& w) {
   return out;
 }
 
-Header ExpectedHeader(const std::vector<kernels::WeightView*>& mats, std::vector<int64_t>* offsets) {
+Header ExpectedHeader(const std::vector<kernels::WeightView*>& mats,
+                      std::vector<int64_t>* offsets) {
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof(kMagic));
   h.version = kLayoutVersion;
@@ -122,8 +123,7 @@ StatusOr<const uint8_t*> Create(const std::string& path, const Header& h,
   }
   for (size_t i = 0; st.ok() && i < mats.size(); ++i) {
     uint8_t* dst = static_cast<uint8_t*>(p) + offsets[i];
-    st = kernels::PackWeights(*mats[i],
-                              absl::MakeSpan(dst, kernels::PackedWeightBytes(*mats[i])));
+    st = kernels::PackWeights(*mats[i], absl::MakeSpan(dst, kernels::PackedWeightBytes(*mats[i])));
   }
   if (st.ok()) {
     std::memcpy(p, &h, sizeof(h));  // the header last: a torn file never matches

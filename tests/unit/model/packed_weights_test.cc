@@ -42,7 +42,8 @@ std::vector<float> DecodeLogits(LlamaModel& m, std::vector<int32_t>* greedy) {
   std::vector<float> out;
   for (int step = 0; step < 6 && l.ok(); ++step) {
     const absl::Span<const float> row = l->row(0);
-    const int32_t next = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    const int32_t next =
+        static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
     out.insert(out.end(), row.begin(), row.end());
     greedy->push_back(next);
     const int32_t one[1] = {next};
@@ -107,7 +108,8 @@ TEST_F(PackedWeightsTest, WrittenOnceSharedAndEqualToTheBlocks) {
   // grown through 30 layers. Stated tolerance as for the batched kernels
   // (batch_decode_test): 1e-2 absolute on logits of magnitude ~40 (measured 4.3e-3).
   double max_diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, double{std::fabs(a[i] - b[i])});
+  for (size_t i = 0; i < a.size(); ++i)
+    max_diff = std::max(max_diff, double{std::fabs(a[i] - b[i])});
   std::printf("max |dlogit| packed vs blocks: %.3g\n", max_diff);
   EXPECT_LT(max_diff, 1e-2);
 
