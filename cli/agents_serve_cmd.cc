@@ -31,6 +31,7 @@ struct ServeArgs {
   int default_max_tokens = 256;
   int http_threads = 64;
   int min_step_ms = 0;
+  int64_t max_prompt_rows = model::BatchEngineOptions().max_prompt_rows;
 };
 
 // SIGINT / SIGTERM end the host: the handler (any thread may run it) writes to a pipe that
@@ -60,6 +61,7 @@ Status Serve(const ServeArgs& a) {
                           client::PooledAgent::Create(o));
   POLYKV_ASSIGN_OR_RETURN(client::SharedPool pool, agent->AttachShared(a.pool));
   model::BatchEngineOptions eo;
+  eo.max_prompt_rows = a.max_prompt_rows;
   eo.max_sessions = a.max_sessions;
   eo.min_step_ms = a.min_step_ms;
   const int64_t cached = static_cast<int64_t>(pool.token_ids.size());
@@ -119,6 +121,9 @@ void RegisterAgentsServeCommand(CLI::App& agents) {
       ->check(CLI::Range(0, 1 << 20));
   c->add_option("--http-threads", args->http_threads, "HTTP connections served at once")
       ->check(CLI::Range(2, 4096));
+  c->add_option("--max-prompt-rows", args->max_prompt_rows,
+                "prompt rows of joining sessions run as one forward (0: one forward per session)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   c->add_option("--min-step-ms", args->min_step_ms,
                 "pace decode steps to at least this many ms (tests, demos; 0 = full speed)")
       ->check(CLI::Range(0, 60000));

@@ -26,6 +26,9 @@
 #          [--llama-server PATH (env LLAMA_SERVER)]
 #          [--llama-args "ARGS" (--no-repack: this llama.cpp build's AMX-repacked Q4_1
 #           weights crash with SIGSEGV in ggml_backend_amx_mul_mat on AMX CPUs)]
+#          [--host-baseline-args "ARGS": first a host run with these extra agents serve
+#           arguments, e.g. "--max-prompt-rows 0" (one prompt forward per joining session),
+#           compared with the default host in the same run]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 N=16
@@ -37,6 +40,7 @@ MODEL="${POLYKV_SMOLLM2_GGUF:-}"
 BUILD="${POLYKV_BUILD_DIR:-$ROOT/build}"
 LLAMA_SERVER="${LLAMA_SERVER:-}"
 LLAMA_ARGS="--no-repack"
+HOST_BASELINE_ARGS=""
 HELP_LINES=$(awk 'NR > 1 && !/^#/ {print NR - 1; exit}' "${BASH_SOURCE[0]}")
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -49,6 +53,7 @@ while [[ $# -gt 0 ]]; do
     --codec) CODEC="$2"; shift 2 ;;
     --llama-server) LLAMA_SERVER="$2"; shift 2 ;;
     --llama-args) LLAMA_ARGS="$2"; shift 2 ;;
+    --host-baseline-args) HOST_BASELINE_ARGS="$2"; shift 2 ;;
     -h|--help) sed -n "2,${HELP_LINES}p" "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-serve: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -205,30 +210,52 @@ EOF
 declare -A R
 
 # ---- 1. the host ------------------------------------------------------------------------
-begin_run host
-T0=$T_START TP1=$T_POOL
-"$CLI" agents serve --pool "$POOL" --model "$MODEL" --listen 127.0.0.1:0 --alias doc \
-  --max-sessions "$N" --threads "$THREADS" </dev/null >"$WORK/host.log" 2>&1 &
-HPID=$!
-PIDS+=("$HPID")
-PORT=""
-for _ in $(seq 1 600); do
-  PORT=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$WORK/host.log" \
-    2>/dev/null || true)
-  [[ -n $PORT ]] && break
-  sleep 0.05
-done
-[[ -n $PORT ]] || { cat "$WORK/host.log" >&2; exit 1; }
-TR1=$(now)
-post_all "http://127.0.0.1:$PORT/v1/chat/completions" "$WORK/body" "$WORK/answer" concurrent
-T1=$(now)
-HOST_HWM=$(hwm_mib "$HPID")
-DAEMON_HWM=$(hwm_mib "$DPID")
-curl -s "http://127.0.0.1:$PORT/metrics" >"$WORK/metrics"
-end_sampling host HOST_DROP
-HOST_TOKENS=$(count_tokens "$WORK/answer")
-kill "$HPID" "$DPID"; wait "$HPID" "$DPID" 2>/dev/null || true
-metric() { awk -v k="$1" '$1 == k {print $2}' "$WORK/metrics"; }
+# Host run $1 (answers in $2-I.json, /metrics in metrics-$1) with agents serve arguments $3..;
+# sets R[$1,...], and T0 / TP1 / TR1 / T1 (start, pool created, host listening, last answer),
+# HOST_HWM and DAEMON_HWM.
+run_host() {
+  local tag=$1 answers=$2 port=""
+  shift 2
+  begin_run "$tag"
+  T0=$T_START TP1=$T_POOL
+  "$CLI" agents serve --pool "$POOL" --model "$MODEL" --listen 127.0.0.1:0 --alias doc \
+    --max-sessions "$N" --threads "$THREADS" "$@" </dev/null >"$WORK/$tag.log" 2>&1 &
+  HPID=$!
+  PIDS+=("$HPID")
+  for _ in $(seq 1 600); do
+    port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$WORK/$tag.log" \
+      2>/dev/null || true)
+    [[ -n $port ]] && break
+    sleep 0.05
+  done
+  [[ -n $port ]] || { cat "$WORK/$tag.log" >&2; exit 1; }
+  TR1=$(now)
+  post_all "http://127.0.0.1:$port/v1/chat/completions" "$WORK/body" "$answers" concurrent
+  T1=$(now)
+  HOST_HWM=$(hwm_mib "$HPID")
+  DAEMON_HWM=$(hwm_mib "$DPID")
+  curl -s "http://127.0.0.1:$port/metrics" >"$WORK/metrics-$tag"
+  end_sampling "$tag" "R[$tag,drop]"
+  kill "$HPID" "$DPID"; wait "$HPID" "$DPID" 2>/dev/null || true
+  R[$tag,wall]=$(secs "$T0" "$T1")
+  R[$tag,start]=$(secs "$T0" "$TR1")
+  R[$tag,answer]=$(secs "$TR1" "$T1")
+  R[$tag,tokens]=$(count_tokens "$answers")
+  R[$tag,prompt]=$(prompt_split "$answers")
+  R[$tag,rss]=$HOST_HWM
+  R[$tag,prefill]=$(awk '$1 == "polykv_host_prefill_seconds_total" {printf "%.2f", $2}' \
+    "$WORK/metrics-$tag")
+  R[$tag,forwards]=$(awk '$1 == "polykv_host_prompt_forwards_total" {print $2}' \
+    "$WORK/metrics-$tag")
+}
+if [[ -n $HOST_BASELINE_ARGS ]]; then
+  # shellcheck disable=SC2086  # HOST_BASELINE_ARGS: several arguments
+  run_host hostb "$WORK/answerb" $HOST_BASELINE_ARGS
+fi
+run_host host "$WORK/answer"
+HOST_TOKENS=${R[host,tokens]}
+HOST_DROP=${R[host,drop]}
+metric() { awk -v k="$1" '$1 == k {print $2}' "$WORK/metrics-host"; }
 GEN=$(metric polykv_host_generated_tokens_total)
 DEC=$(metric polykv_host_decode_seconds_total)
 PRE=$(metric polykv_host_prefill_seconds_total)
@@ -236,13 +263,6 @@ STEPS=$(metric polykv_host_steps_total)
 ROWS=$(metric polykv_host_step_rows_total)
 WB=$(metric polykv_host_weight_bytes_per_step)
 PB=$(metric polykv_host_prefix_bytes_per_step)
-R[host,wall]=$(secs "$T0" "$T1")
-R[host,start]=$(secs "$T0" "$TR1")
-R[host,answer]=$(secs "$TR1" "$T1")
-R[host,tokens]=$HOST_TOKENS
-R[host,drop]=$HOST_DROP
-R[host,prompt]=$(prompt_split "$WORK/answer")
-R[host,rss]=$HOST_HWM
 
 # ---- 2. N separate agent processes ---------------------------------------------------------
 begin_run proc
@@ -377,6 +397,23 @@ print(f"{'host: MiB read per step (weights + pool, once)':52s} {(wb + pb) / 1048
 print(f"{'  N separate agents read per step, MiB':52s} {rows / steps * (wb + pb) / 1048576 if steps else 0:14.2f}")
 EOF
 
+if [[ -n $HOST_BASELINE_ARGS ]]; then
+  printf '\n%-44s %20s %16s %8s\n' "agents serve, same run" "$HOST_BASELINE_ARGS" "default" "ratio"
+  for f in wall answer prefill forwards tokens rss; do
+    case $f in
+      wall) label="wall time (cold start -> last answer), s" ;;
+      answer) label="  of which answering all questions, s" ;;
+      prefill) label="seconds in prompt forwards" ;;
+      forwards) label="prompt forwards" ;;
+      tokens) label="tokens generated" ;;
+      rss) label="peak RSS of the host, MiB" ;;
+    esac
+    printf '%-44s %20s %16s %7sx\n' "$label" "${R[hostb,$f]}" "${R[host,$f]}" \
+      "$(python3 -c "print('%.2f' % (float('${R[host,$f]}') / float('${R[hostb,$f]}')))" 2>/dev/null || echo "?")"
+  done
+  printf '%-44s %20s\n' "answers equal to the default host's" \
+    "$(same_answers "$WORK/answerb")/$NQ"
+fi
 if [[ ${#LLAMA_RUNS[@]} -eq 0 ]]; then
   printf '\nSKIPPED: llama-server runs (set LLAMA_SERVER or pass --llama-server PATH)\n'
 else

@@ -98,6 +98,9 @@ std::string MetricsText(const model::BatchEngine& engine) {
   metric("polykv_host_decode_seconds_total", "counter", "Time in batched steps.", s.decode_seconds);
   metric("polykv_host_prefill_seconds_total", "counter", "Time in prompt forwards.",
          s.prefill_seconds);
+  metric("polykv_host_prompt_forwards_total", "counter",
+         "Prompt forwards (each over the prompts of the sessions admitted together).",
+         s.prompt_forwards);
   metric("polykv_host_weight_bytes_per_step", "gauge", "Weight bytes read per step.",
          static_cast<double>(s.weight_bytes_per_step));
   metric("polykv_host_prefix_bytes_per_step", "gauge", "Pool bytes read per step.",

@@ -226,11 +226,12 @@ bool BatchEngine::Advance(Session& s, absl::Span<const float> logits) {
 }
 
 void BatchEngine::Admit(std::vector<std::unique_ptr<Session>>& fresh) {
+  // Every joining session's cache first; then their prompts in groups of at most
+  // max_prompt_rows rows, each group one ForwardPrompts (one Forward per session when 0).
+  std::vector<Session*> ready;
   for (std::unique_ptr<Session>& s : fresh) {
     const int64_t capacity = static_cast<int64_t>(s->req.prompt.size()) +
                              std::max<int32_t>(s->req.sampling.max_new_tokens, 0) + 1;
-    const auto t0 = Clock::now();
-    StatusOr<Logits> logits = absl::InternalError("unset");
     if (prefix_) {
       StatusOr<KvCache> c = model_.NewCacheWithPrefix(prefix_, prefix_tokens_, capacity);
       if (!c.ok()) {
@@ -241,22 +242,48 @@ void BatchEngine::Admit(std::vector<std::unique_ptr<Session>>& fresh) {
     } else {
       s->cache = model_.NewCache(capacity);
     }
-    logits = model_.Forward(s->req.prompt, s->cache, false);
+    ready.push_back(s.get());
+  }
+  for (size_t begin = 0; begin < ready.size();) {
+    size_t end = begin + 1;
+    int64_t rows = static_cast<int64_t>(ready[begin]->req.prompt.size());
+    while (options_.max_prompt_rows > 0 && end < ready.size() &&
+           rows + static_cast<int64_t>(ready[end]->req.prompt.size()) <= options_.max_prompt_rows)
+      rows += static_cast<int64_t>(ready[end++]->req.prompt.size());
+    const absl::Span<Session* const> group = absl::MakeConstSpan(ready).subspan(begin, end - begin);
+    begin = end;
+    const auto t0 = Clock::now();
+    StatusOr<Logits> logits = absl::InternalError("unset");
+    if (options_.max_prompt_rows <= 0) {
+      logits = model_.Forward(group[0]->req.prompt, group[0]->cache, false);
+    } else {
+      std::vector<KvCache*> caches;
+      std::vector<absl::Span<const int32_t>> prompts;
+      for (Session* s : group) {
+        caches.push_back(&s->cache);
+        prompts.push_back(s->req.prompt);
+      }
+      logits = model_.ForwardPrompts(caches, prompts);
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.prefill_seconds += SecondsSince(t0);
-      stats_.prompt_tokens += s->req.prompt.size();
+      stats_.prompt_tokens += static_cast<uint64_t>(rows);
+      ++stats_.prompt_forwards;
     }
-    if (!logits.ok()) {
-      Finish(*s, FinishReason::kError, logits.status());
-      continue;
+    for (size_t i = 0; i < group.size(); ++i) {
+      Session& s = *group[i];
+      if (!logits.ok()) {
+        Finish(s, FinishReason::kError, logits.status());
+      } else if (s.req.sampling.max_new_tokens == 0) {
+        Finish(s, FinishReason::kLength);
+      } else {
+        Advance(s, logits->row(static_cast<int64_t>(i)));
+      }
     }
-    if (s->req.sampling.max_new_tokens == 0) {
-      Finish(*s, FinishReason::kLength);
-      continue;
-    }
-    if (Advance(*s, logits->row(0))) running_.push_back(std::move(s));
   }
+  for (std::unique_ptr<Session>& s : fresh)
+    if (!s->finished) running_.push_back(std::move(s));
 }
 
 void BatchEngine::DecodeRunning() {

@@ -130,26 +130,69 @@ StatusOr<Logits> LlamaBase::Forward(absl::Span<const int32_t> tokens, KvCache& c
   return Step(tokens, cache, all_logits ? 0 : static_cast<int64_t>(tokens.size()) - 1);
 }
 
-StatusOr<Logits> LlamaBase::ForwardBatch(absl::Span<KvCache* const> caches,
-                                         absl::Span<const int32_t> tokens) {
-  if (caches.empty()) return absl::InvalidArgumentError("ForwardBatch: empty batch");
-  if (caches.size() != tokens.size())
+Status LlamaBase::CheckBatch(absl::Span<KvCache* const> caches, absl::Span<const int64_t> rows,
+                             const char* what) const {
+  if (caches.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": empty batch"));
+  if (caches.size() != rows.size())
     return absl::InvalidArgumentError(
-        absl::StrCat("ForwardBatch: ", caches.size(), " caches but ", tokens.size(), " tokens"));
+        absl::StrCat(what, ": ", caches.size(), " caches but ", rows.size(), " inputs"));
   for (size_t i = 0; i < caches.size(); ++i) {
     if (caches[i] == nullptr)
-      return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: cache ", i, " is null"));
+      return absl::InvalidArgumentError(absl::StrCat(what, ": cache ", i, " is null"));
     if (caches[i]->prefix != caches[0]->prefix)
-      return absl::InvalidArgumentError(
-          absl::StrCat("ForwardBatch: cache ", i,
-                       " has a different shared prefix than cache 0 (a batch shares one)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": cache ", i, " has a different shared prefix than cache 0 (a batch shares one)"));
     for (size_t j = 0; j < i; ++j)
       if (caches[j] == caches[i])
         return absl::InvalidArgumentError(
-            absl::StrCat("ForwardBatch: caches ", j, " and ", i, " are the same cache"));
-    POLYKV_RETURN_IF_ERROR(CheckWindow(caches[i]->length, 1));
+            absl::StrCat(what, ": caches ", j, " and ", i, " are the same cache"));
+    if (rows[i] <= 0)
+      return absl::InvalidArgumentError(absl::StrCat(what, ": input ", i, " is empty"));
+    POLYKV_RETURN_IF_ERROR(CheckWindow(caches[i]->length, rows[i]));
   }
+  return absl::OkStatus();
+}
+
+StatusOr<Logits> LlamaBase::ForwardBatch(absl::Span<KvCache* const> caches,
+                                         absl::Span<const int32_t> tokens) {
+  if (caches.size() != tokens.size())
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardBatch: ", caches.size(), " caches but ", tokens.size(), " tokens"));
+  POLYKV_RETURN_IF_ERROR(
+      CheckBatch(caches, std::vector<int64_t>(caches.size(), 1), "ForwardBatch"));
   return ForwardBatchImpl(caches, tokens);
+}
+
+StatusOr<Logits> LlamaBase::ForwardPrompts(absl::Span<KvCache* const> caches,
+                                           absl::Span<const absl::Span<const int32_t>> prompts) {
+  std::vector<int64_t> rows;
+  for (const absl::Span<const int32_t>& p : prompts) rows.push_back(static_cast<int64_t>(p.size()));
+  POLYKV_RETURN_IF_ERROR(CheckBatch(caches, rows, "ForwardPrompts"));
+  return ForwardPromptsImpl(caches, prompts);
+}
+
+StatusOr<Logits> LlamaBase::ForwardPromptsImpl(
+    absl::Span<KvCache* const> caches, absl::Span<const absl::Span<const int32_t>> prompts) {
+  const size_t s = caches.size();
+  std::vector<int64_t> lengths(s);
+  for (size_t i = 0; i < s; ++i) lengths[i] = caches[i]->length;
+  POLYKV_ASSIGN_OR_RETURN(
+      Logits out, NewLogits(static_cast<int64_t>(s), config_.vocab, "ForwardPrompts (logits)"));
+  for (size_t i = 0; i < s; ++i) {
+    StatusOr<Logits> one =
+        ForwardImpl(prompts[i], *caches[i], static_cast<int64_t>(prompts[i].size()) - 1);
+    if (!one.ok()) {
+      for (size_t j = 0; j < i; ++j) {  // roll back the sessions already run
+        caches[j]->length = lengths[j];
+        caches[j]->tokens.resize(static_cast<size_t>(lengths[j]));
+      }
+      return absl::Status(one.status().code(),
+                          absl::StrCat("session ", i, ": ", one.status().message()));
+    }
+    std::copy(one->values.begin(), one->values.end(),
+              out.values.begin() + static_cast<std::ptrdiff_t>(i) * config_.vocab);
+  }
+  return out;
 }
 
 StatusOr<Logits> LlamaBase::ForwardBatchImpl(absl::Span<KvCache* const> caches,
@@ -477,6 +520,43 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
         layout.ok() ? *layout : absl::StrCat("blocks: ", layout.status().message());
   }
   return internal::MakeMappedLlama(std::move(loaded), options);
+}
+
+StatusOr<Logits> LlamaModel::ForwardPrompts(absl::Span<KvCache* const> caches,
+                                            absl::Span<const absl::Span<const int32_t>> prompts) {
+  if (caches.empty()) return absl::InvalidArgumentError("ForwardPrompts: empty batch");
+  if (caches.size() != prompts.size())
+    return absl::InvalidArgumentError(absl::StrCat("ForwardPrompts: ", caches.size(),
+                                                   " caches but ", prompts.size(), " prompts"));
+  for (size_t i = 0; i < caches.size(); ++i) {
+    if (caches[i] == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat("ForwardPrompts: cache ", i, " is null"));
+    for (size_t j = 0; j < i; ++j)
+      if (caches[j] == caches[i])
+        return absl::InvalidArgumentError(
+            absl::StrCat("ForwardPrompts: caches ", j, " and ", i, " are the same cache"));
+  }
+  std::vector<int64_t> lengths;
+  for (KvCache* c : caches) lengths.push_back(c->length);
+  POLYKV_ASSIGN_OR_RETURN(Logits out,
+                          internal::NewLogits(static_cast<int64_t>(caches.size()), config().vocab,
+                                              "ForwardPrompts (logits)"));
+  for (size_t i = 0; i < caches.size(); ++i) {
+    StatusOr<Logits> one = Forward(prompts[i], *caches[i], false);
+    if (one.ok() && one->values.size() != static_cast<size_t>(out.vocab))
+      one = absl::InternalError("Forward returned logits of another shape");
+    if (!one.ok()) {
+      for (size_t j = 0; j < i; ++j) {  // roll back the sessions already run
+        caches[j]->length = lengths[j];
+        caches[j]->tokens.resize(static_cast<size_t>(lengths[j]));
+      }
+      return absl::Status(one.status().code(),
+                          absl::StrCat("session ", i, ": ", one.status().message()));
+    }
+    std::copy(one->values.begin(), one->values.end(),
+              out.values.begin() + static_cast<std::ptrdiff_t>(i) * out.vocab);
+  }
+  return out;
 }
 
 namespace internal {

@@ -34,6 +34,9 @@ class LlamaBase : public LlamaModel {
                                                       int64_t context, int64_t stride) override;
   [[nodiscard]] StatusOr<Logits> ForwardBatch(absl::Span<KvCache* const> caches,
                                               absl::Span<const int32_t> tokens) override;
+  [[nodiscard]] StatusOr<Logits> ForwardPrompts(
+      absl::Span<KvCache* const> caches,
+      absl::Span<const absl::Span<const int32_t>> prompts) override;
 
  protected:
   /// Runs `tokens` at positions cache.length.., appends their K/V to the suffix, returns f32
@@ -49,6 +52,19 @@ class LlamaBase : public LlamaModel {
   /// mapped runtime batches the step.
   [[nodiscard]] virtual StatusOr<Logits> ForwardBatchImpl(absl::Span<KvCache* const> caches,
                                                           absl::Span<const int32_t> tokens);
+
+  /// ForwardPrompts after its checks (as ForwardBatch's, and no empty prompt): logits f32
+  /// [S][vocab] of each session's last prompt row; on error no cache's length or tokens
+  /// changed. This default runs one ForwardImpl per session; the mapped runtime runs one
+  /// forward over all sessions' rows.
+  [[nodiscard]] virtual StatusOr<Logits> ForwardPromptsImpl(
+      absl::Span<KvCache* const> caches, absl::Span<const absl::Span<const int32_t>> prompts);
+
+  /// The checks of a batch (ForwardBatch, ForwardPrompts, named `what` in errors): at least one
+  /// cache, one per input, none null or twice, one shared prefix, rows[i] > 0 new positions
+  /// for cache i within the sliding window.
+  [[nodiscard]] Status CheckBatch(absl::Span<KvCache* const> caches, absl::Span<const int64_t> rows,
+                                  const char* what) const;
 
   /// ForwardImpl after CheckWindow: every forward pass of LlamaBase goes through here.
   [[nodiscard]] StatusOr<Logits> Step(absl::Span<const int32_t> tokens, KvCache& cache,

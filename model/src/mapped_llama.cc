@@ -523,6 +523,98 @@ class MappedLlama final : public LlamaBase {
     return logits;
   }
 
+  // Batched prompts (LlamaModel::ForwardPrompts): S sessions' prompts, one shared prefix,
+  // as one forward over their rows concatenated: session i's rows are [off[i], off[i+1]) of
+  // every workspace. Attention per session as ForwardImpl would run it for that prompt: on
+  // BlasAttention without a prefix past kMappedGemmRows rows, else in the one
+  // AttentionForwardBatch pass.
+  StatusOr<Logits> ForwardPromptsImpl(
+      absl::Span<KvCache* const> caches,
+      absl::Span<const absl::Span<const int32_t>> prompts) override {
+    const int64_t S = static_cast<int64_t>(caches.size());
+    std::vector<int64_t> off(static_cast<size_t>(S) + 1, 0);
+    for (int64_t i = 0; i < S; ++i) {
+      POLYKV_RETURN_IF_ERROR(CheckTokens(prompts[i]));
+      const int64_t n = static_cast<int64_t>(prompts[i].size());
+      Status st = CheckCache(*caches[i]);
+      if (st.ok()) st = EnsureCapacity(*caches[i], caches[i]->suffix_length() + n);
+      if (!st.ok()) return absl::Status(st.code(), absl::StrCat("session ", i, ": ", st.message()));
+      off[i + 1] = off[i] + n;
+    }
+    const int64_t R = off[S];
+    const int64_t H = config_.heads, KV = config_.kv_heads, hd = config_.head_dim,
+                  D = config_.hidden, F = config_.ffn;
+    auto grow = [R](std::vector<float>& b, int64_t per_row) {
+      if (static_cast<int64_t>(b.size()) < R * per_row) b.resize(static_cast<size_t>(R * per_row));
+      return b.data();
+    };
+    float *x, *h, *t, *q, *att, *k, *v, *g, *u, *cosb, *sinb;
+    try {
+      x = grow(x_, D), h = grow(h_, D), t = grow(t_, D), q = grow(q_, H * hd);
+      att = grow(att_, H * hd), k = grow(k_, KV * hd), v = grow(v_, KV * hd);
+      g = grow(g_, F), u = grow(u_, F), cosb = grow(cos_, hd), sinb = grow(sin_, hd);
+    } catch (const std::exception& e) {
+      return StatusFromException(e, "ForwardPrompts (workspace)");
+    }
+    for (int64_t i = 0; i < S; ++i) {
+      for (int64_t r = off[i]; r < off[i + 1]; ++r) {
+        const int32_t id = prompts[i][static_cast<size_t>(r - off[i])];
+        POLYKV_RETURN_IF_ERROR(kernels::DequantizeRows(w_.embed.w, id, id + 1, x + r * D));
+      }
+      RopeTables(caches[i]->length, off[i + 1] - off[i], cosb + off[i] * hd, sinb + off[i] * hd);
+    }
+    const std::shared_ptr<const KvPrefix>& prefix = caches[0]->prefix;
+    std::vector<kernels::AttentionSession> sessions(static_cast<size_t>(S));
+    for (int l = 0; l < config_.layers; ++l) {
+      const MappedLayer& lw = w_.layers[static_cast<size_t>(l)];
+      POLYKV_RETURN_IF_ERROR(ProjectQkv(lw, x, R, h, q, k, v));
+      for (int64_t i = 0; i < S; ++i) {
+        KvCache& c = *caches[i];
+        const int64_t s0 = c.suffix_length(), n = off[i + 1] - off[i];
+        for (int64_t r = off[i]; r < off[i + 1]; ++r)
+          RopeAndStore(c, l, s0 + (r - off[i]), q + r * H * hd, k + r * KV * hd, v + r * KV * hd,
+                       cosb + r * hd, sinb + r * hd);
+        kernels::AttentionSession& a = sessions[static_cast<size_t>(i)];
+        a = kernels::AttentionSession();
+        if (!prefix && n > kMappedGemmRows) {  // as ForwardImpl: sits out of the batched pass
+          POLYKV_RETURN_IF_ERROR(
+              BlasAttention(c, l, s0, n, q + off[i] * H * hd, att + off[i] * H * hd));
+          continue;
+        }
+        a.k_suffix = c.k[static_cast<size_t>(l)].data();
+        a.v_suffix = c.v[static_cast<size_t>(l)].data();
+        a.suffix_capacity = c.capacity;
+        a.suffix_length = s0 + n;
+        a.n = n;
+        a.q = q + off[i] * H * hd;
+        a.out = att + off[i] * H * hd;
+      }
+      kernels::BatchAttentionArgs ba;
+      ba.prefix = prefix ? &prefix->view : nullptr;
+      if (prefix) ba.prefix_tail = prefix->tail;
+      ba.layer = l;
+      ba.heads = static_cast<int32_t>(H);
+      ba.kv_heads = static_cast<int32_t>(KV);
+      ba.head_dim = static_cast<int32_t>(hd);
+      ba.sessions = sessions;
+      POLYKV_RETURN_IF_ERROR(kernels::AttentionForwardBatch(ba));
+      POLYKV_RETURN_IF_ERROR(FinishLayer(lw, att, R, x, h, t, g, u));
+    }
+    // The forward read the shared prefix: its results count only while the prefix is valid.
+    if (prefix && prefix->check) POLYKV_RETURN_IF_ERROR(prefix->check());
+    POLYKV_ASSIGN_OR_RETURN(Logits logits, NewLogits(S, config_.vocab, "ForwardPrompts (logits)"));
+    for (int64_t i = 0; i < S; ++i)  // each session's last row, packed into t
+      std::memcpy(t + i * D, x + (off[i + 1] - 1) * D, sizeof(float) * D);
+    kernels::RmsNormRows(t, w_.norm, S, D, config_.rms_eps, h);
+    POLYKV_RETURN_IF_ERROR(Linear(w_.lm_head, h, S, logits.values.data(), config_.vocab));
+    for (int64_t i = 0; i < S; ++i) {  // commit: every session holds its prompt
+      caches[i]->length += off[i + 1] - off[i];
+      caches[i]->tokens.insert(caches[i]->tokens.end(), prompts[i].begin(), prompts[i].end());
+    }
+    if (R > kMappedGemmRows) ReleaseWorkspace();  // a long forward's buffers are not kept
+    return logits;
+  }
+
   StatusOr<Logits> ForwardImpl(absl::Span<const int32_t> tokens, KvCache& cache,
                                int64_t logits_from) override {
     const int64_t n = static_cast<int64_t>(tokens.size());

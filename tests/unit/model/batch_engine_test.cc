@@ -1,6 +1,7 @@
 // BatchEngine (continuous batching over one shared prefix): every session's tokens equal
 // LlamaModel::Generate's for the same prompt and sampling (greedy and seeded top-p), with
-// sessions joining between steps; cancellation (Cancel and a callback returning false),
+// sessions joining between steps (their prompts in one forward, in groups of
+// max_prompt_rows, or one forward each); cancellation (Cancel and a callback returning false),
 // Submit's errors, shutdown of a running engine thread; stop strings and streamed text on
 // SmolLM2 (skipped unless POLYKV_SMOLLM2_GGUF names the GGUF).
 #include "polykv/model/batch_engine.h"
@@ -83,9 +84,14 @@ SessionCallback Collect(Collected* c) {
   };
 }
 
-TEST(BatchEngine, SessionsEqualGenerateWhileJoining) {
+// Six sessions, three joining while three decode, each equal to a single Generate; the
+// joining prompts (1, 4, 7 then 10, 13, 16 rows) run with BatchEngineOptions::max_prompt_rows
+// `rows`, in `forwards` prompt forwards in all.
+void ExpectSessionsEqualGenerateWhileJoining(int64_t rows, uint64_t forwards) {
   Fixture f = Load(kStories, 200);
-  BatchEngine engine(*f.model, f.prefix, f.doc, 0);
+  BatchEngineOptions o;
+  o.max_prompt_rows = rows;
+  BatchEngine engine(*f.model, f.prefix, f.doc, 0, o);
   const int32_t vocab = f.model->config().vocab;
   std::vector<SessionRequest> reqs;
   for (int i = 0; i < 6; ++i) {
@@ -122,6 +128,17 @@ TEST(BatchEngine, SessionsEqualGenerateWhileJoining) {
   EXPECT_EQ(st.sessions_finished, 6u);
   EXPECT_EQ(st.running, 0);
   EXPECT_GT(st.step_rows, st.steps);  // steps did batch several sessions
+  EXPECT_EQ(st.prompt_forwards, forwards) << "max_prompt_rows " << rows;
+  EXPECT_EQ(st.prompt_tokens, 51u);
+}
+
+TEST(BatchEngine, SessionsEqualGenerateWhileJoining) {
+  ExpectSessionsEqualGenerateWhileJoining(BatchEngineOptions().max_prompt_rows, 2);
+}
+
+TEST(BatchEngine, PromptRowsGroupJoiningSessions) {
+  ExpectSessionsEqualGenerateWhileJoining(5, 5);  // {1, 4}, {7}; {10}, {13}, {16}
+  ExpectSessionsEqualGenerateWhileJoining(0, 6);  // one Forward per session
 }
 
 TEST(BatchEngine, CancelFreesSession) {

@@ -1,7 +1,8 @@
 // BatchEngine: many generation sessions over ONE shared prefix (a pool's document) in one
 // process, decoded together (continuous batching): sessions join and leave between steps;
-// each step feeds the newly admitted sessions' prompts (one Forward each), then one
-// LlamaModel::ForwardBatch for every running session (weights read once per step for all of
+// each step feeds the newly admitted sessions' prompts together (LlamaModel::ForwardPrompts:
+// the weights read once for all their rows), then one LlamaModel::ForwardBatch for every
+// running session (weights read once per step for all of
 // them, the prefix read once per step by kernels::AttentionForwardBatch).
 //
 // Each session has its own prompt, sampling options (greedy or temperature + top-p with its
@@ -74,6 +75,11 @@ struct BatchEngineOptions {
   /// RunUntilStopped paces steps to at least this many milliseconds (0: as fast as they
   /// run): for tests and demos that need sessions to outlive a client's reaction.
   int32_t min_step_ms = 0;
+  /// Prompt rows of sessions admitted in one step that run as ONE LlamaModel::ForwardPrompts
+  /// (sessions taken in queue order while their prompts fit; a longer prompt runs alone).
+  /// It bounds that forward's workspace (~26 KiB per row for SmolLM2-135M). 0: one Forward
+  /// per session (the engine before ForwardPrompts; a baseline for benchmarks).
+  int64_t max_prompt_rows = 1024;
 };
 
 /// Counters of a BatchEngine (for /metrics).
@@ -87,6 +93,7 @@ struct BatchEngineStats {
   uint64_t generated_tokens = 0;       ///< tokens sampled
   double decode_seconds = 0;           ///< time inside ForwardBatch
   double prefill_seconds = 0;          ///< time inside prompt forwards
+  uint64_t prompt_forwards = 0;        ///< prompt forwards run (several sessions' each)
   int64_t running = 0;                 ///< sessions decoding now
   int64_t waiting = 0;                 ///< sessions queued
   uint64_t weight_bytes_per_step = 0;  ///< weights read per batched step (once for all)
@@ -118,9 +125,10 @@ class BatchEngine {
   void Cancel(uint64_t id);
 
   /// One scheduling step on the calling thread: drops cancelled sessions, admits queued ones
-  /// (prompt forward + first token each), then one batched decode step for all running
-  /// sessions. Returns whether anything ran. A failing forward ends the sessions it covered
-  /// with FinishReason::kError (their callbacks get the status); the engine goes on.
+  /// (their prompts' forwards, BatchEngineOptions::max_prompt_rows, + first token each), then one
+  /// batched decode step for all running sessions. Returns whether anything ran. A failing forward
+  /// ends the sessions it covered with FinishReason::kError (their callbacks get the status); the
+  /// engine goes on.
   bool Step();
 
   /// Runs Step until Shutdown, sleeping while there is no session. Blocks.

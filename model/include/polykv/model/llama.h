@@ -338,6 +338,22 @@ class LlamaModel {
   [[nodiscard]] virtual StatusOr<Logits> ForwardBatch(absl::Span<KvCache* const> caches,
                                                       absl::Span<const int32_t> tokens) = 0;
 
+  /// Batched prompts: S = caches.size() sessions join at once. Session i feeds prompts[i]
+  /// (non-empty) at positions caches[i]->length.. (appending its K/V, growing the cache as
+  /// Forward does) and gets the logits of its LAST prompt row in row i of the result, f32
+  /// [S][vocab]. All caches share ONE prefix (the same KvPrefix object) or all have none. The
+  /// mapped runtime runs ONE forward over every session's rows concatenated: each weight
+  /// product once over all sum(|prompts[i]|) rows, each session's attention over the prefix
+  /// and its own rows (causal) in one kernels::AttentionForwardBatch pass; so S joining
+  /// sessions read the weights once instead of S times. Compared with S Forward calls:
+  /// attention is bit-identical; the products differ by float reassociation and, where the
+  /// total row count crosses LoadOptions::quantized_rows, by the quantized vs f32 kernels
+  /// (tests/unit/model/batch_decode_test.cc states the bounds). This default runs one
+  /// Forward per session. On error no cache's length or tokens changed. Errors: as
+  /// ForwardBatch, and kInvalidArgument for an empty prompt.
+  [[nodiscard]] virtual StatusOr<Logits> ForwardPrompts(
+      absl::Span<KvCache* const> caches, absl::Span<const absl::Span<const int32_t>> prompts);
+
   /// Prefills a document from scratch in chunks of `chunk` tokens, calling
   /// `progress(done, total)` after each. Returns K/V f32 [kv_heads][tokens][head_dim] per layer.
   [[nodiscard]] virtual StatusOr<PrefillResult> Prefill(
