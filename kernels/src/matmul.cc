@@ -349,6 +349,14 @@ void MatMulRun::RunJobRows(const MatMulJob& job, int64_t rb, int64_t re) const {
 #ifdef POLYKV_HAVE_AMX_KERNELS
   if (job.amx) {
     uint8_t* scratch = PanelScratch(mm::AmxPanelScratchBytes(job.nb));
+    if (w.packed != nullptr && options_.packed != 0 && rb % 16 == 0 &&
+        PackedLayoutSupported(w.type)) {  // panels as they lie in the packed layout
+      for (int64_t o = rb; o < re; o += 16)
+        mm::AmxPackedPanel(job.ti, static_cast<const uint8_t*>(w.packed) + o * w.row_bytes,
+                           static_cast<int>(std::min<int64_t>(16, re - o)), job.nb, a, as, n, y + o,
+                           ys, scratch);
+      return;
+    }
     for (int64_t o = rb; o < re; o += 16) {
       const int m = static_cast<int>(std::min<int64_t>(16, re - o));
       mm::AmxPanel(job.ti, static_cast<const uint8_t*>(w.data) + o * w.row_bytes, w.row_bytes, m,

@@ -210,6 +210,71 @@ void Group(const uint8_t* codes, const float* dvec, const float* fvec, const uin
   for (int j = 0; j < m; ++j) _mm512_mask_storeu_ps(y + j * ys, live, acc[j]);
 }
 
+// Unpacks block b of a packed panel (PackWeights: the 16 rows' code dwords already in B's
+// VNNI order, then their f16 d and m) like UnpackBlock: the same bytes and scales for rows
+// < 16 (lanes of rows past the matrix are zero in the file; lanes past `outputs` are computed
+// and never stored).
+template <Kind K>
+inline void UnpackPackedBlock(const uint8_t* pb, uint8_t* codes, float* dvec, float* fvec) {
+  constexpr int kRegs = K == Kind::kQ8_0 ? 8 : 4;
+  const __m512 d =
+      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 64 * kRegs)));
+  _mm512_storeu_ps(dvec, d);
+  if constexpr (K == Kind::kQ8_0) {
+    _mm512_storeu_ps(fvec, _mm512_setzero_ps());
+    for (int kk = 0; kk < 8; ++kk)
+      _mm512_storeu_si512(codes + 64 * kk, _mm512_loadu_si512(pb + 64 * kk));
+  } else {
+    if constexpr (K == Kind::kQ4_1) {
+      _mm512_storeu_ps(fvec, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                 reinterpret_cast<const __m256i*>(pb + 64 * kRegs + 32))));
+    } else {
+      _mm512_storeu_ps(fvec, _mm512_mul_ps(_mm512_set1_ps(8.0f), d));
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int kk = 0; kk < 4; ++kk) {
+      const __m512i r = _mm512_loadu_si512(pb + 64 * kk);
+      _mm512_storeu_si512(codes + 64 * kk, _mm512_and_si512(r, m4));
+      _mm512_storeu_si512(codes + 64 * (4 + kk), _mm512_and_si512(_mm512_srli_epi32(r, 4), m4));
+    }
+  }
+}
+
+// Every group of 16 (then the rest) of the n activation rows against an unpacked panel.
+template <Kind K>
+void RunGroups(const uint8_t* codes, const float* dvec, const float* fvec, const uint8_t* x,
+               int64_t xrb, int64_t nb, int64_t n, __mmask16 live, float* y, int64_t ys) {
+  const int64_t whole = n / 16;
+  if (whole > 0) {
+    LoadConfig(16);
+    for (int64_t g = 0; g < whole; ++g)
+      Group<K, 16>(codes, dvec, fvec, x + 16 * g * xrb, xrb, nb, 16, live, y + 16 * g * ys, ys);
+  }
+  if (n % 16 != 0) {
+    const int m = static_cast<int>(n % 16);
+    LoadConfig(m);
+    Group<K, 15>(codes, dvec, fvec, x + 16 * whole * xrb, xrb, nb, m, live, y + 16 * whole * ys,
+                 ys);
+  }
+  _tile_release();
+}
+
+// PanelRows over a packed panel (block bytes 16 * BlockBytes).
+template <Kind K>
+void PackedPanelRows(const uint8_t* panel, int outputs, int64_t nb, const uint8_t* x, int64_t xrb,
+                     int64_t n, float* y, int64_t ys, uint8_t* scratch) {
+  uint8_t* const codes = scratch;
+  float* const dvec = reinterpret_cast<float*>(scratch + nb * 512);
+  float* const fvec = dvec + nb * 16;
+  constexpr int64_t kPB = 16 * BlockBytes<K>();
+  const __mmask16 live = static_cast<__mmask16>(outputs >= 16 ? 0xFFFF : (1u << outputs) - 1);
+  for (int64_t at = 0; at < nb * kPB; at += 64)  // the next panel, while this one computes
+    _mm_prefetch(reinterpret_cast<const char*>(panel) + nb * kPB + at, _MM_HINT_T1);
+  for (int64_t b = 0; b < nb; ++b)
+    UnpackPackedBlock<K>(panel + b * kPB, codes + 512 * b, dvec + 16 * b, fvec + 16 * b);
+  RunGroups<K>(codes, dvec, fvec, x, xrb, nb, n, live, y, ys);
+}
+
 template <Kind K>
 void PanelRows(const uint8_t* w, int64_t row_bytes, int outputs, int64_t nb, const uint8_t* x,
                int64_t xrb, int64_t n, float* y, int64_t ys, uint8_t* scratch) {
@@ -233,22 +298,24 @@ void PanelRows(const uint8_t* w, int64_t row_bytes, int outputs, int64_t nb, con
   }
   for (int64_t b = 0; b < nb; ++b)
     UnpackBlock<K>(w + b * kB, offs, live, codes + 512 * b, dvec + 16 * b, fvec + 16 * b);
-  const int64_t whole = n / 16;
-  if (whole > 0) {
-    LoadConfig(16);
-    for (int64_t g = 0; g < whole; ++g)
-      Group<K, 16>(codes, dvec, fvec, x + 16 * g * xrb, xrb, nb, 16, live, y + 16 * g * ys, ys);
-  }
-  if (n % 16 != 0) {
-    const int m = static_cast<int>(n % 16);
-    LoadConfig(m);
-    Group<K, 15>(codes, dvec, fvec, x + 16 * whole * xrb, xrb, nb, m, live, y + 16 * whole * ys,
-                 ys);
-  }
-  _tile_release();
+  RunGroups<K>(codes, dvec, fvec, x, xrb, nb, n, live, y, ys);
 }
 
 }  // namespace
+
+void AmxPackedPanel(int type_index, const uint8_t* panel, int outputs, int64_t nb, const uint8_t* x,
+                    int64_t x_row_bytes, int64_t n, float* y, int64_t ys, uint8_t* scratch) {
+  switch (type_index) {
+    case kTQ4_0:
+      return PackedPanelRows<Kind::kQ4_0>(panel, outputs, nb, x, x_row_bytes, n, y, ys, scratch);
+    case kTQ4_1:
+      return PackedPanelRows<Kind::kQ4_1>(panel, outputs, nb, x, x_row_bytes, n, y, ys, scratch);
+    case kTQ8_0:
+      return PackedPanelRows<Kind::kQ8_0>(panel, outputs, nb, x, x_row_bytes, n, y, ys, scratch);
+    default:
+      __builtin_trap();  // a type without a packed layout (callers check)
+  }
+}
 
 bool AmxTypeSupported(int type_index) {
   return type_index == kTQ4_0 || type_index == kTQ4_1 || type_index == kTQ5_0 ||

@@ -309,35 +309,48 @@ TEST(MatMulAmx, TilesEqualScalarReferenceBitForBit) {
     for (int64_t cols : {int64_t{576}, int64_t{1536}}) {
       const int64_t rows = 40;
       const auto wb = RandomWeightBytes(type, rows, cols, 11 + cols);
-      const auto view = MakeWeightView(type, wb.data(), wb.size(), rows, cols).value();
-      for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{16}, int64_t{17}, int64_t{40}}) {
-        const auto x = RandomActivations(n, cols, 7 + n);
-        std::vector<float> ref(static_cast<size_t>(n * rows));
-        MatMulOptions scalar;
-        scalar.isa = static_cast<int>(Isa::kScalar);
-        scalar.amx = 0;
-        ASSERT_TRUE(MatMul(view, x.data(), n, cols, ref.data(), rows, scalar).ok());
-        for (int threads : {1, 2}) {
-          SCOPED_TRACE(::testing::Message() << WeightTypeName(type) << " cols " << cols << " n "
-                                            << n << " threads " << threads);
-          MatMulOptions opt;
-          opt.amx = 1;
-          opt.threads = threads;
-          std::vector<float> y(static_cast<size_t>(n * (rows + 3)), -7.0f);
-          ASSERT_TRUE(MatMul(view, x.data(), n, cols, y.data(), rows + 3, opt).ok());
-          for (int64_t r = 0; r < n; ++r) {
-            for (int64_t o = 0; o < rows; ++o)
-              ASSERT_EQ(y[r * (rows + 3) + o], ref[r * rows + o]) << "row " << r << " out " << o;
-            for (int64_t o = rows; o < rows + 3; ++o)
-              ASSERT_EQ(y[r * (rows + 3) + o], -7.0f) << "wrote past the row";
-          }
-          // The default picks the tiles from kAmxMinRows rows on.
-          if (n >= kAmxMinRows && threads == 2) {
-            MatMulOptions def;
-            def.threads = 2;
-            std::vector<float> yd(static_cast<size_t>(n * rows));
-            ASSERT_TRUE(MatMul(view, x.data(), n, cols, yd.data(), rows, def).ok());
-            ASSERT_EQ(yd, ref);
+      const auto blocks_view = MakeWeightView(type, wb.data(), wb.size(), rows, cols).value();
+      // The tiles read the packed layout where it is attached (Q4_0/Q4_1/Q8_0): the same
+      // codes and scales, so the same bits.
+      std::vector<uint8_t> packed(static_cast<size_t>(PackedWeightBytes(blocks_view)));
+      WeightView packed_view = blocks_view;
+      if (PackedLayoutSupported(type)) {
+        ASSERT_TRUE(PackWeights(blocks_view, absl::MakeSpan(packed)).ok());
+        packed_view.packed = packed.data();
+      }
+      for (int pass = 0; pass < 2; ++pass) {
+        if (pass == 1 && packed_view.packed == nullptr) continue;
+        const WeightView& view = pass == 0 ? blocks_view : packed_view;
+        for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{16}, int64_t{17}, int64_t{40}}) {
+          const auto x = RandomActivations(n, cols, 7 + n);
+          std::vector<float> ref(static_cast<size_t>(n * rows));
+          MatMulOptions scalar;
+          scalar.isa = static_cast<int>(Isa::kScalar);
+          scalar.amx = 0;
+          ASSERT_TRUE(MatMul(view, x.data(), n, cols, ref.data(), rows, scalar).ok());
+          for (int threads : {1, 2}) {
+            SCOPED_TRACE(::testing::Message()
+                         << WeightTypeName(type) << " cols " << cols << " n " << n << " threads "
+                         << threads << " packed " << (view.packed != nullptr));
+            MatMulOptions opt;
+            opt.amx = 1;
+            opt.threads = threads;
+            std::vector<float> y(static_cast<size_t>(n * (rows + 3)), -7.0f);
+            ASSERT_TRUE(MatMul(view, x.data(), n, cols, y.data(), rows + 3, opt).ok());
+            for (int64_t r = 0; r < n; ++r) {
+              for (int64_t o = 0; o < rows; ++o)
+                ASSERT_EQ(y[r * (rows + 3) + o], ref[r * rows + o]) << "row " << r << " out " << o;
+              for (int64_t o = rows; o < rows + 3; ++o)
+                ASSERT_EQ(y[r * (rows + 3) + o], -7.0f) << "wrote past the row";
+            }
+            // The default picks the tiles from kAmxMinRows rows on.
+            if (n >= kAmxMinRows && threads == 2) {
+              MatMulOptions def;
+              def.threads = 2;
+              std::vector<float> yd(static_cast<size_t>(n * rows));
+              ASSERT_TRUE(MatMul(view, x.data(), n, cols, yd.data(), rows, def).ok());
+              ASSERT_EQ(yd, ref);
+            }
           }
         }
       }

@@ -98,7 +98,8 @@ struct WeightView {
   int64_t row_bytes = 0;       ///< cols / values * bytes
   /// Optional: the same matrix in the decode panel layout (PackWeights, PackedWeightBytes
   /// bytes, 64-byte aligned), read instead of `data` by 1-row products on the avx512
-  /// variant; nullptr = none.
+  /// variant and by the AMX tiles (panels that start on a multiple of 16 rows: no per-block
+  /// gathers, the same bits); nullptr = none.
   const void* packed = nullptr;
   int64_t bytes() const { return rows * row_bytes; }
 };
@@ -134,9 +135,9 @@ struct MatMulOptions {
   /// tests; $POLYKV_ROWS_KERNELS=0 does the same for -1). Their results differ from the
   /// scalar reference by float reassociation only.
   int rows_kernels = -1;
-  /// 1-row products over WeightView::packed (where set, on the avx512 variant): -1 (auto) /
-  /// 1 use them, 0 reads `data` with the per-row kernels (for comparisons). Their results
-  /// differ from the scalar reference by float reassociation only.
+  /// Products over WeightView::packed where set (1 row on the avx512 variant; AMX tiles):
+  /// -1 (auto) / 1 use it, 0 reads `data` (for comparisons). 1-row results differ from the
+  /// scalar reference by float reassociation only; the tiles' are bit-identical either way.
   int packed = -1;
 };
 
