@@ -367,12 +367,10 @@ void MatMulRun::RunJobRows(const MatMulJob& job, int64_t rb, int64_t re) const {
 #endif
   if (job.packed != nullptr) {  // n == 1: panels of 16 rows, rows outside [rb, re) dropped
     const auto* panels = static_cast<const uint8_t*>(w.packed);
-    const int64_t panel_bytes = 16 * w.row_bytes, ahead = PrefetchAheadBytes();
-    for (int64_t o = rb; o < re;) {
+    const int64_t panel_bytes = 16 * w.row_bytes;
+    for (int64_t o = rb; o < re;) {  // (the kernel prefetches the panels itself)
       const int64_t p0 = o / 16 * 16, end = std::min(re, p0 + 16);
       const uint8_t* panel = panels + p0 / 16 * panel_bytes;
-      for (int64_t off = 0; off < panel_bytes && ahead > 0; off += 64)
-        __builtin_prefetch(panel + ahead + off, 0, 3);
       float tmp[16];
       job.packed(panel, job.nb, a, static_cast<int>(std::min<int64_t>(16, w.rows - p0)), tmp);
       std::copy(tmp + (o - p0), tmp + (end - p0), y + o);

@@ -373,6 +373,12 @@ void PackedVnni(const uint8_t* panel, int64_t nb, const uint8_t* x, int rows, fl
   __m512 acc = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* pb = panel + b * kBlock;
+    // The panels lie one after another: request the bytes 2 KiB on, a block's worth per
+    // block (spread out, not in bursts; never faults past the matrix). Measured on SmolLM2
+    // decode against a burst per panel: 1 thread 92-97 -> 99 tok/s, 2 threads 181-196 ->
+    // 188-197.
+    for (int64_t l = 0; l < kBlock; l += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(pb) + 2048 + l, _MM_HINT_T0);
     const int32_t* c1 = codes + 8 * b;
     const int32_t* c2 = residual + 8 * b;
     __m512i i1 = _mm512_setzero_si512(), i2 = _mm512_setzero_si512();
