@@ -6,9 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string_view>
 #include <vector>
 
@@ -104,8 +106,11 @@ StatusOr<const uint8_t*> OpenExisting(const std::string& path, const Header& wan
   return out;
 }
 
-// Writes the file: a temporary in the same folder, packed, flushed, renamed over `path`;
-// then maps it read-only.
+// Writes the file: a temporary in the same folder, packed into a heap buffer and written with
+// pwrite (so that the page cache holds it in large folios, which the
+// read-only mappings then map with 2 MiB pages where the kernel and file system allow:
+// on ext4 / Linux 6.18, 10 -> 94 MB of the file PMD-mapped and 1-thread decode ~+15% against
+// a file written through a shared mapping), flushed, renamed over `path`; then mapped.
 StatusOr<const uint8_t*> Create(const std::string& path, const Header& h,
                                 const std::vector<kernels::WeightView*>& mats,
                                 const std::vector<int64_t>& offsets) {
@@ -113,23 +118,43 @@ StatusOr<const uint8_t*> Create(const std::string& path, const Header& h,
   const int fd = mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0) return absl::PermissionDeniedError(Errno("create", tmp));
   Status st = absl::OkStatus();
-  void* p = MAP_FAILED;
   if (fchmod(fd, 0600) != 0) st = absl::InternalError(Errno("chmod", tmp));
   if (st.ok() && posix_fallocate(fd, 0, static_cast<off_t>(h.bytes)) != 0)
     st = absl::ResourceExhaustedError(absl::StrCat("allocate ", h.bytes, " bytes for ", tmp));
-  if (st.ok()) {
-    p = mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) st = absl::ResourceExhaustedError(Errno("mmap", tmp));
+  // Writes `n` bytes at `off` (retrying short writes).
+  auto write_at = [&](const uint8_t* p, int64_t n, int64_t off) {
+    while (st.ok() && n > 0) {
+      const ssize_t w = pwrite(fd, p, static_cast<size_t>(n), static_cast<off_t>(off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        st = absl::ResourceExhaustedError(Errno("write", tmp));
+        break;
+      }
+      p += w;
+      n -= w;
+      off += w;
+    }
+  };
+  // The whole file in one buffer (freed before returning), written 4 MiB at a time in order:
+  // whole, aligned writes get the largest folios.
+  std::vector<uint8_t> buf;
+  try {
+    buf.assign(static_cast<size_t>(h.bytes), 0);
+  } catch (const std::bad_alloc&) {
+    st = absl::ResourceExhaustedError(
+        absl::StrCat("packing ", tmp, ": out of memory for ", h.bytes, " bytes"));
   }
-  for (size_t i = 0; st.ok() && i < mats.size(); ++i) {
-    uint8_t* dst = static_cast<uint8_t*>(p) + offsets[i];
-    st = kernels::PackWeights(*mats[i], absl::MakeSpan(dst, kernels::PackedWeightBytes(*mats[i])));
-  }
-  if (st.ok()) {
-    std::memcpy(p, &h, sizeof(h));  // the header last: a torn file never matches
-    if (msync(p, h.bytes, MS_SYNC) != 0) st = absl::InternalError(Errno("msync", tmp));
-  }
-  if (p != MAP_FAILED) munmap(p, h.bytes);
+  for (size_t i = 0; st.ok() && i < mats.size(); ++i)
+    st = kernels::PackWeights(
+        *mats[i], absl::MakeSpan(buf.data() + offsets[i],
+                                 static_cast<size_t>(kernels::PackedWeightBytes(*mats[i]))));
+  constexpr int64_t kWrite = int64_t{4} << 20;
+  const int64_t total = static_cast<int64_t>(h.bytes);
+  for (int64_t off = 0; st.ok() && off < total; off += kWrite)  // the header page: zeros yet
+    write_at(buf.data() + off, std::min(kWrite, total - off), off);
+  std::vector<uint8_t>().swap(buf);
+  // The header last: a file torn before this point never matches.
+  write_at(reinterpret_cast<const uint8_t*>(&h), sizeof(h), 0);
   if (st.ok() && fsync(fd) != 0) st = absl::InternalError(Errno("fsync", tmp));
   if (st.ok() && rename(tmp.c_str(), path.c_str()) != 0)
     st = absl::InternalError(Errno("rename to", path));
