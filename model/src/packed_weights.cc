@@ -135,24 +135,42 @@ StatusOr<const uint8_t*> Create(const std::string& path, const Header& h,
       off += w;
     }
   };
-  // The whole file in one buffer (freed before returning), written 4 MiB at a time in order:
-  // whole, aligned writes get the largest folios.
-  std::vector<uint8_t> buf;
-  try {
-    buf.assign(static_cast<size_t>(h.bytes), 0);
-  } catch (const std::bad_alloc&) {
-    st = absl::ResourceExhaustedError(
-        absl::StrCat("packing ", tmp, ": out of memory for ", h.bytes, " bytes"));
-  }
-  for (size_t i = 0; st.ok() && i < mats.size(); ++i)
-    st = kernels::PackWeights(
-        *mats[i], absl::MakeSpan(buf.data() + offsets[i],
-                                 static_cast<size_t>(kernels::PackedWeightBytes(*mats[i]))));
+  // The file streams through a 4 MiB window written whole and in order (whole, aligned
+  // writes get the largest folios); each matrix is packed into its own buffer first, so the
+  // peak is the largest matrix + 4 MiB, not the file. Gaps (page padding) stay zero.
   constexpr int64_t kWrite = int64_t{4} << 20;
   const int64_t total = static_cast<int64_t>(h.bytes);
-  for (int64_t off = 0; st.ok() && off < total; off += kWrite)  // the header page: zeros yet
-    write_at(buf.data() + off, std::min(kWrite, total - off), off);
-  std::vector<uint8_t>().swap(buf);
+  std::vector<uint8_t> window, packed;
+  int64_t w0 = 0;                                             // file offset of window[0]
+  auto put = [&](const uint8_t* p, int64_t n, int64_t off) {  // off >= w0, increasing
+    while (st.ok() && n > 0) {
+      if (off >= w0 + kWrite) {
+        write_at(window.data(), kWrite, w0);
+        std::fill(window.begin(), window.end(), 0);
+        w0 += kWrite;
+        continue;
+      }
+      const int64_t at = off - w0, k = std::min(n, kWrite - at);
+      std::memcpy(window.data() + at, p, static_cast<size_t>(k));
+      p += k;
+      n -= k;
+      off += k;
+    }
+  };
+  try {
+    window.assign(static_cast<size_t>(kWrite), 0);
+    for (size_t i = 0; st.ok() && i < mats.size(); ++i) {
+      const int64_t n = kernels::PackedWeightBytes(*mats[i]);
+      packed.resize(static_cast<size_t>(n));
+      st = kernels::PackWeights(*mats[i], absl::MakeSpan(packed));
+      put(packed.data(), n, offsets[i]);
+    }
+  } catch (const std::bad_alloc&) {
+    st = absl::ResourceExhaustedError(absl::StrCat("packing ", tmp, ": out of memory"));
+  }
+  if (st.ok()) write_at(window.data(), total - w0, w0);  // the last window
+  std::vector<uint8_t>().swap(packed);
+  std::vector<uint8_t>().swap(window);
   // The header last: a file torn before this point never matches.
   write_at(reinterpret_cast<const uint8_t*>(&h), sizeof(h), 0);
   if (st.ok() && fsync(fd) != 0) st = absl::InternalError(Errno("fsync", tmp));
