@@ -153,7 +153,8 @@ StatusOr<std::vector<int32_t>> PromptIds(const AgentArgs& a, client::PooledAgent
 }
 
 // --stats: the answer's timings, sizes and memory, one figure a line.
-void PrintStats(const AgentArgs& a, const client::AgentResult& r, double load_ms) {
+void PrintStats(const AgentArgs& a, const client::AgentResult& r, double load_ms,
+                const std::string& weights_layout) {
   const auto& s = r.stats;
   std::printf(
       "pool %s codec %s, attended %s: %lld document tokens, %lld prompt tokens, "
@@ -180,6 +181,7 @@ void PrintStats(const AgentArgs& a, const client::AgentResult& r, double load_ms
               s.memory.rss / 1048576.0, s.memory.pss / 1048576.0,
               s.memory.private_bytes / 1048576.0);
   std::printf("  peak RSS            %10.1f MiB\n", client::PeakRssBytes() / 1048576.0);
+  std::printf("  weights             %s\n", weights_layout.c_str());
 }
 
 Status RunAgent(const AgentArgs& a) {
@@ -224,6 +226,7 @@ Status RunAgent(const AgentArgs& a) {
                         {"attend", client::AttendName(r.attend)},
                         {"route", client::PoolRouteName(r.route)},
                         {"model_load_ms", load_ms},
+                        {"weights_layout", agent->model().weights_layout()},
                         {"prompt_ids", r.prompt_ids},
                         {"answer_ids", r.answer_ids},
                         {"answer", r.answer_text},
@@ -243,7 +246,7 @@ Status RunAgent(const AgentArgs& a) {
     return absl::OkStatus();
   }
   std::cout << (has_tok ? r.answer_text : IdsString(r.answer_ids)) << std::endl;
-  if (a.stats) PrintStats(a, r, load_ms);
+  if (a.stats) PrintStats(a, r, load_ms, agent->model().weights_layout());
   if (base) {
     std::printf(
         "baseline (re-prefill the document): TTFT %.1f ms (prefill %.1f ms + prompt "

@@ -114,6 +114,9 @@ TEST_F(AgentsSmolLM2, NoneCodecAgentEqualsSingleProcessRun) {
     std::vector<int32_t> ref = Reference(doc, Ids(j, "prompt_ids"), 32, true);
     EXPECT_EQ(Ids(j), ref) << kQuestions[q];
     EXPECT_FALSE(Ids(j).empty());
+    // The agent says where its products read the weights: the packed file this process's
+    // model maps too (same user, same folder), or the blocks and why.
+    EXPECT_EQ(j.value("weights_layout", std::string("(missing)")), Model()->weights_layout());
   }
 }
 
