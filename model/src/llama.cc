@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,33 @@ double MsSince(std::chrono::steady_clock::time_point t0) {
 double Uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
 }  // namespace
+
+// ForwardPrompts one session at a time: row i of the result = forward_last(i), session i's
+// last-row logits ([1][vocab]); on an error the sessions already run are rolled back (length
+// and tokens) and the error names the session.
+StatusOr<Logits> PromptsOneByOne(absl::Span<KvCache* const> caches, int32_t vocab,
+                                 const std::function<StatusOr<Logits>(size_t)>& forward_last) {
+  std::vector<int64_t> lengths;
+  for (const KvCache* c : caches) lengths.push_back(c->length);
+  POLYKV_ASSIGN_OR_RETURN(
+      Logits out, NewLogits(static_cast<int64_t>(caches.size()), vocab, "ForwardPrompts (logits)"));
+  for (size_t i = 0; i < caches.size(); ++i) {
+    StatusOr<Logits> one = forward_last(i);
+    if (one.ok() && one->values.size() != static_cast<size_t>(vocab))
+      one = absl::InternalError("Forward returned logits of another shape");
+    if (!one.ok()) {
+      for (size_t j = 0; j < i; ++j) {  // roll back the sessions already run
+        caches[j]->length = lengths[j];
+        caches[j]->tokens.resize(static_cast<size_t>(lengths[j]));
+      }
+      return absl::Status(one.status().code(),
+                          absl::StrCat("session ", i, ": ", one.status().message()));
+    }
+    std::copy(one->values.begin(), one->values.end(),
+              out.values.begin() + static_cast<std::ptrdiff_t>(i) * vocab);
+  }
+  return out;
+}
 
 LlamaBase::LlamaBase(ModelConfig config, std::unique_ptr<Tokenizer> tokenizer,
                      std::string fingerprint)
@@ -173,26 +201,9 @@ StatusOr<Logits> LlamaBase::ForwardPrompts(absl::Span<KvCache* const> caches,
 
 StatusOr<Logits> LlamaBase::ForwardPromptsImpl(
     absl::Span<KvCache* const> caches, absl::Span<const absl::Span<const int32_t>> prompts) {
-  const size_t s = caches.size();
-  std::vector<int64_t> lengths(s);
-  for (size_t i = 0; i < s; ++i) lengths[i] = caches[i]->length;
-  POLYKV_ASSIGN_OR_RETURN(
-      Logits out, NewLogits(static_cast<int64_t>(s), config_.vocab, "ForwardPrompts (logits)"));
-  for (size_t i = 0; i < s; ++i) {
-    StatusOr<Logits> one =
-        ForwardImpl(prompts[i], *caches[i], static_cast<int64_t>(prompts[i].size()) - 1);
-    if (!one.ok()) {
-      for (size_t j = 0; j < i; ++j) {  // roll back the sessions already run
-        caches[j]->length = lengths[j];
-        caches[j]->tokens.resize(static_cast<size_t>(lengths[j]));
-      }
-      return absl::Status(one.status().code(),
-                          absl::StrCat("session ", i, ": ", one.status().message()));
-    }
-    std::copy(one->values.begin(), one->values.end(),
-              out.values.begin() + static_cast<std::ptrdiff_t>(i) * config_.vocab);
-  }
-  return out;
+  return PromptsOneByOne(caches, config_.vocab, [&](size_t i) {
+    return ForwardImpl(prompts[i], *caches[i], static_cast<int64_t>(prompts[i].size()) - 1);
+  });
 }
 
 StatusOr<Logits> LlamaBase::ForwardBatchImpl(absl::Span<KvCache* const> caches,
@@ -536,27 +547,8 @@ StatusOr<Logits> LlamaModel::ForwardPrompts(absl::Span<KvCache* const> caches,
         return absl::InvalidArgumentError(
             absl::StrCat("ForwardPrompts: caches ", j, " and ", i, " are the same cache"));
   }
-  std::vector<int64_t> lengths;
-  for (KvCache* c : caches) lengths.push_back(c->length);
-  POLYKV_ASSIGN_OR_RETURN(Logits out,
-                          internal::NewLogits(static_cast<int64_t>(caches.size()), config().vocab,
-                                              "ForwardPrompts (logits)"));
-  for (size_t i = 0; i < caches.size(); ++i) {
-    StatusOr<Logits> one = Forward(prompts[i], *caches[i], false);
-    if (one.ok() && one->values.size() != static_cast<size_t>(out.vocab))
-      one = absl::InternalError("Forward returned logits of another shape");
-    if (!one.ok()) {
-      for (size_t j = 0; j < i; ++j) {  // roll back the sessions already run
-        caches[j]->length = lengths[j];
-        caches[j]->tokens.resize(static_cast<size_t>(lengths[j]));
-      }
-      return absl::Status(one.status().code(),
-                          absl::StrCat("session ", i, ": ", one.status().message()));
-    }
-    std::copy(one->values.begin(), one->values.end(),
-              out.values.begin() + static_cast<std::ptrdiff_t>(i) * out.vocab);
-  }
-  return out;
+  return internal::PromptsOneByOne(
+      caches, config().vocab, [&](size_t i) { return Forward(prompts[i], *caches[i], false); });
 }
 
 namespace internal {

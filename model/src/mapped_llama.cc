@@ -451,31 +451,48 @@ class MappedLlama final : public LlamaBase {
     }
   }
 
+  // The per-row buffers of a forward over `rows` rows (grown, never shrunk): [rows][D] x, h,
+  // t; [rows][H*hd] q, att; [rows][KV*hd] k, v; [rows][F] g, u; [rows][hd] RoPE cos, sin.
+  struct Workspace {
+    float *x, *h, *t, *q, *att, *k, *v, *g, *u, *cosb, *sinb;
+  };
+  StatusOr<Workspace> GrowWorkspace(int64_t rows, const char* context) {
+    const int64_t H = config_.heads, KV = config_.kv_heads, hd = config_.head_dim,
+                  D = config_.hidden, F = config_.ffn;
+    auto grow = [rows](std::vector<float>& b, int64_t per_row) {
+      if (static_cast<int64_t>(b.size()) < rows * per_row)
+        b.resize(static_cast<size_t>(rows * per_row));
+      return b.data();
+    };
+    try {
+      return Workspace{grow(x_, D),        grow(h_, D),       grow(t_, D),       grow(q_, H * hd),
+                       grow(att_, H * hd), grow(k_, KV * hd), grow(v_, KV * hd), grow(g_, F),
+                       grow(u_, F),        grow(cos_, hd),    grow(sin_, hd)};
+    } catch (const std::exception& e) {
+      return StatusFromException(e, absl::StrCat(context, " (workspace)"));
+    }
+  }
+
+  // Session i's cache checked against the model, with room for `more` positions; errors
+  // name the session.
+  Status CheckSessionCache(KvCache& c, int64_t i, int64_t more) const {
+    Status st = CheckCache(c);
+    if (st.ok()) st = EnsureCapacity(c, c.suffix_length() + more);
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("session ", i, ": ", st.message()));
+    return absl::OkStatus();
+  }
+
   // Batched decode (LlamaModel::ForwardBatch): S sessions, one token each, one shared
   // prefix. Row i of every workspace is session i.
   StatusOr<Logits> ForwardBatchImpl(absl::Span<KvCache* const> caches,
                                     absl::Span<const int32_t> tokens) override {
     const int64_t S = static_cast<int64_t>(caches.size());
     POLYKV_RETURN_IF_ERROR(CheckTokens(tokens));
-    for (int64_t i = 0; i < S; ++i) {
-      Status st = CheckCache(*caches[i]);
-      if (st.ok()) st = EnsureCapacity(*caches[i], caches[i]->suffix_length() + 1);
-      if (!st.ok()) return absl::Status(st.code(), absl::StrCat("session ", i, ": ", st.message()));
-    }
+    for (int64_t i = 0; i < S; ++i) POLYKV_RETURN_IF_ERROR(CheckSessionCache(*caches[i], i, 1));
     const int64_t H = config_.heads, KV = config_.kv_heads, hd = config_.head_dim,
-                  D = config_.hidden, F = config_.ffn;
-    auto grow = [S](std::vector<float>& b, int64_t per_row) {
-      if (static_cast<int64_t>(b.size()) < S * per_row) b.resize(static_cast<size_t>(S * per_row));
-      return b.data();
-    };
-    float *x, *h, *t, *q, *att, *k, *v, *g, *u, *cosb, *sinb;
-    try {
-      x = grow(x_, D), h = grow(h_, D), t = grow(t_, D), q = grow(q_, H * hd);
-      att = grow(att_, H * hd), k = grow(k_, KV * hd), v = grow(v_, KV * hd);
-      g = grow(g_, F), u = grow(u_, F), cosb = grow(cos_, hd), sinb = grow(sin_, hd);
-    } catch (const std::exception& e) {
-      return StatusFromException(e, "ForwardBatch (workspace)");
-    }
+                  D = config_.hidden;
+    POLYKV_ASSIGN_OR_RETURN(const Workspace ws, GrowWorkspace(S, "ForwardBatch"));
+    const auto [x, h, t, q, att, k, v, g, u, cosb, sinb] = ws;
     for (int64_t i = 0; i < S; ++i) {
       POLYKV_RETURN_IF_ERROR(
           kernels::DequantizeRows(w_.embed.w, tokens[i], tokens[i] + 1, x + i * D));
@@ -536,26 +553,14 @@ class MappedLlama final : public LlamaBase {
     for (int64_t i = 0; i < S; ++i) {
       POLYKV_RETURN_IF_ERROR(CheckTokens(prompts[i]));
       const int64_t n = static_cast<int64_t>(prompts[i].size());
-      Status st = CheckCache(*caches[i]);
-      if (st.ok()) st = EnsureCapacity(*caches[i], caches[i]->suffix_length() + n);
-      if (!st.ok()) return absl::Status(st.code(), absl::StrCat("session ", i, ": ", st.message()));
+      POLYKV_RETURN_IF_ERROR(CheckSessionCache(*caches[i], i, n));
       off[i + 1] = off[i] + n;
     }
     const int64_t R = off[S];
     const int64_t H = config_.heads, KV = config_.kv_heads, hd = config_.head_dim,
-                  D = config_.hidden, F = config_.ffn;
-    auto grow = [R](std::vector<float>& b, int64_t per_row) {
-      if (static_cast<int64_t>(b.size()) < R * per_row) b.resize(static_cast<size_t>(R * per_row));
-      return b.data();
-    };
-    float *x, *h, *t, *q, *att, *k, *v, *g, *u, *cosb, *sinb;
-    try {
-      x = grow(x_, D), h = grow(h_, D), t = grow(t_, D), q = grow(q_, H * hd);
-      att = grow(att_, H * hd), k = grow(k_, KV * hd), v = grow(v_, KV * hd);
-      g = grow(g_, F), u = grow(u_, F), cosb = grow(cos_, hd), sinb = grow(sin_, hd);
-    } catch (const std::exception& e) {
-      return StatusFromException(e, "ForwardPrompts (workspace)");
-    }
+                  D = config_.hidden;
+    POLYKV_ASSIGN_OR_RETURN(const Workspace ws, GrowWorkspace(R, "ForwardPrompts"));
+    const auto [x, h, t, q, att, k, v, g, u, cosb, sinb] = ws;
     for (int64_t i = 0; i < S; ++i) {
       for (int64_t r = off[i]; r < off[i + 1]; ++r) {
         const int32_t id = prompts[i][static_cast<size_t>(r - off[i])];
