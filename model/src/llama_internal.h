@@ -109,6 +109,11 @@ std::unique_ptr<LlamaModel> MakeMappedLlama(LoadedModel m, const LoadOptions& op
 [[nodiscard]] StatusOr<LoadedModel> LoadModelFiles(const std::string& path,
                                                    const LoadOptions& options);
 
+/// A per-user cache folder of PolyKV: $`env` when set ("0" = none: ""), else
+/// $XDG_CACHE_HOME/polykv/`name`, else $HOME/.cache/polykv/`name`; "" when neither is an
+/// absolute path. Used for the model fingerprints and the packed weights.
+std::string UserCacheDir(const char* env, const char* name);
+
 /// Hex SHA-256 of `prefix` followed by the bytes of each file in order, remembered per user
 /// in $POLYKV_FINGERPRINT_CACHE (default $XDG_CACHE_HOME/polykv/fingerprints, else
 /// ~/.cache/polykv/fingerprints; "0" turns the cache off). An entry is named by a hash of

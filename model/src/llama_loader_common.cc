@@ -169,13 +169,7 @@ std::string HexOf(const unsigned char* md, unsigned len) {
 
 // The fingerprint cache folder ("" = off).
 std::string FingerprintCacheDir() {
-  if (const char* e = std::getenv("POLYKV_FINGERPRINT_CACHE"); e != nullptr && *e != '\0')
-    return std::string_view(e) == "0" ? std::string() : std::string(e);
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x == '/')
-    return absl::StrCat(x, "/polykv/fingerprints");
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h == '/')
-    return absl::StrCat(h, "/.cache/polykv/fingerprints");
-  return std::string();
+  return UserCacheDir("POLYKV_FINGERPRINT_CACHE", "fingerprints");
 }
 
 // The cache entry's name for these files as they are now (see Sha256OfFiles), or "" when a
@@ -229,6 +223,16 @@ StatusOr<std::string> HashFiles(const std::string& prefix, const std::vector<std
 }
 
 }  // namespace
+
+std::string UserCacheDir(const char* env, const char* name) {
+  if (const char* e = std::getenv(env); e != nullptr && *e != '\0')
+    return std::string_view(e) == "0" ? std::string() : std::string(e);
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x == '/')
+    return absl::StrCat(x, "/polykv/", name);
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h == '/')
+    return absl::StrCat(h, "/.cache/polykv/", name);
+  return std::string();
+}
 
 StatusOr<std::string> Sha256OfFiles(const std::string& prefix,
                                     const std::vector<std::string>& paths) {

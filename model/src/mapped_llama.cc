@@ -473,6 +473,21 @@ class MappedLlama final : public LlamaBase {
     }
   }
 
+  // Layer l's attention of every session's rows (kernels::AttentionForwardBatch): one pass
+  // over the shared prefix (null: none) for all of them, each merged with its own tail.
+  Status AttendBatch(const KvPrefix* prefix, int l,
+                     absl::Span<const kernels::AttentionSession> sessions) const {
+    kernels::BatchAttentionArgs ba;
+    ba.prefix = prefix ? &prefix->view : nullptr;
+    if (prefix) ba.prefix_tail = prefix->tail;
+    ba.layer = l;
+    ba.heads = static_cast<int32_t>(config_.heads);
+    ba.kv_heads = static_cast<int32_t>(config_.kv_heads);
+    ba.head_dim = static_cast<int32_t>(config_.head_dim);
+    ba.sessions = sessions;
+    return kernels::AttentionForwardBatch(ba);
+  }
+
   // Session i's cache checked against the model, with room for `more` positions; errors
   // name the session.
   Status CheckSessionCache(KvCache& c, int64_t i, int64_t more) const {
@@ -517,15 +532,7 @@ class MappedLlama final : public LlamaBase {
         a.q = q + i * H * hd;
         a.out = att + i * H * hd;
       }
-      kernels::BatchAttentionArgs ba;
-      ba.prefix = prefix ? &prefix->view : nullptr;
-      if (prefix) ba.prefix_tail = prefix->tail;
-      ba.layer = l;
-      ba.heads = static_cast<int32_t>(H);
-      ba.kv_heads = static_cast<int32_t>(KV);
-      ba.head_dim = static_cast<int32_t>(hd);
-      ba.sessions = sessions;
-      POLYKV_RETURN_IF_ERROR(kernels::AttentionForwardBatch(ba));
+      POLYKV_RETURN_IF_ERROR(AttendBatch(prefix.get(), l, sessions));
       POLYKV_RETURN_IF_ERROR(FinishLayer(lw, att, S, x, h, t, g, u));
     }
     // The step read the shared prefix: its results count only while the prefix is valid.
@@ -594,15 +601,7 @@ class MappedLlama final : public LlamaBase {
         a.q = q + off[i] * H * hd;
         a.out = att + off[i] * H * hd;
       }
-      kernels::BatchAttentionArgs ba;
-      ba.prefix = prefix ? &prefix->view : nullptr;
-      if (prefix) ba.prefix_tail = prefix->tail;
-      ba.layer = l;
-      ba.heads = static_cast<int32_t>(H);
-      ba.kv_heads = static_cast<int32_t>(KV);
-      ba.head_dim = static_cast<int32_t>(hd);
-      ba.sessions = sessions;
-      POLYKV_RETURN_IF_ERROR(kernels::AttentionForwardBatch(ba));
+      POLYKV_RETURN_IF_ERROR(AttendBatch(prefix.get(), l, sessions));
       POLYKV_RETURN_IF_ERROR(FinishLayer(lw, att, R, x, h, t, g, u));
     }
     // The forward read the shared prefix: its results count only while the prefix is valid.

@@ -8,10 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <new>
-#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -184,15 +182,7 @@ StatusOr<const uint8_t*> Create(const std::string& path, const Header& h,
 
 }  // namespace
 
-std::string PackedWeightsDir() {
-  if (const char* e = std::getenv("POLYKV_PACKED_CACHE"); e != nullptr && *e != '\0')
-    return std::string_view(e) == "0" ? std::string() : std::string(e);
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x == '/')
-    return absl::StrCat(x, "/polykv/packed");
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h == '/')
-    return absl::StrCat(h, "/.cache/polykv/packed");
-  return std::string();
-}
+std::string PackedWeightsDir() { return UserCacheDir("POLYKV_PACKED_CACHE", "packed"); }
 
 StatusOr<std::string> AttachPackedWeights(MappedWeights& w, const std::string& fingerprint,
                                           const std::string& dir) {
