@@ -55,6 +55,12 @@ std::vector<float>& ThreadScratch() {
   return s;
 }
 
+// Per-thread outputs of one chunk task (m, l, o), or one merge's accumulator.
+std::vector<float>& ThreadChunkOutputs() {
+  thread_local std::vector<float> s;
+  return s;
+}
+
 std::vector<int8_t>& ThreadKeyScratch() {
   thread_local std::vector<int8_t> s;
   return s;
@@ -196,6 +202,19 @@ StatusOr<attn::ChunkFn> ChunkForOptions(const AttentionOptions& opt) {
   return ChunkFor(isa);
 }
 
+// Whether int8 keys score on AMX-INT8 tiles (AttentionOptions::amx): only in the avx512
+// build of the chunk, where the CPU and OS hand out the tiles.
+StatusOr<bool> IntScoresForOptions(const AttentionOptions& opt) {
+  const bool avx512 =
+      opt.isa < 0 ? BestIsa() == Isa::kAvx512 : opt.isa == static_cast<int>(Isa::kAvx512);
+  const bool can = avx512 && AmxInt8Supported();
+  if (opt.amx == 1 && !can)
+    return absl::FailedPreconditionError(
+        "attention: AMX integer scores requested (amx = 1) but the ISA is not avx512 or this "
+        "CPU/OS has no AMX-INT8 tiles");
+  return opt.amx != 0 && can;
+}
+
 // The key scale that multiplies element d of KV head kvh's queries against a segment (int8
 // keys: the segment's per-tensor, per-head or per-channel scale; 1 otherwise).
 float KeyScaleOf(const PrefixView& view, const PrefixLayer& pl, bool k8, int kvh, int hd, int d) {
@@ -241,14 +260,18 @@ struct AttnSession {
 // the inverse rotation, the session's suffix states in position order (Merge).
 class CpuAttentionRun {
  public:
-  CpuAttentionRun(int32_t layer, int32_t heads, int32_t kv_heads, int32_t hd, attn::ChunkFn chunk)
+  // int_scores: int8 keys score on integer codes (ChunkArgs::q_codes) where the head_dim
+  // allows it (kIntScoreMaxHeadDim, a multiple of 8).
+  CpuAttentionRun(int32_t layer, int32_t heads, int32_t kv_heads, int32_t hd, attn::ChunkFn chunk,
+                  bool int_scores)
       : layer_(layer),
         heads_(heads),
         kv_heads_(kv_heads),
         hd_(hd),
         G_(heads / kv_heads),
         softmax_scale_(1.0f / std::sqrt(static_cast<float>(hd))),
-        chunk_(chunk) {}
+        chunk_(chunk),
+        int_scores_(int_scores && hd % 8 == 0 && hd <= attn::kIntScoreMaxHeadDim) {}
 
   // Per segment: its layer, length, first chunk task, codebook and packed sizes.
   Status PlanSegments(const std::vector<const PrefixView*>& segs);
@@ -294,6 +317,7 @@ class CpuAttentionRun {
   const int G_;
   const float softmax_scale_;
   const attn::ChunkFn chunk_;
+  bool int_scores_;  // and k8_ (PlanSegments)
   bool k8_ = false;
   const PrefixView* pv_ = nullptr;
   std::vector<AttnSegment> seg_;
@@ -304,6 +328,9 @@ class CpuAttentionRun {
   std::vector<int32_t> q_sess_;     // stacked query -> session
   size_t q_floats_ = 0;
   std::vector<float> qs_, qp_;  // suffix queries, one prefix copy per segment
+  // int_scores_: qp_'s rows as integer codes (QuantizeQueryCodes) and their scales.
+  std::vector<int8_t> qcodes_;
+  std::vector<float> qcode_scale_;
   std::vector<int64_t> lim_suffix_, lim_prefix_;
   int64_t prefix_states_ = 0;
   std::vector<float> states_;
@@ -315,6 +342,7 @@ class CpuAttentionRun {
 Status CpuAttentionRun::PlanSegments(const std::vector<const PrefixView*>& segs) {
   pv_ = segs.empty() ? nullptr : segs.front();
   k8_ = pv_ != nullptr && pv_->codec == PrefixCodec::kK8V;
+  int_scores_ = int_scores_ && k8_;
   seg_.resize(segs.size());
   for (size_t s = 0; s < segs.size(); ++s) {
     AttnSegment& g = seg_[s];
@@ -402,6 +430,15 @@ void CpuAttentionRun::ScaleQueries() {
 
 void CpuAttentionRun::Prepare() {
   ScaleQueries();
+  if (int_scores_) {
+    const int64_t rows = static_cast<int64_t>(q_floats_ / hd_ * seg_.size());
+    const int64_t rb = attn::kQueryCodeLevels * attn::QueryCodeRowBytes(hd_);
+    qcodes_.resize(static_cast<size_t>(rows * rb));
+    qcode_scale_.resize(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r)
+      attn::QuantizeQueryCodes(qp_.data() + r * hd_, hd_, qcodes_.data() + r * rb,
+                               qcode_scale_.data() + r);
+  }
   prefix_states_ = kv_heads_ * pc_ * nq_total_;
   states_.resize(
       static_cast<size_t>((prefix_states_ + kv_heads_ * suffix_states_) * (hd_ + kStateScalars)));
@@ -421,6 +458,11 @@ void CpuAttentionRun::PrefixChunk(int64_t kvh, int64_t task, attn::ChunkArgs& c)
   const int64_t Ps = g.tokens;
   const int hd = hd_;
   c.q = qp_.data() + s * q_floats_ + kvh * nq_total_ * hd;
+  if (int_scores_) {
+    const int64_t row = static_cast<int64_t>(s * q_floats_ / hd) + kvh * nq_total_;
+    c.q_codes = qcodes_.data() + row * attn::kQueryCodeLevels * attn::QueryCodeRowBytes(hd);
+    c.q_code_scale = qcode_scale_.data() + row;
+  }
   c.limit = lim_prefix_.data();
   c.transposed = static_cast<int32_t>(tq_);
   c.t0 = (task - g.first_task) * C;
@@ -486,27 +528,30 @@ void CpuAttentionRun::RunTask(int64_t flat) {
   c.hd = hd;
   const AttnSession* x = task < pc_ ? nullptr : &ss_[static_cast<size_t>(task_sess_[task - pc_])];
   c.nq = x == nullptr ? static_cast<int>(nq_total_) : x->nq;
-  std::vector<float> m(c.nq), l(c.nq);
-  std::vector<float> o(static_cast<size_t>(c.nq) * hd);
-  c.m = m.data();
-  c.l = l.data();
-  c.o = o.data();
+  // m, l and o of the chunk's queries (per-thread buffers: a step runs thousands of tasks).
+  std::vector<float>& outs = ThreadChunkOutputs();
+  if (outs.size() < static_cast<size_t>(c.nq) * (hd + 2))
+    outs.resize(static_cast<size_t>(c.nq) * (hd + 2));
+  c.m = outs.data();
+  c.l = c.m + c.nq;
+  c.o = c.l + c.nq;
   if (x == nullptr)
     PrefixChunk(kvh, task, c);
   else
     SuffixChunk(kvh, *x, task, c);
   std::vector<float>& scratch = ThreadScratch();
-  const size_t need = static_cast<size_t>((c.t1 - c.t0) * (3 * hd + c.nq) + 16 * hd);
+  const size_t need =
+      static_cast<size_t>((c.t1 - c.t0) * (3 * hd + c.nq) + 16 * hd +
+                          (c.q_codes != nullptr ? attn::AmxKeyTileFloats(c.t1 - c.t0, hd) : 0));
   if (scratch.size() < need) scratch.resize(need);
   c.scratch = scratch.data();
   chunk_(c);
   for (int j = 0; j < c.nq; ++j) {
     float* st =
         x == nullptr ? PrefixState(kvh, task, j) : SuffixState(kvh, *x, task - x->first_task, j);
-    st[0] = m[j];
-    st[1] = l[j];
-    std::copy(o.begin() + static_cast<int64_t>(j) * hd,
-              o.begin() + static_cast<int64_t>(j + 1) * hd, st + 2);
+    st[0] = c.m[j];
+    st[1] = c.l[j];
+    std::copy(c.o + static_cast<int64_t>(j) * hd, c.o + static_cast<int64_t>(j + 1) * hd, st + 2);
   }
 }
 
@@ -516,14 +561,17 @@ void CpuAttentionRun::Merge(int64_t flat) {
   const int64_t kvh = flat / nq_total_, j = flat % nq_total_;
   const AttnSession& x = ss_[static_cast<size_t>(q_sess_[j])];
   const int64_t jl = j - x.qoff;
-  std::vector<float> acc(hd);
-  AttentionState s{-std::numeric_limits<float>::infinity(), 0.0f, acc.data()};
+  std::vector<float>& merged = ThreadChunkOutputs();
+  if (merged.size() < static_cast<size_t>(hd)) merged.resize(static_cast<size_t>(hd));
+  float* acc = merged.data();
+  std::fill(acc, acc + hd, 0.0f);
+  AttentionState s{-std::numeric_limits<float>::infinity(), 0.0f, acc};
   for (int64_t t = 0; t < pc_; ++t) {
     float* st = PrefixState(kvh, t, j);
     MergeAttentionState(s, AttentionState{st[0], st[1], st + 2}, hd);
   }
   if (k8_ && s.l > 0) {  // back from the rotated code domain, once per output vector
-    math::BlockFwht(acc.data(), hd, block_);
+    math::BlockFwht(acc, hd, block_);
     for (int i = 0; i < hd; ++i) acc[i] = acc[i] * signs_[i] * unrot_scale_;
   }
   for (int64_t t = 0; t < x.sc; ++t) {
@@ -541,7 +589,8 @@ Status CpuAttention(const std::vector<const PrefixView*>& segs, int32_t layer, i
                     int32_t kv_heads, int32_t hd, absl::Span<const AttentionSession> sessions,
                     const AttentionOptions& opt) {
   POLYKV_ASSIGN_OR_RETURN(const attn::ChunkFn chunk, ChunkForOptions(opt));
-  CpuAttentionRun run(layer, heads, kv_heads, hd, chunk);
+  POLYKV_ASSIGN_OR_RETURN(const bool int_scores, IntScoresForOptions(opt));
+  CpuAttentionRun run(layer, heads, kv_heads, hd, chunk, int_scores);
   POLYKV_RETURN_IF_ERROR(run.PlanSegments(segs));
   run.StackSessions(sessions);
   run.Prepare();

@@ -31,8 +31,15 @@ struct ChunkArgs {
   /// tiles (the two paths sum in different orders); -1 = all of them iff
   /// nq >= kTransposedQueries (one call's choice). Other ISAs ignore it.
   int32_t transposed = -1;
+  /// Integer prefix scores (int8 keys, the AVX-512 build on AMX-INT8 tiles; null: f32
+  /// scores): query j as kQueryCodeLevels rows of int8 codes at q_codes + j * kQueryCodeLevels
+  /// * QueryCodeRowBytes(hd) (QuantizeQueryCodes) and its scale q_code_scale[j]; `q` is then
+  /// not read for the scores.
+  const int8_t* q_codes = nullptr;
+  const float* q_code_scale = nullptr;
   /// >= (t1 - t0) * (3 * hd + nq) + 16 * hd floats: keys, values and scores of the chunk,
-  /// and the keys transposed (AVX-512, many queries)
+  /// and the keys transposed (AVX-512, many queries); with q_codes, AmxKeyTileFloats(t1 -
+  /// t0, hd) more (the keys in the tiles' layout).
   float* scratch = nullptr;
   // Outputs per query j: max score m[j], sum l[j], o[j * hd] = normalized output
   // (packed values: in the rotated code domain, sum p_t norm_t levels[code_t] / l).
@@ -44,6 +51,32 @@ struct ChunkArgs {
 /// Query rows per chunk from which the AVX-512 build scores on transposed keys (an agent's
 /// prompt: its rows x the GQA group); below it (decode: one row x the group) key-row tiles.
 inline constexpr int kTransposedQueries = 12;
+
+/// Integer scores (ChunkArgs::q_codes): a query q (already scaled) is held as three int8 code
+/// rows, q ~= scale (16384 q1 + 128 q2 + q3) with scale = max|q| / 127 / 16384, q1 in
+/// [-127, 127] and q2, q3 in [-64, 64] (|error| <= max|q| / 127 / 32768 per element, near
+/// f32's precision); a score against int8 key codes k is then ((128 C1 + C2) 128 + C3) scale
+/// in f32 from the exact integer dot products C_i = q_i . k (AMX-INT8 tdpbssd; |C_i| <= 127 *
+/// 127 * head_dim fits int32 and is exact in f32), in that order.
+inline constexpr int kQueryCodeLevels = 3;
+/// Largest head_dim of integer scores (and a multiple of 8 is required).
+inline constexpr int kIntScoreMaxHeadDim = 256;
+/// Bytes of one query code row: head_dim rounded up to a tile row (64 bytes), zero padded.
+int QueryCodeRowBytes(int hd);
+/// codes [kQueryCodeLevels][QueryCodeRowBytes(hd)] and *scale of query q[hd] (see above;
+/// all-zero q: zero codes and scale; a non-finite element: zero codes, scale NaN, so its
+/// scores are NaN as f32 scores would be).
+void QuantizeQueryCodes(const float* q, int hd, int8_t* codes, float* scale);
+/// One integer score (the reference of ScoresAmxI8, bit for bit): query codes as above
+/// against one key's int8 codes.
+float ScoreI8(const int8_t* codes, float scale, const int8_t* key, int hd);
+/// Floats of scratch the integer scores of `tokens` keys use (their tile layout).
+int64_t AmxKeyTileFloats(int64_t tokens, int hd);
+/// AMX-INT8 integer scores (attention_amx.cc; call only where AmxInt8Supported()):
+/// s[j * ss + t] for queries j < nq (codes and scales as ChunkArgs::q_codes) and int8 keys
+/// t < tk at keys + t * hd; key_tiles: AmxKeyTileFloats(tk, hd) floats of scratch.
+void ScoresAmxI8(const int8_t* q_codes, const float* q_code_scale, int nq, const int8_t* keys,
+                 int64_t tk, int hd, float* s, int64_t ss, void* key_tiles);
 
 using ChunkFn = void (*)(const ChunkArgs&);
 

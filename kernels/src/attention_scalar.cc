@@ -52,6 +52,52 @@ void ValueAt(const ChunkArgs& a, int64_t t, float* out) {
 
 }  // namespace
 
+int QueryCodeRowBytes(int hd) { return (hd + 63) / 64 * 64; }
+
+int64_t AmxKeyTileFloats(int64_t tokens, int hd) {
+  // Per group of 16 keys, one 16 x 64-byte tile per 64 elements of head_dim.
+  return (tokens + 15) / 16 * (QueryCodeRowBytes(hd) / 64) * 256;
+}
+
+void QuantizeQueryCodes(const float* q, int hd, int8_t* codes, float* scale) {
+  const int rb = QueryCodeRowBytes(hd);
+  std::memset(codes, 0, static_cast<size_t>(kQueryCodeLevels) * rb);
+  float amax = 0.0f;
+  for (int i = 0; i < hd; ++i) amax = std::fmax(amax, std::fabs(q[i]));
+  for (int i = 0; i < hd; ++i)
+    if (!std::isfinite(q[i])) amax = std::numeric_limits<float>::quiet_NaN();
+  if (!(amax > 0.0f) || !std::isfinite(amax)) {
+    *scale = amax == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  // q1 in [-127, 127] units of step, then two residual levels of step / 128 and step /
+  // 16384: each residual is in [-0.5, 0.5] of its unit, so its code is in [-64, 64] (no clamp).
+  const double step = static_cast<double>(amax) / 127.0;
+  for (int i = 0; i < hd; ++i) {
+    const double x = static_cast<double>(q[i]) / step;  // |x| <= 127
+    const double c1 = std::nearbyint(x);
+    const double r1 = (x - c1) * 128.0;
+    const double c2 = std::nearbyint(r1);
+    const double c3 = std::nearbyint((r1 - c2) * 128.0);
+    codes[i] = static_cast<int8_t>(c1);
+    codes[rb + i] = static_cast<int8_t>(c2);
+    codes[2 * rb + i] = static_cast<int8_t>(c3);
+  }
+  *scale = static_cast<float>(step / 16384.0);
+}
+
+float ScoreI8(const int8_t* codes, float scale, const int8_t* key, int hd) {
+  const int rb = QueryCodeRowBytes(hd);
+  int32_t c[kQueryCodeLevels] = {0, 0, 0};
+  for (int l = 0; l < kQueryCodeLevels; ++l)
+    for (int i = 0; i < hd; ++i) c[l] += int32_t{codes[l * rb + i]} * int32_t{key[i]};
+  float f = static_cast<float>(c[0]) * 128.0f;
+  f = f + static_cast<float>(c[1]);
+  f = f * 128.0f;
+  f = f + static_cast<float>(c[2]);
+  return f * scale;
+}
+
 void ChunkScalar(const ChunkArgs& a) {
   const int hd = a.hd;
   float vbuf[512];
@@ -69,7 +115,13 @@ void ChunkScalar(const ChunkArgs& a) {
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t t = a.t0; t < end; ++t) {
       float acc = 0.0f;
-      for (int i = 0; i < hd; ++i) acc += q[i] * KeyAt(a, t, i);
+      if (a.q_codes != nullptr && a.key_kind == kKeyI8) {
+        acc =
+            ScoreI8(a.q_codes + static_cast<int64_t>(j) * kQueryCodeLevels * QueryCodeRowBytes(hd),
+                    a.q_code_scale[j], static_cast<const int8_t*>(a.k) + t * hd, hd);
+      } else {
+        for (int i = 0; i < hd; ++i) acc += q[i] * KeyAt(a, t, i);
+      }
       s[t - a.t0] = acc;
       m = acc > m ? acc : m;
     }

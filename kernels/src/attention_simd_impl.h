@@ -20,6 +20,9 @@
 
 #include "attention_internal.h"
 #include "avx2_math.h"
+#ifdef __AVX512F__
+#include "avx512_math.h"
+#endif
 
 namespace polykv::kernels::attn {
 namespace {
@@ -28,6 +31,9 @@ using simd::Exp1;
 using simd::Exp8;
 using simd::Hmax8;
 using simd::Hsum8;
+#ifdef __AVX512F__
+using simd::Transpose16;
+#endif
 
 // 8 dot-product accumulators -> one vector of their 8 sums.
 inline __m256 Reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
@@ -159,32 +165,6 @@ struct Vec16 {
 // order and no horizontal reductions; the keys' transposition is shared by the queries.
 // Below it (decode: one row x the group) the key-row tiles above stay cheaper.
 
-// 16 x 16 f32 transpose in registers: r[i] = row i on entry, column i on return.
-inline void Transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int k = 0; k < 8; ++k) {
-    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-  }
-  for (int k = 0; k < 4; ++k) {
-    const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 1]),
-                  c = _mm512_castps_pd(t[4 * k + 2]), d = _mm512_castps_pd(t[4 * k + 3]);
-    r[4 * k + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-    r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-    r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
-  for (int k = 0; k < 2; ++k)
-    for (int c = 0; c < 4; ++c) {
-      t[8 * k + c] = _mm512_shuffle_f32x4(r[8 * k + c], r[8 * k + 4 + c], 0x88);
-      t[8 * k + 4 + c] = _mm512_shuffle_f32x4(r[8 * k + c], r[8 * k + 4 + c], 0xdd);
-    }
-  for (int c = 0; c < 8; ++c) {
-    r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
-    r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
-  }
-}
-
 // kt[i * tp + t] = k[t * hd + i] for t < tk (zero for tk <= t < tp, tp = tk rounded up to 16).
 inline void TransposeKeys(const float* k, int hd, int64_t tk, float* kt, int64_t tp) {
   for (int64_t t = 0; t < tp; t += 16) {
@@ -303,7 +283,8 @@ inline void WithCount(int n, F&& f) {
   }
 }
 
-// The chunk on vectors of V::W lanes (hd % V::W == 0), keys and values already f32.
+// The chunk on vectors of V::W lanes (hd % V::W == 0), keys and values already f32; kf null:
+// integer scores of the int8 keys (ChunkArgs::q_codes) on AMX tiles.
 template <class V>
 void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbuf) {
   const int hd = a.hd;
@@ -323,14 +304,21 @@ void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbu
     ends[j] = e;
     tmax = e > tmax ? e : tmax;
   }
-  // Scores s[j][t] for t < tmax: queries [0, tq) on transposed keys (AVX-512), the others
-  // on key-row tiles.
+  // Scores s[j][t] for t < tmax: integer tiles (AMX), or queries [0, tq) on transposed keys
+  // (AVX-512) and the others on key-row tiles.
   int j0 = 0;
+#if defined(__AVX512F__) && defined(POLYKV_HAVE_AMX_KERNELS)
+  if (kf == nullptr) {
+    ScoresAmxI8(a.q_codes, a.q_code_scale, a.nq, static_cast<const int8_t*>(a.k) + a.t0 * hd, tmax,
+                hd, sbuf, T, sbuf + static_cast<int64_t>(a.nq) * T + T * hd + 16 * hd);
+    j0 = a.nq;
+  }
+#endif
 #ifdef __AVX512F__
   if constexpr (V::W == 16) {
     const int tq = a.transposed < 0 ? (a.nq >= kTransposedQueries ? a.nq : 0)
                                     : (a.transposed < a.nq ? a.transposed : a.nq);
-    if (tq > 0) {
+    if (tq > 0 && j0 == 0) {
       float* kt = sbuf + static_cast<int64_t>(a.nq) * T;  // scratch after the scores
       const int64_t tp = (tmax + 15) / 16 * 16;
       TransposeKeys(kf, hd, tmax, kt, tp);
@@ -452,24 +440,24 @@ void ChunkSimd(const ChunkArgs& a) {
   float* vbuf = a.scratch + T * hd;
   float* sbuf = a.scratch + 2 * T * hd;
 
-  // Keys of the chunk as f32 [T][hd].
-  const float* kf;
-  switch (a.key_kind) {
-    case kKeyF32:
-      kf = static_cast<const float*>(a.k) + a.t0 * hd;
-      break;
-    case kKeyF16:
-      ConvertKeys<kKeyF16>(a.k, a.t0, T, hd, kbuf);
-      kf = kbuf;
-      break;
-    case kKeyBf16:
-      ConvertKeys<kKeyBf16>(a.k, a.t0, T, hd, kbuf);
-      kf = kbuf;
-      break;
-    default:
-      ConvertKeys<kKeyI8>(a.k, a.t0, T, hd, kbuf);
-      kf = kbuf;
-      break;
+  // Keys of the chunk as f32 [T][hd] (none for integer scores on AMX tiles).
+  const float* kf = nullptr;
+#if defined(__AVX512F__) && defined(POLYKV_HAVE_AMX_KERNELS)
+  const bool int_scores = a.q_codes != nullptr && a.key_kind == kKeyI8;
+#else
+  const bool int_scores = false;
+#endif
+  if (a.key_kind == kKeyF32) {
+    kf = static_cast<const float*>(a.k) + a.t0 * hd;
+  } else if (a.key_kind == kKeyF16) {
+    ConvertKeys<kKeyF16>(a.k, a.t0, T, hd, kbuf);
+    kf = kbuf;
+  } else if (a.key_kind == kKeyBf16) {
+    ConvertKeys<kKeyBf16>(a.k, a.t0, T, hd, kbuf);
+    kf = kbuf;
+  } else if (!int_scores) {
+    ConvertKeys<kKeyI8>(a.k, a.t0, T, hd, kbuf);
+    kf = kbuf;
   }
   // Values of the chunk as f32 [T][hd].
   const float* vf;

@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "polykv/kernels/codec.h"
@@ -26,14 +27,15 @@ using testing::kKeyScaleModes;
 using testing::MaxAbsError;
 using testing::SuffixArgs;
 
-// AttentionForward(a) on `isa` with `threads` into `out`, first filled with 1e30 so that a
-// value it does not write shows.
-void ForwardOn(AttentionArgs a, Isa isa, int threads, std::vector<float>* out) {
+// AttentionForward(a) on `isa` with `threads` (and AttentionOptions::amx) into `out`, first
+// filled with 1e30 so that a value it does not write shows.
+void ForwardOn(AttentionArgs a, Isa isa, int threads, std::vector<float>* out, int amx = -1) {
   std::fill(out->begin(), out->end(), 1e30f);
   a.out = out->data();
   AttentionOptions o;
   o.isa = static_cast<int>(isa);
   o.threads = threads;
+  o.amx = amx;
   ASSERT_TRUE(AttentionForward(a, o).ok());
 }
 
@@ -524,19 +526,27 @@ std::vector<TestSession> MakeSessions(const std::vector<std::pair<int64_t, int64
 }
 
 // Every session's output of AttentionForwardBatch equals its own AttentionForward call bit for
-// bit, on every ISA and for 1 and 2 threads; a session with n = 0 is left untouched.
+// bit, on every ISA (avx512: with and without the AMX integer scores of int8 keys) and for 1
+// and 2 threads; a session with n = 0 is left untouched.
 void CheckBatch(const std::vector<PrefixView>& segments, int heads, int kvh, int hd,
                 std::vector<TestSession>& sess) {
   const PrefixView* prefix = segments.empty() ? nullptr : &segments[0];
   const absl::Span<const PrefixView> tail = segments.size() > 1
                                                 ? absl::MakeConstSpan(segments).subspan(1)
                                                 : absl::Span<const PrefixView>();
+  std::vector<std::pair<Isa, int>> runs;  // (ISA, AttentionOptions::amx)
   for (Isa isa : SupportedIsas()) {
+    runs.push_back({isa, -1});
+    if (isa == Isa::kAvx512 && AmxInt8Supported()) runs.push_back({isa, 0});
+  }
+  for (const auto& [isa, amx] : runs) {
     for (int threads : {1, 2}) {
-      SCOPED_TRACE(::testing::Message() << IsaName(isa) << " threads " << threads);
+      SCOPED_TRACE(::testing::Message()
+                   << IsaName(isa) << " amx " << amx << " threads " << threads);
       AttentionOptions o;
       o.isa = static_cast<int>(isa);
       o.threads = threads;
+      o.amx = amx;
       std::vector<std::vector<float>> separate(sess.size());
       std::vector<AttentionSession> bs(sess.size());
       for (size_t i = 0; i < sess.size(); ++i) {
@@ -551,7 +561,7 @@ void CheckBatch(const std::vector<PrefixView>& segments, int heads, int kvh, int
         a.prefix = prefix;
         a.prefix_tail = tail;
         separate[i].resize(out_size);
-        ASSERT_NO_FATAL_FAILURE(ForwardOn(a, isa, threads, &separate[i]));
+        ASSERT_NO_FATAL_FAILURE(ForwardOn(a, isa, threads, &separate[i], amx));
       }
       BatchAttentionArgs b = BatchArgs(heads, kvh, hd, bs);
       b.prefix = prefix;

@@ -117,6 +117,12 @@ struct AttentionArgs {
 struct AttentionOptions {
   int isa = -1;     ///< as MatMulOptions::isa: -1 = BestIsa()
   int threads = 0;  ///< 0 = ComputeThreads()
+  /// Scores of int8 prefix keys (the K8V codec) on AMX-INT8 tiles, from the queries held as
+  /// three int8 code rows (|query error| <= max|q| / 2^22 per element): -1
+  /// (auto) where the ISA is avx512 and AmxInt8Supported(), 0 never (f32 scores), 1 required
+  /// (kFailedPrecondition where unavailable). Either way a score depends only on its query
+  /// and key, so a batched call equals separate calls bit for bit.
+  int amx = -1;
   /// kCuda: every pointer of the args and of the prefix view is device memory; the kernels
   /// run on `stream` (asynchronously) with the same math (kernels/cuda/attention_kernels.cu).
   Device device = Device::kCpu;
