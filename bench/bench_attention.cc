@@ -220,7 +220,10 @@ bool MakePool(BenchPool& p, const std::string& name, int layers, int64_t tokens,
   return true;
 }
 
-int BatchTable(int reps, int sessions, int64_t tokens, int layers) {
+// `only_pool` / `only_isa`: one pool / ISA (empty: all); `batched_only`: without the
+// separate calls (for profiling the batched step).
+int BatchTable(int reps, int sessions, int64_t tokens, int layers, const std::string& only_pool,
+               const std::string& only_isa, bool batched_only) {
   std::printf(
       "\nbatched decode step: %d sessions x 1 query row over one %lld-token pool, %d layers, "
       "%d heads / %d KV heads, head_dim %d, private suffixes of 21..%d tokens, 1 thread, "
@@ -258,12 +261,14 @@ int BatchTable(int reps, int sessions, int64_t tokens, int layers) {
   std::printf("%-9s %-7s %-24s %10s %12s %14s %10s\n", "pool", "isa", "step", "ms/step",
               "tok/s attn", "prefix MiB/step", "vs agents");
   for (const BenchPool& p : pools) {
+    if (!only_pool.empty() && p.name != only_pool) continue;
     double pool_bytes = 0;
     {
       PrefixView one = p.view;  // LayerBytes averages over the layers: x layers = the pool
       pool_bytes = static_cast<double>(one.LayerBytes()) * layers;
     }
     for (Isa isa : SupportedIsas()) {
+      if (!only_isa.empty() && only_isa != IsaName(isa)) continue;
       AttentionOptions o;
       o.isa = static_cast<int>(isa);
       o.threads = 1;
@@ -284,11 +289,11 @@ int BatchTable(int reps, int sessions, int64_t tokens, int layers) {
         return a;
       };
       bool ok = true;
-      const double agents = Median(reps, [&] {
+      const double agents = batched_only ? 0.0 : Median(reps, [&] {
         for (int s = 0; s < sessions; ++s)
           for (int l = 0; l < layers; ++l) ok = ok && AttentionForward(args_of(s, l), o).ok();
       });
-      const double layer_major = Median(reps, [&] {
+      const double layer_major = batched_only ? 0.0 : Median(reps, [&] {
         for (int l = 0; l < layers; ++l)
           for (int s = 0; s < sessions; ++s) ok = ok && AttentionForward(args_of(s, l), o).ok();
       });
@@ -319,7 +324,7 @@ int BatchTable(int reps, int sessions, int64_t tokens, int layers) {
         std::fprintf(stderr, "error: attention failed\n");
         return 1;
       }
-      for (int s = 0; s < sessions; ++s)
+      for (int s = 0; s < sessions && !batched_only; ++s)
         for (int l = 0; l < layers; ++l)
           if (ss[s].out[l] != expect[s * layers + l]) {
             std::fprintf(stderr, "error: batched output of session %d layer %d differs\n", s, l);
@@ -352,10 +357,17 @@ int main(int argc, char** argv) {
   app.add_option("--sessions", sessions, "batch: sessions per step")->check(CLI::Range(1, 4096));
   app.add_option("--tokens", tokens, "batch: pool tokens")->check(CLI::Range(1, 1 << 20));
   app.add_option("--layers", layers, "batch: layers")->check(CLI::Range(1, 256));
+  std::string only_pool, only_isa;
+  app.add_option("--pool", only_pool, "batch: only this pool (k8v3, default, none-f16)");
+  app.add_option("--isa", only_isa, "batch: only this ISA (scalar, avx2, avx512)");
+  bool batched_only = false;
+  app.add_flag("--batched-only", batched_only,
+               "batch: time only the batched step (no separate calls, no equality check)");
   CLI11_PARSE(app, argc, argv);
   SetComputeThreads(1);
   if (table != "batch" && SingleTable(reps) != 0) return 1;
-  if (table != "single" && BatchTable(std::max(3, reps / 3), sessions, tokens, layers) != 0)
+  if (table != "single" && BatchTable(std::max(3, reps / 3), sessions, tokens, layers, only_pool,
+                                      only_isa, batched_only) != 0)
     return 1;
   return 0;
 }

@@ -320,21 +320,40 @@ class CpuAttentionRun {
   bool int_scores_;  // and k8_ (PlanSegments)
   bool k8_ = false;
   const PrefixView* pv_ = nullptr;
-  std::vector<AttnSegment> seg_;
+  // The buffers below are the calling thread's (Buffers::Get(), reused: a decode step makes
+  // one call per layer), every element written before it is read.
+  struct Buffers {
+    std::vector<AttnSegment> seg;
+    std::vector<AttnSession> ss;
+    std::vector<int32_t> task_sess, q_sess;
+    std::vector<float> qs, qp, qcode_scale, states, signs, key_scales;
+    std::vector<int8_t> qcodes;
+    std::vector<int64_t> lim_suffix, lim_prefix;
+    static Buffers& Get() {
+      thread_local Buffers b;
+      b.seg.clear();
+      b.ss.clear();
+      return b;
+    }
+  };
+  Buffers& b_ = Buffers::Get();
+  std::vector<AttnSegment>& seg_ = b_.seg;
   int64_t P_ = 0, pc_ = 0;  // prefix tokens and chunks
-  std::vector<AttnSession> ss_;
+  std::vector<AttnSession>& ss_ = b_.ss;
   int64_t nq_total_ = 0, tq_ = 0, tasks_per_head_ = 0, suffix_states_ = 0, suffix_work_ = 0;
-  std::vector<int32_t> task_sess_;  // suffix task - pc -> session
-  std::vector<int32_t> q_sess_;     // stacked query -> session
+  std::vector<int32_t>& task_sess_ = b_.task_sess;  // suffix task - pc -> session
+  std::vector<int32_t>& q_sess_ = b_.q_sess;        // stacked query -> session
   size_t q_floats_ = 0;
-  std::vector<float> qs_, qp_;  // suffix queries, one prefix copy per segment
+  std::vector<float>& qs_ = b_.qs;  // suffix queries
+  std::vector<float>& qp_ = b_.qp;  // one prefix copy per segment
   // int_scores_: qp_'s rows as integer codes (QuantizeQueryCodes) and their scales.
-  std::vector<int8_t> qcodes_;
-  std::vector<float> qcode_scale_;
-  std::vector<int64_t> lim_suffix_, lim_prefix_;
+  std::vector<int8_t>& qcodes_ = b_.qcodes;
+  std::vector<float>& qcode_scale_ = b_.qcode_scale;
+  std::vector<int64_t>& lim_suffix_ = b_.lim_suffix;
+  std::vector<int64_t>& lim_prefix_ = b_.lim_prefix;
   int64_t prefix_states_ = 0;
-  std::vector<float> states_;
-  std::vector<float> signs_;
+  std::vector<float>& states_ = b_.states;
+  std::vector<float>& signs_ = b_.signs;
   int block_ = 1;
   float unrot_scale_ = 1.0f;
 };
@@ -405,6 +424,14 @@ void CpuAttentionRun::ScaleQueries() {
   qp_.resize(q_floats_ * seg_.size());
   lim_suffix_.resize(nqt);
   lim_prefix_.assign(nqt, P_);
+  // Key scales per segment and KV head, element d at [(s * kv_heads + kvh) * hd + d].
+  std::vector<float>& ks = b_.key_scales;
+  ks.resize(seg_.size() * kv_heads_ * hd_);
+  for (size_t s = 0; s < seg_.size(); ++s)
+    for (int kvh = 0; kvh < kv_heads_; ++kvh)
+      for (int d = 0; d < hd_; ++d)
+        ks[(s * kv_heads_ + kvh) * hd_ + d] =
+            KeyScaleOf(*seg_[s].view, *seg_[s].layer, k8_, kvh, hd_, d);
   for (const AttnSession& x : ss_) {
     const AttentionSession& a = *x.s;
     for (int64_t i = 0; i < a.n; ++i)
@@ -418,9 +445,8 @@ void CpuAttentionRun::ScaleQueries() {
           for (int d = 0; d < hd_; ++d) ds[d] = src[d] * softmax_scale_;
           for (size_t s = 0; s < seg_.size(); ++s) {
             float* dp = qp_.data() + s * q_floats_ + (static_cast<int64_t>(kvh) * nqt + j) * hd_;
-            for (int d = 0; d < hd_; ++d)
-              dp[d] = src[d] * softmax_scale_ *
-                      KeyScaleOf(*seg_[s].view, *seg_[s].layer, k8_, kvh, hd_, d);
+            const float* k = ks.data() + (s * kv_heads_ + kvh) * hd_;
+            for (int d = 0; d < hd_; ++d) dp[d] = src[d] * softmax_scale_ * k[d];
           }
         }
       }
@@ -435,9 +461,15 @@ void CpuAttentionRun::Prepare() {
     const int64_t rb = attn::kQueryCodeLevels * attn::QueryCodeRowBytes(hd_);
     qcodes_.resize(static_cast<size_t>(rows * rb));
     qcode_scale_.resize(static_cast<size_t>(rows));
+#ifdef POLYKV_HAVE_AMX_KERNELS  // (int_scores_ implies the AMX build)
+    for (int64_t r = 0; r < rows; ++r)
+      attn::QuantizeQueryCodesAvx512(qp_.data() + r * hd_, hd_, qcodes_.data() + r * rb,
+                                     qcode_scale_.data() + r);
+#else
     for (int64_t r = 0; r < rows; ++r)
       attn::QuantizeQueryCodes(qp_.data() + r * hd_, hd_, qcodes_.data() + r * rb,
                                qcode_scale_.data() + r);
+#endif
   }
   prefix_states_ = kv_heads_ * pc_ * nq_total_;
   states_.resize(
@@ -480,7 +512,12 @@ void CpuAttentionRun::PrefixChunk(int64_t kvh, int64_t task, attn::ChunkArgs& c)
   // norms of the chunk are widened into per-thread scratch first.
   const int64_t t0 = c.t0, cnt = c.t1 - c.t0;
   c.key_kind = attn::kKeyI8;
-  if (g.packed_keys) {
+  if (g.packed_keys && c.q_codes != nullptr && g.value_bits >= 2 && g.value_bits <= 4) {
+    // Integer scores on tiles read the packed codes as they lie (ChunkArgs::key_bits).
+    c.k = static_cast<const uint8_t*>(pl->k) + (kvh * Ps + t0) * g.k_bytes;
+    c.key_bits = g.view->config.key_bits;
+    c.k_bytes = g.k_bytes;
+  } else if (g.packed_keys) {
     std::vector<int8_t>& kq = ThreadKeyScratch();
     if (kq.size() < static_cast<size_t>(cnt * hd)) kq.resize(static_cast<size_t>(cnt * hd));
     UnpackKeyVectors(static_cast<const uint8_t*>(pl->k) + (kvh * Ps + t0) * g.k_bytes, cnt, hd,

@@ -37,6 +37,10 @@ struct ChunkArgs {
   /// not read for the scores.
   const int8_t* q_codes = nullptr;
   const float* q_code_scale = nullptr;
+  /// With q_codes, kKeyI8 keys may also be the pool's packed codes: key_bits 4..7 and
+  /// k_bytes per vector (8: int8 codes, hd per vector).
+  int32_t key_bits = 8;
+  int64_t k_bytes = 0;
   /// >= (t1 - t0) * (3 * hd + nq) + 16 * hd floats: keys, values and scores of the chunk,
   /// and the keys transposed (AVX-512, many queries); with q_codes, AmxKeyTileFloats(t1 -
   /// t0, hd) more (the keys in the tiles' layout).
@@ -53,11 +57,12 @@ struct ChunkArgs {
 inline constexpr int kTransposedQueries = 12;
 
 /// Integer scores (ChunkArgs::q_codes): a query q (already scaled) is held as three int8 code
-/// rows, q ~= scale (16384 q1 + 128 q2 + q3) with scale = max|q| / 127 / 16384, q1 in
-/// [-127, 127] and q2, q3 in [-64, 64] (|error| <= max|q| / 127 / 32768 per element, near
-/// f32's precision); a score against int8 key codes k is then ((128 C1 + C2) 128 + C3) scale
-/// in f32 from the exact integer dot products C_i = q_i . k (AMX-INT8 tdpbssd; |C_i| <= 127 *
-/// 127 * head_dim fits int32 and is exact in f32), in that order.
+/// rows, q ~= scale (254^2 q1 + 254 q2 + q3) with scale = max|q| / 127 / 254^2 and every code
+/// in [-127, 127] (|error| <= 3e-7 max|q| per element, about f32's precision); a score
+/// against int8 key codes k is ((254 C1 + C2) 254 + C3) scale in f32, in that order, from
+/// the exact integer dot products C_i = q_i . k (AMX-INT8 tdpbssd; |C_i| <= 127 * 127 *
+/// head_dim fits int32 and converts to f32 exactly).
+inline constexpr int kQueryCodeBase = 254;
 inline constexpr int kQueryCodeLevels = 3;
 /// Largest head_dim of integer scores (and a multiple of 8 is required).
 inline constexpr int kIntScoreMaxHeadDim = 256;
@@ -67,16 +72,20 @@ int QueryCodeRowBytes(int hd);
 /// all-zero q: zero codes and scale; a non-finite element: zero codes, scale NaN, so its
 /// scores are NaN as f32 scores would be).
 void QuantizeQueryCodes(const float* q, int hd, int8_t* codes, float* scale);
+/// The same codes and scale on AVX-512 (attention_amx.cc; call only where AmxInt8Supported()).
+void QuantizeQueryCodesAvx512(const float* q, int hd, int8_t* codes, float* scale);
 /// One integer score (the reference of ScoresAmxI8, bit for bit): query codes as above
 /// against one key's int8 codes.
 float ScoreI8(const int8_t* codes, float scale, const int8_t* key, int hd);
 /// Floats of scratch the integer scores of `tokens` keys use (their tile layout).
 int64_t AmxKeyTileFloats(int64_t tokens, int hd);
 /// AMX-INT8 integer scores (attention_amx.cc; call only where AmxInt8Supported()):
-/// s[j * ss + t] for queries j < nq (codes and scales as ChunkArgs::q_codes) and int8 keys
-/// t < tk at keys + t * hd; key_tiles: AmxKeyTileFloats(tk, hd) floats of scratch.
-void ScoresAmxI8(const int8_t* q_codes, const float* q_code_scale, int nq, const int8_t* keys,
-                 int64_t tk, int hd, float* s, int64_t ss, void* key_tiles);
+/// s[j * ss + t] for queries j < nq (codes and scales as ChunkArgs::q_codes) and keys t < tk
+/// at keys + t * key_stride bytes: int8 codes (key_bits 8) or the pool's packed codes of
+/// key_bits 4..7 (read as they lie); key_tiles: AmxKeyTileFloats(tk, hd) floats of scratch.
+void ScoresAmxI8(const int8_t* q_codes, const float* q_code_scale, int nq, const void* keys,
+                 int key_bits, int64_t key_stride, int64_t tk, int hd, float* s, int64_t ss,
+                 void* key_tiles);
 
 using ChunkFn = void (*)(const ChunkArgs&);
 

@@ -59,31 +59,48 @@ int64_t AmxKeyTileFloats(int64_t tokens, int hd) {
   return (tokens + 15) / 16 * (QueryCodeRowBytes(hd) / 64) * 256;
 }
 
+namespace {
+
+// Round to nearest even of |v| <= 2^22 (the default rounding mode; no library call, so the
+// loop below vectorizes).
+inline float RoundNearest(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  return (v + kMagic) - kMagic;
+}
+
+}  // namespace
+
 void QuantizeQueryCodes(const float* q, int hd, int8_t* codes, float* scale) {
   const int rb = QueryCodeRowBytes(hd);
   std::memset(codes, 0, static_cast<size_t>(kQueryCodeLevels) * rb);
   float amax = 0.0f;
-  for (int i = 0; i < hd; ++i) amax = std::fmax(amax, std::fabs(q[i]));
-  for (int i = 0; i < hd; ++i)
-    if (!std::isfinite(q[i])) amax = std::numeric_limits<float>::quiet_NaN();
-  if (!(amax > 0.0f) || !std::isfinite(amax)) {
-    *scale = amax == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+  bool finite = true;
+  for (int i = 0; i < hd; ++i) {
+    const float a = std::fabs(q[i]);
+    amax = a > amax ? a : amax;
+    finite = finite && a <= std::numeric_limits<float>::max();
+  }
+  if (!finite || amax == 0.0f) {
+    *scale = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
     return;
   }
-  // q1 in [-127, 127] units of step, then two residual levels of step / 128 and step /
-  // 16384: each residual is in [-0.5, 0.5] of its unit, so its code is in [-64, 64] (no clamp).
-  const double step = static_cast<double>(amax) / 127.0;
+  // x = q / step in [-127, 127] (one f32 rounding), then q1 = round(x) and two residual levels
+  // of step / 254 and step / 254^2: x - q1 and each residual before its code are in [-0.5,
+  // 0.5] of their unit, so the codes are in [-127, 127] (no clamp).
+  constexpr float kBase = kQueryCodeBase;
+  const float inv_step = 127.0f / amax;
   for (int i = 0; i < hd; ++i) {
-    const double x = static_cast<double>(q[i]) / step;  // |x| <= 127
-    const double c1 = std::nearbyint(x);
-    const double r1 = (x - c1) * 128.0;
-    const double c2 = std::nearbyint(r1);
-    const double c3 = std::nearbyint((r1 - c2) * 128.0);
+    float x = q[i] * inv_step;
+    x = x > 127.0f ? 127.0f : (x < -127.0f ? -127.0f : x);
+    const float c1 = RoundNearest(x);
+    const float r1 = (x - c1) * kBase;
+    const float c2 = RoundNearest(r1);
+    const float c3 = RoundNearest((r1 - c2) * kBase);
     codes[i] = static_cast<int8_t>(c1);
     codes[rb + i] = static_cast<int8_t>(c2);
     codes[2 * rb + i] = static_cast<int8_t>(c3);
   }
-  *scale = static_cast<float>(step / 16384.0);
+  *scale = amax / 127.0f / (kBase * kBase);
 }
 
 float ScoreI8(const int8_t* codes, float scale, const int8_t* key, int hd) {
@@ -91,9 +108,10 @@ float ScoreI8(const int8_t* codes, float scale, const int8_t* key, int hd) {
   int32_t c[kQueryCodeLevels] = {0, 0, 0};
   for (int l = 0; l < kQueryCodeLevels; ++l)
     for (int i = 0; i < hd; ++i) c[l] += int32_t{codes[l * rb + i]} * int32_t{key[i]};
-  float f = static_cast<float>(c[0]) * 128.0f;
+  constexpr float kBase = kQueryCodeBase;
+  float f = static_cast<float>(c[0]) * kBase;
   f = f + static_cast<float>(c[1]);
-  f = f * 128.0f;
+  f = f * kBase;
   f = f + static_cast<float>(c[2]);
   return f * scale;
 }

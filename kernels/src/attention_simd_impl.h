@@ -204,6 +204,33 @@ inline void ScoreTileT(const float* q, int hd, const float* kt, int64_t tp, int6
 }
 #endif
 
+#ifdef __AVX512F__
+// One query's softmax pieces on 16 lanes: m = max s[t < end], s[t] = exp(s[t] - m) (the same
+// value per element as Exp8), l = sum of them (16 lane sums, then a fixed reduction).
+inline void SoftmaxRow16(float* s, int64_t end, float* m_out, float* l_out) {
+  const __mmask16 tail = static_cast<__mmask16>((1u << (end % 16)) - 1);
+  const int64_t whole = end / 16 * 16;
+  const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+  __m512 mv = _mm512_mask_loadu_ps(ninf, tail, s + whole);
+  for (int64_t t = 0; t < whole; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(s + t));
+  const float m = _mm512_reduce_max_ps(mv);
+  const __m512 mb = _mm512_set1_ps(m);
+  __m512 lv = _mm512_setzero_ps();
+  for (int64_t t = 0; t < whole; t += 16) {
+    const __m512 p = simd::Exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), mb));
+    _mm512_storeu_ps(s + t, p);
+    lv = _mm512_add_ps(lv, p);
+  }
+  if (tail != 0) {
+    const __m512 p = simd::Exp16(_mm512_sub_ps(_mm512_mask_loadu_ps(mb, tail, s + whole), mb));
+    _mm512_mask_storeu_ps(s + whole, tail, p);
+    lv = _mm512_mask_add_ps(lv, tail, lv, p);
+  }
+  *m_out = m;
+  *l_out = _mm512_reduce_add_ps(lv);
+}
+#endif
+
 // Four dot-product accumulators -> their four sums.
 inline __m128 Reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
@@ -309,8 +336,10 @@ void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbu
   int j0 = 0;
 #if defined(__AVX512F__) && defined(POLYKV_HAVE_AMX_KERNELS)
   if (kf == nullptr) {
-    ScoresAmxI8(a.q_codes, a.q_code_scale, a.nq, static_cast<const int8_t*>(a.k) + a.t0 * hd, tmax,
-                hd, sbuf, T, sbuf + static_cast<int64_t>(a.nq) * T + T * hd + 16 * hd);
+    const int64_t stride = a.key_bits == 8 ? hd : a.k_bytes;
+    ScoresAmxI8(a.q_codes, a.q_code_scale, a.nq, static_cast<const uint8_t*>(a.k) + a.t0 * stride,
+                a.key_bits, stride, tmax, hd, sbuf, T,
+                sbuf + static_cast<int64_t>(a.nq) * T + T * hd + 16 * hd);
     j0 = a.nq;
   }
 #endif
@@ -374,25 +403,33 @@ void ChunkTiles(const ChunkArgs& a, const float* kf, const float* vf, float* sbu
       inv[j] = 0.0f;
       continue;
     }
-    int64_t t = 0;
-    __m256 mv = _mm256_set1_ps(-__builtin_inff());
-    for (; t + 8 <= end; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
-    float m = Hmax8(mv);
-    for (; t < end; ++t) m = s[t] > m ? s[t] : m;
-    const __m256 mb = _mm256_set1_ps(m);
-    __m256 lv = _mm256_setzero_ps();
-    t = 0;
-    for (; t + 8 <= end; t += 8) {
-      const __m256 p = Exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mb));
-      _mm256_storeu_ps(s + t, p);
-      lv = _mm256_add_ps(lv, p);
+    float m, l;
+#ifdef __AVX512F__
+    if constexpr (V::W == 16) {
+      SoftmaxRow16(s, end, &m, &l);
+    } else
+#endif
+    {
+      int64_t t = 0;
+      __m256 mv = _mm256_set1_ps(-__builtin_inff());
+      for (; t + 8 <= end; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
+      m = Hmax8(mv);
+      for (; t < end; ++t) m = s[t] > m ? s[t] : m;
+      const __m256 mb = _mm256_set1_ps(m);
+      __m256 lv = _mm256_setzero_ps();
+      t = 0;
+      for (; t + 8 <= end; t += 8) {
+        const __m256 p = Exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mb));
+        _mm256_storeu_ps(s + t, p);
+        lv = _mm256_add_ps(lv, p);
+      }
+      l = Hsum8(lv);
+      for (; t < end; ++t) {
+        s[t] = Exp1(s[t] - m);
+        l += s[t];
+      }
     }
-    float l = Hsum8(lv);
-    for (; t < end; ++t) {
-      s[t] = Exp1(s[t] - m);
-      l += s[t];
-    }
-    for (t = end; t < tmax; ++t) s[t] = 0.0f;
+    for (int64_t t = end; t < tmax; ++t) s[t] = 0.0f;
     a.m[j] = m;
     a.l[j] = l;
     inv[j] = 1.0f / l;

@@ -58,9 +58,10 @@ Features Detect() {
              avx512vl = (b >> 31) & 1, avx512vnni = (c >> 11) & 1;
   f.avx2 = ymm_state && avx2 && fma && f16c && bmi2;
   f.avx512 = f.avx2 && zmm_state && avx512f && avx512dq && avx512bw && avx512vl && avx512vnni;
-  const bool amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
+  const bool amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1, avx512vbmi = (c >> 1) & 1;
   const bool tile_state = (xcr0 & 0x60000) == 0x60000;  // XTILECFG (17) + XTILEDATA (18)
-  f.amx_int8 = f.avx512 && amx_tile && amx_int8 && tile_state;
+  // The AMX sources also use AVX512-VBMI (packed key codes), which every AMX CPU has.
+  f.amx_int8 = f.avx512 && avx512vbmi && amx_tile && amx_int8 && tile_state;
 #endif
   return f;
 }

@@ -43,7 +43,13 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
+// Row count of the configuration this thread has loaded (0: none, or released). LDTILECFG
+// costs as much as a panel's unpacking, so a job's panels share one (AmxRelease ends it).
+thread_local int loaded_rows = 0;
+
 inline void LoadConfig(int m) {
+  if (loaded_rows == m) return;
+  loaded_rows = m;
   TileConfig c;
   for (int t = 0; t < 2; ++t) {
     c.rows[t] = static_cast<uint8_t>(m);
@@ -264,7 +270,6 @@ void RunGroups(const uint8_t* codes, const float* dvec, const float* fvec, const
     Group<K, 15>(codes, dvec, fvec, x + 16 * whole * xrb, xrb, nb, m, live, y + 16 * whole * ys, ys,
                  whole == 0 ? ahead : nullptr, ahead_per_block);
   }
-  _tile_release();
 }
 
 // PanelRows over a packed panel (block bytes 16 * BlockBytes).
@@ -325,6 +330,12 @@ void AmxPackedPanel(int type_index, const uint8_t* panel, int outputs, int64_t n
     default:
       __builtin_trap();  // a type without a packed layout (callers check)
   }
+}
+
+void AmxRelease() {
+  if (loaded_rows == 0) return;
+  _tile_release();
+  loaded_rows = 0;
 }
 
 bool AmxTypeSupported(int type_index) {

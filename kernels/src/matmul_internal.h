@@ -159,6 +159,10 @@ void AmxPanel(int type_index, const uint8_t* w, int64_t row_bytes, int outputs, 
               const uint8_t* x, int64_t x_row_bytes, int64_t n, float* y, int64_t ys,
               uint8_t* scratch);
 
+/// Ends this thread's use of the tiles after AmxPanel / AmxPackedPanel calls (they keep the
+/// tile configuration loaded from one panel to the next): call once per run of panels.
+void AmxRelease();
+
 /// AmxPanel over one packed panel (PackWeights; Q4_0, Q4_1, Q8_0 only) of `outputs` (<= 16)
 /// rows starting at a multiple of 16: the same codes and scales, so the same bits, without
 /// the per-block gathers.

@@ -37,9 +37,16 @@ TEST(AttentionIntScores, QueryCodesReconstructWithinTheStatedBound) {
       std::vector<int8_t> codes(static_cast<size_t>(attn::kQueryCodeLevels * rb), 99);
       float scale = -1.0f;
       attn::QuantizeQueryCodes(q.data(), hd, codes.data(), &scale);
+      if (AmxInt8Supported()) {  // the AVX-512 quantizer the tiles' callers use: same bits
+        std::vector<int8_t> v(codes.size(), 99);
+        float vs = -1.0f;
+        attn::QuantizeQueryCodesAvx512(q.data(), hd, v.data(), &vs);
+        ASSERT_EQ(v, codes) << "hd " << hd << " seed " << seed;
+        ASSERT_EQ(vs, scale);
+      }
       float amax = 0.0f;
       for (float x : q) amax = std::fmax(amax, std::fabs(x));
-      const double bound = amax / 127.0 / 32768.0;
+      const double bound = amax * 3e-7;  // attention_internal.h
       for (int i = 0; i < rb; ++i) {
         const int c1 = codes[i], c2 = codes[rb + i], c3 = codes[2 * rb + i];
         if (i >= hd) {  // zero padding up to the tile row
@@ -47,11 +54,10 @@ TEST(AttentionIntScores, QueryCodesReconstructWithinTheStatedBound) {
           continue;
         }
         EXPECT_LE(std::abs(c1), 127);
-        EXPECT_LE(std::abs(c2), 64);
-        EXPECT_LE(std::abs(c3), 64);
-        const double r = static_cast<double>(scale) * (16384.0 * c1 + 128.0 * c2 + c3);
-        // The bound, plus the f32 rounding of the stored scale (relative 2^-24 of |q|).
-        EXPECT_LE(std::fabs(r - q[i]), bound + amax * 1e-7) << "hd " << hd << " i " << i;
+        EXPECT_LE(std::abs(c2), 127);
+        EXPECT_LE(std::abs(c3), 127);
+        const double r = static_cast<double>(scale) * (64516.0 * c1 + 254.0 * c2 + c3);
+        EXPECT_LE(std::fabs(r - q[i]), bound) << "hd " << hd << " i " << i;
       }
     }
   }
@@ -61,9 +67,21 @@ TEST(AttentionIntScores, QueryCodesReconstructWithinTheStatedBound) {
   attn::QuantizeQueryCodes(zero.data(), 64, codes.data(), &scale);
   EXPECT_EQ(scale, 0.0f);
   for (int8_t c : codes) EXPECT_EQ(c, 0);
-  zero[3] = std::numeric_limits<float>::quiet_NaN();
-  attn::QuantizeQueryCodes(zero.data(), 64, codes.data(), &scale);
-  EXPECT_TRUE(std::isnan(scale)) << "a NaN query must give NaN scores, as f32 scores would";
+  if (AmxInt8Supported()) {
+    attn::QuantizeQueryCodesAvx512(zero.data(), 64, codes.data(), &scale);
+    EXPECT_EQ(scale, 0.0f);
+  }
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    zero[3] = bad;
+    attn::QuantizeQueryCodes(zero.data(), 64, codes.data(), &scale);
+    EXPECT_TRUE(std::isnan(scale)) << "a non-finite query must give NaN scores, as f32 would";
+    if (AmxInt8Supported()) {
+      scale = 0.0f;
+      attn::QuantizeQueryCodesAvx512(zero.data(), 64, codes.data(), &scale);
+      EXPECT_TRUE(std::isnan(scale));
+    }
+  }
 }
 
 TEST(AttentionIntScores, AmxTilesEqualTheScalarReferenceBitForBit) {
@@ -71,36 +89,66 @@ TEST(AttentionIntScores, AmxTilesEqualTheScalarReferenceBitForBit) {
     GTEST_SKIP() << "this CPU/OS has no AMX-INT8 tiles: only the reference is in use here "
                     "(checked by the other tests)";
   }
-  for (int hd : {8, 64, 80, 96, 128, 256}) {
-    const int rb = attn::QueryCodeRowBytes(hd);
-    for (int nq : {1, 3, 16, 17, 48}) {
-      for (int64_t tk : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{256}}) {
-        SCOPED_TRACE(::testing::Message() << "hd " << hd << " nq " << nq << " tk " << tk);
-        std::mt19937 rng(static_cast<uint32_t>(hd * 1000 + nq * 10 + tk));
-        std::uniform_int_distribution<int> key(-127, 127);  // the full int8 key range
-        std::vector<int8_t> keys(static_cast<size_t>(tk * hd));
-        for (int8_t& k : keys) k = static_cast<int8_t>(key(rng));
-        std::vector<int8_t> codes(static_cast<size_t>(nq * attn::kQueryCodeLevels * rb));
-        std::vector<float> scale(static_cast<size_t>(nq));
-        for (int j = 0; j < nq; ++j) {
-          const std::vector<float> q = Normal(static_cast<size_t>(hd), rng(), 2.0f);
-          attn::QuantizeQueryCodes(q.data(), hd, codes.data() + j * attn::kQueryCodeLevels * rb,
-                                   &scale[static_cast<size_t>(j)]);
-        }
-        const int64_t ss = tk + 3;  // a row stride past the scores
-        std::vector<float> s(static_cast<size_t>(nq * ss), 1e30f);
-        std::vector<float> tiles(static_cast<size_t>(attn::AmxKeyTileFloats(tk, hd)));
-        attn::ScoresAmxI8(codes.data(), scale.data(), nq, keys.data(), tk, hd, s.data(), ss,
-                          tiles.data());
-        for (int j = 0; j < nq; ++j) {
-          for (int64_t t = 0; t < tk; ++t) {
-            const float ref = attn::ScoreI8(codes.data() + j * attn::kQueryCodeLevels * rb,
-                                            scale[static_cast<size_t>(j)],
-                                            keys.data() + t * hd, hd);
-            ASSERT_EQ(s[static_cast<size_t>(j * ss + t)], ref) << "j " << j << " t " << t;
+  // Keys as int8 codes (key_bits 8) and as the pool's packed codes of 4..7 bits, which the
+  // tiles read as they lie: every score equals ScoreI8 of the unpacked codes.
+  for (int key_bits : {8, 7, 6, 5, 4}) {
+    for (int hd : {8, 64, 80, 96, 128, 256}) {
+      const int rb = attn::QueryCodeRowBytes(hd);
+      const int64_t vb = PackedKeyVectorBytes(hd, key_bits);
+      for (int nq : {1, 3, 16, 17, 48}) {
+        for (int64_t tk : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{256}}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "key_bits " << key_bits << " hd " << hd << " nq " << nq << " tk " << tk);
+          std::mt19937 rng(static_cast<uint32_t>(key_bits * 100000 + hd * 1000 + nq * 10 + tk));
+          const int lim = key_bits == 8 ? 127 : (1 << (key_bits - 1)) - 1;
+          std::uniform_int_distribution<int> key(-lim, lim);  // the full code range
+          std::vector<int8_t> keys(static_cast<size_t>(tk * hd));
+          for (int8_t& k : keys) k = static_cast<int8_t>(key(rng));
+          // Packed: exactly tk * vb bytes, so a read past the last vector would show (ASan).
+          std::vector<uint8_t> packed(static_cast<size_t>(tk * vb));
+          if (key_bits < 8) {
+            for (int64_t t = 0; t < tk; ++t)
+              for (int i = 0; i < hd; ++i) {
+                const uint32_t code =
+                    static_cast<uint32_t>(keys[t * hd + i] + (1 << (key_bits - 1)));
+                for (int b = 0; b < key_bits; ++b)
+                  if ((code >> b) & 1u) {
+                    const int64_t bit = static_cast<int64_t>(i) * key_bits + b;
+                    packed[static_cast<size_t>(t * vb + bit / 8)] |=
+                        static_cast<uint8_t>(1u << (bit % 8));
+                  }
+              }
+            std::vector<int8_t> back(keys.size());
+            UnpackKeyVectors(packed.data(), tk, hd, key_bits, back.data());
+            ASSERT_EQ(back, keys) << "the test's packing is not the pool's";
           }
-          for (int64_t t = tk; t < ss; ++t)
-            ASSERT_EQ(s[static_cast<size_t>(j * ss + t)], 1e30f) << "written past the keys";
+          std::vector<int8_t> codes(static_cast<size_t>(nq * attn::kQueryCodeLevels * rb));
+          std::vector<float> scale(static_cast<size_t>(nq));
+          for (int j = 0; j < nq; ++j) {
+            const std::vector<float> q = Normal(static_cast<size_t>(hd), rng(), 2.0f);
+            attn::QuantizeQueryCodes(q.data(), hd, codes.data() + j * attn::kQueryCodeLevels * rb,
+                                     &scale[static_cast<size_t>(j)]);
+          }
+          const int64_t ss = tk + 3;  // a row stride past the scores
+          std::vector<float> s(static_cast<size_t>(nq * ss), 1e30f);
+          std::vector<float> tiles(static_cast<size_t>(attn::AmxKeyTileFloats(tk, hd)));
+          if (key_bits == 8) {
+            attn::ScoresAmxI8(codes.data(), scale.data(), nq, keys.data(), 8, hd, tk, hd, s.data(),
+                              ss, tiles.data());
+          } else {
+            attn::ScoresAmxI8(codes.data(), scale.data(), nq, packed.data(), key_bits, vb, tk, hd,
+                              s.data(), ss, tiles.data());
+          }
+          for (int j = 0; j < nq; ++j) {
+            for (int64_t t = 0; t < tk; ++t) {
+              const float ref =
+                  attn::ScoreI8(codes.data() + j * attn::kQueryCodeLevels * rb,
+                                scale[static_cast<size_t>(j)], keys.data() + t * hd, hd);
+              ASSERT_EQ(s[static_cast<size_t>(j * ss + t)], ref) << "j " << j << " t " << t;
+            }
+            for (int64_t t = tk; t < ss; ++t)
+              ASSERT_EQ(s[static_cast<size_t>(j * ss + t)], 1e30f) << "written past the keys";
+          }
         }
       }
     }

@@ -118,7 +118,7 @@ struct AttentionOptions {
   int isa = -1;     ///< as MatMulOptions::isa: -1 = BestIsa()
   int threads = 0;  ///< 0 = ComputeThreads()
   /// Scores of int8 prefix keys (the K8V codec) on AMX-INT8 tiles, from the queries held as
-  /// three int8 code rows (|query error| <= max|q| / 2^22 per element): -1
+  /// three int8 code rows (|query error| <= 3e-7 max|q| per element): -1
   /// (auto) where the ISA is avx512 and AmxInt8Supported(), 0 never (f32 scores), 1 required
   /// (kFailedPrecondition where unavailable). Either way a score depends only on its query
   /// and key, so a batched call equals separate calls bit for bit.
