@@ -7,9 +7,9 @@
 //   B   = the keys' codes in the tiles' VNNI layout: B[r][4 u + b] = code 64 p + 4 r + b
 //         of key u (zero past head_dim and past the last key)                   [16][64]
 //   C_l += A_l B (tdpbssd: s8 x s8 -> s32), exact,
-// then score = ((254 C1 + C2) 254 + C3) scale_j in f32, in that order (the file is compiled
-// without FMA contraction), so a score depends only on its query and key, never on the tile
-// or the other queries of the call.
+// then score = fma(fma(C1, 254, C2), 254, C3) scale_j in f32 (explicit FMAs; the file is
+// compiled without FMA contraction otherwise), so a score depends only on its query and key, never
+// on the tile or the other queries of the call.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -142,10 +142,9 @@ void ScoresAmxI8(const int8_t* q_codes, const float* q_code_scale, int nq, const
       const __mmask16 km = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
       const __m512 kb = _mm512_set1_ps(static_cast<float>(kQueryCodeBase));
       for (int j = 0; j < m; ++j) {
-        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[0] + 16 * j)), kb);
-        f = _mm512_add_ps(f, _mm512_cvtepi32_ps(_mm512_load_si512(cb[1] + 16 * j)));
-        f = _mm512_mul_ps(f, kb);
-        f = _mm512_add_ps(f, _mm512_cvtepi32_ps(_mm512_load_si512(cb[2] + 16 * j)));
+        __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[0] + 16 * j)), kb,
+                                   _mm512_cvtepi32_ps(_mm512_load_si512(cb[1] + 16 * j)));
+        f = _mm512_fmadd_ps(f, kb, _mm512_cvtepi32_ps(_mm512_load_si512(cb[2] + 16 * j)));
         f = _mm512_mul_ps(f, _mm512_set1_ps(q_code_scale[j0 + j]));
         _mm512_mask_storeu_ps(s + (j0 + j) * ss + 16 * g, km, f);
       }

@@ -59,7 +59,7 @@ inline constexpr int kTransposedQueries = 12;
 /// Integer scores (ChunkArgs::q_codes): a query q (already scaled) is held as three int8 code
 /// rows, q ~= scale (254^2 q1 + 254 q2 + q3) with scale = max|q| / 127 / 254^2 and every code
 /// in [-127, 127] (|error| <= 3e-7 max|q| per element, about f32's precision); a score
-/// against int8 key codes k is ((254 C1 + C2) 254 + C3) scale in f32, in that order, from
+/// against int8 key codes k is fma(fma(C1, 254, C2), 254, C3) scale in f32 (fused), from
 /// the exact integer dot products C_i = q_i . k (AMX-INT8 tdpbssd; |C_i| <= 127 * 127 *
 /// head_dim fits int32 and converts to f32 exactly).
 inline constexpr int kQueryCodeBase = 254;

@@ -109,10 +109,8 @@ float ScoreI8(const int8_t* codes, float scale, const int8_t* key, int hd) {
   for (int l = 0; l < kQueryCodeLevels; ++l)
     for (int i = 0; i < hd; ++i) c[l] += int32_t{codes[l * rb + i]} * int32_t{key[i]};
   constexpr float kBase = kQueryCodeBase;
-  float f = static_cast<float>(c[0]) * kBase;
-  f = f + static_cast<float>(c[1]);
-  f = f * kBase;
-  f = f + static_cast<float>(c[2]);
+  float f = std::fma(static_cast<float>(c[0]), kBase, static_cast<float>(c[1]));
+  f = std::fma(f, kBase, static_cast<float>(c[2]));
   return f * scale;
 }
 

@@ -326,6 +326,7 @@ void MatMulRun::QuantizeRows(int64_t begin, int64_t end) const {
 #endif
   const int64_t cols = cols_;
   for (int64_t i = begin; i < end; ++i) {
+    if (options_.row_prologue != nullptr) (*options_.row_prologue)(i);
     for (int k : {1, 2, 4}) {
       if (!need_[k]) continue;
       uint8_t* row = const_cast<uint8_t*>(act_[k]) + i * act_stride_[k];
@@ -433,8 +434,10 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
   POLYKV_RETURN_IF_ERROR(run.PrepareActivations());
   const int64_t total_rows = run.TotalRows();
   const int threads = std::max(1, options.threads > 0 ? options.threads : ComputeThreads());
+  // Rows that are not quantized still get their prologue first.
+  const bool prologue_only = !run.Quantizes() && options.row_prologue != nullptr;
   if (threads <= 1 || total_rows * n < 256) {
-    if (run.Quantizes()) run.QuantizeRows(0, n);
+    if (run.Quantizes() || prologue_only) run.QuantizeRows(0, n);
     run.RunRows(0, total_rows);
     return absl::OkStatus();
   }
@@ -452,7 +455,7 @@ Status MatMulShared(absl::Span<const MatMulOutput> outputs, const float* x, int6
                              ? std::max<int64_t>(16, total_rows / (per_thread * threads) / 16 * 16)
                              : int64_t{16};
   const int64_t chunks = (total_rows + kChunk - 1) / kChunk;
-  if (run.Quantizes())
+  if (run.Quantizes() || prologue_only)
     internal::RunTasks(n, threads, [&run](int64_t i) { run.QuantizeRows(i, i + 1); });
   internal::RunTasks(chunks, threads, [&](int64_t c) {
     run.RunRows(c * kChunk, std::min(total_rows, (c + 1) * kChunk));

@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -245,9 +246,29 @@ class MappedLlama final : public LlamaBase {
   };
 
   // y[n][rows] (row stride y_stride) = x[n][cols] W^T.
-  Status Linear(const MappedMatrix& m, const float* x, int64_t n, float* y, int64_t y_stride) {
-    if (OnKernels(m, n)) return kernels::MatMul(m.w, x, n, m.w.cols, y, y_stride);
+  // `before` (null: none): a row-wise step the product's input needs first (a row's RMSNorm
+  // or SiLU gate), run for every row r < n inside the kernels' row quantization tasks where
+  // the product runs on the kernels (no parallel region of its own), else before the GEMM.
+  using RowPrologue = std::function<void(int64_t)>;
+  Status Linear(const MappedMatrix& m, const float* x, int64_t n, float* y, int64_t y_stride,
+                const RowPrologue* before = nullptr) {
+    if (OnKernels(m, n)) {
+      kernels::MatMulOptions o;
+      o.row_prologue = before;
+      return kernels::MatMul(m.w, x, n, m.w.cols, y, y_stride, o);
+    }
+    RunPrologue(before, n);
     return LinearGemm(m, x, n, y, y_stride);
+  }
+
+  // `before` for rows [0, n) on the kernels' threads (once, ahead of a GEMM).
+  static void RunPrologue(const RowPrologue* before, int64_t n) {
+    if (before == nullptr) return;
+    if (n < 4) {
+      for (int64_t r = 0; r < n; ++r) (*before)(r);
+      return;
+    }
+    kernels::ParallelTasks(n, *before);
   }
 
   // Quantized kernels for up to quantized_rows_ rows, and for any number of rows where the
@@ -297,10 +318,12 @@ class MappedLlama final : public LlamaBase {
 
   // Several products of the same activations (q/k/v, gate/up).
   Status LinearShared(std::initializer_list<std::pair<const MappedMatrix*, float*>> outs,
-                      const float* x, int64_t n, int64_t cols) {
+                      const float* x, int64_t n, int64_t cols,
+                      const RowPrologue* before = nullptr) {
     bool all_kernels = true;
     for (const auto& [m, y] : outs) all_kernels = all_kernels && OnKernels(*m, n);
     if (!all_kernels) {
+      RunPrologue(before, n);
       GemmOutput g[4];
       size_t k = 0;
       bool all_gemm = true;
@@ -316,7 +339,9 @@ class MappedLlama final : public LlamaBase {
     kernels::MatMulOutput o[4];
     size_t k = 0;
     for (const auto& [m, y] : outs) o[k++] = kernels::MatMulOutput{&m->w, y, m->w.rows};
-    return kernels::MatMulShared(absl::MakeConstSpan(o, k), x, n, cols, cols);
+    kernels::MatMulOptions opt;
+    opt.row_prologue = before;
+    return kernels::MatMulShared(absl::MakeConstSpan(o, k), x, n, cols, cols, opt);
   }
 
   // y[i][j] += b[j] for i < n, j < width (a projection's bias, f32).
@@ -409,8 +434,10 @@ class MappedLlama final : public LlamaBase {
                     float* v) {
     const int64_t H = config_.heads, KV = config_.kv_heads, hd = config_.head_dim,
                   D = config_.hidden;
-    kernels::RmsNormRows(x, lw.attn_norm, n, D, config_.rms_eps, h);
-    POLYKV_RETURN_IF_ERROR(LinearShared({{&lw.q, q}, {&lw.k, k}, {&lw.v, v}}, h, n, D));
+    const RowPrologue norm = [&](int64_t r) {
+      kernels::RmsNormRows(x + r * D, lw.attn_norm, 1, D, config_.rms_eps, h + r * D);
+    };
+    POLYKV_RETURN_IF_ERROR(LinearShared({{&lw.q, q}, {&lw.k, k}, {&lw.v, v}}, h, n, D, &norm));
     AddBias(q, n, H * hd, lw.bq);  // in the rows' own (possibly interleaved) order
     AddBias(k, n, KV * hd, lw.bk);
     AddBias(v, n, KV * hd, lw.bv);
@@ -425,12 +452,20 @@ class MappedLlama final : public LlamaBase {
                      float* t, float* g, float* u) {
     const int64_t D = config_.hidden, F = config_.ffn;
     POLYKV_RETURN_IF_ERROR(Linear(lw.o, att, n, t, D));
-    AddBias(t, n, D, lw.bo);
-    for (int64_t i = 0; i < n * D; ++i) x[i] += t[i];
-    kernels::RmsNormRows(x, lw.ffn_norm, n, D, config_.rms_eps, h);
-    POLYKV_RETURN_IF_ERROR(LinearShared({{&lw.gate, g}, {&lw.up, u}}, h, n, D));
-    kernels::SiluMul(g, u, n * F, g);
-    POLYKV_RETURN_IF_ERROR(Linear(lw.down, g, n, t, D));
+    // Row r before the gate/up product: x += t (+ bias), h = RMSNorm(x); before the down
+    // product: g = silu(g) * u.
+    const RowPrologue residual_norm = [&](int64_t r) {
+      float* xr = x + r * D;
+      float* tr = t + r * D;
+      AddBias(tr, 1, D, lw.bo);
+      for (int64_t i = 0; i < D; ++i) xr[i] += tr[i];
+      kernels::RmsNormRows(xr, lw.ffn_norm, 1, D, config_.rms_eps, h + r * D);
+    };
+    POLYKV_RETURN_IF_ERROR(LinearShared({{&lw.gate, g}, {&lw.up, u}}, h, n, D, &residual_norm));
+    const RowPrologue gate = [&](int64_t r) {
+      kernels::SiluMul(g + r * F, u + r * F, F, g + r * F);
+    };
+    POLYKV_RETURN_IF_ERROR(Linear(lw.down, g, n, t, D, &gate));
     for (int64_t i = 0; i < n * D; ++i) x[i] += t[i];
     return absl::OkStatus();
   }

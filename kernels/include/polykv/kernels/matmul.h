@@ -51,6 +51,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/types/span.h"
 #include "polykv/kernels/cpu.h"
@@ -139,6 +140,11 @@ struct MatMulOptions {
   /// -1 (auto) / 1 use it, 0 reads `data` (for comparisons). 1-row results differ from the
   /// scalar reference by float reassociation only; the tiles' are bit-identical either way.
   int packed = -1;
+  /// Called once per activation row r < n before any product reads it, from the same
+  /// parallel tasks that quantize the rows (so an element-wise step before the product, e.g.
+  /// the row's RMSNorm or SiLU gate, costs no parallel region of its own); it may write x's
+  /// row r and nothing another row's call reads. Null: none.
+  const std::function<void(int64_t)>* row_prologue = nullptr;
 };
 
 /// y[r * y_stride + o] = sum_i x[r * x_stride + i] * W[o][i] for r < n, o < W.rows.
