@@ -50,26 +50,18 @@ int RawKind(DType t) {
   }
 }
 
-std::vector<float>& ThreadScratch() {
-  thread_local std::vector<float> s;
+// The calling thread's buffer number `kWhich` of element type T (reused across calls).
+template <typename T, int kWhich>
+std::vector<T>& ThreadBuffer() {
+  thread_local std::vector<T> s;
   return s;
 }
-
-// Per-thread outputs of one chunk task (m, l, o), or one merge's accumulator.
-std::vector<float>& ThreadChunkOutputs() {
-  thread_local std::vector<float> s;
-  return s;
-}
-
-std::vector<int8_t>& ThreadKeyScratch() {
-  thread_local std::vector<int8_t> s;
-  return s;
-}
-
-std::vector<float>& ThreadNormScratch() {
-  thread_local std::vector<float> s;
-  return s;
-}
+// A chunk's keys, values and scores; one chunk task's outputs (m, l, o) or one merge's
+// accumulator; unpacked key codes; widened f16 norms.
+std::vector<float>& ThreadScratch() { return ThreadBuffer<float, 0>(); }
+std::vector<float>& ThreadChunkOutputs() { return ThreadBuffer<float, 1>(); }
+std::vector<int8_t>& ThreadKeyScratch() { return ThreadBuffer<int8_t, 0>(); }
+std::vector<float>& ThreadNormScratch() { return ThreadBuffer<float, 2>(); }
 
 }  // namespace
 

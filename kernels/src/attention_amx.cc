@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "amx_tiles.h"
 #include "attention_internal.h"
 #include "avx512_math.h"
 
@@ -22,16 +23,9 @@ namespace {
 
 using simd::Transpose16;
 
-// Tile configuration (Intel SDM, LDTILECFG), palette 1, for query groups of m rows: tiles
-// 0..2 = A1..A3 [m][64], 3 and 7 = B [16][64] (alternating key groups), 4..6 = C1..C3
-// [m][16 x s32].
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+// The tile configuration for query groups of m rows: tiles 0..2 = A1..A3 [m][64], 3 and 7 =
+// B [16][64] (alternating key groups), 4..6 = C1..C3 [m][16 x s32].
+using amx::TileConfig;
 
 void LoadConfig(int m) {
   TileConfig c;

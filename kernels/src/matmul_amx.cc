@@ -28,20 +28,15 @@
 #include <cstdint>
 #include <cstring>
 
+#include "amx_tiles.h"
 #include "matmul_internal.h"
 
 namespace polykv::kernels::mm {
 namespace {
 
-// The tile configuration (Intel SDM, LDTILECFG), palette 1, for row groups of `m` rows:
-// tile 0 = A1, 1 = A2 ([m][32]), 2 = B ([8][64]), 3..6 = C ([m][64]: two pairs).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+// The tile configuration for row groups of `m` rows: tile 0 = A1, 1 = A2 ([m][32]), 2 = B
+// ([8][64]), 3..6 = C ([m][64]: two pairs).
+using amx::TileConfig;
 
 // Row count of the configuration this thread has loaded (0: none, or released). LDTILECFG
 // costs as much as a panel's unpacking, so a job's panels share one (AmxRelease ends it).
