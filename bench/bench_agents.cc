@@ -523,7 +523,7 @@ int main(int argc, char **argv) {
                  (!inplace_or.ok() ? inplace_or.status() : decomp_or.status()).ToString().c_str());
     return 1;
   }
-  Bench b{o, cli_bin, d, c, inplace_or->get(), decomp_or->get()};
+  Bench b{o, cli_bin, d, c, inplace_or->get(), decomp_or->get(), nullptr, 0, {}, {}};
   b.tok = b.agent->model().tokenizer();
   b.max_pos = b.agent->model().config().max_positions;
   b.LoadDocuments();

@@ -40,35 +40,43 @@ void LoadConfig(int m) {
 // (key_bits 8), or key_bits-bit codes packed LSB first (code c at bits [c kb, c kb + kb),
 // value = code - 2^(kb - 1)) unpacked with VBMI: byte i of qword lane L takes the 8 source
 // bytes from L kb on (vpermb), then bits [i kb, i kb + kb) of them (vpmultishiftqb).
-inline __m512i KeyCodes(const uint8_t* v, int hd, int key_bits, int p) {
+struct KeyUnpack {
+  __m512i idx, ctl, mask, bias;  // vpermb indices, shift counts, code mask, 2^(kb - 1)
+  explicit KeyUnpack(int key_bits) {
+    alignas(64) uint8_t i8[64], c8[64];
+    for (int i = 0; i < 64; ++i) {
+      i8[i] = static_cast<uint8_t>((i / 8) * key_bits + i % 8);
+      c8[i] = static_cast<uint8_t>((i % 8) * key_bits);
+    }
+    idx = _mm512_load_si512(i8);
+    ctl = _mm512_load_si512(c8);
+    mask = _mm512_set1_epi8(static_cast<char>((1 << key_bits) - 1));
+    bias = _mm512_set1_epi8(static_cast<char>(1 << (key_bits - 1)));
+  }
+};
+
+inline __m512i KeyCodes(const uint8_t* v, int hd, int key_bits, const KeyUnpack& ku, int p) {
   const int cnt = hd - 64 * p < 64 ? hd - 64 * p : 64;
   const __mmask64 km = cnt >= 64 ? ~__mmask64{0} : (__mmask64{1} << cnt) - 1;
   if (key_bits == 8) return _mm512_maskz_loadu_epi8(km, v + 64 * p);
   const int nbytes = (cnt * key_bits + 7) / 8;
   const __mmask64 bm = nbytes >= 64 ? ~__mmask64{0} : (__mmask64{1} << nbytes) - 1;
   const __m512i raw = _mm512_maskz_loadu_epi8(bm, v + 8 * key_bits * p);
-  alignas(64) uint8_t idx[64], ctl[64];
-  for (int i = 0; i < 64; ++i) {
-    idx[i] = static_cast<uint8_t>((i / 8) * key_bits + i % 8);
-    ctl[i] = static_cast<uint8_t>((i % 8) * key_bits);
-  }
-  const __m512i spread = _mm512_permutexvar_epi8(_mm512_load_si512(idx), raw);
-  __m512i c = _mm512_multishift_epi64_epi8(_mm512_load_si512(ctl), spread);
-  c = _mm512_and_si512(c, _mm512_set1_epi8(static_cast<char>((1 << key_bits) - 1)));
-  c = _mm512_sub_epi8(c, _mm512_set1_epi8(static_cast<char>(1 << (key_bits - 1))));
-  return _mm512_maskz_mov_epi8(km, c);
+  const __m512i c = _mm512_and_si512(
+      _mm512_multishift_epi64_epi8(ku.ctl, _mm512_permutexvar_epi8(ku.idx, raw)), ku.mask);
+  return _mm512_maskz_sub_epi8(km, c, ku.bias);
 }
 
 // Key group g's B tiles (one per piece of 64 codes) at tiles + (g * pieces + p) * 1024; key t
 // at keys + t * stride.
-void KeyTiles(const uint8_t* keys, int64_t stride, int key_bits, int64_t tk, int hd, int64_t g,
-              int pieces, uint8_t* tiles) {
+void KeyTiles(const uint8_t* keys, int64_t stride, int key_bits, const KeyUnpack& ku, int64_t tk,
+              int hd, int64_t g, int pieces, uint8_t* tiles) {
   const int64_t valid = tk - 16 * g < 16 ? tk - 16 * g : 16;
   for (int p = 0; p < pieces; ++p) {
     __m512 r[16];
     for (int u = 0; u < 16; ++u)
       r[u] = u < valid
-                 ? _mm512_castsi512_ps(KeyCodes(keys + (16 * g + u) * stride, hd, key_bits, p))
+                 ? _mm512_castsi512_ps(KeyCodes(keys + (16 * g + u) * stride, hd, key_bits, ku, p))
                  : _mm512_setzero_ps();
     Transpose16(r);  // dword r of every key -> row r
     uint8_t* b = tiles + (g * pieces + p) * 1024;
@@ -108,8 +116,10 @@ void ScoresAmxI8(const int8_t* q_codes, const float* q_code_scale, int nq, const
   const int64_t astride = static_cast<int64_t>(kQueryCodeLevels) * rb;
   const int64_t groups = (tk + 15) / 16;
   uint8_t* const tiles = static_cast<uint8_t*>(key_tiles);
+  const KeyUnpack ku(key_bits);
   for (int64_t g = 0; g < groups; ++g)
-    KeyTiles(static_cast<const uint8_t*>(keys), key_stride, key_bits, tk, hd, g, pieces, tiles);
+    KeyTiles(static_cast<const uint8_t*>(keys), key_stride, key_bits, ku, tk, hd, g, pieces,
+             tiles);
   alignas(64) int32_t cb[3][256];
   int config = -1;
   for (int j0 = 0; j0 < nq; j0 += 16) {

@@ -379,7 +379,7 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g, const GgufArch** arch_ou
 
 }  // namespace
 
-StatusOr<LoadedModel> LoadGgufModel(const std::string& path, const LoadOptions& options) {
+StatusOr<LoadedModel> LoadGgufModel(const std::string& path, const LoadOptions& /*options*/) {
   LoadedModel m;
   {
     POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> opened, GgufFile::Open(path));

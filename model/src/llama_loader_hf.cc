@@ -455,7 +455,7 @@ class HfReader : public WeightReader {
 
 }  // namespace
 
-StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const LoadOptions& options) {
+StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const LoadOptions& /*options*/) {
   const std::string config_path = (fs::path(dir) / "config.json").string();
   if (!fs::exists(config_path))
     return absl::NotFoundError(absl::StrCat(dir, ": no config.json in the model folder"));

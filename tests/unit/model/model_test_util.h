@@ -50,7 +50,9 @@ inline void ExpectDims(const ModelConfig& c, const ExpectedDims& want) {
                 {"vocab", c.vocab, want.vocab},          {"bos_id", c.bos_id, want.bos_id},
                 {"eos_id", c.eos_id, want.eos_id}};
   for (const auto& f : fields) {
-    if (f.want != -1) EXPECT_EQ(f.got, f.want) << f.name;
+    if (f.want != -1) {
+      EXPECT_EQ(f.got, f.want) << f.name;
+    }
   }
 }
 
