@@ -118,8 +118,7 @@ void ScoresAmxI8(const int8_t* q_codes, const float* q_code_scale, int nq, const
   uint8_t* const tiles = static_cast<uint8_t*>(key_tiles);
   const KeyUnpack ku(key_bits);
   for (int64_t g = 0; g < groups; ++g)
-    KeyTiles(static_cast<const uint8_t*>(keys), key_stride, key_bits, ku, tk, hd, g, pieces,
-             tiles);
+    KeyTiles(static_cast<const uint8_t*>(keys), key_stride, key_bits, ku, tk, hd, g, pieces, tiles);
   alignas(64) int32_t cb[3][256];
   int config = -1;
   for (int j0 = 0; j0 < nq; j0 += 16) {
