@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -470,10 +471,32 @@ bool LooksLikeGguf(const std::string& path) {
 
 StatusOr<int32_t> Argmax(absl::Span<const float> logits) {
   if (logits.empty()) return absl::InvalidArgumentError("Argmax: empty logits");
-  size_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i)
-    if (logits[i] > logits[best]) best = i;  // strict: the lowest index wins ties
-  return static_cast<int32_t>(best);
+  // The first index of the largest value by `>` (a NaN never wins; one at index 0 stays):
+  // the largest value over 16 independent lanes (a loop the compiler vectorizes), then its
+  // first index, instead of one compare-and-branch chain over the vocabulary.
+  const float* x = logits.data();
+  const size_t n = logits.size();
+  float best = x[0];
+  if (best != best) return 0;  // NaN at index 0: nothing is larger
+  // 4 vectors of 4 lanes (GCC/Clang vector extensions: SSE on x86-64, NEON elsewhere).
+  using V4 = float __attribute__((vector_size(16)));
+  constexpr size_t kLanes = 16;
+  V4 lane[4];
+  for (V4& v : lane) v = V4{best, best, best, best};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t k = 0; k < 4; ++k) {
+      V4 v;
+      std::memcpy(&v, x + i + 4 * k, sizeof(v));
+      lane[k] = v > lane[k] ? v : lane[k];
+    }
+  }
+  for (const V4& v : lane)
+    for (size_t k = 0; k < 4; ++k) best = v[k] > best ? v[k] : best;
+  for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+  for (i = 0; i < n; ++i)
+    if (x[i] == best) break;  // strict > above: the lowest index of the largest value wins
+  return static_cast<int32_t>(i);
 }
 
 StatusOr<int32_t> SampleToken(absl::Span<const float> logits, const SamplingOptions& o,

@@ -553,7 +553,8 @@ class MappedLlama final : public LlamaBase {
     for (int l = 0; l < config_.layers; ++l) {
       const MappedLayer& lw = w_.layers[static_cast<size_t>(l)];
       POLYKV_RETURN_IF_ERROR(ProjectQkv(lw, x, S, h, q, k, v));
-      for (int64_t i = 0; i < S; ++i) {
+      // Session i's RoPE and K/V store (its own cache: the sessions run on the threads).
+      const std::function<void(int64_t)> store = [&](int64_t i) {
         KvCache& c = *caches[i];
         const int64_t slot = c.suffix_length();
         RopeAndStore(c, l, slot, q + i * H * hd, k + i * KV * hd, v + i * KV * hd, cosb + i * hd,
@@ -566,6 +567,11 @@ class MappedLlama final : public LlamaBase {
         a.n = 1;
         a.q = q + i * H * hd;
         a.out = att + i * H * hd;
+      };
+      if (S >= 4) {
+        kernels::ParallelTasks(S, store);
+      } else {
+        for (int64_t i = 0; i < S; ++i) store(i);
       }
       POLYKV_RETURN_IF_ERROR(AttendBatch(prefix.get(), l, sessions));
       POLYKV_RETURN_IF_ERROR(FinishLayer(lw, att, S, x, h, t, g, u));

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "model_test_util.h"
@@ -332,4 +333,32 @@ TEST_F(StoriesTest, ForwardRejectsBadInput) {
 }
 
 }  // namespace
+// Argmax against its definition (the first index of the largest logit by `>`): random
+// vocabularies of every length around the 16-lane blocks, ties, +-0, infinities and NaNs.
+TEST(ArgmaxTest, EqualsTheFirstLargestByStrictGreater) {
+  auto reference = [](const std::vector<float>& x) {
+    size_t best = 0;
+    for (size_t i = 1; i < x.size(); ++i)
+      if (x[i] > x[best]) best = i;
+    return static_cast<int32_t>(best);
+  };
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> small(-3, 3);
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN};
+  for (size_t n :
+       {size_t{1}, size_t{2}, size_t{15}, size_t{16}, size_t{17}, size_t{33}, size_t{49152}}) {
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<float> x(n);
+      for (float& v : x) v = static_cast<float>(small(rng));  // many ties
+      if (trial % 3 == 1)
+        for (int k = 0; k < 3; ++k) x[rng() % n] = specials[rng() % 5];
+      if (trial % 7 == 2) x[0] = NAN;
+      auto got = Argmax(x);
+      ASSERT_TRUE(got.ok());
+      ASSERT_EQ(*got, reference(x)) << "n " << n << " trial " << trial;
+    }
+  }
+  EXPECT_EQ(Argmax({}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace polykv::model
