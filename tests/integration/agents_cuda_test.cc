@@ -48,7 +48,9 @@ class AgentsCuda : public ::testing::Test {
     pool_ = json::parse(r.out)["id"].get<std::string>();
   }
   void TearDown() override {
-    if (daemon_.running()) EXPECT_EQ(daemon_.Stop(10000), 0);
+    if (daemon_.running()) {
+      EXPECT_EQ(daemon_.Stop(10000), 0);
+    }
   }
   std::vector<std::string> Agent(const std::string& device, bool allow_copy) const {
     std::vector<std::string> v = {CliPath(),      "agent",        "--pool",           pool_,
