@@ -453,14 +453,10 @@ void CpuAttentionRun::Prepare() {
     const int64_t rb = attn::kQueryCodeLevels * attn::QueryCodeRowBytes(hd_);
     qcodes_.resize(static_cast<size_t>(rows * rb));
     qcode_scale_.resize(static_cast<size_t>(rows));
-#ifdef POLYKV_HAVE_AMX_KERNELS  // (int_scores_ implies the AMX build)
+#ifdef POLYKV_HAVE_AMX_KERNELS  // int_scores_ needs AmxInt8Supported(): never set otherwise
     for (int64_t r = 0; r < rows; ++r)
       attn::QuantizeQueryCodesAvx512(qp_.data() + r * hd_, hd_, qcodes_.data() + r * rb,
                                      qcode_scale_.data() + r);
-#else
-    for (int64_t r = 0; r < rows; ++r)
-      attn::QuantizeQueryCodes(qp_.data() + r * hd_, hd_, qcodes_.data() + r * rb,
-                               qcode_scale_.data() + r);
 #endif
   }
   prefix_states_ = kv_heads_ * pc_ * nq_total_;
@@ -504,7 +500,8 @@ void CpuAttentionRun::PrefixChunk(int64_t kvh, int64_t task, attn::ChunkArgs& c)
   // norms of the chunk are widened into per-thread scratch first.
   const int64_t t0 = c.t0, cnt = c.t1 - c.t0;
   c.key_kind = attn::kKeyI8;
-  if (g.packed_keys && c.q_codes != nullptr && g.value_bits >= 2 && g.value_bits <= 4) {
+  if (g.packed_keys && c.q_codes != nullptr && g.value_bits >= attn::kSimdValueBitsMin &&
+      g.value_bits <= attn::kSimdValueBitsMax) {
     // Integer scores on tiles read the packed codes as they lie (ChunkArgs::key_bits).
     c.k = static_cast<const uint8_t*>(pl->k) + (kvh * Ps + t0) * g.k_bytes;
     c.key_bits = g.view->config.key_bits;

@@ -52,6 +52,10 @@ struct ChunkArgs {
   float* o = nullptr;
 };
 
+/// Packed value widths the SIMD chunks decode (others run the scalar chunk, which reads only
+/// unpacked int8 keys).
+inline constexpr int kSimdValueBitsMin = 2, kSimdValueBitsMax = 4;
+
 /// Query rows per chunk from which the AVX-512 build scores on transposed keys (an agent's
 /// prompt: its rows x the GQA group); below it (decode: one row x the group) key-row tiles.
 inline constexpr int kTransposedQueries = 12;

@@ -468,7 +468,8 @@ inline void ConvertKeys(const void* base, int64_t t0, int64_t T, int hd, float* 
 
 void ChunkSimd(const ChunkArgs& a) {
   const int hd = a.hd;
-  if (hd % 8 != 0 || (a.value_kind == kValPacked && (a.bits < 2 || a.bits > 4))) {
+  if (hd % 8 != 0 ||
+      (a.value_kind == kValPacked && (a.bits < kSimdValueBitsMin || a.bits > kSimdValueBitsMax))) {
     ChunkScalar(a);
     return;
   }

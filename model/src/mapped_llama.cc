@@ -257,18 +257,17 @@ class MappedLlama final : public LlamaBase {
       o.row_prologue = before;
       return kernels::MatMul(m.w, x, n, m.w.cols, y, y_stride, o);
     }
-    RunPrologue(before, n);
+    if (before != nullptr) ForEachRow(n, *before);
     return LinearGemm(m, x, n, y, y_stride);
   }
 
-  // `before` for rows [0, n) on the kernels' threads (once, ahead of a GEMM).
-  static void RunPrologue(const RowPrologue* before, int64_t n) {
-    if (before == nullptr) return;
+  // fn(r) for rows r in [0, n): on the kernels' threads from 4 rows on, else in turn.
+  static void ForEachRow(int64_t n, const RowPrologue& fn) {
     if (n < 4) {
-      for (int64_t r = 0; r < n; ++r) (*before)(r);
+      for (int64_t r = 0; r < n; ++r) fn(r);
       return;
     }
-    kernels::ParallelTasks(n, *before);
+    kernels::ParallelTasks(n, fn);
   }
 
   // Quantized kernels for up to quantized_rows_ rows, and for any number of rows where the
@@ -323,7 +322,7 @@ class MappedLlama final : public LlamaBase {
     bool all_kernels = true;
     for (const auto& [m, y] : outs) all_kernels = all_kernels && OnKernels(*m, n);
     if (!all_kernels) {
-      RunPrologue(before, n);
+      if (before != nullptr) ForEachRow(n, *before);
       GemmOutput g[4];
       size_t k = 0;
       bool all_gemm = true;
@@ -554,7 +553,7 @@ class MappedLlama final : public LlamaBase {
       const MappedLayer& lw = w_.layers[static_cast<size_t>(l)];
       POLYKV_RETURN_IF_ERROR(ProjectQkv(lw, x, S, h, q, k, v));
       // Session i's RoPE and K/V store (its own cache: the sessions run on the threads).
-      const std::function<void(int64_t)> store = [&](int64_t i) {
+      const RowPrologue store = [&](int64_t i) {
         KvCache& c = *caches[i];
         const int64_t slot = c.suffix_length();
         RopeAndStore(c, l, slot, q + i * H * hd, k + i * KV * hd, v + i * KV * hd, cosb + i * hd,
@@ -568,11 +567,7 @@ class MappedLlama final : public LlamaBase {
         a.q = q + i * H * hd;
         a.out = att + i * H * hd;
       };
-      if (S >= 4) {
-        kernels::ParallelTasks(S, store);
-      } else {
-        for (int64_t i = 0; i < S; ++i) store(i);
-      }
+      ForEachRow(S, store);
       POLYKV_RETURN_IF_ERROR(AttendBatch(prefix.get(), l, sessions));
       POLYKV_RETURN_IF_ERROR(FinishLayer(lw, att, S, x, h, t, g, u));
     }
