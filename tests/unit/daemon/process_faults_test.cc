@@ -282,11 +282,17 @@ class RootFaults : public ProcessFaults {
 // D8: an unprivileged daemon could be blocked by anyone creating the pool's predictable
 // /dev/shm name first; with memfds there is no name to squat.
 TEST_F(RootFaults, SquattedSegmentNameDoesNotBlockAnUnprivilegedDaemon) {
+  // The model where uid 65534 can read it (the checkout may sit in a private folder, e.g.
+  // one made by mktemp -d); both daemons are asked for this copy.
+  const std::string model = dir_.path() + "/stories260K";
+  fs::copy(testing::Stories260K(), model);
+  ipc::Request create = CreateRequest("k8v3");
+  create.model = model;
   pid_t first = StartDaemon();
   std::string id;
   {
     RawClient c(dir_.endpoint());
-    auto r = c.Call(CreateRequest("k8v3"), 60000);
+    auto r = c.Call(create, 60000);
     ASSERT_TRUE(r.ok() && r->ok);
     id = r->pool->id;
   }
@@ -300,9 +306,9 @@ TEST_F(RootFaults, SquattedSegmentNameDoesNotBlockAnUnprivilegedDaemon) {
   StartDaemon({"--socket-mode", "0666"},
               {"/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"});
   RawClient c(dir_.endpoint());
-  auto r = c.Call(CreateRequest("k8v3"), 60000);
+  auto r = c.Call(create, 60000);
   ASSERT_TRUE(r.ok());
-  EXPECT_TRUE(r->ok) << r->code << ": " << r->error;
+  ASSERT_TRUE(r->ok) << r->code << ": " << r->error;
   EXPECT_EQ(r->pool->id, id);
   EXPECT_EQ(ShmObjects(prefix_).size(), 1u) << "the squatter's object is untouched";
   shm_unlink(squat.c_str());
