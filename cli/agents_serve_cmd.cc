@@ -1,6 +1,8 @@
 // `polykv-cli agents serve`: one process hosting many agent sessions over one pool, decoded
 // in batches (model::BatchEngine: continuous batching, ForwardBatch), behind an
 // OpenAI-compatible HTTP endpoint (serve/server.h). Runs until SIGINT or SIGTERM.
+// --device cuda: the sessions run on that GPU (model::NewCudaBatchModel) over the daemon's
+// cuda pool attended in place; a host pool, or a cuda pool for --device cpu, is an error.
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,7 +14,9 @@
 
 #include "commands.h"
 #include "polykv/agent.h"
+#include "polykv/agent_device.h"
 #include "polykv/model/batch_engine.h"
+#include "polykv/model/cuda_llama.h"
 #include "polykv/status.h"
 #include "serve/server.h"
 
@@ -32,6 +36,8 @@ struct ServeArgs {
   int http_threads = 64;
   int min_step_ms = 0;
   int64_t max_prompt_rows = model::BatchEngineOptions().max_prompt_rows;
+  std::string device = "cpu";
+  int64_t session_positions = 1024;  // --device cuda: own positions per session slot
 };
 
 // SIGINT / SIGTERM end the host: the handler (any thread may run it) writes to a pipe that
@@ -57,6 +63,7 @@ Status Serve(const ServeArgs& a) {
   o.endpoint = a.endpoint;
   o.timeout_ms = a.timeout_ms;
   o.threads = a.threads;
+  POLYKV_ASSIGN_OR_RETURN(o.device, client::ParseAgentDevice(a.device));
   POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<client::PooledAgent> agent,
                           client::PooledAgent::Create(o));
   POLYKV_ASSIGN_OR_RETURN(client::SharedPool pool, agent->AttachShared(a.pool));
@@ -65,8 +72,22 @@ Status Serve(const ServeArgs& a) {
   eo.max_sessions = a.max_sessions;
   eo.min_step_ms = a.min_step_ms;
   const int64_t cached = static_cast<int64_t>(pool.token_ids.size());
-  auto engine = std::make_unique<model::BatchEngine>(
-      agent->model(), pool.prefix, std::move(pool.token_ids), pool.prefix_bytes_per_step, eo);
+  std::unique_ptr<model::BatchEngine> engine;
+  if (pool.device.kind == kernels::Device::kCuda) {
+    // One slot of session_positions own positions per session: Submit refuses a request
+    // that would not fit (prefix + prompt + max_tokens beyond it).
+    POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<model::BatchModel> bm,
+                            model::NewCudaBatchModel(*agent->cuda_model(), pool.prefix,
+                                                     a.max_sessions, a.session_positions));
+    eo.max_context = cached + a.session_positions - 1;
+    engine = std::make_unique<model::BatchEngine>(std::move(bm), pool.prefix_bytes_per_step, eo);
+    std::printf("polykv agents serve: sessions on %s (%d slots of %lld positions)\n",
+                client::AgentDeviceName(pool.device).c_str(), a.max_sessions,
+                static_cast<long long>(a.session_positions));
+  } else {
+    engine = std::make_unique<model::BatchEngine>(
+        agent->model(), pool.prefix, std::move(pool.token_ids), pool.prefix_bytes_per_step, eo);
+  }
   pool.prefix.reset();  // the engine holds it (and with it the attachment)
   std::thread engine_thread([&] { engine->RunUntilStopped(); });
   serve::ServeIdentity id;
@@ -124,6 +145,12 @@ void RegisterAgentsServeCommand(CLI::App& agents) {
   c->add_option("--max-prompt-rows", args->max_prompt_rows,
                 "prompt rows of joining sessions run as one forward (0: one forward per session)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  c->add_option("--device", args->device,
+                "cpu (default), cuda or cuda:N: where the sessions compute; cuda attends to the "
+                "daemon's cuda pool in place (no silent CPU fallback)");
+  c->add_option("--session-positions", args->session_positions,
+                "--device cuda: own positions per session (prompt + answer), reserved per slot")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   c->add_option("--min-step-ms", args->min_step_ms,
                 "pace decode steps to at least this many ms (tests, demos; 0 = full speed)")
       ->check(CLI::Range(0, 60000));

@@ -9,7 +9,9 @@
 #     memory per agent); device memory back to its level after SIGKILL of an agent and of
 #     the daemon;
 #  4. figures: device memcpy, codec throughput, decode tok/s (bench_gpu), TTFT via the pool vs
-#     re-prefill (agent --baseline-prefill).
+#     re-prefill (agent --baseline-prefill); with SmolLM2, `agents serve --device cuda` answering
+#     the demo questions at once (answers equal to the single CUDA agents') and batched decode
+#     over the demo pool for 1..256 sessions against device memcpy (bench_batch_decode).
 # Everything is printed and, when $OUT is set, saved as $OUT/gpu-check.log. Exit status: 0 when
 # every check passed, 1 otherwise (the figures are printed either way).
 # Env: POLYKV_GPU_BUILD_DIR (default build-gpu), POLYKV_GPU_MODEL (default: stories260K; a
@@ -46,7 +48,7 @@ GPU_TESTS=(kernels_codec_cuda_test kernels_attention_cuda_test kernels_device_op
   model_cuda_llama_test ipc_cuda_ipc_test agent_device_test integration_agents_cuda_test)
 if [[ "${POLYKV_GPU_PREBUILT:-0}" == 1 ]]; then
 step "prebuilt binaries in $BUILD (no build)"
-for b in daemon/polykvd cli/polykv-cli bench/bench_gpu; do
+for b in daemon/polykvd cli/polykv-cli bench/bench_gpu bench/bench_batch_decode; do
   [[ -x "$BUILD/$b" ]] || { echo "gpu-check: $BUILD/$b missing (POLYKV_GPU_PREBUILT=1)"; exit 1; }
 done
 else
@@ -57,7 +59,7 @@ command -v ccache >/dev/null && LAUNCH=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPOLYKV_ENABLE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DPOLYKV_BUILD_TESTS=ON -DPOLYKV_BUILD_BENCHMARKS=ON \
   "${LAUNCH[@]}" >"$LOGDIR/configure.log" 2>&1 || { tail -30 "$LOGDIR/configure.log"; exit 1; }
-cmake --build "$BUILD" -j"$JOBS" --target polykvd polykv-cli bench_gpu "${GPU_TESTS[@]}" \
+cmake --build "$BUILD" -j"$JOBS" --target polykvd polykv-cli bench_gpu bench_batch_decode "${GPU_TESTS[@]}" \
   >"$LOGDIR/build.log" 2>&1 || { tail -40 "$LOGDIR/build.log"; exit 1; }
 echo "built in ${SECONDS}s"
 fi
@@ -252,6 +254,57 @@ EOF2
       done <"$ROOT/data/questions.txt"
       ((SAME == TOTAL)) && pass "SmolLM2 demo: CUDA answers equal to CPU answers on $SAME/$TOTAL questions" ||
         fail "SmolLM2 demo: CUDA answers equal to CPU answers on $SAME/$TOTAL questions"
+      step "agents serve --device cuda on the demo cuda pool: the $TOTAL questions at once (batched decode) vs the single CUDA agents"
+      "$CLI" agents serve --pool "$DEMO_POOL" --model "$SMOL" --device cuda --listen 127.0.0.1:0 \
+        --alias doc </dev/null >"$WORK/serve.log" 2>&1 &
+      SPID=$!
+      SPORT=""
+      for _ in $(seq 1 600); do
+        SPORT=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$WORK/serve.log" 2>/dev/null || true)
+        [[ -n $SPORT ]] && break
+        kill -0 "$SPID" 2>/dev/null || break
+        sleep 0.1
+      done
+      if [[ -n $SPORT ]]; then
+        python3 - "$WORK" "$SPORT" "$TOTAL" "$ROOT/data/questions.txt" <<'EOF3' && pass "agents serve --device cuda: answers equal to the single CUDA agents" || fail "agents serve --device cuda: answers equal to the single CUDA agents"
+import json, sys, threading, time, urllib.request
+work, port, total, qfile = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+qs = [l for l in open(qfile).read().splitlines() if l and not l.startswith("#")][:total]
+out = [None] * len(qs)
+def ask(i):
+    body = json.dumps({"model": "doc", "messages": [{"role": "user", "content": qs[i]}],
+                       "max_tokens": 48, "temperature": 0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body,
+                                 {"Content-Type": "application/json"})
+    try:
+        out[i] = json.load(urllib.request.urlopen(req, timeout=300))
+    except Exception as e:
+        out[i] = {"error": str(e)}
+t0 = time.time()
+th = [threading.Thread(target=ask, args=(i,)) for i in range(len(qs))]
+for t in th: t.start()
+for t in th: t.join()
+wall = time.time() - t0
+same, tokens = 0, 0
+for i, r in enumerate(out):
+    single = json.load(open(f"{work}/sq{i + 1}.cuda.json"))
+    if "choices" not in r:
+        print("FAIL", repr(qs[i]), "->", r); continue
+    text = r["choices"][0]["message"]["content"]
+    tokens += r["usage"]["completion_tokens"]
+    ok = text == single["answer"]
+    same += ok
+    print("PASS" if ok else "FAIL", repr(qs[i]), "->", repr(text)[:100])
+    if not ok: print("   single cuda agent:", repr(single["answer"])[:100])
+print(f"FIGURE agents serve --device cuda: {len(qs)} answers ({tokens} tokens) in {wall:.2f} s "
+      f"= {tokens / wall:.0f} tok/s aggregate (cold sessions, prompts included)")
+sys.exit(0 if same == len(qs) else 1)
+EOF3
+        curl -s "http://127.0.0.1:$SPORT/metrics" | grep -E '^polykv_host_(steps|step_rows|generated|decode_seconds)' | head -6
+      else
+        cat "$WORK/serve.log"; fail "agents serve --device cuda did not start"
+      fi
+      kill "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null
     else
       cat "$WORK/demo-create.err"; fail "SmolLM2 demo pool on the cuda backend"
     fi
@@ -270,6 +323,9 @@ EOF2
   fi
   step "figures: SmolLM2 decode (bench_gpu)"
   "$BUILD/bench/bench_gpu" --model "$SMOL" --tokens 256 || fail "bench_gpu SmolLM2"
+  step "figures: SmolLM2 batched decode on the GPU over the demo pool (bench_batch_decode --device cuda)"
+  POLYKV_SOURCE_DIR="$ROOT" "$BUILD/bench/bench_batch_decode" --device cuda --model "$SMOL" \
+    --sessions "${POLYKV_GPU_SESSIONS:-1,16,64,256}" --steps 32 || fail "bench_batch_decode --device cuda"
 fi
 
 step "done in ${SECONDS}s"

@@ -58,7 +58,7 @@ bool ContentText(const json& content, size_t index, std::string* out, ApiError* 
   return Fail(e, "message content must be a string or an array of text parts", param);
 }
 
-bool ParsePrompt(ApiKind kind, const json& body, const model::LlamaModel& model,
+bool ParsePrompt(ApiKind kind, const json& body, const model::BatchModel& model,
                  std::vector<int32_t>* prompt, ApiError* e) {
   const model::Tokenizer* tok = model.tokenizer();
   std::string text;
@@ -167,7 +167,7 @@ StatusOr<std::string> RenderChatContinuation(const model::Tokenizer& tokenizer,
   return out;
 }
 
-bool ParseRequest(ApiKind kind, const std::string& body_text, const model::LlamaModel& model,
+bool ParseRequest(ApiKind kind, const std::string& body_text, const model::BatchModel& model,
                   const ServeIdentity& id, ParsedRequest* out, ApiError* e) {
   const json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object())

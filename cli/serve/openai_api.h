@@ -67,10 +67,11 @@ struct ServeIdentity {
 /// up to 4 strings), n (1 only), stream, stream_options.include_usage; and the extensions
 /// ignore_eos (vLLM's: do not stop at end-of-generation tokens) and return_token_ids.
 /// logprobs, top_logprobs, echo, best_of > 1, tools and suffix are refused (400 naming the
-/// field); other unknown fields are ignored. Returns an ApiError (400, or 404 for an unknown model)
-/// for bad input.
+/// field); other unknown fields are ignored. `model` is the engine's (BatchEngine::model): its
+/// tokenizer encodes text, its vocabulary bounds token ids. Returns an ApiError (400, or 404 for
+/// an unknown model) for bad input.
 [[nodiscard]] bool ParseRequest(ApiKind kind, const std::string& body,
-                                const model::LlamaModel& model, const ServeIdentity& id,
+                                const model::BatchModel& model, const ServeIdentity& id,
                                 ParsedRequest* out, ApiError* error);
 
 /// The usage object: prompt_tokens counts the pool's tokens too (cached_tokens of them).

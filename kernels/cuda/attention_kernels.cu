@@ -92,8 +92,31 @@ __device__ inline int64_t SuffixLength(const AttentionLaunch& a) {
   return a.suffix_length_dev != nullptr ? *a.suffix_length_dev : a.suffix_length;
 }
 
+// Slot mode: the launch as seen by session (grid z) `z`: its suffix slot, live length, query
+// and output row (AttentionLaunch's slot fields). A slot or length out of range reads as an
+// empty suffix (the host keeps them in range; a bad one must not read another's memory).
+__device__ inline AttentionLaunch SessionOf(const AttentionLaunch& a, int64_t z) {
+  AttentionLaunch s = a;
+  if (a.row_slot == nullptr) return s;
+  const int64_t slot = a.row_slot[z];
+  int64_t len = a.row_length[z];
+  if (slot < 0 || slot >= a.slots || len < 1 || len > a.suffix_length) len = 0;
+  const int64_t base = (slot >= 0 && slot < a.slots ? slot : 0) * a.slot_stride;
+  s.k_suffix = a.k_suffix + base;
+  s.v_suffix = a.v_suffix + base;
+  s.suffix_length = len;
+  s.suffix_length_dev = nullptr;
+  s.n = 1;
+  s.q = a.q + z * a.heads * a.head_dim;
+  s.out = a.out + z * a.heads * a.head_dim;
+  return s;
+}
+
 // Partial state of query j of KV head h over one chunk: grid (tasks, nq).
-__global__ void PartialKernel(AttentionLaunch a, Geometry geo, float* states) {
+__global__ void PartialKernel(AttentionLaunch launch, Geometry geo, float* states) {
+  const AttentionLaunch a = SessionOf(launch, blockIdx.z);
+  states += static_cast<int64_t>(blockIdx.z) * geo.tasks_per_head * a.kv_heads * geo.nq *
+            (a.head_dim + 2);
   __shared__ float qs[kMaxHd];
   __shared__ float sc[kChunk];
   __shared__ float red[kThreads];
@@ -108,7 +131,7 @@ __global__ void PartialKernel(AttentionLaunch a, Geometry geo, float* states) {
   const int64_t t1 = t0 + kChunk < part_len ? t0 + kChunk : part_len;
   const int64_t row = j / geo.g, grp = j % geo.g;
   const int64_t limit = prefix ? part_len : slen - a.n + row + 1;
-  const int64_t end = limit < t1 ? limit : t1;
+  const int64_t end = limit < t1 ? limit : t1;  // slot mode, empty suffix (slen 0): end <= 0
   float* st = states + (flat * geo.nq + j) * (a.head_dim + 2);
   const int hd = a.head_dim;
   if (end <= t0) {
@@ -196,7 +219,10 @@ __global__ void PartialKernel(AttentionLaunch a, Geometry geo, float* states) {
 }
 
 // Merges the chunk states of query j of KV head h and writes the output: grid kv_heads * nq.
-__global__ void MergeKernel(AttentionLaunch a, Geometry geo, const float* states) {
+__global__ void MergeKernel(AttentionLaunch launch, Geometry geo, const float* states) {
+  const AttentionLaunch a = SessionOf(launch, blockIdx.y);
+  states += static_cast<int64_t>(blockIdx.y) * geo.tasks_per_head * a.kv_heads * geo.nq *
+            (a.head_dim + 2);
   __shared__ float o[kMaxHd];
   const int hd = a.head_dim;
   const int h = blockIdx.x / geo.nq, j = blockIdx.x % geo.nq;
@@ -252,6 +278,10 @@ __global__ void MergeKernel(AttentionLaunch a, Geometry geo, const float* states
 cudaError_t InvokeAttention(const AttentionLaunch& a, cudaStream_t stream) {
   if (a.head_dim > kMaxHd || a.n < 1 || a.kv_heads < 1 || a.heads % a.kv_heads != 0)
     return cudaErrorInvalidValue;
+  const bool slots = a.row_slot != nullptr;
+  if (slots && (a.n != 1 || a.rows < 1 || a.rows > 65535 || a.row_length == nullptr))
+    return cudaErrorInvalidValue;
+  const int64_t sessions = slots ? a.rows : 1;
   Geometry g;
   g.g = a.heads / a.kv_heads;
   g.nq = static_cast<int>(g.g * a.n);
@@ -260,14 +290,17 @@ cudaError_t InvokeAttention(const AttentionLaunch& a, cudaStream_t stream) {
   g.tasks_per_head = g.pc + g.sc;
   const int64_t tasks = a.kv_heads * g.tasks_per_head;
   float* states = nullptr;
-  const size_t bytes = sizeof(float) * static_cast<size_t>(tasks * g.nq * (a.head_dim + 2));
+  const size_t bytes =
+      sizeof(float) * static_cast<size_t>(sessions * tasks * g.nq * (a.head_dim + 2));
   cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&states), bytes, stream);
   if (e != cudaSuccess) return e;
-  PartialKernel<<<dim3(static_cast<unsigned>(tasks), static_cast<unsigned>(g.nq)), kThreads, 0,
-                  stream>>>(a, g, states);
+  PartialKernel<<<dim3(static_cast<unsigned>(tasks), static_cast<unsigned>(g.nq),
+                       static_cast<unsigned>(sessions)),
+                  kThreads, 0, stream>>>(a, g, states);
   e = cudaGetLastError();
   if (e == cudaSuccess) {
-    MergeKernel<<<static_cast<unsigned>(a.kv_heads * g.nq), kThreads, 0, stream>>>(a, g, states);
+    MergeKernel<<<dim3(static_cast<unsigned>(a.kv_heads * g.nq), static_cast<unsigned>(sessions)),
+                  kThreads, 0, stream>>>(a, g, states);
     e = cudaGetLastError();
   }
   const cudaError_t f = cudaFreeAsync(states, stream);

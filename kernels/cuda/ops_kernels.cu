@@ -84,6 +84,20 @@ __global__ void AppendKvRowsKernel(const float* __restrict__ src, int64_t src_st
   for (int i = threadIdx.x; i < head_dim; i += blockDim.x) d[i] = s[i];
 }
 
+// Grid (kv_heads, n): block (h, r) copies row r's vector h into its session's slot.
+__global__ void AppendKvSlotsKernel(const float* __restrict__ src, int64_t src_stride,
+                                    int32_t kv_heads, int32_t head_dim, float* __restrict__ slab,
+                                    int64_t slots, int64_t capacity,
+                                    const int32_t* __restrict__ row_slot,
+                                    const int64_t* __restrict__ row_length) {
+  const int64_t h = blockIdx.x, r = blockIdx.y;
+  const int64_t slot = row_slot[r], p = row_length[r] - 1;
+  if (slot < 0 || slot >= slots || p < 0 || p >= capacity) return;
+  const float* s = src + r * src_stride + h * head_dim;
+  float* d = slab + ((slot * kv_heads + h) * capacity + p) * head_dim;
+  for (int i = threadIdx.x; i < head_dim; i += blockDim.x) d[i] = s[i];
+}
+
 __global__ void ConvertRowsKernel(const float* __restrict__ x, int64_t n, int64_t cols, int64_t xs,
                                   int dtype, uint16_t* __restrict__ out) {
   const int64_t total = n * cols;
@@ -277,6 +291,19 @@ cudaError_t InvokeAppendKvRows(const float* src, int64_t n, int64_t src_stride, 
   const int threads = head_dim < 128 ? head_dim : 128;
   AppendKvRowsKernel<<<dim3(static_cast<unsigned>(kv_heads), static_cast<unsigned>(n)), threads, 0,
                        stream>>>(src, src_stride, head_dim, cache, capacity, pos, pos_dev);
+  return cudaGetLastError();
+}
+
+cudaError_t InvokeAppendKvSlots(const float* src, int64_t n, int64_t src_stride, int32_t kv_heads,
+                                int32_t head_dim, float* slab, int64_t slots, int64_t capacity,
+                                const int32_t* row_slot, const int64_t* row_length,
+                                cudaStream_t stream) {
+  if (n < 0 || n > 65535 || kv_heads < 1 || head_dim < 1) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const int threads = head_dim < 128 ? head_dim : 128;
+  AppendKvSlotsKernel<<<dim3(static_cast<unsigned>(kv_heads), static_cast<unsigned>(n)), threads, 0,
+                        stream>>>(src, src_stride, kv_heads, head_dim, slab, slots, capacity,
+                                  row_slot, row_length);
   return cudaGetLastError();
 }
 

@@ -631,6 +631,41 @@ Status CpuAttention(const std::vector<const PrefixView*>& segs, int32_t layer, i
   return absl::OkStatus();
 }
 
+#if defined(POLYKV_HAVE_CUDA)
+// The prefix fields of a CUDA launch from the checked segments (one at most).
+Status FillPrefixLaunch(const std::vector<const PrefixView*>& segs, int32_t layer,
+                        cuda::AttentionLaunch* out) {
+  cuda::AttentionLaunch& l = *out;
+  if (segs.size() > 1)
+    return absl::UnimplementedError(
+        "attention on CUDA reads one prefix segment: this prefix has a parent pool's "
+        "segments too (attend on the CPU, or decode the pools)");
+  if (segs.empty()) return absl::OkStatus();
+  const PrefixView* pv = segs.front();
+  const PrefixLayer& pl = pv->layers[layer];
+  l.prefix_tokens = pv->tokens;
+  l.codec = pv->codec == PrefixCodec::kK8V ? 1 : 0;
+  l.raw_dtype = internal::DTypeCode(pv->raw_dtype);
+  l.pk = pl.k;
+  l.pk_scales = pl.k_scales;
+  l.pv = pl.v;
+  l.pv_norms = pl.v_norms;
+  l.key_scale_mode = static_cast<int>(pv->config.key_scale);
+  l.seed = pv->config.rotation_seed;
+  if (l.codec == 1) {
+    // Every codec a pool holds: 8-bit or packed (4..7-bit) keys, f32 or f16 norms, this
+    // layer's value bits.
+    l.key_bits = pv->config.key_bits;
+    l.norms_f16 = pv->config.norm_dtype == DType::kF16;
+    POLYKV_ASSIGN_OR_RETURN(math::ValueCodebook cb,
+                            internal::GetValueCodebook(pv->ValueBitsOf(layer)));
+    l.bits = cb.bits;
+    for (int i = 0; i < (1 << cb.bits); ++i) l.levels[i] = cb.levels[i];
+  }
+  return absl::OkStatus();
+}
+#endif
+
 }  // namespace
 
 Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
@@ -643,7 +678,6 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
   POLYKV_RETURN_IF_ERROR(CheckSession(session, "attention"));
   std::vector<const PrefixView*> segs;
   POLYKV_RETURN_IF_ERROR(PrefixSegments(a.prefix, a.prefix_tail, a.layer, a.kv_heads, hd, &segs));
-  const PrefixView* pv = segs.empty() ? nullptr : segs.front();
   if (a.suffix_length_device != nullptr && opt.device != Device::kCuda)
     return absl::InvalidArgumentError(
         "attention: suffix_length_device is a CUDA launch's (device memory); the CPU takes "
@@ -651,32 +685,7 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
   if (opt.device == Device::kCuda) {
 #if defined(POLYKV_HAVE_CUDA)
     cuda::AttentionLaunch l;
-    if (segs.size() > 1)
-      return absl::UnimplementedError(
-          "attention on CUDA reads one prefix segment: this prefix has a parent pool's "
-          "segments too (attend on the CPU, or decode the pools)");
-    if (pv != nullptr) {
-      const PrefixLayer& pl = pv->layers[a.layer];
-      l.prefix_tokens = pv->tokens;
-      l.codec = pv->codec == PrefixCodec::kK8V ? 1 : 0;
-      l.raw_dtype = internal::DTypeCode(pv->raw_dtype);
-      l.pk = pl.k;
-      l.pk_scales = pl.k_scales;
-      l.pv = pl.v;
-      l.pv_norms = pl.v_norms;
-      l.key_scale_mode = static_cast<int>(pv->config.key_scale);
-      l.seed = pv->config.rotation_seed;
-      if (l.codec == 1) {
-        // Every codec a pool holds: 8-bit or packed (4..7-bit) keys, f32 or f16 norms, this
-        // layer's value bits.
-        l.key_bits = pv->config.key_bits;
-        l.norms_f16 = pv->config.norm_dtype == DType::kF16;
-        POLYKV_ASSIGN_OR_RETURN(math::ValueCodebook cb,
-                                internal::GetValueCodebook(pv->ValueBitsOf(a.layer)));
-        l.bits = cb.bits;
-        for (int i = 0; i < (1 << cb.bits); ++i) l.levels[i] = cb.levels[i];
-      }
-    }
+    POLYKV_RETURN_IF_ERROR(FillPrefixLaunch(segs, a.layer, &l));
     l.k_suffix = a.k_suffix;
     l.v_suffix = a.v_suffix;
     l.suffix_capacity = a.suffix_capacity;
@@ -691,7 +700,6 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
     return CudaStatus(cuda::InvokeAttention(l, static_cast<cudaStream_t>(opt.stream)),
                       "attention kernel");
 #else
-    (void)pv;
     return absl::UnimplementedError(
         "attention on Device::kCuda requested but PolyKV was built without CUDA");
 #endif
@@ -734,6 +742,73 @@ Status AttentionForwardBatch(const BatchAttentionArgs& a, const AttentionOptions
     return absl::OkStatus();
   }
   return CpuAttention(segs, a.layer, a.heads, a.kv_heads, a.head_dim, active, opt);
+}
+
+Status AttentionForwardSlots(const SlotAttentionArgs& a, const AttentionOptions& opt) {
+  constexpr const char* kWhat = "attention slots";
+  POLYKV_RETURN_IF_ERROR(CheckModelShape(a.heads, a.kv_heads, a.head_dim, kWhat));
+  if (a.rows < 1 || a.rows > 65535 || a.slots < 1 || a.capacity < 1 || a.max_length < 1 ||
+      a.max_length > a.capacity)
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": rows ", a.rows, " (1..65535), slots ", a.slots, ", capacity ",
+                     a.capacity, ", max_length ", a.max_length, " (1..capacity)"));
+  if (a.k_slab == nullptr || a.v_slab == nullptr || a.row_slot == nullptr ||
+      a.row_length == nullptr || a.q == nullptr || a.out == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": null pointer"));
+  const int64_t slot_stride = int64_t{a.kv_heads} * a.capacity * a.head_dim;
+  std::vector<const PrefixView*> segs;
+  POLYKV_RETURN_IF_ERROR(PrefixSegments(a.prefix, {}, a.layer, a.kv_heads, a.head_dim, &segs));
+  if (opt.device == Device::kCuda) {
+#if defined(POLYKV_HAVE_CUDA)
+    cuda::AttentionLaunch l;
+    POLYKV_RETURN_IF_ERROR(FillPrefixLaunch(segs, a.layer, &l));
+    l.k_suffix = a.k_slab;
+    l.v_suffix = a.v_slab;
+    l.suffix_capacity = a.capacity;
+    l.suffix_length = a.max_length;
+    l.n = 1;
+    l.heads = a.heads;
+    l.kv_heads = a.kv_heads;
+    l.head_dim = a.head_dim;
+    l.q = a.q;
+    l.out = a.out;
+    l.row_slot = a.row_slot;
+    l.row_length = a.row_length;
+    l.rows = a.rows;
+    l.slots = a.slots;
+    l.slot_stride = slot_stride;
+    return CudaStatus(cuda::InvokeAttention(l, static_cast<cudaStream_t>(opt.stream)),
+                      "attention kernel (slots)");
+#else
+    return absl::UnimplementedError(
+        "attention on Device::kCuda requested but PolyKV was built without CUDA");
+#endif
+  }
+  std::vector<AttentionSession> sessions(static_cast<size_t>(a.rows));
+  const int64_t row_floats = int64_t{a.heads} * a.head_dim;
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const int64_t slot = a.row_slot[r], len = a.row_length[r];
+    if (slot < 0 || slot >= a.slots || len < 1 || len > a.max_length)
+      return absl::OutOfRangeError(absl::StrCat(kWhat, ": row ", r, ": slot ", slot, " (of ",
+                                                a.slots, ") or length ", len, " (1..", a.max_length,
+                                                ") out of range"));
+    AttentionSession& s = sessions[static_cast<size_t>(r)];
+    s.k_suffix = a.k_slab + slot * slot_stride;
+    s.v_suffix = a.v_slab + slot * slot_stride;
+    s.suffix_capacity = a.capacity;
+    s.suffix_length = len;
+    s.n = 1;
+    s.q = a.q + r * row_floats;
+    s.out = a.out + r * row_floats;
+  }
+  BatchAttentionArgs b;
+  b.prefix = a.prefix;
+  b.layer = a.layer;
+  b.heads = a.heads;
+  b.kv_heads = a.kv_heads;
+  b.head_dim = a.head_dim;
+  b.sessions = sessions;
+  return AttentionForwardBatch(b, opt);
 }
 
 }  // namespace polykv::kernels

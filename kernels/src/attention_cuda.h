@@ -37,6 +37,13 @@ struct AttentionLaunch {
   int32_t heads = 0, kv_heads = 0, head_dim = 0;
   const float* q = nullptr;
   float* out = nullptr;
+  // Slot mode (AttentionForwardSlots): `rows` sessions, one query row each (n == 1), the
+  // launch's grid z; row r's suffix is slot row_slot[r] of the slab at k_suffix / v_suffix
+  // (slot_stride floats apart), its live length row_length[r] (suffix_length: the bound);
+  // q and out advance heads * head_dim per row. row_slot == nullptr: one session as above.
+  const int32_t* row_slot = nullptr;
+  const int64_t* row_length = nullptr;
+  int64_t rows = 1, slots = 0, slot_stride = 0;
 };
 
 /// Runs the attention on `stream` (scratch for the partial states is allocated on the

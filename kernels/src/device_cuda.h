@@ -55,6 +55,14 @@ cudaError_t InvokeAppendKvRows(const float* src, int64_t n, int64_t src_stride, 
                                int32_t head_dim, float* cache, int64_t capacity, int64_t pos,
                                const int64_t* pos_dev, cudaStream_t stream);
 
+/// slab[row_slot[r]][h][row_length[r] - 1][d] = src[r * src_stride + h * head_dim + d]
+/// (slab f32 [slots][kv_heads][capacity][head_dim]); rows whose slot or position is out of
+/// range are skipped.
+cudaError_t InvokeAppendKvSlots(const float* src, int64_t n, int64_t src_stride, int32_t kv_heads,
+                                int32_t head_dim, float* slab, int64_t slots, int64_t capacity,
+                                const int32_t* row_slot, const int64_t* row_length,
+                                cudaStream_t stream);
+
 /// ids[r] = argmax of logits[r * stride .. + vocab) (ops_math.h LogitBeats).
 cudaError_t InvokeArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
                              int32_t* ids, cudaStream_t stream);

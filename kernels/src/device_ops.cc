@@ -469,6 +469,43 @@ Status DeviceAppendKvRows(const float* src, int64_t n, int64_t src_stride, int32
                         "append-KV kernel"));
 }
 
+Status DeviceAppendKvSlots(const float* src, int64_t n, int64_t src_stride, int32_t kv_heads,
+                           int32_t head_dim, float* slab, int64_t slots, int64_t capacity,
+                           const int32_t* row_slot, const int64_t* row_length, Device device,
+                           Stream stream) {
+  constexpr const char* kWhat = "DeviceAppendKvSlots";
+  POLYKV_RETURN_IF_ERROR(CheckCount(kWhat, "n", n, 0));
+  if (n > 65535 || kv_heads < 1 || head_dim < 1 || src_stride < int64_t{kv_heads} * head_dim ||
+      slots < 1 || capacity < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": n ", n, " (<= 65535), kv_heads ", kv_heads, ", head_dim ", head_dim,
+                     ", src_stride ", src_stride, ", slots ", slots, ", capacity ", capacity));
+  if (n == 0) return absl::OkStatus();
+  POLYKV_RETURN_IF_ERROR(CheckPtrs(kWhat, {src, slab}));
+  if (row_slot == nullptr || row_length == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": null row_slot or row_length"));
+  POLYKV_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  if (device == Device::kCpu) {
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t slot = row_slot[r], p = row_length[r] - 1;
+      if (slot < 0 || slot >= slots || p < 0 || p >= capacity)
+        return absl::OutOfRangeError(absl::StrCat(kWhat, ": row ", r, ": slot ", slot, " (of ",
+                                                  slots, ") or position ", p, " (capacity ",
+                                                  capacity, ") out of range"));
+    }
+    for (int64_t r = 0; r < n; ++r)
+      for (int32_t h = 0; h < kv_heads; ++h)
+        std::copy_n(src + r * src_stride + int64_t{h} * head_dim, head_dim,
+                    slab + ((row_slot[r] * int64_t{kv_heads} + h) * capacity + row_length[r] - 1) *
+                               head_dim);
+    return absl::OkStatus();
+  }
+  POLYKV_DEVICE_CUDA(return CudaStatus(
+      cuda::InvokeAppendKvSlots(src, n, src_stride, kv_heads, head_dim, slab, slots, capacity,
+                                row_slot, row_length, CudaStream(stream)),
+      "append-KV-slots kernel"));
+}
+
 Status DeviceRopeRows(float* x, int64_t n, int64_t row_stride, int32_t heads, int32_t head_dim,
                       const float* cos, const float* sin, Device device, Stream stream) {
   constexpr const char* kWhat = "DeviceRopeRows";

@@ -512,10 +512,12 @@ StatusOr<SharedPool> PooledAgent::AttachShared(std::string_view pool_id) {
   POLYKV_RETURN_IF_ERROR(PreRoute(std::string(pool_id)));
   POLYKV_RETURN_IF_ERROR(AttachChain(std::string(pool_id), chain.get()));
   POLYKV_ASSIGN_OR_RETURN(PoolRoute route, Route(*chain));
+  if (route == PoolRoute::kCudaInPlace) return AttachSharedOnDevice(std::move(chain));
   if (route != PoolRoute::kHostInPlace)
-    return absl::FailedPreconditionError(
-        absl::StrCat("pool ", std::string(pool_id), " lives on backend '", chain->leaf().backend,
-                     "': a batched host attends to host pools in place, on the CPU, only"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool ", std::string(pool_id), " lives on backend '", chain->leaf().backend,
+        "': a batched host attends in place only: host pools on the CPU, cuda pools with "
+        "--device cuda"));
   AgentStats st;
   model::KvCache cache;
   POLYKV_RETURN_IF_ERROR(BuildCache(*chain, 1, /*in_place=*/true, &cache, &st, chain));
@@ -525,6 +527,40 @@ StatusOr<SharedPool> PooledAgent::AttachShared(std::string_view pool_id) {
   sp.prefix_bytes_per_step = st.prefix_bytes_per_token;
   sp.prefix = cache.prefix;
   sp.token_ids = std::move(cache.tokens);
+  return sp;
+}
+
+StatusOr<SharedPool> PooledAgent::AttachSharedOnDevice(std::shared_ptr<AttachedChain> chain) {
+  if (chain->guards.size() != 1)
+    return absl::UnimplementedError(absl::StrCat("pool ", chain->leaf().id,
+                                                 " has parent pools: a pool tree on --device "
+                                                 "cuda is not implemented (one segment only)"));
+  polykv_pool* pool = chain->guards[0]->pool;
+  int where = -1;
+  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_cuda_device(pool, &where), "pool device"));
+  if (where != options_.device.index)
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool ", chain->leaf().id, " lies on cuda:", where, ", this host computes on ",
+                     AgentDeviceName(options_.device), ": run it with --device cuda:", where));
+  auto prefix = std::make_shared<model::KvPrefix>();
+  uint64_t parent_tokens = 0;
+  POLYKV_ASSIGN_OR_RETURN(prefix->view, PrefixViewOfPool(pool, &parent_tokens, /*device=*/true));
+  POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, chain->TokenIds());
+  auto step = std::make_shared<int64_t>(0);
+  prefix->check = [this, step, pool, id = std::string(chain->leaf().id)]() -> Status {
+    if (hooks_.after_step) hooks_.after_step(*step);
+    ++*step;
+    return FromCStatus(polykv_pool_lease_status(pool), absl::StrCat("lease of pool ", id));
+  };
+  SharedPool sp;
+  sp.codec = chain->leaf().codec;
+  sp.pool_bytes = chain->total_bytes;
+  sp.prefix_bytes_per_step =
+      static_cast<uint64_t>(prefix->view.LayerBytes()) * prefix->view.layers.size();
+  sp.token_ids = std::move(ids);
+  sp.device = options_.device;
+  prefix->owner = std::move(chain);
+  sp.prefix = std::move(prefix);
   return sp;
 }
 

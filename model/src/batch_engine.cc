@@ -36,7 +36,101 @@ size_t IncompleteUtf8Tail(const std::string& text) {
   return 0;
 }
 
+// The CPU runtime's cache: a KvCache.
+struct LlamaBatchCache : BatchCache {
+  KvCache kv;
+};
+
+class LlamaBatchModel : public BatchModel {
+ public:
+  LlamaBatchModel(LlamaModel& model, std::shared_ptr<const KvPrefix> prefix,
+                  std::vector<int32_t> prefix_tokens)
+      : model_(model), prefix_(std::move(prefix)), prefix_tokens_(std::move(prefix_tokens)) {}
+
+  const ModelConfig& config() const override { return model_.config(); }
+  const Tokenizer* tokenizer() const override { return model_.tokenizer(); }
+  uint64_t WeightBytesPerStep() const override {
+    return static_cast<uint64_t>(model_.WeightBytesPerToken());
+  }
+  int64_t prefix_tokens() const override { return static_cast<int64_t>(prefix_tokens_.size()); }
+
+  StatusOr<std::unique_ptr<BatchCache>> NewCache(int64_t capacity) override {
+    auto c = std::make_unique<LlamaBatchCache>();
+    if (prefix_) {
+      POLYKV_ASSIGN_OR_RETURN(c->kv, model_.NewCacheWithPrefix(prefix_, prefix_tokens_, capacity));
+    } else {
+      c->kv = model_.NewCache(capacity);
+    }
+    return std::unique_ptr<BatchCache>(std::move(c));
+  }
+
+  StatusOr<BatchLogits> ForwardPrompts(absl::Span<BatchCache* const> caches,
+                                       absl::Span<const absl::Span<const int32_t>> prompts,
+                                       absl::Span<const uint8_t> need_logits,
+                                       bool joined) override {
+    POLYKV_ASSIGN_OR_RETURN(std::vector<KvCache*> kv, Unwrap(caches, need_logits));
+    BatchLogits out;
+    // Not joined: LlamaModel's own default, one Forward(prompts[i], cache, false) per session.
+    POLYKV_ASSIGN_OR_RETURN(out.logits, joined ? model_.ForwardPrompts(kv, prompts)
+                                               : model_.LlamaModel::ForwardPrompts(kv, prompts));
+    return out;
+  }
+
+  StatusOr<BatchLogits> ForwardBatch(absl::Span<BatchCache* const> caches,
+                                     absl::Span<const int32_t> tokens,
+                                     absl::Span<const uint8_t> need_logits) override {
+    POLYKV_ASSIGN_OR_RETURN(std::vector<KvCache*> kv, Unwrap(caches, need_logits));
+    BatchLogits out;
+    POLYKV_ASSIGN_OR_RETURN(out.logits, model_.ForwardBatch(kv, tokens));
+    return out;
+  }
+
+ private:
+  // The KvCaches behind `caches` (made by NewCache; null stays null for LlamaModel's checks).
+  static StatusOr<std::vector<KvCache*>> Unwrap(absl::Span<BatchCache* const> caches,
+                                                absl::Span<const uint8_t> need_logits) {
+    if (need_logits.size() != caches.size())
+      return absl::InvalidArgumentError(
+          absl::StrCat(caches.size(), " caches but ", need_logits.size(), " need_logits flags"));
+    std::vector<KvCache*> kv;
+    for (BatchCache* c : caches)
+      kv.push_back(c != nullptr ? &static_cast<LlamaBatchCache*>(c)->kv : nullptr);
+    return kv;
+  }
+
+  LlamaModel& model_;
+  std::shared_ptr<const KvPrefix> prefix_;
+  std::vector<int32_t> prefix_tokens_;
+};
+
+// A BatchModel forward's result, checked before the engine indexes it: `out` when it is an
+// error or fits one row per need_logits entry of `vocab` ids (logits may be absent when every
+// row takes the model's argmax); kInternal otherwise.
+StatusOr<BatchLogits> CheckRows(StatusOr<BatchLogits> out, absl::Span<const uint8_t> need_logits,
+                                int32_t vocab) {
+  if (!out.ok()) return out;
+  const size_t rows = need_logits.size();
+  const bool any_logits =
+      std::any_of(need_logits.begin(), need_logits.end(), [](uint8_t n) { return n != 0; });
+  const Logits& l = out->logits;
+  bool ok = l.rows == static_cast<int64_t>(rows) && l.vocab == vocab &&
+            (l.values.size() == rows * static_cast<size_t>(vocab) ||
+             (l.values.empty() && !out->argmax.empty() && !any_logits)) &&
+            (out->argmax.empty() || out->argmax.size() == rows);
+  for (int32_t id : out->argmax) ok = ok && id >= 0 && id < vocab;
+  if (ok) return out;
+  return absl::InternalError(absl::StrCat("the batch model returned ", l.rows, " x ", l.vocab,
+                                          " logits and ", out->argmax.size(), " argmax ids for ",
+                                          rows, " sessions of a ", vocab, "-id vocabulary"));
+}
+
 }  // namespace
+
+std::unique_ptr<BatchModel> NewLlamaBatchModel(LlamaModel& model,
+                                               std::shared_ptr<const KvPrefix> prefix,
+                                               std::vector<int32_t> prefix_tokens) {
+  return std::make_unique<LlamaBatchModel>(model, std::move(prefix), std::move(prefix_tokens));
+}
 
 const char* FinishReasonName(FinishReason r) {
   static constexpr EnumName<FinishReason> kNames[] = {
@@ -51,7 +145,7 @@ struct BatchEngine::Session {
   uint64_t id = 0;
   SessionRequest req;
   SessionCallback callback;
-  KvCache cache;
+  std::unique_ptr<BatchCache> cache;
   std::mt19937_64 rng;
   std::vector<int32_t> answer;
   std::string text;  // the answer decoded (truncated at a stop string)
@@ -61,17 +155,19 @@ struct BatchEngine::Session {
   bool silent = false;  // cancelled: no more events
 };
 
+BatchEngine::BatchEngine(std::unique_ptr<BatchModel> model, uint64_t prefix_bytes,
+                         BatchEngineOptions options)
+    : model_(std::move(model)), prefix_bytes_(prefix_bytes), options_(options) {
+  POLYKV_CHECK(model_ != nullptr);
+  stats_.weight_bytes_per_step = model_->WeightBytesPerStep();
+  stats_.prefix_bytes_per_step = prefix_bytes_;
+}
+
 BatchEngine::BatchEngine(LlamaModel& model, std::shared_ptr<const KvPrefix> prefix,
                          std::vector<int32_t> prefix_tokens, uint64_t prefix_bytes,
                          BatchEngineOptions options)
-    : model_(model),
-      prefix_(std::move(prefix)),
-      prefix_tokens_(std::move(prefix_tokens)),
-      prefix_bytes_(prefix_bytes),
-      options_(options) {
-  stats_.weight_bytes_per_step = static_cast<uint64_t>(model_.WeightBytesPerToken());
-  stats_.prefix_bytes_per_step = prefix_bytes_;
-}
+    : BatchEngine(NewLlamaBatchModel(model, std::move(prefix), std::move(prefix_tokens)),
+                  prefix_bytes, options) {}
 
 BatchEngine::~BatchEngine() {
   Shutdown();
@@ -82,7 +178,7 @@ BatchEngine::~BatchEngine() {
 }
 
 StatusOr<uint64_t> BatchEngine::Submit(SessionRequest request, SessionCallback callback) {
-  const ModelConfig& cfg = model_.config();
+  const ModelConfig& cfg = model_->config();
   const SamplingOptions& o = request.sampling;
   if (request.prompt.empty())
     return absl::InvalidArgumentError("empty prompt: give at least one token");
@@ -96,7 +192,7 @@ StatusOr<uint64_t> BatchEngine::Submit(SessionRequest request, SessionCallback c
     if (s.empty()) return absl::InvalidArgumentError("empty stop string");
     max_stop = std::max(max_stop, s.size());
   }
-  if (max_stop > 0 && model_.tokenizer() == nullptr)
+  if (max_stop > 0 && model_->tokenizer() == nullptr)
     return absl::InvalidArgumentError("stop strings need a model with a tokenizer");
   const int64_t context = options_.max_context > 0 ? options_.max_context : cfg.max_positions;
   const int64_t need = prefix_tokens() + static_cast<int64_t>(request.prompt.size()) +
@@ -182,11 +278,13 @@ void BatchEngine::Finish(Session& s, FinishReason why, Status error) {
   }
   Emit(s, true, why, std::move(error));
   s.silent = true;
-  s.cache = KvCache();  // free the private KV now
+  s.cache.reset();  // free the private KV now
 }
 
-bool BatchEngine::Advance(Session& s, absl::Span<const float> logits) {
-  StatusOr<int32_t> tok = SampleToken(logits, s.req.sampling, s.rng);
+bool BatchEngine::Advance(Session& s, const BatchLogits& out, int64_t row) {
+  StatusOr<int32_t> tok = !out.argmax.empty() && s.req.sampling.greedy
+                              ? out.argmax[static_cast<size_t>(row)]
+                              : SampleToken(out.logits.row(row), s.req.sampling, s.rng);
   if (!tok.ok()) {
     Finish(s, FinishReason::kError, tok.status());
     return false;
@@ -195,8 +293,8 @@ bool BatchEngine::Advance(Session& s, absl::Span<const float> logits) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.generated_tokens;
   }
-  const Tokenizer* t = model_.tokenizer();
-  const bool eos = t != nullptr ? t->IsEndOfGeneration(*tok) : *tok == model_.config().eos_id;
+  const Tokenizer* t = model_->tokenizer();
+  const bool eos = t != nullptr ? t->IsEndOfGeneration(*tok) : *tok == model_->config().eos_id;
   if (s.req.sampling.stop_at_eos && eos) {
     Finish(s, FinishReason::kStop);
     return false;
@@ -227,21 +325,18 @@ bool BatchEngine::Advance(Session& s, absl::Span<const float> logits) {
 
 void BatchEngine::Admit(std::vector<std::unique_ptr<Session>>& fresh) {
   // Every joining session's cache first; then their prompts in groups of at most
-  // max_prompt_rows rows, each group one ForwardPrompts (one Forward per session when 0).
+  // max_prompt_rows rows, each group one joined ForwardPrompts (one session per call, not
+  // joined, when 0).
   std::vector<Session*> ready;
   for (std::unique_ptr<Session>& s : fresh) {
     const int64_t capacity = static_cast<int64_t>(s->req.prompt.size()) +
                              std::max<int32_t>(s->req.sampling.max_new_tokens, 0) + 1;
-    if (prefix_) {
-      StatusOr<KvCache> c = model_.NewCacheWithPrefix(prefix_, prefix_tokens_, capacity);
-      if (!c.ok()) {
-        Finish(*s, FinishReason::kError, c.status());
-        continue;
-      }
-      s->cache = std::move(*c);
-    } else {
-      s->cache = model_.NewCache(capacity);
+    StatusOr<std::unique_ptr<BatchCache>> c = model_->NewCache(capacity);
+    if (!c.ok()) {
+      Finish(*s, FinishReason::kError, c.status());
+      continue;
     }
+    s->cache = std::move(*c);
     ready.push_back(s.get());
   }
   for (size_t begin = 0; begin < ready.size();) {
@@ -253,24 +348,23 @@ void BatchEngine::Admit(std::vector<std::unique_ptr<Session>>& fresh) {
     const absl::Span<Session* const> group = absl::MakeConstSpan(ready).subspan(begin, end - begin);
     begin = end;
     const auto t0 = Clock::now();
-    StatusOr<Logits> logits = absl::InternalError("unset");
-    if (options_.max_prompt_rows <= 0) {
-      logits = model_.Forward(group[0]->req.prompt, group[0]->cache, false);
-    } else {
-      std::vector<KvCache*> caches;
-      std::vector<absl::Span<const int32_t>> prompts;
-      for (Session* s : group) {
-        caches.push_back(&s->cache);
-        prompts.push_back(s->req.prompt);
-      }
-      logits = model_.ForwardPrompts(caches, prompts);
+    std::vector<BatchCache*> caches;
+    std::vector<absl::Span<const int32_t>> prompts;
+    std::vector<uint8_t> need_logits;  // a greedy session needs only the model's argmax
+    for (Session* s : group) {
+      caches.push_back(s->cache.get());
+      prompts.push_back(s->req.prompt);
+      need_logits.push_back(s->req.sampling.greedy ? 0 : 1);
     }
+    StatusOr<BatchLogits> logits =
+        model_->ForwardPrompts(caches, prompts, need_logits, options_.max_prompt_rows > 0);
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.prefill_seconds += SecondsSince(t0);
       stats_.prompt_tokens += static_cast<uint64_t>(rows);
       ++stats_.prompt_forwards;
     }
+    logits = CheckRows(std::move(logits), need_logits, model_->config().vocab);
     for (size_t i = 0; i < group.size(); ++i) {
       Session& s = *group[i];
       if (!logits.ok()) {
@@ -278,7 +372,7 @@ void BatchEngine::Admit(std::vector<std::unique_ptr<Session>>& fresh) {
       } else if (s.req.sampling.max_new_tokens == 0) {
         Finish(s, FinishReason::kLength);
       } else {
-        Advance(s, logits->row(static_cast<int64_t>(i)));
+        Advance(s, *logits, static_cast<int64_t>(i));
       }
     }
   }
@@ -287,26 +381,29 @@ void BatchEngine::Admit(std::vector<std::unique_ptr<Session>>& fresh) {
 }
 
 void BatchEngine::DecodeRunning() {
-  std::vector<KvCache*> caches;
+  std::vector<BatchCache*> caches;
   std::vector<int32_t> tokens;
+  std::vector<uint8_t> need_logits;  // as in Admit
   for (const std::unique_ptr<Session>& s : running_) {
-    caches.push_back(&s->cache);
+    caches.push_back(s->cache.get());
     tokens.push_back(s->next);
+    need_logits.push_back(s->req.sampling.greedy ? 0 : 1);
   }
   if (caches.empty()) return;
   const auto t0 = Clock::now();
-  StatusOr<Logits> logits = model_.ForwardBatch(caches, tokens);
+  StatusOr<BatchLogits> logits = model_->ForwardBatch(caches, tokens, need_logits);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.decode_seconds += SecondsSince(t0);
     ++stats_.steps;
     stats_.step_rows += caches.size();
   }
+  logits = CheckRows(std::move(logits), need_logits, model_->config().vocab);
   for (size_t i = 0; i < running_.size(); ++i) {
     if (!logits.ok()) {
       Finish(*running_[i], FinishReason::kError, logits.status());
     } else {
-      Advance(*running_[i], logits->row(static_cast<int64_t>(i)));
+      Advance(*running_[i], *logits, static_cast<int64_t>(i));
     }
   }
 }

@@ -50,6 +50,8 @@ const std::string& CudaLlama::fingerprint() const {
   static const std::string kNone;
   return kNone;
 }
+const Tokenizer* CudaLlama::tokenizer() const { return nullptr; }
+uint64_t CudaLlama::weight_bytes() const { return 0; }
 int CudaLlama::device() const { return -1; }
 uint64_t CudaLlama::device_bytes() const { return 0; }
 void CudaLlama::set_cuda_graphs(bool) {}
@@ -62,6 +64,27 @@ StatusOr<std::vector<float>> CudaLlama::LastLogits(absl::Span<const int32_t>) {
 }
 StatusOr<PrefillResult> CudaLlama::Prefill(absl::Span<const int32_t>, int64_t,
                                            const std::function<void(int64_t, int64_t)>&) {
+  return absl::UnimplementedError("the CUDA model runtime is not in this build");
+}
+StatusOr<std::unique_ptr<CudaBatch>> CudaLlama::NewBatch(const KvPrefix*, int32_t, int64_t) {
+  return absl::UnimplementedError("the CUDA model runtime is not in this build");
+}
+struct CudaBatch::State {};
+CudaBatch::CudaBatch(std::unique_ptr<State> state) : state_(std::move(state)) {}
+CudaBatch::~CudaBatch() = default;
+StatusOr<int32_t> CudaBatch::Open() {
+  return absl::UnimplementedError("the CUDA model runtime is not in this build");
+}
+void CudaBatch::Close(int32_t) {}
+int64_t CudaBatch::length(int32_t) const { return 0; }
+int32_t CudaBatch::slots() const { return 0; }
+int64_t CudaBatch::capacity() const { return 0; }
+uint64_t CudaBatch::device_bytes() const { return 0; }
+Status CudaBatch::Prompt(int32_t, absl::Span<const int32_t>, std::vector<float>*, int32_t*) {
+  return absl::UnimplementedError("the CUDA model runtime is not in this build");
+}
+Status CudaBatch::Decode(absl::Span<const int32_t>, absl::Span<const int32_t>,
+                         absl::Span<const uint8_t>, std::vector<int32_t>*, std::vector<float>*) {
   return absl::UnimplementedError("the CUDA model runtime is not in this build");
 }
 
@@ -132,6 +155,18 @@ class DeviceBlock {
 struct DeviceMatrix {
   kernels::WeightView w;  ///< data: device memory
   DeviceBlock block;
+  /// The same matrix dequantized to f32 (batched steps of more than 16 rows: cuBLAS), made
+  /// on first use; empty for F32 weights (w serves) and until then.
+  mutable kernels::WeightView f32;
+  mutable DeviceBlock f32_block;
+};
+
+/// The sessions of a batched decode step (CudaBatch): row r's K/V go to slot row_slot[r] of
+/// each layer's slab at suffix index row_length[r] - 1 (device arrays).
+struct SlotRows {
+  int64_t slots = 0, capacity = 0, max_length = 0;
+  const int32_t* row_slot = nullptr;
+  const int64_t* row_length = nullptr;
 };
 
 struct DeviceLayer {
@@ -181,6 +216,10 @@ struct CudaLlama::Impl {
   uint64_t workspace_bytes = 0;
   cudaStream_t stream = nullptr;  ///< every kernel and copy of this model
   bool graphs = true;
+  /// Products of more than kDeviceMatVecMaxRows rows on f32 copies of the matrices (set by
+  /// a CudaBatch; single agents keep the block kernels and their memory).
+  bool f32_products = false;
+  uint64_t f32_bytes = 0;  ///< device bytes of those copies
 
   ~Impl() {
     if (stream != nullptr) cudaStreamDestroy(stream);
@@ -360,10 +399,30 @@ struct CudaLlama::Impl {
     return absl::OkStatus();
   }
 
+  // y = x W^T for n rows: with f32_products and n > kDeviceMatVecMaxRows on the matrix's
+  // f32 copy (dequantized on first use, bit-exact with the block kernels' values).
+  Status Mm(const DeviceMatrix& m, const float* xp, int64_t n, int64_t xs, float* y, int64_t ys) {
+    if (!f32_products || n <= kernels::kDeviceMatVecMaxRows ||
+        m.w.type == kernels::WeightType::kF32)
+      return kernels::DeviceMatMul(m.w, xp, n, xs, y, ys, kDev, stream);
+    if (m.f32.data == nullptr) {
+      const uint64_t bytes = static_cast<uint64_t>(m.w.rows * m.w.cols) * 4;
+      POLYKV_RETURN_IF_ERROR(m.f32_block.Allocate(bytes, "f32 matrix (batched products)"));
+      POLYKV_RETURN_IF_ERROR(
+          kernels::DeviceDequantizeRows(m.w, 0, m.w.rows, m.f32_block.f(), kDev, stream));
+      m.f32 = m.w;
+      m.f32.type = kernels::WeightType::kF32;
+      m.f32.row_bytes = m.w.cols * 4;
+      m.f32.data = m.f32_block.get();
+      f32_bytes += bytes;
+    }
+    return kernels::DeviceMatMul(m.f32, xp, n, xs, y, ys, kDev, stream);
+  }
+
   Status Layer(int l, int64_t n, const KvPrefix* prefix, float* ck, float* cv, int64_t cap,
-               int64_t s0, bool device_pos);
-  Status Layers(int64_t n, const KvPrefix* prefix, std::vector<DeviceBlock>& suffix, int64_t cap,
-                int64_t s0, bool device_pos);
+               int64_t s0, bool device_pos, const SlotRows* slots);
+  Status Layers(int64_t n, const KvPrefix* prefix, absl::Span<float* const> kv, int64_t cap,
+                int64_t s0, bool device_pos, const SlotRows* slots = nullptr);
   Status Upload(void* dst, const void* src, size_t bytes, const char* what) {
     return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
                       absl::StrCat("cudaMemcpyAsync ", what));
@@ -371,16 +430,18 @@ struct CudaLlama::Impl {
   Status UploadRope(int64_t past, int64_t n);
   Status Finish(const KvPrefix* prefix);
   Status Step(absl::Span<const int32_t> tokens, const KvPrefix* prefix, int64_t past,
-              std::vector<DeviceBlock>& suffix, int64_t cap);
-  Status CaptureDecode(const KvPrefix* prefix, std::vector<DeviceBlock>& suffix, int64_t cap,
+              absl::Span<float* const> kv, int64_t cap);
+  Status CaptureDecode(const KvPrefix* prefix, absl::Span<float* const> kv, int64_t cap,
                        DecodeGraph* g);
   Status ReplayDecode(const KvPrefix* prefix, int64_t past, DecodeGraph& g);
 };
 
 // One decoder layer for n rows (the workspace holds x; the suffix gets rows s0 .. s0 + n, or
 // with device_pos the rows at pos[0] and a live length pos[1] read on the device).
+// With `slots` (a CudaBatch decode step): ck / cv are the layer's slabs, row r goes to its
+// session's slot and attends to it (one launch for all rows).
 Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* ck, float* cv,
-                              int64_t cap, int64_t s0, bool device_pos) {
+                              int64_t cap, int64_t s0, bool device_pos, const SlotRows* slots) {
   const ModelConfig& c = cfg();
   const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim, D = c.hidden, F = c.ffn;
   const DeviceLayer& w = layers[static_cast<size_t>(l)];
@@ -398,9 +459,9 @@ Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* c
   if (one_qkv) {
     POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.qkv.w, h.f(), 1, D, qkv.f(), QKV, kDev, s));
   } else {
-    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.q.w, h.f(), n, D, q.f(), H * hd, kDev, s));
-    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.k.w, h.f(), n, D, k.f(), KV * hd, kDev, s));
-    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.v.w, h.f(), n, D, v.f(), KV * hd, kDev, s));
+    POLYKV_RETURN_IF_ERROR(Mm(w.q, h.f(), n, D, q.f(), H * hd));
+    POLYKV_RETURN_IF_ERROR(Mm(w.k, h.f(), n, D, k.f(), KV * hd));
+    POLYKV_RETURN_IF_ERROR(Mm(w.v, h.f(), n, D, v.f(), KV * hd));
   }
   POLYKV_RETURN_IF_ERROR(Bias(qp, w.bq, n, H * hd));
   POLYKV_RETURN_IF_ERROR(Bias(kp, w.bk, n, KV * hd));
@@ -417,31 +478,56 @@ Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* c
                                                    static_cast<int32_t>(hd), cos.f(), sin.f(), kDev,
                                                    s));
   }
-  // [n][KV][hd] rows into the suffix [KV][cap][hd] at s0 (or at pos[0]).
-  const int64_t* dpos = device_pos ? static_cast<const int64_t*>(pos.get()) : nullptr;
-  for (auto [dst, src] : {std::pair{ck, kp}, std::pair{cv, vp}}) {
-    POLYKV_RETURN_IF_ERROR(kernels::DeviceAppendKvRows(src, n, kv_stride, static_cast<int32_t>(KV),
-                                                       static_cast<int32_t>(hd), dst, cap, s0, dpos,
-                                                       kDev, s));
-  }
-  kernels::AttentionArgs a;
-  a.prefix = prefix != nullptr ? &prefix->view : nullptr;
-  a.layer = l;
-  a.k_suffix = ck;
-  a.v_suffix = cv;
-  a.suffix_capacity = cap;
-  a.suffix_length = device_pos ? cap : s0 + n;  // device_pos: the bound; pos[1] is live
-  a.suffix_length_device = device_pos ? dpos + 1 : nullptr;
-  a.n = n;
-  a.heads = static_cast<int32_t>(H);
-  a.kv_heads = static_cast<int32_t>(KV);
-  a.head_dim = static_cast<int32_t>(hd);
-  a.q = qp;  // one row: q|k|v's first H * hd values; else [n][H * hd]
-  a.out = att.f();
   kernels::AttentionOptions opt;
   opt.device = kDev;
   opt.stream = s;
-  POLYKV_RETURN_IF_ERROR(kernels::AttentionForward(a, opt));
+  if (slots != nullptr) {
+    for (auto [dst, src] : {std::pair{ck, kp}, std::pair{cv, vp}}) {
+      POLYKV_RETURN_IF_ERROR(kernels::DeviceAppendKvSlots(
+          src, n, kv_stride, static_cast<int32_t>(KV), static_cast<int32_t>(hd), dst, slots->slots,
+          slots->capacity, slots->row_slot, slots->row_length, kDev, s));
+    }
+    kernels::SlotAttentionArgs a;
+    a.prefix = prefix != nullptr ? &prefix->view : nullptr;
+    a.layer = l;
+    a.k_slab = ck;
+    a.v_slab = cv;
+    a.slots = slots->slots;
+    a.capacity = slots->capacity;
+    a.rows = n;
+    a.row_slot = slots->row_slot;
+    a.row_length = slots->row_length;
+    a.max_length = slots->max_length;
+    a.heads = static_cast<int32_t>(H);
+    a.kv_heads = static_cast<int32_t>(KV);
+    a.head_dim = static_cast<int32_t>(hd);
+    a.q = qp;
+    a.out = att.f();
+    POLYKV_RETURN_IF_ERROR(kernels::AttentionForwardSlots(a, opt));
+  } else {
+    // [n][KV][hd] rows into the suffix [KV][cap][hd] at s0 (or at pos[0]).
+    const int64_t* dpos = device_pos ? static_cast<const int64_t*>(pos.get()) : nullptr;
+    for (auto [dst, src] : {std::pair{ck, kp}, std::pair{cv, vp}}) {
+      POLYKV_RETURN_IF_ERROR(
+          kernels::DeviceAppendKvRows(src, n, kv_stride, static_cast<int32_t>(KV),
+                                      static_cast<int32_t>(hd), dst, cap, s0, dpos, kDev, s));
+    }
+    kernels::AttentionArgs a;
+    a.prefix = prefix != nullptr ? &prefix->view : nullptr;
+    a.layer = l;
+    a.k_suffix = ck;
+    a.v_suffix = cv;
+    a.suffix_capacity = cap;
+    a.suffix_length = device_pos ? cap : s0 + n;  // device_pos: the bound; pos[1] is live
+    a.suffix_length_device = device_pos ? dpos + 1 : nullptr;
+    a.n = n;
+    a.heads = static_cast<int32_t>(H);
+    a.kv_heads = static_cast<int32_t>(KV);
+    a.head_dim = static_cast<int32_t>(hd);
+    a.q = qp;  // one row: q|k|v's first H * hd values; else [n][H * hd]
+    a.out = att.f();
+    POLYKV_RETURN_IF_ERROR(kernels::AttentionForward(a, opt));
+  }
   // The residual adds fused into the o and down products (x += product: the same one f32
   // add as DeviceAdd) where the warp kernels serve them.
   kernels::DeviceMatMulOptions acc;
@@ -450,7 +536,7 @@ Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* c
     POLYKV_RETURN_IF_ERROR(
         kernels::DeviceMatMul(w.o.w, att.f(), n, H * hd, x.f(), D, kDev, s, acc));
   } else {
-    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.o.w, att.f(), n, H * hd, t.f(), D, kDev, s));
+    POLYKV_RETURN_IF_ERROR(Mm(w.o, att.f(), n, H * hd, t.f(), D));
     POLYKV_RETURN_IF_ERROR(Bias(t.f(), w.bo, n, D));
     POLYKV_RETURN_IF_ERROR(kernels::DeviceAdd(x.f(), t.f(), n * D, x.f(), kDev, s));
   }
@@ -462,23 +548,25 @@ Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* c
     POLYKV_RETURN_IF_ERROR(kernels::DeviceSiluMul(gu.f(), gu.f() + F, F, gu.f(), kDev, s));
     act = gu.f();
   } else {
-    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.gate.w, h.f(), n, D, g.f(), F, kDev, s));
-    POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.up.w, h.f(), n, D, u.f(), F, kDev, s));
+    POLYKV_RETURN_IF_ERROR(Mm(w.gate, h.f(), n, D, g.f(), F));
+    POLYKV_RETURN_IF_ERROR(Mm(w.up, h.f(), n, D, u.f(), F));
     POLYKV_RETURN_IF_ERROR(kernels::DeviceSiluMul(g.f(), u.f(), n * F, g.f(), kDev, s));
   }
   if (n <= kernels::kDeviceMatVecMaxRows)
     return kernels::DeviceMatMul(w.down.w, act, n, F, x.f(), D, kDev, s, acc);
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceMatMul(w.down.w, act, n, F, t.f(), D, kDev, s));
+  POLYKV_RETURN_IF_ERROR(Mm(w.down, act, n, F, t.f(), D));
   return kernels::DeviceAdd(x.f(), t.f(), n * D, x.f(), kDev, s);
 }
 
 // Every layer, then the last row's final norm and the output product into `logits`.
-Status CudaLlama::Impl::Layers(int64_t n, const KvPrefix* prefix, std::vector<DeviceBlock>& suffix,
-                               int64_t cap, int64_t s0, bool device_pos) {
+// (kv: each layer's K and V suffix, or with `slots` its slabs.)
+Status CudaLlama::Impl::Layers(int64_t n, const KvPrefix* prefix, absl::Span<float* const> kv,
+                               int64_t cap, int64_t s0, bool device_pos, const SlotRows* slots) {
   const ModelConfig& c = cfg();
   for (int l = 0; l < c.layers; ++l)
     POLYKV_RETURN_IF_ERROR(
-        Layer(l, n, prefix, suffix[2 * l].f(), suffix[2 * l + 1].f(), cap, s0, device_pos));
+        Layer(l, n, prefix, kv[2 * l], kv[2 * l + 1], cap, s0, device_pos, slots));
+  if (slots != nullptr) return absl::OkStatus();  // the caller takes every row's logits
   const float* last = x.f() + (n - 1) * c.hidden;
   POLYKV_RETURN_IF_ERROR(
       kernels::DeviceRmsNormRows(last, norm.f(), 1, c.hidden, c.rms_eps, h.f(), kDev, stream));
@@ -505,7 +593,7 @@ Status CudaLlama::Impl::Finish(const KvPrefix* prefix) {
 // Runs `tokens` at positions past.. (suffix index past - P ..) with launches from the host;
 // leaves the last row's logits in `logits`.
 Status CudaLlama::Impl::Step(absl::Span<const int32_t> tokens, const KvPrefix* prefix, int64_t past,
-                             std::vector<DeviceBlock>& suffix, int64_t cap) {
+                             absl::Span<float* const> kv, int64_t cap) {
   const ModelConfig& c = cfg();
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t P = prefix != nullptr ? prefix->tokens() : 0, s0 = past - P;
@@ -517,19 +605,19 @@ Status CudaLlama::Impl::Step(absl::Span<const int32_t> tokens, const KvPrefix* p
   POLYKV_RETURN_IF_ERROR(Upload(ids.get(), tokens.data(), static_cast<size_t>(n) * 4, "ids"));
   POLYKV_RETURN_IF_ERROR(kernels::DeviceEmbedRows(embed.w, static_cast<const int32_t*>(ids.get()),
                                                   n, x.f(), c.hidden, kDev, stream));
-  POLYKV_RETURN_IF_ERROR(Layers(n, prefix, suffix, cap, s0, false));
+  POLYKV_RETURN_IF_ERROR(Layers(n, prefix, kv, cap, s0, false));
   return Finish(prefix);
 }
 
 // Captures the decode step (embedding of the id in out_id, every layer with the device
 // position, the output product) on `stream` into `g`.
-Status CudaLlama::Impl::CaptureDecode(const KvPrefix* prefix, std::vector<DeviceBlock>& suffix,
+Status CudaLlama::Impl::CaptureDecode(const KvPrefix* prefix, absl::Span<float* const> kv,
                                       int64_t cap, DecodeGraph* g) {
   POLYKV_RETURN_IF_ERROR(CudaStatus(
       cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture"));
   Status st = kernels::DeviceEmbedRows(embed.w, static_cast<const int32_t*>(out_id.get()), 1, x.f(),
                                        cfg().hidden, kDev, stream);
-  if (st.ok()) st = Layers(1, prefix, suffix, cap, 0, true);
+  if (st.ok()) st = Layers(1, prefix, kv, cap, 0, true);
   const cudaError_t end = cudaStreamEndCapture(stream, &g->graph);
   POLYKV_RETURN_IF_ERROR(st);
   POLYKV_RETURN_IF_ERROR(CudaStatus(end, "cudaStreamEndCapture"));
@@ -578,6 +666,8 @@ StatusOr<std::unique_ptr<CudaLlama>> CudaLlama::Load(const std::string& path, in
 
 const ModelConfig& CudaLlama::config() const { return impl_->cfg(); }
 const std::string& CudaLlama::fingerprint() const { return impl_->host->fingerprint(); }
+const Tokenizer* CudaLlama::tokenizer() const { return impl_->host->tokenizer(); }
+uint64_t CudaLlama::weight_bytes() const { return impl_->weight_bytes; }
 int CudaLlama::device() const { return impl_->device; }
 uint64_t CudaLlama::device_bytes() const { return impl_->weight_bytes + impl_->workspace_bytes; }
 void CudaLlama::set_cuda_graphs(bool on) { impl_->graphs = on; }
@@ -586,6 +676,13 @@ namespace {
 
 // As the CPU runtime draws u (llama.cc): the top 53 bits of one mt19937_64 output.
 double Uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+// Each block's f32 pointer (the per-layer K, V suffixes a Step takes).
+std::vector<float*> Pointers(const std::vector<DeviceBlock>& blocks) {
+  std::vector<float*> out;
+  for (const DeviceBlock& b : blocks) out.push_back(b.f());
+  return out;
+}
 
 double MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -617,6 +714,7 @@ StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix* prefix,
   for (DeviceBlock& b : suffix)
     POLYKV_RETURN_IF_ERROR(
         b.Allocate(static_cast<uint64_t>(c.kv_heads) * cap * c.head_dim * 4, "KV suffix"));
+  const std::vector<float*> kv = Pointers(suffix);
   int64_t past = prefix != nullptr ? prefix->tokens() : 0;
   GenerateResult r;
   std::mt19937_64 rng(s.seed);
@@ -624,7 +722,7 @@ StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix* prefix,
   constexpr size_t kFeedRows = 256;
   for (size_t off = 0; off < prompt.size(); off += kFeedRows) {
     const absl::Span<const int32_t> part = prompt.subspan(off, kFeedRows);
-    POLYKV_RETURN_IF_ERROR(m.Step(part, prefix, past, suffix, cap));
+    POLYKV_RETURN_IF_ERROR(m.Step(part, prefix, past, kv, cap));
     past += static_cast<int64_t>(part.size());
   }
   int32_t* dev_id = static_cast<int32_t*>(m.out_id.get());
@@ -652,12 +750,11 @@ StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix* prefix,
       POLYKV_RETURN_IF_ERROR(m.host->CheckTokens(absl::MakeConstSpan(&tok, 1)));
       if (past - (prefix != nullptr ? prefix->tokens() : 0) + 1 > cap)
         return absl::InternalError("CUDA decode: the suffix is full");
-      if (graph.exec == nullptr)
-        POLYKV_RETURN_IF_ERROR(m.CaptureDecode(prefix, suffix, cap, &graph));
+      if (graph.exec == nullptr) POLYKV_RETURN_IF_ERROR(m.CaptureDecode(prefix, kv, cap, &graph));
       POLYKV_RETURN_IF_ERROR(m.ReplayDecode(prefix, past, graph));
     } else {
       const int32_t one[1] = {tok};
-      POLYKV_RETURN_IF_ERROR(m.Step(absl::MakeConstSpan(one, 1), prefix, past, suffix, cap));
+      POLYKV_RETURN_IF_ERROR(m.Step(absl::MakeConstSpan(one, 1), prefix, past, kv, cap));
     }
     ++past;
   }
@@ -678,9 +775,10 @@ StatusOr<PrefillResult> CudaLlama::Prefill(absl::Span<const int32_t> tokens, int
   std::vector<DeviceBlock> suffix(2 * static_cast<size_t>(c.layers));
   const uint64_t bytes = static_cast<uint64_t>(c.kv_heads) * n * c.head_dim * 4;
   for (DeviceBlock& b : suffix) POLYKV_RETURN_IF_ERROR(b.Allocate(bytes, "prefill K/V"));
+  const std::vector<float*> kv = Pointers(suffix);
   for (size_t off = 0; off < tokens.size(); off += step) {
     const absl::Span<const int32_t> part = tokens.subspan(off, step);
-    POLYKV_RETURN_IF_ERROR(m.Step(part, nullptr, static_cast<int64_t>(off), suffix, n));
+    POLYKV_RETURN_IF_ERROR(m.Step(part, nullptr, static_cast<int64_t>(off), kv, n));
     if (progress) progress(static_cast<int64_t>(off + part.size()), n);
   }
   PrefillResult r;
@@ -714,13 +812,243 @@ StatusOr<std::vector<float>> CudaLlama::LastLogits(absl::Span<const int32_t> tok
   for (DeviceBlock& b : suffix)
     POLYKV_RETURN_IF_ERROR(b.Allocate(
         static_cast<uint64_t>(m.cfg().kv_heads) * cap * m.cfg().head_dim * 4, "KV suffix"));
-  POLYKV_RETURN_IF_ERROR(m.Step(tokens, nullptr, 0, suffix, cap));
+  POLYKV_RETURN_IF_ERROR(m.Step(tokens, nullptr, 0, Pointers(suffix), cap));
   std::vector<float> out(static_cast<size_t>(m.cfg().vocab));
   POLYKV_RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(out.data(), m.logits.get(), out.size() * 4, cudaMemcpyDeviceToHost, m.stream),
       "copy logits"));
   POLYKV_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(m.stream), "copy logits"));
   return out;
+}
+
+// ---- CudaBatch ----
+
+struct CudaBatch::State {
+  CudaLlama::Impl* m = nullptr;
+  const KvPrefix* prefix = nullptr;
+  int32_t slots = 0;
+  int64_t cap = 0;
+  int64_t slot_floats = 0;                ///< kv_heads * cap * head_dim
+  std::vector<DeviceBlock> slab;          ///< [2 * layers]: f32 [slots][kv_heads][cap][head_dim]
+  std::vector<float*> bases;              ///< the slabs' pointers (Layers' kv)
+  std::vector<int64_t> lengths;           ///< own positions per slot
+  std::vector<uint8_t> open;              ///< per slot
+  DeviceBlock row_slot, row_length, ids;  ///< [slots] int32 / int64 / int32
+  DeviceBlock logits;                     ///< f32 [logits_rows][vocab]
+  int64_t logits_rows = 0;
+  uint64_t bytes = 0;
+
+  // Products on f32 copies while a batch call runs (restored after: a single agent's
+  // Generate on the same model keeps the block kernels).
+  struct F32Products {
+    CudaLlama::Impl* m;
+    bool was;
+    explicit F32Products(CudaLlama::Impl* mm) : m(mm), was(mm->f32_products) {
+      m->f32_products = true;
+    }
+    ~F32Products() { m->f32_products = was; }
+  };
+
+  Status CheckOpen(int32_t slot) const {
+    if (slot < 0 || slot >= slots || !open[static_cast<size_t>(slot)])
+      return absl::InvalidArgumentError(absl::StrCat("CUDA batch: slot ", slot, " is not open"));
+    return absl::OkStatus();
+  }
+  int64_t prefix_tokens() const { return prefix != nullptr ? prefix->tokens() : 0; }
+};
+
+CudaBatch::CudaBatch(std::unique_ptr<State> state) : state_(std::move(state)) {}
+CudaBatch::~CudaBatch() {
+  if (state_) cudaSetDevice(state_->m->device);
+}
+
+StatusOr<std::unique_ptr<CudaBatch>> CudaLlama::NewBatch(const KvPrefix* prefix, int32_t slots,
+                                                         int64_t capacity) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.cfg();
+  if (slots < 1 || capacity < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA batch: slots ", slots, " and capacity ", capacity, " must be >= 1"));
+  if (slots > 65535)
+    return absl::InvalidArgumentError(absl::StrCat("CUDA batch: slots ", slots, " > 65535"));
+  if (prefix != nullptr) {
+    if (!prefix->tail.empty())
+      return absl::UnimplementedError("CUDA batch: a prefix of several segments (pool tree)");
+    const kernels::PrefixView& v = prefix->view;
+    if (static_cast<int32_t>(v.layers.size()) != c.layers || v.kv_heads != c.kv_heads ||
+        v.head_dim != c.head_dim)
+      return absl::InvalidArgumentError("CUDA batch: prefix shape does not match the model");
+  }
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(m.device), "cudaSetDevice"));
+  auto st = std::make_unique<CudaBatch::State>();
+  st->m = &m;
+  st->prefix = prefix;
+  st->slots = slots;
+  st->cap = capacity;
+  st->slot_floats = int64_t{c.kv_heads} * capacity * c.head_dim;
+  const uint64_t slab_bytes = static_cast<uint64_t>(st->slot_floats) * slots * 4;
+  st->slab.resize(2 * static_cast<size_t>(c.layers));
+  for (DeviceBlock& b : st->slab) {
+    POLYKV_RETURN_IF_ERROR(b.Allocate(slab_bytes, "KV slab (batched sessions)"));
+    st->bases.push_back(b.f());
+  }
+  st->lengths.assign(static_cast<size_t>(slots), 0);
+  st->open.assign(static_cast<size_t>(slots), 0);
+  POLYKV_RETURN_IF_ERROR(st->row_slot.Allocate(uint64_t(slots) * 4, "batch slots"));
+  POLYKV_RETURN_IF_ERROR(st->row_length.Allocate(uint64_t(slots) * 8, "batch lengths"));
+  POLYKV_RETURN_IF_ERROR(st->ids.Allocate(uint64_t(slots) * 4, "batch ids"));
+  st->bytes = slab_bytes * st->slab.size() + uint64_t(slots) * 16;
+  return std::unique_ptr<CudaBatch>(new CudaBatch(std::move(st)));
+}
+
+StatusOr<int32_t> CudaBatch::Open() {
+  State& b = *state_;
+  for (int32_t i = 0; i < b.slots; ++i) {
+    if (!b.open[static_cast<size_t>(i)]) {
+      b.open[static_cast<size_t>(i)] = 1;
+      b.lengths[static_cast<size_t>(i)] = 0;
+      return i;
+    }
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("CUDA batch: all ", b.slots, " session slots are taken"));
+}
+
+void CudaBatch::Close(int32_t slot) {
+  if (slot >= 0 && slot < state_->slots) state_->open[static_cast<size_t>(slot)] = 0;
+}
+int64_t CudaBatch::length(int32_t slot) const {
+  return slot >= 0 && slot < state_->slots ? state_->lengths[static_cast<size_t>(slot)] : 0;
+}
+int32_t CudaBatch::slots() const { return state_->slots; }
+int64_t CudaBatch::capacity() const { return state_->cap; }
+uint64_t CudaBatch::device_bytes() const {
+  return state_->bytes + uint64_t(state_->logits_rows) * state_->m->cfg().vocab * 4 +
+         state_->m->f32_bytes;
+}
+
+Status CudaBatch::Prompt(int32_t slot, absl::Span<const int32_t> prompt, std::vector<float>* logits,
+                         int32_t* argmax) {
+  State& b = *state_;
+  CudaLlama::Impl& m = *b.m;
+  const ModelConfig& c = m.cfg();
+  POLYKV_RETURN_IF_ERROR(b.CheckOpen(slot));
+  if (prompt.empty()) return absl::InvalidArgumentError("CUDA batch: empty prompt");
+  int64_t& len = b.lengths[static_cast<size_t>(slot)];
+  if (len + static_cast<int64_t>(prompt.size()) > b.cap)
+    return absl::OutOfRangeError(absl::StrCat("CUDA batch: slot ", slot, " holds ", len,
+                                              " positions; ", prompt.size(), " more exceed its ",
+                                              b.cap));
+  POLYKV_RETURN_IF_ERROR(m.host->CheckTokens(prompt));
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(m.device), "cudaSetDevice"));
+  State::F32Products f32(&m);
+  std::vector<float*> kv(b.bases.size());
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = b.bases[i] + slot * b.slot_floats;
+  constexpr size_t kFeedRows = 256;
+  for (size_t off = 0; off < prompt.size(); off += kFeedRows) {
+    const absl::Span<const int32_t> part = prompt.subspan(off, kFeedRows);
+    POLYKV_RETURN_IF_ERROR(m.Step(part, b.prefix, b.prefix_tokens() + len, kv, b.cap));
+    len += static_cast<int64_t>(part.size());
+  }
+  int32_t* dev_id = static_cast<int32_t*>(b.ids.get());
+  POLYKV_RETURN_IF_ERROR(
+      kernels::DeviceArgmaxRows(m.logits.f(), 1, c.vocab, c.vocab, dev_id, kDev, m.stream));
+  int32_t id = 0;
+  POLYKV_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(&id, dev_id, 4, cudaMemcpyDeviceToHost, m.stream), "copy greedy id"));
+  if (logits != nullptr) {
+    logits->resize(static_cast<size_t>(c.vocab));
+    POLYKV_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(logits->data(), m.logits.get(), logits->size() * 4,
+                                   cudaMemcpyDeviceToHost, m.stream),
+                   "copy logits"));
+  }
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(m.stream), "CUDA batch prompt"));
+  if (argmax != nullptr) *argmax = id;
+  return absl::OkStatus();
+}
+
+Status CudaBatch::Decode(absl::Span<const int32_t> slots, absl::Span<const int32_t> tokens,
+                         absl::Span<const uint8_t> need_logits, std::vector<int32_t>* argmax,
+                         std::vector<float>* logits) {
+  State& b = *state_;
+  CudaLlama::Impl& m = *b.m;
+  const ModelConfig& c = m.cfg();
+  const int64_t n = static_cast<int64_t>(slots.size());
+  if (tokens.size() != slots.size() || need_logits.size() != slots.size())
+    return absl::InvalidArgumentError(absl::StrCat("CUDA batch: ", slots.size(), " slots, ",
+                                                   tokens.size(), " tokens, ", need_logits.size(),
+                                                   " need_logits entries"));
+  if (n == 0) return absl::OkStatus();
+  std::vector<uint8_t> seen(static_cast<size_t>(b.slots), 0);
+  std::vector<int64_t> row_length(static_cast<size_t>(n));
+  int64_t max_length = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const int32_t slot = slots[r];
+    POLYKV_RETURN_IF_ERROR(b.CheckOpen(slot));
+    if (seen[static_cast<size_t>(slot)]++)
+      return absl::InvalidArgumentError(
+          absl::StrCat("CUDA batch: slot ", slot, " twice in a step"));
+    row_length[r] = b.lengths[static_cast<size_t>(slot)] + 1;
+    if (row_length[r] > b.cap)
+      return absl::OutOfRangeError(
+          absl::StrCat("CUDA batch: slot ", slot, " is full (", b.cap, " positions)"));
+    max_length = std::max(max_length, row_length[r]);
+  }
+  POLYKV_RETURN_IF_ERROR(m.host->CheckTokens(tokens));
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(m.device), "cudaSetDevice"));
+  State::F32Products f32(&m);
+  POLYKV_RETURN_IF_ERROR(m.EnsureWorkspace(n));
+  if (n > b.logits_rows) {
+    POLYKV_RETURN_IF_ERROR(b.logits.Allocate(uint64_t(n) * c.vocab * 4, "batch logits"));
+    b.logits_rows = n;
+  }
+  // Each row's RoPE tables at its own position (the CPU runtime's tables).
+  const int64_t hd = c.head_dim;
+  std::vector<float> cs(static_cast<size_t>(n * hd)), sn(cs.size());
+  for (int64_t r = 0; r < n; ++r)
+    m.host->RopeTables(b.prefix_tokens() + row_length[r] - 1, 1, cs.data() + r * hd,
+                       sn.data() + r * hd);
+  POLYKV_RETURN_IF_ERROR(m.Upload(m.cos.get(), cs.data(), cs.size() * 4, "cos"));
+  POLYKV_RETURN_IF_ERROR(m.Upload(m.sin.get(), sn.data(), sn.size() * 4, "sin"));
+  POLYKV_RETURN_IF_ERROR(m.Upload(b.row_slot.get(), slots.data(), size_t(n) * 4, "batch slots"));
+  POLYKV_RETURN_IF_ERROR(
+      m.Upload(b.row_length.get(), row_length.data(), size_t(n) * 8, "batch lengths"));
+  POLYKV_RETURN_IF_ERROR(m.Upload(m.ids.get(), tokens.data(), size_t(n) * 4, "ids"));
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceEmbedRows(
+      m.embed.w, static_cast<const int32_t*>(m.ids.get()), n, m.x.f(), c.hidden, kDev, m.stream));
+  SlotRows rows;
+  rows.slots = b.slots;
+  rows.capacity = b.cap;
+  rows.max_length = max_length;
+  rows.row_slot = static_cast<const int32_t*>(b.row_slot.get());
+  rows.row_length = static_cast<const int64_t*>(b.row_length.get());
+  POLYKV_RETURN_IF_ERROR(m.Layers(n, b.prefix, b.bases, b.cap, 0, false, &rows));
+  // Every row's final norm, output product and greedy id.
+  POLYKV_RETURN_IF_ERROR(kernels::DeviceRmsNormRows(m.x.f(), m.norm.f(), n, c.hidden, c.rms_eps,
+                                                    m.h.f(), kDev, m.stream));
+  POLYKV_RETURN_IF_ERROR(
+      m.Mm(m.tied ? m.embed : m.lm_head, m.h.f(), n, c.hidden, b.logits.f(), c.vocab));
+  int32_t* dev_ids = static_cast<int32_t*>(b.ids.get());
+  POLYKV_RETURN_IF_ERROR(
+      kernels::DeviceArgmaxRows(b.logits.f(), n, c.vocab, c.vocab, dev_ids, kDev, m.stream));
+  argmax->resize(static_cast<size_t>(n));
+  POLYKV_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(argmax->data(), dev_ids, size_t(n) * 4, cudaMemcpyDeviceToHost, m.stream),
+      "copy greedy ids"));
+  const size_t row_bytes = static_cast<size_t>(c.vocab) * 4;
+  for (int64_t r = 0; r < n; ++r) {
+    if (!need_logits[r]) continue;
+    if (logits->size() < static_cast<size_t>(n * c.vocab))
+      logits->resize(static_cast<size_t>(n * c.vocab));
+    POLYKV_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(logits->data() + r * c.vocab, b.logits.f() + r * c.vocab,
+                                   row_bytes, cudaMemcpyDeviceToHost, m.stream),
+                   "copy logits"));
+  }
+  POLYKV_RETURN_IF_ERROR(m.Finish(b.prefix));
+  for (int64_t r = 0; r < n; ++r) ++b.lengths[static_cast<size_t>(slots[r])];
+  return absl::OkStatus();
 }
 
 #endif  // POLYKV_HAVE_CUDA

@@ -2,7 +2,9 @@
 // publishes a stories260K pool in device memory; `polykv-cli agent --device cuda` processes
 // attend to it in place (route cuda-in-place) and answer as a CPU agent that copied the pool
 // (--allow-copy, which logs its cost); a CPU agent without --allow-copy is refused with
-// FAILED_PRECONDITION; two cuda agents at once give the same answer.
+// FAILED_PRECONDITION; two cuda agents at once give the same answer; `agents serve --device
+// cuda` (batched sessions on the GPU over the same pool, in place) answers as single cuda
+// agents do.
 #include <chrono>
 #include <memory>
 #include <string>
@@ -11,6 +13,7 @@
 
 #include "harness.h"
 #include "polykv/kernels/device_ops.h"
+#include "serve_host.h"
 
 namespace polykv::testing {
 namespace {
@@ -52,10 +55,11 @@ class AgentsCuda : public ::testing::Test {
       EXPECT_EQ(daemon_.Stop(10000), 0);
     }
   }
-  std::vector<std::string> Agent(const std::string& device, bool allow_copy) const {
+  std::vector<std::string> Agent(const std::string& device, bool allow_copy,
+                                 const std::string& prompt_ids = "403,407,261") const {
     std::vector<std::string> v = {CliPath(),      "agent",        "--pool",           pool_,
                                   "--model",      StoriesPath(),  "--endpoint",       endpoint_,
-                                  "--prompt-ids", "403,407,261",  "--device",         device,
+                                  "--prompt-ids", prompt_ids,     "--device",         device,
                                   "--json",       "--ignore-eos", "--max-new-tokens", "32"};
     if (allow_copy) v.push_back("--allow-copy");
     return v;
@@ -97,6 +101,40 @@ TEST_F(AgentsCuda, TwoCudaAgentsOnOnePoolAtOnce) {
   ASSERT_EQ(b.exit_code(), 0) << ReadFile(dir_.File("b.err"));
   EXPECT_EQ(json::parse(ReadFile(dir_.File("a.out")))["answer_ids"],
             json::parse(ReadFile(dir_.File("b.out")))["answer_ids"]);
+}
+
+// Three requests at once to `agents serve --device cuda`: one batched step per token on the
+// GPU, each answer equal to a single cuda agent's; a request past the session slots' positions
+// is refused (HTTP 400), not truncated; SIGTERM ends the host cleanly.
+TEST_F(AgentsCuda, ServeOnTheDeviceAnswersAsSingleCudaAgents) {
+  ServeHost host(dir_.path(), {"--pool", pool_, "--model", StoriesPath(), "--endpoint", endpoint_,
+                               "--device", "cuda", "--alias", "doc", "--session-positions", "64"});
+  ASSERT_GT(host.port(), 0);
+  const std::vector<std::vector<int32_t>> prompts = {{403, 407, 261}, {12, 99}, {7, 8, 9, 10, 11}};
+  std::vector<json> bodies;
+  for (const auto& p : prompts)
+    bodies.push_back({{"model", "doc"},
+                      {"prompt", p},
+                      {"max_tokens", 32},
+                      {"temperature", 0},
+                      {"ignore_eos", true},
+                      {"return_token_ids", true}});
+  auto answers = PostConcurrently(host.port(), "/v1/completions", bodies);
+  for (size_t i = 0; i < answers.size(); ++i) {
+    const json j = answers[i].get();
+    ASSERT_TRUE(j.contains("choices")) << j.dump() << host.log();
+    ProcessResult single =
+        RunProcess(Agent("cuda", false, JoinIds(prompts[i])), dir_.path(), 120000);
+    ASSERT_EQ(single.exit_code, 0) << single.err;
+    EXPECT_EQ(j["choices"][0]["token_ids"], json::parse(single.out)["answer_ids"])
+        << "prompt " << i;
+  }
+  int status = 0;
+  const json too_long =
+      PostJson(host.port(), "/v1/completions",
+               {{"model", "doc"}, {"prompt", prompts[0]}, {"max_tokens", 100}}, &status);
+  EXPECT_EQ(status, 400) << too_long.dump();
+  EXPECT_EQ(host.Stop(), 0) << host.log();
 }
 
 }  // namespace

@@ -17,6 +17,8 @@
 
 #include "harness.h"
 #include "polykv/agent.h"
+#include "polykv/kernels/device_ops.h"
+#include "serve_host.h"
 
 namespace polykv::testing {
 namespace {
@@ -28,66 +30,14 @@ StoriesInputs& Stories() {
                              /*prompts=*/6);
 }
 
-// The host process: started on a free port, stopped with SIGTERM (exit code checked).
-class Host {
+// The host of these tests: SIGTERM-stopped `agents serve` over `pool` on 2 threads.
+class Host : public ServeHost {
  public:
-  Host(const Daemon& d, const std::string& pool, const std::string& model, int min_step_ms = 0) {
-    out_ = d.dir() + "/host.out";
-    err_ = d.dir() + "/host.err";
-    Status s = proc_.Start({CliPath(), "agents", "serve", "--pool", pool, "--model", model,
-                            "--endpoint", d.endpoint(), "--listen", "127.0.0.1:0", "--threads", "2",
-                            "--alias", "doc", "--min-step-ms", std::to_string(min_step_ms)},
-                           out_, err_);
-    EXPECT_TRUE(s.ok()) << s;
-    const std::regex re("listening on http://127\\.0\\.0\\.1:([0-9]+)");
-    for (int i = 0; i < 600 && port_ == 0 && proc_.running(); ++i) {
-      std::smatch m;
-      const std::string out = ReadFile(out_);
-      if (std::regex_search(out, m, re)) port_ = std::stoi(m[1]);
-      if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      proc_.Wait(0);
-    }
-    EXPECT_GT(port_, 0) << "host did not start: " << ReadFile(err_);
-  }
-  ~Host() {
-    if (proc_.running()) proc_.Stop(10000);
-  }
-  int Stop() { return proc_.Stop(20000); }
-  int port() const { return port_; }
-  std::string log() const { return ReadFile(out_) + ReadFile(err_); }
-
- private:
-  Process proc_;
-  std::string out_, err_;
-  int port_ = 0;
+  Host(const Daemon& d, const std::string& pool, const std::string& model, int min_step_ms = 0)
+      : ServeHost(d.dir(),
+                  {"--pool", pool, "--model", model, "--endpoint", d.endpoint(), "--threads", "2",
+                   "--alias", "doc", "--min-step-ms", std::to_string(min_step_ms)}) {}
 };
-
-json PostJson(int port, const std::string& path, const json& body, int* status) {
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(300, 0);
-  auto r = c.Post(path.c_str(), body.dump(), "application/json");
-  if (!r) {
-    *status = -1;
-    return json();
-  }
-  *status = r->status;
-  return json::parse(r->body, nullptr, false);
-}
-
-// POSTs every body in `bodies` to `path` at once (a thread each); each answer must be 200.
-std::vector<std::future<json>> PostConcurrently(int port, const std::string& path,
-                                                const std::vector<json>& bodies) {
-  std::vector<std::future<json>> answers;
-  for (const json& body : bodies) {
-    answers.push_back(std::async(std::launch::async, [port, path, body] {
-      int status = 0;
-      json j = PostJson(port, path, body, &status);
-      EXPECT_EQ(status, 200) << j.dump();
-      return j;
-    }));
-  }
-  return answers;
-}
 
 // POSTs `body` with `receive` getting the response body as it arrives (false: hang up).
 void PostReceiving(int port, const std::string& path, const json& body,
@@ -209,6 +159,25 @@ TEST_F(AgentsServe, StoriesGreedyAnswersEqualSingleAgents) {
       << "no step decoded two sessions together:\n"
       << metrics;
   EXPECT_EQ(host.Stop(), 0) << host.log();
+}
+
+// --device cuda where no GPU is usable (this CI host) or CUDA is not built: refused before
+// anything is served, naming why; never a CPU host in its place.
+TEST_F(AgentsServe, DeviceCudaWithoutAUsableGpuIsRefused) {
+  if (kernels::CheckDeviceAvailable(kernels::Device::kCuda).ok())
+    GTEST_SKIP() << "a CUDA device is usable here (integration_agents_cuda_test serves on it)";
+  std::string pool;
+  ASSERT_NO_FATAL_FAILURE(CreateStoriesPool(&pool));
+  ProcessResult r =
+      RunProcess({CliPath(), "agents", "serve", "--pool", pool, "--model", StoriesPath(),
+                  "--endpoint", daemon_->endpoint(), "--listen", "127.0.0.1:0", "--device", "cuda"},
+                 daemon_->dir(), 60000);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.out.find("listening"), std::string::npos) << r.out;
+  EXPECT_TRUE(r.err.find("FAILED_PRECONDITION") != std::string::npos ||
+              r.err.find("UNIMPLEMENTED") != std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("CUDA"), std::string::npos) << r.err;
 }
 
 TEST_F(AgentsServe, StoriesStreamingErrorsAndDisconnect) {

@@ -3,10 +3,12 @@
 // head_dim 8..128, prompt rows 1 and 7, a suffix that crosses a chunk. The CUDA kernels accumulate
 // in a different order: max |d| <= 2e-5 (outputs are convex combinations of O(1) values). A
 // launch that reads the suffix length from device memory (grid sized by the capacity, as a
-// captured decode graph launches it) gives the same bits as the host-length launch. Skips
-// without a CUDA device or a CUDA build.
+// captured decode graph launches it) gives the same bits as the host-length launch, and so
+// does a batched decode step's slot launch (AttentionForwardSlots). Skips without a CUDA
+// device or a CUDA build.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -56,6 +58,66 @@ struct Format {
   bool f16_norms = false;
   bool layer_bits = false;
 };
+
+// AttentionForwardSlots on the device (a batched decode step): the case's suffix in slot 1
+// of a 3-slot slab, attended by row 0 with its length, while row 1 attends to slot 2 with one
+// position. Row 0 gives the single launch's bits (`single`: the same blocks and merge order;
+// a grid bound past its length adds empty chunks only), row 1 the CPU's AttentionForward
+// within 2e-5.
+void CheckSlots(const Case& c, const AttentionArgs& host, const PrefixView& dv,
+                const std::vector<float>& ksuf, const std::vector<float>& vsuf,
+                const std::vector<float>& q, const std::vector<float>& single) {
+  const int64_t cap = host.suffix_capacity, per = c.kv_heads * cap * c.hd;
+  std::vector<float> kslab = Gaussian(3 * per, 11), vslab = Gaussian(3 * per, 12);
+  std::copy(ksuf.begin(), ksuf.end(), kslab.begin() + per);
+  std::copy(vsuf.begin(), vsuf.end(), vslab.begin() + per);
+  std::vector<float> q2 = q;
+  const std::vector<float> other = Gaussian(c.heads * c.hd, 13);
+  q2.insert(q2.end(), other.begin(), other.end());
+  float* dk = ToDevice(kslab);
+  float* dvs = ToDevice(vslab);
+  float* dq = ToDevice(q2);
+  std::vector<float> out(q2.size(), 0.0f);
+  float* dout = ToDevice(out);
+  int32_t* dslot = ToDevice(std::vector<int32_t>{1, 2});
+  int64_t* dlen = ToDevice(std::vector<int64_t>{c.suffix, 1});
+  SlotAttentionArgs s;
+  s.prefix = &dv;
+  s.layer = host.layer;
+  s.k_slab = dk;
+  s.v_slab = dvs;
+  s.slots = 3;
+  s.capacity = cap;
+  s.rows = 2;
+  s.row_slot = dslot;
+  s.row_length = dlen;
+  s.max_length = cap;
+  s.heads = c.heads;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.hd;
+  s.q = dq;
+  s.out = dout;
+  AttentionOptions o;
+  o.device = Device::kCuda;
+  const Status st = AttentionForwardSlots(s, o);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaMemcpy(out.data(), dout, sizeof(float) * out.size(), cudaMemcpyDeviceToHost);
+  for (void* p : {static_cast<void*>(dk), static_cast<void*>(dvs), static_cast<void*>(dq),
+                  static_cast<void*>(dout), static_cast<void*>(dslot), static_cast<void*>(dlen)})
+    cudaFree(p);
+  EXPECT_EQ(std::memcmp(out.data(), single.data(), sizeof(float) * single.size()), 0)
+      << "slot launch row 0 differs from the single launch";
+  AttentionArgs r1 = SuffixArgs({cap, 1, 1, c.heads, c.kv_heads, c.hd}, kslab.data() + 2 * per,
+                                vslab.data() + 2 * per, other.data());
+  r1.prefix = host.prefix;
+  r1.layer = host.layer;
+  std::vector<float> want(other.size());
+  r1.out = want.data();
+  ASSERT_TRUE(AttentionForward(r1).ok());
+  EXPECT_LE(MaxAbsError(std::vector<float>(out.begin() + single.size(), out.end()), want), 2e-5)
+      << "slot launch row 1";
+}
 
 void Check(const Case& c, bool k8, int bits, KeyScaleMode mode, Format f = {}) {
   SCOPED_TRACE(::testing::Message()
@@ -157,6 +219,7 @@ void Check(const Case& c, bool k8, int bits, KeyScaleMode mode, Format f = {}) {
   cudaFree(dlen);
   EXPECT_EQ(std::memcmp(gpu_dev.data(), gpu.data(), sizeof(float) * gpu.size()), 0)
       << "device-length launch differs from the host-length launch";
+  if (c.n == 1) CheckSlots(c, a, dv, ksuf, vsuf, q, gpu);
   for (void* p :
        {static_cast<void*>(dk), static_cast<void*>(dks), dvv, dn, static_cast<void*>(dksuf),
         static_cast<void*>(dvsuf), static_cast<void*>(dq), static_cast<void*>(dout)})

@@ -352,6 +352,38 @@ TEST(DeviceOpsCuda, AppendKvRowsAtHostAndDevicePositionsEqualsTheCpu) {
 #endif
 }
 
+// A batched decode step's K/V rows into their sessions' slots: the CPU's bytes; a row whose
+// slot or position is out of range is skipped on the device (nothing written).
+TEST(DeviceOpsCuda, AppendKvSlotsEqualsTheCpuAndSkipsRowsOutOfRange) {
+  POLYKV_REQUIRE_CUDA_DEVICE();
+#if defined(POLYKV_HAVE_CUDA)
+  const int32_t kv = 3, hd = 64;
+  const int64_t slots = 5, cap = 40, n = 4, stride = (9 + 2 * kv) * hd;
+  const auto src = RandomRows(n, stride, 12);
+  const std::vector<int32_t> slot = {3, 0, 4, 1};
+  const std::vector<int64_t> len = {1, 40, 17, 2};
+  std::vector<float> cpu(static_cast<size_t>(slots * kv * cap * hd), -1.0f);
+  const std::vector<float> init = cpu;
+  ASSERT_TRUE(DeviceAppendKvSlots(src.data(), n, stride, kv, hd, cpu.data(), slots, cap,
+                                  slot.data(), len.data(), Device::kCpu)
+                  .ok());
+  Dev<float> ds(src), dslab(init);
+  Dev<int32_t> dslot(slot);
+  Dev<int64_t> dlen(len);
+  ASSERT_TRUE(DeviceAppendKvSlots(ds.get(), n, stride, kv, hd, dslab.get(), slots, cap, dslot.get(),
+                                  dlen.get(), Device::kCuda)
+                  .ok());
+  EXPECT_TRUE(SameBits(cpu, dslab.ToHost()));
+  Dev<float> dbad(init);
+  Dev<int32_t> bad_slot(std::vector<int32_t>{5, -1, 0, 1});
+  Dev<int64_t> bad_len(std::vector<int64_t>{1, 1, 41, 0});
+  ASSERT_TRUE(DeviceAppendKvSlots(ds.get(), n, stride, kv, hd, dbad.get(), slots, cap,
+                                  bad_slot.get(), bad_len.get(), Device::kCuda)
+                  .ok());
+  EXPECT_TRUE(SameBits(init, dbad.ToHost())) << "a row out of range was written";
+#endif
+}
+
 TEST(DeviceOpsCuda, ArgmaxAndTopPSamplingPickTheCpuIds) {
   POLYKV_REQUIRE_CUDA_DEVICE();
 #if defined(POLYKV_HAVE_CUDA)

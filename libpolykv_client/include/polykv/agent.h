@@ -149,6 +149,9 @@ struct SharedPool {
   /// Bytes of the prefix read by one step (every layer's K codes, scales, V codes, norms),
   /// once for all sessions of a batched step.
   uint64_t prefix_bytes_per_step = 0;
+  /// Where `prefix` lies: the CPU (a host pool) or the agent's CUDA device (a cuda pool
+  /// attached by an agent with --device cuda; its pointers are device memory there).
+  AgentDevice device;
 };
 
 /// An agent: one loaded model (per process) that runs prompts against pools.
@@ -196,8 +199,10 @@ class PooledAgent {
                                        const model::SamplingOptions& sampling);
 
   /// Attaches `pool_id` and its parent chain for in-place attention and keeps them attached
-  /// while the returned prefix lives (the agent must outlive it). Errors as Run;
-  /// kFailedPrecondition for a pool that cannot be attended in place (a device pool).
+  /// while the returned prefix lives (the agent must outlive it): a host pool on the CPU, a
+  /// cuda pool (one segment) on this agent's device when it was created with --device cuda.
+  /// Errors as Run; kFailedPrecondition for a pool that cannot be attended in place where
+  /// this agent computes (a cuda pool for a CPU agent, or on another device).
   StatusOr<SharedPool> AttachShared(std::string_view pool_id);
 
   /// Reads the token ids an agent of the pool attends to (attach + read + detach): its parent
@@ -211,6 +216,8 @@ class PooledAgent {
   std::string DecodeText(absl::Span<const int32_t> ids) const;
 
   model::LlamaModel& model() { return *model_; }
+  /// The CUDA runtime of an agent created with --device cuda; null otherwise.
+  model::CudaLlama* cuda_model() { return cuda_.get(); }
   void set_hooks(AgentHooks hooks) { hooks_ = std::move(hooks); }
 
  private:
@@ -234,6 +241,8 @@ class PooledAgent {
   /// --device cuda: attends in place to the chain's pool in CUDA memory and generates on the
   /// device (CudaLlama). kUnimplemented for a pool tree; kFailedPrecondition for a pool on
   /// another device.
+  /// AttachShared's cuda path: the chain's one pool as a device prefix, owned by it.
+  StatusOr<SharedPool> AttachSharedOnDevice(std::shared_ptr<AttachedChain> chain);
   [[nodiscard]] Status RunOnDevice(AttachedChain& chain, absl::Span<const int32_t> prompt_ids,
                                    const model::SamplingOptions& sampling, AgentResult* result);
   /// Fills `cache` from the attached chain (positions 0 .. chain tokens - 1): prefix views of

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "polykv/model/batch_engine.h"
 #include "polykv/model/llama.h"
 
 namespace polykv::cli::serve {
@@ -18,13 +19,15 @@ namespace {
 
 using nlohmann::json;
 
-const model::LlamaModel& Stories() {
+// stories260K as the engine's model (no prefix): what ParseRequest reads.
+const model::BatchModel& Stories() {
   static std::unique_ptr<model::LlamaModel> m = [] {
     auto r = model::LlamaModel::Load(POLYKV_TEST_DATA_DIR "/models/stories260K");
     EXPECT_TRUE(r.ok()) << r.status();
     return std::move(*r);
   }();
-  return *m;
+  static std::unique_ptr<model::BatchModel> batch = model::NewLlamaBatchModel(*m, nullptr, {});
+  return *batch;
 }
 
 ServeIdentity Id() {
@@ -142,10 +145,11 @@ TEST(OpenAiApi, SmolLM2ChatContinuationIsTheAgentsChatPrompt) {
   ParsedRequest r;
   ApiError e;
   ServeIdentity id = Id();
+  const std::unique_ptr<model::BatchModel> batch = model::NewLlamaBatchModel(**m, nullptr, {});
   ASSERT_TRUE(ParseRequest(ApiKind::kChat,
                            R"({"messages":[{"role":"user","content":[{"type":"text",
                                "text":"Who is Robert Boulter?"}]}]})",
-                           **m, id, &r, &e))
+                           *batch, id, &r, &e))
       << e.message;
   EXPECT_EQ(r.session.prompt, *(*m)->tokenizer()->Encode(*text, false));
 }

@@ -717,5 +717,95 @@ TEST(AttentionBatch, RejectsBadSessionsNamingThem) {
   EXPECT_TRUE(AttentionForwardBatch(b).ok());  // nothing to do
 }
 
+// ---- AttentionForwardSlots: one decode row per session, suffixes in one slab -------------
+
+// Each row's output equals AttentionForward with n = 1 over its slot (capacity, row_length),
+// bit for bit, for the default codec's formats and raw f32; slots in any order, some unused;
+// lengths from 1 (only the new row) past a chunk.
+TEST(AttentionSlots, EachRowEqualsItsOwnCallBitForBit) {
+  const int heads = 9, kvh = 3, hd = 64;
+  const int64_t slots = 6, cap = 300;
+  const std::vector<int32_t> slot = {4, 0, 5, 2};
+  const std::vector<int64_t> len = {1, 17, 300, 64};
+  const int64_t rows = static_cast<int64_t>(slot.size());
+  const std::vector<float> ks = Gaussian(static_cast<size_t>(slots * kvh * cap * hd), 41, 1.5f);
+  const std::vector<float> vs = Gaussian(ks.size(), 42);
+  const std::vector<float> q = Gaussian(static_cast<size_t>(rows * heads * hd), 43);
+  TestPrefix k7 = MakePrefix(kvh, 600, hd, "k8v", 3, KeyScaleMode::kPerChannel, 5, 7, true, 0);
+  TestPrefix raw = MakePrefix(kvh, 100, hd, "none-f32", 0, KeyScaleMode::kPerTensor, 6);
+  const PrefixView* prefixes[] = {&k7.view, &raw.view, nullptr};
+  for (const PrefixView* prefix : prefixes) {
+    SlotAttentionArgs a;
+    a.prefix = prefix;
+    a.k_slab = ks.data();
+    a.v_slab = vs.data();
+    a.slots = slots;
+    a.capacity = cap;
+    a.rows = rows;
+    a.row_slot = slot.data();
+    a.row_length = len.data();
+    a.max_length = cap;
+    a.heads = heads;
+    a.kv_heads = kvh;
+    a.head_dim = hd;
+    a.q = q.data();
+    std::vector<float> out(q.size(), 1e30f);
+    a.out = out.data();
+    ASSERT_TRUE(AttentionForwardSlots(a).ok());
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t stride = kvh * cap * hd;
+      AttentionArgs one = SuffixArgs({cap, len[r], 1, heads, kvh, hd}, ks.data() + slot[r] * stride,
+                                     vs.data() + slot[r] * stride, q.data() + r * heads * hd);
+      one.prefix = prefix;
+      std::vector<float> want(static_cast<size_t>(heads * hd));
+      one.out = want.data();
+      ASSERT_TRUE(AttentionForward(one).ok());
+      EXPECT_EQ(
+          std::vector<float>(out.begin() + r * heads * hd, out.begin() + (r + 1) * heads * hd),
+          want)
+          << "row " << r << (prefix == nullptr ? " no prefix" : "");
+    }
+  }
+}
+
+TEST(AttentionSlots, RejectsBadRowsAndShapesNamingThem) {
+  const int heads = 2, kvh = 1, hd = 8;
+  std::vector<float> slab(3 * kvh * 4 * hd), q(2 * heads * hd), out(q.size());
+  std::vector<int32_t> slot = {0, 2};
+  std::vector<int64_t> len = {1, 4};
+  SlotAttentionArgs a;
+  a.k_slab = a.v_slab = slab.data();
+  a.slots = 3;
+  a.capacity = 4;
+  a.rows = 2;
+  a.row_slot = slot.data();
+  a.row_length = len.data();
+  a.max_length = 4;
+  a.heads = heads;
+  a.kv_heads = kvh;
+  a.head_dim = hd;
+  a.q = q.data();
+  a.out = out.data();
+  EXPECT_TRUE(AttentionForwardSlots(a).ok());
+  slot[1] = 3;  // no such slot
+  Status st = AttentionForwardSlots(a);
+  EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange) << st;
+  EXPECT_NE(st.message().find("row 1"), std::string::npos) << st;
+  slot[1] = 2;
+  len[0] = 0;  // not even the new row
+  st = AttentionForwardSlots(a);
+  EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange) << st;
+  EXPECT_NE(st.message().find("row 0"), std::string::npos) << st;
+  len[0] = 1;
+  a.max_length = 5;  // > capacity
+  EXPECT_EQ(AttentionForwardSlots(a).code(), absl::StatusCode::kInvalidArgument);
+  a.max_length = 4;
+  a.rows = 0;
+  EXPECT_EQ(AttentionForwardSlots(a).code(), absl::StatusCode::kInvalidArgument);
+  a.rows = 2;
+  a.row_length = nullptr;
+  EXPECT_EQ(AttentionForwardSlots(a).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace polykv::kernels

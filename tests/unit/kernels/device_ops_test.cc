@@ -326,6 +326,50 @@ TEST(DeviceOps, AppendKvRowsCopiesEachHeadToItsPosition) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A batched decode step's K/V rows land in their sessions' slots at each one's own position
+// (row_length - 1) and nowhere else; a slot or position out of range is refused, naming the
+// row, before anything is written.
+TEST(DeviceOps, AppendKvSlotsCopiesEachRowToItsSlotAndPosition) {
+  const int32_t kv = 2, hd = 4;
+  const int64_t slots = 4, cap = 5, n = 3, stride = 3 * kv * hd;
+  std::vector<float> src(n * stride);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i);
+  const std::vector<int32_t> slot = {2, 0, 3};
+  const std::vector<int64_t> len = {1, 5, 3};  // positions 0, 4, 2
+  std::vector<float> slab(slots * kv * cap * hd, -1.0f);
+  ASSERT_TRUE(DeviceAppendKvSlots(src.data(), n, stride, kv, hd, slab.data(), slots, cap,
+                                  slot.data(), len.data(), Device::kCpu)
+                  .ok());
+  for (int64_t s = 0; s < slots; ++s)
+    for (int32_t h = 0; h < kv; ++h)
+      for (int64_t t = 0; t < cap; ++t)
+        for (int32_t d = 0; d < hd; ++d) {
+          float want = -1.0f;
+          for (int64_t r = 0; r < n; ++r)
+            if (slot[r] == s && len[r] - 1 == t) want = src[r * stride + h * hd + d];
+          EXPECT_EQ(slab[((s * kv + h) * cap + t) * hd + d], want) << s << " " << h << " " << t;
+        }
+  const std::vector<float> before = slab;
+  for (auto [bad_slot, bad_len] : {std::pair{4, int64_t{1}}, std::pair{-1, int64_t{1}},
+                                   std::pair{1, int64_t{6}}, std::pair{1, int64_t{0}}}) {
+    const std::vector<int32_t> sl = {0, bad_slot, 1};
+    const std::vector<int64_t> ln = {1, bad_len, 2};
+    const Status st = DeviceAppendKvSlots(src.data(), n, stride, kv, hd, slab.data(), slots, cap,
+                                          sl.data(), ln.data(), Device::kCpu);
+    EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange) << st;
+    EXPECT_NE(st.message().find("row 1"), std::string::npos) << st;
+    EXPECT_EQ(slab, before) << "a refused call wrote";
+  }
+  EXPECT_EQ(DeviceAppendKvSlots(src.data(), n, kv * hd - 1, kv, hd, slab.data(), slots, cap,
+                                slot.data(), len.data(), Device::kCpu)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DeviceAppendKvSlots(src.data(), n, stride, kv, hd, slab.data(), slots, cap, nullptr,
+                                len.data(), Device::kCpu)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // y += W x (DeviceMatMulOptions::accumulate) on the CPU: the product, then one add per
 // output, as DeviceAdd after the product gives.
 TEST(DeviceOps, AccumulateAddsTheProductToY) {

@@ -1,13 +1,15 @@
 // BatchEngine (continuous batching over one shared prefix): every session's tokens equal
 // LlamaModel::Generate's for the same prompt and sampling (greedy and seeded top-p), with
 // sessions joining between steps (their prompts in one forward, in groups of
-// max_prompt_rows, or one forward each); cancellation (Cancel and a callback returning false),
-// Submit's errors, shutdown of a running engine thread; stop strings and streamed text on
-// SmolLM2 (skipped unless POLYKV_SMOLLM2_GGUF names the GGUF).
+// max_prompt_rows, or one forward each); a BatchModel that returns argmax ids itself gives the
+// same tokens (greedy sessions take its ids, sampled ones get real logits); cancellation (Cancel
+// and a callback returning false), Submit's errors, shutdown of a running engine thread; stop
+// strings and streamed text on SmolLM2 (skipped unless POLYKV_SMOLLM2_GGUF names the GGUF).
 #include "polykv/model/batch_engine.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
@@ -139,6 +141,142 @@ TEST(BatchEngine, SessionsEqualGenerateWhileJoining) {
 TEST(BatchEngine, PromptRowsGroupJoiningSessions) {
   ExpectSessionsEqualGenerateWhileJoining(5, 5);  // {1, 4}, {7}; {10}, {13}, {16}
   ExpectSessionsEqualGenerateWhileJoining(0, 6);  // one Forward per session
+}
+
+// A BatchModel answering as a GPU runtime may: NewLlamaBatchModel's forwards, then every row's
+// argmax filled by the model and the rows whose need_logits is 0 zeroed. It records each
+// session's need_logits flags (sessions in the order of their NewCache calls) in `flags`.
+class ArgmaxBatchModel : public BatchModel {
+ public:
+  ArgmaxBatchModel(std::unique_ptr<BatchModel> inner, std::vector<std::vector<uint8_t>>* flags)
+      : inner_(std::move(inner)), flags_(flags) {}
+
+  const ModelConfig& config() const override { return inner_->config(); }
+  const Tokenizer* tokenizer() const override { return inner_->tokenizer(); }
+  uint64_t WeightBytesPerStep() const override { return inner_->WeightBytesPerStep(); }
+  int64_t prefix_tokens() const override { return inner_->prefix_tokens(); }
+
+  StatusOr<std::unique_ptr<BatchCache>> NewCache(int64_t capacity) override {
+    auto c = std::make_unique<Cache>();
+    POLYKV_ASSIGN_OR_RETURN(c->inner, inner_->NewCache(capacity));
+    c->session = flags_->size();
+    flags_->emplace_back();
+    return std::unique_ptr<BatchCache>(std::move(c));
+  }
+
+  StatusOr<BatchLogits> ForwardPrompts(absl::Span<BatchCache* const> caches,
+                                       absl::Span<const absl::Span<const int32_t>> prompts,
+                                       absl::Span<const uint8_t> need_logits,
+                                       bool joined) override {
+    return Answer(need_logits, inner_->ForwardPrompts(Unwrap(caches, need_logits), prompts,
+                                                      need_logits, joined));
+  }
+
+  StatusOr<BatchLogits> ForwardBatch(absl::Span<BatchCache* const> caches,
+                                     absl::Span<const int32_t> tokens,
+                                     absl::Span<const uint8_t> need_logits) override {
+    return Answer(need_logits,
+                  inner_->ForwardBatch(Unwrap(caches, need_logits), tokens, need_logits));
+  }
+
+ private:
+  struct Cache : BatchCache {
+    std::unique_ptr<BatchCache> inner;
+    size_t session = 0;
+  };
+
+  // The inner caches; records need_logits per session.
+  std::vector<BatchCache*> Unwrap(absl::Span<BatchCache* const> caches,
+                                  absl::Span<const uint8_t> need_logits) {
+    EXPECT_EQ(need_logits.size(), caches.size());
+    std::vector<BatchCache*> inner;
+    for (size_t i = 0; i < caches.size(); ++i) {
+      auto* c = static_cast<Cache*>(caches[i]);
+      (*flags_)[c->session].push_back(need_logits.at(i));
+      inner.push_back(c->inner.get());
+    }
+    return inner;
+  }
+
+  static StatusOr<BatchLogits> Answer(absl::Span<const uint8_t> need_logits,
+                                      StatusOr<BatchLogits> out) {
+    if (!out.ok()) return out;
+    Logits& l = out->logits;
+    for (int64_t i = 0; i < l.rows; ++i) {
+      POLYKV_ASSIGN_OR_RETURN(int32_t id, Argmax(l.row(i)));
+      out->argmax.push_back(id);
+      if (need_logits.at(static_cast<size_t>(i)) == 0) {
+        const auto row = l.values.begin() + static_cast<std::ptrdiff_t>(i) * l.vocab;
+        std::fill(row, row + l.vocab, 0.0f);
+      }
+    }
+    return out;
+  }
+
+  std::unique_ptr<BatchModel> inner_;
+  std::vector<std::vector<uint8_t>>* flags_;
+};
+
+// Through a model that returns argmax ids (and zeroes the logits greedy sessions do not need),
+// every session gets the tokens the CPU adapter gives it: greedy ones take the model's ids,
+// seeded top-p ones in the same batches sample real logits; the engine asks for logits exactly
+// for the sampled sessions. Prompts joined and one per forward.
+TEST(BatchEngine, ModelArgmaxGivesTheSameTokens) {
+  Fixture f = Load(kStories, 100);
+  const int32_t vocab = f.model->config().vocab;
+  std::vector<SessionRequest> reqs;
+  for (int i = 0; i < 5; ++i) {
+    SessionRequest r;
+    r.prompt = Tokens(2 + 3 * i, vocab, 40 + i);
+    r.sampling.max_new_tokens = 8 + 2 * i;
+    r.sampling.stop_at_eos = false;
+    if (i % 2 == 1) {
+      r.sampling.greedy = false;
+      r.sampling.temperature = 0.9f;
+      r.sampling.top_p = 0.9f;
+      r.sampling.seed = 77 + i;
+    }
+    reqs.push_back(r);
+  }
+  // Three sessions, then the other two join while they decode.
+  const auto run = [&](BatchEngine& engine) {
+    std::vector<Collected> got(reqs.size());
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(engine.Submit(reqs[i], Collect(&got[i])).ok());
+    engine.Step();
+    engine.Step();
+    for (size_t i = 3; i < reqs.size(); ++i)
+      EXPECT_TRUE(engine.Submit(reqs[i], Collect(&got[i])).ok());
+    for (int guard = 0; guard < 100 && engine.Step(); ++guard) {
+    }
+    return got;
+  };
+  for (const int64_t rows : {BatchEngineOptions().max_prompt_rows, int64_t{0}}) {
+    BatchEngineOptions o;
+    o.max_prompt_rows = rows;
+    BatchEngine plain(*f.model, f.prefix, f.doc, 0, o);
+    const std::vector<Collected> want = run(plain);
+    std::vector<std::vector<uint8_t>> flags;
+    BatchEngine engine(
+        std::make_unique<ArgmaxBatchModel>(NewLlamaBatchModel(*f.model, f.prefix, f.doc), &flags),
+        0, o);
+    const std::vector<Collected> got = run(engine);
+    ASSERT_EQ(flags.size(), reqs.size()) << "max_prompt_rows " << rows;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_TRUE(got[i].done) << i;
+      EXPECT_EQ(got[i].finish, FinishReason::kLength) << i;
+      EXPECT_EQ(got[i].ids, want[i].ids) << "session " << i << ", max_prompt_rows " << rows;
+      EXPECT_EQ(got[i].ids.size(), static_cast<size_t>(reqs[i].sampling.max_new_tokens));
+      // The prompt forward and every step but the last token's (which is not fed).
+      EXPECT_EQ(flags[i].size(), got[i].ids.size()) << i;
+      const uint8_t need = reqs[i].sampling.greedy ? 0 : 1;
+      for (uint8_t flag : flags[i]) EXPECT_EQ(flag, need) << "session " << i;
+    }
+    const BatchEngineStats a = plain.stats(), b = engine.stats();
+    EXPECT_EQ(b.prompt_forwards, a.prompt_forwards);
+    EXPECT_EQ(b.steps, a.steps);
+    EXPECT_EQ(b.step_rows, a.step_rows);
+    EXPECT_EQ(b.generated_tokens, a.generated_tokens);
+  }
 }
 
 TEST(BatchEngine, CancelFreesSession) {

@@ -173,6 +173,41 @@ struct BatchAttentionArgs {
 [[nodiscard]] Status AttentionForwardBatch(const BatchAttentionArgs& args,
                                            const AttentionOptions& opt = {});
 
+/// One decode row for each of `rows` sessions whose private suffixes share one slab (a
+/// batched decode step on a device: no per-session pointers, one launch for all).
+struct SlotAttentionArgs {
+  const PrefixView* prefix = nullptr;  ///< one segment, or null (no prefix)
+  int32_t layer = 0;
+  /// f32 [slots][kv_heads][capacity][head_dim] (this layer's): slot s's suffix at
+  /// k_slab + s * kv_heads * capacity * head_dim.
+  const float* k_slab = nullptr;
+  const float* v_slab = nullptr;
+  int64_t slots = 0;
+  int64_t capacity = 0;
+  int64_t rows = 0;  ///< sessions (>= 1, <= 65535), one query row each
+  /// [rows] slot of row r and its suffix length (the new row included: it sits at suffix
+  /// index row_length[r] - 1). On Device::kCuda device memory read when the kernels run (the
+  /// caller keeps them in range: a slot or length outside reads as an empty suffix); on the
+  /// CPU host memory, checked (kOutOfRange naming the row).
+  const int32_t* row_slot = nullptr;
+  const int64_t* row_length = nullptr;
+  /// Upper bound of every row_length (<= capacity): the launch shape on CUDA.
+  int64_t max_length = 0;
+  int32_t heads = 0, kv_heads = 0, head_dim = 0;
+  const float* q = nullptr;  ///< f32 [rows][heads][head_dim] (after RoPE)
+  float* out = nullptr;      ///< f32 [rows][heads][head_dim]
+};
+
+/// AttentionForward for every row of `a`: row r's output equals an AttentionForward call
+/// with n = 1 over slot row_slot[r] (suffix_capacity = capacity, suffix_length =
+/// row_length[r]) on the same device (on the CPU it runs as AttentionForwardBatch, bit for
+/// bit; on CUDA one launch of the split kernels with a session grid dimension, the same
+/// per-block math as a single call). Errors: kInvalidArgument for shapes (naming the field),
+/// kOutOfRange for a host slot or length outside its bounds, kUnimplemented for CUDA in a
+/// build without it or a prefix of several segments, kInternal for a CUDA error.
+[[nodiscard]] Status AttentionForwardSlots(const SlotAttentionArgs& a,
+                                           const AttentionOptions& opt = {});
+
 /// A partial softmax state of one query head (see the file comment).
 struct AttentionState {
   float m = 0;         ///< maximum score (-inf for an empty part)

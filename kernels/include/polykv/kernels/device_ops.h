@@ -131,6 +131,19 @@ struct DeviceMatMulOptions {
                                         int64_t capacity, int64_t pos, const int64_t* pos_device,
                                         Device device, Stream stream = nullptr);
 
+/// Appends one new K (or V) row per session of a batched decode step to a slab of session
+/// caches f32 [slots][kv_heads][capacity][head_dim]: row r of src (kv_heads vectors of
+/// head_dim at src + r * src_stride) goes to slot row_slot[r] at position row_length[r] - 1.
+/// row_slot / row_length live on `device` (kCuda: device memory read when the kernel runs;
+/// a slot or position out of range is skipped, never written; kCpu: checked, kOutOfRange
+/// naming the row). Bit-exact copy. Errors: kInvalidArgument for n outside [0, 65535],
+/// src_stride < kv_heads * head_dim, slots or capacity < 1.
+[[nodiscard]] Status DeviceAppendKvSlots(const float* src, int64_t n, int64_t src_stride,
+                                         int32_t kv_heads, int32_t head_dim, float* slab,
+                                         int64_t slots, int64_t capacity, const int32_t* row_slot,
+                                         const int64_t* row_length, Device device,
+                                         Stream stream = nullptr);
+
 /// ids[r] = ArgmaxLogits(logits + r * stride, vocab) for r < rows (greedy decoding: lowest
 /// id on ties, NaN largest). ids lives on `device`.
 [[nodiscard]] Status DeviceArgmaxRows(const float* logits, int64_t rows, int64_t vocab,

@@ -1,9 +1,10 @@
 // BatchEngine: many generation sessions over ONE shared prefix (a pool's document) in one
 // process, decoded together (continuous batching): sessions join and leave between steps;
-// each step feeds the newly admitted sessions' prompts together (LlamaModel::ForwardPrompts:
-// the weights read once for all their rows), then one LlamaModel::ForwardBatch for every
-// running session (weights read once per step for all of
-// them, the prefix read once per step by kernels::AttentionForwardBatch).
+// each step feeds the newly admitted sessions' prompts together (BatchModel::ForwardPrompts;
+// on the CPU LlamaModel::ForwardPrompts: the weights read once for all their rows), then one
+// BatchModel::ForwardBatch for every running session (on the CPU LlamaModel::ForwardBatch:
+// weights read once per step for all of them, the prefix read once per step by
+// kernels::AttentionForwardBatch).
 //
 // Each session has its own prompt, sampling options (greedy or temperature + top-p with its
 // own seed), token budget, stop strings and end-of-generation handling, and its own private
@@ -11,8 +12,11 @@
 // the same seed stream, EOS neither returned nor cached), so a session alone computes what a
 // single agent computes; in a batch its logits differ from that only as ForwardBatch states.
 //
+// The engine computes on a BatchModel (NewLlamaBatchModel: the CPU runtime); a runtime that
+// picks greedy tokens itself returns them in BatchLogits::argmax.
+//
 // Threads: Submit and Cancel may be called from any thread; Step / RunUntilStopped run on one
-// engine thread, which also invokes the sessions' callbacks.
+// engine thread, which also invokes the sessions' callbacks and every BatchModel call.
 #pragma once
 
 #include <condition_variable>
@@ -27,6 +31,64 @@
 #include "polykv/status.h"
 
 namespace polykv::model {
+
+/// One session's private KV cache inside a BatchModel (its memory is freed when destroyed,
+/// always before the model).
+class BatchCache {
+ public:
+  virtual ~BatchCache() = default;
+};
+
+/// Rows of a BatchModel forward: row i belongs to session i of the call.
+struct BatchLogits {
+  /// f32 [rows][vocab]. A row whose need_logits entry was false may be left unfilled (zeros)
+  /// by a model that fills `argmax`; when no row needs logits, `values` may be empty.
+  Logits logits;
+  /// Each row's greedy id (model::Argmax's rule: lowest id on ties), or empty when the model
+  /// only returns logits (then every logits row is filled).
+  std::vector<int32_t> argmax;
+};
+
+/// What a BatchEngine computes on: private caches after ONE shared prefix, prompt forwards
+/// and batched decode steps. Called from the engine thread only.
+class BatchModel {
+ public:
+  virtual ~BatchModel() = default;
+  virtual const ModelConfig& config() const = 0;
+  /// nullptr when the model ships no tokenizer.
+  virtual const Tokenizer* tokenizer() const = 0;
+  /// Weight bytes read per batched step (for the stats).
+  virtual uint64_t WeightBytesPerStep() const = 0;
+  /// Tokens of the shared prefix (0: none).
+  virtual int64_t prefix_tokens() const = 0;
+  /// A private cache after the prefix with room for `capacity` own positions. Errors: the
+  /// runtime's (e.g. LlamaModel::NewCacheWithPrefix's).
+  [[nodiscard]] virtual StatusOr<std::unique_ptr<BatchCache>> NewCache(int64_t capacity) = 0;
+  /// Feeds prompts[i] (non-empty) into caches[i] (made by this model's NewCache) after what it
+  /// holds; row i of the result = the logits of session i's LAST prompt row, S =
+  /// caches.size() rows. need_logits[i] == 0: session i only needs BatchLogits::argmax.
+  /// `joined`: all prompts may run as one forward (LlamaModel::ForwardPrompts); false: one
+  /// forward per session (the engine's max_prompt_rows == 0 baseline). Errors:
+  /// kInvalidArgument when the spans' sizes differ, and the runtime's; the engine then ends
+  /// every session of the call (what their caches hold no longer matters).
+  [[nodiscard]] virtual StatusOr<BatchLogits> ForwardPrompts(
+      absl::Span<BatchCache* const> caches, absl::Span<const absl::Span<const int32_t>> prompts,
+      absl::Span<const uint8_t> need_logits, bool joined) = 0;
+  /// One decode step: tokens[i] at the next position of caches[i]; row i = session i's
+  /// next-token logits. Errors as ForwardPrompts.
+  [[nodiscard]] virtual StatusOr<BatchLogits> ForwardBatch(
+      absl::Span<BatchCache* const> caches, absl::Span<const int32_t> tokens,
+      absl::Span<const uint8_t> need_logits) = 0;
+};
+
+/// The CPU runtime as a BatchModel: caches by LlamaModel::NewCacheWithPrefix(prefix,
+/// prefix_tokens, ...) (LlamaModel::NewCache when `prefix` is null: sessions start at
+/// position 0), prompts by LlamaModel::ForwardPrompts (joined) or one
+/// LlamaModel::Forward(prompt, cache, false) per session, steps by LlamaModel::ForwardBatch;
+/// every logits row filled, argmax left empty. `model` must outlive it.
+std::unique_ptr<BatchModel> NewLlamaBatchModel(LlamaModel& model,
+                                               std::shared_ptr<const KvPrefix> prefix,
+                                               std::vector<int32_t> prefix_tokens);
 
 /// Why a session ended.
 enum class FinishReason : uint8_t {
@@ -75,10 +137,11 @@ struct BatchEngineOptions {
   /// RunUntilStopped paces steps to at least this many milliseconds (0: as fast as they
   /// run): for tests and demos that need sessions to outlive a client's reaction.
   int32_t min_step_ms = 0;
-  /// Prompt rows of sessions admitted in one step that run as ONE LlamaModel::ForwardPrompts
-  /// (sessions taken in queue order while their prompts fit; a longer prompt runs alone).
-  /// It bounds that forward's workspace (~26 KiB per row for SmolLM2-135M). 0: one Forward
-  /// per session (the engine before ForwardPrompts; a baseline for benchmarks).
+  /// Prompt rows of sessions admitted in one step that run as ONE joined
+  /// BatchModel::ForwardPrompts (sessions taken in queue order while their prompts fit; a
+  /// longer prompt runs alone). It bounds that forward's workspace (~26 KiB per row for
+  /// SmolLM2-135M on the CPU). 0: one session per ForwardPrompts, not joined (one Forward per
+  /// session: the engine before ForwardPrompts; a baseline for benchmarks).
   int64_t max_prompt_rows = 1024;
 };
 
@@ -103,10 +166,12 @@ struct BatchEngineStats {
 /// Sessions over one shared prefix, decoded in batches (see the file comment).
 class BatchEngine {
  public:
-  /// `model` must outlive the engine. `prefix` may be null (sessions start from position 0),
-  /// else caches are made with LlamaModel::NewCacheWithPrefix(prefix, prefix_tokens, ...).
-  /// `prefix_bytes` is the prefix's bytes per step (KvPrefix view LayerBytes x layers), for
-  /// the stats only.
+  /// Computes on `model` (non-null; the engine owns it). `prefix_bytes` is the prefix's bytes
+  /// per step (KvPrefix view LayerBytes x layers), for the stats only.
+  BatchEngine(std::unique_ptr<BatchModel> model, uint64_t prefix_bytes,
+              BatchEngineOptions options = {});
+  /// On the CPU runtime: NewLlamaBatchModel(model, prefix, prefix_tokens); `model` must
+  /// outlive the engine.
   BatchEngine(LlamaModel& model, std::shared_ptr<const KvPrefix> prefix,
               std::vector<int32_t> prefix_tokens, uint64_t prefix_bytes,
               BatchEngineOptions options = {});
@@ -139,22 +204,24 @@ class BatchEngine {
   void Shutdown();
 
   BatchEngineStats stats() const;
-  const LlamaModel& model() const { return model_; }
-  int64_t prefix_tokens() const { return static_cast<int64_t>(prefix_tokens_.size()); }
+  /// What the engine computes on (its config and tokenizer).
+  const BatchModel& model() const { return *model_; }
+  /// Tokens of the shared prefix (BatchModel::prefix_tokens).
+  int64_t prefix_tokens() const { return model_->prefix_tokens(); }
 
  private:
   struct Session;
   void Admit(std::vector<std::unique_ptr<Session>>& fresh);
   void DecodeRunning();
-  /// Samples from `logits`, records the token, emits an event; false when the session ended.
-  bool Advance(Session& s, absl::Span<const float> logits);
+  /// Takes the token of `row` of `out` (its argmax for a greedy session when the model gave
+  /// one, else SampleToken on its logits), records it, emits an event; false when the session
+  /// ended.
+  bool Advance(Session& s, const BatchLogits& out, int64_t row);
   void Finish(Session& s, FinishReason why, Status error = absl::OkStatus());
   void Emit(Session& s, bool done, FinishReason why = FinishReason::kNone,
             Status error = absl::OkStatus());
 
-  LlamaModel& model_;
-  std::shared_ptr<const KvPrefix> prefix_;
-  std::vector<int32_t> prefix_tokens_;
+  std::unique_ptr<BatchModel> model_;  // first: outlives every session's BatchCache
   uint64_t prefix_bytes_;
   BatchEngineOptions options_;
 

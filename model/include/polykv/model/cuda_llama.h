@@ -37,10 +37,13 @@
 #include <string>
 
 #include "absl/types/span.h"
+#include "polykv/model/batch_engine.h"
 #include "polykv/model/llama.h"
 #include "polykv/status.h"
 
 namespace polykv::model {
+
+class CudaBatch;
 
 /// A Llama-family model whose forward passes run on one CUDA device. Not thread-safe.
 class CudaLlama {
@@ -58,6 +61,10 @@ class CudaLlama {
 
   const ModelConfig& config() const;
   const std::string& fingerprint() const;
+  /// The model's tokenizer (the CPU runtime's), or null when it ships none.
+  const Tokenizer* tokenizer() const;
+  /// Bytes of the weights on the device (what a decode step reads, the f32 copies aside).
+  uint64_t weight_bytes() const;
   /// The CUDA ordinal the weights live on.
   int device() const;
   /// Bytes of device memory this model holds: weights, norms, biases and the workspace.
@@ -94,11 +101,78 @@ class CudaLlama {
   /// CUDA vs CPU). Errors as Generate.
   [[nodiscard]] StatusOr<std::vector<float>> LastLogits(absl::Span<const int32_t> tokens);
 
+  /// Sessions decoded together over `prefix` (null: none; device memory of device(), one
+  /// segment; it and this model must outlive the batch): `slots` sessions of at most
+  /// `capacity` own positions each (prompt + answer), their K/V in one slab of device memory
+  /// (2 x layers x slots x kv_heads x capacity x head_dim f32, allocated here). From the first
+  /// step of more than 16 rows the matrices are also held as f32 on the device (dequantized
+  /// once, logged; cuBLAS products for every row at once). Errors: kInvalidArgument (slots
+  /// or capacity < 1, a prefix of another shape), kUnimplemented (prefix tail; no CUDA),
+  /// kResourceExhausted (device memory).
+  [[nodiscard]] StatusOr<std::unique_ptr<CudaBatch>> NewBatch(const KvPrefix* prefix, int32_t slots,
+                                                              int64_t capacity);
+
  private:
+  friend class CudaBatch;
   struct Impl;
   explicit CudaLlama(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+/// Batched decode on a CudaLlama (see CudaLlama::NewBatch). Each decode step runs every
+/// product once for all rows (the weights read once per step, not once per session), RoPE
+/// per row at its own position, one K/V append and one attention launch per layer for all
+/// sessions (kernels::DeviceAppendKvSlots, kernels::AttentionForwardSlots: the prefix read
+/// in place), and a greedy id per row on the device. A row computes what a single session
+/// computes up to the products' summation order (cuBLAS f32 for more than 16 rows, the warp
+/// kernels below). Not thread-safe.
+class CudaBatch {
+ public:
+  ~CudaBatch();
+  CudaBatch(const CudaBatch&) = delete;
+  CudaBatch& operator=(const CudaBatch&) = delete;
+
+  /// A free slot, its suffix empty. kResourceExhausted when every slot is taken.
+  [[nodiscard]] StatusOr<int32_t> Open();
+  /// Frees `slot` (ignored when not open).
+  void Close(int32_t slot);
+  /// Own positions `slot` holds.
+  int64_t length(int32_t slot) const;
+  int32_t slots() const;
+  int64_t capacity() const;
+  /// Device memory of the slab and the batch's buffers (the f32 matrices included), bytes.
+  uint64_t device_bytes() const;
+
+  /// Feeds `prompt` into open `slot` after what it holds (the agents' own step, 256 rows at a
+  /// time); the last row's logits f32 [vocab] into *logits (host; may be null) and its greedy
+  /// id into *argmax. Errors: kInvalidArgument (slot not open, empty prompt, ids outside the
+  /// vocabulary), kOutOfRange (past the slot's capacity), the prefix check's, device errors.
+  [[nodiscard]] Status Prompt(int32_t slot, absl::Span<const int32_t> prompt,
+                              std::vector<float>* logits, int32_t* argmax);
+
+  /// One decode step: tokens[i] at the next position of slots[i] (distinct open slots).
+  /// argmax[i] = the greedy id of row i; rows with need_logits[i] != 0 get their logits
+  /// f32 [vocab] at (*logits)[i * vocab] (host; other rows left as they are). Errors as
+  /// Prompt (kInvalidArgument also for repeated slots or mismatched sizes).
+  [[nodiscard]] Status Decode(absl::Span<const int32_t> slots, absl::Span<const int32_t> tokens,
+                              absl::Span<const uint8_t> need_logits, std::vector<int32_t>* argmax,
+                              std::vector<float>* logits);
+
+ private:
+  friend class CudaLlama;
+  struct State;
+  explicit CudaBatch(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+/// CudaLlama as the model of a BatchEngine (`agents serve --device cuda`): one CudaBatch of
+/// `slots` sessions of `capacity` own positions over `prefix` (device memory of the model's
+/// device; kept alive by the result). Sessions' prompts run one at a time on their slots,
+/// decode steps as CudaBatch::Decode (greedy ids from the device; logits copied to the host
+/// only for sampled rows). NewCache fails with kResourceExhausted when every slot is taken,
+/// kOutOfRange for a capacity past `capacity`. Errors: CudaLlama::NewBatch's.
+[[nodiscard]] StatusOr<std::unique_ptr<BatchModel>> NewCudaBatchModel(
+    CudaLlama& model, std::shared_ptr<const KvPrefix> prefix, int32_t slots, int64_t capacity);
 
 /// GGUF Llama Q/K projections store each head's rows in llama.cpp's interleaved-pair order
 /// (row 2j + s of a head holds HF row s * head_dim / 2 + j). Returns the file row that holds
