@@ -64,6 +64,13 @@ Status PoolManager::FillPool(ModelEntry* entry, const std::vector<int32_t>& ids,
   {
     POLYKV_ASSIGN_OR_RETURN(model::PrefillResult prefill,
                             PrefillForPool(entry, ids, progress, cancel, chain, p));
+    if (prefill.device_kv && p->pool.arena) {
+      // A GPU prefill of a cuda pool: encoded where the K/V lie, into the pool's device
+      // memory (every codec, the host's bytes); the host staging is not needed.
+      p->write_device = kernels::Device::kCuda;
+      p->base = p->pool.arena->data();
+      std::vector<uint8_t>().swap(p->host_staging);
+    }
     t_encode = Clock::now();
     POLYKV_RETURN_IF_ERROR(EncodeLayers(prefill, ids, progress, cancel, p));
   }  // the f32 K/V are freed before publishing
@@ -143,7 +150,8 @@ StatusOr<model::PrefillResult> PoolManager::PrefillForPool(
       r = model::PrefillAfterPrefix(*entry->model, chain->views, chain->tokens, ids,
                                     options_.prefill_chunk, on_chunk);
     } else if (model::CudaLlama* gpu = DevicePrefiller(entry)) {
-      r = gpu->Prefill(ids, std::min<int64_t>(options_.prefill_chunk, 256), on_chunk);
+      r = gpu->Prefill(ids, std::min<int64_t>(options_.prefill_chunk, 256), on_chunk,
+                       /*keep_on_device=*/true);
     } else {
       r = entry->model->Prefill(ids, options_.prefill_chunk, on_chunk);
     }
@@ -155,9 +163,9 @@ StatusOr<model::PrefillResult> PoolManager::PrefillForPool(
   if (!r.ok()) return r.status();
   p->prefill_ms = MsSince(t0);
   const uint32_t layers = p->params.layers;
-  if (r->k.size() != layers || r->v.size() != layers) {
-    return absl::InternalError(
-        absl::StrCat("prefill returned ", r->k.size(), " layers, expected ", layers));
+  if (model::PrefilledLayerCount(*r) != layers) {
+    return absl::InternalError(absl::StrCat("prefill returned ", model::PrefilledLayerCount(*r),
+                                            " layers, expected ", layers));
   }
   return r;
 }
@@ -227,13 +235,23 @@ void PoolManager::PersistPool(PendingPool* p) {
   if (options_.store) {
     // Persist before publishing, so that an evict can never race the write. A pool that
     // cannot be written is still served (from memory only). Host pools are written from the
-    // sealed memfd (the bytes agents will map), host-staged CUDA pools from the staging copy.
+    // sealed memfd (the bytes agents will map), host-staged CUDA pools from the staging copy,
+    // CUDA pools encoded on the device from one read-back of their bytes.
     const std::string& pool_id = p->id;
     const void* persist_from = nullptr;
+    std::vector<uint8_t> device_copy;  // a pool encoded on the device, read back once
     if (!p->cuda) {
       persist_from = p->pool.region->data();
     } else if (!p->host_staging.empty()) {
       persist_from = p->host_staging.data();
+    } else if (p->pool.arena) {
+      device_copy.resize(p->needed);
+      if (Status s = p->pool.arena->CopyToHost(0, device_copy.data(), p->needed); s.ok()) {
+        persist_from = device_copy.data();
+      } else {
+        spdlog::warn("pool {} is not persisted: reading it back from the device: {}",
+                     pool_id.substr(0, 16), s.ToString());
+      }
     }
     if (persist_from != nullptr) {
       auto tw = Clock::now();
@@ -242,8 +260,6 @@ void PoolManager::PersistPool(PendingPool* p) {
       } else {
         spdlog::debug("persisted pool {} in {:.1f} ms", pool_id.substr(0, 16), MsSince(tw));
       }
-    } else {
-      spdlog::info("pool {} was encoded on the device and is not persisted", pool_id.substr(0, 16));
     }
   }
   p->host_staging = {};

@@ -11,6 +11,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "device_memory.h"
+#include "polykv/ipc/cuda_ipc.h"
 #include "polykv/kernels/dtype_convert.h"
 
 namespace polykv::ipc {
@@ -152,8 +153,14 @@ Status DecodeLayerAt(const uint8_t* base, const PoolParams& params, const LayerO
     return kernels::DecodeValues(base + lo.v, reinterpret_cast<const float*>(base + lo.v_norms),
                                  shape, vc, v_out, out_dtype, device, stream);
   }
-  if (device != kernels::Device::kCpu) {
-    return absl::UnimplementedError("f16 value norms are decoded on the host only");
+  if (device != kernels::Device::kCpu) {  // widened into a device scratch, then decoded
+    POLYKV_ASSIGN_OR_RETURN(CudaArena scratch,
+                            CudaArena::Allocate(4 * static_cast<uint64_t>(shape.vectors())));
+    float* norms = static_cast<float*>(scratch.data());
+    POLYKV_RETURN_IF_ERROR(kernels::ConvertNorms(base + lo.v_norms, DType::kF16, shape.vectors(),
+                                                 norms, device, stream));
+    // (The scratch's cudaFree on return waits for the decode that reads it.)
+    return kernels::DecodeValues(base + lo.v, norms, shape, vc, v_out, out_dtype, device, stream);
   }
   std::vector<float> norms(static_cast<size_t>(shape.vectors()));
   kernels::NormsFromF16(reinterpret_cast<const uint16_t*>(base + lo.v_norms), shape.vectors(),
@@ -393,30 +400,30 @@ Status PoolWriter::WriteLayer(uint32_t layer, const void* k, const void* v, kern
         CopyConvert(base + lo.v, params_.raw_dtype, v, dtype, shape.elements(), device_, nullptr));
   } else {
     const auto& c = params_.codec_config;
-    if (device_ != kernels::Device::kCpu &&
-        (c.key_bits != 8 || c.norm_dtype != DType::kF32 || !params_.layer_value_bits.empty())) {
-      return absl::UnimplementedError(
-          "packed keys, f16 norms and per-layer value bits are encoded on the host only");
-    }
-    if (c.key_bits == 8) {
-      POLYKV_RETURN_IF_ERROR(kernels::QuantizeKeys(
-          k, dtype, shape, c.key_scale, reinterpret_cast<int8_t*>(base + lo.k),
-          reinterpret_cast<float*>(base + lo.k_scales), device_));
-    } else {
-      POLYKV_RETURN_IF_ERROR(kernels::EncodeKeys(k, dtype, shape, c, base + lo.k,
-                                                 reinterpret_cast<float*>(base + lo.k_scales)));
-    }
+    // Every codec on either device (same bytes): keys at their width, this layer's value
+    // bits, norms f32 or f16 (on a device through an f32 scratch converted in place there).
+    POLYKV_RETURN_IF_ERROR(kernels::EncodeKeys(
+        k, dtype, shape, c, base + lo.k, reinterpret_cast<float*>(base + lo.k_scales), device_));
     kernels::CodecConfig vc = c;
     vc.value_bits = params_.ValueBitsOf(layer);
     if (c.norm_dtype == DType::kF32) {
       POLYKV_RETURN_IF_ERROR(kernels::EncodeValues(
           v, dtype, shape, vc, base + lo.v, reinterpret_cast<float*>(base + lo.v_norms), device_));
-    } else {
+    } else if (device_ == kernels::Device::kCpu) {
       std::vector<float> norms(static_cast<size_t>(shape.vectors()));
       POLYKV_RETURN_IF_ERROR(
           kernels::EncodeValues(v, dtype, shape, vc, base + lo.v, norms.data(), device_));
       kernels::NormsToF16(norms.data(), shape.vectors(),
                           reinterpret_cast<uint16_t*>(base + lo.v_norms));
+    } else {
+      POLYKV_ASSIGN_OR_RETURN(CudaArena scratch,
+                              CudaArena::Allocate(4 * static_cast<uint64_t>(shape.vectors())));
+      float* norms = static_cast<float*>(scratch.data());
+      POLYKV_RETURN_IF_ERROR(
+          kernels::EncodeValues(v, dtype, shape, vc, base + lo.v, norms, device_));
+      // (The scratch's cudaFree waits for the conversion before it is reused.)
+      POLYKV_RETURN_IF_ERROR(
+          kernels::ConvertNorms(norms, DType::kF32, shape.vectors(), base + lo.v_norms, device_));
     }
   }
   if (device_ == kernels::Device::kCpu) {

@@ -67,14 +67,16 @@ __global__ void ColumnAbsmaxKernel(const void* x, int dtype, int32_t heads, int6
   absmax_bits[col] = __float_as_uint(mx);
 }
 
-__global__ void FinalizeScalesKernel(float* scales, int64_t n) {
+__global__ void FinalizeScalesKernel(float* scales, int64_t n, int bits) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) scales[i] = m::KeyScaleFromAbsmax(__uint_as_float(__float_as_uint(scales[i])));
+  if (i < n) scales[i] = m::KeyScaleFromAbsmaxBits(scales[i], bits);
 }
 
+// The CPU's order (codec_cpu.cc): the int8 code, then the clamp to the bits' range.
 __global__ void QuantizeKeysKernel(const void* x, int dtype, int64_t n, int64_t tokens, int32_t d,
-                                   int mode, const float* scales, int8_t* q,
+                                   int mode, int bits, const float* scales, int8_t* q,
                                    unsigned long long* bad) {
+  const int qm = m::KeyQMax(bits);
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = m::LoadF32(x, dtype, e);
@@ -82,7 +84,33 @@ __global__ void QuantizeKeysKernel(const void* x, int dtype, int64_t n, int64_t 
       ReportBad(bad, e);
       q[e] = 0;
     } else {
-      q[e] = m::QuantizeKey(v, scales[ScaleIndex(mode, e, tokens, d)]);
+      const int c = m::QuantizeKey(v, scales[ScaleIndex(mode, e, tokens, d)]);
+      q[e] = static_cast<int8_t>(c < -qm ? -qm : c > qm ? qm : c);
+    }
+  }
+}
+
+// One thread per key vector.
+__global__ void PackKeysKernel(const int8_t* q, int64_t vectors, int32_t d, int bits,
+                               uint8_t* codes) {
+  const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (v < vectors) m::PackKeyCodes(q + v * d, d, bits, codes + v * m::PackedBytes(d, bits));
+}
+
+// One thread per key vector.
+__global__ void UnpackKeysKernel(const uint8_t* codes, int64_t vectors, int32_t d, int bits,
+                                 int8_t* q) {
+  const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (v < vectors) m::UnpackKeyCodes(codes + v * m::PackedBytes(d, bits), d, bits, q + v * d);
+}
+
+__global__ void ConvertNormsKernel(const void* in, int64_t n, bool to_f16, void* out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (to_f16) {
+      static_cast<uint16_t*>(out)[i] = m::FloatToF16(static_cast<const float*>(in)[i]);
+    } else {
+      static_cast<float*>(out)[i] = m::F16ToFloat(static_cast<const uint16_t*>(in)[i]);
     }
   }
 }
@@ -148,7 +176,8 @@ unsigned int GridFor(int64_t n, int threads = kThreads) {
 }  // namespace
 
 cudaError_t InvokeKeyScales(const void* k, int dtype, int32_t heads, int64_t tokens, int32_t d,
-                            int mode, float* scales, unsigned long long* bad, cudaStream_t stream) {
+                            int mode, int key_bits, float* scales, unsigned long long* bad,
+                            cudaStream_t stream) {
   const int64_t n_scales = mode == 0 ? 1 : mode == 1 ? heads : static_cast<int64_t>(heads) * d;
   auto* bits = reinterpret_cast<unsigned int*>(scales);
   cudaError_t err = cudaMemsetAsync(scales, 0, sizeof(float) * n_scales, stream);
@@ -166,16 +195,47 @@ cudaError_t InvokeKeyScales(const void* k, int dtype, int32_t heads, int64_t tok
   }
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  FinalizeScalesKernel<<<GridFor(n_scales), kThreads, 0, stream>>>(scales, n_scales);
+  FinalizeScalesKernel<<<GridFor(n_scales), kThreads, 0, stream>>>(scales, n_scales, key_bits);
   return cudaGetLastError();
 }
 
 cudaError_t InvokeQuantizeKeys(const void* k, int dtype, int32_t heads, int64_t tokens, int32_t d,
-                               int mode, const float* scales, int8_t* q, unsigned long long* bad,
-                               cudaStream_t stream) {
+                               int mode, int bits, const float* scales, int8_t* q,
+                               unsigned long long* bad, cudaStream_t stream) {
+  if (bits < 4 || bits > 8) return cudaErrorInvalidValue;
   const int64_t n = static_cast<int64_t>(heads) * tokens * d;
-  QuantizeKeysKernel<<<GridFor(n), kThreads, 0, stream>>>(k, dtype, n, tokens, d, mode, scales, q,
-                                                          bad);
+  QuantizeKeysKernel<<<GridFor(n), kThreads, 0, stream>>>(k, dtype, n, tokens, d, mode, bits,
+                                                          scales, q, bad);
+  return cudaGetLastError();
+}
+
+cudaError_t InvokePackKeys(const int8_t* q, int64_t vectors, int32_t d, int bits, uint8_t* codes,
+                           cudaStream_t stream) {
+  if (bits < 4 || bits > 7 || d < 1) return cudaErrorInvalidValue;
+  if (vectors == 0) return cudaSuccess;
+  const int64_t blocks = (vectors + kThreads - 1) / kThreads;
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  PackKeysKernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(q, vectors, d, bits,
+                                                                             codes);
+  return cudaGetLastError();
+}
+
+cudaError_t InvokeUnpackKeys(const uint8_t* codes, int64_t vectors, int32_t d, int bits, int8_t* q,
+                             cudaStream_t stream) {
+  if (bits < 4 || bits > 7 || d < 1) return cudaErrorInvalidValue;
+  if (vectors == 0) return cudaSuccess;
+  const int64_t blocks = (vectors + kThreads - 1) / kThreads;
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  UnpackKeysKernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(codes, vectors, d,
+                                                                               bits, q);
+  return cudaGetLastError();
+}
+
+cudaError_t InvokeConvertNorms(const void* in, int64_t n, bool to_f16, void* out,
+                               cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  ConvertNormsKernel<<<GridFor(n), kThreads, 0, stream>>>(in, n, to_f16, out);
   return cudaGetLastError();
 }
 

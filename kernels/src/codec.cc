@@ -143,8 +143,10 @@ Status DeviceNonFiniteError(const char* what, const void* src, DType dtype, cons
                                                  " at ", internal::DescribeIndex(shape, index)));
 }
 
+// `bits` 4..8: the codes of EncodeKeys before packing (QuantizeKeysCpu's bits).
 Status QuantizeKeysCuda(const void* k, DType dtype, const LayerShape& shape, KeyScaleMode mode,
-                        const float* given_scales, int8_t* q, float* scales_out, Stream stream) {
+                        const float* given_scales, int8_t* q, float* scales_out, Stream stream,
+                        int bits = 8) {
   auto s = static_cast<cudaStream_t>(stream);
   DeviceBadIndex bad;
   POLYKV_RETURN_IF_ERROR(bad.Init(s));
@@ -152,17 +154,56 @@ Status QuantizeKeysCuda(const void* k, DType dtype, const LayerShape& shape, Key
   if (scales == nullptr) {
     POLYKV_RETURN_IF_ERROR(CudaStatus(
         cuda::InvokeKeyScales(k, DTypeCode(dtype), shape.kv_heads, shape.tokens, shape.head_dim,
-                              static_cast<int>(mode), scales_out, bad.get(), s),
+                              static_cast<int>(mode), bits, scales_out, bad.get(), s),
         "key scales kernel"));
     scales = scales_out;
   }
   POLYKV_RETURN_IF_ERROR(CudaStatus(
       cuda::InvokeQuantizeKeys(k, DTypeCode(dtype), shape.kv_heads, shape.tokens, shape.head_dim,
-                               static_cast<int>(mode), scales, q, bad.get(), s),
+                               static_cast<int>(mode), bits, scales, q, bad.get(), s),
       "key quantize kernel"));
   POLYKV_ASSIGN_OR_RETURN(int64_t bad_index, bad.Read());
   if (bad_index >= 0) return DeviceNonFiniteError("K", k, dtype, shape, bad_index);
   return absl::OkStatus();
+}
+
+// Packed keys (bits 4..7) on the device: the int8 codes of QuantizeKeysCuda at `bits` into a
+// stream-ordered scratch, then PackKeyCodes per vector (the CPU's bytes).
+Status EncodeKeysCuda(const void* k, DType dtype, const LayerShape& shape,
+                      const CodecConfig& config, uint8_t* codes, float* scales, Stream stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  int8_t* q = nullptr;
+  POLYKV_RETURN_IF_ERROR(CudaStatus(
+      cudaMallocAsync(reinterpret_cast<void**>(&q), static_cast<size_t>(shape.elements()), s),
+      "cudaMallocAsync (key codes)"));
+  Status st = QuantizeKeysCuda(k, dtype, shape, config.key_scale, nullptr, q, scales, stream,
+                               config.key_bits);
+  if (st.ok())
+    st = CudaStatus(
+        cuda::InvokePackKeys(q, shape.vectors(), shape.head_dim, config.key_bits, codes, s),
+        "key pack kernel");
+  const Status f = CudaStatus(cudaFreeAsync(q, s), "cudaFreeAsync (key codes)");
+  return st.ok() ? f : st;
+}
+
+// Packed keys decoded on the device: unpacked into an int8 scratch, then DequantizeKeys.
+Status DecodeKeysCuda(const uint8_t* codes, const float* scales, const LayerShape& shape,
+                      const CodecConfig& config, void* out, DType out_dtype, Stream stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  int8_t* q = nullptr;
+  POLYKV_RETURN_IF_ERROR(CudaStatus(
+      cudaMallocAsync(reinterpret_cast<void**>(&q), static_cast<size_t>(shape.elements()), s),
+      "cudaMallocAsync (key codes)"));
+  Status st = CudaStatus(
+      cuda::InvokeUnpackKeys(codes, shape.vectors(), shape.head_dim, config.key_bits, q, s),
+      "key unpack kernel");
+  if (st.ok())
+    st = CudaStatus(cuda::InvokeDequantizeKeys(q, scales, shape.kv_heads, shape.tokens,
+                                               shape.head_dim, static_cast<int>(config.key_scale),
+                                               out, DTypeCode(out_dtype), s),
+                    "key dequantize kernel");
+  const Status f = CudaStatus(cudaFreeAsync(q, s), "cudaFreeAsync (key codes)");
+  return st.ok() ? f : st;
 }
 
 Status EncodeValuesCuda(const void* v, DType dtype, const LayerShape& shape,
@@ -271,10 +312,11 @@ Status EncodeKeys(const void* k, DType dtype, const LayerShape& shape, const Cod
   if (config.key_bits == 8)
     return QuantizeKeys(k, dtype, shape, config.key_scale, reinterpret_cast<int8_t*>(codes), scales,
                         device, stream);
-  if (device != Device::kCpu)
-    return absl::UnimplementedError(
-        absl::StrCat("packed keys (key_bits ", config.key_bits, ") are encoded on the CPU only"));
   POLYKV_RETURN_IF_ERROR(CheckIo(kKeyEncode, dtype, k, codes, scales));
+  POLYKV_RETURN_IF_ERROR(CheckDevice(device, shape));
+  if (device != Device::kCpu) {
+    POLYKV_CUDA_BRANCH(return EncodeKeysCuda(k, dtype, shape, config, codes, scales, stream));
+  }
   std::vector<int8_t> q(static_cast<size_t>(shape.elements()));
   POLYKV_RETURN_IF_ERROR(internal::QuantizeKeysCpu(k, dtype, shape, config.key_scale, nullptr,
                                                    q.data(), scales, config.key_bits));
@@ -294,10 +336,11 @@ Status DecodeKeys(const uint8_t* codes, const float* scales, const LayerShape& s
   if (config.key_bits == 8)
     return DequantizeKeys(reinterpret_cast<const int8_t*>(codes), scales, shape, config.key_scale,
                           out, out_dtype, device, stream);
-  if (device != Device::kCpu)
-    return absl::UnimplementedError(
-        absl::StrCat("packed keys (key_bits ", config.key_bits, ") are decoded on the CPU only"));
   POLYKV_RETURN_IF_ERROR(CheckIo(kKeyDecode, out_dtype, codes, scales, out));
+  POLYKV_RETURN_IF_ERROR(CheckDevice(device, shape));
+  if (device != Device::kCpu) {
+    POLYKV_CUDA_BRANCH(return DecodeKeysCuda(codes, scales, shape, config, out, out_dtype, stream));
+  }
   std::vector<int8_t> q(static_cast<size_t>(shape.elements()));
   UnpackKeyVectors(codes, shape.vectors(), shape.head_dim, config.key_bits, q.data());
   internal::DequantizeKeysCpu(q.data(), scales, shape, config.key_scale, out, out_dtype);
@@ -332,6 +375,28 @@ void UnpackKeyVectorsScalar(const uint8_t* codes, int64_t n, int32_t head_dim, i
 
 void NormsToF16(const float* in, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = math::FloatToF16(in[i]);
+}
+
+Status ConvertNorms(const void* in, DType from, int64_t n, void* out, Device device,
+                    Stream stream) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("norm count ", n, " < 0"));
+  if (from != DType::kF32 && from != DType::kF16)
+    return absl::InvalidArgumentError("ConvertNorms: norms are f32 or f16");
+  if (n > 0 && (in == nullptr || out == nullptr))
+    return absl::InvalidArgumentError("ConvertNorms: null pointer");
+  const bool to_f16 = from == DType::kF32;
+  if (device == Device::kCpu) {
+    if (to_f16) {
+      NormsToF16(static_cast<const float*>(in), n, static_cast<uint16_t*>(out));
+    } else {
+      NormsFromF16(static_cast<const uint16_t*>(in), n, static_cast<float*>(out));
+    }
+    return absl::OkStatus();
+  }
+  POLYKV_RETURN_IF_ERROR(CheckDevice(device, LayerShape{1, 1, 1}));
+  POLYKV_CUDA_BRANCH(return CudaStatus(
+      cuda::InvokeConvertNorms(in, n, to_f16, out, static_cast<cudaStream_t>(stream)),
+      "norm conversion kernel"));
 }
 
 void NormsFromF16(const uint16_t* in, int64_t n, float* out) {

@@ -13,12 +13,25 @@
 
 namespace polykv::kernels::cuda {
 
-/// Computes key scales (absmax / 127, 1 for all-zero groups) into `scales`.
+/// Computes key scales of `bits`-bit keys (absmax / KeyQMax(bits), 1 for all-zero groups)
+/// into `scales`.
 cudaError_t InvokeKeyScales(const void* k, int dtype, int32_t heads, int64_t tokens, int32_t d,
-                            int mode, float* scales, unsigned long long* bad, cudaStream_t stream);
-/// q = rne(x / scale) clamped to [-127, 127].
+                            int mode, int bits, float* scales, unsigned long long* bad,
+                            cudaStream_t stream);
+/// q = rne(x / scale) clamped to [-127, 127], then to [-KeyQMax(bits), KeyQMax(bits)].
 cudaError_t InvokeQuantizeKeys(const void* k, int dtype, int32_t heads, int64_t tokens, int32_t d,
-                               int mode, const float* scales, int8_t* q, unsigned long long* bad,
+                               int mode, int bits, const float* scales, int8_t* q,
+                               unsigned long long* bad, cudaStream_t stream);
+/// PackKeyCodes of each of `vectors` vectors of d signed values (bits 4..7) into `codes`
+/// ([vectors][PackedBytes(d, bits)]).
+cudaError_t InvokePackKeys(const int8_t* q, int64_t vectors, int32_t d, int bits, uint8_t* codes,
+                           cudaStream_t stream);
+/// UnpackKeyCodes of each vector: the signed values of `codes` into q [vectors][d].
+cudaError_t InvokeUnpackKeys(const uint8_t* codes, int64_t vectors, int32_t d, int bits, int8_t* q,
+                             cudaStream_t stream);
+/// Norms f32 -> f16 (to_f16: FloatToF16, round to nearest even) or f16 -> f32 (F16ToFloat),
+/// n of them.
+cudaError_t InvokeConvertNorms(const void* in, int64_t n, bool to_f16, void* out,
                                cudaStream_t stream);
 /// out = q * scale as out_dtype.
 cudaError_t InvokeDequantizeKeys(const int8_t* q, const float* scales, int32_t heads,

@@ -63,7 +63,7 @@ StatusOr<std::vector<float>> CudaLlama::LastLogits(absl::Span<const int32_t>) {
   return absl::UnimplementedError("the CUDA model runtime is not in this build");
 }
 StatusOr<PrefillResult> CudaLlama::Prefill(absl::Span<const int32_t>, int64_t,
-                                           const std::function<void(int64_t, int64_t)>&) {
+                                           const std::function<void(int64_t, int64_t)>&, bool) {
   return absl::UnimplementedError("the CUDA model runtime is not in this build");
 }
 StatusOr<std::unique_ptr<CudaBatch>> CudaLlama::NewBatch(const KvPrefix*, int32_t, int64_t) {
@@ -763,7 +763,8 @@ StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix* prefix,
 }
 
 StatusOr<PrefillResult> CudaLlama::Prefill(absl::Span<const int32_t> tokens, int64_t chunk,
-                                           const std::function<void(int64_t, int64_t)>& progress) {
+                                           const std::function<void(int64_t, int64_t)>& progress,
+                                           bool keep_on_device) {
   Impl& m = *impl_;
   const ModelConfig& c = m.cfg();
   if (tokens.empty()) return absl::InvalidArgumentError("CUDA Prefill: empty document");
@@ -783,10 +784,20 @@ StatusOr<PrefillResult> CudaLlama::Prefill(absl::Span<const int32_t> tokens, int
   }
   PrefillResult r;
   r.tokens = n;
-  r.k.resize(static_cast<size_t>(c.layers));
-  r.v.resize(static_cast<size_t>(c.layers));
   r.last_logits.resize(static_cast<size_t>(c.vocab));
-  for (int l = 0; l < c.layers; ++l) {
+  if (keep_on_device) {  // the blocks move into the result's owner, freed with its last holder
+    for (int l = 0; l < c.layers; ++l) {
+      r.device_k.push_back(suffix[2 * l].f());
+      r.device_v.push_back(suffix[2 * l + 1].f());
+    }
+    r.device_layer_elements = static_cast<int64_t>(bytes / 4);
+    r.device_kv = std::make_shared<std::vector<DeviceBlock>>(std::move(suffix));
+  }
+  if (!keep_on_device) {
+    r.k.resize(static_cast<size_t>(c.layers));
+    r.v.resize(static_cast<size_t>(c.layers));
+  }
+  for (int l = 0; l < c.layers && !keep_on_device; ++l) {
     for (auto [dst, blk] :
          {std::pair{&r.k[l], &suffix[2 * l]}, std::pair{&r.v[l], &suffix[2 * l + 1]}}) {
       dst->resize(bytes / 4);

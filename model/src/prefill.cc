@@ -35,11 +35,30 @@ std::vector<uint8_t> Convert(const std::vector<float>& x, kernels::DType dtype) 
 
 }  // namespace
 
-size_t PrefilledLayerCount(const PrefillResult& prefill) { return prefill.k.size(); }
+size_t PrefilledLayerCount(const PrefillResult& prefill) {
+  return prefill.device_kv ? prefill.device_k.size() : prefill.k.size();
+}
 
 StatusOr<PrefilledLayer> ExportPrefilledLayer(const PrefillResult& prefill, size_t layer,
-                                              bool /*to_host*/,
-                                              std::optional<kernels::DType> dtype) {
+                                              bool to_host, std::optional<kernels::DType> dtype) {
+  if (prefill.device_kv) {  // K/V left on the device by a GPU prefill: handed over in place
+    if (layer >= prefill.device_k.size() || layer >= prefill.device_v.size())
+      return absl::OutOfRangeError(
+          absl::StrCat("prefill layer ", layer, " of ", prefill.device_k.size(), " device layers"));
+    if (to_host)
+      return absl::FailedPreconditionError(
+          "the prefill's K/V are in device memory: write the pool on the device");
+    if (dtype.has_value() && *dtype != kernels::DType::kF32)
+      return absl::UnimplementedError("a device prefill's K/V are exported as f32 only");
+    PrefilledLayer out;
+    out.dtype_ = kernels::DType::kF32;
+    out.device_ = kernels::Device::kCuda;
+    out.elements_ = prefill.device_layer_elements;
+    out.k_ = prefill.device_k[layer];
+    out.v_ = prefill.device_v[layer];
+    out.keep_ = prefill.device_kv;
+    return out;
+  }
   if (layer >= prefill.k.size() || layer >= prefill.v.size()) {
     return absl::OutOfRangeError(absl::StrCat("prefill layer ", layer, " of ", prefill.k.size(),
                                               " K / ", prefill.v.size(), " V layers"));

@@ -187,6 +187,63 @@ TEST(CodecCuda, KeysMatchCpu) {
   }
 }
 
+// Packed keys (4..7 bits) encoded on the device: the CPU's code bytes and scales for every
+// scale mode and input dtype, decoded back to the CPU's values; norms f32 <-> f16 on the
+// device: the CPU's bits.
+TEST(CodecCuda, PackedKeysAndNormConversionMatchCpu) {
+  POLYKV_REQUIRE_CUDA_DEVICE();
+  const LayerShape s{3, 517, 64};
+  auto x = Gaussian(s.elements(), 9);
+  for (size_t i = 0; i < x.size(); ++i) x[i] *= 1.0f + (i % 64) * 0.1f;
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    const auto in = AsDType(x, t);
+    DeviceBuffer<uint8_t> din(in);
+    for (int bits : {4, 5, 6, 7}) {
+      for (auto mode :
+           {KeyScaleMode::kPerTensor, KeyScaleMode::kPerHead, KeyScaleMode::kPerChannel}) {
+        SCOPED_TRACE(::testing::Message() << "bits " << bits << " mode " << static_cast<int>(mode)
+                                          << " dtype " << static_cast<int>(t));
+        CodecConfig c;
+        c.key_bits = bits;
+        c.key_scale = mode;
+        const size_t nb = s.vectors() * PackedKeyVectorBytes(s.head_dim, bits);
+        std::vector<uint8_t> codes(nb);
+        std::vector<float> sc(KeyScaleCount(s, mode));
+        ASSERT_TRUE(EncodeKeys(in.data(), t, s, c, codes.data(), sc.data()).ok());
+        DeviceBuffer<uint8_t> dcodes(nb);
+        DeviceBuffer<float> dsc(sc.size());
+        const Status st = EncodeKeys(din.get(), t, s, c, dcodes.get(), dsc.get(), Device::kCuda);
+        ASSERT_TRUE(st.ok()) << st;
+        EXPECT_EQ(dcodes.ToHost(), codes);
+        EXPECT_EQ(dsc.ToHost(), sc);
+        std::vector<float> cpu_out(s.elements());
+        ASSERT_TRUE(DecodeKeys(codes.data(), sc.data(), s, c, cpu_out.data(), DType::kF32).ok());
+        DeviceBuffer<float> dout(s.elements());
+        ASSERT_TRUE(
+            DecodeKeys(dcodes.get(), dsc.get(), s, c, dout.get(), DType::kF32, Device::kCuda).ok());
+        EXPECT_EQ(dout.ToHost(), cpu_out);
+      }
+    }
+  }
+  std::vector<float> norms = Gaussian(1000, 3);
+  for (float& n : norms) n = std::fabs(n) * 40.0f;
+  std::vector<uint16_t> h16(norms.size());
+  NormsToF16(norms.data(), static_cast<int64_t>(norms.size()), h16.data());
+  DeviceBuffer<float> dn(norms);
+  DeviceBuffer<uint16_t> d16(norms.size());
+  ASSERT_TRUE(ConvertNorms(dn.get(), DType::kF32, static_cast<int64_t>(norms.size()), d16.get(),
+                           Device::kCuda)
+                  .ok());
+  EXPECT_EQ(d16.ToHost(), h16);
+  std::vector<float> back(norms.size());
+  NormsFromF16(h16.data(), static_cast<int64_t>(h16.size()), back.data());
+  DeviceBuffer<float> dback(norms.size());
+  ASSERT_TRUE(ConvertNorms(d16.get(), DType::kF16, static_cast<int64_t>(norms.size()), dback.get(),
+                           Device::kCuda)
+                  .ok());
+  EXPECT_EQ(dback.ToHost(), back);
+}
+
 TEST(CodecCuda, ZeroVectorsAndNonFiniteInput) {
   POLYKV_REQUIRE_CUDA_DEVICE();
   const LayerShape s{1, 4, 64};
@@ -223,6 +280,9 @@ TEST(CodecCuda, ZeroVectorsAndNonFiniteInput) {
 TEST(CodecCuda, ValuesMatchCpu) { GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)"; }
 TEST(CodecCuda, KeysMatchCpu) { GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)"; }
 TEST(CodecCuda, GoldenValueBytes) { GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)"; }
+TEST(CodecCuda, PackedKeysAndNormConversionMatchCpu) {
+  GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)";
+}
 TEST(CodecCuda, ZeroVectorsAndNonFiniteInput) {
   GTEST_SKIP() << "built without CUDA (POLYKV_HAVE_CUDA off)";
 }

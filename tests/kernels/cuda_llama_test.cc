@@ -17,6 +17,7 @@
 
 #include "polykv/kernels/device_ops.h"
 #include "polykv/model/llama.h"
+#include "polykv/model/prefill.h"
 
 #if defined(POLYKV_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -115,6 +116,26 @@ TEST(CudaLlamaTest, PrefillMatchesTheCpuPrefill) {
   for (size_t i = 0; i < got->last_logits.size(); ++i)
     ASSERT_NEAR(got->last_logits[i], want->last_logits[i], 1e-3f) << i;
   EXPECT_EQ(m.gpu->Prefill({}).status().code(), absl::StatusCode::kInvalidArgument);
+#if defined(POLYKV_HAVE_CUDA)
+  // keep_on_device: the same computation, its K/V left in device memory (what polykvd encodes
+  // into a cuda pool there): the host copy's bits, layer by layer.
+  auto kept = m.gpu->Prefill(doc, 128, nullptr, /*keep_on_device=*/true);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_TRUE(kept->k.empty());
+  ASSERT_EQ(PrefilledLayerCount(*kept), got->k.size());
+  for (size_t l = 0; l < got->k.size(); ++l) {
+    auto layer = ExportPrefilledLayer(*kept, l, /*to_host=*/false);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    EXPECT_EQ(layer->device(), kernels::Device::kCuda);
+    ASSERT_EQ(layer->elements(), static_cast<int64_t>(got->k[l].size()));
+    std::vector<float> k(got->k[l].size()), v(k.size());
+    ASSERT_EQ(cudaMemcpy(k.data(), layer->k(), k.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(v.data(), layer->v(), v.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(k, got->k[l]) << "layer " << l;
+    EXPECT_EQ(v, got->v[l]) << "layer " << l;
+  }
+  EXPECT_EQ(kept->last_logits, got->last_logits);
+#endif
 }
 
 TEST(CudaLlamaTest, GreedyAnswerEqualsTheCpuRuntime) {

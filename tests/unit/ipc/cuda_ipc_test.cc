@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "polykv/ipc/codec_spec.h"
 #include "polykv/ipc/pool_layout.h"
 #include "polykv/ipc/protocol.h"
 #include "pool_test_util.h"
@@ -63,6 +64,66 @@ std::vector<uint8_t> HostPool(const PoolParams& p, const std::vector<int32_t>& i
   }
   EXPECT_TRUE(w->Finalize().ok());
   return host;
+}
+
+// Every codec a pool holds, encoded by the device writer: the same payload bytes (token ids,
+// key codes and scales, packed values, f32 or f16 norms) as the host writer's, for packed
+// keys of every width, per-layer value bits, norm correction and f16 norms; the header differs
+// only in what the host measures (reconstruction errors). Decoded back on the device, too.
+TEST(CudaIpcTest, DeviceWriterEncodesEveryCodecAsTheHost) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device";
+  for (const char* spec :
+       {"k7c-v3-e4x3-nc-n16", "k4t-v2-n16", "k5h-v4-nc", "k6c-v3-e4x1", "k8c-v3-n16"}) {
+    SCOPED_TRACE(spec);
+    PoolParams p = testing::TestPoolParams(8, 3, 64, 50);
+    p.model_fingerprint = "gpu-test";
+    auto cs = ParseCodecSpec(spec);
+    ASSERT_TRUE(cs.ok()) << cs.status();
+    ASSERT_TRUE(ApplyCodecSpec(*cs, p.layers, &p).ok());
+    const std::vector<int32_t> ids = testing::Iota(p.tokens);
+    auto host = HostPool(p, ids);
+    auto arena = CudaArena::Allocate(host.size());
+    ASSERT_TRUE(arena.ok()) << arena.status();
+    std::vector<uint8_t> id(32, 7);
+    auto w = PoolWriter::Create(arena->data(), arena->size(), p, id, ids, kernels::Device::kCuda);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const size_t n = size_t{p.kv_heads} * p.tokens * p.head_dim;
+    float *dk = nullptr, *dv = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dk), 4 * n), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dv), 4 * n), cudaSuccess);
+    for (uint32_t l = 0; l < p.layers; ++l) {
+      auto k = Kv(p, 2 * l), v = Kv(p, 2 * l + 1);
+      cudaMemcpy(dk, k.data(), 4 * n, cudaMemcpyHostToDevice);
+      cudaMemcpy(dv, v.data(), 4 * n, cudaMemcpyHostToDevice);
+      const Status st = w->WriteLayer(l, dk, dv, kernels::DType::kF32);
+      ASSERT_TRUE(st.ok()) << "layer " << l << ": " << st;
+    }
+    ASSERT_TRUE(w->Finalize().ok());
+    std::vector<uint8_t> dev(host.size());
+    ASSERT_TRUE(arena->CopyToHost(0, dev.data(), dev.size()).ok());
+    ASSERT_EQ(std::memcmp(dev.data() + kPoolHeaderBytes, host.data() + kPoolHeaderBytes,
+                          host.size() - kPoolHeaderBytes),
+              0)
+        << "device-encoded payload differs from the host's";
+    auto r = PoolReader::Open(arena->data(), arena->size(), true, kernels::Device::kCuda);
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto hr = PoolReader::Open(host.data(), host.size(), true);
+    ASSERT_TRUE(hr.ok());
+    std::vector<float> hk(n), hv(n), gk(n), gv(n);
+    for (uint32_t l = 0; l < p.layers; ++l) {
+      ASSERT_TRUE(hr->DecodeLayer(l, hk.data(), hv.data(), kernels::DType::kF32).ok());
+      const Status st = r->DecodeLayer(l, dk, dv, kernels::DType::kF32);
+      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      cudaMemcpy(gk.data(), dk, 4 * n, cudaMemcpyDeviceToHost);
+      cudaMemcpy(gv.data(), dv, 4 * n, cudaMemcpyDeviceToHost);
+      EXPECT_EQ(gk, hk) << "layer " << l << " keys (the same codes and scales)";
+      for (size_t i = 0; i < n; ++i)
+        ASSERT_NEAR(gv[i], hv[i], 1e-4f * (1 + std::abs(hv[i]))) << "layer " << l << " " << i;
+    }
+    cudaFree(dk);
+    cudaFree(dv);
+  }
 }
 
 TEST(CudaIpcTest, DeviceWriterMatchesHostAndReaderDecodes) {

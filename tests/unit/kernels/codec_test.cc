@@ -609,5 +609,28 @@ TEST(CodecAccounting, ModelRatios) {
   EXPECT_NEAR(llama.nominal, 2.909090909, 1e-6);
 }
 
+// ConvertNorms on the CPU: NormsToF16 / NormsFromF16's bits (round to nearest even, exact
+// widening; the device path is compared with these in codec_cuda_test); bad arguments named.
+TEST(CodecNorms, ConvertNormsEqualsTheHostConversions) {
+  const std::vector<float> norms = {0.0f, 1.0f, 3.14159f, 65504.0f, 1e-7f, 123.456f, 0.3333f};
+  const int64_t n = static_cast<int64_t>(norms.size());
+  std::vector<uint16_t> want16(norms.size()), got16(norms.size());
+  NormsToF16(norms.data(), n, want16.data());
+  ASSERT_TRUE(ConvertNorms(norms.data(), DType::kF32, n, got16.data(), Device::kCpu).ok());
+  EXPECT_EQ(got16, want16);
+  EXPECT_EQ(got16[1], 0x3C00u);  // 1.0 in f16
+  std::vector<float> want(norms.size()), got(norms.size());
+  NormsFromF16(want16.data(), n, want.data());
+  ASSERT_TRUE(ConvertNorms(want16.data(), DType::kF16, n, got.data(), Device::kCpu).ok());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got[1], 1.0f);
+  EXPECT_EQ(ConvertNorms(norms.data(), DType::kBF16, n, got16.data(), Device::kCpu).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConvertNorms(norms.data(), DType::kF32, -1, got16.data(), Device::kCpu).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConvertNorms(nullptr, DType::kF32, n, got16.data(), Device::kCpu).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace polykv::kernels

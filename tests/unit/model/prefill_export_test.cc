@@ -74,6 +74,41 @@ TEST(PrefillExport, ConvertsToTheAskedDtypeAndRefusesAMissingLayer) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kOutOfRange) << missing.status();
 }
 
+// A GPU prefill that kept its K/V on the device (PrefillResult::device_kv): exported in place
+// (device pointers, shared ownership, f32), never silently copied: to_host and another dtype
+// are refused. The pointers are opaque here (host buffers standing in for device memory).
+TEST(PrefillExport, DevicePrefillIsHandedOverInPlace) {
+  auto owner = std::make_shared<std::vector<std::vector<float>>>(std::vector<std::vector<float>>{
+      {1, 2, 3, 4}, {5, 6, 7, 8}, {9, 10, 11, 12}, {13, 14, 15, 16}});
+  PrefillResult pre;
+  pre.tokens = 2;
+  pre.device_k = {(*owner)[0].data(), (*owner)[2].data()};
+  pre.device_v = {(*owner)[1].data(), (*owner)[3].data()};
+  pre.device_layer_elements = 4;
+  pre.device_kv = owner;
+  EXPECT_EQ(PrefilledLayerCount(pre), 2u);
+  auto layer = ExportPrefilledLayer(pre, 1, /*to_host=*/false);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_EQ(layer->device(), kernels::Device::kCuda);
+  EXPECT_EQ(layer->dtype(), kernels::DType::kF32);
+  EXPECT_EQ(layer->k(), (*owner)[2].data());
+  EXPECT_EQ(layer->v(), (*owner)[3].data());
+  EXPECT_EQ(layer->elements(), 4);
+  const std::weak_ptr<std::vector<std::vector<float>>> watch = owner;
+  owner.reset();
+  pre = PrefillResult();
+  EXPECT_FALSE(watch.expired()) << "the exported layer must keep the device K/V alive";
+  PrefillResult again;
+  again.device_k = {nullptr};
+  again.device_v = {nullptr};
+  again.device_kv = std::make_shared<int>(0);
+  EXPECT_EQ(ExportPrefilledLayer(again, 0, /*to_host=*/true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ExportPrefilledLayer(again, 0, false, kernels::DType::kBF16).status().code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(ExportPrefilledLayer(again, 1, false).status().code(), absl::StatusCode::kOutOfRange);
+}
+
 TEST(PrefillExport, PrefillAfterARawPrefixEqualsTheTailOfOnePrefill) {
   auto m = LlamaModel::Load(kStories, {});
   ASSERT_TRUE(m.ok()) << m.status();

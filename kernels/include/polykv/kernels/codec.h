@@ -174,13 +174,15 @@ int64_t PackedKeyVectorBytes(int32_t head_dim, int32_t bits);
 
 /// Encodes K [kv_heads][tokens][head_dim] (dtype) at config.key_bits with config.key_scale
 /// into `codes` ([vectors][PackedKeyVectorBytes]) and f32 `scales` (KeyScaleCount). 8 bits:
-/// the bytes of QuantizeKeys. Errors as QuantizeKeys; kUnimplemented for packed keys
-/// (key_bits < 8) on Device::kCuda.
+/// the bytes of QuantizeKeys. On Device::kCuda the same bytes as the CPU for every key width
+/// (codec_math.h's per-element math; packed keys through a stream-ordered int8 scratch).
+/// Errors as QuantizeKeys.
 [[nodiscard]] Status EncodeKeys(const void* k, DType dtype, const LayerShape& shape,
                                 const CodecConfig& config, uint8_t* codes, float* scales,
                                 Device device = Device::kCpu, Stream stream = nullptr);
 
-/// Inverse of EncodeKeys: out = q * scale as `out_dtype`. Same errors.
+/// Inverse of EncodeKeys: out = q * scale as `out_dtype` (on either device, the same
+/// values). Same errors.
 [[nodiscard]] Status DecodeKeys(const uint8_t* codes, const float* scales, const LayerShape& shape,
                                 const CodecConfig& config, void* out, DType out_dtype,
                                 Device device = Device::kCpu, Stream stream = nullptr);
@@ -195,6 +197,12 @@ void UnpackKeyVectorsScalar(const uint8_t* codes, int64_t n, int32_t head_dim, i
 
 /// Value norms f32 -> f16 (round to nearest even; host memory) and back.
 void NormsToF16(const float* in, int64_t n, uint16_t* out);
+/// NormsToF16 (from == kF32: `in` f32, `out` f16) or NormsFromF16 (from == kF16) of n norms
+/// on `device` (kCuda: device pointers, enqueued on `stream`; the same bits as the host).
+/// Errors: kInvalidArgument (n < 0, another dtype, null pointers), kUnimplemented (CUDA not
+/// built), kInternal (CUDA error).
+[[nodiscard]] Status ConvertNorms(const void* in, DType from, int64_t n, void* out, Device device,
+                                  Stream stream = nullptr);
 void NormsFromF16(const uint16_t* in, int64_t n, float* out);
 
 // ---------------------------------------------------------------------------------------

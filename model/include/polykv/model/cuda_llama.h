@@ -85,13 +85,15 @@ class CudaLlama {
                                                   const SamplingOptions& sampling);
 
   /// Prefills a document from position 0 on the device in steps of `chunk` rows (at most
-  /// 256), calling progress(done, total) after each, and returns its K/V copied to host
-  /// memory as LlamaModel::Prefill does: f32 [kv_heads][tokens][head_dim] per layer (K after
-  /// RoPE) and the last position's logits. What a daemon with a GPU encodes into a pool.
-  /// Errors as Generate (kInvalidArgument for an empty document or ids outside the vocab).
+  /// 256), calling progress(done, total) after each, and returns its K/V as LlamaModel::Prefill
+  /// does: f32 [kv_heads][tokens][head_dim] per layer (K after RoPE) and the last position's
+  /// logits. The K/V are copied to host memory, or with `keep_on_device` left where they are
+  /// (PrefillResult::device_k / device_v, owned by device_kv): what a daemon with a GPU
+  /// encodes into a cuda pool without a round trip through the host. Errors as Generate
+  /// (kInvalidArgument for an empty document or ids outside the vocab).
   [[nodiscard]] StatusOr<PrefillResult> Prefill(
       absl::Span<const int32_t> tokens, int64_t chunk = 256,
-      const std::function<void(int64_t, int64_t)>& progress = nullptr);
+      const std::function<void(int64_t, int64_t)>& progress = nullptr, bool keep_on_device = false);
 
   /// Whether decode steps replay a captured CUDA graph (default: on, unless the environment
   /// sets POLYKV_CUDA_GRAPHS=0). Off: every kernel is launched from the host (tests compare).

@@ -227,6 +227,12 @@ struct PrefillResult {
   std::vector<std::vector<float>> k;  ///< [layers] x f32 [kv_heads][tokens][head_dim], after RoPE
   std::vector<std::vector<float>> v;  ///< [layers] x f32 [kv_heads][tokens][head_dim]
   std::vector<float> last_logits;     ///< f32 [vocab] (empty for PrefillAfterPrefix)
+  /// A prefill on a CUDA device that kept its K/V there (CudaLlama::Prefill with
+  /// keep_on_device): per layer device pointers to f32 [kv_heads][tokens][head_dim] (k and v
+  /// above stay empty), valid while `device_kv` lives. Null: the K/V are the host vectors.
+  std::vector<const float*> device_k, device_v;
+  std::shared_ptr<const void> device_kv;
+  int64_t device_layer_elements = 0;  ///< kv_heads * tokens * head_dim of each device layer
 };
 
 /// Sampling settings for Generate.

@@ -47,11 +47,13 @@ class PrefilledLayer {
 /// Layers held by `prefill` (PrefillResult::k.size()).
 size_t PrefilledLayerCount(const PrefillResult& prefill);
 
-/// Layer `layer` of `prefill` as contiguous host buffers of its own (a copy, so it outlives
-/// `prefill`), converted from f32 to `dtype` when one is given (round to nearest even).
-/// `to_host` asks for host memory; every runtime prefills on the host today, so it is kept
-/// for a device prefill. Errors: kOutOfRange (no such layer); kInvalidArgument (K and V
-/// differ in element count); kResourceExhausted (out of memory on the copy).
+/// Layer `layer` of `prefill` as contiguous buffers that outlive `prefill`: a host prefill's
+/// as host copies, converted from f32 to `dtype` when one is given (round to nearest even); a
+/// device prefill's (PrefillResult::device_kv) in place on the device, f32, sharing its
+/// ownership. `to_host` asks for host memory: kFailedPrecondition for a device prefill (its
+/// pool is written on the device). Errors: kOutOfRange (no such layer); kInvalidArgument (K
+/// and V differ in element count); kUnimplemented (another dtype of a device prefill);
+/// kResourceExhausted (out of memory on the copy).
 [[nodiscard]] StatusOr<PrefilledLayer> ExportPrefilledLayer(
     const PrefillResult& prefill, size_t layer, bool to_host,
     std::optional<kernels::DType> dtype = std::nullopt);
