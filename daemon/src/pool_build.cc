@@ -314,7 +314,11 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
     if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) return r.status();
   }
   auto chain = std::make_shared<ParentChain>();
+  // Per pool of the chain (leaf first while walking): its memfd (a host pool, mapped below)
+  // or, for a pool in GPU memory, its bytes read back under the lock (the child's prefill
+  // attends to them on the host; an evict after the lock cannot pull them away).
   std::vector<std::pair<ipc::UniqueFd, uint64_t>> fds;
+  std::vector<std::vector<uint8_t>> read_back;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto resolved = ResolvePoolIdLocked(parent_id);
@@ -333,30 +337,47 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
             absl::StrCat("parent chain of ", resolved->substr(0, 16), " is broken: pool ",
                          id.substr(0, 16), " is not published"));
       }
-      if (!it->second.region) {
+      if (it->second.region) {
+        const int fd = fcntl(it->second.region->fd(), F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) {
+          return absl::InternalError(absl::StrCat("dup of pool memfd: ", std::strerror(errno)));
+        }
+        fds.emplace_back(ipc::UniqueFd(fd), it->second.region->size());
+        read_back.emplace_back();
+      } else if (it->second.arena) {
+        std::vector<uint8_t> bytes(it->second.memory.size);
+        POLYKV_RETURN_IF_ERROR(it->second.arena->CopyToHost(0, bytes.data(), bytes.size()));
+        fds.emplace_back(ipc::UniqueFd(), 0);
+        read_back.push_back(std::move(bytes));
+      } else {
         return absl::FailedPreconditionError(
-            absl::StrCat("parent pool ", id.substr(0, 16), " is on the ",
-                         ipc::PoolMemoryName(it->second.memory.backend),
-                         " backend: pool trees are built from host pools"));
+            absl::StrCat("parent pool ", id.substr(0, 16), " has no memory to read"));
       }
-      const int fd = fcntl(it->second.region->fd(), F_DUPFD_CLOEXEC, 0);
-      if (fd < 0) {
-        return absl::InternalError(absl::StrCat("dup of pool memfd: ", std::strerror(errno)));
-      }
-      fds.emplace_back(ipc::UniqueFd(fd), it->second.region->size());
       chain->infos.push_back(it->second.info);
       id = it->second.info.parent;
     }
   }
   std::reverse(fds.begin(), fds.end());
+  std::reverse(read_back.begin(), read_back.end());
   std::reverse(chain->infos.begin(), chain->infos.end());
   for (size_t i = 0; i < fds.size(); ++i) {
-    POLYKV_ASSIGN_OR_RETURN(ipc::SealedRegion map,
-                            ipc::SealedRegion::MapSealed(std::move(fds[i].first), fds[i].second));
-    chain->maps.push_back(std::move(map));
-    const ipc::SealedRegion& r = chain->maps.back();
+    const void* data = nullptr;
+    uint64_t size = 0;
+    const bool copied = fds[i].first.get() < 0;
+    if (!copied) {
+      POLYKV_ASSIGN_OR_RETURN(ipc::SealedRegion map,
+                              ipc::SealedRegion::MapSealed(std::move(fds[i].first), fds[i].second));
+      chain->maps.push_back(std::move(map));
+      data = chain->maps.back().data();
+      size = chain->maps.back().size();
+    } else {
+      chain->read_back.push_back(std::move(read_back[i]));
+      data = chain->read_back.back().data();
+      size = chain->read_back.back().size();
+    }
+    // (A read-back copy is verified: it crossed the PCIe bus outside any seal.)
     POLYKV_ASSIGN_OR_RETURN(ipc::PoolReader reader,
-                            ipc::PoolReader::Open(r.data(), r.size(), /*verify_payload=*/false));
+                            ipc::PoolReader::Open(data, size, /*verify_payload=*/copied));
     if (reader.params().parent_tokens != chain->tokens.size()) {
       return absl::DataLossError(absl::StrCat("pool ", chain->infos[i].id.substr(0, 16),
                                               " says it follows ", reader.params().parent_tokens,

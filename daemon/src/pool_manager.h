@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -409,6 +410,8 @@ class PoolManager {
   struct ParentChain {
     std::vector<ipc::PoolInfo> infos;
     std::vector<ipc::SealedRegion> maps;
+    /// Host copies of the chain's pools that lie in GPU memory (the cuda backend).
+    std::deque<std::vector<uint8_t>> read_back;
     std::vector<kernels::PrefixView> views;
     std::vector<int32_t> tokens;  ///< all positions of the chain
     ipc::PoolParams leaf_params;  ///< the parent's pool parameters (codec, shape)

@@ -29,8 +29,12 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = 64;
 constexpr int kMaxHd = 512;
 
+// pc: prefix chunks of every segment, sc: suffix chunks, per KV head. A launch runs tasks
+// [first, first + tasks) of each head; its first seg_pc tasks are chunks of its segment (the
+// launch's prefix fields), the rest suffix chunks (the last segment's launch takes them).
 struct Geometry {
   int64_t pc = 0, sc = 0, tasks_per_head = 0;
+  int64_t first = 0, tasks = 0, seg_pc = 0;
   int g = 1, nq = 0;
 };
 
@@ -122,17 +126,17 @@ __global__ void PartialKernel(AttentionLaunch launch, Geometry geo, float* state
   __shared__ float red[kThreads];
   const int64_t flat = blockIdx.x;
   const int j = blockIdx.y;
-  const int h = static_cast<int>(flat / geo.tasks_per_head);
-  const int64_t task = flat % geo.tasks_per_head;
-  const bool prefix = task < geo.pc;
+  const int h = static_cast<int>(flat / geo.tasks);
+  const int64_t local = flat % geo.tasks, task = geo.first + local;
+  const bool prefix = local < geo.seg_pc;
   const int64_t slen = SuffixLength(a);
-  const int64_t t0 = (prefix ? task : task - geo.pc) * kChunk;
+  const int64_t t0 = (prefix ? local : task - geo.pc) * kChunk;
   const int64_t part_len = prefix ? a.prefix_tokens : slen;
   const int64_t t1 = t0 + kChunk < part_len ? t0 + kChunk : part_len;
   const int64_t row = j / geo.g, grp = j % geo.g;
   const int64_t limit = prefix ? part_len : slen - a.n + row + 1;
   const int64_t end = limit < t1 ? limit : t1;  // slot mode, empty suffix (slen 0): end <= 0
-  float* st = states + (flat * geo.nq + j) * (a.head_dim + 2);
+  float* st = states + ((h * geo.tasks_per_head + task) * geo.nq + j) * (a.head_dim + 2);
   const int hd = a.head_dim;
   if (end <= t0) {
     for (int d = threadIdx.x; d < hd; d += blockDim.x) st[2 + d] = 0.0f;
@@ -275,7 +279,9 @@ __global__ void MergeKernel(AttentionLaunch launch, Geometry geo, const float* s
 
 }  // namespace
 
-cudaError_t InvokeAttention(const AttentionLaunch& a, cudaStream_t stream) {
+cudaError_t InvokeAttention(const AttentionLaunch* segs, int segments, cudaStream_t stream) {
+  if (segments < 1) return cudaErrorInvalidValue;
+  const AttentionLaunch& a = segs[segments - 1];  // the suffix and queries: every launch's
   if (a.head_dim > kMaxHd || a.n < 1 || a.kv_heads < 1 || a.heads % a.kv_heads != 0)
     return cudaErrorInvalidValue;
   const bool slots = a.row_slot != nullptr;
@@ -285,19 +291,28 @@ cudaError_t InvokeAttention(const AttentionLaunch& a, cudaStream_t stream) {
   Geometry g;
   g.g = a.heads / a.kv_heads;
   g.nq = static_cast<int>(g.g * a.n);
-  g.pc = (a.prefix_tokens + kChunk - 1) / kChunk;
+  for (int s = 0; s < segments; ++s) g.pc += (segs[s].prefix_tokens + kChunk - 1) / kChunk;
   g.sc = (a.suffix_length + kChunk - 1) / kChunk;
   g.tasks_per_head = g.pc + g.sc;
-  const int64_t tasks = a.kv_heads * g.tasks_per_head;
   float* states = nullptr;
   const size_t bytes =
-      sizeof(float) * static_cast<size_t>(sessions * tasks * g.nq * (a.head_dim + 2));
+      sizeof(float) *
+      static_cast<size_t>(sessions * a.kv_heads * g.tasks_per_head * g.nq * (a.head_dim + 2));
   cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&states), bytes, stream);
   if (e != cudaSuccess) return e;
-  PartialKernel<<<dim3(static_cast<unsigned>(tasks), static_cast<unsigned>(g.nq),
-                       static_cast<unsigned>(sessions)),
-                  kThreads, 0, stream>>>(a, g, states);
-  e = cudaGetLastError();
+  // One launch per prefix segment (its chunks are positions after the segments before it);
+  // the last also runs the suffix chunks. One segment: one launch, as before segments.
+  for (int s = 0; s < segments && e == cudaSuccess; ++s) {
+    g.seg_pc = (segs[s].prefix_tokens + kChunk - 1) / kChunk;
+    g.tasks = g.seg_pc + (s == segments - 1 ? g.sc : 0);
+    if (g.tasks > 0) {
+      PartialKernel<<<dim3(static_cast<unsigned>(a.kv_heads * g.tasks), static_cast<unsigned>(g.nq),
+                           static_cast<unsigned>(sessions)),
+                      kThreads, 0, stream>>>(segs[s], g, states);
+      e = cudaGetLastError();
+    }
+    g.first += g.seg_pc;
+  }
   if (e == cudaSuccess) {
     MergeKernel<<<dim3(static_cast<unsigned>(a.kv_heads * g.nq), static_cast<unsigned>(sessions)),
                   kThreads, 0, stream>>>(a, g, states);

@@ -632,37 +632,36 @@ Status CpuAttention(const std::vector<const PrefixView*>& segs, int32_t layer, i
 }
 
 #if defined(POLYKV_HAVE_CUDA)
-// The prefix fields of a CUDA launch from the checked segments (one at most).
-Status FillPrefixLaunch(const std::vector<const PrefixView*>& segs, int32_t layer,
-                        cuda::AttentionLaunch* out) {
-  cuda::AttentionLaunch& l = *out;
-  if (segs.size() > 1)
-    return absl::UnimplementedError(
-        "attention on CUDA reads one prefix segment: this prefix has a parent pool's "
-        "segments too (attend on the CPU, or decode the pools)");
-  if (segs.empty()) return absl::OkStatus();
-  const PrefixView* pv = segs.front();
-  const PrefixLayer& pl = pv->layers[layer];
-  l.prefix_tokens = pv->tokens;
-  l.codec = pv->codec == PrefixCodec::kK8V ? 1 : 0;
-  l.raw_dtype = internal::DTypeCode(pv->raw_dtype);
-  l.pk = pl.k;
-  l.pk_scales = pl.k_scales;
-  l.pv = pl.v;
-  l.pv_norms = pl.v_norms;
-  l.key_scale_mode = static_cast<int>(pv->config.key_scale);
-  l.seed = pv->config.rotation_seed;
-  if (l.codec == 1) {
-    // Every codec a pool holds: 8-bit or packed (4..7-bit) keys, f32 or f16 norms, this
-    // layer's value bits.
-    l.key_bits = pv->config.key_bits;
-    l.norms_f16 = pv->config.norm_dtype == DType::kF16;
-    POLYKV_ASSIGN_OR_RETURN(math::ValueCodebook cb,
-                            internal::GetValueCodebook(pv->ValueBitsOf(layer)));
-    l.bits = cb.bits;
-    for (int i = 0; i < (1 << cb.bits); ++i) l.levels[i] = cb.levels[i];
+// One CUDA launch per checked segment (one without a prefix), `base` copied into each, the
+// segment's prefix fields filled in.
+StatusOr<std::vector<cuda::AttentionLaunch>> SegmentLaunches(
+    const std::vector<const PrefixView*>& segs, int32_t layer, const cuda::AttentionLaunch& base) {
+  std::vector<cuda::AttentionLaunch> out(std::max<size_t>(segs.size(), 1), base);
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const PrefixView* pv = segs[s];
+    cuda::AttentionLaunch& l = out[s];
+    const PrefixLayer& pl = pv->layers[layer];
+    l.prefix_tokens = pv->tokens;
+    l.codec = pv->codec == PrefixCodec::kK8V ? 1 : 0;
+    l.raw_dtype = internal::DTypeCode(pv->raw_dtype);
+    l.pk = pl.k;
+    l.pk_scales = pl.k_scales;
+    l.pv = pl.v;
+    l.pv_norms = pl.v_norms;
+    l.key_scale_mode = static_cast<int>(pv->config.key_scale);
+    l.seed = pv->config.rotation_seed;
+    if (l.codec == 1) {
+      // Every codec a pool holds: 8-bit or packed (4..7-bit) keys, f32 or f16 norms, this
+      // layer's value bits.
+      l.key_bits = pv->config.key_bits;
+      l.norms_f16 = pv->config.norm_dtype == DType::kF16;
+      POLYKV_ASSIGN_OR_RETURN(math::ValueCodebook cb,
+                              internal::GetValueCodebook(pv->ValueBitsOf(layer)));
+      l.bits = cb.bits;
+      for (int i = 0; i < (1 << cb.bits); ++i) l.levels[i] = cb.levels[i];
+    }
   }
-  return absl::OkStatus();
+  return out;
 }
 #endif
 
@@ -685,7 +684,6 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
   if (opt.device == Device::kCuda) {
 #if defined(POLYKV_HAVE_CUDA)
     cuda::AttentionLaunch l;
-    POLYKV_RETURN_IF_ERROR(FillPrefixLaunch(segs, a.layer, &l));
     l.k_suffix = a.k_suffix;
     l.v_suffix = a.v_suffix;
     l.suffix_capacity = a.suffix_capacity;
@@ -697,7 +695,10 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
     l.head_dim = a.head_dim;
     l.q = a.q;
     l.out = a.out;
-    return CudaStatus(cuda::InvokeAttention(l, static_cast<cudaStream_t>(opt.stream)),
+    POLYKV_ASSIGN_OR_RETURN(std::vector<cuda::AttentionLaunch> launches,
+                            SegmentLaunches(segs, a.layer, l));
+    return CudaStatus(cuda::InvokeAttention(launches.data(), static_cast<int>(launches.size()),
+                                            static_cast<cudaStream_t>(opt.stream)),
                       "attention kernel");
 #else
     return absl::UnimplementedError(
@@ -757,11 +758,11 @@ Status AttentionForwardSlots(const SlotAttentionArgs& a, const AttentionOptions&
     return absl::InvalidArgumentError(absl::StrCat(kWhat, ": null pointer"));
   const int64_t slot_stride = int64_t{a.kv_heads} * a.capacity * a.head_dim;
   std::vector<const PrefixView*> segs;
-  POLYKV_RETURN_IF_ERROR(PrefixSegments(a.prefix, {}, a.layer, a.kv_heads, a.head_dim, &segs));
+  POLYKV_RETURN_IF_ERROR(
+      PrefixSegments(a.prefix, a.prefix_tail, a.layer, a.kv_heads, a.head_dim, &segs));
   if (opt.device == Device::kCuda) {
 #if defined(POLYKV_HAVE_CUDA)
     cuda::AttentionLaunch l;
-    POLYKV_RETURN_IF_ERROR(FillPrefixLaunch(segs, a.layer, &l));
     l.k_suffix = a.k_slab;
     l.v_suffix = a.v_slab;
     l.suffix_capacity = a.capacity;
@@ -777,7 +778,10 @@ Status AttentionForwardSlots(const SlotAttentionArgs& a, const AttentionOptions&
     l.rows = a.rows;
     l.slots = a.slots;
     l.slot_stride = slot_stride;
-    return CudaStatus(cuda::InvokeAttention(l, static_cast<cudaStream_t>(opt.stream)),
+    POLYKV_ASSIGN_OR_RETURN(std::vector<cuda::AttentionLaunch> launches,
+                            SegmentLaunches(segs, a.layer, l));
+    return CudaStatus(cuda::InvokeAttention(launches.data(), static_cast<int>(launches.size()),
+                                            static_cast<cudaStream_t>(opt.stream)),
                       "attention kernel (slots)");
 #else
     return absl::UnimplementedError(
@@ -803,6 +807,7 @@ Status AttentionForwardSlots(const SlotAttentionArgs& a, const AttentionOptions&
   }
   BatchAttentionArgs b;
   b.prefix = a.prefix;
+  b.prefix_tail = a.prefix_tail;
   b.layer = a.layer;
   b.heads = a.heads;
   b.kv_heads = a.kv_heads;

@@ -270,6 +270,19 @@ struct PooledAgent::AttachedChain {
     st.pool_bf16_bytes = bf16_bytes;
     result->codec = leaf().codec;
   }
+  /// OK while every pool of the chain holds a valid lease; else the first failing pool's
+  /// status (callable after the chain is moved: it captures the pools and their ids).
+  std::function<Status()> LeaseCheck() const {
+    std::vector<polykv_pool*> pools;
+    for (const auto& g : guards) pools.push_back(g->pool);
+    return [pools, ids = infos]() -> Status {
+      for (size_t i = 0; i < pools.size(); ++i) {
+        const polykv_status s = polykv_pool_lease_status(pools[i]);
+        if (s != POLYKV_OK) return FromCStatus(s, absl::StrCat("lease of pool ", ids[i].id));
+      }
+      return absl::OkStatus();
+    };
+  }
   /// The token ids of every pool, root first (positions 0 .. tokens - 1).
   StatusOr<std::vector<int32_t>> TokenIds() const {
     std::vector<int32_t> ids;
@@ -353,30 +366,10 @@ Status PooledAgent::RunOnDevice(AttachedChain& chain, absl::Span<const int32_t> 
                                 const model::SamplingOptions& sampling, AgentResult* result) {
   AgentStats& st = result->stats;
   result->attend = Attend::kInPlace;
-  if (chain.guards.size() != 1)
-    return absl::UnimplementedError(absl::StrCat("pool ", chain.leaf().id,
-                                                 " has parent pools: a pool tree on --device "
-                                                 "cuda is not implemented (one segment only)"));
-  polykv_pool* pool = chain.guards[0]->pool;
-  int where = -1;
-  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_cuda_device(pool, &where), "pool device"));
-  if (where != options_.device.index)
-    return absl::FailedPreconditionError(
-        absl::StrCat("pool ", chain.leaf().id, " lies on cuda:", where, ", this agent computes on ",
-                     AgentDeviceName(options_.device), ": run it with --device cuda:", where));
   const auto t0 = Clock::now();
-  auto prefix = std::make_shared<model::KvPrefix>();
-  uint64_t parent_tokens = 0;
-  POLYKV_ASSIGN_OR_RETURN(prefix->view, PrefixViewOfPool(pool, &parent_tokens, /*device=*/true));
-  auto step = std::make_shared<int64_t>(0);
-  prefix->check = [this, step, pool, id = std::string(chain.leaf().id)]() -> Status {
-    if (hooks_.after_step) hooks_.after_step(*step);
-    ++*step;
-    return FromCStatus(polykv_pool_lease_status(pool), absl::StrCat("lease of pool ", id));
-  };
+  POLYKV_ASSIGN_OR_RETURN(std::shared_ptr<model::KvPrefix> prefix,
+                          ChainPrefix(chain, /*device=*/true, &st.prefix_bytes_per_token));
   st.decode_ms = MsSince(t0);
-  st.prefix_bytes_per_token =
-      static_cast<uint64_t>(prefix->view.LayerBytes()) * prefix->view.layers.size();
   POLYKV_ASSIGN_OR_RETURN(model::GenerateResult gen,
                           cuda_->Generate(prefix.get(), prompt_ids, sampling));
   RecordAnswer(*this, std::move(gen), result);
@@ -531,33 +524,12 @@ StatusOr<SharedPool> PooledAgent::AttachShared(std::string_view pool_id) {
 }
 
 StatusOr<SharedPool> PooledAgent::AttachSharedOnDevice(std::shared_ptr<AttachedChain> chain) {
-  if (chain->guards.size() != 1)
-    return absl::UnimplementedError(absl::StrCat("pool ", chain->leaf().id,
-                                                 " has parent pools: a pool tree on --device "
-                                                 "cuda is not implemented (one segment only)"));
-  polykv_pool* pool = chain->guards[0]->pool;
-  int where = -1;
-  POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_cuda_device(pool, &where), "pool device"));
-  if (where != options_.device.index)
-    return absl::FailedPreconditionError(
-        absl::StrCat("pool ", chain->leaf().id, " lies on cuda:", where, ", this host computes on ",
-                     AgentDeviceName(options_.device), ": run it with --device cuda:", where));
-  auto prefix = std::make_shared<model::KvPrefix>();
-  uint64_t parent_tokens = 0;
-  POLYKV_ASSIGN_OR_RETURN(prefix->view, PrefixViewOfPool(pool, &parent_tokens, /*device=*/true));
-  POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, chain->TokenIds());
-  auto step = std::make_shared<int64_t>(0);
-  prefix->check = [this, step, pool, id = std::string(chain->leaf().id)]() -> Status {
-    if (hooks_.after_step) hooks_.after_step(*step);
-    ++*step;
-    return FromCStatus(polykv_pool_lease_status(pool), absl::StrCat("lease of pool ", id));
-  };
   SharedPool sp;
+  POLYKV_ASSIGN_OR_RETURN(std::shared_ptr<model::KvPrefix> prefix,
+                          ChainPrefix(*chain, /*device=*/true, &sp.prefix_bytes_per_step));
+  POLYKV_ASSIGN_OR_RETURN(sp.token_ids, chain->TokenIds());
   sp.codec = chain->leaf().codec;
   sp.pool_bytes = chain->total_bytes;
-  sp.prefix_bytes_per_step =
-      static_cast<uint64_t>(prefix->view.LayerBytes()) * prefix->view.layers.size();
-  sp.token_ids = std::move(ids);
   sp.device = options_.device;
   prefix->owner = std::move(chain);
   sp.prefix = std::move(prefix);
@@ -635,8 +607,15 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
   POLYKV_RETURN_IF_ERROR(PreRoute(id));
   POLYKV_RETURN_IF_ERROR(AttachChain(id, &chain));
   POLYKV_ASSIGN_OR_RETURN(const PoolRoute route, Route(chain));
-  if (route == PoolRoute::kCudaInPlace)
-    return absl::UnimplementedError("scoring (--score-ids) on --device cuda");
+  if (route == PoolRoute::kCudaInPlace) {  // on the device, the pools read where they lie
+    uint64_t bytes_per_token = 0;
+    POLYKV_ASSIGN_OR_RETURN(std::shared_ptr<model::KvPrefix> prefix,
+                            ChainPrefix(chain, /*device=*/true, &bytes_per_token));
+    StatusOr<std::vector<double>> nll =
+        cuda_->Score(prefix.get(), input_ids, target_ids, std::min<int64_t>(rows, 256));
+    (void)chain.Release();
+    return nll;
+  }
   const bool in_place = route == PoolRoute::kHostInPlace;
   AgentStats st;
   model::KvCache cache;
@@ -651,50 +630,60 @@ StatusOr<std::vector<double>> PooledAgent::Score(std::string_view pool_id,
   return nll;
 }
 
+StatusOr<std::shared_ptr<model::KvPrefix>> PooledAgent::ChainPrefix(AttachedChain& chain,
+                                                                    bool device,
+                                                                    uint64_t* bytes_per_token) {
+  auto prefix = std::make_shared<model::KvPrefix>();
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < chain.infos.size(); ++i) {
+    polykv_pool* pool = chain.guards[i]->pool;
+    if (device) {  // every pool of the tree where this agent computes
+      int where = -1;
+      POLYKV_RETURN_IF_ERROR(FromCStatus(polykv_pool_cuda_device(pool, &where), "pool device"));
+      if (where != options_.device.index)
+        return absl::FailedPreconditionError(absl::StrCat(
+            "pool ", chain.infos[i].id, " lies on cuda:", where, ", this agent computes on ",
+            AgentDeviceName(options_.device), ": run it with --device cuda:", where));
+    }
+    uint64_t parent_tokens = 0;
+    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, PrefixViewOfPool(pool, &parent_tokens, device));
+    if (v.tokens != static_cast<int64_t>(chain.infos[i].tokens) ||
+        parent_tokens != chain.infos[i].parent_tokens)
+      return absl::DataLossError(absl::StrCat("pool ", chain.infos[i].id, ": header holds ",
+                                              v.tokens, " tokens after ", parent_tokens,
+                                              ", the daemon reported ", chain.infos[i].tokens,
+                                              " after ", chain.infos[i].parent_tokens));
+    bytes += static_cast<uint64_t>(v.LayerBytes()) * v.layers.size();
+    if (i == 0) {
+      prefix->view = std::move(v);
+    } else {
+      prefix->tail.push_back(std::move(v));
+    }
+  }
+  // Every forward step's results count only if every lease of the chain was still valid
+  // after it.
+  auto step = std::make_shared<int64_t>(0);
+  prefix->check = [this, step, leases = chain.LeaseCheck()]() -> Status {
+    if (hooks_.after_step) hooks_.after_step(*step);
+    ++*step;
+    return leases();
+  };
+  *bytes_per_token = bytes;
+  return prefix;
+}
+
 Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, bool in_place,
                                model::KvCache* cache, AgentStats* st,
                                std::shared_ptr<const void> owner) {
   const model::ModelConfig& cfg = model_->config();
   const size_t n = chain.infos.size();
   POLYKV_ASSIGN_OR_RETURN(std::vector<int32_t> doc_ids, chain.TokenIds());
-  std::vector<polykv_pool*> pools;
-  for (auto& g : chain.guards) pools.push_back(g->pool);
   // The data is only trusted while every lease of the chain is valid.
-  auto check_leases = [pools, ids = chain.infos]() -> Status {
-    for (size_t i = 0; i < pools.size(); ++i) {
-      const polykv_status s = polykv_pool_lease_status(pools[i]);
-      if (s != POLYKV_OK) return FromCStatus(s, absl::StrCat("lease of pool ", ids[i].id));
-    }
-    return absl::OkStatus();
-  };
+  const std::function<Status()> check_leases = chain.LeaseCheck();
   if (in_place) {
-    auto prefix = std::make_shared<model::KvPrefix>();
+    POLYKV_ASSIGN_OR_RETURN(std::shared_ptr<model::KvPrefix> prefix,
+                            ChainPrefix(chain, /*device=*/false, &st->prefix_bytes_per_token));
     prefix->owner = std::move(owner);
-    uint64_t bytes_per_token = 0;
-    for (size_t i = 0; i < n; ++i) {
-      uint64_t parent_tokens = 0;
-      POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView v, PrefixViewOfPool(pools[i], &parent_tokens));
-      if (v.tokens != static_cast<int64_t>(chain.infos[i].tokens) ||
-          parent_tokens != chain.infos[i].parent_tokens)
-        return absl::DataLossError(absl::StrCat("pool ", chain.infos[i].id, ": header holds ",
-                                                v.tokens, " tokens after ", parent_tokens,
-                                                ", the daemon reported ", chain.infos[i].tokens,
-                                                " after ", chain.infos[i].parent_tokens));
-      bytes_per_token += static_cast<uint64_t>(v.LayerBytes()) * v.layers.size();
-      if (i == 0) {
-        prefix->view = std::move(v);
-      } else {
-        prefix->tail.push_back(std::move(v));
-      }
-    }
-    // Every forward step's results count only if the leases were still valid after it.
-    auto step = std::make_shared<int64_t>(0);
-    prefix->check = [this, step, check_leases]() -> Status {
-      if (hooks_.after_step) hooks_.after_step(*step);
-      ++*step;
-      return check_leases();
-    };
-    st->prefix_bytes_per_token = bytes_per_token;
     POLYKV_ASSIGN_OR_RETURN(
         *cache, model_->NewCacheWithPrefix(std::move(prefix), std::move(doc_ids), extra_capacity));
     return absl::OkStatus();
@@ -723,7 +712,8 @@ Status PooledAgent::BuildCache(AttachedChain& chain, int64_t extra_capacity, boo
     k_buf.resize(static_cast<size_t>(info.kv_heads * tokens * hd));
     v_buf.resize(k_buf.size());
     for (uint32_t l = 0; l < info.layers; ++l) {
-      const polykv_status cs = polykv_decode_layer(pools[i], l, k_buf.data(), v_buf.data(), cdtype);
+      const polykv_status cs =
+          polykv_decode_layer(chain.guards[i]->pool, l, k_buf.data(), v_buf.data(), cdtype);
       if (cs != POLYKV_OK) {
         Status s = FromCStatus(cs, absl::StrCat("decode layer ", l, " of pool ", info.id));
         if (IsConnectionError(s)) Disconnect();

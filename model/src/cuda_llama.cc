@@ -69,6 +69,10 @@ StatusOr<PrefillResult> CudaLlama::Prefill(absl::Span<const int32_t>, int64_t,
 StatusOr<std::unique_ptr<CudaBatch>> CudaLlama::NewBatch(const KvPrefix*, int32_t, int64_t) {
   return absl::UnimplementedError("the CUDA model runtime is not in this build");
 }
+StatusOr<std::vector<double>> CudaLlama::Score(const KvPrefix*, absl::Span<const int32_t>,
+                                               absl::Span<const int32_t>, int64_t) {
+  return absl::UnimplementedError("the CUDA model runtime is not in this build");
+}
 struct CudaBatch::State {};
 CudaBatch::CudaBatch(std::unique_ptr<State> state) : state_(std::move(state)) {}
 CudaBatch::~CudaBatch() = default;
@@ -423,6 +427,13 @@ struct CudaLlama::Impl {
                int64_t s0, bool device_pos, const SlotRows* slots);
   Status Layers(int64_t n, const KvPrefix* prefix, absl::Span<float* const> kv, int64_t cap,
                 int64_t s0, bool device_pos, const SlotRows* slots = nullptr);
+  // Every row's final RMSNorm and output product: logits f32 [n][vocab] into `out`.
+  Status AllLogits(int64_t n, float* out) {
+    const ModelConfig& c = cfg();
+    POLYKV_RETURN_IF_ERROR(
+        kernels::DeviceRmsNormRows(x.f(), norm.f(), n, c.hidden, c.rms_eps, h.f(), kDev, stream));
+    return Mm(tied ? embed : lm_head, h.f(), n, c.hidden, out, c.vocab);
+  }
   Status Upload(void* dst, const void* src, size_t bytes, const char* what) {
     return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
                       absl::StrCat("cudaMemcpyAsync ", what));
@@ -489,6 +500,7 @@ Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* c
     }
     kernels::SlotAttentionArgs a;
     a.prefix = prefix != nullptr ? &prefix->view : nullptr;
+    if (prefix != nullptr) a.prefix_tail = prefix->tail;
     a.layer = l;
     a.k_slab = ck;
     a.v_slab = cv;
@@ -514,6 +526,7 @@ Status CudaLlama::Impl::Layer(int l, int64_t n, const KvPrefix* prefix, float* c
     }
     kernels::AttentionArgs a;
     a.prefix = prefix != nullptr ? &prefix->view : nullptr;
+    if (prefix != nullptr) a.prefix_tail = prefix->tail;
     a.layer = l;
     a.k_suffix = ck;
     a.v_suffix = cv;
@@ -677,6 +690,25 @@ namespace {
 // As the CPU runtime draws u (llama.cc): the top 53 bits of one mt19937_64 output.
 double Uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
+// Every segment of `prefix` (null: none) has the model's layers, KV heads and head_dim
+// (a pool tree's segments follow one another in position order).
+Status CheckPrefixShape(const KvPrefix* prefix, const ModelConfig& c, const char* who) {
+  if (prefix == nullptr) return absl::OkStatus();
+  auto check = [&](const kernels::PrefixView& v, size_t segment) -> Status {
+    if (static_cast<int32_t>(v.layers.size()) != c.layers || v.kv_heads != c.kv_heads ||
+        v.head_dim != c.head_dim)
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": prefix segment ", segment, " has ", v.layers.size(), " layers, ",
+                       v.kv_heads, " KV heads, head_dim ", v.head_dim, "; the model ", c.layers,
+                       ", ", c.kv_heads, ", ", c.head_dim));
+    return absl::OkStatus();
+  };
+  POLYKV_RETURN_IF_ERROR(check(prefix->view, 0));
+  for (size_t i = 0; i < prefix->tail.size(); ++i)
+    POLYKV_RETURN_IF_ERROR(check(prefix->tail[i], i + 1));
+  return absl::OkStatus();
+}
+
 // Each block's f32 pointer (the per-layer K, V suffixes a Step takes).
 std::vector<float*> Pointers(const std::vector<DeviceBlock>& blocks) {
   std::vector<float*> out;
@@ -700,14 +732,7 @@ StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix* prefix,
   if (s.max_new_tokens < 0) return absl::InvalidArgumentError("max_new_tokens < 0");
   if (!s.greedy && (!(s.temperature > 0) || !(s.top_p > 0 && s.top_p <= 1)))
     return absl::InvalidArgumentError("CUDA Generate: temperature must be > 0, top_p in (0, 1]");
-  if (prefix != nullptr) {
-    if (!prefix->tail.empty())
-      return absl::UnimplementedError("CUDA runtime: a prefix of several segments (pool tree)");
-    const kernels::PrefixView& v = prefix->view;
-    if (static_cast<int32_t>(v.layers.size()) != c.layers || v.kv_heads != c.kv_heads ||
-        v.head_dim != c.head_dim)
-      return absl::InvalidArgumentError("CUDA Generate: prefix shape does not match the model");
-  }
+  POLYKV_RETURN_IF_ERROR(CheckPrefixShape(prefix, c, "CUDA Generate"));
   POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(m.device), "cudaSetDevice"));
   const int64_t cap = static_cast<int64_t>(prompt.size()) + s.max_new_tokens + 1;
   std::vector<DeviceBlock> suffix(2 * static_cast<size_t>(c.layers));
@@ -814,6 +839,47 @@ StatusOr<PrefillResult> CudaLlama::Prefill(absl::Span<const int32_t> tokens, int
   return r;
 }
 
+StatusOr<std::vector<double>> CudaLlama::Score(const KvPrefix* prefix,
+                                               absl::Span<const int32_t> input,
+                                               absl::Span<const int32_t> targets, int64_t rows) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.cfg();
+  if (input.empty() || input.size() != targets.size())
+    return absl::InvalidArgumentError(absl::StrCat("CUDA Score: ", input.size(), " inputs, ",
+                                                   targets.size(), " targets (need equal, > 0)"));
+  if (rows < 1 || rows > 256)
+    return absl::InvalidArgumentError(absl::StrCat("CUDA Score: rows ", rows, " outside 1..256"));
+  POLYKV_RETURN_IF_ERROR(m.host->CheckTokens(targets));
+  POLYKV_RETURN_IF_ERROR(CheckPrefixShape(prefix, c, "CUDA Score"));
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(m.device), "cudaSetDevice"));
+  const int64_t n = static_cast<int64_t>(input.size());
+  std::vector<DeviceBlock> suffix(2 * static_cast<size_t>(c.layers));
+  for (DeviceBlock& b : suffix)
+    POLYKV_RETURN_IF_ERROR(
+        b.Allocate(static_cast<uint64_t>(c.kv_heads) * n * c.head_dim * 4, "KV suffix"));
+  const std::vector<float*> kv = Pointers(suffix);
+  DeviceBlock logits;
+  POLYKV_RETURN_IF_ERROR(logits.Allocate(uint64_t(rows) * c.vocab * 4, "score logits"));
+  std::vector<float> host(static_cast<size_t>(rows * c.vocab));
+  std::vector<double> nll;
+  const int64_t P = prefix != nullptr ? prefix->tokens() : 0;
+  for (int64_t off = 0; off < n; off += rows) {
+    const absl::Span<const int32_t> part = input.subspan(off, rows);
+    const int64_t k = static_cast<int64_t>(part.size());
+    POLYKV_RETURN_IF_ERROR(m.Step(part, prefix, P + off, kv, n));
+    POLYKV_RETURN_IF_ERROR(m.AllLogits(k, logits.f()));
+    POLYKV_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(host.data(), logits.get(), size_t(k) * c.vocab * 4,
+                                   cudaMemcpyDeviceToHost, m.stream),
+                   "copy score logits"));
+    POLYKV_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(m.stream), "CUDA score"));
+    for (int64_t r = 0; r < k; ++r)
+      nll.push_back(
+          -LogProb(absl::MakeConstSpan(host.data() + r * c.vocab, c.vocab), targets[off + r]));
+  }
+  return nll;
+}
+
 StatusOr<std::vector<float>> CudaLlama::LastLogits(absl::Span<const int32_t> tokens) {
   Impl& m = *impl_;
   if (tokens.empty()) return absl::InvalidArgumentError("LastLogits: empty tokens");
@@ -882,14 +948,7 @@ StatusOr<std::unique_ptr<CudaBatch>> CudaLlama::NewBatch(const KvPrefix* prefix,
         absl::StrCat("CUDA batch: slots ", slots, " and capacity ", capacity, " must be >= 1"));
   if (slots > 65535)
     return absl::InvalidArgumentError(absl::StrCat("CUDA batch: slots ", slots, " > 65535"));
-  if (prefix != nullptr) {
-    if (!prefix->tail.empty())
-      return absl::UnimplementedError("CUDA batch: a prefix of several segments (pool tree)");
-    const kernels::PrefixView& v = prefix->view;
-    if (static_cast<int32_t>(v.layers.size()) != c.layers || v.kv_heads != c.kv_heads ||
-        v.head_dim != c.head_dim)
-      return absl::InvalidArgumentError("CUDA batch: prefix shape does not match the model");
-  }
+  POLYKV_RETURN_IF_ERROR(CheckPrefixShape(prefix, c, "CUDA batch"));
   POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(m.device), "cudaSetDevice"));
   auto st = std::make_unique<CudaBatch::State>();
   st->m = &m;
@@ -1036,10 +1095,7 @@ Status CudaBatch::Decode(absl::Span<const int32_t> slots, absl::Span<const int32
   rows.row_length = static_cast<const int64_t*>(b.row_length.get());
   POLYKV_RETURN_IF_ERROR(m.Layers(n, b.prefix, b.bases, b.cap, 0, false, &rows));
   // Every row's final norm, output product and greedy id.
-  POLYKV_RETURN_IF_ERROR(kernels::DeviceRmsNormRows(m.x.f(), m.norm.f(), n, c.hidden, c.rms_eps,
-                                                    m.h.f(), kDev, m.stream));
-  POLYKV_RETURN_IF_ERROR(
-      m.Mm(m.tied ? m.embed : m.lm_head, m.h.f(), n, c.hidden, b.logits.f(), c.vocab));
+  POLYKV_RETURN_IF_ERROR(m.AllLogits(n, b.logits.f()));
   int32_t* dev_ids = static_cast<int32_t*>(b.ids.get());
   POLYKV_RETURN_IF_ERROR(
       kernels::DeviceArgmaxRows(b.logits.f(), n, c.vocab, c.vocab, dev_ids, kDev, m.stream));

@@ -2,7 +2,8 @@
 // publishes a stories260K pool in device memory; `polykv-cli agent --device cuda` processes
 // attend to it in place (route cuda-in-place) and answer as a CPU agent that copied the pool
 // (--allow-copy, which logs its cost); a CPU agent without --allow-copy is refused with
-// FAILED_PRECONDITION; two cuda agents at once give the same answer; `agents serve --device
+// FAILED_PRECONDITION; two cuda agents at once give the same answer; a pool tree on the cuda
+// backend is attended in place (two segments); `agents serve --device
 // cuda` (batched sessions on the GPU over the same pool, in place) answers as single cuda
 // agents do.
 #include <chrono>
@@ -101,6 +102,36 @@ TEST_F(AgentsCuda, TwoCudaAgentsOnOnePoolAtOnce) {
   ASSERT_EQ(b.exit_code(), 0) << ReadFile(dir_.File("b.err"));
   EXPECT_EQ(json::parse(ReadFile(dir_.File("a.out")))["answer_ids"],
             json::parse(ReadFile(dir_.File("b.out")))["answer_ids"]);
+}
+
+// A pool tree on the cuda backend: a child of the cuda pool (the daemon reads the parent back
+// to prefill the child on the host, then publishes the child in GPU memory); a cuda agent on
+// the child attends to parent + child in place (two segments) and answers as a CPU agent that
+// copied both pools.
+TEST_F(AgentsCuda, PoolTreeOnTheDeviceAnswersAsACopyingCpuAgent) {
+  std::vector<int32_t> tail(90);
+  for (size_t i = 0; i < tail.size(); ++i) tail[i] = 1 + static_cast<int32_t>(i * 31 % 500);
+  ProcessResult r =
+      RunProcess({CliPath(), "pools", "--json", "--endpoint", endpoint_, "create", "--model",
+                  StoriesPath(), "--token-ids", JoinIds(tail), "--parent", pool_},
+                 dir_.path(), 120000);
+  ASSERT_EQ(r.exit_code, 0) << r.err << ReadFile(dir_.File("polykvd.err"));
+  const json created = json::parse(r.out);
+  const std::string child = created["id"].get<std::string>();
+  EXPECT_EQ(created["backend"], "cuda") << r.out;
+  auto agent = [&](const std::string& device, bool allow_copy) {
+    std::vector<std::string> v = Agent(device, allow_copy);
+    v[3] = child;  // --pool
+    return v;
+  };
+  ProcessResult gpu = RunProcess(agent("cuda", false), dir_.path(), 120000);
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+  ProcessResult cpu = RunProcess(agent("cpu", true), dir_.path(), 120000);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  const json g = json::parse(gpu.out), c = json::parse(cpu.out);
+  EXPECT_EQ(g["route"], "cuda-in-place");
+  EXPECT_EQ(g["answer_ids"], c["answer_ids"]);
+  EXPECT_EQ(g["answer_ids"].size(), 32u);
 }
 
 // Three requests at once to `agents serve --device cuda`: one batched step per token on the

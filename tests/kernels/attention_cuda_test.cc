@@ -228,6 +228,137 @@ void Check(const Case& c, bool k8, int bits, KeyScaleMode mode, Format f = {}) {
 }
 #endif
 
+#if defined(POLYKV_HAVE_CUDA)
+// A compressed prefix segment on the host and its copy in device memory (a pool of a tree).
+struct Segment {
+  std::vector<uint8_t> k, v;
+  std::vector<float> scales, norms;
+  PrefixView host, dev;
+  std::vector<void*> blocks;
+  ~Segment() {
+    for (void* b : blocks) cudaFree(b);
+  }
+};
+
+// `tokens` of random K/V encoded with key_bits / mode / value bits and `seed` for the data
+// (rotation seed 77 for every segment, as a tree's pools share it).
+void MakeSegment(int kvh, int64_t tokens, int hd, int key_bits, KeyScaleMode mode, int bits,
+                 uint64_t seed, Segment* out) {
+  const LayerShape shape{kvh, tokens, hd};
+  const auto kraw = Gaussian(shape.elements(), seed), vraw = Gaussian(shape.elements(), seed + 1);
+  PrefixView& pv = out->host;
+  pv.kv_heads = kvh;
+  pv.head_dim = hd;
+  pv.tokens = tokens;
+  pv.codec = PrefixCodec::kK8V;
+  pv.config.key_bits = key_bits;
+  pv.config.key_scale = mode;
+  pv.config.value_bits = bits;
+  pv.config.rotation_seed = 77;
+  out->k.resize(shape.vectors() * PackedKeyVectorBytes(hd, key_bits));
+  out->scales.resize(KeyScaleCount(shape, mode));
+  out->v.resize(shape.vectors() * PackedVectorBytes(hd, bits));
+  out->norms.resize(shape.vectors());
+  ASSERT_TRUE(
+      EncodeKeys(kraw.data(), DType::kF32, shape, pv.config, out->k.data(), out->scales.data())
+          .ok());
+  ASSERT_TRUE(
+      EncodeValues(vraw.data(), DType::kF32, shape, pv.config, out->v.data(), out->norms.data())
+          .ok());
+  pv.layers = {PrefixLayer{out->k.data(), out->scales.data(), out->v.data(), out->norms.data(), 0}};
+  out->dev = pv;
+  void* dk = ToDevice(out->k);
+  float* ds = ToDevice(out->scales);
+  void* dv = ToDevice(out->v);
+  float* dn = ToDevice(out->norms);
+  out->blocks = {dk, ds, dv, dn};
+  out->dev.layers = {PrefixLayer{dk, ds, dv, dn, 0}};
+}
+#endif
+
+// A pool tree's prefix on CUDA (root + two children, each with its own key width, scales and
+// value bits, one rotation seed): one partial-state launch per segment, one merge; against
+// the CPU's AttentionForward over the same segments within 2e-5, for single calls (1 and 7
+// rows) and for a slot launch.
+TEST(AttentionCuda, PoolTreeSegmentsMatchCpu) {
+#if !defined(POLYKV_HAVE_CUDA)
+  GTEST_SKIP() << "built without CUDA";
+#else
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  const int heads = 9, kvh = 3, hd = 64;
+  Segment root, child, grandchild;
+  ASSERT_NO_FATAL_FAILURE(MakeSegment(kvh, 300, hd, 7, KeyScaleMode::kPerChannel, 3, 1, &root));
+  ASSERT_NO_FATAL_FAILURE(MakeSegment(kvh, 70, hd, 8, KeyScaleMode::kPerHead, 4, 5, &child));
+  ASSERT_NO_FATAL_FAILURE(
+      MakeSegment(kvh, 129, hd, 5, KeyScaleMode::kPerTensor, 2, 9, &grandchild));
+  const std::vector<PrefixView> host_tail = {child.host, grandchild.host};
+  const std::vector<PrefixView> dev_tail = {child.dev, grandchild.dev};
+  for (int64_t n : {1, 7}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << n);
+    const int64_t cap = 40, slen = 20 + n;
+    const auto ks = Gaussian(kvh * cap * hd, 21), vs = Gaussian(kvh * cap * hd, 22);
+    const auto q = Gaussian(n * heads * hd, 23);
+    std::vector<float> cpu(q.size());
+    AttentionArgs a =
+        SuffixArgs({cap, slen, n, heads, kvh, hd}, ks.data(), vs.data(), q.data(), cpu.data());
+    a.prefix = &root.host;
+    a.prefix_tail = host_tail;
+    AttentionOptions cpu_opt;
+    cpu_opt.amx = 0;  // the f32 reference
+    ASSERT_TRUE(AttentionForward(a, cpu_opt).ok());
+    float* dks = ToDevice(ks);
+    float* dvs = ToDevice(vs);
+    float* dq = ToDevice(q);
+    std::vector<float> gpu(q.size(), 0.0f);
+    float* dout = ToDevice(gpu);
+    AttentionArgs g = a;
+    g.prefix = &root.dev;
+    g.prefix_tail = dev_tail;
+    g.k_suffix = dks;
+    g.v_suffix = dvs;
+    g.q = dq;
+    g.out = dout;
+    AttentionOptions o;
+    o.device = Device::kCuda;
+    const Status st = AttentionForward(g, o);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaMemcpy(gpu.data(), dout, sizeof(float) * gpu.size(), cudaMemcpyDeviceToHost);
+    EXPECT_LE(MaxAbsError(gpu, cpu), 2e-5);
+    if (n == 1) {  // the same row through a slot launch (slot 0 of a one-slot slab)
+      int32_t* dslot = ToDevice(std::vector<int32_t>{0});
+      int64_t* dlen = ToDevice(std::vector<int64_t>{slen});
+      SlotAttentionArgs sa;
+      sa.prefix = &root.dev;
+      sa.prefix_tail = dev_tail;
+      sa.k_slab = dks;
+      sa.v_slab = dvs;
+      sa.slots = 1;
+      sa.capacity = cap;
+      sa.rows = 1;
+      sa.row_slot = dslot;
+      sa.row_length = dlen;
+      sa.max_length = cap;
+      sa.heads = heads;
+      sa.kv_heads = kvh;
+      sa.head_dim = hd;
+      sa.q = dq;
+      sa.out = dout;
+      ASSERT_TRUE(AttentionForwardSlots(sa, o).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> slot_out(gpu.size());
+      cudaMemcpy(slot_out.data(), dout, sizeof(float) * gpu.size(), cudaMemcpyDeviceToHost);
+      EXPECT_EQ(slot_out, gpu) << "slot launch differs from the single launch";
+      cudaFree(dslot);
+      cudaFree(dlen);
+    }
+    for (void* p : {static_cast<void*>(dks), static_cast<void*>(dvs), static_cast<void*>(dq),
+                    static_cast<void*>(dout)})
+      cudaFree(p);
+  }
+#endif
+}
+
 TEST(AttentionCuda, MatchesCpuForEveryCodec) {
 #if !defined(POLYKV_HAVE_CUDA)
   GTEST_SKIP() << "built without CUDA";

@@ -17,6 +17,7 @@
 
 #include "polykv/kernels/device_ops.h"
 #include "polykv/model/llama.h"
+#include "polykv/model/perplexity.h"
 #include "polykv/model/prefill.h"
 
 #if defined(POLYKV_HAVE_CUDA)
@@ -226,6 +227,40 @@ TEST(CudaLlamaTest, AttendsInPlaceToADevicePrefixAsTheCpuDoes) {
   ASSERT_TRUE(direct.ok()) << direct.status();
   EXPECT_EQ(direct->tokens, got->tokens);
   EXPECT_EQ(checks, 24);
+}
+
+// Scoring a continuation after a device prefix (agent --score-ids --device cuda): every
+// position's -log p within 1e-3 of the CPU's ScoreTokens over the same prefix held raw, in
+// forwards of 7 rows (several chunks) and of 256.
+TEST(CudaLlamaTest, ScoreMatchesTheCpuScore) {
+  POLYKV_REQUIRE_CUDA_DEVICE();
+  Runtimes m;
+  ASSERT_NO_FATAL_FAILURE(LoadBoth(&m));
+  const ModelConfig& c = m.cpu->config();
+  std::vector<int32_t> doc(200), cont(30);
+  for (size_t i = 0; i < doc.size(); ++i) doc[i] = 1 + static_cast<int32_t>(i * 53) % (c.vocab - 1);
+  for (size_t i = 0; i < cont.size(); ++i)
+    cont[i] = 1 + static_cast<int32_t>(i * 17 + 5) % (c.vocab - 1);
+  const std::vector<int32_t> in(cont.begin(), cont.end() - 1), tgt(cont.begin() + 1, cont.end());
+  auto pre = m.cpu->Prefill(doc);
+  ASSERT_TRUE(pre.ok()) << pre.status();
+  KvCache cache;
+  ASSERT_TRUE(m.cpu->Forward(doc, cache).ok());
+  auto frozen = m.cpu->FreezeAsPrefix(std::move(cache), static_cast<int64_t>(in.size()) + 1);
+  ASSERT_TRUE(frozen.ok()) << frozen.status();
+  auto want = ScoreTokens(*m.cpu, *frozen, in, tgt, 512);
+  ASSERT_TRUE(want.ok()) << want.status();
+  DevicePrefix dp;
+  ASSERT_NO_FATAL_FAILURE(UploadPrefix(c, *pre, &dp));
+  for (int64_t rows : {7, 256}) {
+    auto got = m.gpu->Score(&dp.prefix, in, tgt, rows);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), want->size());
+    for (size_t i = 0; i < want->size(); ++i)
+      EXPECT_NEAR((*got)[i], (*want)[i], 1e-3) << "position " << i << ", rows " << rows;
+  }
+  EXPECT_EQ(m.gpu->Score(&dp.prefix, in, {}, 8).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // CudaBatch (batched decode over one device prefix): 20 sessions, the second half joining

@@ -186,7 +186,8 @@ class PooledAgent {
   /// Scores a continuation of the pool's document (polykv-cli eval's agents section): runs
   /// `input_ids` after the document (attending to the pool as Run does) and returns
   /// -log p(targets[i]) of each input position i (targets.size() == input.size()), computed
-  /// in forwards of at most `rows` rows. Errors as Run; kInvalidArgument for sizes or ids.
+  /// in forwards of at most `rows` rows (--device cuda: CudaLlama::Score on the pools in
+  /// place, at most 256 rows a forward). Errors as Run; kInvalidArgument for sizes or ids.
   StatusOr<std::vector<double>> Score(std::string_view pool_id, absl::Span<const int32_t> input_ids,
                                       absl::Span<const int32_t> target_ids, int64_t rows = 512);
 
@@ -238,11 +239,18 @@ class PooledAgent {
   /// How the attached chain is read (RoutePool on where each mapping lies; every pool of the
   /// chain must route the same way).
   [[nodiscard]] StatusOr<PoolRoute> Route(const AttachedChain& chain);
-  /// --device cuda: attends in place to the chain's pool in CUDA memory and generates on the
-  /// device (CudaLlama). kUnimplemented for a pool tree; kFailedPrecondition for a pool on
-  /// another device.
-  /// AttachShared's cuda path: the chain's one pool as a device prefix, owned by it.
+  /// --device cuda: attends in place to the chain's pools in CUDA memory (a pool tree too)
+  /// and generates on the device (CudaLlama). kFailedPrecondition for a pool on another
+  /// device.
+  /// AttachShared's cuda path: the chain's pools (a pool tree: root first) as a device
+  /// prefix, owned by the chain.
   StatusOr<SharedPool> AttachSharedOnDevice(std::shared_ptr<AttachedChain> chain);
+  /// The attached chain as one prefix: each pool's view where it lies (`device`: in this
+  /// agent's CUDA memory, every pool on its device, else kFailedPrecondition), positions
+  /// checked against the daemon's (kDataLoss), a check of every lease after each step (with
+  /// the after_step hook); *bytes_per_token = the bytes one step reads of all of them.
+  StatusOr<std::shared_ptr<model::KvPrefix>> ChainPrefix(AttachedChain& chain, bool device,
+                                                         uint64_t* bytes_per_token);
   [[nodiscard]] Status RunOnDevice(AttachedChain& chain, absl::Span<const int32_t> prompt_ids,
                                    const model::SamplingOptions& sampling, AgentResult* result);
   /// Fills `cache` from the attached chain (positions 0 .. chain tokens - 1): prefix views of

@@ -768,6 +768,52 @@ TEST(AttentionSlots, EachRowEqualsItsOwnCallBitForBit) {
   }
 }
 
+// A pool tree's segments (root + child) behind the slots: each row still equals its own
+// AttentionForward over the same segments, bit for bit.
+TEST(AttentionSlots, PoolTreeRowsEqualTheirOwnCalls) {
+  const int heads = 9, kvh = 3, hd = 64;
+  const int64_t slots = 3, cap = 80;
+  TestPrefix a = MakePrefix(kvh, 300, hd, "k8v", 3, KeyScaleMode::kPerChannel, 31, 7, true, 0, 7);
+  TestPrefix b = MakePrefix(kvh, 45, hd, "k8v", 4, KeyScaleMode::kPerHead, 77, 8, false, 0, 7);
+  const std::vector<PrefixView> tail = {b.view};
+  const std::vector<int32_t> slot = {2, 0};
+  const std::vector<int64_t> len = {80, 3};
+  const std::vector<float> ks = Gaussian(static_cast<size_t>(slots * kvh * cap * hd), 51, 1.5f);
+  const std::vector<float> vs = Gaussian(ks.size(), 52);
+  const std::vector<float> q = Gaussian(static_cast<size_t>(2 * heads * hd), 53);
+  std::vector<float> out(q.size(), 1e30f);
+  SlotAttentionArgs sa;
+  sa.prefix = &a.view;
+  sa.prefix_tail = tail;
+  sa.k_slab = ks.data();
+  sa.v_slab = vs.data();
+  sa.slots = slots;
+  sa.capacity = cap;
+  sa.rows = 2;
+  sa.row_slot = slot.data();
+  sa.row_length = len.data();
+  sa.max_length = cap;
+  sa.heads = heads;
+  sa.kv_heads = kvh;
+  sa.head_dim = hd;
+  sa.q = q.data();
+  sa.out = out.data();
+  ASSERT_TRUE(AttentionForwardSlots(sa).ok());
+  for (int64_t r = 0; r < 2; ++r) {
+    const int64_t stride = kvh * cap * hd;
+    AttentionArgs one = SuffixArgs({cap, len[r], 1, heads, kvh, hd}, ks.data() + slot[r] * stride,
+                                   vs.data() + slot[r] * stride, q.data() + r * heads * hd);
+    one.prefix = &a.view;
+    one.prefix_tail = tail;
+    std::vector<float> want(static_cast<size_t>(heads * hd));
+    one.out = want.data();
+    ASSERT_TRUE(AttentionForward(one).ok());
+    EXPECT_EQ(std::vector<float>(out.begin() + r * heads * hd, out.begin() + (r + 1) * heads * hd),
+              want)
+        << "row " << r;
+  }
+}
+
 TEST(AttentionSlots, RejectsBadRowsAndShapesNamingThem) {
   const int heads = 2, kvh = 1, hd = 8;
   std::vector<float> slab(3 * kvh * 4 * hd), q(2 * heads * hd), out(q.size());

@@ -94,7 +94,8 @@ struct AttentionArgs {
   /// in kv_heads, head_dim and codec, and kK8V segments in rotation seed (values are merged
   /// in the rotated domain and un-rotated once). Each segment is chunked from its own first
   /// token, so a split at a multiple of kAttentionChunk gives bit-identical results to one
-  /// segment holding both. The CUDA kernels take one segment (kUnimplemented otherwise).
+  /// segment holding both. On CUDA: one partial-state launch per segment (the last one also
+  /// runs the suffix chunks), one merge.
   absl::Span<const PrefixView> prefix_tail;
   int32_t layer = 0;                ///< prefix layer (of every segment)
   const float* k_suffix = nullptr;  ///< f32 [kv_heads][suffix_capacity][head_dim]
@@ -176,7 +177,8 @@ struct BatchAttentionArgs {
 /// One decode row for each of `rows` sessions whose private suffixes share one slab (a
 /// batched decode step on a device: no per-session pointers, one launch for all).
 struct SlotAttentionArgs {
-  const PrefixView* prefix = nullptr;  ///< one segment, or null (no prefix)
+  const PrefixView* prefix = nullptr;        ///< as AttentionArgs::prefix (may be null)
+  absl::Span<const PrefixView> prefix_tail;  ///< as AttentionArgs::prefix_tail
   int32_t layer = 0;
   /// f32 [slots][kv_heads][capacity][head_dim] (this layer's): slot s's suffix at
   /// k_slab + s * kv_heads * capacity * head_dim.
@@ -204,7 +206,7 @@ struct SlotAttentionArgs {
 /// bit; on CUDA one launch of the split kernels with a session grid dimension, the same
 /// per-block math as a single call). Errors: kInvalidArgument for shapes (naming the field),
 /// kOutOfRange for a host slot or length outside its bounds, kUnimplemented for CUDA in a
-/// build without it or a prefix of several segments, kInternal for a CUDA error.
+/// build without it, kInternal for a CUDA error.
 [[nodiscard]] Status AttentionForwardSlots(const SlotAttentionArgs& a,
                                            const AttentionOptions& opt = {});
 

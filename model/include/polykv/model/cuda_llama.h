@@ -74,11 +74,11 @@ class CudaLlama {
   /// prefix->tokens() .. (prefix tokens ids are not needed), then samples up to
   /// sampling.max_new_tokens ids as LlamaModel::Generate does (greedy = lowest id on ties;
   /// top-p with a std::mt19937_64 seeded by sampling.seed; an end-of-generation id stops).
-  /// Every pointer of `prefix` (all segments) must be device memory of device(); a
-  /// single segment only (no tail). The agent's own K/V live in a private device suffix of
-  /// prompt + max_new_tokens positions, freed on return. prefix->check is called after every
+  /// Every pointer of `prefix` (all segments: a pool tree's root and children, in position
+  /// order) must be device memory of device(). The agent's own K/V live in a private device suffix
+  /// of prompt + max_new_tokens positions, freed on return. prefix->check is called after every
   /// step (a failing check fails the call). Errors: kInvalidArgument (empty prompt, ids
-  /// outside the vocabulary, a prefix of another shape), kUnimplemented (prefix tail),
+  /// outside the vocabulary, a prefix of another shape),
   /// kInternal / kResourceExhausted for device errors.
   [[nodiscard]] StatusOr<GenerateResult> Generate(const KvPrefix* prefix,
                                                   absl::Span<const int32_t> prompt,
@@ -99,17 +99,28 @@ class CudaLlama {
   /// sets POLYKV_CUDA_GRAPHS=0). Off: every kernel is launched from the host (tests compare).
   void set_cuda_graphs(bool on);
 
+  /// -log p(targets[i]) of each position i of `input` fed after `prefix` (null: from
+  /// position 0), in forwards of at most `rows` (1..256) rows: every row's logits come to the
+  /// host and are scored by model::LogProb (llama.cpp's formula, as the CPU's ScoreTokens).
+  /// What `polykv-cli agent --score-ids --device cuda` (the eval's agents section) reports.
+  /// Errors: kInvalidArgument (empty input, sizes differ, ids outside the vocabulary, rows
+  /// outside 1..256, a prefix of another shape), device errors as Generate.
+  [[nodiscard]] StatusOr<std::vector<double>> Score(const KvPrefix* prefix,
+                                                    absl::Span<const int32_t> input,
+                                                    absl::Span<const int32_t> targets,
+                                                    int64_t rows = 256);
+
   /// Logits f32 [vocab] of the last of `tokens` run from position 0 without a prefix (tests:
   /// CUDA vs CPU). Errors as Generate.
   [[nodiscard]] StatusOr<std::vector<float>> LastLogits(absl::Span<const int32_t> tokens);
 
-  /// Sessions decoded together over `prefix` (null: none; device memory of device(), one
-  /// segment; it and this model must outlive the batch): `slots` sessions of at most
+  /// Sessions decoded together over `prefix` (null: none; device memory of device(), every
+  /// segment of a pool tree; it and this model must outlive the batch): `slots` sessions of at most
   /// `capacity` own positions each (prompt + answer), their K/V in one slab of device memory
   /// (2 x layers x slots x kv_heads x capacity x head_dim f32, allocated here). From the first
   /// step of more than 16 rows the matrices are also held as f32 on the device (dequantized
   /// once, logged; cuBLAS products for every row at once). Errors: kInvalidArgument (slots
-  /// or capacity < 1, a prefix of another shape), kUnimplemented (prefix tail; no CUDA),
+  /// or capacity < 1, a prefix of another shape), kUnimplemented (no CUDA),
   /// kResourceExhausted (device memory).
   [[nodiscard]] StatusOr<std::unique_ptr<CudaBatch>> NewBatch(const KvPrefix* prefix, int32_t slots,
                                                               int64_t capacity);
