@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "attention_cuda.h"
+#include "attention_geometry.h"
 #include "polykv/kernels/attention.h"
 #include "polykv/kernels/codec_math.h"
 
@@ -26,17 +27,9 @@ namespace m = ::polykv::kernels::math;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kChunk = 64;
+constexpr int kChunk = attn_geometry::kCudaChunk;
 constexpr int kMaxHd = 512;
-
-// pc: prefix chunks of every segment, sc: suffix chunks, per KV head. A launch runs tasks
-// [first, first + tasks) of each head; its first seg_pc tasks are chunks of its segment (the
-// launch's prefix fields), the rest suffix chunks (the last segment's launch takes them).
-struct Geometry {
-  int64_t pc = 0, sc = 0, tasks_per_head = 0;
-  int64_t first = 0, tasks = 0, seg_pc = 0;
-  int g = 1, nq = 0;
-};
+using attn_geometry::Geometry;
 
 __device__ inline float BlockReduce(float v, float* red, bool is_max) {
   red[threadIdx.x] = v;
@@ -119,24 +112,22 @@ __device__ inline AttentionLaunch SessionOf(const AttentionLaunch& a, int64_t z)
 // Partial state of query j of KV head h over one chunk: grid (tasks, nq).
 __global__ void PartialKernel(AttentionLaunch launch, Geometry geo, float* states) {
   const AttentionLaunch a = SessionOf(launch, blockIdx.z);
-  states += static_cast<int64_t>(blockIdx.z) * geo.tasks_per_head * a.kv_heads * geo.nq *
-            (a.head_dim + 2);
   __shared__ float qs[kMaxHd];
   __shared__ float sc[kChunk];
   __shared__ float red[kThreads];
-  const int64_t flat = blockIdx.x;
   const int j = blockIdx.y;
-  const int h = static_cast<int>(flat / geo.tasks);
-  const int64_t local = flat % geo.tasks, task = geo.first + local;
-  const bool prefix = local < geo.seg_pc;
+  const attn_geometry::Task tk = attn_geometry::TaskOf(geo, blockIdx.x);
+  const int h = static_cast<int>(tk.h);
+  const bool prefix = tk.prefix;
   const int64_t slen = SuffixLength(a);
-  const int64_t t0 = (prefix ? local : task - geo.pc) * kChunk;
+  const int64_t t0 = tk.t0;
   const int64_t part_len = prefix ? a.prefix_tokens : slen;
   const int64_t t1 = t0 + kChunk < part_len ? t0 + kChunk : part_len;
   const int64_t row = j / geo.g, grp = j % geo.g;
   const int64_t limit = prefix ? part_len : slen - a.n + row + 1;
   const int64_t end = limit < t1 ? limit : t1;  // slot mode, empty suffix (slen 0): end <= 0
-  float* st = states + ((h * geo.tasks_per_head + task) * geo.nq + j) * (a.head_dim + 2);
+  float* st = states + attn_geometry::StateOffset(geo, a.kv_heads, blockIdx.z, h, tk.task, j,
+                                                  a.head_dim + 2);
   const int hd = a.head_dim;
   if (end <= t0) {
     for (int d = threadIdx.x; d < hd; d += blockDim.x) st[2 + d] = 0.0f;
@@ -225,8 +216,6 @@ __global__ void PartialKernel(AttentionLaunch launch, Geometry geo, float* state
 // Merges the chunk states of query j of KV head h and writes the output: grid kv_heads * nq.
 __global__ void MergeKernel(AttentionLaunch launch, Geometry geo, const float* states) {
   const AttentionLaunch a = SessionOf(launch, blockIdx.y);
-  states += static_cast<int64_t>(blockIdx.y) * geo.tasks_per_head * a.kv_heads * geo.nq *
-            (a.head_dim + 2);
   __shared__ float o[kMaxHd];
   const int hd = a.head_dim;
   const int h = blockIdx.x / geo.nq, j = blockIdx.x % geo.nq;
@@ -234,7 +223,8 @@ __global__ void MergeKernel(AttentionLaunch launch, Geometry geo, const float* s
   for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = 0.0f;
   __syncthreads();
   auto merge = [&](int64_t task) {
-    const float* st = states + ((h * geo.tasks_per_head + task) * geo.nq + j) * (hd + 2);
+    const float* st =
+        states + attn_geometry::StateOffset(geo, a.kv_heads, blockIdx.y, h, task, j, hd + 2);
     const float mb = st[0], lb = st[1];
     if (!(lb > 0.0f)) return;
     if (!(lcur > 0.0f)) {
@@ -288,12 +278,11 @@ cudaError_t InvokeAttention(const AttentionLaunch* segs, int segments, cudaStrea
   if (slots && (a.n != 1 || a.rows < 1 || a.rows > 65535 || a.row_length == nullptr))
     return cudaErrorInvalidValue;
   const int64_t sessions = slots ? a.rows : 1;
-  Geometry g;
-  g.g = a.heads / a.kv_heads;
-  g.nq = static_cast<int>(g.g * a.n);
-  for (int s = 0; s < segments; ++s) g.pc += (segs[s].prefix_tokens + kChunk - 1) / kChunk;
-  g.sc = (a.suffix_length + kChunk - 1) / kChunk;
-  g.tasks_per_head = g.pc + g.sc;
+  if (segments > attn_geometry::kMaxSegments) return cudaErrorInvalidValue;
+  int64_t seg_tokens[attn_geometry::kMaxSegments];
+  for (int s = 0; s < segments; ++s) seg_tokens[s] = segs[s].prefix_tokens;
+  const Geometry g =
+      attn_geometry::Plan(seg_tokens, segments, a.suffix_length, a.heads / a.kv_heads, a.n);
   float* states = nullptr;
   const size_t bytes =
       sizeof(float) *
@@ -303,15 +292,13 @@ cudaError_t InvokeAttention(const AttentionLaunch* segs, int segments, cudaStrea
   // One launch per prefix segment (its chunks are positions after the segments before it);
   // the last also runs the suffix chunks. One segment: one launch, as before segments.
   for (int s = 0; s < segments && e == cudaSuccess; ++s) {
-    g.seg_pc = (segs[s].prefix_tokens + kChunk - 1) / kChunk;
-    g.tasks = g.seg_pc + (s == segments - 1 ? g.sc : 0);
-    if (g.tasks > 0) {
-      PartialKernel<<<dim3(static_cast<unsigned>(a.kv_heads * g.tasks), static_cast<unsigned>(g.nq),
-                           static_cast<unsigned>(sessions)),
-                      kThreads, 0, stream>>>(segs[s], g, states);
+    const Geometry launch = attn_geometry::ForSegment(g, seg_tokens, segments, s);
+    if (launch.tasks > 0) {
+      PartialKernel<<<dim3(static_cast<unsigned>(a.kv_heads * launch.tasks),
+                           static_cast<unsigned>(g.nq), static_cast<unsigned>(sessions)),
+                      kThreads, 0, stream>>>(segs[s], launch, states);
       e = cudaGetLastError();
     }
-    g.first += g.seg_pc;
   }
   if (e == cudaSuccess) {
     MergeKernel<<<dim3(static_cast<unsigned>(a.kv_heads * g.nq), static_cast<unsigned>(sessions)),

@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include "attention_cuda.h"
+#include "attention_geometry.h"
 #include "polykv/cuda_status.h"
 #endif
 #include "internal.h"
@@ -636,6 +637,10 @@ Status CpuAttention(const std::vector<const PrefixView*>& segs, int32_t layer, i
 // segment's prefix fields filled in.
 StatusOr<std::vector<cuda::AttentionLaunch>> SegmentLaunches(
     const std::vector<const PrefixView*>& segs, int32_t layer, const cuda::AttentionLaunch& base) {
+  if (segs.size() > static_cast<size_t>(attn_geometry::kMaxSegments))
+    return absl::InvalidArgumentError(absl::StrCat("attention on CUDA: ", segs.size(),
+                                                   " prefix segments; at most ",
+                                                   attn_geometry::kMaxSegments));
   std::vector<cuda::AttentionLaunch> out(std::max<size_t>(segs.size(), 1), base);
   for (size_t s = 0; s < segs.size(); ++s) {
     const PrefixView* pv = segs[s];
