@@ -668,7 +668,39 @@ StatusOr<std::vector<cuda::AttentionLaunch>> SegmentLaunches(
   }
   return out;
 }
+
+// The suffix, query and output fields of a launch (the single call's, or a slot launch's
+// slab with its length bound).
+cuda::AttentionLaunch SuffixLaunch(const float* k, const float* v, int64_t capacity, int64_t length,
+                                   int64_t n, int32_t heads, int32_t kv_heads, int32_t hd,
+                                   const float* q, float* out) {
+  cuda::AttentionLaunch l;
+  l.k_suffix = k;
+  l.v_suffix = v;
+  l.suffix_capacity = capacity;
+  l.suffix_length = length;
+  l.n = n;
+  l.heads = heads;
+  l.kv_heads = kv_heads;
+  l.head_dim = hd;
+  l.q = q;
+  l.out = out;
+  return l;
+}
+
+// `base` over every segment, on opt.stream; errors name `what`.
+Status LaunchCuda(const std::vector<const PrefixView*>& segs, int32_t layer,
+                  const cuda::AttentionLaunch& base, const AttentionOptions& opt,
+                  const char* what) {
+  POLYKV_ASSIGN_OR_RETURN(std::vector<cuda::AttentionLaunch> launches,
+                          SegmentLaunches(segs, layer, base));
+  return CudaStatus(cuda::InvokeAttention(launches.data(), static_cast<int>(launches.size()),
+                                          static_cast<cudaStream_t>(opt.stream)),
+                    what);
+}
 #endif
+
+constexpr char kNoCuda[] = "attention on Device::kCuda requested but PolyKV was built without CUDA";
 
 }  // namespace
 
@@ -688,26 +720,13 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
         "suffix_length");
   if (opt.device == Device::kCuda) {
 #if defined(POLYKV_HAVE_CUDA)
-    cuda::AttentionLaunch l;
-    l.k_suffix = a.k_suffix;
-    l.v_suffix = a.v_suffix;
-    l.suffix_capacity = a.suffix_capacity;
-    l.suffix_length = a.suffix_length;
+    cuda::AttentionLaunch l =
+        SuffixLaunch(a.k_suffix, a.v_suffix, a.suffix_capacity, a.suffix_length, a.n, a.heads,
+                     a.kv_heads, hd, a.q, a.out);
     l.suffix_length_dev = a.suffix_length_device;
-    l.n = a.n;
-    l.heads = a.heads;
-    l.kv_heads = a.kv_heads;
-    l.head_dim = a.head_dim;
-    l.q = a.q;
-    l.out = a.out;
-    POLYKV_ASSIGN_OR_RETURN(std::vector<cuda::AttentionLaunch> launches,
-                            SegmentLaunches(segs, a.layer, l));
-    return CudaStatus(cuda::InvokeAttention(launches.data(), static_cast<int>(launches.size()),
-                                            static_cast<cudaStream_t>(opt.stream)),
-                      "attention kernel");
+    return LaunchCuda(segs, a.layer, l, opt, "attention kernel");
 #else
-    return absl::UnimplementedError(
-        "attention on Device::kCuda requested but PolyKV was built without CUDA");
+    return absl::UnimplementedError(kNoCuda);
 #endif
   }
   return CpuAttention(segs, a.layer, a.heads, a.kv_heads, hd, absl::MakeConstSpan(&session, 1),
@@ -767,30 +786,16 @@ Status AttentionForwardSlots(const SlotAttentionArgs& a, const AttentionOptions&
       PrefixSegments(a.prefix, a.prefix_tail, a.layer, a.kv_heads, a.head_dim, &segs));
   if (opt.device == Device::kCuda) {
 #if defined(POLYKV_HAVE_CUDA)
-    cuda::AttentionLaunch l;
-    l.k_suffix = a.k_slab;
-    l.v_suffix = a.v_slab;
-    l.suffix_capacity = a.capacity;
-    l.suffix_length = a.max_length;
-    l.n = 1;
-    l.heads = a.heads;
-    l.kv_heads = a.kv_heads;
-    l.head_dim = a.head_dim;
-    l.q = a.q;
-    l.out = a.out;
+    cuda::AttentionLaunch l = SuffixLaunch(a.k_slab, a.v_slab, a.capacity, a.max_length, 1, a.heads,
+                                           a.kv_heads, a.head_dim, a.q, a.out);
     l.row_slot = a.row_slot;
     l.row_length = a.row_length;
     l.rows = a.rows;
     l.slots = a.slots;
     l.slot_stride = slot_stride;
-    POLYKV_ASSIGN_OR_RETURN(std::vector<cuda::AttentionLaunch> launches,
-                            SegmentLaunches(segs, a.layer, l));
-    return CudaStatus(cuda::InvokeAttention(launches.data(), static_cast<int>(launches.size()),
-                                            static_cast<cudaStream_t>(opt.stream)),
-                      "attention kernel (slots)");
+    return LaunchCuda(segs, a.layer, l, opt, "attention kernel (slots)");
 #else
-    return absl::UnimplementedError(
-        "attention on Device::kCuda requested but PolyKV was built without CUDA");
+    return absl::UnimplementedError(kNoCuda);
 #endif
   }
   std::vector<AttentionSession> sessions(static_cast<size_t>(a.rows));

@@ -32,9 +32,7 @@ struct Geometry {
 };
 
 /// Chunks of `tokens` positions.
-POLYKV_HD inline int64_t Chunks(int64_t tokens) {
-  return (tokens + kCudaChunk - 1) / kCudaChunk;
-}
+POLYKV_HD inline int64_t Chunks(int64_t tokens) { return (tokens + kCudaChunk - 1) / kCudaChunk; }
 
 /// The totals of a call: seg_tokens[0 .. segments) prefix positions per segment (segments
 /// >= 1; one segment of 0 tokens: no prefix), the suffix length bound, GQA group g and query
@@ -79,8 +77,8 @@ POLYKV_HD inline Task TaskOf(const Geometry& geo, int64_t flat) {
 
 /// Offset in floats of the partial state of (session, KV head h, task, query j), each state
 /// `state_floats` (head_dim + 2) floats.
-POLYKV_HD inline int64_t StateOffset(const Geometry& geo, int kv_heads, int64_t session,
-                                     int64_t h, int64_t task, int64_t j, int state_floats) {
+POLYKV_HD inline int64_t StateOffset(const Geometry& geo, int kv_heads, int64_t session, int64_t h,
+                                     int64_t task, int64_t j, int state_floats) {
   return (((session * kv_heads + h) * geo.tasks_per_head + task) * geo.nq + j) * state_floats;
 }
 

@@ -27,6 +27,7 @@ namespace {
 using testing::Gaussian;
 using testing::kKeyScaleModes;
 using testing::MaxAbsError;
+using testing::SlotArgs;
 using testing::SuffixArgs;
 
 #if defined(POLYKV_HAVE_CUDA)
@@ -81,22 +82,10 @@ void CheckSlots(const Case& c, const AttentionArgs& host, const PrefixView& dv,
   float* dout = ToDevice(out);
   int32_t* dslot = ToDevice(std::vector<int32_t>{1, 2});
   int64_t* dlen = ToDevice(std::vector<int64_t>{c.suffix, 1});
-  SlotAttentionArgs s;
+  SlotAttentionArgs s =
+      SlotArgs(c.heads, c.kv_heads, c.hd, dk, dvs, 3, cap, 2, dslot, dlen, dq, dout);
   s.prefix = &dv;
   s.layer = host.layer;
-  s.k_slab = dk;
-  s.v_slab = dvs;
-  s.slots = 3;
-  s.capacity = cap;
-  s.rows = 2;
-  s.row_slot = dslot;
-  s.row_length = dlen;
-  s.max_length = cap;
-  s.heads = c.heads;
-  s.kv_heads = c.kv_heads;
-  s.head_dim = c.hd;
-  s.q = dq;
-  s.out = dout;
   AttentionOptions o;
   o.device = Device::kCuda;
   const Status st = AttentionForwardSlots(s, o);
@@ -328,22 +317,9 @@ TEST(AttentionCuda, PoolTreeSegmentsMatchCpu) {
     if (n == 1) {  // the same row through a slot launch (slot 0 of a one-slot slab)
       int32_t* dslot = ToDevice(std::vector<int32_t>{0});
       int64_t* dlen = ToDevice(std::vector<int64_t>{slen});
-      SlotAttentionArgs sa;
+      SlotAttentionArgs sa = SlotArgs(heads, kvh, hd, dks, dvs, 1, cap, 1, dslot, dlen, dq, dout);
       sa.prefix = &root.dev;
       sa.prefix_tail = dev_tail;
-      sa.k_slab = dks;
-      sa.v_slab = dvs;
-      sa.slots = 1;
-      sa.capacity = cap;
-      sa.rows = 1;
-      sa.row_slot = dslot;
-      sa.row_length = dlen;
-      sa.max_length = cap;
-      sa.heads = heads;
-      sa.kv_heads = kvh;
-      sa.head_dim = hd;
-      sa.q = dq;
-      sa.out = dout;
       ASSERT_TRUE(AttentionForwardSlots(sa, o).ok());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       std::vector<float> slot_out(gpu.size());

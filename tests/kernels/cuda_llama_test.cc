@@ -51,6 +51,13 @@ void LoadBoth(Runtimes* r) {
   r->gpu = *std::move(gpu);
 }
 
+// `n` ids spread over the vocabulary (never 0): the tests' document.
+std::vector<int32_t> Document(const ModelConfig& c, size_t n) {
+  std::vector<int32_t> doc(n);
+  for (size_t i = 0; i < n; ++i) doc[i] = 1 + static_cast<int32_t>(i * 53) % (c.vocab - 1);
+  return doc;
+}
+
 TEST(CudaLlamaTest, RefusesWithoutADeviceInsteadOfRunningOnTheCpu) {
   if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
   auto m = CudaLlama::Load(ModelPath(), 0);
@@ -192,8 +199,7 @@ TEST(CudaLlamaTest, AttendsInPlaceToADevicePrefixAsTheCpuDoes) {
   Runtimes m;
   ASSERT_NO_FATAL_FAILURE(LoadBoth(&m));
   const ModelConfig& c = m.cpu->config();
-  std::vector<int32_t> doc(300);
-  for (size_t i = 0; i < doc.size(); ++i) doc[i] = 1 + static_cast<int32_t>(i * 53) % (c.vocab - 1);
+  const std::vector<int32_t> doc = Document(c, 300);
   const std::vector<int32_t> prompt = {403, 407, 261};
   SamplingOptions s;
   s.max_new_tokens = 24;
@@ -237,8 +243,8 @@ TEST(CudaLlamaTest, ScoreMatchesTheCpuScore) {
   Runtimes m;
   ASSERT_NO_FATAL_FAILURE(LoadBoth(&m));
   const ModelConfig& c = m.cpu->config();
-  std::vector<int32_t> doc(200), cont(30);
-  for (size_t i = 0; i < doc.size(); ++i) doc[i] = 1 + static_cast<int32_t>(i * 53) % (c.vocab - 1);
+  const std::vector<int32_t> doc = Document(c, 200);
+  std::vector<int32_t> cont(30);
   for (size_t i = 0; i < cont.size(); ++i)
     cont[i] = 1 + static_cast<int32_t>(i * 17 + 5) % (c.vocab - 1);
   const std::vector<int32_t> in(cont.begin(), cont.end() - 1), tgt(cont.begin() + 1, cont.end());
@@ -272,8 +278,7 @@ TEST(CudaLlamaTest, BatchedSessionsEqualTheirOwnGenerate) {
   Runtimes m;
   ASSERT_NO_FATAL_FAILURE(LoadBoth(&m));
   const ModelConfig& c = m.cpu->config();
-  std::vector<int32_t> doc(300);
-  for (size_t i = 0; i < doc.size(); ++i) doc[i] = 1 + static_cast<int32_t>(i * 53) % (c.vocab - 1);
+  const std::vector<int32_t> doc = Document(c, 300);
   auto pre = m.cpu->Prefill(doc);
   ASSERT_TRUE(pre.ok()) << pre.status();
   DevicePrefix dp;

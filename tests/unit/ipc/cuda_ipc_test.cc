@@ -41,8 +41,8 @@ TEST(CudaIpcTest, UnavailableWithoutDevice) {
 
 #ifdef POLYKV_HAVE_CUDA
 
-PoolParams Params() {
-  PoolParams p = testing::TestPoolParams(2, 3, 64, 50);
+PoolParams Params(uint32_t layers = 2) {
+  PoolParams p = testing::TestPoolParams(layers, 3, 64, 50);
   p.model_fingerprint = "gpu-test";
   return p;
 }
@@ -72,14 +72,16 @@ std::vector<uint8_t> HostPool(const PoolParams& p, const std::vector<int32_t>& i
 // only in what the host measures (reconstruction errors). Decoded back on the device, too.
 TEST(CudaIpcTest, DeviceWriterEncodesEveryCodecAsTheHost) {
   if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device";
-  for (const char* spec :
-       {"k7c-v3-e4x3-nc-n16", "k4t-v2-n16", "k5h-v4-nc", "k6c-v3-e4x1", "k8c-v3-n16"}) {
-    SCOPED_TRACE(spec);
-    PoolParams p = testing::TestPoolParams(8, 3, 64, 50);
-    p.model_fingerprint = "gpu-test";
-    auto cs = ParseCodecSpec(spec);
-    ASSERT_TRUE(cs.ok()) << cs.status();
-    ASSERT_TRUE(ApplyCodecSpec(*cs, p.layers, &p).ok());
+  // nullptr: the test pool's own codec (k8v3, per-tensor scale); then codec specs.
+  for (const char* spec : {static_cast<const char*>(nullptr), "k7c-v3-e4x3-nc-n16", "k4t-v2-n16",
+                           "k5h-v4-nc", "k6c-v3-e4x1", "k8c-v3-n16"}) {
+    SCOPED_TRACE(spec != nullptr ? spec : "k8v3");
+    PoolParams p = Params(8);
+    if (spec != nullptr) {
+      auto cs = ParseCodecSpec(spec);
+      ASSERT_TRUE(cs.ok()) << cs.status();
+      ASSERT_TRUE(ApplyCodecSpec(*cs, p.layers, &p).ok());
+    }
     const std::vector<int32_t> ids = testing::Iota(p.tokens);
     auto host = HostPool(p, ids);
     auto arena = CudaArena::Allocate(host.size());
@@ -107,6 +109,7 @@ TEST(CudaIpcTest, DeviceWriterEncodesEveryCodecAsTheHost) {
         << "device-encoded payload differs from the host's";
     auto r = PoolReader::Open(arena->data(), arena->size(), true, kernels::Device::kCuda);
     ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->TokenIds(), ids);
     auto hr = PoolReader::Open(host.data(), host.size(), true);
     ASSERT_TRUE(hr.ok());
     std::vector<float> hk(n), hv(n), gk(n), gv(n);
@@ -124,49 +127,6 @@ TEST(CudaIpcTest, DeviceWriterEncodesEveryCodecAsTheHost) {
     cudaFree(dk);
     cudaFree(dv);
   }
-}
-
-TEST(CudaIpcTest, DeviceWriterMatchesHostAndReaderDecodes) {
-  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device";
-  PoolParams p = Params();
-  const std::vector<int32_t> ids = testing::Iota(p.tokens);
-  auto host = HostPool(p, ids);
-  auto arena = CudaArena::Allocate(host.size());
-  ASSERT_TRUE(arena.ok()) << arena.status();
-  std::vector<uint8_t> id(32, 7);
-  auto w = PoolWriter::Create(arena->data(), arena->size(), p, id, ids, kernels::Device::kCuda);
-  ASSERT_TRUE(w.ok()) << w.status();
-  const size_t n = size_t{p.kv_heads} * p.tokens * p.head_dim;
-  float *dk = nullptr, *dv = nullptr;
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dk), 4 * n), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dv), 4 * n), cudaSuccess);
-  for (uint32_t l = 0; l < p.layers; ++l) {
-    auto k = Kv(p, 2 * l), v = Kv(p, 2 * l + 1);
-    cudaMemcpy(dk, k.data(), 4 * n, cudaMemcpyHostToDevice);
-    cudaMemcpy(dv, v.data(), 4 * n, cudaMemcpyHostToDevice);
-    ASSERT_TRUE(w->WriteLayer(l, dk, dv, kernels::DType::kF32).ok());
-  }
-  ASSERT_TRUE(w->Finalize().ok());
-  auto r = PoolReader::Open(arena->data(), arena->size(), true, kernels::Device::kCuda);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->TokenIds(), ids);
-  auto hr = PoolReader::Open(host.data(), host.size(), true);
-  ASSERT_TRUE(hr.ok());
-  // Decoded values: device path vs host path within float rounding of the two kernels.
-  std::vector<float> hk(n), hv(n), gk(n), gv(n);
-  for (uint32_t l = 0; l < p.layers; ++l) {
-    ASSERT_TRUE(hr->DecodeLayer(l, hk.data(), hv.data(), kernels::DType::kF32).ok());
-    ASSERT_TRUE(r->DecodeLayer(l, dk, dv, kernels::DType::kF32).ok());
-    cudaDeviceSynchronize();
-    cudaMemcpy(gk.data(), dk, 4 * n, cudaMemcpyDeviceToHost);
-    cudaMemcpy(gv.data(), dv, 4 * n, cudaMemcpyDeviceToHost);
-    for (size_t i = 0; i < n; ++i) {
-      ASSERT_NEAR(gk[i], hk[i], 1e-5f * (1 + std::abs(hk[i]))) << i;
-      ASSERT_NEAR(gv[i], hv[i], 1e-4f * (1 + std::abs(hv[i]))) << i;
-    }
-  }
-  cudaFree(dk);
-  cudaFree(dv);
 }
 
 // Child half of CrossProcessMapping: maps the handle from $POLYKV_TEST_CUDA_HANDLE and

@@ -24,10 +24,10 @@ struct Case {
 };
 
 void Check(const Case& c) {
-  SCOPED_TRACE(::testing::Message() << "segments " << c.seg_tokens.size() << " first "
-                                    << c.seg_tokens[0] << " suffix " << c.suffix_bound << " g "
-                                    << c.g << " kv " << c.kv_heads << " rows " << c.rows
-                                    << " sessions " << c.sessions);
+  SCOPED_TRACE(::testing::Message()
+               << "segments " << c.seg_tokens.size() << " first " << c.seg_tokens[0] << " suffix "
+               << c.suffix_bound << " g " << c.g << " kv " << c.kv_heads << " rows " << c.rows
+               << " sessions " << c.sessions);
   const int segments = static_cast<int>(c.seg_tokens.size());
   const Geometry g = Plan(c.seg_tokens.data(), segments, c.suffix_bound, c.g, c.rows);
   ASSERT_EQ(g.nq, c.g * c.rows);
@@ -73,17 +73,17 @@ void Check(const Case& c) {
 
 TEST(AttentionGeometry, EveryStateWrittenOnceInPositionOrder) {
   const std::vector<Case> cases = {
-      {{0}, 1, 3, 3, 1, 1},                  // no prefix, one decode row
-      {{1451}, 20, 3, 3, 1, 1},              // SmolLM2 demo pool, a decode step
-      {{1451}, 30, 3, 3, 7, 1},              // a 7-row prompt
-      {{64}, 64, 1, 8, 1, 1},                // chunk-aligned lengths, no GQA
-      {{65}, 65, 4, 2, 2, 1},                // one past a chunk
-      {{300, 70, 129}, 40, 3, 3, 1, 1},      // a pool tree: root, child, grandchild
-      {{300, 70, 129}, 40, 3, 3, 7, 1},      // ... with prompt rows
-      {{1, 1, 1, 1}, 1, 2, 1, 1, 1},         // tiny segments
-      {{1451}, 64, 3, 3, 1, 16},             // a slot launch of 16 sessions
-      {{300, 70}, 80, 3, 3, 1, 5},           // a slot launch over a pool tree
-      {{0}, 300, 3, 3, 1, 4},                // slots without a prefix
+      {{0}, 1, 3, 3, 1, 1},              // no prefix, one decode row
+      {{1451}, 20, 3, 3, 1, 1},          // SmolLM2 demo pool, a decode step
+      {{1451}, 30, 3, 3, 7, 1},          // a 7-row prompt
+      {{64}, 64, 1, 8, 1, 1},            // chunk-aligned lengths, no GQA
+      {{65}, 65, 4, 2, 2, 1},            // one past a chunk
+      {{300, 70, 129}, 40, 3, 3, 1, 1},  // a pool tree: root, child, grandchild
+      {{300, 70, 129}, 40, 3, 3, 7, 1},  // ... with prompt rows
+      {{1, 1, 1, 1}, 1, 2, 1, 1, 1},     // tiny segments
+      {{1451}, 64, 3, 3, 1, 16},         // a slot launch of 16 sessions
+      {{300, 70}, 80, 3, 3, 1, 5},       // a slot launch over a pool tree
+      {{0}, 300, 3, 3, 1, 4},            // slots without a prefix
   };
   for (const Case& c : cases) ASSERT_NO_FATAL_FAILURE(Check(c));
 }

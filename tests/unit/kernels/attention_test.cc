@@ -25,6 +25,7 @@ using testing::BatchArgs;
 using testing::Gaussian;
 using testing::kKeyScaleModes;
 using testing::MaxAbsError;
+using testing::SlotArgs;
 using testing::SuffixArgs;
 
 // AttentionForward(a) on `isa` with `threads` (and AttentionOptions::amx) into `out`, first
@@ -735,22 +736,10 @@ TEST(AttentionSlots, EachRowEqualsItsOwnCallBitForBit) {
   TestPrefix raw = MakePrefix(kvh, 100, hd, "none-f32", 0, KeyScaleMode::kPerTensor, 6);
   const PrefixView* prefixes[] = {&k7.view, &raw.view, nullptr};
   for (const PrefixView* prefix : prefixes) {
-    SlotAttentionArgs a;
-    a.prefix = prefix;
-    a.k_slab = ks.data();
-    a.v_slab = vs.data();
-    a.slots = slots;
-    a.capacity = cap;
-    a.rows = rows;
-    a.row_slot = slot.data();
-    a.row_length = len.data();
-    a.max_length = cap;
-    a.heads = heads;
-    a.kv_heads = kvh;
-    a.head_dim = hd;
-    a.q = q.data();
     std::vector<float> out(q.size(), 1e30f);
-    a.out = out.data();
+    SlotAttentionArgs a = SlotArgs(heads, kvh, hd, ks.data(), vs.data(), slots, cap, rows,
+                                   slot.data(), len.data(), q.data(), out.data());
+    a.prefix = prefix;
     ASSERT_TRUE(AttentionForwardSlots(a).ok());
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t stride = kvh * cap * hd;
@@ -782,22 +771,10 @@ TEST(AttentionSlots, PoolTreeRowsEqualTheirOwnCalls) {
   const std::vector<float> vs = Gaussian(ks.size(), 52);
   const std::vector<float> q = Gaussian(static_cast<size_t>(2 * heads * hd), 53);
   std::vector<float> out(q.size(), 1e30f);
-  SlotAttentionArgs sa;
+  SlotAttentionArgs sa = SlotArgs(heads, kvh, hd, ks.data(), vs.data(), slots, cap, 2, slot.data(),
+                                  len.data(), q.data(), out.data());
   sa.prefix = &a.view;
   sa.prefix_tail = tail;
-  sa.k_slab = ks.data();
-  sa.v_slab = vs.data();
-  sa.slots = slots;
-  sa.capacity = cap;
-  sa.rows = 2;
-  sa.row_slot = slot.data();
-  sa.row_length = len.data();
-  sa.max_length = cap;
-  sa.heads = heads;
-  sa.kv_heads = kvh;
-  sa.head_dim = hd;
-  sa.q = q.data();
-  sa.out = out.data();
   ASSERT_TRUE(AttentionForwardSlots(sa).ok());
   for (int64_t r = 0; r < 2; ++r) {
     const int64_t stride = kvh * cap * hd;
@@ -819,19 +796,8 @@ TEST(AttentionSlots, RejectsBadRowsAndShapesNamingThem) {
   std::vector<float> slab(3 * kvh * 4 * hd), q(2 * heads * hd), out(q.size());
   std::vector<int32_t> slot = {0, 2};
   std::vector<int64_t> len = {1, 4};
-  SlotAttentionArgs a;
-  a.k_slab = a.v_slab = slab.data();
-  a.slots = 3;
-  a.capacity = 4;
-  a.rows = 2;
-  a.row_slot = slot.data();
-  a.row_length = len.data();
-  a.max_length = 4;
-  a.heads = heads;
-  a.kv_heads = kvh;
-  a.head_dim = hd;
-  a.q = q.data();
-  a.out = out.data();
+  SlotAttentionArgs a = SlotArgs(heads, kvh, hd, slab.data(), slab.data(), 3, 4, 2, slot.data(),
+                                 len.data(), q.data(), out.data());
   EXPECT_TRUE(AttentionForwardSlots(a).ok());
   slot[1] = 3;  // no such slot
   Status st = AttentionForwardSlots(a);

@@ -68,6 +68,30 @@ inline BatchAttentionArgs BatchArgs(int heads, int kv_heads, int head_dim,
   return b;
 }
 
+/// SlotAttentionArgs of `rows` decode rows over a slab of `slots` slots of `capacity`
+/// positions (`k`, `v`; max_length = capacity), rows' slots and lengths `slot`, `len`, the
+/// queries `q` ([rows][heads][head_dim]) into `out`; the prefix is the caller's to set.
+inline SlotAttentionArgs SlotArgs(int heads, int kv_heads, int head_dim, const float* k,
+                                  const float* v, int64_t slots, int64_t capacity, int64_t rows,
+                                  const int32_t* slot, const int64_t* len, const float* q,
+                                  float* out) {
+  SlotAttentionArgs a;
+  a.k_slab = k;
+  a.v_slab = v;
+  a.slots = slots;
+  a.capacity = capacity;
+  a.rows = rows;
+  a.row_slot = slot;
+  a.row_length = len;
+  a.max_length = capacity;
+  a.heads = heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = head_dim;
+  a.q = q;
+  a.out = out;
+  return a;
+}
+
 /// Relative MSE sum|a-b|^2 / sum|b|^2 (in double).
 inline double RelMse(const std::vector<float>& approx, const std::vector<float>& exact) {
   double num = 0, den = 0;
