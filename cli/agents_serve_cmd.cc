@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <memory>
@@ -79,7 +80,9 @@ Status Serve(const ServeArgs& a) {
     POLYKV_ASSIGN_OR_RETURN(std::unique_ptr<model::BatchModel> bm,
                             model::NewCudaBatchModel(*agent->cuda_model(), pool.prefix,
                                                      a.max_sessions, a.session_positions));
+    const int64_t window = agent->cuda_model()->config().max_positions;
     eo.max_context = cached + a.session_positions - 1;
+    if (window > 0) eo.max_context = std::min(eo.max_context, window);
     engine = std::make_unique<model::BatchEngine>(std::move(bm), pool.prefix_bytes_per_step, eo);
     std::printf("polykv agents serve: sessions on %s (%d slots of %lld positions)\n",
                 client::AgentDeviceName(pool.device).c_str(), a.max_sessions,

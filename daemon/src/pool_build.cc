@@ -315,10 +315,11 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
   }
   auto chain = std::make_shared<ParentChain>();
   // Per pool of the chain (leaf first while walking): its memfd (a host pool, mapped below)
-  // or, for a pool in GPU memory, its bytes read back under the lock (the child's prefill
-  // attends to them on the host; an evict after the lock cannot pull them away).
+  // or, for a pool in GPU memory, a device copy made under the lock (an evict after the lock
+  // cannot pull it away; fast), read back to the host after it (the child's prefill attends
+  // to it there).
   std::vector<std::pair<ipc::UniqueFd, uint64_t>> fds;
-  std::vector<std::vector<uint8_t>> read_back;
+  std::vector<std::optional<ipc::CudaArena>> device_copies;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto resolved = ResolvePoolIdLocked(parent_id);
@@ -343,12 +344,12 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
           return absl::InternalError(absl::StrCat("dup of pool memfd: ", std::strerror(errno)));
         }
         fds.emplace_back(ipc::UniqueFd(fd), it->second.region->size());
-        read_back.emplace_back();
+        device_copies.emplace_back();
       } else if (it->second.arena) {
-        std::vector<uint8_t> bytes(it->second.memory.size);
-        POLYKV_RETURN_IF_ERROR(it->second.arena->CopyToHost(0, bytes.data(), bytes.size()));
+        POLYKV_ASSIGN_OR_RETURN(ipc::CudaArena copy,
+                                it->second.arena->Clone(it->second.memory.size));
         fds.emplace_back(ipc::UniqueFd(), 0);
-        read_back.push_back(std::move(bytes));
+        device_copies.emplace_back(std::move(copy));
       } else {
         return absl::FailedPreconditionError(
             absl::StrCat("parent pool ", id.substr(0, 16), " has no memory to read"));
@@ -358,7 +359,7 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
     }
   }
   std::reverse(fds.begin(), fds.end());
-  std::reverse(read_back.begin(), read_back.end());
+  std::reverse(device_copies.begin(), device_copies.end());
   std::reverse(chain->infos.begin(), chain->infos.end());
   for (size_t i = 0; i < fds.size(); ++i) {
     const void* data = nullptr;
@@ -371,7 +372,15 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
       data = chain->maps.back().data();
       size = chain->maps.back().size();
     } else {
-      chain->read_back.push_back(std::move(read_back[i]));
+      const ipc::CudaArena& copy = *device_copies[i];
+      try {
+        chain->read_back.emplace_back(copy.size());
+      } catch (const std::bad_alloc&) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "out of host memory reading back parent pool ", chain->infos[i].id.substr(0, 16)));
+      }
+      POLYKV_RETURN_IF_ERROR(copy.CopyToHost(0, chain->read_back.back().data(), copy.size()));
+      device_copies[i].reset();
       data = chain->read_back.back().data();
       size = chain->read_back.back().size();
     }

@@ -127,6 +127,17 @@ Status CudaArena::CopyFromHost(uint64_t offset, const void* src, uint64_t bytes)
   return internal::CopyToDevice(static_cast<uint8_t*>(ptr_) + offset, src, bytes);
 }
 
+StatusOr<CudaArena> CudaArena::Clone(uint64_t bytes) const {
+  if (ptr_ == nullptr) return absl::FailedPreconditionError("CUDA arena is empty");
+  if (bytes > size_)
+    return absl::OutOfRangeError(
+        absl::StrCat("clone of ", bytes, " bytes exceeds the arena of ", size_, " bytes"));
+  POLYKV_ASSIGN_OR_RETURN(CudaArena copy, Allocate(bytes));
+  POLYKV_RETURN_IF_ERROR(internal::CopyDeviceToDevice(copy.ptr_, ptr_, bytes, nullptr));
+  POLYKV_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(nullptr), "clone of a CUDA arena"));
+  return copy;
+}
+
 Status CudaArena::CopyToHost(uint64_t offset, void* dst, uint64_t bytes) const {
   if (ptr_ == nullptr) return absl::FailedPreconditionError("CUDA arena is empty");
   if (offset > size_ || bytes > size_ - offset) {
@@ -244,6 +255,7 @@ CudaArena::~CudaArena() = default;
 StatusOr<CudaIpcHandle> CudaArena::Export(uint64_t, uint64_t) const { return NoCuda(); }
 Status CudaArena::CopyFromHost(uint64_t, const void*, uint64_t) { return NoCuda(); }
 Status CudaArena::CopyToHost(uint64_t, void*, uint64_t) const { return NoCuda(); }
+StatusOr<CudaArena> CudaArena::Clone(uint64_t) const { return NoCuda(); }
 
 StatusOr<CudaIpcMapping> CudaIpcMapping::Open(const CudaIpcHandle&) { return NoCuda(); }
 CudaIpcMapping::CudaIpcMapping(CudaIpcMapping&& o) noexcept

@@ -12,6 +12,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -269,8 +270,25 @@ __global__ void MergeKernel(AttentionLaunch launch, Geometry geo, const float* s
 
 }  // namespace
 
+namespace {
+
+// The launch of `l` for sessions [z0, z0 + zn) of a slot launch (its rows' slots, lengths,
+// queries and outputs from row z0 on); `l` itself when not a slot launch.
+AttentionLaunch SessionGroup(AttentionLaunch l, int64_t z0, int64_t zn) {
+  if (l.row_slot == nullptr) return l;
+  const int64_t row = static_cast<int64_t>(l.heads) * l.head_dim;
+  l.row_slot += z0;
+  l.row_length += z0;
+  l.q += z0 * row;
+  l.out += z0 * row;
+  l.rows = zn;
+  return l;
+}
+
+}  // namespace
+
 cudaError_t InvokeAttention(const AttentionLaunch* segs, int segments, cudaStream_t stream) {
-  if (segments < 1) return cudaErrorInvalidValue;
+  if (segments < 1 || segments > attn_geometry::kMaxSegments) return cudaErrorInvalidValue;
   const AttentionLaunch& a = segs[segments - 1];  // the suffix and queries: every launch's
   if (a.head_dim > kMaxHd || a.n < 1 || a.kv_heads < 1 || a.heads % a.kv_heads != 0)
     return cudaErrorInvalidValue;
@@ -278,32 +296,41 @@ cudaError_t InvokeAttention(const AttentionLaunch* segs, int segments, cudaStrea
   if (slots && (a.n != 1 || a.rows < 1 || a.rows > 65535 || a.row_length == nullptr))
     return cudaErrorInvalidValue;
   const int64_t sessions = slots ? a.rows : 1;
-  if (segments > attn_geometry::kMaxSegments) return cudaErrorInvalidValue;
   int64_t seg_tokens[attn_geometry::kMaxSegments];
   for (int s = 0; s < segments; ++s) seg_tokens[s] = segs[s].prefix_tokens;
   const Geometry g =
       attn_geometry::Plan(seg_tokens, segments, a.suffix_length, a.heads / a.kv_heads, a.n);
+  if (g.nq > 65535 || static_cast<int64_t>(a.kv_heads) * g.tasks_per_head > 0x7FFFFFFF)
+    return cudaErrorInvalidValue;  // grid y / x limits (the host refuses such calls first)
+  // The partial states of one session; sessions run in groups whose states fit in
+  // kMaxStateBytes (many sessions over a long prefix), one after another on the stream.
+  constexpr size_t kMaxStateBytes = size_t{512} << 20;
+  const size_t per_session =
+      sizeof(float) * static_cast<size_t>(a.kv_heads * g.tasks_per_head * g.nq * (a.head_dim + 2));
+  const int64_t group = std::max<int64_t>(
+      1, std::min<int64_t>(sessions, static_cast<int64_t>(kMaxStateBytes / per_session)));
   float* states = nullptr;
-  const size_t bytes =
-      sizeof(float) *
-      static_cast<size_t>(sessions * a.kv_heads * g.tasks_per_head * g.nq * (a.head_dim + 2));
-  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&states), bytes, stream);
+  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&states),
+                                  per_session * static_cast<size_t>(group), stream);
   if (e != cudaSuccess) return e;
-  // One launch per prefix segment (its chunks are positions after the segments before it);
-  // the last also runs the suffix chunks. One segment: one launch, as before segments.
-  for (int s = 0; s < segments && e == cudaSuccess; ++s) {
-    const Geometry launch = attn_geometry::ForSegment(g, seg_tokens, segments, s);
-    if (launch.tasks > 0) {
-      PartialKernel<<<dim3(static_cast<unsigned>(a.kv_heads * launch.tasks),
-                           static_cast<unsigned>(g.nq), static_cast<unsigned>(sessions)),
-                      kThreads, 0, stream>>>(segs[s], launch, states);
+  for (int64_t z0 = 0; z0 < sessions && e == cudaSuccess; z0 += group) {
+    const int64_t zn = std::min(group, sessions - z0);
+    // One launch per prefix segment (its chunks are positions after the segments before it);
+    // the last also runs the suffix chunks. One segment: one launch, as before segments.
+    for (int s = 0; s < segments && e == cudaSuccess; ++s) {
+      const Geometry launch = attn_geometry::ForSegment(g, seg_tokens, segments, s);
+      if (launch.tasks > 0) {
+        PartialKernel<<<dim3(static_cast<unsigned>(a.kv_heads * launch.tasks),
+                             static_cast<unsigned>(g.nq), static_cast<unsigned>(zn)),
+                        kThreads, 0, stream>>>(SessionGroup(segs[s], z0, zn), launch, states);
+        e = cudaGetLastError();
+      }
+    }
+    if (e == cudaSuccess) {
+      MergeKernel<<<dim3(static_cast<unsigned>(a.kv_heads * g.nq), static_cast<unsigned>(zn)),
+                    kThreads, 0, stream>>>(SessionGroup(a, z0, zn), g, states);
       e = cudaGetLastError();
     }
-  }
-  if (e == cudaSuccess) {
-    MergeKernel<<<dim3(static_cast<unsigned>(a.kv_heads * g.nq), static_cast<unsigned>(sessions)),
-                  kThreads, 0, stream>>>(a, g, states);
-    e = cudaGetLastError();
   }
   const cudaError_t f = cudaFreeAsync(states, stream);
   return e != cudaSuccess ? e : f;

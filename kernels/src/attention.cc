@@ -719,6 +719,10 @@ Status AttentionForward(const AttentionArgs& a, const AttentionOptions& opt) {
         "attention: suffix_length_device is a CUDA launch's (device memory); the CPU takes "
         "suffix_length");
   if (opt.device == Device::kCuda) {
+    if (a.n * (a.heads / a.kv_heads) > 65535)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attention on CUDA: ", a.n, " rows x ", a.heads / a.kv_heads,
+          " query heads per KV head > 65535 (the grid's y limit): feed fewer rows per call"));
 #if defined(POLYKV_HAVE_CUDA)
     cuda::AttentionLaunch l =
         SuffixLaunch(a.k_suffix, a.v_suffix, a.suffix_capacity, a.suffix_length, a.n, a.heads,

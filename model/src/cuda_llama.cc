@@ -223,7 +223,8 @@ struct CudaLlama::Impl {
   /// Products of more than kDeviceMatVecMaxRows rows on f32 copies of the matrices (set by
   /// a CudaBatch; single agents keep the block kernels and their memory).
   bool f32_products = false;
-  uint64_t f32_bytes = 0;  ///< device bytes of those copies
+  bool f32_refused = false;  ///< a copy did not fit: products on the blocks from then on
+  uint64_t f32_bytes = 0;    ///< device bytes of those copies
 
   ~Impl() {
     if (stream != nullptr) cudaStreamDestroy(stream);
@@ -404,14 +405,28 @@ struct CudaLlama::Impl {
   }
 
   // y = x W^T for n rows: with f32_products and n > kDeviceMatVecMaxRows on the matrix's
-  // f32 copy (dequantized on first use, bit-exact with the block kernels' values).
+  // f32 copy (dequantized on first use, bit-exact with the block kernels' values; the first
+  // one logs what all of them will take). Without room for a copy (device memory) the
+  // product runs on the stored blocks, as without f32_products, and no copy is tried again.
   Status Mm(const DeviceMatrix& m, const float* xp, int64_t n, int64_t xs, float* y, int64_t ys) {
-    if (!f32_products || n <= kernels::kDeviceMatVecMaxRows ||
+    if (!f32_products || f32_refused || n <= kernels::kDeviceMatVecMaxRows ||
         m.w.type == kernels::WeightType::kF32)
       return kernels::DeviceMatMul(m.w, xp, n, xs, y, ys, kDev, stream);
     if (m.f32.data == nullptr) {
       const uint64_t bytes = static_cast<uint64_t>(m.w.rows * m.w.cols) * 4;
-      POLYKV_RETURN_IF_ERROR(m.f32_block.Allocate(bytes, "f32 matrix (batched products)"));
+      if (f32_bytes == 0)
+        std::fprintf(stderr,
+                     "CUDA runtime: products of more than %lld rows use f32 copies of the "
+                     "matrices (%.1f MiB of device memory once all are made)\n",
+                     static_cast<long long>(kernels::kDeviceMatVecMaxRows),
+                     F32CopyBytes() / 1048576.0);
+      if (Status a = m.f32_block.Allocate(bytes, "f32 matrix (batched products)"); !a.ok()) {
+        cudaGetLastError();  // clear the failed allocation's error
+        f32_refused = true;
+        std::fprintf(stderr, "CUDA runtime: no f32 matrix copies (%s): products on the blocks\n",
+                     a.ToString().c_str());
+        return kernels::DeviceMatMul(m.w, xp, n, xs, y, ys, kDev, stream);
+      }
       POLYKV_RETURN_IF_ERROR(
           kernels::DeviceDequantizeRows(m.w, 0, m.w.rows, m.f32_block.f(), kDev, stream));
       m.f32 = m.w;
@@ -421,6 +436,19 @@ struct CudaLlama::Impl {
       f32_bytes += bytes;
     }
     return kernels::DeviceMatMul(m.f32, xp, n, xs, y, ys, kDev, stream);
+  }
+
+  // Bytes of f32 copies of every matrix Mm may copy (the ones not stored as f32).
+  uint64_t F32CopyBytes() const {
+    uint64_t total = 0;
+    auto add = [&](const DeviceMatrix& m) {
+      if (m.w.data != nullptr && m.w.type != kernels::WeightType::kF32)
+        total += static_cast<uint64_t>(m.w.rows * m.w.cols) * 4;
+    };
+    add(tied ? embed : lm_head);
+    for (const DeviceLayer& l : layers)
+      for (const DeviceMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) add(*m);
+    return total;
   }
 
   Status Layer(int l, int64_t n, const KvPrefix* prefix, float* ck, float* cv, int64_t cap,
@@ -682,7 +710,9 @@ const std::string& CudaLlama::fingerprint() const { return impl_->host->fingerpr
 const Tokenizer* CudaLlama::tokenizer() const { return impl_->host->tokenizer(); }
 uint64_t CudaLlama::weight_bytes() const { return impl_->weight_bytes; }
 int CudaLlama::device() const { return impl_->device; }
-uint64_t CudaLlama::device_bytes() const { return impl_->weight_bytes + impl_->workspace_bytes; }
+uint64_t CudaLlama::device_bytes() const {
+  return impl_->weight_bytes + impl_->workspace_bytes + impl_->f32_bytes;
+}
 void CudaLlama::set_cuda_graphs(bool on) { impl_->graphs = on; }
 
 namespace {
@@ -1015,9 +1045,13 @@ Status CudaBatch::Prompt(int32_t slot, absl::Span<const int32_t> prompt, std::ve
   std::vector<float*> kv(b.bases.size());
   for (size_t i = 0; i < kv.size(); ++i) kv[i] = b.bases[i] + slot * b.slot_floats;
   constexpr size_t kFeedRows = 256;
+  const int64_t before = len;
   for (size_t off = 0; off < prompt.size(); off += kFeedRows) {
     const absl::Span<const int32_t> part = prompt.subspan(off, kFeedRows);
-    POLYKV_RETURN_IF_ERROR(m.Step(part, b.prefix, b.prefix_tokens() + len, kv, b.cap));
+    if (Status st = m.Step(part, b.prefix, b.prefix_tokens() + len, kv, b.cap); !st.ok()) {
+      len = before;  // none of the prompt counts: the slot holds what it held
+      return st;
+    }
     len += static_cast<int64_t>(part.size());
   }
   int32_t* dev_id = static_cast<int32_t*>(b.ids.get());
@@ -1049,6 +1083,8 @@ Status CudaBatch::Decode(absl::Span<const int32_t> slots, absl::Span<const int32
     return absl::InvalidArgumentError(absl::StrCat("CUDA batch: ", slots.size(), " slots, ",
                                                    tokens.size(), " tokens, ", need_logits.size(),
                                                    " need_logits entries"));
+  if (argmax == nullptr || logits == nullptr)
+    return absl::InvalidArgumentError("CUDA batch: null argmax or logits output");
   if (n == 0) return absl::OkStatus();
   std::vector<uint8_t> seen(static_cast<size_t>(b.slots), 0);
   std::vector<int64_t> row_length(static_cast<size_t>(n));

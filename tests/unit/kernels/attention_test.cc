@@ -791,6 +791,22 @@ TEST(AttentionSlots, PoolTreeRowsEqualTheirOwnCalls) {
   }
 }
 
+// A CUDA call whose queries would not fit the kernels' grid (rows x query heads per KV head
+// > 65535) is refused on the host, naming the limit, with or without a device.
+TEST(Attention, CudaGridLimitIsCheckedOnTheHost) {
+  const int heads = 9, kvh = 3, hd = 8;
+  const int64_t n = 30000;  // x 3 = 90000 queries per KV head
+  std::vector<float> kv(static_cast<size_t>(kvh * n * hd)), q(static_cast<size_t>(n * heads * hd));
+  std::vector<float> out(q.size());
+  AttentionArgs a = SuffixArgs({n, n, n, heads, kvh, hd}, kv.data(), kv.data(), q.data(),
+                               out.data());
+  AttentionOptions o;
+  o.device = Device::kCuda;
+  const Status st = AttentionForward(a, o);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("65535"), std::string::npos) << st;
+}
+
 TEST(AttentionSlots, RejectsBadRowsAndShapesNamingThem) {
   const int heads = 2, kvh = 1, hd = 8;
   std::vector<float> slab(3 * kvh * 4 * hd), q(2 * heads * hd), out(q.size());

@@ -148,8 +148,11 @@ TEST(BatchEngine, PromptRowsGroupJoiningSessions) {
 // session's need_logits flags (sessions in the order of their NewCache calls) in `flags`.
 class ArgmaxBatchModel : public BatchModel {
  public:
-  ArgmaxBatchModel(std::unique_ptr<BatchModel> inner, std::vector<std::vector<uint8_t>>* flags)
-      : inner_(std::move(inner)), flags_(flags) {}
+  // *empty counts the answers without any logits (no row needed them), as the CUDA model
+  // returns them.
+  ArgmaxBatchModel(std::unique_ptr<BatchModel> inner, std::vector<std::vector<uint8_t>>* flags,
+                   int* empty)
+      : inner_(std::move(inner)), flags_(flags), empty_(empty) {}
 
   const ModelConfig& config() const override { return inner_->config(); }
   const Tokenizer* tokenizer() const override { return inner_->tokenizer(); }
@@ -168,15 +171,16 @@ class ArgmaxBatchModel : public BatchModel {
                                        absl::Span<const absl::Span<const int32_t>> prompts,
                                        absl::Span<const uint8_t> need_logits,
                                        bool joined) override {
-    return Answer(need_logits, inner_->ForwardPrompts(Unwrap(caches, need_logits), prompts,
-                                                      need_logits, joined));
+    return Answer(need_logits,
+                  inner_->ForwardPrompts(Unwrap(caches, need_logits), prompts, need_logits, joined),
+                  empty_);
   }
 
   StatusOr<BatchLogits> ForwardBatch(absl::Span<BatchCache* const> caches,
                                      absl::Span<const int32_t> tokens,
                                      absl::Span<const uint8_t> need_logits) override {
     return Answer(need_logits,
-                  inner_->ForwardBatch(Unwrap(caches, need_logits), tokens, need_logits));
+                  inner_->ForwardBatch(Unwrap(caches, need_logits), tokens, need_logits), empty_);
   }
 
  private:
@@ -198,27 +202,38 @@ class ArgmaxBatchModel : public BatchModel {
     return inner;
   }
 
+  // Argmax ids for every row; rows nobody needs zeroed, or no logits at all when no row
+  // needs them.
   static StatusOr<BatchLogits> Answer(absl::Span<const uint8_t> need_logits,
-                                      StatusOr<BatchLogits> out) {
+                                      StatusOr<BatchLogits> out, int* empty) {
     if (!out.ok()) return out;
     Logits& l = out->logits;
+    bool any = false;
     for (int64_t i = 0; i < l.rows; ++i) {
       POLYKV_ASSIGN_OR_RETURN(int32_t id, Argmax(l.row(i)));
       out->argmax.push_back(id);
       if (need_logits.at(static_cast<size_t>(i)) == 0) {
         const auto row = l.values.begin() + static_cast<std::ptrdiff_t>(i) * l.vocab;
         std::fill(row, row + l.vocab, 0.0f);
+      } else {
+        any = true;
       }
+    }
+    if (!any) {
+      l.values.clear();
+      ++*empty;
     }
     return out;
   }
 
   std::unique_ptr<BatchModel> inner_;
   std::vector<std::vector<uint8_t>>* flags_;
+  int* empty_;
 };
 
-// Through a model that returns argmax ids (and zeroes the logits greedy sessions do not need),
-// every session gets the tokens the CPU adapter gives it: greedy ones take the model's ids,
+// Through a model that returns argmax ids (and zeroes the logits greedy sessions do not need,
+// or returns none when no session needs them), every session gets the tokens the CPU adapter
+// gives it: greedy ones take the model's ids,
 // seeded top-p ones in the same batches sample real logits; the engine asks for logits exactly
 // for the sampled sessions. Prompts joined and one per forward.
 TEST(BatchEngine, ModelArgmaxGivesTheSameTokens) {
@@ -256,10 +271,13 @@ TEST(BatchEngine, ModelArgmaxGivesTheSameTokens) {
     BatchEngine plain(*f.model, f.prefix, f.doc, 0, o);
     const std::vector<Collected> want = run(plain);
     std::vector<std::vector<uint8_t>> flags;
-    BatchEngine engine(
-        std::make_unique<ArgmaxBatchModel>(NewLlamaBatchModel(*f.model, f.prefix, f.doc), &flags),
-        0, o);
+    int empty = 0;
+    BatchEngine engine(std::make_unique<ArgmaxBatchModel>(
+                           NewLlamaBatchModel(*f.model, f.prefix, f.doc), &flags, &empty),
+                       0, o);
     const std::vector<Collected> got = run(engine);
+    // The last steps decode only greedy session 4: answers without logits were taken.
+    EXPECT_GT(empty, 0) << "max_prompt_rows " << rows;
     ASSERT_EQ(flags.size(), reqs.size()) << "max_prompt_rows " << rows;
     for (size_t i = 0; i < reqs.size(); ++i) {
       EXPECT_TRUE(got[i].done) << i;

@@ -44,6 +44,10 @@ class CudaArena {
   /// Copies `bytes` at `offset` of the arena into host memory `dst` (synchronous).
   /// Errors: kOutOfRange, kFailedPrecondition (empty arena or no CUDA), kInternal (CUDA).
   [[nodiscard]] Status CopyToHost(uint64_t offset, void* dst, uint64_t bytes) const;
+  /// A new arena holding a copy of this one's first `bytes` (device to device, synchronous:
+  /// fast enough to take under a lock that keeps this arena alive). Errors: as Allocate,
+  /// kOutOfRange past the end, kFailedPrecondition for an empty arena.
+  [[nodiscard]] StatusOr<CudaArena> Clone(uint64_t bytes) const;
 
  private:
   CudaArena() = default;

@@ -44,8 +44,9 @@ struct BatchLogits {
   /// f32 [rows][vocab]. A row whose need_logits entry was false may be left unfilled (zeros)
   /// by a model that fills `argmax`; when no row needs logits, `values` may be empty.
   Logits logits;
-  /// Each row's greedy id (model::Argmax's rule: lowest id on ties), or empty when the model
-  /// only returns logits (then every logits row is filled).
+  /// Each row's greedy id by the model's own greedy rule (lowest id on ties; model::Argmax on
+  /// the CPU, kernels::DeviceArgmaxRows on CUDA, which alone counts a NaN logit as largest),
+  /// or empty when the model only returns logits (then every logits row is filled).
   std::vector<int32_t> argmax;
 };
 

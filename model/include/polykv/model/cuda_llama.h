@@ -67,7 +67,8 @@ class CudaLlama {
   uint64_t weight_bytes() const;
   /// The CUDA ordinal the weights live on.
   int device() const;
-  /// Bytes of device memory this model holds: weights, norms, biases and the workspace.
+  /// Bytes of device memory this model holds: weights, norms, biases, the workspace and the
+  /// f32 matrix copies of batched products (CudaBatch).
   uint64_t device_bytes() const;
 
   /// Generates after `prefix` (null: no prefix): feeds `prompt` at positions
@@ -119,7 +120,8 @@ class CudaLlama {
   /// `capacity` own positions each (prompt + answer), their K/V in one slab of device memory
   /// (2 x layers x slots x kv_heads x capacity x head_dim f32, allocated here). From the first
   /// step of more than 16 rows the matrices are also held as f32 on the device (dequantized
-  /// once, logged; cuBLAS products for every row at once). Errors: kInvalidArgument (slots
+  /// once, the total logged; cuBLAS products for every row at once; where a copy does not fit
+  /// in device memory, the products run on the stored blocks). Errors: kInvalidArgument (slots
   /// or capacity < 1, a prefix of another shape), kUnimplemented (no CUDA),
   /// kResourceExhausted (device memory).
   [[nodiscard]] StatusOr<std::unique_ptr<CudaBatch>> NewBatch(const KvPrefix* prefix, int32_t slots,
@@ -159,14 +161,15 @@ class CudaBatch {
   /// Feeds `prompt` into open `slot` after what it holds (the agents' own step, 256 rows at a
   /// time); the last row's logits f32 [vocab] into *logits (host; may be null) and its greedy
   /// id into *argmax. Errors: kInvalidArgument (slot not open, empty prompt, ids outside the
-  /// vocabulary), kOutOfRange (past the slot's capacity), the prefix check's, device errors.
+  /// vocabulary), kOutOfRange (past the slot's capacity), the prefix check's, device errors;
+  /// after an error the slot holds what it held before the call.
   [[nodiscard]] Status Prompt(int32_t slot, absl::Span<const int32_t> prompt,
                               std::vector<float>* logits, int32_t* argmax);
 
   /// One decode step: tokens[i] at the next position of slots[i] (distinct open slots).
   /// argmax[i] = the greedy id of row i; rows with need_logits[i] != 0 get their logits
   /// f32 [vocab] at (*logits)[i * vocab] (host; other rows left as they are). Errors as
-  /// Prompt (kInvalidArgument also for repeated slots or mismatched sizes).
+  /// Prompt (kInvalidArgument also for repeated slots, mismatched sizes or null outputs).
   [[nodiscard]] Status Decode(absl::Span<const int32_t> slots, absl::Span<const int32_t> tokens,
                               absl::Span<const uint8_t> need_logits, std::vector<int32_t>* argmax,
                               std::vector<float>* logits);
