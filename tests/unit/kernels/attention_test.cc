@@ -798,8 +798,8 @@ TEST(Attention, CudaGridLimitIsCheckedOnTheHost) {
   const int64_t n = 30000;  // x 3 = 90000 queries per KV head
   std::vector<float> kv(static_cast<size_t>(kvh * n * hd)), q(static_cast<size_t>(n * heads * hd));
   std::vector<float> out(q.size());
-  AttentionArgs a = SuffixArgs({n, n, n, heads, kvh, hd}, kv.data(), kv.data(), q.data(),
-                               out.data());
+  AttentionArgs a =
+      SuffixArgs({n, n, n, heads, kvh, hd}, kv.data(), kv.data(), q.data(), out.data());
   AttentionOptions o;
   o.device = Device::kCuda;
   const Status st = AttentionForward(a, o);
