@@ -70,7 +70,10 @@ fi
 WORK="$(mktemp -d /tmp/polykv-demo-XXXXXX)"
 SOCK="$WORK/control.sock"
 export POLYKV_ENDPOINT="ipc://$SOCK"
-SHM_BEFORE="$(ls /dev/shm 2>/dev/null | grep '^polykv-' || true)"
+# The daemon's own memfd / shm name prefix: the cleanup check below looks at this demo's
+# names only, and the daemon's start-up sweep of stale segments cannot touch another
+# process's /dev/shm/polykv-* (a test suite running beside the demo, say).
+SHM_PREFIX="/polykv-demo-${WORK##*-}-"
 DAEMON_PID=""
 POOL=""
 cleanup() {
@@ -89,15 +92,15 @@ cleanup() {
   fi
   [[ -e "$SOCK" ]] && leftover+=" $SOCK"
   [[ -e "$SOCK.pid" ]] && leftover+=" $SOCK.pid"
-  for seg in $(ls /dev/shm 2>/dev/null | grep '^polykv-' || true); do
-    grep -qx "$seg" <<<"$SHM_BEFORE" || leftover+=" /dev/shm/$seg"
+  for seg in $(ls /dev/shm 2>/dev/null | grep -F "${SHM_PREFIX#/}" || true); do
+    [[ "$seg" == "${SHM_PREFIX#/}"* ]] && leftover+=" /dev/shm/$seg"
   done
   if [[ -n "$leftover" ]]; then
     echo "demo: FAILED cleanup check, left behind:$leftover" >&2
     [[ -f "$WORK/polykvd.log" ]] && tail -n 20 "$WORK/polykvd.log" >&2
     rc=1
   elif [[ -n "$DAEMON_PID" ]]; then
-    echo "demo: daemon stopped; no socket or /dev/shm/polykv-* segment left behind"
+    echo "demo: daemon stopped; no socket or /dev/shm/${SHM_PREFIX#/}* segment left behind"
   fi
   (( rc == 0 )) || { [[ -f "$WORK/polykvd.log" ]] && echo "demo: daemon log: $WORK/polykvd.log" >&2; }
   (( rc != 0 )) || rm -rf "$WORK"
@@ -107,7 +110,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 step "starting polykvd (host backend) at $POLYKV_ENDPOINT"
-"$DAEMON" --endpoint "$POLYKV_ENDPOINT" --backend host --log-level info \
+"$DAEMON" --endpoint "$POLYKV_ENDPOINT" --backend host --log-level info --shm-prefix "$SHM_PREFIX" \
   </dev/null >"$WORK/polykvd.log" 2>&1 &
 DAEMON_PID=$!
 for _ in $(seq 1 100); do
