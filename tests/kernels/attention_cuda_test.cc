@@ -46,6 +46,24 @@ T* ToDevice(const std::vector<T>& v) {
   return d;
 }
 
+// AttentionForward of *g (its prefix already device views) on the device with the suffix
+// K/V, queries and output at the given device pointers (set into *g); the output copied to
+// *out (host, out->size() floats).
+void ForwardOnDevice(AttentionArgs* g, const float* k, const float* v, const float* q, float* dout,
+                     std::vector<float>* out) {
+  g->k_suffix = k;
+  g->v_suffix = v;
+  g->q = q;
+  g->out = dout;
+  AttentionOptions o;
+  o.device = Device::kCuda;
+  const Status st = AttentionForward(*g, o);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(out->data(), dout, sizeof(float) * out->size(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+}
+
 struct Case {
   int heads, kv_heads, hd;
   int64_t prefix, suffix, n;
@@ -183,16 +201,9 @@ void Check(const Case& c, bool k8, int bits, KeyScaleMode mode, Format f = {}) {
   float* dout = ToDevice(gpu);
   AttentionArgs g = a;
   g.prefix = &dv;
-  g.k_suffix = dksuf;
-  g.v_suffix = dvsuf;
-  g.q = dq;
-  g.out = dout;
+  ASSERT_NO_FATAL_FAILURE(ForwardOnDevice(&g, dksuf, dvsuf, dq, dout, &gpu));
   AttentionOptions o;
   o.device = Device::kCuda;
-  const Status st = AttentionForward(g, o);
-  ASSERT_TRUE(st.ok()) << st;
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  cudaMemcpy(gpu.data(), dout, sizeof(float) * gpu.size(), cudaMemcpyDeviceToHost);
   // The live suffix length read from device memory, the grid sized by the capacity (a
   // captured decode graph's launch): the same bits as the host-length launch.
   int64_t* dlen = ToDevice(std::vector<int64_t>{c.suffix});
@@ -303,16 +314,9 @@ TEST(AttentionCuda, PoolTreeSegmentsMatchCpu) {
     AttentionArgs g = a;
     g.prefix = &root.dev;
     g.prefix_tail = dev_tail;
-    g.k_suffix = dks;
-    g.v_suffix = dvs;
-    g.q = dq;
-    g.out = dout;
+    ASSERT_NO_FATAL_FAILURE(ForwardOnDevice(&g, dks, dvs, dq, dout, &gpu));
     AttentionOptions o;
     o.device = Device::kCuda;
-    const Status st = AttentionForward(g, o);
-    ASSERT_TRUE(st.ok()) << st;
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    cudaMemcpy(gpu.data(), dout, sizeof(float) * gpu.size(), cudaMemcpyDeviceToHost);
     EXPECT_LE(MaxAbsError(gpu, cpu), 2e-5);
     if (n == 1) {  // the same row through a slot launch (slot 0 of a one-slot slab)
       int32_t* dslot = ToDevice(std::vector<int32_t>{0});
