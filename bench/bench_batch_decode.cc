@@ -150,6 +150,23 @@ struct Row {
   double batched_bytes = 0, separate_bytes = 0;  // per step
 };
 
+// The row of S sessions that ran `steps` steps in `sec` seconds, each step reading `shared`
+// bytes (weights + pool) once and the sessions' private K/V (suffix_bytes over all steps).
+Row MakeRow(int s, int steps, double sec, double shared, double suffix_bytes) {
+  Row r;
+  r.sessions = s;
+  r.ms_per_step = sec * 1000 / steps;
+  r.tok_per_s = s * steps / sec;
+  r.batched_bytes = shared + suffix_bytes / steps;
+  r.separate_bytes = s * shared + suffix_bytes / steps;
+  return r;
+}
+
+// Bytes of one session's private K/V of `length` positions (f32 K and V, every layer).
+double SuffixBytes(const model::ModelConfig& c, int64_t length) {
+  return 2.0 * 4 * c.layers * c.kv_heads * c.head_dim * length;
+}
+
 // S sessions (questions cycled), prompts fed one by one (untimed), then `steps` batched
 // greedy steps (timed).
 StatusOr<Row> Measure(model::LlamaModel& m, const Pool& pool, const std::vector<int32_t>& doc,
@@ -171,22 +188,15 @@ StatusOr<Row> Measure(model::LlamaModel& m, const Pool& pool, const std::vector<
   const auto t0 = Clock::now();
   for (int step = 0; step < steps; ++step) {
     for (const model::KvCache& c : caches)  // the private K/V each step reads
-      suffix_bytes += 2.0 * 4 * m.config().layers * m.config().kv_heads * m.config().head_dim *
-                      (c.suffix_length() + 1);
+      suffix_bytes += SuffixBytes(m.config(), c.suffix_length() + 1);
     POLYKV_ASSIGN_OR_RETURN(model::Logits l, m.ForwardBatch(ptrs, next));
     for (int i = 0; i < s; ++i) {
       POLYKV_ASSIGN_OR_RETURN(next[i], model::Argmax(l.row(i)));
     }
   }
   const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-  Row r;
-  r.sessions = s;
-  r.ms_per_step = sec * 1000 / steps;
-  r.tok_per_s = s * steps / sec;
-  const double shared = static_cast<double>(m.WeightBytesPerToken() + pool.bytes_per_step);
-  r.batched_bytes = shared + suffix_bytes / steps;
-  r.separate_bytes = s * shared + suffix_bytes / steps;
-  return r;
+  return MakeRow(s, steps, sec, static_cast<double>(m.WeightBytesPerToken() + pool.bytes_per_step),
+                 suffix_bytes);
 }
 
 // As Measure, on a CUDA device: a CudaBatch of S slots over the device pool; prompts fed one
@@ -212,20 +222,13 @@ StatusOr<Row> MeasureCuda(model::CudaLlama& m, const model::KvPrefix& prefix,
   const model::ModelConfig& c = m.config();
   const auto t0 = Clock::now();
   for (int step = 0; step < steps; ++step) {
-    for (int32_t slot : slots)
-      suffix_bytes += 2.0 * 4 * c.layers * c.kv_heads * c.head_dim * (batch->length(slot) + 1);
+    for (int32_t slot : slots) suffix_bytes += SuffixBytes(c, batch->length(slot) + 1);
     POLYKV_RETURN_IF_ERROR(batch->Decode(slots, next, greedy, &ids, &logits));
     next = ids;
   }
   const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-  Row r;
-  r.sessions = s;
-  r.ms_per_step = sec * 1000 / steps;
-  r.tok_per_s = s * steps / sec;
-  const double shared = static_cast<double>(m.weight_bytes() + pool_bytes_per_step);
-  r.batched_bytes = shared + suffix_bytes / steps;
-  r.separate_bytes = s * shared + suffix_bytes / steps;
-  return r;
+  return MakeRow(s, steps, sec, static_cast<double>(m.weight_bytes() + pool_bytes_per_step),
+                 suffix_bytes);
 }
 
 // The --device cuda table: S sessions by CudaBatch over the pool copied to the device.

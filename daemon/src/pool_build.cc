@@ -318,8 +318,12 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
   // or, for a pool in GPU memory, a device copy made under the lock (an evict after the lock
   // cannot pull it away; fast), read back to the host after it (the child's prefill attends
   // to it there).
-  std::vector<std::pair<ipc::UniqueFd, uint64_t>> fds;
-  std::vector<std::optional<ipc::CudaArena>> device_copies;
+  struct Source {
+    ipc::UniqueFd fd;  ///< a host pool's memfd (duplicated)
+    uint64_t size = 0;
+    std::optional<ipc::CudaArena> device_copy;  ///< else: a copy of a cuda pool
+  };
+  std::vector<Source> sources;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto resolved = ResolvePoolIdLocked(parent_id);
@@ -328,7 +332,7 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
                     absl::StrCat("parent pool: ", resolved.status().message()));
     }
     for (std::string id = *resolved; !id.empty();) {
-      if (fds.size() >= kMaxTreeDepth) {
+      if (sources.size() >= kMaxTreeDepth) {
         return absl::FailedPreconditionError(absl::StrCat(
             "pool tree under ", resolved->substr(0, 16), " is deeper than ", kMaxTreeDepth));
       }
@@ -343,13 +347,11 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
         if (fd < 0) {
           return absl::InternalError(absl::StrCat("dup of pool memfd: ", std::strerror(errno)));
         }
-        fds.emplace_back(ipc::UniqueFd(fd), it->second.region->size());
-        device_copies.emplace_back();
+        sources.push_back({ipc::UniqueFd(fd), it->second.region->size(), std::nullopt});
       } else if (it->second.arena) {
         POLYKV_ASSIGN_OR_RETURN(ipc::CudaArena copy,
                                 it->second.arena->Clone(it->second.memory.size));
-        fds.emplace_back(ipc::UniqueFd(), 0);
-        device_copies.emplace_back(std::move(copy));
+        sources.push_back({ipc::UniqueFd(), 0, std::move(copy)});
       } else {
         return absl::FailedPreconditionError(
             absl::StrCat("parent pool ", id.substr(0, 16), " has no memory to read"));
@@ -358,21 +360,21 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
       id = it->second.info.parent;
     }
   }
-  std::reverse(fds.begin(), fds.end());
-  std::reverse(device_copies.begin(), device_copies.end());
+  std::reverse(sources.begin(), sources.end());
   std::reverse(chain->infos.begin(), chain->infos.end());
-  for (size_t i = 0; i < fds.size(); ++i) {
+  for (size_t i = 0; i < sources.size(); ++i) {
     const void* data = nullptr;
     uint64_t size = 0;
-    const bool copied = fds[i].first.get() < 0;
+    const bool copied = sources[i].device_copy.has_value();
     if (!copied) {
-      POLYKV_ASSIGN_OR_RETURN(ipc::SealedRegion map,
-                              ipc::SealedRegion::MapSealed(std::move(fds[i].first), fds[i].second));
+      POLYKV_ASSIGN_OR_RETURN(
+          ipc::SealedRegion map,
+          ipc::SealedRegion::MapSealed(std::move(sources[i].fd), sources[i].size));
       chain->maps.push_back(std::move(map));
       data = chain->maps.back().data();
       size = chain->maps.back().size();
     } else {
-      const ipc::CudaArena& copy = *device_copies[i];
+      const ipc::CudaArena& copy = *sources[i].device_copy;
       try {
         chain->read_back.emplace_back(copy.size());
       } catch (const std::bad_alloc&) {
@@ -380,7 +382,7 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
             "out of host memory reading back parent pool ", chain->infos[i].id.substr(0, 16)));
       }
       POLYKV_RETURN_IF_ERROR(copy.CopyToHost(0, chain->read_back.back().data(), copy.size()));
-      device_copies[i].reset();
+      sources[i].device_copy.reset();
       data = chain->read_back.back().data();
       size = chain->read_back.back().size();
     }

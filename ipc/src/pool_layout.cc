@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -125,6 +126,27 @@ Status CheckLayerArgs(uint32_t layer, uint32_t layers) {
   return absl::OkStatus();
 }
 
+// f32 value norms of one layer where the codec runs: host memory, or a CUDA allocation whose
+// cudaFree (on destruction) waits for the kernels that use it.
+class NormScratch {
+ public:
+  static StatusOr<NormScratch> Make(kernels::Device device, int64_t n) {
+    NormScratch s;
+    if (device == kernels::Device::kCpu) {
+      s.host_.resize(static_cast<size_t>(n));
+    } else {
+      POLYKV_ASSIGN_OR_RETURN(CudaArena a, CudaArena::Allocate(4 * static_cast<uint64_t>(n)));
+      s.device_.emplace(std::move(a));
+    }
+    return s;
+  }
+  float* data() { return device_ ? static_cast<float*>(device_->data()) : host_.data(); }
+
+ private:
+  std::vector<float> host_;
+  std::optional<CudaArena> device_;
+};
+
 // Decodes the layer at `lo` of a region (host or device) into K and V of `out_dtype`.
 Status DecodeLayerAt(const uint8_t* base, const PoolParams& params, const LayerOffsets& lo,
                      int32_t value_bits, void* k_out, void* v_out, DType out_dtype,
@@ -153,18 +175,10 @@ Status DecodeLayerAt(const uint8_t* base, const PoolParams& params, const LayerO
     return kernels::DecodeValues(base + lo.v, reinterpret_cast<const float*>(base + lo.v_norms),
                                  shape, vc, v_out, out_dtype, device, stream);
   }
-  if (device != kernels::Device::kCpu) {  // widened into a device scratch, then decoded
-    POLYKV_ASSIGN_OR_RETURN(CudaArena scratch,
-                            CudaArena::Allocate(4 * static_cast<uint64_t>(shape.vectors())));
-    float* norms = static_cast<float*>(scratch.data());
-    POLYKV_RETURN_IF_ERROR(kernels::ConvertNorms(base + lo.v_norms, DType::kF16, shape.vectors(),
-                                                 norms, device, stream));
-    // (The scratch's cudaFree on return waits for the decode that reads it.)
-    return kernels::DecodeValues(base + lo.v, norms, shape, vc, v_out, out_dtype, device, stream);
-  }
-  std::vector<float> norms(static_cast<size_t>(shape.vectors()));
-  kernels::NormsFromF16(reinterpret_cast<const uint16_t*>(base + lo.v_norms), shape.vectors(),
-                        norms.data());
+  // f16 norms: widened into an f32 scratch where the codec runs, then decoded.
+  POLYKV_ASSIGN_OR_RETURN(NormScratch norms, NormScratch::Make(device, shape.vectors()));
+  POLYKV_RETURN_IF_ERROR(kernels::ConvertNorms(base + lo.v_norms, DType::kF16, shape.vectors(),
+                                               norms.data(), device, stream));
   return kernels::DecodeValues(base + lo.v, norms.data(), shape, vc, v_out, out_dtype, device,
                                stream);
 }
@@ -409,21 +423,12 @@ Status PoolWriter::WriteLayer(uint32_t layer, const void* k, const void* v, kern
     if (c.norm_dtype == DType::kF32) {
       POLYKV_RETURN_IF_ERROR(kernels::EncodeValues(
           v, dtype, shape, vc, base + lo.v, reinterpret_cast<float*>(base + lo.v_norms), device_));
-    } else if (device_ == kernels::Device::kCpu) {
-      std::vector<float> norms(static_cast<size_t>(shape.vectors()));
+    } else {  // f16 norms: encoded as f32 into a scratch where the codec runs, then rounded
+      POLYKV_ASSIGN_OR_RETURN(NormScratch norms, NormScratch::Make(device_, shape.vectors()));
       POLYKV_RETURN_IF_ERROR(
           kernels::EncodeValues(v, dtype, shape, vc, base + lo.v, norms.data(), device_));
-      kernels::NormsToF16(norms.data(), shape.vectors(),
-                          reinterpret_cast<uint16_t*>(base + lo.v_norms));
-    } else {
-      POLYKV_ASSIGN_OR_RETURN(CudaArena scratch,
-                              CudaArena::Allocate(4 * static_cast<uint64_t>(shape.vectors())));
-      float* norms = static_cast<float*>(scratch.data());
-      POLYKV_RETURN_IF_ERROR(
-          kernels::EncodeValues(v, dtype, shape, vc, base + lo.v, norms, device_));
-      // (The scratch's cudaFree waits for the conversion before it is reused.)
-      POLYKV_RETURN_IF_ERROR(
-          kernels::ConvertNorms(norms, DType::kF32, shape.vectors(), base + lo.v_norms, device_));
+      POLYKV_RETURN_IF_ERROR(kernels::ConvertNorms(norms.data(), DType::kF32, shape.vectors(),
+                                                   base + lo.v_norms, device_));
     }
   }
   if (device_ == kernels::Device::kCpu) {

@@ -172,38 +172,32 @@ Status QuantizeKeysCuda(const void* k, DType dtype, const LayerShape& shape, Key
 Status EncodeKeysCuda(const void* k, DType dtype, const LayerShape& shape,
                       const CodecConfig& config, uint8_t* codes, float* scales, Stream stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  int8_t* q = nullptr;
-  POLYKV_RETURN_IF_ERROR(CudaStatus(
-      cudaMallocAsync(reinterpret_cast<void**>(&q), static_cast<size_t>(shape.elements()), s),
-      "cudaMallocAsync (key codes)"));
-  Status st = QuantizeKeysCuda(k, dtype, shape, config.key_scale, nullptr, q, scales, stream,
-                               config.key_bits);
-  if (st.ok())
-    st = CudaStatus(
-        cuda::InvokePackKeys(q, shape.vectors(), shape.head_dim, config.key_bits, codes, s),
-        "key pack kernel");
-  const Status f = CudaStatus(cudaFreeAsync(q, s), "cudaFreeAsync (key codes)");
-  return st.ok() ? f : st;
+  return WithStreamScratch(
+      static_cast<size_t>(shape.elements()), s, "key codes", [&](void* scratch) -> Status {
+        auto* q = static_cast<int8_t*>(scratch);
+        POLYKV_RETURN_IF_ERROR(QuantizeKeysCuda(k, dtype, shape, config.key_scale, nullptr, q,
+                                                scales, stream, config.key_bits));
+        return CudaStatus(
+            cuda::InvokePackKeys(q, shape.vectors(), shape.head_dim, config.key_bits, codes, s),
+            "key pack kernel");
+      });
 }
 
 // Packed keys decoded on the device: unpacked into an int8 scratch, then DequantizeKeys.
 Status DecodeKeysCuda(const uint8_t* codes, const float* scales, const LayerShape& shape,
                       const CodecConfig& config, void* out, DType out_dtype, Stream stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  int8_t* q = nullptr;
-  POLYKV_RETURN_IF_ERROR(CudaStatus(
-      cudaMallocAsync(reinterpret_cast<void**>(&q), static_cast<size_t>(shape.elements()), s),
-      "cudaMallocAsync (key codes)"));
-  Status st = CudaStatus(
-      cuda::InvokeUnpackKeys(codes, shape.vectors(), shape.head_dim, config.key_bits, q, s),
-      "key unpack kernel");
-  if (st.ok())
-    st = CudaStatus(cuda::InvokeDequantizeKeys(q, scales, shape.kv_heads, shape.tokens,
-                                               shape.head_dim, static_cast<int>(config.key_scale),
-                                               out, DTypeCode(out_dtype), s),
-                    "key dequantize kernel");
-  const Status f = CudaStatus(cudaFreeAsync(q, s), "cudaFreeAsync (key codes)");
-  return st.ok() ? f : st;
+  return WithStreamScratch(
+      static_cast<size_t>(shape.elements()), s, "key codes", [&](void* scratch) -> Status {
+        auto* q = static_cast<int8_t*>(scratch);
+        POLYKV_RETURN_IF_ERROR(CudaStatus(
+            cuda::InvokeUnpackKeys(codes, shape.vectors(), shape.head_dim, config.key_bits, q, s),
+            "key unpack kernel"));
+        return CudaStatus(cuda::InvokeDequantizeKeys(
+                              q, scales, shape.kv_heads, shape.tokens, shape.head_dim,
+                              static_cast<int>(config.key_scale), out, DTypeCode(out_dtype), s),
+                          "key dequantize kernel");
+      });
 }
 
 Status EncodeValuesCuda(const void* v, DType dtype, const LayerShape& shape,

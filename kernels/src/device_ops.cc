@@ -175,21 +175,19 @@ Status BlasMatMul(const WeightView& w, const float* x, int64_t n, int64_t x_stri
   }
   // F16 / BF16: the activations rounded to the weight's type, f32 accumulation and output.
   const bool f16 = w.type == WeightType::kF16;
-  void* xh = nullptr;
-  POLYKV_RETURN_IF_ERROR(
-      CudaStatus(cudaMallocAsync(&xh, sizeof(uint16_t) * static_cast<size_t>(n * w.cols), stream),
-                 "cudaMallocAsync (16-bit activations)"));
-  Status st = CudaStatus(cuda::InvokeConvertRows(x, n, w.cols, x_stride, f16 ? 1 : 2, xh, stream),
-                         "f32 -> 16-bit rows kernel");
-  if (st.ok()) {
-    const cudaDataType_t t = f16 ? CUDA_R_16F : CUDA_R_16BF;
-    st = CublasStatus(Cublas().gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, t, k,
-                                       xh, t, k, &beta, y, CUDA_R_32F, static_cast<int>(y_stride),
-                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                      "cublasGemmEx");
-  }
-  const Status fs = CudaStatus(cudaFreeAsync(xh, stream), "cudaFreeAsync");
-  return st.ok() ? fs : st;
+  return WithStreamScratch(
+      sizeof(uint16_t) * static_cast<size_t>(n * w.cols), stream, "16-bit activations",
+      [&](void* xh) -> Status {
+        POLYKV_RETURN_IF_ERROR(
+            CudaStatus(cuda::InvokeConvertRows(x, n, w.cols, x_stride, f16 ? 1 : 2, xh, stream),
+                       "f32 -> 16-bit rows kernel"));
+        const cudaDataType_t t = f16 ? CUDA_R_16F : CUDA_R_16BF;
+        return CublasStatus(
+            Cublas().gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, t, k, xh, t, k,
+                             &beta, y, CUDA_R_32F, static_cast<int>(y_stride), CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx");
+      });
 }
 #endif  // POLYKV_HAVE_CUDA
 
@@ -302,23 +300,20 @@ Status DeviceMatMul(const WeightView& w, const float* x, int64_t n, int64_t x_st
                             (options.blas == 1 || (options.blas < 0 && n >= kDeviceGemmMinRows));
     if (quant_blas) {
       cudaStream_t cs = CudaStream(stream);
-      float* wf = nullptr;
-      POLYKV_RETURN_IF_ERROR(
-          CudaStatus(cudaMallocAsync(reinterpret_cast<void**>(&wf),
-                                     sizeof(float) * static_cast<size_t>(w.rows * w.cols), cs),
-                     "cudaMallocAsync (dequantized weights)"));
-      Status st = CudaStatus(cuda::InvokeDequantizeRows(static_cast<uint32_t>(w.type), w.data, 0,
-                                                        w.rows, w.cols, w.row_bytes, wf, cs),
-                             "dequantize kernel");
-      if (st.ok()) {
-        WeightView f = w;
-        f.type = WeightType::kF32;
-        f.data = wf;
-        f.row_bytes = w.cols * 4;
-        st = BlasMatMul(f, x, n, x_stride, y, y_stride, cs);
-      }
-      const Status fs = CudaStatus(cudaFreeAsync(wf, cs), "cudaFreeAsync");
-      return st.ok() ? fs : st;
+      return WithStreamScratch(
+          sizeof(float) * static_cast<size_t>(w.rows * w.cols), cs, "dequantized weights",
+          [&](void* scratch) -> Status {
+            auto* wf = static_cast<float*>(scratch);
+            POLYKV_RETURN_IF_ERROR(
+                CudaStatus(cuda::InvokeDequantizeRows(static_cast<uint32_t>(w.type), w.data, 0,
+                                                      w.rows, w.cols, w.row_bytes, wf, cs),
+                           "dequantize kernel"));
+            WeightView f = w;
+            f.type = WeightType::kF32;
+            f.data = wf;
+            f.row_bytes = w.cols * 4;
+            return BlasMatMul(f, x, n, x_stride, y, y_stride, cs);
+          });
     }
     for (int64_t r = 0; r < n; r += kDeviceMatVecMaxRows) {
       const int64_t m = std::min<int64_t>(kDeviceMatVecMaxRows, n - r);

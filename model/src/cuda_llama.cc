@@ -455,12 +455,34 @@ struct CudaLlama::Impl {
                int64_t s0, bool device_pos, const SlotRows* slots);
   Status Layers(int64_t n, const KvPrefix* prefix, absl::Span<float* const> kv, int64_t cap,
                 int64_t s0, bool device_pos, const SlotRows* slots = nullptr);
-  // Every row's final RMSNorm and output product: logits f32 [n][vocab] into `out`.
-  Status AllLogits(int64_t n, float* out) {
+  // The final RMSNorm and output product of n rows of the residual stream from `rows`
+  // (x or its last row): logits f32 [n][vocab] into `out`.
+  Status OutputLogits(const float* rows, int64_t n, float* out) {
     const ModelConfig& c = cfg();
     POLYKV_RETURN_IF_ERROR(
-        kernels::DeviceRmsNormRows(x.f(), norm.f(), n, c.hidden, c.rms_eps, h.f(), kDev, stream));
+        kernels::DeviceRmsNormRows(rows, norm.f(), n, c.hidden, c.rms_eps, h.f(), kDev, stream));
     return Mm(tied ? embed : lm_head, h.f(), n, c.hidden, out, c.vocab);
+  }
+  // Every row's logits (a batched step, a scored chunk).
+  Status AllLogits(int64_t n, float* out) { return OutputLogits(x.f(), n, out); }
+  // A private K/V suffix of `cap` positions per layer (f32 [kv_heads][cap][head_dim] each,
+  // K and V alternating in *blocks); returns the blocks' pointers (what Step takes).
+  StatusOr<std::vector<float*>> SuffixBlocks(int64_t cap, const char* what,
+                                             std::vector<DeviceBlock>* blocks) {
+    const ModelConfig& c = cfg();
+    blocks->resize(2 * static_cast<size_t>(c.layers));
+    std::vector<float*> kv;
+    for (DeviceBlock& b : *blocks) {
+      POLYKV_RETURN_IF_ERROR(
+          b.Allocate(static_cast<uint64_t>(c.kv_heads) * cap * c.head_dim * 4, what));
+      kv.push_back(b.f());
+    }
+    return kv;
+  }
+  // Uploads RoPE tables f32 [rows][head_dim] (cos, sin) for the next step.
+  Status UploadRopeTables(const std::vector<float>& cs, const std::vector<float>& sn) {
+    POLYKV_RETURN_IF_ERROR(Upload(cos.get(), cs.data(), cs.size() * 4, "cos"));
+    return Upload(sin.get(), sn.data(), sn.size() * 4, "sin");
   }
   Status Upload(void* dst, const void* src, size_t bytes, const char* what) {
     return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
@@ -608,11 +630,7 @@ Status CudaLlama::Impl::Layers(int64_t n, const KvPrefix* prefix, absl::Span<flo
     POLYKV_RETURN_IF_ERROR(
         Layer(l, n, prefix, kv[2 * l], kv[2 * l + 1], cap, s0, device_pos, slots));
   if (slots != nullptr) return absl::OkStatus();  // the caller takes every row's logits
-  const float* last = x.f() + (n - 1) * c.hidden;
-  POLYKV_RETURN_IF_ERROR(
-      kernels::DeviceRmsNormRows(last, norm.f(), 1, c.hidden, c.rms_eps, h.f(), kDev, stream));
-  return kernels::DeviceMatMul(tied ? embed.w : lm_head.w, h.f(), 1, c.hidden, logits.f(), c.vocab,
-                               kDev, stream);
+  return OutputLogits(x.f() + (n - 1) * c.hidden, 1, logits.f());  // the last row's
 }
 
 // The RoPE rows of positions past .. past + n - 1 (the CPU runtime's own tables).
@@ -620,8 +638,7 @@ Status CudaLlama::Impl::UploadRope(int64_t past, int64_t n) {
   const int64_t hd = cfg().head_dim;
   std::vector<float> cs(static_cast<size_t>(n * hd)), sn(cs.size());
   host->RopeTables(past, n, cs.data(), sn.data());
-  POLYKV_RETURN_IF_ERROR(Upload(cos.get(), cs.data(), cs.size() * 4, "cos"));
-  return Upload(sin.get(), sn.data(), sn.size() * 4, "sin");
+  return UploadRopeTables(cs, sn);
 }
 
 // Waits for the step and re-checks the prefix's leases (its bytes were read by the step).
@@ -739,13 +756,6 @@ Status CheckPrefixShape(const KvPrefix* prefix, const ModelConfig& c, const char
   return absl::OkStatus();
 }
 
-// Each block's f32 pointer (the per-layer K, V suffixes a Step takes).
-std::vector<float*> Pointers(const std::vector<DeviceBlock>& blocks) {
-  std::vector<float*> out;
-  for (const DeviceBlock& b : blocks) out.push_back(b.f());
-  return out;
-}
-
 double MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -765,11 +775,8 @@ StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix* prefix,
   POLYKV_RETURN_IF_ERROR(CheckPrefixShape(prefix, c, "CUDA Generate"));
   POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(m.device), "cudaSetDevice"));
   const int64_t cap = static_cast<int64_t>(prompt.size()) + s.max_new_tokens + 1;
-  std::vector<DeviceBlock> suffix(2 * static_cast<size_t>(c.layers));
-  for (DeviceBlock& b : suffix)
-    POLYKV_RETURN_IF_ERROR(
-        b.Allocate(static_cast<uint64_t>(c.kv_heads) * cap * c.head_dim * 4, "KV suffix"));
-  const std::vector<float*> kv = Pointers(suffix);
+  std::vector<DeviceBlock> suffix;
+  POLYKV_ASSIGN_OR_RETURN(const std::vector<float*> kv, m.SuffixBlocks(cap, "KV suffix", &suffix));
   int64_t past = prefix != nullptr ? prefix->tokens() : 0;
   GenerateResult r;
   std::mt19937_64 rng(s.seed);
@@ -828,10 +835,9 @@ StatusOr<PrefillResult> CudaLlama::Prefill(absl::Span<const int32_t> tokens, int
   const int64_t n = static_cast<int64_t>(tokens.size());
   const size_t step = static_cast<size_t>(std::min<int64_t>(chunk, 256));
   // The suffix of capacity n is laid out [kv_heads][n][head_dim]: the result's layout.
-  std::vector<DeviceBlock> suffix(2 * static_cast<size_t>(c.layers));
+  std::vector<DeviceBlock> suffix;
+  POLYKV_ASSIGN_OR_RETURN(const std::vector<float*> kv, m.SuffixBlocks(n, "prefill K/V", &suffix));
   const uint64_t bytes = static_cast<uint64_t>(c.kv_heads) * n * c.head_dim * 4;
-  for (DeviceBlock& b : suffix) POLYKV_RETURN_IF_ERROR(b.Allocate(bytes, "prefill K/V"));
-  const std::vector<float*> kv = Pointers(suffix);
   for (size_t off = 0; off < tokens.size(); off += step) {
     const absl::Span<const int32_t> part = tokens.subspan(off, step);
     POLYKV_RETURN_IF_ERROR(m.Step(part, nullptr, static_cast<int64_t>(off), kv, n));
@@ -883,11 +889,8 @@ StatusOr<std::vector<double>> CudaLlama::Score(const KvPrefix* prefix,
   POLYKV_RETURN_IF_ERROR(CheckPrefixShape(prefix, c, "CUDA Score"));
   POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(m.device), "cudaSetDevice"));
   const int64_t n = static_cast<int64_t>(input.size());
-  std::vector<DeviceBlock> suffix(2 * static_cast<size_t>(c.layers));
-  for (DeviceBlock& b : suffix)
-    POLYKV_RETURN_IF_ERROR(
-        b.Allocate(static_cast<uint64_t>(c.kv_heads) * n * c.head_dim * 4, "KV suffix"));
-  const std::vector<float*> kv = Pointers(suffix);
+  std::vector<DeviceBlock> suffix;
+  POLYKV_ASSIGN_OR_RETURN(const std::vector<float*> kv, m.SuffixBlocks(n, "KV suffix", &suffix));
   DeviceBlock logits;
   POLYKV_RETURN_IF_ERROR(logits.Allocate(uint64_t(rows) * c.vocab * 4, "score logits"));
   std::vector<float> host(static_cast<size_t>(rows * c.vocab));
@@ -915,11 +918,9 @@ StatusOr<std::vector<float>> CudaLlama::LastLogits(absl::Span<const int32_t> tok
   if (tokens.empty()) return absl::InvalidArgumentError("LastLogits: empty tokens");
   POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(m.device), "cudaSetDevice"));
   const int64_t cap = static_cast<int64_t>(tokens.size());
-  std::vector<DeviceBlock> suffix(2 * static_cast<size_t>(m.cfg().layers));
-  for (DeviceBlock& b : suffix)
-    POLYKV_RETURN_IF_ERROR(b.Allocate(
-        static_cast<uint64_t>(m.cfg().kv_heads) * cap * m.cfg().head_dim * 4, "KV suffix"));
-  POLYKV_RETURN_IF_ERROR(m.Step(tokens, nullptr, 0, Pointers(suffix), cap));
+  std::vector<DeviceBlock> suffix;
+  POLYKV_ASSIGN_OR_RETURN(const std::vector<float*> kv, m.SuffixBlocks(cap, "KV suffix", &suffix));
+  POLYKV_RETURN_IF_ERROR(m.Step(tokens, nullptr, 0, kv, cap));
   std::vector<float> out(static_cast<size_t>(m.cfg().vocab));
   POLYKV_RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(out.data(), m.logits.get(), out.size() * 4, cudaMemcpyDeviceToHost, m.stream),
@@ -1115,8 +1116,7 @@ Status CudaBatch::Decode(absl::Span<const int32_t> slots, absl::Span<const int32
   for (int64_t r = 0; r < n; ++r)
     m.host->RopeTables(b.prefix_tokens() + row_length[r] - 1, 1, cs.data() + r * hd,
                        sn.data() + r * hd);
-  POLYKV_RETURN_IF_ERROR(m.Upload(m.cos.get(), cs.data(), cs.size() * 4, "cos"));
-  POLYKV_RETURN_IF_ERROR(m.Upload(m.sin.get(), sn.data(), sn.size() * 4, "sin"));
+  POLYKV_RETURN_IF_ERROR(m.UploadRopeTables(cs, sn));
   POLYKV_RETURN_IF_ERROR(m.Upload(b.row_slot.get(), slots.data(), size_t(n) * 4, "batch slots"));
   POLYKV_RETURN_IF_ERROR(
       m.Upload(b.row_length.get(), row_length.data(), size_t(n) * 8, "batch lengths"));
@@ -1140,10 +1140,12 @@ Status CudaBatch::Decode(absl::Span<const int32_t> slots, absl::Span<const int32
       cudaMemcpyAsync(argmax->data(), dev_ids, size_t(n) * 4, cudaMemcpyDeviceToHost, m.stream),
       "copy greedy ids"));
   const size_t row_bytes = static_cast<size_t>(c.vocab) * 4;
+  const bool any =
+      std::any_of(need_logits.begin(), need_logits.end(), [](uint8_t need) { return need != 0; });
+  if (any && logits->size() < static_cast<size_t>(n * c.vocab))
+    logits->resize(static_cast<size_t>(n * c.vocab));
   for (int64_t r = 0; r < n; ++r) {
     if (!need_logits[r]) continue;
-    if (logits->size() < static_cast<size_t>(n * c.vocab))
-      logits->resize(static_cast<size_t>(n * c.vocab));
     POLYKV_RETURN_IF_ERROR(
         CudaStatus(cudaMemcpyAsync(logits->data() + r * c.vocab, b.logits.f() + r * c.vocab,
                                    row_bytes, cudaMemcpyDeviceToHost, m.stream),

@@ -21,4 +21,20 @@ namespace polykv {
   return absl::InternalError(msg);
 }
 
+/// Runs fn(void* scratch) with `bytes` of stream-ordered device memory: cudaMallocAsync on
+/// `stream` before, cudaFreeAsync after the work fn enqueued (freed on every path). Returns
+/// fn's error first, else the free's; `what` names the scratch in errors.
+template <class Fn>
+[[nodiscard]] Status WithStreamScratch(size_t bytes, cudaStream_t stream, absl::string_view what,
+                                       Fn&& fn) {
+  void* scratch = nullptr;
+  Status st = CudaStatus(cudaMallocAsync(&scratch, bytes, stream),
+                         absl::StrCat("cudaMallocAsync (", what, ")"));
+  if (!st.ok()) return st;
+  st = fn(scratch);
+  const Status freed =
+      CudaStatus(cudaFreeAsync(scratch, stream), absl::StrCat("cudaFreeAsync (", what, ")"));
+  return st.ok() ? freed : st;
+}
+
 }  // namespace polykv
