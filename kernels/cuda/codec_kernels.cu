@@ -90,18 +90,20 @@ __global__ void QuantizeKeysKernel(const void* x, int dtype, int64_t n, int64_t 
   }
 }
 
-// One thread per key vector.
-__global__ void PackKeysKernel(const int8_t* q, int64_t vectors, int32_t d, int bits,
-                               uint8_t* codes) {
+// One thread per key vector: PackKeyCodes (pack: int8 values in, packed codes out) or its
+// inverse UnpackKeyCodes.
+__global__ void PackedKeysKernel(const void* in, int64_t vectors, int32_t d, int bits, bool pack,
+                                 void* out) {
   const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (v < vectors) m::PackKeyCodes(q + v * d, d, bits, codes + v * m::PackedBytes(d, bits));
-}
-
-// One thread per key vector.
-__global__ void UnpackKeysKernel(const uint8_t* codes, int64_t vectors, int32_t d, int bits,
-                                 int8_t* q) {
-  const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (v < vectors) m::UnpackKeyCodes(codes + v * m::PackedBytes(d, bits), d, bits, q + v * d);
+  if (v >= vectors) return;
+  const int64_t vb = m::PackedBytes(d, bits);
+  if (pack) {
+    m::PackKeyCodes(static_cast<const int8_t*>(in) + v * d, d, bits,
+                    static_cast<uint8_t*>(out) + v * vb);
+  } else {
+    m::UnpackKeyCodes(static_cast<const uint8_t*>(in) + v * vb, d, bits,
+                      static_cast<int8_t*>(out) + v * d);
+  }
 }
 
 __global__ void ConvertNormsKernel(const void* in, int64_t n, bool to_f16, void* out) {
@@ -209,25 +211,14 @@ cudaError_t InvokeQuantizeKeys(const void* k, int dtype, int32_t heads, int64_t 
   return cudaGetLastError();
 }
 
-cudaError_t InvokePackKeys(const int8_t* q, int64_t vectors, int32_t d, int bits, uint8_t* codes,
-                           cudaStream_t stream) {
+cudaError_t InvokePackedKeys(const void* in, int64_t vectors, int32_t d, int bits, bool pack,
+                             void* out, cudaStream_t stream) {
   if (bits < 4 || bits > 7 || d < 1) return cudaErrorInvalidValue;
   if (vectors == 0) return cudaSuccess;
   const int64_t blocks = (vectors + kThreads - 1) / kThreads;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  PackKeysKernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(q, vectors, d, bits,
-                                                                             codes);
-  return cudaGetLastError();
-}
-
-cudaError_t InvokeUnpackKeys(const uint8_t* codes, int64_t vectors, int32_t d, int bits, int8_t* q,
-                             cudaStream_t stream) {
-  if (bits < 4 || bits > 7 || d < 1) return cudaErrorInvalidValue;
-  if (vectors == 0) return cudaSuccess;
-  const int64_t blocks = (vectors + kThreads - 1) / kThreads;
-  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  UnpackKeysKernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(codes, vectors, d,
-                                                                               bits, q);
+  PackedKeysKernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(in, vectors, d, bits,
+                                                                               pack, out);
   return cudaGetLastError();
 }
 

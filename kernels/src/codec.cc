@@ -178,7 +178,8 @@ Status EncodeKeysCuda(const void* k, DType dtype, const LayerShape& shape,
         POLYKV_RETURN_IF_ERROR(QuantizeKeysCuda(k, dtype, shape, config.key_scale, nullptr, q,
                                                 scales, stream, config.key_bits));
         return CudaStatus(
-            cuda::InvokePackKeys(q, shape.vectors(), shape.head_dim, config.key_bits, codes, s),
+            cuda::InvokePackedKeys(q, shape.vectors(), shape.head_dim, config.key_bits,
+                                   /*pack=*/true, codes, s),
             "key pack kernel");
       });
 }
@@ -191,7 +192,8 @@ Status DecodeKeysCuda(const uint8_t* codes, const float* scales, const LayerShap
       static_cast<size_t>(shape.elements()), s, "key codes", [&](void* scratch) -> Status {
         auto* q = static_cast<int8_t*>(scratch);
         POLYKV_RETURN_IF_ERROR(CudaStatus(
-            cuda::InvokeUnpackKeys(codes, shape.vectors(), shape.head_dim, config.key_bits, q, s),
+            cuda::InvokePackedKeys(codes, shape.vectors(), shape.head_dim, config.key_bits,
+                                   /*pack=*/false, q, s),
             "key unpack kernel"));
         return CudaStatus(cuda::InvokeDequantizeKeys(
                               q, scales, shape.kv_heads, shape.tokens, shape.head_dim,

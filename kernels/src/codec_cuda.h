@@ -22,13 +22,11 @@ cudaError_t InvokeKeyScales(const void* k, int dtype, int32_t heads, int64_t tok
 cudaError_t InvokeQuantizeKeys(const void* k, int dtype, int32_t heads, int64_t tokens, int32_t d,
                                int mode, int bits, const float* scales, int8_t* q,
                                unsigned long long* bad, cudaStream_t stream);
-/// PackKeyCodes of each of `vectors` vectors of d signed values (bits 4..7) into `codes`
-/// ([vectors][PackedBytes(d, bits)]).
-cudaError_t InvokePackKeys(const int8_t* q, int64_t vectors, int32_t d, int bits, uint8_t* codes,
-                           cudaStream_t stream);
-/// UnpackKeyCodes of each vector: the signed values of `codes` into q [vectors][d].
-cudaError_t InvokeUnpackKeys(const uint8_t* codes, int64_t vectors, int32_t d, int bits, int8_t* q,
-                             cudaStream_t stream);
+/// pack: PackKeyCodes of each of `vectors` vectors of d signed values (int8 `in`, bits
+/// 4..7) into packed codes `out` ([vectors][PackedBytes(d, bits)]); else UnpackKeyCodes of
+/// packed `in` into int8 `out` [vectors][d].
+cudaError_t InvokePackedKeys(const void* in, int64_t vectors, int32_t d, int bits, bool pack,
+                             void* out, cudaStream_t stream);
 /// Norms f32 -> f16 (to_f16: FloatToF16, round to nearest even) or f16 -> f32 (F16ToFloat),
 /// n of them.
 cudaError_t InvokeConvertNorms(const void* in, int64_t n, bool to_f16, void* out,
