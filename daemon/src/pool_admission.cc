@@ -163,7 +163,7 @@ StatusOr<ipc::PoolParams> PoolManager::CreateParams(const model::LlamaModel& m,
 StatusOr<CreateResult> PoolManager::RestoreOrBuild(
     const std::string& model_name, ModelEntry* entry, const std::string& pool_id,
     const ipc::PoolParams& params, const std::vector<int32_t>& ids, const ProgressFn& progress,
-    const std::atomic<bool>* cancel, const ParentChain* chain) {
+    const std::atomic<bool>* cancel, ParentChain* chain) {
   std::optional<ipc::PoolFileManifest> persisted;
   if (options_.store) persisted = options_.store->Find(pool_id);
   if (persisted && persisted->info.id == pool_id) {

@@ -33,8 +33,7 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
                                           const std::string& pool_id, const ipc::PoolParams& params,
                                           const std::vector<int32_t>& ids,
                                           const ProgressFn& progress,
-                                          const std::atomic<bool>* cancel,
-                                          const ParentChain* chain) {
+                                          const std::atomic<bool>* cancel, ParentChain* chain) {
   POLYKV_ASSIGN_OR_RETURN(ipc::PoolLayout layout, ipc::ComputePoolLayout(params));
 
   // Hold the model first (one forward pass at a time): memory is reserved only by the
@@ -58,7 +57,7 @@ StatusOr<CreateResult> PoolManager::Build(const std::string& model_name, ModelEn
 
 Status PoolManager::FillPool(ModelEntry* entry, const std::vector<int32_t>& ids,
                              const ProgressFn& progress, const std::atomic<bool>* cancel,
-                             const ParentChain* chain, RunSlot* run, PendingPool* p) {
+                             ParentChain* chain, RunSlot* run, PendingPool* p) {
   POLYKV_RETURN_IF_ERROR(AllocateRegion(p));
   Clock::time_point t_encode;
   {
@@ -131,27 +130,38 @@ model::CudaLlama* PoolManager::DevicePrefiller(ModelEntry* entry) {
   return nullptr;
 }
 
-StatusOr<model::PrefillResult> PoolManager::PrefillForPool(
-    ModelEntry* entry, const std::vector<int32_t>& ids, const ProgressFn& progress,
-    const std::atomic<bool>* cancel, const ParentChain* chain, PendingPool* p) {
+StatusOr<model::PrefillResult> PoolManager::PrefillForPool(ModelEntry* entry,
+                                                           const std::vector<int32_t>& ids,
+                                                           const ProgressFn& progress,
+                                                           const std::atomic<bool>* cancel,
+                                                           ParentChain* chain, PendingPool* p) {
   progress("prefill", 0, static_cast<int64_t>(ids.size()));
   for (int waited = 0; waited < options_.test_create_delay_ms; waited += 20) {
     if (Cancelled(cancel)) return absl::CancelledError("create cancelled");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   auto t0 = Clock::now();
+  // A child of pools in GPU memory is prefilled there, attending to their device copies in
+  // place, when the GPU prefills; else its parents are read back for the host's prefill.
+  model::CudaLlama* gpu = chain == nullptr || chain->on_device() ? DevicePrefiller(entry) : nullptr;
+  if (chain != nullptr && gpu == nullptr) POLYKV_RETURN_IF_ERROR(ReadBackParentChain(chain));
+  const int64_t gpu_chunk = std::min<int64_t>(options_.prefill_chunk, 256);
   StatusOr<model::PrefillResult> r = absl::InternalError("prefill did not run");
   try {
     auto on_chunk = [&](int64_t done, int64_t total) {
       if (Cancelled(cancel)) throw CreateCancelled();
       progress("prefill", done, total);
     };
-    if (chain != nullptr) {
+    if (chain != nullptr && gpu != nullptr) {
+      model::KvPrefix prefix;
+      prefix.view = chain->device_views.front();
+      prefix.tail.assign(chain->device_views.begin() + 1, chain->device_views.end());
+      r = gpu->Prefill(&prefix, ids, gpu_chunk, on_chunk, /*keep_on_device=*/true);
+    } else if (chain != nullptr) {
       r = model::PrefillAfterPrefix(*entry->model, chain->views, chain->tokens, ids,
                                     options_.prefill_chunk, on_chunk);
-    } else if (model::CudaLlama* gpu = DevicePrefiller(entry)) {
-      r = gpu->Prefill(ids, std::min<int64_t>(options_.prefill_chunk, 256), on_chunk,
-                       /*keep_on_device=*/true);
+    } else if (gpu != nullptr) {
+      r = gpu->Prefill(nullptr, ids, gpu_chunk, on_chunk, /*keep_on_device=*/true);
     } else {
       r = entry->model->Prefill(ids, options_.prefill_chunk, on_chunk);
     }
@@ -316,8 +326,8 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
   auto chain = std::make_shared<ParentChain>();
   // Per pool of the chain (leaf first while walking): its memfd (a host pool, mapped below)
   // or, for a pool in GPU memory, a device copy made under the lock (an evict after the lock
-  // cannot pull it away; fast), read back to the host after it (the child's prefill attends
-  // to it there).
+  // cannot pull it away; fast): a GPU prefill attends to it in place, a host prefill reads
+  // it back first (ReadBackParentChain).
   struct Source {
     ipc::UniqueFd fd;  ///< a host pool's memfd (duplicated)
     uint64_t size = 0;
@@ -362,46 +372,80 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
   }
   std::reverse(sources.begin(), sources.end());
   std::reverse(chain->infos.begin(), chain->infos.end());
+  bool all_on_device = true;
   for (size_t i = 0; i < sources.size(); ++i) {
-    const void* data = nullptr;
-    uint64_t size = 0;
-    const bool copied = sources[i].device_copy.has_value();
-    if (!copied) {
+    const bool on_device = sources[i].device_copy.has_value();
+    all_on_device = all_on_device && on_device;
+    StatusOr<ipc::PoolReader> reader = absl::InternalError("no reader");
+    if (on_device) {
+      // The header and token ids are read from the device copy; its payload never leaves the
+      // GPU (a device-to-device copy: not verified again here).
+      const ipc::CudaArena& copy = *sources[i].device_copy;
+      reader = ipc::PoolReader::Open(copy.data(), copy.size(), /*verify_payload=*/false,
+                                     kernels::Device::kCuda);
+    } else {
       POLYKV_ASSIGN_OR_RETURN(
           ipc::SealedRegion map,
           ipc::SealedRegion::MapSealed(std::move(sources[i].fd), sources[i].size));
       chain->maps.push_back(std::move(map));
-      data = chain->maps.back().data();
-      size = chain->maps.back().size();
-    } else {
-      const ipc::CudaArena& copy = *sources[i].device_copy;
-      try {
-        chain->read_back.emplace_back(copy.size());
-      } catch (const std::bad_alloc&) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "out of host memory reading back parent pool ", chain->infos[i].id.substr(0, 16)));
-      }
-      POLYKV_RETURN_IF_ERROR(copy.CopyToHost(0, chain->read_back.back().data(), copy.size()));
-      sources[i].device_copy.reset();
-      data = chain->read_back.back().data();
-      size = chain->read_back.back().size();
+      reader = ipc::PoolReader::Open(chain->maps.back().data(), chain->maps.back().size(),
+                                     /*verify_payload=*/false);
     }
-    // (A read-back copy is verified: it crossed the PCIe bus outside any seal.)
-    POLYKV_ASSIGN_OR_RETURN(ipc::PoolReader reader,
-                            ipc::PoolReader::Open(data, size, /*verify_payload=*/copied));
-    if (reader.params().parent_tokens != chain->tokens.size()) {
+    if (!reader.ok()) return reader.status();
+    if (reader->params().parent_tokens != chain->tokens.size()) {
       return absl::DataLossError(absl::StrCat("pool ", chain->infos[i].id.substr(0, 16),
-                                              " says it follows ", reader.params().parent_tokens,
+                                              " says it follows ", reader->params().parent_tokens,
                                               " positions, its parent chain holds ",
                                               chain->tokens.size()));
     }
-    POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView view, ipc::PrefixViewOf(reader));
-    chain->views.push_back(std::move(view));
-    const std::vector<int32_t> ids = reader.TokenIds();
+    if (on_device) {
+      POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView view, ipc::DevicePrefixViewOf(*reader));
+      chain->device_views.push_back(std::move(view));
+      chain->views.emplace_back();  // filled by ReadBackParentChain if the host prefills
+    } else {
+      POLYKV_ASSIGN_OR_RETURN(kernels::PrefixView view, ipc::PrefixViewOf(*reader));
+      chain->views.push_back(std::move(view));
+    }
+    const std::vector<int32_t> ids = reader->TokenIds();
+    if (ids.size() != reader->params().tokens) {
+      return absl::DataLossError(absl::StrCat("token ids of parent pool ",
+                                              chain->infos[i].id.substr(0, 16), " unreadable"));
+    }
     chain->tokens.insert(chain->tokens.end(), ids.begin(), ids.end());
-    chain->leaf_params = reader.params();
+    chain->leaf_params = reader->params();
+    chain->device_copies.push_back(std::move(sources[i].device_copy));
   }
+  if (!all_on_device) chain->device_views.clear();  // a GPU prefill needs every pool there
   return chain;
+}
+
+Status PoolManager::ReadBackParentChain(ParentChain* chain) const {
+  for (size_t i = 0; i < chain->device_copies.size(); ++i) {
+    if (!chain->device_copies[i]) continue;
+    const ipc::CudaArena& copy = *chain->device_copies[i];
+    const std::string& id = chain->infos[i].id;
+    try {
+      chain->read_back.emplace_back(copy.size());
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "out of host memory reading back parent pool ", id.substr(0, 16), " from the GPU"));
+    }
+    POLYKV_RETURN_IF_ERROR(copy.CopyToHost(0, chain->read_back.back().data(), copy.size()));
+    spdlog::info(
+        "parent pool {} ({} bytes) read back from GPU memory: the host prefills its child ({})",
+        id.substr(0, 16), copy.size(),
+        options_.prefill_on_device ? "the GPU prefill is unavailable"
+                                   : "--prefill-device cuda would attend to it in place");
+    chain->device_copies[i].reset();
+    // (A read-back copy is verified: it crossed the PCIe bus outside any seal.)
+    POLYKV_ASSIGN_OR_RETURN(
+        ipc::PoolReader reader,
+        ipc::PoolReader::Open(chain->read_back.back().data(), chain->read_back.back().size(),
+                              /*verify_payload=*/true));
+    POLYKV_ASSIGN_OR_RETURN(chain->views[i], ipc::PrefixViewOf(reader));
+  }
+  chain->device_views.clear();
+  return absl::OkStatus();
 }
 
 }  // namespace polykv::daemon

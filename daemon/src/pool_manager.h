@@ -405,19 +405,34 @@ class PoolManager {
   void EraseLeaseLocked(std::map<std::string, Lease>::iterator it);
   ipc::PoolInfo InfoLocked(const Pool& pool) const;
   bool Cancelled(const std::atomic<bool>* cancel) const;
-  /// The parent chain of a child pool being created: root first, each pool mapped read-only
-  /// from a duplicate of its sealed memfd (independent of the Pool entries).
+  /// The parent chain of a child pool being created: root first, each host pool mapped
+  /// read-only from a duplicate of its sealed memfd, each pool in GPU memory (the cuda
+  /// backend) copied device to device under the lock (independent of the Pool entries: an
+  /// evict cannot pull them away).
   struct ParentChain {
     std::vector<ipc::PoolInfo> infos;
     std::vector<ipc::SealedRegion> maps;
-    /// Host copies of the chain's pools that lie in GPU memory (the cuda backend).
+    /// [pool]: the device copy of a pool in GPU memory, else empty.
+    std::vector<std::optional<ipc::CudaArena>> device_copies;
+    /// [pool]: the device copy's view in place (only while every pool of the chain has one:
+    /// what a GPU prefill of the child attends to).
+    std::vector<kernels::PrefixView> device_views;
+    /// Host copies of device copies, made only when the host prefills the child.
     std::deque<std::vector<uint8_t>> read_back;
+    /// [pool]: host views (a device copy's only after ReadBackParentChain; empty before).
     std::vector<kernels::PrefixView> views;
     std::vector<int32_t> tokens;  ///< all positions of the chain
     ipc::PoolParams leaf_params;  ///< the parent's pool parameters (codec, shape)
+    /// Whether a GPU prefill can attend to every pool of the chain where it lies.
+    bool on_device() const { return !infos.empty() && device_views.size() == infos.size(); }
   };
   [[nodiscard]] StatusOr<std::shared_ptr<ParentChain>> OpenParentChain(
       const std::string& parent_id);
+  /// Gives every pool of `chain` a host view: device copies are read back to host memory
+  /// (one info line each: the bytes and why; their device copies freed). Errors:
+  /// kResourceExhausted (host memory), device copy errors, kDataLoss (a copy that does not
+  /// verify).
+  [[nodiscard]] Status ReadBackParentChain(ParentChain* chain) const;
   // CreatePool's steps (pool_admission.cc).
   /// The create's codec and key scale: parsed from the request, or the parent's (a child may
   /// name it again, not another). Errors: kInvalidArgument.
@@ -438,14 +453,11 @@ class PoolManager {
   [[nodiscard]] StatusOr<CreateResult> RestoreOrBuild(
       const std::string& model_name, ModelEntry* entry, const std::string& pool_id,
       const ipc::PoolParams& params, const std::vector<int32_t>& token_ids,
-      const ProgressFn& progress, const std::atomic<bool>* cancel, const ParentChain* chain);
-  [[nodiscard]] StatusOr<CreateResult> Build(const std::string& model_name, ModelEntry* entry,
-                                             const std::string& pool_id,
-                                             const ipc::PoolParams& params,
-                                             const std::vector<int32_t>& token_ids,
-                                             const ProgressFn& progress,
-                                             const std::atomic<bool>* cancel,
-                                             const ParentChain* chain = nullptr);
+      const ProgressFn& progress, const std::atomic<bool>* cancel, ParentChain* chain);
+  [[nodiscard]] StatusOr<CreateResult> Build(
+      const std::string& model_name, ModelEntry* entry, const std::string& pool_id,
+      const ipc::PoolParams& params, const std::vector<int32_t>& token_ids,
+      const ProgressFn& progress, const std::atomic<bool>* cancel, ParentChain* chain = nullptr);
   // Build's steps (pool_build.cc).
   /// A create's hold on its model's forward pass (ModelEntry::running), released at the end
   /// of its scope at the latest.
@@ -458,7 +470,7 @@ class PoolManager {
   /// Allocate, prefill, encode (then hand back the model), seal: the pool ready to publish.
   [[nodiscard]] Status FillPool(ModelEntry* entry, const std::vector<int32_t>& token_ids,
                                 const ProgressFn& progress, const std::atomic<bool>* cancel,
-                                const ParentChain* chain, RunSlot* run, PendingPool* p);
+                                ParentChain* chain, RunSlot* run, PendingPool* p);
   /// AllocatePoolMemory of the pending pool's size: sets p->base, where the encoder writes.
   [[nodiscard]] Status AllocateRegion(PendingPool* p);
   /// A sealed memfd (host) or a CUDA arena plus a host staging copy (`*staging`) of `needed`
@@ -471,11 +483,17 @@ class PoolManager {
   /// and seal"). Fills pool->memory.
   [[nodiscard]] Status SealPoolMemory(uint64_t needed, const std::vector<uint8_t>& staging,
                                       const char* filled_by, Pool* pool);
-  /// Prefills `token_ids` (after the parent chain, if any); checks the layer count.
+  /// The model's GPU prefiller (backend cuda with --prefill-device cuda), loaded at first
+  /// use; null when the host prefills.
   model::CudaLlama* DevicePrefiller(ModelEntry* entry);
-  [[nodiscard]] StatusOr<model::PrefillResult> PrefillForPool(
-      ModelEntry* entry, const std::vector<int32_t>& token_ids, const ProgressFn& progress,
-      const std::atomic<bool>* cancel, const ParentChain* chain, PendingPool* p);
+  /// Prefills `token_ids` (after the parent chain, if any: on the GPU in place when the
+  /// chain lies there and the GPU prefills, else on the host after ReadBackParentChain);
+  /// checks the layer count.
+  [[nodiscard]] StatusOr<model::PrefillResult> PrefillForPool(ModelEntry* entry,
+                                                              const std::vector<int32_t>& token_ids,
+                                                              const ProgressFn& progress,
+                                                              const std::atomic<bool>* cancel,
+                                                              ParentChain* chain, PendingPool* p);
   /// Encodes every layer of `prefill` into the pool's region (p->writer).
   [[nodiscard]] Status EncodeLayers(const model::PrefillResult& prefill,
                                     const std::vector<int32_t>& token_ids,

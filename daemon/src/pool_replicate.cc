@@ -110,6 +110,7 @@ StatusOr<PoolExport> PoolManager::ExportForPeer(const std::string& pool_id) cons
   ipc::UniqueFd fd;
   PoolExport out;
   uint64_t size = 0;
+  std::optional<ipc::CudaArena> device_copy;  // a pool in GPU memory, copied under the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
     POLYKV_ASSIGN_OR_RETURN(std::string id, ResolvePoolIdLocked(pool_id));
@@ -118,25 +119,35 @@ StatusOr<PoolExport> PoolManager::ExportForPeer(const std::string& pool_id) cons
       if (!pool.arena) {
         return absl::InternalError(absl::StrCat("pool ", id.substr(0, 16), " holds no memory"));
       }
-      // A pool in GPU memory: staged through host memory (the requester publishes it on its
-      // own backend, CopyFromHost for a CUDA one).
-      try {
-        out.staging.resize(pool.memory.size);
-      } catch (const std::bad_alloc&) {
-        return absl::ResourceExhaustedError(absl::StrCat("no host memory to stage pool ",
-                                                         id.substr(0, 16), " (", pool.memory.size,
-                                                         " bytes) for a peer"));
-      }
-      POLYKV_RETURN_IF_ERROR(pool.arena->CopyToHost(0, out.staging.data(), pool.memory.size));
+      // A pool in GPU memory: copied device to device under the lock (fast; an evict cannot
+      // pull it away), staged through host memory after it (the requester publishes it on
+      // its own backend, CopyFromHost for a CUDA one).
+      POLYKV_ASSIGN_OR_RETURN(ipc::CudaArena copy, pool.arena->Clone(pool.memory.size));
+      device_copy.emplace(std::move(copy));
+      size = pool.memory.size;
       out.info = InfoLocked(pool);
-      return out;
+    } else {
+      const int dup = fcntl(pool.region->fd(), F_DUPFD_CLOEXEC, 0);
+      if (dup < 0)
+        return absl::InternalError(absl::StrCat("dup of pool memfd: ", std::strerror(errno)));
+      fd = ipc::UniqueFd(dup);
+      size = pool.region->size();
+      out.info = InfoLocked(pool);
     }
-    const int dup = fcntl(pool.region->fd(), F_DUPFD_CLOEXEC, 0);
-    if (dup < 0)
-      return absl::InternalError(absl::StrCat("dup of pool memfd: ", std::strerror(errno)));
-    fd = ipc::UniqueFd(dup);
-    size = pool.region->size();
-    out.info = InfoLocked(pool);
+  }
+  if (device_copy) {
+    const uint64_t bytes = size;
+    try {
+      out.staging.resize(bytes);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat("no host memory to stage pool ",
+                                                       out.info.id.substr(0, 16), " (", bytes,
+                                                       " bytes) for a peer"));
+    }
+    POLYKV_RETURN_IF_ERROR(device_copy->CopyToHost(0, out.staging.data(), bytes));
+    spdlog::info("pool {} ({} bytes) read back from GPU memory to send it to a peer",
+                 out.info.id.substr(0, 16), bytes);
+    return out;
   }
   POLYKV_ASSIGN_OR_RETURN(ipc::SealedRegion map, ipc::SealedRegion::MapSealed(std::move(fd), size));
   out.map.emplace(std::move(map));

@@ -62,7 +62,7 @@ StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix*, absl::Span<const i
 StatusOr<std::vector<float>> CudaLlama::LastLogits(absl::Span<const int32_t>) {
   return absl::UnimplementedError("the CUDA model runtime is not in this build");
 }
-StatusOr<PrefillResult> CudaLlama::Prefill(absl::Span<const int32_t>, int64_t,
+StatusOr<PrefillResult> CudaLlama::Prefill(const KvPrefix*, absl::Span<const int32_t>, int64_t,
                                            const std::function<void(int64_t, int64_t)>&, bool) {
   return absl::UnimplementedError("the CUDA model runtime is not in this build");
 }
@@ -824,14 +824,17 @@ StatusOr<GenerateResult> CudaLlama::Generate(const KvPrefix* prefix,
   return r;
 }
 
-StatusOr<PrefillResult> CudaLlama::Prefill(absl::Span<const int32_t> tokens, int64_t chunk,
+StatusOr<PrefillResult> CudaLlama::Prefill(const KvPrefix* prefix, absl::Span<const int32_t> tokens,
+                                           int64_t chunk,
                                            const std::function<void(int64_t, int64_t)>& progress,
                                            bool keep_on_device) {
   Impl& m = *impl_;
   const ModelConfig& c = m.cfg();
   if (tokens.empty()) return absl::InvalidArgumentError("CUDA Prefill: empty document");
   if (chunk < 1) return absl::InvalidArgumentError("CUDA Prefill: chunk < 1");
+  POLYKV_RETURN_IF_ERROR(CheckPrefixShape(prefix, c, "CUDA Prefill"));
   POLYKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(m.device), "cudaSetDevice"));
+  const int64_t P = prefix != nullptr ? prefix->tokens() : 0;
   const int64_t n = static_cast<int64_t>(tokens.size());
   const size_t step = static_cast<size_t>(std::min<int64_t>(chunk, 256));
   // The suffix of capacity n is laid out [kv_heads][n][head_dim]: the result's layout.
@@ -840,7 +843,7 @@ StatusOr<PrefillResult> CudaLlama::Prefill(absl::Span<const int32_t> tokens, int
   const uint64_t bytes = static_cast<uint64_t>(c.kv_heads) * n * c.head_dim * 4;
   for (size_t off = 0; off < tokens.size(); off += step) {
     const absl::Span<const int32_t> part = tokens.subspan(off, step);
-    POLYKV_RETURN_IF_ERROR(m.Step(part, nullptr, static_cast<int64_t>(off), kv, n));
+    POLYKV_RETURN_IF_ERROR(m.Step(part, prefix, P + static_cast<int64_t>(off), kv, n));
     if (progress) progress(static_cast<int64_t>(off + part.size()), n);
   }
   PrefillResult r;

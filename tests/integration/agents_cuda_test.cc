@@ -3,9 +3,10 @@
 // attend to it in place (route cuda-in-place) and answer as a CPU agent that copied the pool
 // (--allow-copy, which logs its cost); a CPU agent without --allow-copy is refused with
 // FAILED_PRECONDITION; two cuda agents at once give the same answer; a pool tree on the cuda
-// backend is attended in place (two segments); `agents serve --device
-// cuda` (batched sessions on the GPU over the same pool, in place) answers as single cuda
-// agents do.
+// backend is attended in place (two segments), its child prefilled on the host (the parent
+// read back, logged) or with --prefill-device cuda on the GPU in place (no read-back); `agents
+// serve --device cuda` (batched sessions on the GPU over the same pool, in place) answers as
+// single cuda agents do.
 #include <chrono>
 #include <memory>
 #include <string>
@@ -29,12 +30,20 @@ class AgentsCuda : public ::testing::Test {
     if (!fs::exists(DaemonPath()) || !fs::exists(CliPath()))
       GTEST_SKIP() << "polykvd or polykv-cli not built";
     endpoint_ = "ipc://" + dir_.path() + "/control.sock";
-    ASSERT_TRUE(
-        daemon_
-            .Start({DaemonPath(), "--endpoint", endpoint_, "--backend", "cuda", "--lease-seconds",
-                    "5", "--log-level", "info", "--shm-prefix", NextDaemonPrefix()},
-                   dir_.File("polykvd.out"), dir_.File("polykvd.err"))
-            .ok());
+    std::vector<std::string> args = {DaemonPath(),
+                                     "--endpoint",
+                                     endpoint_,
+                                     "--backend",
+                                     "cuda",
+                                     "--lease-seconds",
+                                     "5",
+                                     "--log-level",
+                                     "info",
+                                     "--shm-prefix",
+                                     NextDaemonPrefix(),
+                                     "--prefill-device",
+                                     PrefillDevice()};
+    ASSERT_TRUE(daemon_.Start(args, dir_.File("polykvd.out"), dir_.File("polykvd.err")).ok());
     for (int i = 0; i < 300; ++i) {
       polykv_client* c = nullptr;
       if (polykv_connect(endpoint_.c_str(), 500, &c) == POLYKV_OK) {
@@ -51,6 +60,8 @@ class AgentsCuda : public ::testing::Test {
     ASSERT_EQ(r.exit_code, 0) << r.err << ReadFile(dir_.File("polykvd.err"));
     pool_ = json::parse(r.out)["id"].get<std::string>();
   }
+  /// Where the daemon prefills documents (--prefill-device).
+  virtual std::string PrefillDevice() const { return "host"; }
   void TearDown() override {
     if (daemon_.running()) {
       EXPECT_EQ(daemon_.Stop(10000), 0);
@@ -64,6 +75,34 @@ class AgentsCuda : public ::testing::Test {
                                   "--json",       "--ignore-eos", "--max-new-tokens", "32"};
     if (allow_copy) v.push_back("--allow-copy");
     return v;
+  }
+  // Creates a 90-token child of pool_ (published on the cuda backend); a cuda agent on it
+  // attends to parent + child in place (two segments) and answers as a CPU agent that copied
+  // both pools (--allow-copy).
+  void CreateChildAndCompareAgents() {
+    std::vector<int32_t> tail(90);
+    for (size_t i = 0; i < tail.size(); ++i) tail[i] = 1 + static_cast<int32_t>(i * 31 % 500);
+    ProcessResult r =
+        RunProcess({CliPath(), "pools", "--json", "--endpoint", endpoint_, "create", "--model",
+                    StoriesPath(), "--token-ids", JoinIds(tail), "--parent", pool_},
+                   dir_.path(), 120000);
+    ASSERT_EQ(r.exit_code, 0) << r.err << ReadFile(dir_.File("polykvd.err"));
+    const json created = json::parse(r.out);
+    const std::string child = created["id"].get<std::string>();
+    EXPECT_EQ(created["backend"], "cuda") << r.out;
+    auto agent = [&](const std::string& device, bool allow_copy) {
+      std::vector<std::string> v = Agent(device, allow_copy);
+      v[3] = child;  // --pool
+      return v;
+    };
+    ProcessResult gpu = RunProcess(agent("cuda", false), dir_.path(), 120000);
+    ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+    ProcessResult cpu = RunProcess(agent("cpu", true), dir_.path(), 120000);
+    ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+    const json g = json::parse(gpu.out), c = json::parse(cpu.out);
+    EXPECT_EQ(g["route"], "cuda-in-place");
+    EXPECT_EQ(g["answer_ids"], c["answer_ids"]);
+    EXPECT_EQ(g["answer_ids"].size(), 32u);
   }
   TempDir dir_;
   support::Process daemon_;
@@ -104,34 +143,31 @@ TEST_F(AgentsCuda, TwoCudaAgentsOnOnePoolAtOnce) {
             json::parse(ReadFile(dir_.File("b.out")))["answer_ids"]);
 }
 
-// A pool tree on the cuda backend: a child of the cuda pool (the daemon reads the parent back
-// to prefill the child on the host, then publishes the child in GPU memory); a cuda agent on
-// the child attends to parent + child in place (two segments) and answers as a CPU agent that
-// copied both pools.
+// A pool tree on the cuda backend, the host prefilling: a child of the cuda pool (the daemon
+// reads the parent back, saying so in its log, to prefill the child on the host, then
+// publishes the child in GPU memory); a cuda agent on the child attends to parent + child in
+// place (two segments) and answers as a CPU agent that copied both pools.
 TEST_F(AgentsCuda, PoolTreeOnTheDeviceAnswersAsACopyingCpuAgent) {
-  std::vector<int32_t> tail(90);
-  for (size_t i = 0; i < tail.size(); ++i) tail[i] = 1 + static_cast<int32_t>(i * 31 % 500);
-  ProcessResult r =
-      RunProcess({CliPath(), "pools", "--json", "--endpoint", endpoint_, "create", "--model",
-                  StoriesPath(), "--token-ids", JoinIds(tail), "--parent", pool_},
-                 dir_.path(), 120000);
-  ASSERT_EQ(r.exit_code, 0) << r.err << ReadFile(dir_.File("polykvd.err"));
-  const json created = json::parse(r.out);
-  const std::string child = created["id"].get<std::string>();
-  EXPECT_EQ(created["backend"], "cuda") << r.out;
-  auto agent = [&](const std::string& device, bool allow_copy) {
-    std::vector<std::string> v = Agent(device, allow_copy);
-    v[3] = child;  // --pool
-    return v;
-  };
-  ProcessResult gpu = RunProcess(agent("cuda", false), dir_.path(), 120000);
-  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
-  ProcessResult cpu = RunProcess(agent("cpu", true), dir_.path(), 120000);
-  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
-  const json g = json::parse(gpu.out), c = json::parse(cpu.out);
-  EXPECT_EQ(g["route"], "cuda-in-place");
-  EXPECT_EQ(g["answer_ids"], c["answer_ids"]);
-  EXPECT_EQ(g["answer_ids"].size(), 32u);
+  ASSERT_NO_FATAL_FAILURE(CreateChildAndCompareAgents());
+  EXPECT_NE(ReadFile(dir_.File("polykvd.err"))
+                .find("read back from GPU memory: the host prefills its child (--prefill-device "
+                      "cuda would attend to it in place)"),
+            std::string::npos);
+}
+
+// The daemon prefilling on the GPU (--prefill-device cuda): the root pool prefilled and
+// encoded there, its child prefilled there attending to the parent's device copy in place
+// (no read-back: the log says none); agents on the child as above.
+class AgentsCudaGpuPrefill : public AgentsCuda {
+ protected:
+  std::string PrefillDevice() const override { return "cuda"; }
+};
+
+TEST_F(AgentsCudaGpuPrefill, ChildPrefilledOnTheDeviceAnswersAsACopyingCpuAgent) {
+  ASSERT_NO_FATAL_FAILURE(CreateChildAndCompareAgents());
+  const std::string log = ReadFile(dir_.File("polykvd.err"));
+  EXPECT_NE(log.find("on CUDA device 0"), std::string::npos) << log;
+  EXPECT_EQ(log.find("read back from GPU memory"), std::string::npos) << log;
 }
 
 // Three requests at once to `agents serve --device cuda`: one batched step per token on the

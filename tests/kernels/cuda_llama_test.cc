@@ -102,7 +102,7 @@ TEST(CudaLlamaTest, PrefillMatchesTheCpuPrefill) {
   auto want = m.cpu->Prefill(doc);
   ASSERT_TRUE(want.ok()) << want.status();
   int64_t last_done = 0;
-  auto got = m.gpu->Prefill(doc, 128, [&](int64_t done, int64_t total) {
+  auto got = m.gpu->Prefill(nullptr, doc, 128, [&](int64_t done, int64_t total) {
     EXPECT_EQ(total, 300);
     last_done = done;
   });
@@ -123,11 +123,11 @@ TEST(CudaLlamaTest, PrefillMatchesTheCpuPrefill) {
   ASSERT_EQ(got->last_logits.size(), want->last_logits.size());
   for (size_t i = 0; i < got->last_logits.size(); ++i)
     ASSERT_NEAR(got->last_logits[i], want->last_logits[i], 1e-3f) << i;
-  EXPECT_EQ(m.gpu->Prefill({}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.gpu->Prefill(nullptr, {}).status().code(), absl::StatusCode::kInvalidArgument);
 #if defined(POLYKV_HAVE_CUDA)
   // keep_on_device: the same computation, its K/V left in device memory (what polykvd encodes
   // into a cuda pool there): the host copy's bits, layer by layer.
-  auto kept = m.gpu->Prefill(doc, 128, nullptr, /*keep_on_device=*/true);
+  auto kept = m.gpu->Prefill(nullptr, doc, 128, nullptr, /*keep_on_device=*/true);
   ASSERT_TRUE(kept.ok()) << kept.status();
   EXPECT_TRUE(kept->k.empty());
   ASSERT_EQ(PrefilledLayerCount(*kept), got->k.size());
@@ -267,6 +267,68 @@ TEST(CudaLlamaTest, ScoreMatchesTheCpuScore) {
   }
   EXPECT_EQ(m.gpu->Score(&dp.prefix, in, {}, 8).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A child pool's prefill on the device (polykvd --prefill-device cuda, a child of a cuda
+// pool): the new positions' K/V and last logits within 1e-3 of the CPU's PrefillAfterPrefix
+// over the same prefix held raw (f32 weights), in chunks of 50 rows; left on the device
+// with keep_on_device, the same bits; a prefix of another shape is refused.
+TEST(CudaLlamaTest, PrefillAfterADevicePrefixMatchesTheCpu) {
+  POLYKV_REQUIRE_CUDA_DEVICE();
+  Runtimes m;
+  ASSERT_NO_FATAL_FAILURE(LoadBoth(&m));
+  const ModelConfig& c = m.cpu->config();
+  const std::vector<int32_t> doc = Document(c, 200);
+  std::vector<int32_t> child(120);
+  for (size_t i = 0; i < child.size(); ++i)
+    child[i] = 1 + static_cast<int32_t>(i * 19 + 3) % (c.vocab - 1);
+  auto pre = m.cpu->Prefill(doc);
+  ASSERT_TRUE(pre.ok()) << pre.status();
+  KvCache cache;
+  ASSERT_TRUE(m.cpu->Forward(doc, cache).ok());
+  auto frozen = m.cpu->FreezeAsPrefix(std::move(cache), 1);
+  ASSERT_TRUE(frozen.ok()) << frozen.status();
+  auto want =
+      PrefillAfterPrefix(*m.cpu, {frozen->prefix->view}, doc, child, 64, [](int64_t, int64_t) {});
+  ASSERT_TRUE(want.ok()) << want.status();
+  DevicePrefix dp;
+  ASSERT_NO_FATAL_FAILURE(UploadPrefix(c, *pre, &dp));
+  int64_t last_done = 0;
+  auto got = m.gpu->Prefill(&dp.prefix, child, 50, [&](int64_t done, int64_t total) {
+    EXPECT_EQ(total, 120);
+    last_done = done;
+  });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(last_done, 120);
+  EXPECT_EQ(got->tokens, 120);
+  ASSERT_EQ(got->k.size(), want->k.size());
+  float worst = 0;
+  for (size_t l = 0; l < want->k.size(); ++l) {
+    ASSERT_EQ(got->k[l].size(), want->k[l].size());
+    for (size_t i = 0; i < want->k[l].size(); ++i) {
+      worst = std::max(worst, std::fabs(got->k[l][i] - want->k[l][i]));
+      worst = std::max(worst, std::fabs(got->v[l][i] - want->v[l][i]));
+    }
+  }
+  EXPECT_LE(worst, 1e-3f);
+  for (size_t i = 0; i < got->last_logits.size(); ++i)
+    ASSERT_NEAR(got->last_logits[i], want->last_logits[i], 1e-3f) << i;
+  auto kept = m.gpu->Prefill(&dp.prefix, child, 50, nullptr, /*keep_on_device=*/true);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  for (size_t l = 0; l < got->k.size(); ++l) {
+    auto layer = ExportPrefilledLayer(*kept, l, /*to_host=*/false);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    ASSERT_EQ(layer->device(), kernels::Device::kCuda);
+    ASSERT_EQ(layer->elements(), static_cast<int64_t>(got->k[l].size()));
+    std::vector<float> k(got->k[l].size()), v(k.size());
+    ASSERT_EQ(cudaMemcpy(k.data(), layer->k(), k.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(v.data(), layer->v(), v.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(k, got->k[l]) << "layer " << l;
+    EXPECT_EQ(v, got->v[l]) << "layer " << l;
+  }
+  KvPrefix wrong = dp.prefix;
+  wrong.view.layers.pop_back();
+  EXPECT_EQ(m.gpu->Prefill(&wrong, child).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // CudaBatch (batched decode over one device prefix): 20 sessions, the second half joining

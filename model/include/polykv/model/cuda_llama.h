@@ -85,15 +85,18 @@ class CudaLlama {
                                                   absl::Span<const int32_t> prompt,
                                                   const SamplingOptions& sampling);
 
-  /// Prefills a document from position 0 on the device in steps of `chunk` rows (at most
-  /// 256), calling progress(done, total) after each, and returns its K/V as LlamaModel::Prefill
-  /// does: f32 [kv_heads][tokens][head_dim] per layer (K after RoPE) and the last position's
-  /// logits. The K/V are copied to host memory, or with `keep_on_device` left where they are
-  /// (PrefillResult::device_k / device_v, owned by device_kv): what a daemon with a GPU
-  /// encodes into a cuda pool without a round trip through the host. Errors as Generate
-  /// (kInvalidArgument for an empty document or ids outside the vocab).
+  /// Prefills `tokens` on the device after `prefix` (null: a document from position 0; else
+  /// a child pool's tokens at positions prefix->tokens() .., attending to every segment of
+  /// the prefix in place, which must be device memory of device()) in steps of `chunk` rows
+  /// (at most 256), calling progress(done, total) after each, and returns the new positions'
+  /// K/V as LlamaModel::Prefill / PrefillAfterPrefix do: f32 [kv_heads][tokens][head_dim] per
+  /// layer (K after RoPE) and the last position's logits. The K/V are copied to host memory,
+  /// or with `keep_on_device` left where they are (PrefillResult::device_k / device_v, owned
+  /// by device_kv): what a daemon with a GPU encodes into a cuda pool without a round trip
+  /// through the host. Errors as Generate (kInvalidArgument for an empty document, ids
+  /// outside the vocab, a prefix of another shape; a failing prefix->check).
   [[nodiscard]] StatusOr<PrefillResult> Prefill(
-      absl::Span<const int32_t> tokens, int64_t chunk = 256,
+      const KvPrefix* prefix, absl::Span<const int32_t> tokens, int64_t chunk = 256,
       const std::function<void(int64_t, int64_t)>& progress = nullptr, bool keep_on_device = false);
 
   /// Whether decode steps replay a captured CUDA graph (default: on, unless the environment
