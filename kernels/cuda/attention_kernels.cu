@@ -287,14 +287,16 @@ AttentionLaunch SessionGroup(AttentionLaunch l, int64_t z0, int64_t zn) {
 
 }  // namespace
 
-cudaError_t InvokeAttention(const AttentionLaunch* segs, int segments, cudaStream_t stream) {
-  if (segments < 1 || segments > attn_geometry::kMaxSegments) return cudaErrorInvalidValue;
-  const AttentionLaunch& a = segs[segments - 1];  // the suffix and queries: every launch's
-  if (a.head_dim > kMaxHd || a.n < 1 || a.kv_heads < 1 || a.heads % a.kv_heads != 0)
-    return cudaErrorInvalidValue;
+namespace {
+
+// Most bytes of partial states one scratch allocation holds: sessions of a slot launch, and
+// query rows of a launch of many rows over a long prefix, run in groups that fit.
+constexpr size_t kMaxStateBytes = size_t{512} << 20;
+
+// InvokeAttention of validated launches whose rows' states fit the groups below.
+cudaError_t InvokeSessions(const AttentionLaunch* segs, int segments, cudaStream_t stream) {
+  const AttentionLaunch& a = segs[segments - 1];
   const bool slots = a.row_slot != nullptr;
-  if (slots && (a.n != 1 || a.rows < 1 || a.rows > 65535 || a.row_length == nullptr))
-    return cudaErrorInvalidValue;
   const int64_t sessions = slots ? a.rows : 1;
   int64_t seg_tokens[attn_geometry::kMaxSegments];
   for (int s = 0; s < segments; ++s) seg_tokens[s] = segs[s].prefix_tokens;
@@ -304,15 +306,17 @@ cudaError_t InvokeAttention(const AttentionLaunch* segs, int segments, cudaStrea
     return cudaErrorInvalidValue;  // grid y / x limits (the host refuses such calls first)
   // The partial states of one session; sessions run in groups whose states fit in
   // kMaxStateBytes (many sessions over a long prefix), one after another on the stream.
-  constexpr size_t kMaxStateBytes = size_t{512} << 20;
   const size_t per_session =
-      sizeof(float) * static_cast<size_t>(a.kv_heads * g.tasks_per_head * g.nq * (a.head_dim + 2));
+      static_cast<size_t>(attn_geometry::StateBytes(g, a.kv_heads, a.head_dim));
   const int64_t group = std::max<int64_t>(
       1, std::min<int64_t>(sessions, static_cast<int64_t>(kMaxStateBytes / per_session)));
   float* states = nullptr;
   cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&states),
                                   per_session * static_cast<size_t>(group), stream);
-  if (e != cudaSuccess) return e;
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: the caller's next launch must not report it again
+    return e;
+  }
   for (int64_t z0 = 0; z0 < sessions && e == cudaSuccess; z0 += group) {
     const int64_t zn = std::min(group, sessions - z0);
     // One launch per prefix segment (its chunks are positions after the segments before it);
@@ -334,6 +338,46 @@ cudaError_t InvokeAttention(const AttentionLaunch* segs, int segments, cudaStrea
   }
   const cudaError_t f = cudaFreeAsync(states, stream);
   return e != cudaSuccess ? e : f;
+}
+
+}  // namespace
+
+cudaError_t InvokeAttention(const AttentionLaunch* segs, int segments, cudaStream_t stream) {
+  if (segments < 1 || segments > attn_geometry::kMaxSegments) return cudaErrorInvalidValue;
+  const AttentionLaunch& a = segs[segments - 1];  // the suffix and queries: every launch's
+  if (a.head_dim > kMaxHd || a.n < 1 || a.kv_heads < 1 || a.heads % a.kv_heads != 0)
+    return cudaErrorInvalidValue;
+  const bool slots = a.row_slot != nullptr;
+  if (slots && (a.n != 1 || a.rows < 1 || a.rows > 65535 || a.row_length == nullptr))
+    return cudaErrorInvalidValue;
+  if (slots || a.n == 1 || a.suffix_length_dev != nullptr)
+    return InvokeSessions(segs, segments, stream);
+  // Many query rows of one session (a prefill chunk, a scored chunk, a long prompt): in
+  // groups of rows whose states fit kMaxStateBytes, each as a launch of its own (its rows
+  // attend to the same positions as in the whole call: attn_geometry::RowGroupOf).
+  int64_t seg_tokens[attn_geometry::kMaxSegments];
+  for (int s = 0; s < segments; ++s) seg_tokens[s] = segs[s].prefix_tokens;
+  const Geometry one_row =
+      attn_geometry::Plan(seg_tokens, segments, a.suffix_length, a.heads / a.kv_heads, 1);
+  const int64_t per_row = attn_geometry::StateBytes(one_row, a.kv_heads, a.head_dim);
+  const int64_t rows_per_group =
+      std::max<int64_t>(1, static_cast<int64_t>(kMaxStateBytes) / std::max<int64_t>(1, per_row));
+  if (rows_per_group >= a.n) return InvokeSessions(segs, segments, stream);
+  AttentionLaunch group[attn_geometry::kMaxSegments];
+  for (int s = 0; s < segments; ++s) group[s] = segs[s];
+  AttentionLaunch& last = group[segments - 1];
+  const int64_t row = static_cast<int64_t>(a.heads) * a.head_dim;
+  cudaError_t e = cudaSuccess;
+  for (int64_t i = 0; i * rows_per_group < a.n && e == cudaSuccess; ++i) {
+    const attn_geometry::RowGroup rg =
+        attn_geometry::RowGroupOf(a.n, a.suffix_length, rows_per_group, i);
+    last.n = rg.rows;
+    last.suffix_length = rg.suffix_length;
+    last.q = a.q + rg.r0 * row;
+    last.out = a.out + rg.r0 * row;
+    e = InvokeSessions(group, segments, stream);
+  }
+  return e;
 }
 
 }  // namespace polykv::kernels::cuda

@@ -82,4 +82,25 @@ POLYKV_HD inline int64_t StateOffset(const Geometry& geo, int kv_heads, int64_t 
   return (((session * kv_heads + h) * geo.tasks_per_head + task) * geo.nq + j) * state_floats;
 }
 
+/// Bytes of one session's partial states: f32 [kv_heads][tasks_per_head][nq][head_dim + 2].
+inline int64_t StateBytes(const Geometry& geo, int kv_heads, int head_dim) {
+  return int64_t{4} * kv_heads * geo.tasks_per_head * geo.nq * (head_dim + 2);
+}
+
+/// Query rows [r0, r0 + rows) of a call of n rows (row i attends to the suffix positions below
+/// suffix_length - n + i + 1), run as a call of their own: that call's suffix_length. The
+/// rows of a call whose states would not fit one scratch allocation run in such groups.
+struct RowGroup {
+  int64_t r0 = 0, rows = 0, suffix_length = 0;
+};
+/// Group `index` of rows_per_group (>= 1) rows each (the last one shorter).
+inline RowGroup RowGroupOf(int64_t n, int64_t suffix_length, int64_t rows_per_group,
+                           int64_t index) {
+  RowGroup rg;
+  rg.r0 = index * rows_per_group;
+  rg.rows = n - rg.r0 < rows_per_group ? n - rg.r0 : rows_per_group;
+  rg.suffix_length = suffix_length - n + rg.r0 + rg.rows;
+  return rg;
+}
+
 }  // namespace polykv::kernels::attn_geometry

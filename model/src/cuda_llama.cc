@@ -98,6 +98,10 @@ namespace {
 
 using kernels::Device;
 constexpr Device kDev = Device::kCuda;
+/// Device memory the f32 matrix copies must leave free besides themselves (at least; a tenth
+/// of the device when that is more): the attention's partial states (up to 512 MiB per
+/// launch group), cuBLAS's workspace, the sessions' growing scratch.
+constexpr uint64_t kF32CopyHeadroom = uint64_t{512} << 20;
 
 /// The CPU runtime's shared pieces (RoPE tables with every scaling, EOS ids, id checks),
 /// reused as they are: the device runtime computes with the very same host tables.
@@ -139,8 +143,15 @@ class DeviceBlock {
   Status Allocate(uint64_t bytes, const char* what) {
     if (p_ != nullptr) cudaFree(p_);
     p_ = nullptr;
+    bytes_ = 0;
+    const cudaError_t e = cudaMalloc(&p_, bytes == 0 ? 1 : bytes);
+    if (e != cudaSuccess) {
+      p_ = nullptr;
+      cudaGetLastError();  // not sticky: the next launch's check must not report it again
+      return CudaStatus(e, absl::StrCat("cudaMalloc ", what));
+    }
     bytes_ = bytes;
-    return CudaStatus(cudaMalloc(&p_, bytes == 0 ? 1 : bytes), absl::StrCat("cudaMalloc ", what));
+    return absl::OkStatus();
   }
   Status Upload(const void* host, uint64_t bytes, const char* what) {
     POLYKV_RETURN_IF_ERROR(Allocate(bytes, what));
@@ -369,6 +380,7 @@ struct CudaLlama::Impl {
     const uint64_t D = c.hidden, Q = uint64_t(c.heads) * c.head_dim,
                    K = uint64_t(c.kv_heads) * c.head_dim, F = c.ffn, hd = c.head_dim;
     const uint64_t un = static_cast<uint64_t>(n);
+    rows = 0;  // until every block below is allocated (a failure leaves none usable)
     workspace_bytes = 0;
     for (auto [b, floats] : {std::pair{&x, D},
                              {&h, D},
@@ -406,26 +418,39 @@ struct CudaLlama::Impl {
 
   // y = x W^T for n rows: with f32_products and n > kDeviceMatVecMaxRows on the matrix's
   // f32 copy (dequantized on first use, bit-exact with the block kernels' values; the first
-  // one logs what all of them will take). Without room for a copy (device memory) the
-  // product runs on the stored blocks, as without f32_products, and no copy is tried again.
+  // one logs what all of them will take). The copies are all or nothing: the first checks
+  // that all of them fit in free device memory with room to spare (kF32CopyHeadroom), and a
+  // copy that still fails frees those made. Without them the products run on the stored
+  // blocks in launches of 16 rows (no dequantized scratch of a matrix's f32 size, which
+  // would not fit either), and no copy is tried again.
   Status Mm(const DeviceMatrix& m, const float* xp, int64_t n, int64_t xs, float* y, int64_t ys) {
-    if (!f32_products || f32_refused || n <= kernels::kDeviceMatVecMaxRows ||
+    if (!f32_products || n <= kernels::kDeviceMatVecMaxRows ||
         m.w.type == kernels::WeightType::kF32)
       return kernels::DeviceMatMul(m.w, xp, n, xs, y, ys, kDev, stream);
+    if (f32_refused) return BlockProduct(m, xp, n, xs, y, ys);
     if (m.f32.data == nullptr) {
       const uint64_t bytes = static_cast<uint64_t>(m.w.rows * m.w.cols) * 4;
-      if (f32_bytes == 0)
+      if (f32_bytes == 0) {
+        size_t free_bytes = 0, total_bytes = 0;
+        const uint64_t all = F32CopyBytes();
+        if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+          cudaGetLastError();
+          free_bytes = 0;
+        }
+        const uint64_t room = std::max<uint64_t>(kF32CopyHeadroom, total_bytes / 10);
+        if (all + room > free_bytes) {
+          RefuseF32Copies(absl::StrCat(all / 1048576, " MiB of copies + ", room / 1048576,
+                                       " MiB to spare > ", free_bytes / 1048576, " MiB free"));
+          return BlockProduct(m, xp, n, xs, y, ys);
+        }
         std::fprintf(stderr,
                      "CUDA runtime: products of more than %lld rows use f32 copies of the "
                      "matrices (%.1f MiB of device memory once all are made)\n",
-                     static_cast<long long>(kernels::kDeviceMatVecMaxRows),
-                     F32CopyBytes() / 1048576.0);
+                     static_cast<long long>(kernels::kDeviceMatVecMaxRows), all / 1048576.0);
+      }
       if (Status a = m.f32_block.Allocate(bytes, "f32 matrix (batched products)"); !a.ok()) {
-        cudaGetLastError();  // clear the failed allocation's error
-        f32_refused = true;
-        std::fprintf(stderr, "CUDA runtime: no f32 matrix copies (%s): products on the blocks\n",
-                     a.ToString().c_str());
-        return kernels::DeviceMatMul(m.w, xp, n, xs, y, ys, kDev, stream);
+        RefuseF32Copies(a.ToString());
+        return BlockProduct(m, xp, n, xs, y, ys);
       }
       POLYKV_RETURN_IF_ERROR(
           kernels::DeviceDequantizeRows(m.w, 0, m.w.rows, m.f32_block.f(), kDev, stream));
@@ -438,16 +463,45 @@ struct CudaLlama::Impl {
     return kernels::DeviceMatMul(m.f32, xp, n, xs, y, ys, kDev, stream);
   }
 
-  // Bytes of f32 copies of every matrix Mm may copy (the ones not stored as f32).
+  // A product on the stored blocks without a dequantized f32 scratch (block-quantized types:
+  // the warp kernels, 16 rows per launch; F16/BF16: cuBLAS as without f32 copies).
+  Status BlockProduct(const DeviceMatrix& m, const float* xp, int64_t n, int64_t xs, float* y,
+                      int64_t ys) {
+    kernels::DeviceMatMulOptions o;
+    if (m.w.type != kernels::WeightType::kF16 && m.w.type != kernels::WeightType::kBF16) o.blas = 0;
+    return kernels::DeviceMatMul(m.w, xp, n, xs, y, ys, kDev, stream, o);
+  }
+
+  // Gives the f32 copies up for good: frees those made (after the queued work that reads
+  // them) and says why on stderr.
+  void RefuseF32Copies(const std::string& why) {
+    if (f32_bytes > 0 && cudaStreamSynchronize(stream) != cudaSuccess) cudaGetLastError();
+    ForEachCopyable([](const DeviceMatrix& m) {
+      m.f32_block = DeviceBlock();
+      m.f32 = kernels::WeightView();
+    });
+    f32_bytes = 0;
+    f32_refused = true;
+    std::fprintf(stderr, "CUDA runtime: no f32 matrix copies (%s): products on the blocks\n",
+                 why.c_str());
+  }
+
+  // Calls fn on every matrix Mm may make an f32 copy of (the ones not stored as f32).
+  template <class Fn>
+  void ForEachCopyable(Fn&& fn) const {
+    auto visit = [&](const DeviceMatrix& m) {
+      if (m.w.data != nullptr && m.w.type != kernels::WeightType::kF32) fn(m);
+    };
+    visit(tied ? embed : lm_head);
+    for (const DeviceLayer& l : layers)
+      for (const DeviceMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) visit(*m);
+  }
+
+  // Bytes of f32 copies of every matrix Mm may copy.
   uint64_t F32CopyBytes() const {
     uint64_t total = 0;
-    auto add = [&](const DeviceMatrix& m) {
-      if (m.w.data != nullptr && m.w.type != kernels::WeightType::kF32)
-        total += static_cast<uint64_t>(m.w.rows * m.w.cols) * 4;
-    };
-    add(tied ? embed : lm_head);
-    for (const DeviceLayer& l : layers)
-      for (const DeviceMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) add(*m);
+    ForEachCopyable(
+        [&](const DeviceMatrix& m) { total += static_cast<uint64_t>(m.w.rows * m.w.cols) * 4; });
     return total;
   }
 
@@ -1049,14 +1103,12 @@ Status CudaBatch::Prompt(int32_t slot, absl::Span<const int32_t> prompt, std::ve
   std::vector<float*> kv(b.bases.size());
   for (size_t i = 0; i < kv.size(); ++i) kv[i] = b.bases[i] + slot * b.slot_floats;
   constexpr size_t kFeedRows = 256;
-  const int64_t before = len;
+  // The slot's length moves only when the whole call succeeded (else it holds what it held).
+  int64_t fed = len;
   for (size_t off = 0; off < prompt.size(); off += kFeedRows) {
     const absl::Span<const int32_t> part = prompt.subspan(off, kFeedRows);
-    if (Status st = m.Step(part, b.prefix, b.prefix_tokens() + len, kv, b.cap); !st.ok()) {
-      len = before;  // none of the prompt counts: the slot holds what it held
-      return st;
-    }
-    len += static_cast<int64_t>(part.size());
+    POLYKV_RETURN_IF_ERROR(m.Step(part, b.prefix, b.prefix_tokens() + fed, kv, b.cap));
+    fed += static_cast<int64_t>(part.size());
   }
   int32_t* dev_id = static_cast<int32_t*>(b.ids.get());
   POLYKV_RETURN_IF_ERROR(
@@ -1072,6 +1124,7 @@ Status CudaBatch::Prompt(int32_t slot, absl::Span<const int32_t> prompt, std::ve
                    "copy logits"));
   }
   POLYKV_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(m.stream), "CUDA batch prompt"));
+  len = fed;
   if (argmax != nullptr) *argmax = id;
   return absl::OkStatus();
 }
@@ -1110,6 +1163,7 @@ Status CudaBatch::Decode(absl::Span<const int32_t> slots, absl::Span<const int32
   State::F32Products f32(&m);
   POLYKV_RETURN_IF_ERROR(m.EnsureWorkspace(n));
   if (n > b.logits_rows) {
+    b.logits_rows = 0;  // until the larger block is allocated
     POLYKV_RETURN_IF_ERROR(b.logits.Allocate(uint64_t(n) * c.vocab * 4, "batch logits"));
     b.logits_rows = n;
   }

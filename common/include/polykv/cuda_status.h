@@ -28,10 +28,12 @@ template <class Fn>
 [[nodiscard]] Status WithStreamScratch(size_t bytes, cudaStream_t stream, absl::string_view what,
                                        Fn&& fn) {
   void* scratch = nullptr;
-  Status st = CudaStatus(cudaMallocAsync(&scratch, bytes, stream),
-                         absl::StrCat("cudaMallocAsync (", what, ")"));
-  if (!st.ok()) return st;
-  st = fn(scratch);
+  const cudaError_t e = cudaMallocAsync(&scratch, bytes, stream);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: the next launch's check must not report it again
+    return CudaStatus(e, absl::StrCat("cudaMallocAsync (", what, ")"));
+  }
+  const Status st = fn(scratch);
   const Status freed =
       CudaStatus(cudaFreeAsync(scratch, stream), absl::StrCat("cudaFreeAsync (", what, ")"));
   return st.ok() ? freed : st;

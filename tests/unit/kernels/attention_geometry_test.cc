@@ -3,7 +3,8 @@
 // state of every (session, KV head, chunk, query) is written by exactly one block; each
 // segment's chunks cover exactly its positions, the suffix chunks the length bound; and a
 // head's tasks in index order are segment 0's chunks, segment 1's, ..., then the suffix's
-// (the merge kernel's position order). Pool trees, slot launches and GQA shapes.
+// (the merge kernel's position order). Pool trees, slot launches and GQA shapes; the row
+// groups of a call of many query rows over a long prefix.
 #include "attention_geometry.h"
 
 #include <gtest/gtest.h>
@@ -101,6 +102,41 @@ TEST(AttentionGeometry, SingleSegmentLaunchIsTheWholeHead) {
   EXPECT_EQ(Chunks(64), 1);
   EXPECT_EQ(Chunks(65), 2);
   EXPECT_EQ(Chunks(0), 0);
+}
+
+// A call of many query rows split into row groups (states over kMaxStateBytes): the groups
+// cover rows 0..n-1 once, in order, and each row attends to the same suffix positions in its
+// group's call as in the whole call (limit = suffix_length - n + row + 1); StateBytes is the
+// states' layout size.
+TEST(AttentionGeometry, RowGroupsCoverEveryRowWithItsOwnSuffixLimit) {
+  for (auto [n, suffix_length, per_group] : {std::tuple<int64_t, int64_t, int64_t>{256, 256, 100},
+                                             {256, 300, 256},
+                                             {7, 7, 1},
+                                             {256, 4096, 3},
+                                             {5, 40, 2},
+                                             {1, 1, 1}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << n << " rows, suffix " << suffix_length << ", groups of " << per_group);
+    std::vector<int> seen(static_cast<size_t>(n), 0);
+    int64_t next = 0;
+    for (int64_t i = 0; i * per_group < n; ++i) {
+      const RowGroup rg = RowGroupOf(n, suffix_length, per_group, i);
+      ASSERT_EQ(rg.r0, next);
+      ASSERT_GE(rg.rows, 1);
+      ASSERT_LE(rg.rows, per_group);
+      ASSERT_GE(rg.suffix_length, rg.rows);  // what the launch's checks ask of a call
+      for (int64_t j = 0; j < rg.rows; ++j) {
+        ++seen[static_cast<size_t>(rg.r0 + j)];
+        EXPECT_EQ(rg.suffix_length - rg.rows + j + 1, suffix_length - n + (rg.r0 + j) + 1);
+      }
+      next = rg.r0 + rg.rows;
+    }
+    EXPECT_EQ(next, n);
+    for (int c : seen) EXPECT_EQ(c, 1);
+  }
+  const int64_t tokens[] = {1451};
+  const Geometry g = Plan(tokens, 1, 21, 3, 4);  // 23 + 1 tasks, 12 queries
+  EXPECT_EQ(StateBytes(g, 3, 64), int64_t{4} * 3 * 24 * 12 * 66);
 }
 
 }  // namespace
