@@ -10,8 +10,9 @@
 #     the daemon;
 #  4. figures: device memcpy, codec throughput, decode tok/s (bench_gpu), TTFT via the pool vs
 #     re-prefill (agent --baseline-prefill); with SmolLM2, `agents serve --device cuda` answering
-#     the demo questions at once (answers equal to the single CUDA agents') and batched decode
-#     over the demo pool for 1..256 sessions against device memcpy (bench_batch_decode).
+#     the demo questions at once (answers equal to the single CUDA agents'), a child of the demo
+#     pool prefilled on the GPU in place (no read-back), and batched decode over the demo pool
+#     for 1..256 sessions against device memcpy (bench_batch_decode).
 # Everything is printed and, when $OUT is set, saved as $OUT/gpu-check.log. Exit status: 0 when
 # every check passed, 1 otherwise (the figures are printed either way).
 # Env: POLYKV_GPU_BUILD_DIR (default build-gpu), POLYKV_GPU_MODEL (default: stories260K; a
@@ -305,6 +306,21 @@ EOF3
         cat "$WORK/serve.log"; fail "agents serve --device cuda did not start"
       fi
       kill "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null
+      step "a child of the demo cuda pool (the questions), prefilled on the GPU attending to its parent in place"
+      CHILD_POOL="$("$CLI" pools create --parent "$DEMO_POOL" --document "$ROOT/data/questions.txt" \
+        </dev/null 2>"$WORK/child-create.err" | tail -n 1)"
+      if [[ "$CHILD_POOL" =~ ^[0-9a-f]{64}$ ]]; then
+        CHILD_MS="$("$CLI" pools show "$CHILD_POOL" --json </dev/null |
+          python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["tokens"], "tokens,", round(j["prefill_ms"], 1), "ms")')"
+        echo "FIGURE child pool prefill on the GPU over the demo cuda pool: $CHILD_MS"
+        if grep -q "read back from GPU memory" "$WORK/polykvd.log"; then
+          grep "read back from GPU memory" "$WORK/polykvd.log"; fail "the child's parent was read back to the host"
+        else
+          pass "child of a cuda pool prefilled on the GPU: no read-back in the daemon's log"
+        fi
+      else
+        cat "$WORK/child-create.err"; fail "child of the demo cuda pool"
+      fi
     else
       cat "$WORK/demo-create.err"; fail "SmolLM2 demo pool on the cuda backend"
     fi
