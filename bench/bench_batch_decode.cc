@@ -200,9 +200,9 @@ StatusOr<Row> Measure(model::LlamaModel& m, const Pool& pool, const std::vector<
 }
 
 // As Measure, on a CUDA device: a CudaBatch of S slots over the device pool; prompts fed one
-// by one and one batched step (untimed: the first step of more than 16 rows makes the f32
-// matrix copies, grows the workspace and meets cuBLAS's first call for its shapes), then
-// `steps` batched greedy steps (timed).
+// by one and one batched step (untimed: the first step of more than 16 rows makes what the
+// prompts did not - the output matrix's f32 copy, the larger workspace and batch logits -
+// and meets cuBLAS's first call for its shapes), then `steps` batched greedy steps (timed).
 StatusOr<Row> MeasureCuda(model::CudaLlama& m, const model::KvPrefix& prefix,
                           int64_t pool_bytes_per_step,
                           const std::vector<std::vector<int32_t>>& prompts, int s, int steps) {

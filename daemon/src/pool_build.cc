@@ -142,7 +142,8 @@ StatusOr<model::PrefillResult> PoolManager::PrefillForPool(ModelEntry* entry,
   }
   auto t0 = Clock::now();
   // A child of pools in GPU memory is prefilled there, attending to their device copies in
-  // place, when the GPU prefills; else its parents are read back for the host's prefill.
+  // place, when the GPU prefills; else on the host after its parents are read back (done in
+  // OpenParentChain already when the daemon prefills on the host).
   model::CudaLlama* gpu = chain == nullptr || chain->on_device() ? DevicePrefiller(entry) : nullptr;
   if (chain != nullptr && gpu == nullptr) POLYKV_RETURN_IF_ERROR(ReadBackParentChain(chain));
   const int64_t gpu_chunk = std::min<int64_t>(options_.prefill_chunk, 256);
@@ -152,24 +153,40 @@ StatusOr<model::PrefillResult> PoolManager::PrefillForPool(ModelEntry* entry,
       if (Cancelled(cancel)) throw CreateCancelled();
       progress("prefill", done, total);
     };
-    if (chain != nullptr && gpu != nullptr) {
+    auto on_host = [&]() -> StatusOr<model::PrefillResult> {
+      if (chain == nullptr) return entry->model->Prefill(ids, options_.prefill_chunk, on_chunk);
+      return model::PrefillAfterPrefix(*entry->model, chain->views, chain->tokens, ids,
+                                       options_.prefill_chunk, on_chunk);
+    };
+    if (gpu != nullptr) {
       model::KvPrefix prefix;
-      prefix.view = chain->device_views.front();
-      prefix.tail.assign(chain->device_views.begin() + 1, chain->device_views.end());
-      r = gpu->Prefill(&prefix, ids, gpu_chunk, on_chunk, /*keep_on_device=*/true);
-    } else if (chain != nullptr) {
-      r = model::PrefillAfterPrefix(*entry->model, chain->views, chain->tokens, ids,
-                                    options_.prefill_chunk, on_chunk);
-    } else if (gpu != nullptr) {
-      r = gpu->Prefill(nullptr, ids, gpu_chunk, on_chunk, /*keep_on_device=*/true);
+      if (chain != nullptr) {
+        prefix.view = chain->device_views.front();
+        prefix.tail.assign(chain->device_views.begin() + 1, chain->device_views.end());
+      }
+      r = gpu->Prefill(chain != nullptr ? &prefix : nullptr, ids, gpu_chunk, on_chunk,
+                       /*keep_on_device=*/true);
+      if (!r.ok() && r.status().code() == absl::StatusCode::kResourceExhausted) {
+        // Out of device memory (the chain's copies, the f32 K/V and the pool at once): the
+        // host prefills instead, its pool still published on the GPU.
+        spdlog::warn("GPU prefill of pool {} out of device memory ({}): the host prefills it",
+                     p->id.substr(0, 16), std::string(r.status().message()));
+        if (chain != nullptr) {
+          POLYKV_RETURN_IF_ERROR(ReadBackParentChain(chain));
+          chain->ReleaseDeviceCopies();
+        }
+        progress("prefill", 0, static_cast<int64_t>(ids.size()));
+        r = on_host();
+      }
     } else {
-      r = entry->model->Prefill(ids, options_.prefill_chunk, on_chunk);
+      r = on_host();
     }
   } catch (const CreateCancelled&) {
     r = absl::CancelledError("polykvd is shutting down: the create was cancelled");
   } catch (const std::exception& e) {
     r = absl::InternalError(absl::StrCat("prefill threw: ", e.what()));
   }
+  if (chain != nullptr) chain->ReleaseDeviceCopies();  // the prefill no longer reads them
   if (!r.ok()) return r.status();
   p->prefill_ms = MsSince(t0);
   const uint32_t layers = p->params.layers;
@@ -258,6 +275,8 @@ void PoolManager::PersistPool(PendingPool* p) {
       device_copy.resize(p->needed);
       if (Status s = p->pool.arena->CopyToHost(0, device_copy.data(), p->needed); s.ok()) {
         persist_from = device_copy.data();
+        spdlog::info("pool {} ({} bytes) read back from GPU memory to persist it (--state-dir)",
+                     pool_id.substr(0, 16), p->needed);
       } else {
         spdlog::warn("pool {} is not persisted: reading it back from the device: {}",
                      pool_id.substr(0, 16), s.ToString());
@@ -416,10 +435,16 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
     chain->device_copies.push_back(std::move(sources[i].device_copy));
   }
   if (!all_on_device) chain->device_views.clear();  // a GPU prefill needs every pool there
+  // A daemon that prefills on the host reads the parents back now (before the create waits
+  // for its model; a GPU prefill attends to the device copies instead).
+  if (!(options_.backend == ipc::PoolMemory::kCuda && options_.prefill_on_device) ||
+      !chain->on_device())
+    POLYKV_RETURN_IF_ERROR(ReadBackParentChain(chain.get()));
   return chain;
 }
 
 Status PoolManager::ReadBackParentChain(ParentChain* chain) const {
+  chain->device_views.clear();  // (views into copies this frees)
   for (size_t i = 0; i < chain->device_copies.size(); ++i) {
     if (!chain->device_copies[i]) continue;
     const ipc::CudaArena& copy = *chain->device_copies[i];
@@ -434,7 +459,7 @@ Status PoolManager::ReadBackParentChain(ParentChain* chain) const {
     spdlog::info(
         "parent pool {} ({} bytes) read back from GPU memory: the host prefills its child ({})",
         id.substr(0, 16), copy.size(),
-        options_.prefill_on_device ? "the GPU prefill is unavailable"
+        options_.prefill_on_device ? "the GPU prefill is unavailable or out of memory"
                                    : "--prefill-device cuda would attend to it in place");
     chain->device_copies[i].reset();
     // (A read-back copy is verified: it crossed the PCIe bus outside any seal.)

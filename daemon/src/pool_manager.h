@@ -425,6 +425,11 @@ class PoolManager {
     ipc::PoolParams leaf_params;  ///< the parent's pool parameters (codec, shape)
     /// Whether a GPU prefill can attend to every pool of the chain where it lies.
     bool on_device() const { return !infos.empty() && device_views.size() == infos.size(); }
+    /// Frees the device copies (and their views) once no prefill reads them.
+    void ReleaseDeviceCopies() {
+      device_views.clear();
+      for (auto& c : device_copies) c.reset();
+    }
   };
   [[nodiscard]] StatusOr<std::shared_ptr<ParentChain>> OpenParentChain(
       const std::string& parent_id);

@@ -106,6 +106,25 @@ StatusOr<CreateResult> PoolManager::Replicate(const std::string& pool_id,
   return finish(std::move(result));
 }
 
+namespace {
+
+// The first `size` bytes of a pool in GPU memory (`src`) read back into out->staging, logged.
+Status StageForPeer(const ipc::CudaArena& src, uint64_t size, PoolExport* out) {
+  try {
+    out->staging.resize(size);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("no host memory to stage pool ",
+                                                     out->info.id.substr(0, 16), " (", size,
+                                                     " bytes) for a peer"));
+  }
+  POLYKV_RETURN_IF_ERROR(src.CopyToHost(0, out->staging.data(), size));
+  spdlog::info("pool {} ({} bytes) read back from GPU memory to send it to a peer",
+               out->info.id.substr(0, 16), size);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 StatusOr<PoolExport> PoolManager::ExportForPeer(const std::string& pool_id) const {
   ipc::UniqueFd fd;
   PoolExport out;
@@ -121,11 +140,19 @@ StatusOr<PoolExport> PoolManager::ExportForPeer(const std::string& pool_id) cons
       }
       // A pool in GPU memory: copied device to device under the lock (fast; an evict cannot
       // pull it away), staged through host memory after it (the requester publishes it on
-      // its own backend, CopyFromHost for a CUDA one).
-      POLYKV_ASSIGN_OR_RETURN(ipc::CudaArena copy, pool.arena->Clone(pool.memory.size));
-      device_copy.emplace(std::move(copy));
+      // its own backend, CopyFromHost for a CUDA one). Without device memory for the copy,
+      // staged under the lock.
       size = pool.memory.size;
       out.info = InfoLocked(pool);
+      StatusOr<ipc::CudaArena> copy = pool.arena->Clone(size);
+      if (copy.ok()) {
+        device_copy.emplace(*std::move(copy));
+      } else if (copy.status().code() == absl::StatusCode::kResourceExhausted) {
+        POLYKV_RETURN_IF_ERROR(StageForPeer(*pool.arena, size, &out));
+        return out;
+      } else {
+        return copy.status();
+      }
     } else {
       const int dup = fcntl(pool.region->fd(), F_DUPFD_CLOEXEC, 0);
       if (dup < 0)
@@ -136,17 +163,7 @@ StatusOr<PoolExport> PoolManager::ExportForPeer(const std::string& pool_id) cons
     }
   }
   if (device_copy) {
-    const uint64_t bytes = size;
-    try {
-      out.staging.resize(bytes);
-    } catch (const std::bad_alloc&) {
-      return absl::ResourceExhaustedError(absl::StrCat("no host memory to stage pool ",
-                                                       out.info.id.substr(0, 16), " (", bytes,
-                                                       " bytes) for a peer"));
-    }
-    POLYKV_RETURN_IF_ERROR(device_copy->CopyToHost(0, out.staging.data(), bytes));
-    spdlog::info("pool {} ({} bytes) read back from GPU memory to send it to a peer",
-                 out.info.id.substr(0, 16), bytes);
+    POLYKV_RETURN_IF_ERROR(StageForPeer(*device_copy, size, &out));
     return out;
   }
   POLYKV_ASSIGN_OR_RETURN(ipc::SealedRegion map, ipc::SealedRegion::MapSealed(std::move(fd), size));

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "attention_cuda.h"
 #include "attention_geometry.h"
@@ -293,6 +294,14 @@ namespace {
 // query rows of a launch of many rows over a long prefix, run in groups that fit.
 constexpr size_t kMaxStateBytes = size_t{512} << 20;
 
+// kMaxStateBytes, or POLYKV_CUDA_ATTENTION_STATE_BYTES when set to a positive count (the gpu
+// tests: groups small enough to split a small call).
+size_t MaxStateBytes() {
+  const char* v = std::getenv("POLYKV_CUDA_ATTENTION_STATE_BYTES");
+  const long long b = v != nullptr ? std::atoll(v) : 0;
+  return b > 0 ? static_cast<size_t>(b) : kMaxStateBytes;
+}
+
 // InvokeAttention of validated launches whose rows' states fit the groups below.
 cudaError_t InvokeSessions(const AttentionLaunch* segs, int segments, cudaStream_t stream) {
   const AttentionLaunch& a = segs[segments - 1];
@@ -309,7 +318,7 @@ cudaError_t InvokeSessions(const AttentionLaunch* segs, int segments, cudaStream
   const size_t per_session =
       static_cast<size_t>(attn_geometry::StateBytes(g, a.kv_heads, a.head_dim));
   const int64_t group = std::max<int64_t>(
-      1, std::min<int64_t>(sessions, static_cast<int64_t>(kMaxStateBytes / per_session)));
+      1, std::min<int64_t>(sessions, static_cast<int64_t>(MaxStateBytes() / per_session)));
   float* states = nullptr;
   cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&states),
                                   per_session * static_cast<size_t>(group), stream);
@@ -361,20 +370,23 @@ cudaError_t InvokeAttention(const AttentionLaunch* segs, int segments, cudaStrea
       attn_geometry::Plan(seg_tokens, segments, a.suffix_length, a.heads / a.kv_heads, 1);
   const int64_t per_row = attn_geometry::StateBytes(one_row, a.kv_heads, a.head_dim);
   const int64_t rows_per_group =
-      std::max<int64_t>(1, static_cast<int64_t>(kMaxStateBytes) / std::max<int64_t>(1, per_row));
+      std::max<int64_t>(1, static_cast<int64_t>(MaxStateBytes()) / std::max<int64_t>(1, per_row));
   if (rows_per_group >= a.n) return InvokeSessions(segs, segments, stream);
+  // Every segment's launch reads the queries (and the merge writes the output) through its
+  // own entry: each entry gets the group's rows, not only the last.
   AttentionLaunch group[attn_geometry::kMaxSegments];
   for (int s = 0; s < segments; ++s) group[s] = segs[s];
-  AttentionLaunch& last = group[segments - 1];
   const int64_t row = static_cast<int64_t>(a.heads) * a.head_dim;
   cudaError_t e = cudaSuccess;
   for (int64_t i = 0; i * rows_per_group < a.n && e == cudaSuccess; ++i) {
     const attn_geometry::RowGroup rg =
         attn_geometry::RowGroupOf(a.n, a.suffix_length, rows_per_group, i);
-    last.n = rg.rows;
-    last.suffix_length = rg.suffix_length;
-    last.q = a.q + rg.r0 * row;
-    last.out = a.out + rg.r0 * row;
+    for (int s = 0; s < segments; ++s) {
+      group[s].n = rg.rows;
+      group[s].suffix_length = rg.suffix_length;
+      group[s].q = segs[s].q + rg.r0 * row;
+      group[s].out = segs[s].out + rg.r0 * row;
+    }
     e = InvokeSessions(group, segments, stream);
   }
   return e;

@@ -49,7 +49,8 @@ struct AttentionLaunch {
 /// Runs the attention on `stream` (scratch for the partial states is allocated on the
 /// stream and freed after use) over `segments` prefix segments in position order (a pool
 /// tree: root first): segs[i] holds segment i's prefix fields (prefix_tokens 0 and one entry:
-/// no prefix); the suffix, queries, output and slot fields are the last entry's. Every
+/// no prefix); every entry carries the same suffix, query, output and slot fields (segment
+/// i's launch reads its own entry's; the shape and the merge are the last entry's). Every
 /// segment's chunks merge in position order, values un-rotated once (one rotation seed).
 cudaError_t InvokeAttention(const AttentionLaunch* segs, int segments, cudaStream_t stream);
 

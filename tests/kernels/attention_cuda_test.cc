@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -279,7 +280,7 @@ void MakeSegment(int kvh, int64_t tokens, int hd, int key_bits, KeyScaleMode mod
 // A pool tree's prefix on CUDA (root + two children, each with its own key width, scales and
 // value bits, one rotation seed): one partial-state launch per segment, one merge; against
 // the CPU's AttentionForward over the same segments within 2e-5, for single calls (1 and 7
-// rows) and for a slot launch.
+// rows), the 7 rows also split into row groups (bit for bit), and for a slot launch.
 TEST(AttentionCuda, PoolTreeSegmentsMatchCpu) {
 #if !defined(POLYKV_HAVE_CUDA)
   GTEST_SKIP() << "built without CUDA";
@@ -318,6 +319,16 @@ TEST(AttentionCuda, PoolTreeSegmentsMatchCpu) {
     AttentionOptions o;
     o.device = Device::kCuda;
     EXPECT_LE(MaxAbsError(gpu, cpu), 2e-5);
+    if (n > 1) {
+      // States capped below two rows' (26,136 bytes per row here): one launch per query row
+      // over every segment, each row's result the single launch's bit for bit.
+      ASSERT_EQ(setenv("POLYKV_CUDA_ATTENTION_STATE_BYTES", "50000", 1), 0);
+      std::vector<float> grouped(q.size(), 0.0f);
+      ASSERT_EQ(cudaMemset(dout, 0, sizeof(float) * grouped.size()), cudaSuccess);
+      ASSERT_NO_FATAL_FAILURE(ForwardOnDevice(&g, dks, dvs, dq, dout, &grouped));
+      unsetenv("POLYKV_CUDA_ATTENTION_STATE_BYTES");
+      EXPECT_EQ(grouped, gpu) << "row groups differ from the single launch";
+    }
     if (n == 1) {  // the same row through a slot launch (slot 0 of a one-slot slab)
       int32_t* dslot = ToDevice(std::vector<int32_t>{0});
       int64_t* dlen = ToDevice(std::vector<int64_t>{slen});
