@@ -58,6 +58,46 @@ std::vector<int32_t> Document(const ModelConfig& c, size_t n) {
   return doc;
 }
 
+// A device prefill's K/V per layer and last logits within 1e-3 of the CPU's (f32 weights:
+// float rounding of the other summation orders).
+void ExpectPrefillNear(const PrefillResult& got, const PrefillResult& want) {
+  ASSERT_EQ(got.k.size(), want.k.size());
+  float worst = 0;
+  for (size_t l = 0; l < want.k.size(); ++l) {
+    ASSERT_EQ(got.k[l].size(), want.k[l].size());
+    ASSERT_EQ(got.v[l].size(), want.v[l].size());
+    for (size_t i = 0; i < want.k[l].size(); ++i) {
+      worst = std::max(worst, std::fabs(got.k[l][i] - want.k[l][i]));
+      worst = std::max(worst, std::fabs(got.v[l][i] - want.v[l][i]));
+    }
+  }
+  EXPECT_LE(worst, 1e-3f);
+  ASSERT_EQ(got.last_logits.size(), want.last_logits.size());
+  for (size_t i = 0; i < got.last_logits.size(); ++i)
+    ASSERT_NEAR(got.last_logits[i], want.last_logits[i], 1e-3f) << i;
+}
+
+#if defined(POLYKV_HAVE_CUDA)
+// A keep_on_device prefill's K/V, left in device memory, equal layer by layer to the bits of
+// the same prefill copied to the host (`host`).
+void ExpectKeptOnDeviceEqual(const PrefillResult& kept, const PrefillResult& host) {
+  EXPECT_TRUE(kept.k.empty());
+  ASSERT_EQ(PrefilledLayerCount(kept), host.k.size());
+  for (size_t l = 0; l < host.k.size(); ++l) {
+    auto layer = ExportPrefilledLayer(kept, l, /*to_host=*/false);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    EXPECT_EQ(layer->device(), kernels::Device::kCuda);
+    ASSERT_EQ(layer->elements(), static_cast<int64_t>(host.k[l].size()));
+    std::vector<float> k(host.k[l].size()), v(k.size());
+    ASSERT_EQ(cudaMemcpy(k.data(), layer->k(), k.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(v.data(), layer->v(), v.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(k, host.k[l]) << "layer " << l;
+    EXPECT_EQ(v, host.v[l]) << "layer " << l;
+  }
+  EXPECT_EQ(kept.last_logits, host.last_logits);
+}
+#endif
+
 TEST(CudaLlamaTest, RefusesWithoutADeviceInsteadOfRunningOnTheCpu) {
   if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
   auto m = CudaLlama::Load(ModelPath(), 0);
@@ -109,40 +149,14 @@ TEST(CudaLlamaTest, PrefillMatchesTheCpuPrefill) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(last_done, 300);
   EXPECT_EQ(got->tokens, 300);
-  ASSERT_EQ(got->k.size(), want->k.size());
-  float worst = 0;
-  for (size_t l = 0; l < want->k.size(); ++l) {
-    ASSERT_EQ(got->k[l].size(), want->k[l].size());
-    ASSERT_EQ(got->v[l].size(), want->v[l].size());
-    for (size_t i = 0; i < want->k[l].size(); ++i) {
-      worst = std::max(worst, std::fabs(got->k[l][i] - want->k[l][i]));
-      worst = std::max(worst, std::fabs(got->v[l][i] - want->v[l][i]));
-    }
-  }
-  EXPECT_LE(worst, 1e-3f);
-  ASSERT_EQ(got->last_logits.size(), want->last_logits.size());
-  for (size_t i = 0; i < got->last_logits.size(); ++i)
-    ASSERT_NEAR(got->last_logits[i], want->last_logits[i], 1e-3f) << i;
+  ASSERT_NO_FATAL_FAILURE(ExpectPrefillNear(*got, *want));
   EXPECT_EQ(m.gpu->Prefill(nullptr, {}).status().code(), absl::StatusCode::kInvalidArgument);
 #if defined(POLYKV_HAVE_CUDA)
   // keep_on_device: the same computation, its K/V left in device memory (what polykvd encodes
   // into a cuda pool there): the host copy's bits, layer by layer.
   auto kept = m.gpu->Prefill(nullptr, doc, 128, nullptr, /*keep_on_device=*/true);
   ASSERT_TRUE(kept.ok()) << kept.status();
-  EXPECT_TRUE(kept->k.empty());
-  ASSERT_EQ(PrefilledLayerCount(*kept), got->k.size());
-  for (size_t l = 0; l < got->k.size(); ++l) {
-    auto layer = ExportPrefilledLayer(*kept, l, /*to_host=*/false);
-    ASSERT_TRUE(layer.ok()) << layer.status();
-    EXPECT_EQ(layer->device(), kernels::Device::kCuda);
-    ASSERT_EQ(layer->elements(), static_cast<int64_t>(got->k[l].size()));
-    std::vector<float> k(got->k[l].size()), v(k.size());
-    ASSERT_EQ(cudaMemcpy(k.data(), layer->k(), k.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(v.data(), layer->v(), v.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(k, got->k[l]) << "layer " << l;
-    EXPECT_EQ(v, got->v[l]) << "layer " << l;
-  }
-  EXPECT_EQ(kept->last_logits, got->last_logits);
+  ASSERT_NO_FATAL_FAILURE(ExpectKeptOnDeviceEqual(*kept, *got));
 #endif
 }
 
@@ -301,31 +315,10 @@ TEST(CudaLlamaTest, PrefillAfterADevicePrefixMatchesTheCpu) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(last_done, 120);
   EXPECT_EQ(got->tokens, 120);
-  ASSERT_EQ(got->k.size(), want->k.size());
-  float worst = 0;
-  for (size_t l = 0; l < want->k.size(); ++l) {
-    ASSERT_EQ(got->k[l].size(), want->k[l].size());
-    for (size_t i = 0; i < want->k[l].size(); ++i) {
-      worst = std::max(worst, std::fabs(got->k[l][i] - want->k[l][i]));
-      worst = std::max(worst, std::fabs(got->v[l][i] - want->v[l][i]));
-    }
-  }
-  EXPECT_LE(worst, 1e-3f);
-  for (size_t i = 0; i < got->last_logits.size(); ++i)
-    ASSERT_NEAR(got->last_logits[i], want->last_logits[i], 1e-3f) << i;
+  ASSERT_NO_FATAL_FAILURE(ExpectPrefillNear(*got, *want));
   auto kept = m.gpu->Prefill(&dp.prefix, child, 50, nullptr, /*keep_on_device=*/true);
   ASSERT_TRUE(kept.ok()) << kept.status();
-  for (size_t l = 0; l < got->k.size(); ++l) {
-    auto layer = ExportPrefilledLayer(*kept, l, /*to_host=*/false);
-    ASSERT_TRUE(layer.ok()) << layer.status();
-    ASSERT_EQ(layer->device(), kernels::Device::kCuda);
-    ASSERT_EQ(layer->elements(), static_cast<int64_t>(got->k[l].size()));
-    std::vector<float> k(got->k[l].size()), v(k.size());
-    ASSERT_EQ(cudaMemcpy(k.data(), layer->k(), k.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(v.data(), layer->v(), v.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(k, got->k[l]) << "layer " << l;
-    EXPECT_EQ(v, got->v[l]) << "layer " << l;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectKeptOnDeviceEqual(*kept, *got));
   KvPrefix wrong = dp.prefix;
   wrong.view.layers.pop_back();
   EXPECT_EQ(m.gpu->Prefill(&wrong, child).status().code(), absl::StatusCode::kInvalidArgument);
