@@ -172,7 +172,8 @@ StatusOr<std::vector<float>> SafetensorsFile::ReadF32(const SafetensorsEntry& en
   POLYKV_RETURN_IF_ERROR(ReadExact(fd_, raw.data(), entry.nbytes, entry.offset, path_));
   std::vector<float> out(count);
   if (elem == 4) {
-    std::memcpy(out.data(), raw.data(), raw.size());
+    // (An empty tensor - a 0 in its shape - has no bytes: memcpy of its null data is UB.)
+    if (!raw.empty()) std::memcpy(out.data(), raw.data(), raw.size());
   } else {
     const bool bf16 = entry.dtype == "BF16";
     for (size_t i = 0; i < count; ++i) {
