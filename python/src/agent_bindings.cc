@@ -52,6 +52,7 @@ struct GenArgs {
 struct AgentCore {
   std::unique_ptr<pc::PooledAgent> agent;
   std::string pool;
+  std::string device;  ///< "cpu" or "cuda:N"
   std::mutex mu;
 
   TextStream NewTextStream(const std::vector<std::string>& stop) {
@@ -182,7 +183,8 @@ class PyStream {
 class PyAgent {
  public:
   PyAgent(const std::string& endpoint, const std::string& model, const std::string& pool,
-          int threads, const std::string& attend, int timeout_ms)
+          int threads, const std::string& attend, int timeout_ms, const std::string& device,
+          bool allow_copy)
       : core_(std::make_shared<AgentCore>()) {
     pc::AgentOptions o;
     o.model_path = model;
@@ -192,11 +194,17 @@ class PyAgent {
     StatusOr<pc::Attend> a = pc::ParseAttend(attend);
     Check(a.status());
     o.attend = *a;
+    StatusOr<pc::AgentDevice> d = pc::ParseAgentDevice(device);
+    Check(d.status());
+    o.device = *d;
+    o.allow_copy = allow_copy;
     core_->agent = WithoutGil([&] { return pc::PooledAgent::Create(o); });
     core_->pool = pool;
+    core_->device = pc::AgentDeviceName(*d);
   }
 
   const std::string& pool() const { return core_->pool; }
+  const std::string& device() const { return core_->device; }
 
   std::vector<int32_t> Encode(const std::string& text) const {
     StatusOr<std::vector<int32_t>> r = core_->agent->EncodePrompt(text);
@@ -298,10 +306,11 @@ void RegisterAgent(py::module_& m) {
 
   py::class_<PyAgent>(m, "Agent")
       .def(py::init<const std::string&, const std::string&, const std::string&, int,
-                    const std::string&, int>(),
+                    const std::string&, int, const std::string&, bool>(),
            py::arg("endpoint"), py::arg("model"), py::arg("pool"), py::arg("threads"),
-           py::arg("attend"), py::arg("timeout_ms"))
+           py::arg("attend"), py::arg("timeout_ms"), py::arg("device"), py::arg("allow_copy"))
       .def_property_readonly("pool", &PyAgent::pool)
+      .def_property_readonly("device", &PyAgent::device)
       .def("encode", &PyAgent::Encode)
       .def("decode", &PyAgent::Decode)
       .def("render_chat", &PyAgent::RenderChat)

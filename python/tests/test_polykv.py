@@ -190,6 +190,29 @@ def test_errors_carry_status(client, model_path, pool, agent):
         next(iter(ghost.stream("hello")))
 
 
+def test_device_is_chosen_and_never_falls_back(client, pool, model_path, agent):
+    with pytest.raises(polykv.InvalidArgumentError) as e:
+        polykv.Agent(client, pool=pool.id, model=model_path, device="tpu")
+    assert "tpu" in e.value.message
+    assert agent.device == "cpu"
+    # A cuda agent never runs on the CPU: refused when made without a usable GPU (or CUDA in
+    # the build); on a GPU host it is made, and this host pool is refused when it generates.
+    try:
+        gpu = polykv.Agent(client, pool=pool.id, model=model_path, device="cuda")
+    except (polykv.FailedPreconditionError, polykv.UnimplementedError) as e:
+        assert "cuda" in e.message.lower()
+    else:
+        assert gpu.device == "cuda:0"
+        with pytest.raises(polykv.FailedPreconditionError) as e:
+            gpu.generate("hello")
+        assert pool.id[:16] in e.value.message
+    # allow_copy matters only for a pool in CUDA memory: on this host pool the same answer.
+    copying = polykv.Agent(client, pool=pool.id, model=model_path, device="cpu", allow_copy=True)
+    want = agent.complete(ask(QUESTION), max_new_tokens=8)
+    got = copying.complete(ask(QUESTION), max_new_tokens=8)
+    assert got.token_ids == want.token_ids and got.attend == "in-place"
+
+
 def test_evict(client, model_path):
     small = client.create_pool(model_path, token_ids=[1, 2, 3, 4, 5, 6, 7, 8], codec="none")
     assert small.created

@@ -99,7 +99,13 @@ class Agent:
     `client_or_endpoint`: a Client, an endpoint string ("ipc:///path", "tcp://host:port") or
     None ($POLYKV_ENDPOINT / the default socket). `model`: the pool's model (.gguf or HF
     folder); None = the path the pool was created with. `threads`: compute threads (0 = all
-    cores). `attend`: "in-place" (default) or "decompressed". The model loads once; each
+    cores). `attend`: "in-place" (default) or "decompressed". `device`: where the agent
+    computes, "cpu" (default) or "cuda" / "cuda:N" (the model on that GPU, attending in place
+    to a pool the daemon keeps in CUDA memory; without a usable GPU the constructor raises
+    FailedPreconditionError, in a build without CUDA UnimplementedError: never a CPU run).
+    `allow_copy`: a CPU agent may read a pool that lies in CUDA memory by copying it to the
+    host (logged with its cost on stderr); without it such a pool raises
+    FailedPreconditionError, as does a host pool for a cuda agent. The model loads once; each
     generate() attaches the pool, answers, detaches. One generation at a time per Agent
     (others wait); use one Agent per thread to run agents side by side."""
 
@@ -112,6 +118,8 @@ class Agent:
         threads: int = 0,
         attend: str = "in-place",
         timeout_ms: int = 5000,
+        device: str = "cpu",
+        allow_copy: bool = False,
     ):
         if isinstance(client_or_endpoint, Client):
             self.client = client_or_endpoint
@@ -121,11 +129,16 @@ class Agent:
             model = self.client.pool_info(pool).model
         self.model = os.fspath(model)
         self._raw = _polykv.Agent(self.client.endpoint, self.model, pool, threads, attend,
-                                  timeout_ms)
+                                  timeout_ms, device, allow_copy)
 
     @property
     def pool(self) -> str:
         return self._raw.pool
+
+    @property
+    def device(self) -> str:
+        """Where the agent computes: "cpu" or "cuda:N"."""
+        return self._raw.device
 
     # ---- text ----
     def encode(self, text: str) -> list[int]:
