@@ -2,9 +2,9 @@
 # Installs the `client` component of a PolyKV build into a temp prefix, checks that
 # libpolykv_client.so is self-contained and exports only the C API, then configures, builds
 # and runs a tiny external project that uses find_package(polykv) + polykv::client_cpp.
-# Usage: install_consumer_test.sh <cmake> <polykv build dir> <consumer source dir>
+# Usage: install_consumer_test.sh <cmake> <polykv build dir> <consumer source dir> [link flags]
 set -euo pipefail
-CMAKE=$1 BUILD=$2 CONSUMER_SRC=$3
+CMAKE=$1 BUILD=$2 CONSUMER_SRC=$3 LINK_FLAGS=${4:-}
 TMP=$(mktemp -d /tmp/polykv-install-test.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 "$CMAKE" --install "$BUILD" --prefix "$TMP/inst" --component client >"$TMP/install.log"
@@ -25,7 +25,8 @@ BAD=$(echo "$SYMS" | grep -v '^polykv_' || true)
 if [[ -n "$BAD" ]]; then echo "FAIL: non-API symbols exported:"; echo "$BAD" | head; exit 1; fi
 echo "$SYMS" | grep -qx 'polykv_decode_layer' || { echo "FAIL: API missing"; exit 1; }
 "$CMAKE" -S "$CONSUMER_SRC" -B "$TMP/build" -DCMAKE_PREFIX_PATH="$TMP/inst" \
-  -DCMAKE_BUILD_TYPE=Release >"$TMP/configure.log" 2>&1 || { cat "$TMP/configure.log"; exit 1; }
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_EXE_LINKER_FLAGS="$LINK_FLAGS" >"$TMP/configure.log" 2>&1 ||
+  { cat "$TMP/configure.log"; exit 1; }
 "$CMAKE" --build "$TMP/build" >"$TMP/build.log" 2>&1 || { cat "$TMP/build.log"; exit 1; }
 "$TMP/build/consumer" "ipc://$TMP/none.sock"
 echo "PASS"
