@@ -108,7 +108,7 @@ StatusOr<void*> PoolManager::AllocatePoolMemory(const std::string& pool_id, uint
 // The GPU prefiller of a model entry (backend cuda, prefill_on_device), loaded at its first
 // use; null when the host prefills (said once per model in the log, with the reason).
 model::CudaLlama* PoolManager::DevicePrefiller(ModelEntry* entry) {
-  if (options_.backend != ipc::PoolMemory::kCuda || !options_.prefill_on_device) return nullptr;
+  if (!PrefillsOnDevice()) return nullptr;
   if (entry->cuda) return entry->cuda.get();
   if (entry->cuda_failed) return nullptr;
   Status why = kernels::CheckDeviceAvailable(kernels::Device::kCuda);
@@ -171,10 +171,7 @@ StatusOr<model::PrefillResult> PoolManager::PrefillForPool(ModelEntry* entry,
         // host prefills instead, its pool still published on the GPU.
         spdlog::warn("GPU prefill of pool {} out of device memory ({}): the host prefills it",
                      p->id.substr(0, 16), std::string(r.status().message()));
-        if (chain != nullptr) {
-          POLYKV_RETURN_IF_ERROR(ReadBackParentChain(chain));
-          chain->ReleaseDeviceCopies();
-        }
+        if (chain != nullptr) POLYKV_RETURN_IF_ERROR(ReadBackParentChain(chain));
         progress("prefill", 0, static_cast<int64_t>(ids.size()));
         r = on_host();
       }
@@ -437,8 +434,7 @@ StatusOr<std::shared_ptr<PoolManager::ParentChain>> PoolManager::OpenParentChain
   if (!all_on_device) chain->device_views.clear();  // a GPU prefill needs every pool there
   // A daemon that prefills on the host reads the parents back now (before the create waits
   // for its model; a GPU prefill attends to the device copies instead).
-  if (!(options_.backend == ipc::PoolMemory::kCuda && options_.prefill_on_device) ||
-      !chain->on_device())
+  if (!PrefillsOnDevice() || !chain->on_device())
     POLYKV_RETURN_IF_ERROR(ReadBackParentChain(chain.get()));
   return chain;
 }
@@ -469,7 +465,6 @@ Status PoolManager::ReadBackParentChain(ParentChain* chain) const {
                               /*verify_payload=*/true));
     POLYKV_ASSIGN_OR_RETURN(chain->views[i], ipc::PrefixViewOf(reader));
   }
-  chain->device_views.clear();
   return absl::OkStatus();
 }
 

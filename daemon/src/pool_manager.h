@@ -488,8 +488,13 @@ class PoolManager {
   /// and seal"). Fills pool->memory.
   [[nodiscard]] Status SealPoolMemory(uint64_t needed, const std::vector<uint8_t>& staging,
                                       const char* filled_by, Pool* pool);
-  /// The model's GPU prefiller (backend cuda with --prefill-device cuda), loaded at first
-  /// use; null when the host prefills.
+  /// Whether this daemon asks for prefills on the GPU (backend cuda with --prefill-device
+  /// cuda); DevicePrefiller may still find the runtime unusable.
+  bool PrefillsOnDevice() const {
+    return options_.backend == ipc::PoolMemory::kCuda && options_.prefill_on_device;
+  }
+  /// The model's GPU prefiller (PrefillsOnDevice), loaded at first use; null when the host
+  /// prefills.
   model::CudaLlama* DevicePrefiller(ModelEntry* entry);
   /// Prefills `token_ids` (after the parent chain, if any: on the GPU in place when the
   /// chain lies there and the GPU prefills, else on the host after ReadBackParentChain);

@@ -286,10 +286,6 @@ AttentionLaunch SessionGroup(AttentionLaunch l, int64_t z0, int64_t zn) {
   return l;
 }
 
-}  // namespace
-
-namespace {
-
 // Most bytes of partial states one scratch allocation holds: sessions of a slot launch, and
 // query rows of a launch of many rows over a long prefix, run in groups that fit.
 constexpr size_t kMaxStateBytes = size_t{512} << 20;

@@ -910,18 +910,17 @@ StatusOr<PrefillResult> CudaLlama::Prefill(const KvPrefix* prefix, absl::Span<co
     }
     r.device_layer_elements = static_cast<int64_t>(bytes / 4);
     r.device_kv = std::make_shared<std::vector<DeviceBlock>>(std::move(suffix));
-  }
-  if (!keep_on_device) {
+  } else {
     r.k.resize(static_cast<size_t>(c.layers));
     r.v.resize(static_cast<size_t>(c.layers));
-  }
-  for (int l = 0; l < c.layers && !keep_on_device; ++l) {
-    for (auto [dst, blk] :
-         {std::pair{&r.k[l], &suffix[2 * l]}, std::pair{&r.v[l], &suffix[2 * l + 1]}}) {
-      dst->resize(bytes / 4);
-      POLYKV_RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpyAsync(dst->data(), blk->get(), bytes, cudaMemcpyDeviceToHost, m.stream),
-          "copy prefill K/V"));
+    for (int l = 0; l < c.layers; ++l) {
+      for (auto [dst, blk] :
+           {std::pair{&r.k[l], &suffix[2 * l]}, std::pair{&r.v[l], &suffix[2 * l + 1]}}) {
+        dst->resize(bytes / 4);
+        POLYKV_RETURN_IF_ERROR(CudaStatus(
+            cudaMemcpyAsync(dst->data(), blk->get(), bytes, cudaMemcpyDeviceToHost, m.stream),
+            "copy prefill K/V"));
+      }
     }
   }
   POLYKV_RETURN_IF_ERROR(
